@@ -1,0 +1,596 @@
+//! The op set and the step graph a backend compiles once and replays every step.
+//!
+//! Every value in a graph is an `f32` matrix of `[rows, cols]`, where `rows` is either the
+//! step's row count (one row per token processed in the step, across all sequences) or the
+//! number of rows picked by [`Op::SelectRows`]. Shapes are static per graph; what changes from
+//! step to step (token ids, positions, KV-cache slots, which rows to keep) travels in
+//! [`StepArgs`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+use crate::error::BackendError;
+use crate::tensor::{BufferId, TensorDesc};
+
+/// A value (an `f32` matrix) produced by one node of a graph. Ids are dense: `0..n_values`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ValueId(pub u32);
+
+/// A weight tensor a node reads: the buffer and what it holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WeightRef {
+    /// The backend buffer holding the weight ([`BufferId::UNBOUND`] in capability queries).
+    pub buffer: BufferId,
+    /// The weight's shape and storage type.
+    pub desc: TensorDesc,
+}
+
+/// One layer's KV cache: two buffers of `[slots, capacity, kv_heads * head_dim]` elements of
+/// `dtype`. The key and value of the token at position `p` of slot `s` live at row
+/// `p % capacity` of slot `s` (a ring when `capacity` is smaller than the context).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KvCacheRef {
+    /// Keys.
+    pub k: BufferId,
+    /// Values.
+    pub v: BufferId,
+    /// Storage type of both buffers (`f32` or `f16`).
+    pub dtype: DType,
+    /// Number of sequences the cache holds.
+    pub slots: usize,
+    /// Positions kept per sequence.
+    pub capacity: usize,
+}
+
+/// An operation of the graph. The doc of each variant states its inputs, its outputs and the
+/// exact arithmetic; the CPU reference backend implements exactly that.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// Reads `[rows, cols]` f32 from an [`crate::Usage::Activation`] buffer, row-major from
+    /// offset 0 (a value computed by another program or backend). `selected` picks the row
+    /// count: the step's rows (`false`) or the selected rows (`true`).
+    Input {
+        /// The buffer to read.
+        buffer: BufferId,
+        /// Columns.
+        cols: usize,
+        /// Whether the value has the selected-row count.
+        selected: bool,
+    },
+    /// `out[r, :] = table[tokens[r], :] * scale`, table `[vocab, hidden]` of any weight dtype.
+    Embed {
+        /// The embedding table.
+        table: WeightRef,
+        /// Multiplier applied after the lookup (Gemma: `sqrt(hidden)`).
+        scale: f32,
+    },
+    /// RMS normalisation of each group of `weight.len` consecutive columns:
+    /// `y = x / sqrt(mean(x^2) + eps) * (weight_offset + w)`, in f32. With a weight of
+    /// `head_dim` elements over a `[rows, heads * head_dim]` value, this is per-head QK-norm.
+    RmsNorm {
+        /// Input.
+        x: ValueId,
+        /// `[group]` weight.
+        weight: WeightRef,
+        /// Added to the mean square.
+        eps: f32,
+        /// Added to every weight element (Gemma's Hugging Face checkpoints: 1.0; GGUF: 0.0).
+        weight_offset: f32,
+    },
+    /// `y = x @ W^T` with `W` of `[n, k]` (PyTorch's `Linear` layout), any weight dtype, f32
+    /// accumulation. The output columns are split into one value per entry of `splits`
+    /// (which sum to `n`): a fused Q|K|V or gate|up projection is one node.
+    MatMul {
+        /// Input `[rows, k]`.
+        x: ValueId,
+        /// Weight `[n, k]`.
+        weight: WeightRef,
+        /// Output widths, summing to `n`.
+        splits: Vec<usize>,
+    },
+    /// Rotary embedding in the rotate-half layout, applied to every head of `x`
+    /// (`[rows, heads * head_dim]`): for `d < head_dim / 2`, with
+    /// `a = (positions[r] / factor) * theta^(-2d / head_dim)`,
+    /// `y[d] = x[d] cos a - x[d + h/2] sin a`, `y[d + h/2] = x[d + h/2] cos a + x[d] sin a`.
+    Rope {
+        /// Input.
+        x: ValueId,
+        /// Size of one head.
+        head_dim: usize,
+        /// Base of the frequencies.
+        theta: f32,
+        /// Linear scaling: positions are divided by it (1.0 = none).
+        factor: f32,
+    },
+    /// Causal attention with GQA over a KV cache. First the step's keys and values are stored
+    /// at row `positions[r] % capacity` of slot `slots[r]`; then each row `r` attends, per query
+    /// head `h` (kv head `h / (heads / kv_heads)`), to the cached positions `lo ..= p` of its
+    /// slot, where `p = positions[r]` and `lo = p + 1 - window` with a window, else 0:
+    /// `s_j = scale * q . k_j`, optionally `s_j = softcap * tanh(s_j / softcap)`,
+    /// `out = sum_j softmax(s)_j v_j`. Output `[rows, heads * head_dim]`.
+    Attention {
+        /// Queries `[rows, heads * head_dim]`.
+        q: ValueId,
+        /// Keys `[rows, kv_heads * head_dim]`.
+        k: ValueId,
+        /// Values `[rows, kv_heads * head_dim]`.
+        v: ValueId,
+        /// This layer's cache.
+        cache: KvCacheRef,
+        /// Query heads.
+        heads: usize,
+        /// Key/value heads (divides `heads`).
+        kv_heads: usize,
+        /// Size of one head.
+        head_dim: usize,
+        /// Multiplier of the dot products.
+        scale: f32,
+        /// Sliding window: a row sees at most this many positions, its own included.
+        window: Option<usize>,
+        /// Soft-capping of the scores.
+        softcap: Option<f32>,
+    },
+    /// `gelu_tanh(gate) * up`, with
+    /// `gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`.
+    GeGlu {
+        /// Gate input.
+        gate: ValueId,
+        /// Up input (same shape).
+        up: ValueId,
+    },
+    /// `a + b`, same shapes.
+    Add {
+        /// Left input.
+        a: ValueId,
+        /// Right input.
+        b: ValueId,
+    },
+    /// `cap * tanh(x / cap)`.
+    Softcap {
+        /// Input.
+        x: ValueId,
+        /// The cap.
+        cap: f32,
+    },
+    /// Keeps the rows named by `StepArgs::select`, in that order: `[selected_rows, cols]`.
+    SelectRows {
+        /// Input (step rows).
+        x: ValueId,
+    },
+    /// Writes `x` row-major at offset 0 of an [`crate::Usage::Activation`] f32 buffer, which the
+    /// host (or another backend) reads after the step. Produces no value.
+    Output {
+        /// The value to write.
+        x: ValueId,
+        /// Destination buffer.
+        buffer: BufferId,
+    },
+}
+
+impl Op {
+    /// A short name for messages (`matmul`, `attention`, ...), with the weight dtype where
+    /// there is one (`matmul(q4_k)`).
+    pub fn name(&self) -> String {
+        let base = match self {
+            Op::Input { .. } => "input",
+            Op::Embed { .. } => "embed",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::MatMul { .. } => "matmul",
+            Op::Rope { .. } => "rope",
+            Op::Attention { .. } => "attention",
+            Op::GeGlu { .. } => "geglu",
+            Op::Add { .. } => "add",
+            Op::Softcap { .. } => "softcap",
+            Op::SelectRows { .. } => "select_rows",
+            Op::Output { .. } => "output",
+        };
+        match self {
+            Op::Embed { table: w, .. } | Op::RmsNorm { weight: w, .. } | Op::MatMul { weight: w, .. } => {
+                format!("{base}({})", w.desc.dtype)
+            }
+            Op::Attention { cache, .. } => format!("{base}(kv {})", cache.dtype),
+            _ => base.to_string(),
+        }
+    }
+
+    /// The values this op reads.
+    pub fn inputs(&self) -> Vec<ValueId> {
+        match self {
+            Op::Input { .. } | Op::Embed { .. } => vec![],
+            Op::RmsNorm { x, .. }
+            | Op::MatMul { x, .. }
+            | Op::Rope { x, .. }
+            | Op::Softcap { x, .. }
+            | Op::SelectRows { x }
+            | Op::Output { x, .. } => vec![*x],
+            Op::Attention { q, k, v, .. } => vec![*q, *k, *v],
+            Op::GeGlu { gate: a, up: b } | Op::Add { a, b } => vec![*a, *b],
+        }
+    }
+
+    /// The weights this op reads.
+    pub fn weights(&self) -> Vec<&WeightRef> {
+        match self {
+            Op::Embed { table: w, .. } | Op::RmsNorm { weight: w, .. } | Op::MatMul { weight: w, .. } => {
+                vec![w]
+            }
+            _ => vec![],
+        }
+    }
+
+    /// How many values this op produces.
+    pub fn output_count(&self) -> usize {
+        match self {
+            Op::MatMul { splits, .. } => splits.len(),
+            Op::Output { .. } => 0,
+            _ => 1,
+        }
+    }
+}
+
+/// A node: one op and the ids of the values it defines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    /// The operation.
+    pub op: Op,
+    /// The values it defines, `op.output_count()` of them.
+    pub outputs: Vec<ValueId>,
+}
+
+/// A whole step (or a backend's share of one), compiled once and executed many times.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Graph {
+    /// A name for messages and profiles (`gemma3 rows=1`).
+    pub name: String,
+    /// Rows per step: tokens processed per execution, across all sequences.
+    pub rows: usize,
+    /// Rows kept by [`Op::SelectRows`] (0 when the graph has none).
+    pub selected_rows: usize,
+    /// Nodes in execution order; every input is defined by an earlier node.
+    pub nodes: Vec<Node>,
+}
+
+/// Which row count a value has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RowCount {
+    /// `Graph::rows`.
+    Step,
+    /// `Graph::selected_rows`.
+    Selected,
+}
+
+/// The inferred shape of a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValueShape {
+    /// Its row count.
+    pub rows: RowCount,
+    /// Its column count.
+    pub cols: usize,
+}
+
+impl Graph {
+    /// Number of values the graph defines.
+    pub fn value_count(&self) -> usize {
+        self.nodes.iter().map(|n| n.outputs.len()).sum()
+    }
+
+    /// Checks the graph and infers the shape of every value (indexed by [`ValueId`]): ids dense
+    /// and defined before use, output counts, weight shapes, column counts and head sizes.
+    /// Every backend calls this in `compile`; the error names the node and what was expected.
+    pub fn infer_shapes(&self) -> Result<Vec<ValueShape>, BackendError> {
+        let mut shapes: Vec<Option<ValueShape>> = vec![None; self.value_count()];
+        if self.rows == 0 {
+            return Err(BackendError::invalid(format!(
+                "graph '{}': rows must be at least 1",
+                self.name
+            )));
+        }
+        for (i, node) in self.nodes.iter().enumerate() {
+            let err = |what: String| {
+                BackendError::invalid(format!(
+                    "graph '{}', node {i} ({}): {what}",
+                    self.name,
+                    node.op.name()
+                ))
+            };
+            let get = |v: ValueId| -> Result<ValueShape, BackendError> {
+                shapes
+                    .get(v.0 as usize)
+                    .copied()
+                    .flatten()
+                    .ok_or_else(|| err(format!("value {} is used before it is defined", v.0)))
+            };
+            let weight_2d = |w: &WeightRef| -> Result<(usize, usize), BackendError> {
+                w.desc.byte_size().map_err(|e| err(e.to_string()))?;
+                match w.desc.shape.as_slice() {
+                    [n, k] => Ok((*n, *k)),
+                    s => Err(err(format!("weight must be 2-D, found shape {s:?}"))),
+                }
+            };
+            let step = |cols| ValueShape {
+                rows: RowCount::Step,
+                cols,
+            };
+            let outs: Vec<ValueShape> = match &node.op {
+                Op::Input { cols, selected, .. } => {
+                    let rows = if *selected {
+                        RowCount::Selected
+                    } else {
+                        RowCount::Step
+                    };
+                    vec![ValueShape { rows, cols: *cols }]
+                }
+                Op::Embed { table, .. } => {
+                    let (_, hidden) = weight_2d(table)?;
+                    vec![step(hidden)]
+                }
+                Op::RmsNorm { x, weight, eps, .. } => {
+                    let s = get(*x)?;
+                    let group = match weight.desc.shape.as_slice() {
+                        [g] if *g > 0 => *g,
+                        other => {
+                            return Err(err(format!("weight must be 1-D and non-empty, found {other:?}")))
+                        }
+                    };
+                    if s.cols % group != 0 {
+                        return Err(err(format!(
+                            "{} columns are not a multiple of the weight's {group}",
+                            s.cols
+                        )));
+                    }
+                    if !(eps.is_finite() && *eps >= 0.0) {
+                        return Err(err(format!("eps must be finite and >= 0, found {eps}")));
+                    }
+                    vec![s]
+                }
+                Op::MatMul { x, weight, splits } => {
+                    let s = get(*x)?;
+                    let (n, k) = weight_2d(weight)?;
+                    if s.cols != k {
+                        return Err(err(format!(
+                            "input has {} columns, weight [{n}, {k}] expects {k}",
+                            s.cols
+                        )));
+                    }
+                    if splits.is_empty() || splits.contains(&0) || splits.iter().sum::<usize>() != n {
+                        return Err(err(format!("splits {splits:?} must be non-zero and sum to {n}")));
+                    }
+                    splits
+                        .iter()
+                        .map(|&c| ValueShape {
+                            rows: s.rows,
+                            cols: c,
+                        })
+                        .collect()
+                }
+                Op::Rope {
+                    x,
+                    head_dim,
+                    theta,
+                    factor,
+                } => {
+                    let s = get(*x)?;
+                    if *head_dim == 0 || head_dim % 2 != 0 || s.cols % head_dim != 0 {
+                        return Err(err(format!(
+                            "head_dim {head_dim} must be even and divide the {} columns",
+                            s.cols
+                        )));
+                    }
+                    if !(*theta > 0.0 && *factor > 0.0) {
+                        return Err(err(format!("theta {theta} and factor {factor} must be positive")));
+                    }
+                    vec![s]
+                }
+                Op::Attention {
+                    q,
+                    k,
+                    v,
+                    cache,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    window,
+                    ..
+                } => {
+                    let (sq, sk, sv) = (get(*q)?, get(*k)?, get(*v)?);
+                    if *heads == 0 || *kv_heads == 0 || *head_dim == 0 || heads % kv_heads != 0 {
+                        return Err(err(format!(
+                            "{heads} heads must be a positive multiple of {kv_heads} kv heads (head_dim {head_dim})"
+                        )));
+                    }
+                    if sq.cols != heads * head_dim || sk.cols != kv_heads * head_dim || sv.cols != sk.cols {
+                        return Err(err(format!(
+                            "q/k/v have {}/{}/{} columns, expected {}/{}/{}",
+                            sq.cols,
+                            sk.cols,
+                            sv.cols,
+                            heads * head_dim,
+                            kv_heads * head_dim,
+                            kv_heads * head_dim
+                        )));
+                    }
+                    if [sq.rows, sk.rows, sv.rows].iter().any(|r| *r != RowCount::Step) {
+                        return Err(err("q, k and v must have the step's rows".into()));
+                    }
+                    if !matches!(cache.dtype, DType::F32 | DType::F16) {
+                        return Err(err(format!("KV cache dtype {} must be f32 or f16", cache.dtype)));
+                    }
+                    if cache.slots == 0 || cache.capacity == 0 || *window == Some(0) {
+                        return Err(err("cache slots, capacity and window must be positive".into()));
+                    }
+                    if let Some(w) = window {
+                        if *w > cache.capacity {
+                            return Err(err(format!(
+                                "window {w} exceeds the cache capacity {}",
+                                cache.capacity
+                            )));
+                        }
+                    }
+                    vec![sq]
+                }
+                Op::GeGlu { gate: a, up: b } | Op::Add { a, b } => {
+                    let (sa, sb) = (get(*a)?, get(*b)?);
+                    if sa != sb {
+                        return Err(err(format!("operand shapes differ: {sa:?} and {sb:?}")));
+                    }
+                    vec![sa]
+                }
+                Op::Softcap { x, cap } => {
+                    if !(cap.is_finite() && *cap > 0.0) {
+                        return Err(err(format!("cap must be positive, found {cap}")));
+                    }
+                    vec![get(*x)?]
+                }
+                Op::SelectRows { x } => {
+                    let s = get(*x)?;
+                    if s.rows != RowCount::Step || self.selected_rows == 0 {
+                        return Err(err("selects from step rows into selected_rows >= 1".into()));
+                    }
+                    vec![ValueShape {
+                        rows: RowCount::Selected,
+                        cols: s.cols,
+                    }]
+                }
+                Op::Output { x, .. } => {
+                    get(*x)?;
+                    vec![]
+                }
+            };
+            if outs.len() != node.outputs.len() {
+                return Err(err(format!(
+                    "defines {} values, the op produces {}",
+                    node.outputs.len(),
+                    outs.len()
+                )));
+            }
+            for (id, shape) in node.outputs.iter().zip(outs) {
+                match shapes.get_mut(id.0 as usize) {
+                    Some(slot @ None) => *slot = Some(shape),
+                    Some(Some(_)) => return Err(err(format!("value {} is defined twice", id.0))),
+                    None => {
+                        return Err(err(format!(
+                            "value id {} is not dense (graph has {})",
+                            id.0,
+                            self.value_count()
+                        )))
+                    }
+                }
+            }
+        }
+        shapes
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                s.ok_or_else(|| {
+                    BackendError::invalid(format!("graph '{}': value {i} never defined", self.name))
+                })
+            })
+            .collect()
+    }
+}
+
+/// Builds a [`Graph`], handing out value ids.
+#[derive(Debug)]
+pub struct GraphBuilder {
+    graph: Graph,
+    next: u32,
+}
+
+impl GraphBuilder {
+    /// An empty graph of `rows` step rows and `selected_rows` selected rows.
+    pub fn new(name: impl Into<String>, rows: usize, selected_rows: usize) -> Self {
+        GraphBuilder {
+            graph: Graph {
+                name: name.into(),
+                rows,
+                selected_rows,
+                nodes: Vec::new(),
+            },
+            next: 0,
+        }
+    }
+
+    /// Appends a node and returns the values it defines.
+    pub fn push(&mut self, op: Op) -> Vec<ValueId> {
+        let outputs: Vec<ValueId> = (0..op.output_count())
+            .map(|i| ValueId(self.next + i as u32))
+            .collect();
+        self.next += outputs.len() as u32;
+        self.graph.nodes.push(Node {
+            op,
+            outputs: outputs.clone(),
+        });
+        outputs
+    }
+
+    /// Appends a node that defines exactly one value and returns it.
+    ///
+    /// # Panics
+    /// If the op defines no value or several (a bug in the caller, not an input error).
+    pub fn push1(&mut self, op: Op) -> ValueId {
+        let outs = self.push(op);
+        assert_eq!(outs.len(), 1, "push1 on an op with {} outputs", outs.len());
+        outs[0]
+    }
+
+    /// The graph built so far.
+    pub fn finish(self) -> Graph {
+        self.graph
+    }
+}
+
+/// What changes from one execution of a program to the next. Row `r` of the step is token
+/// `tokens[r]` at position `positions[r]` of the sequence in KV-cache slot `slots[r]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepArgs<'a> {
+    /// Token ids, one per step row.
+    pub tokens: &'a [u32],
+    /// Positions in their sequence, one per step row.
+    pub positions: &'a [u32],
+    /// KV-cache slots, one per step row.
+    pub slots: &'a [u32],
+    /// Rows kept by [`Op::SelectRows`], `Graph::selected_rows` of them.
+    pub select: &'a [u32],
+}
+
+impl StepArgs<'_> {
+    /// Checks lengths against the graph, selected rows against the step's rows and, when the
+    /// graph has KV caches, slots against the smallest cache's slot count.
+    pub fn validate(&self, graph: &Graph, slots: Option<usize>) -> Result<(), BackendError> {
+        let n = graph.rows;
+        for (name, len) in [
+            ("tokens", self.tokens.len()),
+            ("positions", self.positions.len()),
+            ("slots", self.slots.len()),
+        ] {
+            if len != n {
+                return Err(BackendError::invalid(format!(
+                    "step {name}: {len} given, graph '{}' has {n} rows",
+                    graph.name
+                )));
+            }
+        }
+        if self.select.len() != graph.selected_rows {
+            return Err(BackendError::invalid(format!(
+                "step select: {} given, graph '{}' selects {}",
+                self.select.len(),
+                graph.name,
+                graph.selected_rows
+            )));
+        }
+        if let Some(r) = self.select.iter().find(|&&r| r as usize >= n) {
+            return Err(BackendError::invalid(format!(
+                "step select: row {r} out of range 0..{n}"
+            )));
+        }
+        if let Some(limit) = slots {
+            if let Some(s) = self.slots.iter().find(|&&s| s as usize >= limit) {
+                return Err(BackendError::invalid(format!(
+                    "step slots: slot {s} out of range 0..{limit}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,27 @@
+//! tandem's backend interface: the [`ComputeBackend`] trait every backend implements, the
+//! tensor descriptions and op set it speaks, its typed errors, and the plugin ABI through which
+//! the engine loads backends at run time.
+//!
+//! A backend works at graph level: the engine builds a [`Graph`] of [`Op`]s once per shape,
+//! the backend compiles it once ([`ComputeBackend::compile`]) and replays it every step
+//! ([`ComputeBackend::execute`]) with small [`StepArgs`].
+
+#![warn(missing_docs)]
+
+mod backend;
+mod dtype;
+mod error;
+mod graph;
+pub mod plugin;
+mod tensor;
+
+pub use backend::{
+    BackendInfo, BackendOptions, BackendPlugin, ComputeBackend, DeviceKind, ProgramId, Support, Ticket,
+};
+pub use dtype::DType;
+pub use error::BackendError;
+pub use graph::{
+    Graph, GraphBuilder, KvCacheRef, Node, Op, RowCount, StepArgs, ValueId, ValueShape, WeightRef,
+};
+pub use plugin::abi::API_VERSION;
+pub use tensor::{BufferId, TensorDesc, Usage};

@@ -1,0 +1,1 @@
+//! tandem's CPU reference backend

@@ -1,0 +1,1 @@
+//! tandem's AMD XDNA NPU backend

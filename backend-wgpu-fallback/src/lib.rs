@@ -1,0 +1,1 @@
+//! tandem's portable wgpu backend

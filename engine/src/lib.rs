@@ -1,0 +1,8 @@
+//! tandem's engine: checkpoints, the Gemma 3 step graph, placement, KV cache, sampling and
+//! generation, all driven through `tandem_backend_api::ComputeBackend`.
+
+pub mod chat;
+pub mod config;
+pub mod sampler;
+pub mod safetensors_ckpt;
+pub mod tokenizer;

@@ -1,0 +1,1 @@
+//! tandem's backend conformance suite
