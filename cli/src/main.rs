@@ -1,1 +1,65 @@
-fn main() {}
+//! `engine`: tandem's command line.
+
+mod commands;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tandem_engine::plugins::PluginSearch;
+use tandem_engine::settings::Settings;
+
+/// tandem: Gemma 3 inference on CPUs, GPUs and NPUs.
+#[derive(Debug, Parser)]
+#[command(name = "engine", version, about)]
+struct Cli {
+    /// A tandem.toml config file (plugin directories, placement, backend options).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Also search this directory for backend plugins (repeatable).
+    #[arg(long = "plugin-dir", global = true)]
+    plugin_dirs: Vec<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List every backend plugin found, its device, and why any is unavailable.
+    Backends(commands::backends::Args),
+}
+
+/// What every command gets: the settings and where plugins are.
+pub struct Context {
+    /// The config file's settings (defaults without one).
+    pub settings: Settings,
+    /// The plugin search path.
+    pub search: PluginSearch,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let settings = match &cli.config {
+        Some(p) => Settings::load(p)?,
+        None => Settings::default(),
+    };
+    let mut extra = settings.plugin_dirs.clone();
+    extra.extend(cli.plugin_dirs.iter().cloned());
+    let ctx = Context {
+        search: PluginSearch::standard(&extra),
+        settings,
+    };
+    match cli.command {
+        Command::Backends(args) => commands::backends::run(&ctx, &args),
+    }
+}

@@ -3,6 +3,8 @@
 
 pub mod chat;
 pub mod config;
-pub mod sampler;
+pub mod plugins;
 pub mod safetensors_ckpt;
+pub mod sampler;
+pub mod settings;
 pub mod tokenizer;

@@ -422,3 +422,88 @@ macro_rules! export_backend {
         }
     };
 }
+
+/// Exports a plugin for a backend that cannot run in this build: `create` always answers
+/// `Unavailable` with `reason`, so `engine backends` lists it and says why.
+///
+/// ```ignore
+/// tandem_backend_api::export_unavailable_backend!(VulkanBackend, "vulkan", "not built yet");
+/// ```
+#[macro_export]
+macro_rules! export_unavailable_backend {
+    ($ty:ident, $name:literal, $reason:expr) => {
+        /// A backend that reports itself unavailable.
+        pub struct $ty(());
+
+        impl $crate::ComputeBackend for $ty {
+            fn info(&self) -> $crate::BackendInfo {
+                $crate::BackendInfo {
+                    name: $name.to_string(),
+                    device: "none".to_string(),
+                    kind: $crate::DeviceKind::Cpu,
+                    memory_bytes: None,
+                    features: vec![],
+                }
+            }
+            fn supports(&self, _op: &$crate::Op) -> $crate::Support {
+                $crate::Support::No {
+                    reason: $reason.to_string(),
+                }
+            }
+            fn alloc(
+                &mut self,
+                _: &$crate::TensorDesc,
+                _: $crate::Usage,
+            ) -> Result<$crate::BufferId, $crate::BackendError> {
+                Err(Self::unavailable())
+            }
+            fn write(&mut self, _: $crate::BufferId, _: u64, _: &[u8]) -> Result<(), $crate::BackendError> {
+                Err(Self::unavailable())
+            }
+            fn read(
+                &mut self,
+                _: $crate::BufferId,
+                _: u64,
+                _: &mut [u8],
+            ) -> Result<(), $crate::BackendError> {
+                Err(Self::unavailable())
+            }
+            fn free(&mut self, _: $crate::BufferId) -> Result<(), $crate::BackendError> {
+                Err(Self::unavailable())
+            }
+            fn compile(&mut self, _: &$crate::Graph) -> Result<$crate::ProgramId, $crate::BackendError> {
+                Err(Self::unavailable())
+            }
+            fn execute(
+                &mut self,
+                _: $crate::ProgramId,
+                _: &$crate::StepArgs<'_>,
+            ) -> Result<$crate::Ticket, $crate::BackendError> {
+                Err(Self::unavailable())
+            }
+            fn wait(&mut self, _: $crate::Ticket) -> Result<(), $crate::BackendError> {
+                Err(Self::unavailable())
+            }
+            fn release(&mut self, _: $crate::ProgramId) -> Result<(), $crate::BackendError> {
+                Err(Self::unavailable())
+            }
+        }
+
+        impl $ty {
+            fn unavailable() -> $crate::BackendError {
+                $crate::BackendError::Unavailable {
+                    reason: $reason.to_string(),
+                }
+            }
+        }
+
+        impl $crate::BackendPlugin for $ty {
+            const NAME: &'static str = $name;
+            fn create(_: &$crate::BackendOptions) -> Result<Self, $crate::BackendError> {
+                Err(Self::unavailable())
+            }
+        }
+
+        $crate::export_backend!($ty);
+    };
+}

@@ -1,0 +1,321 @@
+//! The arithmetic of every op, as plain loops with f32 accumulation. Each function documents the
+//! op it implements in `tandem_backend_api::Op`; the conformance suite checks them against an
+//! independent oracle.
+
+use rayon::prelude::*;
+use tandem_backend_api::DType;
+
+use crate::convert::{decode_row, encode_row};
+
+/// Columns of a weight row decoded per parallel task in `matmul`.
+const MATMUL_CHUNK: usize = 16;
+
+/// A 2-D weight stored as `dtype`: `n` rows of `k` elements.
+#[derive(Clone, Copy)]
+pub struct WeightView<'a> {
+    pub bytes: &'a [u8],
+    pub dtype: DType,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl WeightView<'_> {
+    fn row_bytes(&self) -> usize {
+        // Checked at compile: k is a whole number of blocks.
+        self.dtype.row_bytes(self.k).unwrap_or(0)
+    }
+
+    /// Row `i` decoded into `out` (`k` elements).
+    pub fn decode(&self, i: usize, out: &mut [f32]) {
+        let rb = self.row_bytes();
+        decode_row(self.dtype, &self.bytes[i * rb..(i + 1) * rb], out);
+    }
+
+    /// Row `i` as f32 without copying, when stored as f32 and aligned.
+    fn f32_row(&self, i: usize) -> Option<&[f32]> {
+        if self.dtype != DType::F32 {
+            return None;
+        }
+        let rb = self.row_bytes();
+        bytemuck::try_cast_slice(&self.bytes[i * rb..(i + 1) * rb]).ok()
+    }
+}
+
+/// `Op::Embed`.
+pub fn embed(table: WeightView, tokens: &[u32], scale: f32, out: &mut [f32]) {
+    for (row, &t) in out.chunks_exact_mut(table.k).zip(tokens) {
+        table.decode(t as usize, row);
+        for v in row.iter_mut() {
+            *v *= scale;
+        }
+    }
+}
+
+/// `Op::RmsNorm` over groups of `weight.len()` columns.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, offset: f32, out: &mut [f32]) {
+    let g = weight.len();
+    for (xs, ys) in x.chunks_exact(g).zip(out.chunks_exact_mut(g)) {
+        let ms = xs.iter().map(|v| v * v).sum::<f32>() / g as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for ((y, v), w) in ys.iter_mut().zip(xs).zip(weight) {
+            *y = v * inv * (offset + w);
+        }
+    }
+}
+
+/// `Op::MatMul`: `scratch` (`n * rows`) receives the product column-major; `outs` the split,
+/// row-major results.
+pub fn matmul(
+    pool: &rayon::ThreadPool,
+    x: &[f32],
+    rows: usize,
+    w: WeightView,
+    scratch: &mut [f32],
+    outs: &mut [&mut [f32]],
+) {
+    let k = w.k;
+    pool.install(|| {
+        scratch[..w.n * rows]
+            .par_chunks_mut(MATMUL_CHUNK * rows)
+            .enumerate()
+            .for_each_init(
+                || vec![0f32; k],
+                |wrow, (chunk, dst)| {
+                    for (c, col) in dst.chunks_exact_mut(rows).enumerate() {
+                        let j = chunk * MATMUL_CHUNK + c;
+                        let wr: &[f32] = match w.f32_row(j) {
+                            Some(r) => r,
+                            None => {
+                                w.decode(j, wrow);
+                                wrow
+                            }
+                        };
+                        for (r, o) in col.iter_mut().enumerate() {
+                            *o = dot(&x[r * k..(r + 1) * k], wr);
+                        }
+                    }
+                },
+            )
+    });
+    let mut j0 = 0;
+    for out in outs.iter_mut() {
+        let cols = out.len() / rows.max(1);
+        for c in 0..cols {
+            let col = &scratch[(j0 + c) * rows..(j0 + c + 1) * rows];
+            for (r, v) in col.iter().enumerate() {
+                out[r * cols + c] = *v;
+            }
+        }
+        j0 += cols;
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `Op::Rope` in the rotate-half layout.
+pub fn rope(
+    x: &[f32],
+    cols: usize,
+    positions: &[u32],
+    head_dim: usize,
+    theta: f32,
+    factor: f32,
+    out: &mut [f32],
+) {
+    let half = head_dim / 2;
+    for ((xr, yr), &p) in x
+        .chunks_exact(cols)
+        .zip(out.chunks_exact_mut(cols))
+        .zip(positions)
+    {
+        for (xh, yh) in xr.chunks_exact(head_dim).zip(yr.chunks_exact_mut(head_dim)) {
+            for d in 0..half {
+                let inv_freq = 1.0 / theta.powf((2 * d) as f32 / head_dim as f32);
+                let a = (p as f32 / factor) * inv_freq;
+                let (s, c) = a.sin_cos();
+                let (x1, x2) = (xh[d], xh[d + half]);
+                yh[d] = x1 * c - x2 * s;
+                yh[d + half] = x2 * c + x1 * s;
+            }
+        }
+    }
+}
+
+/// The geometry of one `Op::Attention`.
+#[derive(Clone, Copy)]
+pub struct AttentionShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub capacity: usize,
+    pub scale: f32,
+    pub window: Option<usize>,
+    pub softcap: Option<f32>,
+    pub cache_dtype: DType,
+}
+
+impl AttentionShape {
+    fn kv_cols(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    fn elem(&self) -> usize {
+        self.cache_dtype.block_bytes()
+    }
+
+    /// Byte offset of (slot, position) in a cache buffer.
+    fn at(&self, slot: u32, pos: u32) -> usize {
+        ((slot as usize * self.capacity) + (pos as usize % self.capacity)) * self.kv_cols() * self.elem()
+    }
+}
+
+/// Stores the step's keys and values in the caches (first half of `Op::Attention`).
+pub fn kv_append(
+    s: &AttentionShape,
+    k: &[f32],
+    v: &[f32],
+    positions: &[u32],
+    slots: &[u32],
+    kc: &mut [u8],
+    vc: &mut [u8],
+) {
+    let n = s.kv_cols();
+    let bytes = n * s.elem();
+    for r in 0..positions.len() {
+        let at = s.at(slots[r], positions[r]);
+        encode_row(s.cache_dtype, &k[r * n..(r + 1) * n], &mut kc[at..at + bytes]);
+        encode_row(s.cache_dtype, &v[r * n..(r + 1) * n], &mut vc[at..at + bytes]);
+    }
+}
+
+/// Attends every row over its slot's cached positions (second half of `Op::Attention`).
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    pool: &rayon::ThreadPool,
+    s: &AttentionShape,
+    q: &[f32],
+    positions: &[u32],
+    slots: &[u32],
+    kc: &[u8],
+    vc: &[u8],
+    out: &mut [f32],
+) {
+    let (hd, qcols) = (s.head_dim, s.heads * s.head_dim);
+    let group = s.heads / s.kv_heads;
+    pool.install(|| {
+        out.par_chunks_mut(qcols).enumerate().for_each_init(
+            || (vec![0f32; s.capacity], vec![0f32; hd], vec![0f32; hd]),
+            |(scores, kbuf, vbuf), (r, orow)| {
+                let p = positions[r];
+                let lo = match s.window {
+                    Some(w) => (p + 1).saturating_sub(w as u32),
+                    None => 0,
+                };
+                let n = (p - lo + 1) as usize;
+                for h in 0..s.heads {
+                    let g = h / group;
+                    let qh = &q[r * qcols + h * hd..r * qcols + (h + 1) * hd];
+                    let mut max = f32::NEG_INFINITY;
+                    for (j, pos) in (lo..=p).enumerate() {
+                        let at = s.at(slots[r], pos) + g * hd * s.elem();
+                        decode_row(s.cache_dtype, &kc[at..at + hd * s.elem()], kbuf);
+                        let mut sc = dot(qh, kbuf) * s.scale;
+                        if let Some(cap) = s.softcap {
+                            sc = cap * (sc / cap).tanh();
+                        }
+                        scores[j] = sc;
+                        max = max.max(sc);
+                    }
+                    let mut sum = 0f32;
+                    for sc in &mut scores[..n] {
+                        *sc = (*sc - max).exp();
+                        sum += *sc;
+                    }
+                    let oh = &mut orow[h * hd..(h + 1) * hd];
+                    oh.fill(0.0);
+                    for (j, pos) in (lo..=p).enumerate() {
+                        let at = s.at(slots[r], pos) + g * hd * s.elem();
+                        decode_row(s.cache_dtype, &vc[at..at + hd * s.elem()], vbuf);
+                        let wgt = scores[j] / sum;
+                        for (o, v) in oh.iter_mut().zip(vbuf.iter()) {
+                            *o += wgt * v;
+                        }
+                    }
+                }
+            },
+        )
+    });
+}
+
+/// `gelu_tanh(x)`, as PyTorch's `gelu(approximate="tanh")`.
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+/// `Op::GeGlu`.
+pub fn geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+        *o = gelu_tanh(*g) * u;
+    }
+}
+
+/// `Op::Add`.
+pub fn add(a: &[f32], b: &[f32], out: &mut [f32]) {
+    for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
+        *o = x + y;
+    }
+}
+
+/// `Op::Softcap`.
+pub fn softcap(x: &[f32], cap: f32, out: &mut [f32]) {
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = cap * (v / cap).tanh();
+    }
+}
+
+/// `Op::SelectRows`.
+pub fn select_rows(x: &[f32], cols: usize, select: &[u32], out: &mut [f32]) {
+    for (o, &r) in out.chunks_exact_mut(cols).zip(select) {
+        o.copy_from_slice(&x[r as usize * cols..(r as usize + 1) * cols]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_of_three_four() {
+        // mean square of [3, 4] is 12.5; with eps 0 the result is x / sqrt(12.5) * (1 + w).
+        let mut out = [0f32; 2];
+        rms_norm(&[3.0, 4.0], &[0.0, 1.0], 0.0, 1.0, &mut out);
+        let inv = 1.0 / 12.5f32.sqrt();
+        assert!(
+            (out[0] - 3.0 * inv).abs() < 1e-6 && (out[1] - 8.0 * inv).abs() < 1e-6,
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn gelu_tanh_known_values() {
+        assert_eq!(gelu_tanh(0.0), 0.0);
+        assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-5);
+        assert!((gelu_tanh(-3.0) + 0.003_637_4).abs() < 1e-5);
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_rotates_later() {
+        let x = [1.0f32, 2.0, 3.0, 4.0];
+        let mut y = [0f32; 4];
+        rope(&x, 4, &[0], 4, 10_000.0, 1.0, &mut y);
+        assert_eq!(y, x);
+        // d = 0 pair at position 1 rotates by 1 radian.
+        rope(&x, 4, &[1], 4, 10_000.0, 1.0, &mut y);
+        let (s, c) = 1f32.sin_cos();
+        assert!((y[0] - (1.0 * c - 3.0 * s)).abs() < 1e-6);
+        assert!((y[2] - (3.0 * c + 1.0 * s)).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,181 @@
+//! The TOML configuration file (`tandem.toml`): plugin directories, backend options and the
+//! placement preference lists.
+//!
+//! ```toml
+//! plugin_dirs = ["/opt/tandem/plugins"]
+//!
+//! [placement]
+//! attention = ["npu", "vulkan", "wgpu", "cpu"]
+//! ffn       = ["vulkan", "wgpu", "cpu"]
+//! default   = ["vulkan", "wgpu", "cpu"]
+//!
+//! [backend.cpu]
+//! threads = 2
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use tandem_backend_api::BackendOptions;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Extra plugin directories, searched after the standard ones. Relative paths are taken
+    /// relative to the config file.
+    #[serde(default)]
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Backend preference lists per part of the model.
+    #[serde(default)]
+    pub placement: PlacementSettings,
+    /// Options per backend name, passed to the plugin at creation.
+    #[serde(default)]
+    pub backend: BTreeMap<String, BTreeMap<String, toml::Value>>,
+}
+
+/// `[placement]`: for each part of the model, backends in order of preference.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlacementSettings {
+    /// Attention (QKV projection, rope, attention, output projection).
+    pub attention: Option<Vec<String>>,
+    /// The feed-forward network.
+    pub ffn: Option<Vec<String>>,
+    /// Everything else.
+    pub default: Option<Vec<String>>,
+}
+
+/// A configuration file that could not be used; the message names the file and the field.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// The file cannot be read.
+    #[error("{path}: cannot read the config: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has a wrong field.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (names the key and line).
+        message: String,
+    },
+    /// A backend option has a value that is not a string, number or boolean.
+    #[error("{path}: backend.{backend}.{key}: expected a string, number or boolean")]
+    OptionType {
+        /// The file.
+        path: PathBuf,
+        /// The backend table.
+        backend: String,
+        /// The key.
+        key: String,
+    },
+}
+
+impl Settings {
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> Result<Self, SettingsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SettingsError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut s: Settings = toml::from_str(&text).map_err(|e| SettingsError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for d in &mut s.plugin_dirs {
+            if d.is_relative() {
+                *d = base.join(&*d);
+            }
+        }
+        for (backend, table) in &s.backend {
+            for (key, v) in table {
+                if !matches!(
+                    v,
+                    toml::Value::String(_)
+                        | toml::Value::Integer(_)
+                        | toml::Value::Float(_)
+                        | toml::Value::Boolean(_)
+                ) {
+                    return Err(SettingsError::OptionType {
+                        path: path.to_path_buf(),
+                        backend: backend.clone(),
+                        key: key.clone(),
+                    });
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    /// The options for backend `name`.
+    pub fn backend_options(&self, name: &str) -> BackendOptions {
+        let mut o = BackendOptions::default();
+        if let Some(table) = self.backend.get(name) {
+            for (k, v) in table {
+                let s = match v {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                o.set(k.clone(), s);
+            }
+        }
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tandem.toml");
+        std::fs::write(&p, text).unwrap();
+        (dir, p)
+    }
+
+    #[test]
+    fn reads_placement_options_and_relative_plugin_dirs() {
+        let (dir, p) = write(
+            "plugin_dirs = [\"plugins\"]\n[placement]\nattention = [\"npu\", \"cpu\"]\n[backend.cpu]\nthreads = 2\n",
+        );
+        let s = Settings::load(&p).unwrap();
+        assert_eq!(s.plugin_dirs, vec![dir.path().join("plugins")]);
+        assert_eq!(
+            s.placement.attention.as_deref(),
+            Some(&["npu".to_string(), "cpu".to_string()][..])
+        );
+        assert_eq!(s.backend_options("cpu").get("threads"), Some("2"));
+        assert_eq!(s.backend_options("vulkan").get("threads"), None);
+    }
+
+    #[test]
+    fn unknown_field_names_file_and_key() {
+        let (_d, p) = write("[placement]\nattn = [\"cpu\"]\n");
+        let e = Settings::load(&p).unwrap_err().to_string();
+        assert!(e.contains("tandem.toml") && e.contains("attn"), "{e}");
+    }
+
+    #[test]
+    fn nested_option_value_is_rejected() {
+        let (_d, p) = write("[backend.cpu]\nthreads = [1, 2]\n");
+        let e = Settings::load(&p).unwrap_err().to_string();
+        assert!(e.contains("backend.cpu.threads"), "{e}");
+    }
+
+    #[test]
+    fn missing_file_is_named() {
+        let e = Settings::load(Path::new("/nonexistent/tandem.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent/tandem.toml"), "{e}");
+    }
+}
