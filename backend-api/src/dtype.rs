@@ -116,7 +116,7 @@ impl DType {
     /// Bytes needed for one row of `elems` elements, or `None` when `elems` is not a whole
     /// number of blocks.
     pub const fn row_bytes(self, elems: usize) -> Option<usize> {
-        if elems % self.block_elems() != 0 {
+        if !elems.is_multiple_of(self.block_elems()) {
             return None;
         }
         Some(elems / self.block_elems() * self.block_bytes())

@@ -1,1 +1,589 @@
-//! (in progress)
+//! Choosing the next token from the logits: greedy, or sampling after the warpers
+//! `transformers` applies, in its order: repetition penalty, temperature, top-k, top-p, min-p.
+//!
+//! [`Sampler::sample`] allocates nothing after its first call (its scratch vectors are kept and
+//! only grow if the vocabulary does), since it runs once per generated token. The random numbers
+//! come from a xoshiro256** generator seeded from [`SamplerConfig::seed`], so the same seed and
+//! the same logits give the same tokens.
+
+use std::cmp::Ordering;
+
+/// Sampling settings. The field docs name the command-line flag each one comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplerConfig {
+    /// `--temperature`: logits are divided by it; `0` means greedy (argmax, no randomness).
+    pub temperature: f32,
+    /// `--top-k`: keep only the `top_k` most likely tokens; `0` turns it off.
+    pub top_k: usize,
+    /// `--top-p`: keep the most likely tokens until their probabilities sum to at least `top_p`;
+    /// `1` turns it off. In `(0, 1]`.
+    pub top_p: f32,
+    /// `--min-p`: drop tokens less likely than `min_p` times the most likely one; `0` turns it
+    /// off. In `[0, 1)`.
+    pub min_p: f32,
+    /// `--repetition-penalty`: for each distinct token already in the history, positive logits
+    /// are divided by it and negative ones multiplied; `1` turns it off. Greater than 0.
+    pub repetition_penalty: f32,
+    /// `--seed`: seed of the random number generator.
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    /// The defaults of Gemma 3's instruction-tuned models (its `generation_config.json`):
+    /// temperature 1, top-k 64, top-p 0.95; min-p and repetition penalty off; seed 0, so that
+    /// runs are reproducible unless a seed is given.
+    fn default() -> Self {
+        SamplerConfig {
+            temperature: 1.0,
+            top_k: 64,
+            top_p: 0.95,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// Greedy decoding: temperature 0, the other warpers off.
+    pub fn greedy() -> Self {
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            seed: 0,
+        }
+    }
+
+    /// Checks the ranges; the error names the flag and the accepted range.
+    pub fn validate(&self) -> Result<(), SamplerError> {
+        let invalid = |flag, value, expected| {
+            Err(SamplerError::Invalid {
+                flag,
+                value,
+                expected,
+            })
+        };
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return invalid(
+                "--temperature",
+                self.temperature,
+                "0 (greedy) or a positive finite number",
+            );
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return invalid("--top-p", self.top_p, "a number in (0, 1]; 1 turns it off");
+        }
+        if !(self.min_p >= 0.0 && self.min_p < 1.0) {
+            return invalid("--min-p", self.min_p, "a number in [0, 1); 0 turns it off");
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return invalid(
+                "--repetition-penalty",
+                self.repetition_penalty,
+                "a positive finite number; 1 turns it off",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Errors from [`SamplerConfig::validate`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplerError {
+    /// A setting is out of range.
+    #[error("invalid {flag} {value}: expected {expected}")]
+    Invalid {
+        /// The command-line flag (`--temperature`).
+        flag: &'static str,
+        /// The value given.
+        value: f32,
+        /// The accepted range.
+        expected: &'static str,
+    },
+}
+
+/// Picks tokens from logits according to a [`SamplerConfig`]; holds the random state and the
+/// scratch space, so keep one per generation.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: Xoshiro256,
+    /// Candidate token ids.
+    candidates: Vec<u32>,
+    /// `exp(logit - max)` of each candidate, in the same order.
+    weights: Vec<f32>,
+    /// One bit per token id: seen in the history (all zero between calls).
+    seen: Vec<u64>,
+}
+
+impl Sampler {
+    /// A sampler for `cfg`, after [`SamplerConfig::validate`].
+    pub fn new(cfg: SamplerConfig) -> Result<Self, SamplerError> {
+        cfg.validate()?;
+        Ok(Sampler {
+            cfg,
+            rng: Xoshiro256::from_seed(cfg.seed),
+            candidates: Vec::new(),
+            weights: Vec::new(),
+            seen: Vec::new(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Picks the next token. `logits` may be modified in place (scratch). `history` = prompt +
+    /// generated ids (for repetition penalty); ids not below `logits.len()` are ignored.
+    ///
+    /// NaN logits count as `-inf`. A `+inf` logit wins: the choice is among the `+inf` ones.
+    /// When no logit is above `-inf` (or `logits` is empty) the result is 0, the same as greedy
+    /// argmax with ties broken towards the lowest id. With temperature 0 no random number is
+    /// drawn, and neither is one when only a single candidate is left.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        if self.cfg.repetition_penalty != 1.0 {
+            self.apply_repetition_penalty(logits, history);
+        }
+        if self.cfg.temperature == 0.0 {
+            return argmax(logits);
+        }
+        self.sample_warped(logits)
+    }
+
+    /// transformers' `RepetitionPenaltyLogitsProcessor`, once per distinct id in `history`.
+    fn apply_repetition_penalty(&mut self, logits: &mut [f32], history: &[u32]) {
+        let penalty = self.cfg.repetition_penalty;
+        let words = logits.len().div_ceil(64);
+        if self.seen.len() < words {
+            self.seen.resize(words, 0);
+        }
+        for &id in history {
+            let i = id as usize;
+            if i >= logits.len() {
+                continue;
+            }
+            let (word, bit) = (i / 64, 1u64 << (i % 64));
+            if self.seen[word] & bit == 0 {
+                self.seen[word] |= bit;
+                let l = &mut logits[i];
+                *l = if *l < 0.0 { *l * penalty } else { *l / penalty };
+            }
+        }
+        for &id in history {
+            if let Some(word) = self.seen.get_mut(id as usize / 64) {
+                *word = 0;
+            }
+        }
+    }
+
+    fn sample_warped(&mut self, logits: &mut [f32]) -> u32 {
+        // NaN -> -inf, and find the maximum.
+        let mut max = f32::NEG_INFINITY;
+        for l in logits.iter_mut() {
+            if l.is_nan() {
+                *l = f32::NEG_INFINITY;
+            }
+            max = max.max(*l);
+        }
+        if max == f32::NEG_INFINITY {
+            return 0;
+        }
+        // Shift so that the maximum is 0, then apply the temperature: the same probabilities
+        // and order as `logits / temperature`, without overflow at small temperatures.
+        let temperature = self.cfg.temperature;
+        if max == f32::INFINITY {
+            for l in logits.iter_mut() {
+                *l = if *l == f32::INFINITY {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+        } else {
+            for l in logits.iter_mut() {
+                *l = (*l - max) / temperature;
+            }
+        }
+
+        let logits = &*logits;
+        let candidates = &mut self.candidates;
+        candidates.clear();
+        candidates.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, &l)| l > f32::NEG_INFINITY)
+                .map(|(i, _)| i as u32),
+        );
+        // Higher logit first; equal logits by lower id.
+        let by_rank = |a: &u32, b: &u32| -> Ordering {
+            logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b))
+        };
+
+        // Top-k.
+        let k = self.cfg.top_k;
+        if k > 0 && k < candidates.len() {
+            candidates.select_nth_unstable_by(k - 1, by_rank);
+            candidates.truncate(k);
+        }
+        let top_p = self.cfg.top_p;
+        if top_p < 1.0 {
+            candidates.sort_unstable_by(by_rank);
+        }
+
+        // Weights relative to the most likely candidate, whose logit is 0 (weight 1).
+        let weights = &mut self.weights;
+        weights.clear();
+        weights.extend(candidates.iter().map(|&id| logits[id as usize].exp()));
+
+        // Top-p: keep a candidate while the mass of those ranked above it is below `top_p`.
+        if top_p < 1.0 {
+            let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+            let threshold = f64::from(top_p) * total;
+            let mut before = 0.0f64;
+            let mut keep = weights.len();
+            for (i, &w) in weights.iter().enumerate() {
+                if i > 0 && before >= threshold {
+                    keep = i;
+                    break;
+                }
+                before += f64::from(w);
+            }
+            candidates.truncate(keep);
+            weights.truncate(keep);
+        }
+
+        // Min-p: a weight is the probability relative to the most likely candidate's.
+        let min_p = self.cfg.min_p;
+        if min_p > 0.0 {
+            let mut kept = 0;
+            for i in 0..weights.len() {
+                if weights[i] >= min_p {
+                    weights[kept] = weights[i];
+                    candidates[kept] = candidates[i];
+                    kept += 1;
+                }
+            }
+            candidates.truncate(kept);
+            weights.truncate(kept);
+        }
+
+        match candidates.len() {
+            0 => 0, // unreachable: the maximum has weight 1 and survives every warper
+            1 => candidates[0],
+            _ => {
+                let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+                let target = self.rng.next_f64() * total;
+                let mut cumulative = 0.0f64;
+                for (&id, &w) in candidates.iter().zip(weights.iter()) {
+                    cumulative += f64::from(w);
+                    if cumulative > target {
+                        return id;
+                    }
+                }
+                candidates[candidates.len() - 1]
+            }
+        }
+    }
+}
+
+/// The index of the largest logit; NaN counts as `-inf`, ties go to the lowest index, and 0 when
+/// nothing is above `-inf`.
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_value = f32::NEG_INFINITY;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > best_value {
+            best = i;
+            best_value = l;
+        }
+    }
+    best as u32
+}
+
+/// xoshiro256** (Blackman and Vigna), seeded through splitmix64.
+#[derive(Debug, Clone)]
+struct Xoshiro256 {
+    s: [u64; 4],
+}
+
+impl Xoshiro256 {
+    fn from_seed(seed: u64) -> Self {
+        let mut x = seed;
+        let mut splitmix = || {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        // splitmix64 never yields four zeros in a row, so the state is never all zero.
+        Xoshiro256 {
+            s: [splitmix(), splitmix(), splitmix(), splitmix()],
+        }
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in `[0, 1)`, 53 random bits.
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplerConfig {
+        SamplerConfig {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repetition_penalty: 1.0,
+            seed: 42,
+        }
+    }
+
+    /// Deterministic pseudo-random logits for `steps` steps of a `vocab`-token model.
+    fn random_logits(steps: usize, vocab: usize, seed: u64) -> Vec<Vec<f32>> {
+        let mut rng = Xoshiro256::from_seed(seed);
+        (0..steps)
+            .map(|_| {
+                (0..vocab)
+                    .map(|_| (rng.next_f64() * 20.0 - 10.0) as f32)
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn run(cfg: SamplerConfig, steps: &[Vec<f32>]) -> Vec<u32> {
+        let mut s = Sampler::new(cfg).unwrap();
+        steps.iter().map(|l| s.sample(&mut l.clone(), &[])).collect()
+    }
+
+    fn counts(cfg: SamplerConfig, logits: &[f32], draws: usize) -> Vec<usize> {
+        let mut s = Sampler::new(cfg).unwrap();
+        let mut counts = vec![0; logits.len()];
+        for _ in 0..draws {
+            counts[s.sample(&mut logits.to_vec(), &[]) as usize] += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn greedy_takes_argmax_lowest_id_on_ties() {
+        let mut s = Sampler::new(SamplerConfig::greedy()).unwrap();
+        assert_eq!(s.sample(&mut [0.1, 3.0, -2.0, 3.0], &[]), 1);
+        assert_eq!(s.sample(&mut [f32::NAN, 1.0, f32::NAN], &[]), 1);
+        assert_eq!(s.sample(&mut [1.0, f32::INFINITY, 2.0], &[]), 1);
+    }
+
+    #[test]
+    fn no_finite_logit_gives_zero() {
+        let all_bad = [f32::NAN, f32::NEG_INFINITY, f32::NAN];
+        for c in [SamplerConfig::greedy(), SamplerConfig::default()] {
+            let mut s = Sampler::new(c).unwrap();
+            assert_eq!(s.sample(&mut all_bad.clone(), &[]), 0);
+            assert_eq!(s.sample(&mut [], &[]), 0);
+        }
+    }
+
+    #[test]
+    fn infinite_logits_are_chosen_among_themselves() {
+        let logits = [5.0, f32::INFINITY, f32::NAN, f32::INFINITY];
+        let c = counts(cfg(1.0, 0, 1.0, 0.0), &logits, 400);
+        assert_eq!(c[0] + c[2], 0, "{c:?}");
+        assert!(c[1] > 100 && c[3] > 100, "{c:?}");
+    }
+
+    #[test]
+    fn top_k_one_equals_greedy() {
+        let steps = random_logits(50, 1000, 7);
+        let greedy = run(SamplerConfig::greedy(), &steps);
+        assert_eq!(run(cfg(1.0, 1, 1.0, 0.0), &steps), greedy);
+        assert_eq!(run(cfg(0.7, 1, 0.9, 0.1), &steps), greedy);
+    }
+
+    #[test]
+    fn tiny_top_p_equals_greedy() {
+        let steps = random_logits(50, 1000, 8);
+        let greedy = run(SamplerConfig::greedy(), &steps);
+        assert_eq!(run(cfg(1.0, 0, 1e-6, 0.0), &steps), greedy);
+        assert_eq!(run(cfg(1.5, 64, 1e-6, 0.0), &steps), greedy);
+    }
+
+    #[test]
+    fn tiny_temperature_equals_greedy() {
+        let steps = random_logits(50, 1000, 9);
+        let greedy = run(SamplerConfig::greedy(), &steps);
+        assert_eq!(run(cfg(1e-30, 0, 1.0, 0.0), &steps), greedy);
+    }
+
+    #[test]
+    fn same_seed_same_tokens() {
+        let steps = random_logits(200, 50, 10);
+        let c = SamplerConfig {
+            temperature: 5.0,
+            top_k: 0,
+            top_p: 1.0,
+            ..SamplerConfig::default()
+        };
+        let a = run(c, &steps);
+        assert_eq!(a, run(c, &steps));
+        let other = run(SamplerConfig { seed: 1, ..c }, &steps);
+        assert_ne!(a, other);
+        // Sampling at a high temperature is not greedy.
+        assert_ne!(a, run(SamplerConfig::greedy(), &steps));
+    }
+
+    #[test]
+    fn draws_follow_the_probabilities() {
+        // p = 0.75 / 0.25; 4000 draws: sd of the count = sqrt(4000 * 0.75 * 0.25) ~ 27.4.
+        let logits = [3.0f32.ln(), 0.0];
+        let c = counts(cfg(1.0, 0, 1.0, 0.0), &logits, 4000);
+        assert!((c[0] as i64 - 3000).abs() < 140, "{c:?}");
+        // Temperature 2 flattens to sqrt(3) : 1, p0 ~ 0.634 (sd ~ 30.5).
+        let c = counts(cfg(2.0, 0, 1.0, 0.0), &logits, 4000);
+        let expected = 4000.0 * 3f64.sqrt() / (3f64.sqrt() + 1.0);
+        assert!((c[0] as f64 - expected).abs() < 155.0, "{c:?}");
+    }
+
+    #[test]
+    fn top_k_top_p_min_p_restrict_the_candidates() {
+        // p = 0.5, 0.3, 0.15, 0.05.
+        let logits: Vec<f32> = [0.5f32, 0.3, 0.15, 0.05].iter().map(|p| p.ln()).collect();
+        let c = counts(cfg(1.0, 2, 1.0, 0.0), &logits, 2000);
+        assert!(c[0] > 0 && c[1] > 0 && c[2] + c[3] == 0, "top-k {c:?}");
+        // Mass before: 0, 0.5, 0.8 -> top-p 0.7 keeps the first two.
+        let c = counts(cfg(1.0, 0, 0.7, 0.0), &logits, 2000);
+        assert!(c[0] > 0 && c[1] > 0 && c[2] + c[3] == 0, "top-p {c:?}");
+        // 0.8 is reached exactly by two; 0.81 needs the third.
+        let c = counts(cfg(1.0, 0, 0.81, 0.0), &logits, 2000);
+        assert!(c[2] > 0 && c[3] == 0, "top-p {c:?}");
+        // min-p 0.35: keep p >= 0.175.
+        let c = counts(cfg(1.0, 0, 1.0, 0.35), &logits, 2000);
+        assert!(c[0] > 0 && c[1] > 0 && c[2] + c[3] == 0, "min-p {c:?}");
+        // Order: top-k 3 then top-p over the renormalised three (0.526, 0.316, 0.158).
+        let c = counts(cfg(1.0, 3, 0.84, 0.0), &logits, 2000);
+        assert!(c[2] == 0 && c[3] == 0, "top-k then top-p {c:?}");
+    }
+
+    #[test]
+    fn repetition_penalty_divides_positive_and_multiplies_negative() {
+        let mut s = Sampler::new(SamplerConfig {
+            repetition_penalty: 2.0,
+            ..SamplerConfig::greedy()
+        })
+        .unwrap();
+        let mut logits = [4.0, -1.0, 3.0, 1.0];
+        // Repeated ids are penalised once; out-of-range ids are ignored.
+        s.apply_repetition_penalty(&mut logits, &[0, 1, 0, 0, 99]);
+        assert_eq!(logits, [2.0, -2.0, 3.0, 1.0]);
+        assert!(s.seen.iter().all(|&w| w == 0));
+
+        let mut logits = [4.0, -1.0, 3.0, 1.0];
+        assert_eq!(s.sample(&mut logits, &[0]), 2);
+        let mut logits = [4.0, -1.0, 3.0, 1.0];
+        assert_eq!(s.sample(&mut logits, &[]), 0);
+    }
+
+    #[test]
+    fn validation_names_the_flag() {
+        let cases = [
+            (
+                SamplerConfig {
+                    temperature: -0.5,
+                    ..SamplerConfig::default()
+                },
+                "--temperature",
+            ),
+            (
+                SamplerConfig {
+                    temperature: f32::NAN,
+                    ..SamplerConfig::default()
+                },
+                "--temperature",
+            ),
+            (
+                SamplerConfig {
+                    top_p: 0.0,
+                    ..SamplerConfig::default()
+                },
+                "--top-p",
+            ),
+            (
+                SamplerConfig {
+                    top_p: 1.5,
+                    ..SamplerConfig::default()
+                },
+                "--top-p",
+            ),
+            (
+                SamplerConfig {
+                    min_p: 1.0,
+                    ..SamplerConfig::default()
+                },
+                "--min-p",
+            ),
+            (
+                SamplerConfig {
+                    min_p: -0.1,
+                    ..SamplerConfig::default()
+                },
+                "--min-p",
+            ),
+            (
+                SamplerConfig {
+                    repetition_penalty: 0.0,
+                    ..SamplerConfig::default()
+                },
+                "--repetition-penalty",
+            ),
+        ];
+        for (c, flag) in cases {
+            let err = Sampler::new(c).unwrap_err().to_string();
+            assert!(err.contains(flag), "{err}");
+        }
+        assert!(SamplerConfig::default().validate().is_ok());
+        assert!(SamplerConfig::greedy().validate().is_ok());
+    }
+
+    #[test]
+    fn scratch_is_reused() {
+        let steps = random_logits(3, 5000, 11);
+        let mut s = Sampler::new(SamplerConfig {
+            top_k: 0,
+            repetition_penalty: 1.3,
+            ..SamplerConfig::default()
+        })
+        .unwrap();
+        s.sample(&mut steps[0].clone(), &[1, 2, 3]);
+        let caps = (s.candidates.capacity(), s.weights.capacity(), s.seen.capacity());
+        let ptrs = (s.candidates.as_ptr(), s.weights.as_ptr(), s.seen.as_ptr());
+        for l in &steps[1..] {
+            s.sample(&mut l.clone(), &[4, 5, 4999]);
+        }
+        assert_eq!(
+            caps,
+            (s.candidates.capacity(), s.weights.capacity(), s.seen.capacity())
+        );
+        assert_eq!(ptrs, (s.candidates.as_ptr(), s.weights.as_ptr(), s.seen.as_ptr()));
+    }
+}

@@ -1,1 +1,869 @@
-//! (in progress)
+//! Text <-> token ids for a model directory, plus the facts generation needs from the tokenizer
+//! files: BOS, the stop ids and the chat template.
+//!
+//! Today the only implementation is a Hugging Face `tokenizer.json` (through the `tokenizers`
+//! crate). It sits behind the private `Implementation` enum so that another one (a SentencePiece
+//! model read from GGUF metadata) can be added without changing callers.
+//!
+//! Files read by [`Tokenizer::from_dir`]:
+//! - `tokenizer.json` (required): vocabulary, normaliser, pre-tokeniser, post-processor, decoder.
+//! - `tokenizer_config.json` (optional): `bos_token`, `eos_token`, `add_bos_token`,
+//!   `chat_template`.
+//! - `chat_template.jinja` / `chat_template.json` (optional): the chat template when
+//!   `tokenizer_config.json` has none (newer `transformers` versions save it there).
+//! - `generation_config.json` (optional): `eos_token_id` (an id or a list), `bos_token_id`.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value as Json;
+
+/// Errors from loading tokenizer files, encoding or decoding.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// A file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A JSON file is malformed.
+    #[error("{} is not valid JSON: {source}", path.display())]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// `tokenizer.json` is malformed, or not a tokenizer the `tokenizers` crate accepts.
+    #[error("cannot load tokenizer from {}: {message}", path.display())]
+    Load {
+        /// The file.
+        path: PathBuf,
+        /// What the `tokenizers` crate reported.
+        message: String,
+    },
+    /// A field of a configuration file has an unexpected type or value.
+    #[error("{}: field `{field}`: {message}", path.display())]
+    Field {
+        /// The file.
+        path: PathBuf,
+        /// The field, as a JSON path (`eos_token_id`, `chat_template[1].name`).
+        field: String,
+        /// What was wrong and what was expected.
+        message: String,
+    },
+    /// Encoding text failed inside the tokenizer implementation.
+    #[error("cannot encode text: {0}")]
+    Encode(String),
+    /// Decoding ids failed inside the tokenizer implementation.
+    #[error("cannot decode token ids: {0}")]
+    Decode(String),
+    /// A token id that the vocabulary does not contain.
+    #[error("token id {id} is not in the vocabulary (vocabulary size {vocab_size})")]
+    UnknownId {
+        /// The offending id.
+        id: u32,
+        /// [`Tokenizer::vocab_size`].
+        vocab_size: usize,
+    },
+}
+
+/// The implementations a [`Tokenizer`] can wrap. Add a variant (and its arms below) for a new
+/// source of tokenizers; nothing outside this module sees it.
+enum Implementation {
+    /// A Hugging Face `tokenizer.json`.
+    HuggingFace(Box<tokenizers::Tokenizer>),
+}
+
+impl Implementation {
+    /// Encodes `text`; returns the ids and whether the first id was added by the post-processor
+    /// (rather than coming from the text).
+    fn encode(&self, text: &str, add_special: bool) -> Result<(Vec<u32>, bool), TokenizerError> {
+        match self {
+            Implementation::HuggingFace(tok) => {
+                let enc = tok
+                    .encode(text, add_special)
+                    .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+                let first_is_added = enc.get_special_tokens_mask().first() == Some(&1);
+                Ok((enc.get_ids().to_vec(), first_is_added))
+            }
+        }
+    }
+
+    /// Decodes ids that are known to be in the vocabulary.
+    fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
+        match self {
+            Implementation::HuggingFace(tok) => tok
+                .decode(ids, skip_special)
+                .map_err(|e| TokenizerError::Decode(e.to_string())),
+        }
+    }
+
+    fn token_id(&self, token: &str) -> Option<u32> {
+        match self {
+            Implementation::HuggingFace(tok) => tok.token_to_id(token),
+        }
+    }
+
+    fn has_id(&self, id: u32) -> bool {
+        match self {
+            Implementation::HuggingFace(tok) => tok.id_to_token(id).is_some(),
+        }
+    }
+
+    fn token(&self, id: u32) -> Option<String> {
+        match self {
+            Implementation::HuggingFace(tok) => tok.id_to_token(id),
+        }
+    }
+
+    /// One more than the largest id, added tokens included.
+    fn vocab_size(&self) -> usize {
+        match self {
+            Implementation::HuggingFace(tok) => tok
+                .get_vocab(true)
+                .values()
+                .max()
+                .map_or(0, |&max| max as usize + 1),
+        }
+    }
+}
+
+/// A special token: its text and id.
+#[derive(Debug, Clone)]
+struct Special {
+    text: String,
+    id: u32,
+}
+
+/// A model's tokenizer and the generation facts that come with it (BOS, stop ids, chat template).
+pub struct Tokenizer {
+    inner: Implementation,
+    vocab_size: usize,
+    bos: Option<Special>,
+    eos: Option<Special>,
+    add_bos_token: Option<bool>,
+    stop_ids: Vec<u32>,
+    chat_template: Option<String>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size)
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("add_bos_token", &self.add_bos_token)
+            .field("stop_ids", &self.stop_ids)
+            .field("has_chat_template", &self.chat_template.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The token that marks the end of a chat turn in Gemma's format.
+const END_OF_TURN: &str = "<end_of_turn>";
+
+impl Tokenizer {
+    /// Loads the tokenizer of a Hugging Face model directory: `tokenizer.json` (required),
+    /// `tokenizer_config.json` and `generation_config.json` (optional), and a chat template from
+    /// `tokenizer_config.json`, `chat_template.jinja` or `chat_template.json` (optional).
+    pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
+        let tok_path = dir.join("tokenizer.json");
+        let text = read_to_string(&tok_path)?;
+        let hf: tokenizers::Tokenizer =
+            text.parse()
+                .map_err(|e: tokenizers::Error| TokenizerError::Load {
+                    path: tok_path.clone(),
+                    message: e.to_string(),
+                })?;
+        drop(text);
+        let inner = Implementation::HuggingFace(Box::new(hf));
+        let vocab_size = inner.vocab_size();
+
+        let cfg_path = dir.join("tokenizer_config.json");
+        let cfg = read_optional_json(&cfg_path)?;
+        let gen_path = dir.join("generation_config.json");
+        let gen = read_optional_json(&gen_path)?;
+
+        let special = |field: &str| -> Result<Option<Special>, TokenizerError> {
+            let Some(cfg) = &cfg else { return Ok(None) };
+            let Some(text) = token_field(&cfg_path, cfg, field)? else {
+                return Ok(None);
+            };
+            let id = inner.token_id(&text).ok_or_else(|| TokenizerError::Field {
+                path: cfg_path.clone(),
+                field: field.to_owned(),
+                message: format!("token {text:?} is not in the vocabulary of tokenizer.json"),
+            })?;
+            Ok(Some(Special { text, id }))
+        };
+        let from_id = |ids: Vec<u32>| -> Option<Special> {
+            let id = *ids.first()?;
+            Some(Special {
+                text: inner.token(id)?,
+                id,
+            })
+        };
+
+        let gen_eos = match &gen {
+            Some(g) => id_list_field(&gen_path, g, "eos_token_id")?,
+            None => Vec::new(),
+        };
+        let gen_bos = match &gen {
+            Some(g) => id_list_field(&gen_path, g, "bos_token_id")?,
+            None => Vec::new(),
+        };
+        let bos = match special("bos_token")? {
+            Some(s) => Some(s),
+            None => from_id(gen_bos),
+        };
+        let eos = match special("eos_token")? {
+            Some(s) => Some(s),
+            None => from_id(gen_eos.clone()),
+        };
+
+        let add_bos_token = match cfg.as_ref().and_then(|c| c.get("add_bos_token")) {
+            None | Some(Json::Null) => None,
+            Some(Json::Bool(b)) => Some(*b),
+            Some(other) => {
+                return Err(TokenizerError::Field {
+                    path: cfg_path,
+                    field: "add_bos_token".into(),
+                    message: format!("expected true or false, found {other}"),
+                })
+            }
+        };
+
+        let mut stop_ids = Vec::new();
+        let end_of_turn = inner.token_id(END_OF_TURN);
+        for id in gen_eos
+            .into_iter()
+            .chain(eos.as_ref().map(|s| s.id))
+            .chain(end_of_turn)
+        {
+            if !stop_ids.contains(&id) {
+                stop_ids.push(id);
+            }
+        }
+
+        let chat_template = match &cfg {
+            Some(c) => chat_template_field(&cfg_path, c)?,
+            None => None,
+        };
+        let chat_template = match chat_template {
+            Some(t) => Some(t),
+            None => chat_template_file(dir)?,
+        };
+
+        Ok(Tokenizer {
+            inner,
+            vocab_size,
+            bos,
+            eos,
+            add_bos_token,
+            stop_ids,
+            chat_template,
+        })
+    }
+
+    /// Encodes `text` into token ids.
+    ///
+    /// With `add_special`, special tokens are added as the model's files ask: the `tokenizer.json`
+    /// post-processor, adjusted by `add_bos_token` of `tokenizer_config.json` when that is set
+    /// (BOS is then prepended if missing, or removed if the post-processor added it). Special
+    /// tokens written in `text` (such as `<start_of_turn>`) are always recognised. Encode a
+    /// rendered chat prompt (which already starts with `<bos>`) with `add_special = false`.
+    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        let (mut ids, first_is_added) = self.inner.encode(text, add_special)?;
+        if add_special {
+            if let (Some(want), Some(bos)) = (self.add_bos_token, &self.bos) {
+                let has_added_bos = first_is_added && ids.first() == Some(&bos.id);
+                if want && !has_added_bos {
+                    ids.insert(0, bos.id);
+                } else if !want && has_added_bos {
+                    ids.remove(0);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Decodes token ids into text; with `skip_special`, special tokens (`<bos>`,
+    /// `<end_of_turn>`, ...) are left out. An id outside the vocabulary is an error.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
+        self.check_ids(ids)?;
+        self.inner.decode(ids, skip_special)
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<(), TokenizerError> {
+        match ids
+            .iter()
+            .find(|&&id| id as usize >= self.vocab_size || !self.inner.has_id(id))
+        {
+            Some(&id) => Err(TokenizerError::UnknownId {
+                id,
+                vocab_size: self.vocab_size,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The number of ids the tokenizer knows: one more than its largest id, added tokens
+    /// included. (The model's embedding table may have more rows than this.)
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// The id of the beginning-of-sequence token (`bos_token` of `tokenizer_config.json`, else
+    /// `bos_token_id` of `generation_config.json`).
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos.as_ref().map(|s| s.id)
+    }
+
+    /// The ids that end generation, without duplicates, in this order: `eos_token_id` of
+    /// `generation_config.json` (an id or a list), the id of `eos_token` of
+    /// `tokenizer_config.json`, and `<end_of_turn>` if the vocabulary has it.
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.stop_ids
+    }
+
+    /// The id of a token given by its text (`"<end_of_turn>"`), if the vocabulary has it.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_id(token)
+    }
+
+    /// The chat template: `chat_template` of `tokenizer_config.json` (a string, or the entry
+    /// named `"default"` of a list of `{name, template}`), else `chat_template.jinja`, else
+    /// `chat_template` of `chat_template.json`. `None` when the files have none.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// The text of the beginning-of-sequence token (`"<bos>"`), for the chat template.
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos.as_ref().map(|s| s.text.as_str())
+    }
+
+    /// The text of the end-of-sequence token (`"<eos>"`), for the chat template.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos.as_ref().map(|s| s.text.as_str())
+    }
+
+    /// A [`StreamDecoder`] over this tokenizer.
+    pub fn stream_decoder(&self, skip_special: bool) -> StreamDecoder<'_> {
+        StreamDecoder::new(self, skip_special)
+    }
+}
+
+/// Incremental detokenizer for streaming output.
+///
+/// Decoding token by token is wrong in general: byte-fallback tokens (`<0xE2>`) can split one
+/// character across tokens, and some decoders change a token's text depending on its
+/// neighbours. `StreamDecoder` decodes a short window of recent ids and returns only the text
+/// that is new and complete (it holds text back while it ends in an incomplete UTF-8 sequence,
+/// which the decoder shows as U+FFFD). Concatenating every `push` result and then `finish`
+/// gives the same text as decoding all ids at once (for decoders without context-dependent
+/// stripping, such as Gemma's).
+#[derive(Debug)]
+pub struct StreamDecoder<'a> {
+    tokenizer: &'a Tokenizer,
+    skip_special: bool,
+    /// Ids from `prefix` on; ids before it have been emitted and dropped.
+    ids: Vec<u32>,
+    /// `ids[..read]` has been emitted; `ids[..read]` decoded is the context for new text.
+    read: usize,
+}
+
+impl<'a> StreamDecoder<'a> {
+    /// A decoder with no ids yet. `skip_special` as in [`Tokenizer::decode`].
+    pub fn new(tokenizer: &'a Tokenizer, skip_special: bool) -> Self {
+        StreamDecoder {
+            tokenizer,
+            skip_special,
+            ids: Vec::new(),
+            read: 0,
+        }
+    }
+
+    /// Adds one id; returns the text it completes, or `None` if there is none yet (an incomplete
+    /// character, or a skipped special token). An id outside the vocabulary is an error and is
+    /// not added.
+    pub fn push(&mut self, id: u32) -> Result<Option<String>, TokenizerError> {
+        self.tokenizer.check_ids(&[id])?;
+        self.ids.push(id);
+        let prefix = self
+            .tokenizer
+            .inner
+            .decode(&self.ids[..self.read], self.skip_special)?;
+        let full = self.tokenizer.inner.decode(&self.ids, self.skip_special)?;
+        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') {
+            if let Some(new) = new_suffix(&full, &prefix) {
+                let new = new.to_owned();
+                // The ids just emitted become the context of the next step.
+                self.ids.drain(..self.read);
+                self.read = self.ids.len();
+                return Ok(Some(new));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Flushes text held back (an incomplete character at the end comes out as U+FFFD) and
+    /// resets the decoder. Returns `None` if nothing was held back.
+    pub fn finish(&mut self) -> Result<Option<String>, TokenizerError> {
+        let prefix = self
+            .tokenizer
+            .inner
+            .decode(&self.ids[..self.read], self.skip_special)?;
+        let full = self.tokenizer.inner.decode(&self.ids, self.skip_special)?;
+        self.ids.clear();
+        self.read = 0;
+        Ok(new_suffix(&full, &prefix)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned))
+    }
+}
+
+/// The part of `full` after `prefix`: by prefix match, else by byte length where that is a
+/// character boundary.
+fn new_suffix<'s>(full: &'s str, prefix: &str) -> Option<&'s str> {
+    full.strip_prefix(prefix).or_else(|| full.get(prefix.len()..))
+}
+
+fn read_to_string(path: &Path) -> Result<String, TokenizerError> {
+    std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Reads and parses a JSON file; `Ok(None)` if it does not exist.
+fn read_optional_json(path: &Path) -> Result<Option<Json>, TokenizerError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(TokenizerError::Io {
+                path: path.to_owned(),
+                source,
+            })
+        }
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|source| TokenizerError::Json {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+/// A token field of `tokenizer_config.json`: a string, `{"content": string, ...}` or null.
+fn token_field(path: &Path, cfg: &Json, field: &str) -> Result<Option<String>, TokenizerError> {
+    let err = |found: &Json| TokenizerError::Field {
+        path: path.to_owned(),
+        field: field.to_owned(),
+        message: format!("expected a string or an object with \"content\", found {found}"),
+    };
+    match cfg.get(field) {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::String(s)) => Ok(Some(s.clone())),
+        Some(obj @ Json::Object(map)) => match map.get("content") {
+            Some(Json::String(s)) => Ok(Some(s.clone())),
+            _ => Err(err(obj)),
+        },
+        Some(other) => Err(err(other)),
+    }
+}
+
+/// An id field of `generation_config.json`: an integer, a list of integers, or null.
+fn id_list_field(path: &Path, cfg: &Json, field: &str) -> Result<Vec<u32>, TokenizerError> {
+    let as_id = |v: &Json| {
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| TokenizerError::Field {
+                path: path.to_owned(),
+                field: field.to_owned(),
+                message: format!("expected a token id (a non-negative integer), found {v}"),
+            })
+    };
+    match cfg.get(field) {
+        None | Some(Json::Null) => Ok(Vec::new()),
+        Some(Json::Array(items)) => items.iter().map(as_id).collect(),
+        Some(v) => Ok(vec![as_id(v)?]),
+    }
+}
+
+/// `chat_template` of `tokenizer_config.json`: a string, or a list of `{name, template}` from
+/// which the one named `"default"` is taken (as `transformers` does).
+fn chat_template_field(path: &Path, cfg: &Json) -> Result<Option<String>, TokenizerError> {
+    let field_err = |field: String, message: String| TokenizerError::Field {
+        path: path.to_owned(),
+        field,
+        message,
+    };
+    match cfg.get("chat_template") {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::String(s)) => Ok(Some(s.clone())),
+        Some(Json::Array(items)) => {
+            let mut names = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                let name = item.get("name").and_then(Json::as_str).ok_or_else(|| {
+                    field_err(format!("chat_template[{i}].name"), "expected a string".into())
+                })?;
+                let template = item.get("template").and_then(Json::as_str).ok_or_else(|| {
+                    field_err(format!("chat_template[{i}].template"), "expected a string".into())
+                })?;
+                if name == "default" {
+                    return Ok(Some(template.to_owned()));
+                }
+                names.push(name);
+            }
+            Err(field_err(
+                "chat_template".into(),
+                format!("no template named \"default\" (found {names:?})"),
+            ))
+        }
+        Some(other) => Err(field_err(
+            "chat_template".into(),
+            format!("expected a string or a list of {{name, template}}, found {other}"),
+        )),
+    }
+}
+
+/// The chat template from `chat_template.jinja` or `chat_template.json`, if either exists.
+fn chat_template_file(dir: &Path) -> Result<Option<String>, TokenizerError> {
+    let jinja = dir.join("chat_template.jinja");
+    match std::fs::read_to_string(&jinja) {
+        Ok(t) => return Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(TokenizerError::Io { path: jinja, source }),
+    }
+    let json_path = dir.join("chat_template.json");
+    match read_optional_json(&json_path)? {
+        None => Ok(None),
+        Some(j) => match j.get("chat_template") {
+            Some(Json::String(s)) => Ok(Some(s.clone())),
+            other => Err(TokenizerError::Field {
+                path: json_path,
+                field: "chat_template".into(),
+                message: format!(
+                    "expected a string, found {}",
+                    other.map_or("nothing".to_owned(), Json::to_string)
+                ),
+            }),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const PAD: u32 = 0;
+    const EOS: u32 = 1;
+    const BOS: u32 = 2;
+    const SOT: u32 = 3;
+    const EOT: u32 = 4;
+    /// Byte-fallback tokens `<0x00>`..`<0xFF>` take ids 5..261.
+    const BYTE0: u32 = 5;
+    const FIRST_WORD: u32 = BYTE0 + 256;
+    const WORDS: &[&str] = &["▁", "h", "e", "l", "o", "▁h", "▁he", "ll", "llo", "▁hello", "é"];
+
+    fn word_id(w: &str) -> u32 {
+        FIRST_WORD + WORDS.iter().position(|&x| x == w).unwrap() as u32
+    }
+
+    /// A small Gemma-like BPE tokenizer: metaspace, byte fallback, a BOS post-processor.
+    fn tokenizer_json() -> Json {
+        let mut vocab = serde_json::Map::new();
+        for (i, t) in ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"]
+            .iter()
+            .enumerate()
+        {
+            vocab.insert((*t).into(), json!(i));
+        }
+        for b in 0..256u32 {
+            vocab.insert(format!("<0x{b:02X}>"), json!(BYTE0 + b));
+        }
+        for (i, w) in WORDS.iter().enumerate() {
+            vocab.insert((*w).into(), json!(FIRST_WORD + i as u32));
+        }
+        let added: Vec<Json> = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"]
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                       "rstrip": false, "normalized": false, "special": true})
+            })
+            .collect();
+        json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+            "pre_tokenizer": null,
+            "post_processor": {
+                "type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                           {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                         {"Sequence": {"id": "A", "type_id": 0}},
+                         {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {"<bos>": {"id": "<bos>", "ids": [BOS], "tokens": ["<bos>"]}}
+            },
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                {"type": "ByteFallback"},
+                {"type": "Fuse"}
+            ]},
+            "model": {
+                "type": "BPE", "dropout": null, "unk_token": null,
+                "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                "vocab": vocab,
+                "merges": ["▁ h", "▁h e", "l l", "ll o", "▁he llo"]
+            }
+        })
+    }
+
+    struct Files {
+        dir: tempfile::TempDir,
+    }
+
+    impl Files {
+        fn new() -> Self {
+            let f = Files {
+                dir: tempfile::tempdir().unwrap(),
+            };
+            f.write("tokenizer.json", &tokenizer_json().to_string());
+            f
+        }
+        fn write(&self, name: &str, text: &str) {
+            std::fs::write(self.dir.path().join(name), text).unwrap();
+        }
+        fn load(&self) -> Result<Tokenizer, TokenizerError> {
+            Tokenizer::from_dir(self.dir.path())
+        }
+    }
+
+    fn gemma_like() -> Tokenizer {
+        let f = Files::new();
+        f.write(
+            "tokenizer_config.json",
+            &json!({
+                "add_bos_token": true,
+                "bos_token": {"content": "<bos>", "lstrip": false},
+                "eos_token": "<eos>",
+                "chat_template": "{{ bos_token }}hi"
+            })
+            .to_string(),
+        );
+        f.write(
+            "generation_config.json",
+            &json!({"eos_token_id": [EOS, EOT], "bos_token_id": BOS}).to_string(),
+        );
+        f.load().unwrap()
+    }
+
+    #[test]
+    fn encode_adds_bos_and_merges() {
+        let t = gemma_like();
+        assert_eq!(t.encode(" hello", true).unwrap(), vec![BOS, word_id("▁hello")]);
+        assert_eq!(t.encode(" hello", false).unwrap(), vec![word_id("▁hello")]);
+        assert_eq!(
+            t.encode("<start_of_turn>hello<end_of_turn>", false).unwrap(),
+            vec![SOT, word_id("h"), word_id("e"), word_id("llo"), EOT]
+        );
+    }
+
+    #[test]
+    fn add_bos_token_false_removes_post_processor_bos() {
+        let f = Files::new();
+        f.write(
+            "tokenizer_config.json",
+            r#"{"add_bos_token": false, "bos_token": "<bos>"}"#,
+        );
+        let t = f.load().unwrap();
+        assert_eq!(t.encode(" hello", true).unwrap(), vec![word_id("▁hello")]);
+    }
+
+    #[test]
+    fn add_bos_token_true_prepends_missing_bos() {
+        let f = Files::new();
+        let mut json = tokenizer_json();
+        json["post_processor"] = Json::Null;
+        f.write("tokenizer.json", &json.to_string());
+        f.write(
+            "tokenizer_config.json",
+            r#"{"add_bos_token": true, "bos_token": "<bos>"}"#,
+        );
+        let t = f.load().unwrap();
+        assert_eq!(t.encode(" hello", true).unwrap(), vec![BOS, word_id("▁hello")]);
+        assert_eq!(t.encode(" hello", false).unwrap(), vec![word_id("▁hello")]);
+    }
+
+    #[test]
+    fn byte_fallback_round_trip() {
+        let t = gemma_like();
+        // '€' is not in the vocabulary: three byte tokens.
+        let ids = t.encode("€", false).unwrap();
+        assert_eq!(ids, vec![BYTE0 + 0xE2, BYTE0 + 0x82, BYTE0 + 0xAC]);
+        assert_eq!(t.decode(&ids, false).unwrap(), "€");
+        let ids = t.encode(" hello €é", true).unwrap();
+        assert_eq!(t.decode(&ids, true).unwrap(), " hello €é");
+        assert_eq!(t.decode(&ids, false).unwrap(), "<bos> hello €é");
+    }
+
+    #[test]
+    fn special_ids_and_stop_ids_come_from_files() {
+        let t = gemma_like();
+        assert_eq!(t.bos_id(), Some(BOS));
+        assert_eq!(t.bos_token(), Some("<bos>"));
+        assert_eq!(t.eos_token(), Some("<eos>"));
+        assert_eq!(t.stop_ids(), &[EOS, EOT]);
+        assert_eq!(t.token_id("<end_of_turn>"), Some(EOT));
+        assert_eq!(t.token_id("<nope>"), None);
+        assert_eq!(t.token_id("<pad>"), Some(PAD));
+        assert_eq!(t.vocab_size(), FIRST_WORD as usize + WORDS.len());
+        assert_eq!(t.chat_template(), Some("{{ bos_token }}hi"));
+    }
+
+    #[test]
+    fn stop_ids_from_single_int_and_eos_token() {
+        let f = Files::new();
+        f.write("generation_config.json", r#"{"eos_token_id": 1}"#);
+        let t = f.load().unwrap();
+        assert_eq!(t.stop_ids(), &[EOS, EOT]);
+        assert_eq!(t.eos_token(), Some("<eos>"));
+        assert_eq!(t.bos_id(), None);
+        assert_eq!(t.chat_template(), None);
+        // With only tokenizer.json, the post-processor still adds BOS.
+        assert_eq!(t.encode(" hello", true).unwrap()[0], BOS);
+    }
+
+    #[test]
+    fn chat_template_list_form_picks_default() {
+        let f = Files::new();
+        f.write(
+            "tokenizer_config.json",
+            r#"{"chat_template": [{"name": "tool_use", "template": "T"},
+                                  {"name": "default", "template": "D"}]}"#,
+        );
+        assert_eq!(f.load().unwrap().chat_template(), Some("D"));
+        f.write(
+            "tokenizer_config.json",
+            r#"{"chat_template": [{"name": "tool_use", "template": "T"}]}"#,
+        );
+        let err = f.load().unwrap_err().to_string();
+        assert!(
+            err.contains("tokenizer_config.json") && err.contains("chat_template"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn chat_template_from_jinja_file() {
+        let f = Files::new();
+        f.write("chat_template.jinja", "J");
+        assert_eq!(f.load().unwrap().chat_template(), Some("J"));
+    }
+
+    #[test]
+    fn errors_name_file_and_field() {
+        let f = Files::new();
+        f.write("tokenizer_config.json", "{not json");
+        let err = f.load().unwrap_err().to_string();
+        assert!(err.contains("tokenizer_config.json"), "{err}");
+
+        f.write("tokenizer_config.json", r#"{"eos_token": 5}"#);
+        let err = f.load().unwrap_err().to_string();
+        assert!(
+            err.contains("tokenizer_config.json") && err.contains("eos_token"),
+            "{err}"
+        );
+
+        f.write("tokenizer_config.json", r#"{"eos_token": "<missing>"}"#);
+        let err = f.load().unwrap_err().to_string();
+        assert!(err.contains("<missing>"), "{err}");
+
+        f.write("tokenizer_config.json", "{}");
+        f.write("generation_config.json", r#"{"eos_token_id": [1, "x"]}"#);
+        let err = f.load().unwrap_err().to_string();
+        assert!(
+            err.contains("generation_config.json") && err.contains("eos_token_id"),
+            "{err}"
+        );
+
+        f.write("generation_config.json", "{}");
+        f.write("tokenizer.json", "[1, 2");
+        let err = f.load().unwrap_err().to_string();
+        assert!(err.contains("tokenizer.json"), "{err}");
+
+        f.write("tokenizer.json", r#"{"model": 3}"#);
+        let err = f.load().unwrap_err().to_string();
+        assert!(err.contains("tokenizer.json"), "{err}");
+
+        let empty = tempfile::tempdir().unwrap();
+        let err = Tokenizer::from_dir(empty.path()).unwrap_err().to_string();
+        assert!(err.contains("tokenizer.json"), "{err}");
+    }
+
+    #[test]
+    fn decode_rejects_unknown_id() {
+        let t = gemma_like();
+        let n = t.vocab_size() as u32;
+        let err = t.decode(&[BOS, n + 7], false).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&(n + 7).to_string()) && msg.contains(&n.to_string()),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn stream_decoder_waits_for_complete_utf8() {
+        let t = gemma_like();
+        let mut s = t.stream_decoder(true);
+        assert_eq!(s.push(BOS).unwrap(), None);
+        assert_eq!(s.push(word_id("▁hello")).unwrap().as_deref(), Some(" hello"));
+        assert_eq!(s.push(word_id("▁")).unwrap().as_deref(), Some(" "));
+        assert_eq!(s.push(BYTE0 + 0xE2).unwrap(), None);
+        assert_eq!(s.push(BYTE0 + 0x82).unwrap(), None);
+        assert_eq!(s.push(BYTE0 + 0xAC).unwrap().as_deref(), Some("€"));
+        assert_eq!(s.push(word_id("é")).unwrap().as_deref(), Some("é"));
+        assert_eq!(s.push(EOT).unwrap(), None);
+        assert_eq!(s.finish().unwrap(), None);
+        assert!(s.push(t.vocab_size() as u32).is_err());
+    }
+
+    #[test]
+    fn stream_decoder_matches_full_decode() {
+        let t = gemma_like();
+        let ids = t.encode(" hello €é hello€", false).unwrap();
+        let mut s = t.stream_decoder(false);
+        let mut out = String::new();
+        for &id in &ids {
+            out.extend(s.push(id).unwrap());
+        }
+        out.extend(s.finish().unwrap());
+        assert_eq!(out, t.decode(&ids, false).unwrap());
+        assert_eq!(out, " hello €é hello€");
+    }
+
+    #[test]
+    fn stream_decoder_finish_flushes_incomplete_bytes() {
+        let t = gemma_like();
+        let mut s = t.stream_decoder(false);
+        assert_eq!(s.push(word_id("h")).unwrap().as_deref(), Some("h"));
+        assert_eq!(s.push(BYTE0 + 0xE2).unwrap(), None);
+        assert_eq!(s.finish().unwrap().as_deref(), Some("\u{FFFD}"));
+        // Reset: a fresh start.
+        assert_eq!(s.push(word_id("e")).unwrap().as_deref(), Some("e"));
+    }
+}
