@@ -1,1 +1,134 @@
-//! tandem's backend conformance suite
+//! tandem's backend conformance suite: every op at awkward shapes on every backend plugin that
+//! loads on this machine, against an independent f64 oracle (`oracle`) and, for backends other
+//! than the CPU reference, against the CPU plugin too.
+//!
+//! Backends are loaded through the plugin loader, exactly as the engine loads them. Which ones
+//! run: `TANDEM_CONFORMANCE_BACKENDS=cpu,vulkan` names them (a named backend that is unavailable
+//! fails the suite); without it, every plugin found that can create a backend here runs, and
+//! the others are listed with their reason. Adding a backend to the suite is building its plugin.
+
+pub mod cases;
+pub mod oracle;
+
+use std::path::PathBuf;
+
+use tandem_backend_api::ComputeBackend;
+use tandem_engine::plugins::{Discovery, PluginSearch};
+
+/// The environment variable naming the backends to test.
+pub const BACKENDS_VAR: &str = "TANDEM_CONFORMANCE_BACKENDS";
+
+/// Where the test binaries find plugins: next to themselves (`target/<profile>/deps`, where
+/// `cargo test` leaves the cdylibs), the profile directory (where `cargo build` puts them), and
+/// `TANDEM_PLUGIN_PATH`.
+pub fn plugin_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(deps) = std::env::current_exe().ok().and_then(|p| p.parent().map(PathBuf::from)) {
+        if let Some(profile) = deps.parent() {
+            dirs.push(profile.to_path_buf());
+        }
+        dirs.push(deps);
+    }
+    if let Some(var) = std::env::var_os(tandem_engine::plugins::PLUGIN_PATH_VAR) {
+        dirs.extend(std::env::split_paths(&var));
+    }
+    dirs
+}
+
+/// The directory holding the workspace's build outputs for this profile (`target/debug`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent().and_then(|d| d.parent()).expect("target/<profile>/deps layout").to_path_buf()
+}
+
+/// Opens every plugin in [`plugin_dirs`].
+pub fn discover() -> Discovery {
+    PluginSearch::only(&plugin_dirs()).discover()
+}
+
+/// A backend under test.
+pub struct UnderTest {
+    /// Its name.
+    pub name: String,
+    /// The instance.
+    pub backend: Box<dyn ComputeBackend>,
+}
+
+/// The backends to test (see the crate docs), and the reference CPU backend.
+///
+/// # Panics
+/// When the CPU plugin or a backend named in [`BACKENDS_VAR`] cannot be created: the suite
+/// cannot run, which is a failure, not a skip.
+pub fn backends_under_test() -> (Vec<UnderTest>, Box<dyn ComputeBackend>) {
+    let found = discover();
+    let reference = found.create("cpu", &Default::default()).unwrap_or_else(|e| {
+        panic!("the CPU reference plugin is required ({e}); searched {:?}: build it with `cargo build --workspace`", plugin_dirs())
+    });
+    let named: Option<Vec<String>> =
+        std::env::var(BACKENDS_VAR).ok().map(|v| v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect());
+    let mut out = Vec::new();
+    match named {
+        Some(names) => {
+            for name in names {
+                let backend = found.create(&name, &Default::default()).unwrap_or_else(|e| panic!("{BACKENDS_VAR} names {name}: {e}"));
+                out.push(UnderTest { name, backend });
+            }
+        }
+        None => {
+            for lib in &found.plugins {
+                match lib.create(&Default::default()) {
+                    Ok(backend) => out.push(UnderTest { name: lib.name().to_string(), backend }),
+                    Err(e) => eprintln!("conformance: skipping {} ({}): {e}", lib.name(), lib.path().display()),
+                }
+            }
+        }
+    }
+    assert!(!out.is_empty(), "no backend to test");
+    (out, reference)
+}
+
+/// A deterministic pseudo-random generator (SplitMix64) for test data.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator with this seed.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[-scale, scale)`.
+    pub fn uniform(&mut self, scale: f32) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        (u * 2.0 - 1.0) * scale
+    }
+
+    /// `n` uniform values.
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform(scale)).collect()
+    }
+}
+
+/// Asserts `got` matches `want` within `tol` relative to the largest magnitude in `want`
+/// (absolute `tol` when that is below 1), naming the case and the first bad index.
+pub fn assert_close(case: &str, backend: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{case} on {backend}: {} values, expected {}", got.len(), want.len());
+    let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (*g as f64 - w).abs();
+        assert!(
+            g.is_finite() && err <= tol * scale,
+            "{case} on {backend}: index {i}: got {g}, expected {w} (error {err:.3e} > {:.3e})",
+            tol * scale
+        );
+    }
+}

@@ -1,0 +1,534 @@
+//! The conformance cases: every op at awkward shapes (one row, sizes that are not multiples of
+//! 32, odd head counts, rings that wrap, several sequences in one step). Each case builds its
+//! graph on the backend under test through the trait, runs one or more steps, and returns what
+//! its `Output` nodes wrote; `expected` comes from the f64 oracle.
+
+use half::{bf16, f16};
+use tandem_backend_api::{
+    BackendError, BufferId, ComputeBackend, DType, GraphBuilder, KvCacheRef, Op, StepArgs, TensorDesc, Usage,
+    ValueId, WeightRef,
+};
+
+use crate::oracle::{self, AttentionSpec, KvHistory};
+use crate::Rng;
+
+/// One step's arguments and the contents of the graph's `Input` buffers, in `input` order.
+#[derive(Debug, Clone, Default)]
+pub struct StepData {
+    /// Token ids.
+    pub tokens: Vec<u32>,
+    /// Positions.
+    pub positions: Vec<u32>,
+    /// Slots.
+    pub slots: Vec<u32>,
+    /// Selected rows.
+    pub select: Vec<u32>,
+    /// Values of each `Input`.
+    pub inputs: Vec<Vec<f32>>,
+}
+
+impl StepData {
+    /// A step of `rows` rows of slot 0 at positions `0..rows`, with token ids 0.
+    pub fn rows(rows: usize) -> Self {
+        StepData {
+            tokens: vec![0; rows],
+            positions: (0..rows as u32).collect(),
+            slots: vec![0; rows],
+            ..Default::default()
+        }
+    }
+}
+
+type Build = dyn Fn(&mut Ctx<'_>) -> Result<(), BackendError>;
+
+/// A conformance case.
+pub struct Case {
+    /// Name, with the shape.
+    pub name: String,
+    /// Tolerance relative to the largest expected magnitude.
+    pub tol: f64,
+    /// Step row count.
+    pub rows: usize,
+    /// Selected row count.
+    pub selected_rows: usize,
+    /// The steps.
+    pub steps: Vec<StepData>,
+    /// Builds the graph (inputs, ops, outputs) on a backend.
+    pub build: Box<Build>,
+    /// The oracle's outputs, concatenated over steps and outputs.
+    pub expected: Vec<f64>,
+}
+
+/// Builds a case's graph on one backend.
+pub struct Ctx<'a> {
+    backend: &'a mut dyn ComputeBackend,
+    graph: GraphBuilder,
+    inputs: Vec<BufferId>,
+    outputs: Vec<(BufferId, usize)>,
+    buffers: Vec<BufferId>,
+    rows: usize,
+    selected_rows: usize,
+}
+
+/// Rounds `v` to what `dtype` stores.
+pub fn round_to(dtype: DType, v: f32) -> f32 {
+    match dtype {
+        DType::F16 => f16::from_f32(v).to_f32(),
+        DType::Bf16 => bf16::from_f32(v).to_f32(),
+        _ => v,
+    }
+}
+
+fn encode(dtype: DType, vals: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::F16 => vals.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
+        DType::Bf16 => vals.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
+        _ => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+impl Ctx<'_> {
+    fn alloc(&mut self, desc: TensorDesc, usage: Usage) -> Result<BufferId, BackendError> {
+        let id = self.backend.alloc(&desc, usage)?;
+        self.buffers.push(id);
+        Ok(id)
+    }
+
+    /// A weight of `dtype` holding `vals` (rounded to the dtype).
+    pub fn weight(&mut self, dtype: DType, shape: &[usize], vals: &[f32]) -> Result<WeightRef, BackendError> {
+        let desc = TensorDesc::new(dtype, shape.to_vec());
+        let buffer = self.alloc(desc.clone(), Usage::Weight)?;
+        self.backend.write(buffer, 0, &encode(dtype, vals))?;
+        Ok(WeightRef { buffer, desc })
+    }
+
+    /// An `Input` of `cols` columns (selected rows when `selected`), filled from each step's
+    /// next input.
+    pub fn input(&mut self, cols: usize, selected: bool) -> Result<ValueId, BackendError> {
+        let rows = if selected { self.selected_rows } else { self.rows };
+        let buffer = self.alloc(TensorDesc::new(DType::F32, [rows, cols]), Usage::Activation)?;
+        self.inputs.push(buffer);
+        Ok(self.graph.push1(Op::Input { buffer, cols, selected }))
+    }
+
+    /// An `Output` of `x`, which has `elems` values.
+    pub fn output(&mut self, x: ValueId, elems: usize) -> Result<(), BackendError> {
+        let buffer = self.alloc(TensorDesc::new(DType::F32, [elems]), Usage::Activation)?;
+        self.outputs.push((buffer, elems));
+        self.graph.push(Op::Output { x, buffer });
+        Ok(())
+    }
+
+    /// A KV cache of `[slots, capacity, cols]` per buffer.
+    pub fn cache(&mut self, dtype: DType, slots: usize, capacity: usize, cols: usize) -> Result<KvCacheRef, BackendError> {
+        let desc = TensorDesc::new(dtype, [slots, capacity, cols]);
+        let k = self.alloc(desc.clone(), Usage::KvCache)?;
+        let v = self.alloc(desc, Usage::KvCache)?;
+        Ok(KvCacheRef { k, v, dtype, slots, capacity })
+    }
+
+    /// Appends a node.
+    pub fn push(&mut self, op: Op) -> Vec<ValueId> {
+        self.graph.push(op)
+    }
+
+    /// Appends a node with one output.
+    pub fn push1(&mut self, op: Op) -> ValueId {
+        self.graph.push1(op)
+    }
+}
+
+impl Case {
+    /// Runs the case on `backend`: builds, compiles, executes every step and reads the outputs.
+    /// Frees what it allocated.
+    pub fn run(&self, backend: &mut dyn ComputeBackend) -> Result<Vec<f32>, BackendError> {
+        let mut ctx = Ctx {
+            backend,
+            graph: GraphBuilder::new(self.name.clone(), self.rows, self.selected_rows),
+            inputs: vec![],
+            outputs: vec![],
+            buffers: vec![],
+            rows: self.rows,
+            selected_rows: self.selected_rows,
+        };
+        let result = (self.build)(&mut ctx).and_then(|()| {
+            let graph = std::mem::replace(&mut ctx.graph, GraphBuilder::new("", 1, 0)).finish();
+            let program = ctx.backend.compile(&graph)?;
+            let mut got = Vec::new();
+            let run = (|| {
+                for step in &self.steps {
+                    for (buf, vals) in ctx.inputs.iter().zip(&step.inputs) {
+                        ctx.backend.write(*buf, 0, &encode(DType::F32, vals))?;
+                    }
+                    let args = StepArgs {
+                        tokens: &step.tokens,
+                        positions: &step.positions,
+                        slots: &step.slots,
+                        select: &step.select,
+                    };
+                    let t = ctx.backend.execute(program, &args)?;
+                    ctx.backend.wait(t)?;
+                    for (buf, elems) in &ctx.outputs {
+                        let mut bytes = vec![0u8; elems * 4];
+                        ctx.backend.read(*buf, 0, &mut bytes)?;
+                        got.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+                    }
+                }
+                Ok(())
+            })();
+            ctx.backend.release(program)?;
+            run.map(|()| got)
+        });
+        for b in ctx.buffers.drain(..) {
+            ctx.backend.free(b)?;
+        }
+        result
+    }
+}
+
+fn f64s(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|x| *x as f64).collect()
+}
+
+fn rounded(dtype: DType, v: &[f32]) -> Vec<f32> {
+    v.iter().map(|x| round_to(dtype, *x)).collect()
+}
+
+fn input_output(rows: usize, cols: usize) -> Case {
+    let x = Rng::new(1).vec(rows * cols, 3.0);
+    let mut step = StepData::rows(rows);
+    step.inputs = vec![x.clone()];
+    Case {
+        name: format!("input_output rows={rows} cols={cols}"),
+        tol: 0.0,
+        rows,
+        selected_rows: 0,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let x = c.input(cols, false)?;
+            c.output(x, rows * cols)
+        }),
+        expected: f64s(&x),
+    }
+}
+
+fn embed(dtype: DType, vocab: usize, hidden: usize, tokens: Vec<u32>) -> Case {
+    let table = rounded(dtype, &Rng::new(2).vec(vocab * hidden, 1.0));
+    let scale = 1.7f32;
+    let rows = tokens.len();
+    let expected = oracle::embed(&f64s(&table), hidden, &tokens, scale as f64);
+    let step = StepData { tokens, ..StepData::rows(rows) };
+    Case {
+        name: format!("embed {dtype} vocab={vocab} hidden={hidden} rows={rows}"),
+        tol: 1e-6,
+        rows,
+        selected_rows: 0,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let t = c.weight(dtype, &[vocab, hidden], &table)?;
+            let e = c.push1(Op::Embed { table: t, scale });
+            c.output(e, rows * hidden)
+        }),
+        expected,
+    }
+}
+
+fn rms_norm(dtype: DType, rows: usize, cols: usize, group: usize, offset: f32) -> Case {
+    let mut rng = Rng::new(3);
+    let x = rng.vec(rows * cols, 2.0);
+    let w = rounded(dtype, &rng.vec(group, 0.5));
+    let eps = 1e-6f32;
+    let expected = oracle::rms_norm(&f64s(&x), &f64s(&w), eps as f64, offset as f64);
+    let mut step = StepData::rows(rows);
+    step.inputs = vec![x];
+    Case {
+        name: format!("rms_norm {dtype} rows={rows} cols={cols} group={group} offset={offset}"),
+        tol: 1e-5,
+        rows,
+        selected_rows: 0,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let x = c.input(cols, false)?;
+            let weight = c.weight(dtype, &[group], &w)?;
+            let y = c.push1(Op::RmsNorm { x, weight, eps, weight_offset: offset });
+            c.output(y, rows * cols)
+        }),
+        expected,
+    }
+}
+
+fn matmul(dtype: DType, rows: usize, k: usize, splits: Vec<usize>) -> Case {
+    let n: usize = splits.iter().sum();
+    let mut rng = Rng::new(4 + k as u64);
+    let x = rng.vec(rows * k, 1.0);
+    let w = rounded(dtype, &rng.vec(n * k, 0.5));
+    let full = oracle::matmul(&f64s(&x), rows, &f64s(&w), n);
+    let expected = oracle::split_cols(&full, rows, &splits).concat();
+    let mut step = StepData::rows(rows);
+    step.inputs = vec![x];
+    Case {
+        name: format!("matmul {dtype} rows={rows} k={k} n={n} splits={splits:?}"),
+        tol: 1e-5,
+        rows,
+        selected_rows: 0,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let x = c.input(k, false)?;
+            let weight = c.weight(dtype, &[n, k], &w)?;
+            let outs = c.push(Op::MatMul { x, weight, splits: splits.clone() });
+            for (o, cols) in outs.into_iter().zip(&splits) {
+                c.output(o, rows * cols)?;
+            }
+            Ok(())
+        }),
+        expected,
+    }
+}
+
+fn rope(positions: Vec<u32>, heads: usize, head_dim: usize, theta: f32, factor: f32) -> Case {
+    let rows = positions.len();
+    let cols = heads * head_dim;
+    let x = Rng::new(5).vec(rows * cols, 1.0);
+    let expected = oracle::rope(&f64s(&x), cols, &positions, head_dim, theta as f64, factor as f64);
+    let step = StepData { positions: positions.clone(), inputs: vec![x], ..StepData::rows(rows) };
+    Case {
+        name: format!("rope positions={positions:?} heads={heads} head_dim={head_dim} theta={theta} factor={factor}"),
+        // f32 angles at large positions lose ~ position * 2^-24 radians.
+        tol: 1e-4,
+        rows,
+        selected_rows: 0,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let x = c.input(cols, false)?;
+            let y = c.push1(Op::Rope { x, head_dim, theta, factor });
+            c.output(y, rows * cols)
+        }),
+        expected,
+    }
+}
+
+/// One step of an attention case: (positions, slots).
+type AttnStep = (Vec<u32>, Vec<u32>);
+
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    label: &str,
+    spec: AttentionSpec,
+    cache_dtype: DType,
+    slots: usize,
+    capacity: usize,
+    steps: Vec<AttnStep>,
+) -> Case {
+    let rows = steps[0].0.len();
+    assert!(steps.iter().all(|s| s.0.len() == rows && s.1.len() == rows), "case {label}: every step has {rows} rows");
+    let (qc, kvc) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
+    let mut rng = Rng::new(6);
+    let mut hist = KvHistory::default();
+    let mut expected = Vec::new();
+    let mut data = Vec::new();
+    for (positions, slot_ids) in &steps {
+        let q = rng.vec(rows * qc, 1.0);
+        let k = rng.vec(rows * kvc, 1.0);
+        let v = rng.vec(rows * kvc, 1.0);
+        // The oracle sees keys and values as the cache stores them.
+        let (kr, vr) = (rounded(cache_dtype, &k), rounded(cache_dtype, &v));
+        expected.extend(oracle::attention(&spec, &mut hist, &f64s(&q), &f64s(&kr), &f64s(&vr), positions, slot_ids));
+        data.push(StepData {
+            tokens: vec![0; rows],
+            positions: positions.clone(),
+            slots: slot_ids.clone(),
+            select: vec![],
+            inputs: vec![q, k, v],
+        });
+    }
+    let AttentionSpec { heads, kv_heads, head_dim, scale, window, softcap } = spec;
+    Case {
+        name: format!(
+            "attention {label} heads={heads}/{kv_heads} head_dim={head_dim} window={window:?} softcap={softcap:?} kv={cache_dtype} capacity={capacity} rows={rows}"
+        ),
+        tol: 1e-5,
+        rows,
+        selected_rows: 0,
+        steps: data,
+        build: Box::new(move |c| {
+            let q = c.input(qc, false)?;
+            let k = c.input(kvc, false)?;
+            let v = c.input(kvc, false)?;
+            let cache = c.cache(cache_dtype, slots, capacity, kvc)?;
+            let o = c.push1(Op::Attention {
+                q,
+                k,
+                v,
+                cache,
+                heads,
+                kv_heads,
+                head_dim,
+                scale: scale as f32,
+                window,
+                softcap: softcap.map(|s| s as f32),
+            });
+            c.output(o, rows * qc)
+        }),
+        expected,
+    }
+}
+
+fn elementwise(rows: usize, cols: usize) -> Vec<Case> {
+    let mut rng = Rng::new(7);
+    let a = rng.vec(rows * cols, 4.0);
+    let b = rng.vec(rows * cols, 4.0);
+    let mk = |name: &str, expected: Vec<f64>, op: fn(ValueId, ValueId) -> Op| {
+        let mut step = StepData::rows(rows);
+        step.inputs = vec![a.clone(), b.clone()];
+        Case {
+            name: format!("{name} rows={rows} cols={cols}"),
+            tol: 1e-6,
+            rows,
+            selected_rows: 0,
+            steps: vec![step],
+            build: Box::new(move |c| {
+                let x = c.input(cols, false)?;
+                let y = c.input(cols, false)?;
+                let z = c.push1(op(x, y));
+                c.output(z, rows * cols)
+            }),
+            expected,
+        }
+    };
+    let (fa, fb) = (f64s(&a), f64s(&b));
+    vec![
+        mk("geglu", oracle::geglu(&fa, &fb), |gate, up| Op::GeGlu { gate, up }),
+        mk("add", oracle::add(&fa, &fb), |a, b| Op::Add { a, b }),
+        mk("softcap", oracle::softcap(&fa, 1.5), |x, _| Op::Softcap { x, cap: 1.5 }),
+    ]
+}
+
+/// Selects rows, then multiplies only the selected ones (as the logits of a prefill do).
+fn select_then_matmul(rows: usize, select: Vec<u32>, k: usize, n: usize) -> Case {
+    let mut rng = Rng::new(8);
+    let x = rng.vec(rows * k, 1.0);
+    let w = rng.vec(n * k, 1.0);
+    let picked = oracle::select_rows(&f64s(&x), k, &select);
+    let sel = select.len();
+    let mut expected = picked.clone();
+    expected.extend(oracle::matmul(&picked, sel, &f64s(&w), n));
+    let step = StepData { select: select.clone(), inputs: vec![x], ..StepData::rows(rows) };
+    Case {
+        name: format!("select_rows rows={rows} select={select:?} then matmul k={k} n={n}"),
+        tol: 1e-5,
+        rows,
+        selected_rows: sel,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let x = c.input(k, false)?;
+            let s = c.push1(Op::SelectRows { x });
+            c.output(s, sel * k)?;
+            let weight = c.weight(DType::F32, &[n, k], &w)?;
+            let y = c.push1(Op::MatMul { x: s, weight, splits: vec![n] });
+            c.output(y, sel * n)
+        }),
+        expected,
+    }
+}
+
+/// Reads selected rows back from an `Input` (the cross-backend edge with selected rows).
+fn selected_input(sel: usize, cols: usize) -> Case {
+    let x = Rng::new(9).vec(sel * cols, 1.0);
+    let step = StepData { select: (0..sel as u32).collect(), inputs: vec![x.clone()], ..StepData::rows(sel + 1) };
+    Case {
+        name: format!("input selected rows={sel} cols={cols}"),
+        tol: 0.0,
+        rows: sel + 1,
+        selected_rows: sel,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let x = c.input(cols, true)?;
+            let y = c.push1(Op::Add { a: x, b: x });
+            c.output(y, sel * cols)
+        }),
+        expected: x.iter().map(|v| 2.0 * *v as f64).collect(),
+    }
+}
+
+/// Every case of the suite.
+pub fn all() -> Vec<Case> {
+    let mut v = vec![input_output(1, 1), input_output(3, 37), selected_input(2, 19)];
+    for d in [DType::F32, DType::F16, DType::Bf16] {
+        v.push(embed(d, 11, 35, vec![3, 0, 10]));
+    }
+    v.push(embed(DType::F32, 7, 64, vec![6]));
+    v.push(rms_norm(DType::F32, 1, 45, 45, 1.0));
+    v.push(rms_norm(DType::Bf16, 3, 18, 6, 0.0));
+    v.push(rms_norm(DType::F16, 2, 96, 32, 1.0));
+    v.push(matmul(DType::F32, 1, 50, vec![37]));
+    v.push(matmul(DType::F16, 5, 33, vec![7, 5, 7]));
+    v.push(matmul(DType::Bf16, 7, 64, vec![20, 20]));
+    v.push(matmul(DType::F32, 3, 1, vec![1]));
+    v.push(rope(vec![0, 5, 17, 300], 3, 10, 10_000.0, 1.0));
+    v.push(rope(vec![4095], 2, 16, 1_000_000.0, 8.0));
+    let spec = |heads, kv_heads, head_dim, window, softcap| AttentionSpec {
+        heads,
+        kv_heads,
+        head_dim,
+        scale: 1.0 / (head_dim as f64).sqrt(),
+        window,
+        softcap,
+    };
+    // Prefill then decode, MQA with an odd head count.
+    v.push(attention(
+        "prefill+decode",
+        spec(3, 1, 6, None, None),
+        DType::F32,
+        1,
+        16,
+        vec![((0..5).collect(), vec![0; 5])],
+    ));
+    v.push(attention("decode", spec(3, 1, 6, None, None), DType::F32, 1, 16, (0..6).map(|p| (vec![p], vec![0])).collect()));
+    // A sliding window over a ring that wraps several times.
+    v.push(attention("ring", spec(4, 2, 8, Some(3), None), DType::F32, 1, 4, (0..11).map(|p| (vec![p], vec![0])).collect()));
+    // Window shorter than a prefill chunk that fits the ring (capacity >= window + rows - 1).
+    v.push(attention(
+        "windowed-prefill",
+        spec(2, 2, 4, Some(3), None),
+        DType::F32,
+        1,
+        6,
+        vec![((0..4).collect(), vec![0; 4]), ((4..8).collect(), vec![0; 4])],
+    ));
+    // Several sequences in one step, at different positions, f16 cache, soft-capped scores.
+    v.push(attention(
+        "batched",
+        spec(4, 2, 8, None, Some(2.0)),
+        DType::F16,
+        3,
+        8,
+        vec![
+            (vec![0, 0, 0], vec![0, 1, 2]),
+            (vec![1, 1, 0], vec![0, 1, 2]),
+            (vec![2, 3, 1], vec![0, 0, 2]),
+            (vec![2, 4, 2], vec![1, 0, 2]),
+        ],
+    ));
+    v.extend(elementwise(3, 29));
+    v.extend(elementwise(1, 1));
+    v.push(select_then_matmul(5, vec![4, 0, 4], 13, 9));
+    v
+}
+
+/// The op names (`Op::name` without the dtype) that `all()` exercises; a test asserts it
+/// covers every op.
+pub fn op_names(op: &Op) -> &'static str {
+    match op {
+        Op::Input { .. } => "input",
+        Op::Embed { .. } => "embed",
+        Op::RmsNorm { .. } => "rms_norm",
+        Op::MatMul { .. } => "matmul",
+        Op::Rope { .. } => "rope",
+        Op::Attention { .. } => "attention",
+        Op::GeGlu { .. } => "geglu",
+        Op::Add { .. } => "add",
+        Op::Softcap { .. } => "softcap",
+        Op::SelectRows { .. } => "select_rows",
+        Op::Output { .. } => "output",
+    }
+}

@@ -1,0 +1,146 @@
+//! The ops' arithmetic in f64, written independently of any backend, from the op docs in
+//! `tandem_backend_api::Op`.
+
+/// `Op::Embed`.
+pub fn embed(table: &[f64], hidden: usize, tokens: &[u32], scale: f64) -> Vec<f64> {
+    tokens.iter().flat_map(|&t| table[t as usize * hidden..(t as usize + 1) * hidden].iter().map(move |v| v * scale)).collect()
+}
+
+/// `Op::RmsNorm`.
+pub fn rms_norm(x: &[f64], w: &[f64], eps: f64, offset: f64) -> Vec<f64> {
+    x.chunks(w.len())
+        .flat_map(|g| {
+            let rms = (g.iter().map(|v| v * v).sum::<f64>() / g.len() as f64 + eps).sqrt();
+            g.iter().zip(w).map(move |(v, wi)| v / rms * (offset + wi)).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// `Op::MatMul` without splitting: `[rows, n]`.
+pub fn matmul(x: &[f64], rows: usize, w: &[f64], n: usize) -> Vec<f64> {
+    let k = w.len() / n;
+    let mut out = vec![0.0; rows * n];
+    for r in 0..rows {
+        for j in 0..n {
+            out[r * n + j] = (0..k).map(|i| x[r * k + i] * w[j * k + i]).sum();
+        }
+    }
+    out
+}
+
+/// Splits a `[rows, n]` matrix into column blocks.
+pub fn split_cols(m: &[f64], rows: usize, splits: &[usize]) -> Vec<Vec<f64>> {
+    let n: usize = splits.iter().sum();
+    let mut start = 0;
+    splits
+        .iter()
+        .map(|&c| {
+            let block = (0..rows).flat_map(|r| m[r * n + start..r * n + start + c].to_vec()).collect();
+            start += c;
+            block
+        })
+        .collect()
+}
+
+/// `Op::Rope`.
+pub fn rope(x: &[f64], cols: usize, positions: &[u32], head_dim: usize, theta: f64, factor: f64) -> Vec<f64> {
+    let half = head_dim / 2;
+    let mut out = x.to_vec();
+    for (r, &p) in positions.iter().enumerate() {
+        for h in 0..cols / head_dim {
+            let base = r * cols + h * head_dim;
+            for d in 0..half {
+                let a = (p as f64 / factor) * theta.powf(-2.0 * d as f64 / head_dim as f64);
+                let (x1, x2) = (x[base + d], x[base + d + half]);
+                out[base + d] = x1 * a.cos() - x2 * a.sin();
+                out[base + d + half] = x2 * a.cos() + x1 * a.sin();
+            }
+        }
+    }
+    out
+}
+
+/// Everything the attention oracle needs about one layer.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionSpec {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Head size.
+    pub head_dim: usize,
+    /// Score scale.
+    pub scale: f64,
+    /// Sliding window.
+    pub window: Option<usize>,
+    /// Score soft-cap.
+    pub softcap: Option<f64>,
+}
+
+/// The keys and values each slot has seen, by position.
+#[derive(Debug, Default, Clone)]
+pub struct KvHistory {
+    entries: std::collections::HashMap<(u32, u32), (Vec<f64>, Vec<f64>)>,
+}
+
+/// `Op::Attention` for one step: stores the step's keys and values, then attends.
+pub fn attention(
+    spec: &AttentionSpec,
+    hist: &mut KvHistory,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    positions: &[u32],
+    slots: &[u32],
+) -> Vec<f64> {
+    let (hd, kvc, qc) = (spec.head_dim, spec.kv_heads * spec.head_dim, spec.heads * spec.head_dim);
+    for (r, (&p, &s)) in positions.iter().zip(slots).enumerate() {
+        hist.entries.insert((s, p), (k[r * kvc..(r + 1) * kvc].to_vec(), v[r * kvc..(r + 1) * kvc].to_vec()));
+    }
+    let mut out = vec![0.0; positions.len() * qc];
+    for (r, (&p, &s)) in positions.iter().zip(slots).enumerate() {
+        let lo = spec.window.map_or(0, |w| (p as i64 + 1 - w as i64).max(0) as u32);
+        for h in 0..spec.heads {
+            let g = h / (spec.heads / spec.kv_heads);
+            let qh = &q[r * qc + h * hd..r * qc + (h + 1) * hd];
+            let keys: Vec<&(Vec<f64>, Vec<f64>)> = (lo..=p).map(|j| &hist.entries[&(s, j)]).collect();
+            let scores: Vec<f64> = keys
+                .iter()
+                .map(|(kk, _)| {
+                    let sc = spec.scale * qh.iter().zip(&kk[g * hd..(g + 1) * hd]).map(|(a, b)| a * b).sum::<f64>();
+                    spec.softcap.map_or(sc, |c| c * (sc / c).tanh())
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let sum: f64 = exps.iter().sum();
+            for (e, (_, vv)) in exps.iter().zip(&keys) {
+                for d in 0..hd {
+                    out[r * qc + h * hd + d] += e / sum * vv[g * hd + d];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `gelu_tanh(gate) * up`.
+pub fn geglu(gate: &[f64], up: &[f64]) -> Vec<f64> {
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    gate.iter().zip(up).map(|(g, u)| 0.5 * g * (1.0 + (c * (g + 0.044715 * g * g * g)).tanh()) * u).collect()
+}
+
+/// `a + b`.
+pub fn add(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).map(|(x, y)| x + y).collect()
+}
+
+/// `cap * tanh(x / cap)`.
+pub fn softcap(x: &[f64], cap: f64) -> Vec<f64> {
+    x.iter().map(|v| cap * (v / cap).tanh()).collect()
+}
+
+/// `Op::SelectRows`.
+pub fn select_rows(x: &[f64], cols: usize, select: &[u32]) -> Vec<f64> {
+    select.iter().flat_map(|&r| x[r as usize * cols..(r as usize + 1) * cols].to_vec()).collect()
+}
