@@ -51,12 +51,12 @@ pub struct PlacementSettings {
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
     /// The file cannot be read.
-    #[error("{path}: cannot read the config: {source}")]
+    #[error("{path}: cannot read the config: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The TOML is malformed or has a wrong field.
     #[error("{path}: {message}")]
@@ -81,13 +81,22 @@ pub enum SettingsError {
 impl Settings {
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<Self, SettingsError> {
-        let text = std::fs::read_to_string(path).map_err(|source| SettingsError::Io {
+        let text = std::fs::read_to_string(path).map_err(|error| SettingsError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
-        let mut s: Settings = toml::from_str(&text).map_err(|e| SettingsError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string(),
+        let mut s: Settings = toml::from_str(&text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|sp| text[..sp.start.min(text.len())].matches('\n').count() + 1);
+            let message = match line {
+                Some(l) => format!("line {l}: {}", e.message().trim()),
+                None => e.message().trim().to_string(),
+            };
+            SettingsError::Parse {
+                path: path.to_path_buf(),
+                message: message.replace('\n', " "),
+            }
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         for d in &mut s.plugin_dirs {

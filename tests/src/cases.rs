@@ -81,8 +81,14 @@ pub fn round_to(dtype: DType, v: f32) -> f32 {
 
 fn encode(dtype: DType, vals: &[f32]) -> Vec<u8> {
     match dtype {
-        DType::F16 => vals.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
-        DType::Bf16 => vals.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
+        DType::F16 => vals
+            .iter()
+            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        DType::Bf16 => vals
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+            .collect(),
         _ => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
     }
 }
@@ -108,7 +114,11 @@ impl Ctx<'_> {
         let rows = if selected { self.selected_rows } else { self.rows };
         let buffer = self.alloc(TensorDesc::new(DType::F32, [rows, cols]), Usage::Activation)?;
         self.inputs.push(buffer);
-        Ok(self.graph.push1(Op::Input { buffer, cols, selected }))
+        Ok(self.graph.push1(Op::Input {
+            buffer,
+            cols,
+            selected,
+        }))
     }
 
     /// An `Output` of `x`, which has `elems` values.
@@ -120,11 +130,23 @@ impl Ctx<'_> {
     }
 
     /// A KV cache of `[slots, capacity, cols]` per buffer.
-    pub fn cache(&mut self, dtype: DType, slots: usize, capacity: usize, cols: usize) -> Result<KvCacheRef, BackendError> {
+    pub fn cache(
+        &mut self,
+        dtype: DType,
+        slots: usize,
+        capacity: usize,
+        cols: usize,
+    ) -> Result<KvCacheRef, BackendError> {
         let desc = TensorDesc::new(dtype, [slots, capacity, cols]);
         let k = self.alloc(desc.clone(), Usage::KvCache)?;
         let v = self.alloc(desc, Usage::KvCache)?;
-        Ok(KvCacheRef { k, v, dtype, slots, capacity })
+        Ok(KvCacheRef {
+            k,
+            v,
+            dtype,
+            slots,
+            capacity,
+        })
     }
 
     /// Appends a node.
@@ -171,7 +193,11 @@ impl Case {
                     for (buf, elems) in &ctx.outputs {
                         let mut bytes = vec![0u8; elems * 4];
                         ctx.backend.read(*buf, 0, &mut bytes)?;
-                        got.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+                        got.extend(
+                            bytes
+                                .chunks_exact(4)
+                                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                        );
                     }
                 }
                 Ok(())
@@ -217,7 +243,10 @@ fn embed(dtype: DType, vocab: usize, hidden: usize, tokens: Vec<u32>) -> Case {
     let scale = 1.7f32;
     let rows = tokens.len();
     let expected = oracle::embed(&f64s(&table), hidden, &tokens, scale as f64);
-    let step = StepData { tokens, ..StepData::rows(rows) };
+    let step = StepData {
+        tokens,
+        ..StepData::rows(rows)
+    };
     Case {
         name: format!("embed {dtype} vocab={vocab} hidden={hidden} rows={rows}"),
         tol: 1e-6,
@@ -250,7 +279,12 @@ fn rms_norm(dtype: DType, rows: usize, cols: usize, group: usize, offset: f32) -
         build: Box::new(move |c| {
             let x = c.input(cols, false)?;
             let weight = c.weight(dtype, &[group], &w)?;
-            let y = c.push1(Op::RmsNorm { x, weight, eps, weight_offset: offset });
+            let y = c.push1(Op::RmsNorm {
+                x,
+                weight,
+                eps,
+                weight_offset: offset,
+            });
             c.output(y, rows * cols)
         }),
         expected,
@@ -275,7 +309,11 @@ fn matmul(dtype: DType, rows: usize, k: usize, splits: Vec<usize>) -> Case {
         build: Box::new(move |c| {
             let x = c.input(k, false)?;
             let weight = c.weight(dtype, &[n, k], &w)?;
-            let outs = c.push(Op::MatMul { x, weight, splits: splits.clone() });
+            let outs = c.push(Op::MatMul {
+                x,
+                weight,
+                splits: splits.clone(),
+            });
             for (o, cols) in outs.into_iter().zip(&splits) {
                 c.output(o, rows * cols)?;
             }
@@ -290,9 +328,15 @@ fn rope(positions: Vec<u32>, heads: usize, head_dim: usize, theta: f32, factor: 
     let cols = heads * head_dim;
     let x = Rng::new(5).vec(rows * cols, 1.0);
     let expected = oracle::rope(&f64s(&x), cols, &positions, head_dim, theta as f64, factor as f64);
-    let step = StepData { positions: positions.clone(), inputs: vec![x], ..StepData::rows(rows) };
+    let step = StepData {
+        positions: positions.clone(),
+        inputs: vec![x],
+        ..StepData::rows(rows)
+    };
     Case {
-        name: format!("rope positions={positions:?} heads={heads} head_dim={head_dim} theta={theta} factor={factor}"),
+        name: format!(
+            "rope positions={positions:?} heads={heads} head_dim={head_dim} theta={theta} factor={factor}"
+        ),
         // f32 angles at large positions lose ~ position * 2^-24 radians.
         tol: 1e-4,
         rows,
@@ -300,7 +344,12 @@ fn rope(positions: Vec<u32>, heads: usize, head_dim: usize, theta: f32, factor: 
         steps: vec![step],
         build: Box::new(move |c| {
             let x = c.input(cols, false)?;
-            let y = c.push1(Op::Rope { x, head_dim, theta, factor });
+            let y = c.push1(Op::Rope {
+                x,
+                head_dim,
+                theta,
+                factor,
+            });
             c.output(y, rows * cols)
         }),
         expected,
@@ -320,7 +369,10 @@ fn attention(
     steps: Vec<AttnStep>,
 ) -> Case {
     let rows = steps[0].0.len();
-    assert!(steps.iter().all(|s| s.0.len() == rows && s.1.len() == rows), "case {label}: every step has {rows} rows");
+    assert!(
+        steps.iter().all(|s| s.0.len() == rows && s.1.len() == rows),
+        "case {label}: every step has {rows} rows"
+    );
     let (qc, kvc) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
     let mut rng = Rng::new(6);
     let mut hist = KvHistory::default();
@@ -332,7 +384,15 @@ fn attention(
         let v = rng.vec(rows * kvc, 1.0);
         // The oracle sees keys and values as the cache stores them.
         let (kr, vr) = (rounded(cache_dtype, &k), rounded(cache_dtype, &v));
-        expected.extend(oracle::attention(&spec, &mut hist, &f64s(&q), &f64s(&kr), &f64s(&vr), positions, slot_ids));
+        expected.extend(oracle::attention(
+            &spec,
+            &mut hist,
+            &f64s(&q),
+            &f64s(&kr),
+            &f64s(&vr),
+            positions,
+            slot_ids,
+        ));
         data.push(StepData {
             tokens: vec![0; rows],
             positions: positions.clone(),
@@ -341,7 +401,14 @@ fn attention(
             inputs: vec![q, k, v],
         });
     }
-    let AttentionSpec { heads, kv_heads, head_dim, scale, window, softcap } = spec;
+    let AttentionSpec {
+        heads,
+        kv_heads,
+        head_dim,
+        scale,
+        window,
+        softcap,
+    } = spec;
     Case {
         name: format!(
             "attention {label} heads={heads}/{kv_heads} head_dim={head_dim} window={window:?} softcap={softcap:?} kv={cache_dtype} capacity={capacity} rows={rows}"
@@ -397,9 +464,15 @@ fn elementwise(rows: usize, cols: usize) -> Vec<Case> {
     };
     let (fa, fb) = (f64s(&a), f64s(&b));
     vec![
-        mk("geglu", oracle::geglu(&fa, &fb), |gate, up| Op::GeGlu { gate, up }),
+        mk("geglu", oracle::geglu(&fa, &fb), |gate, up| Op::GeGlu {
+            gate,
+            up,
+        }),
         mk("add", oracle::add(&fa, &fb), |a, b| Op::Add { a, b }),
-        mk("softcap", oracle::softcap(&fa, 1.5), |x, _| Op::Softcap { x, cap: 1.5 }),
+        mk("softcap", oracle::softcap(&fa, 1.5), |x, _| Op::Softcap {
+            x,
+            cap: 1.5,
+        }),
     ]
 }
 
@@ -412,7 +485,11 @@ fn select_then_matmul(rows: usize, select: Vec<u32>, k: usize, n: usize) -> Case
     let sel = select.len();
     let mut expected = picked.clone();
     expected.extend(oracle::matmul(&picked, sel, &f64s(&w), n));
-    let step = StepData { select: select.clone(), inputs: vec![x], ..StepData::rows(rows) };
+    let step = StepData {
+        select: select.clone(),
+        inputs: vec![x],
+        ..StepData::rows(rows)
+    };
     Case {
         name: format!("select_rows rows={rows} select={select:?} then matmul k={k} n={n}"),
         tol: 1e-5,
@@ -424,7 +501,11 @@ fn select_then_matmul(rows: usize, select: Vec<u32>, k: usize, n: usize) -> Case
             let s = c.push1(Op::SelectRows { x });
             c.output(s, sel * k)?;
             let weight = c.weight(DType::F32, &[n, k], &w)?;
-            let y = c.push1(Op::MatMul { x: s, weight, splits: vec![n] });
+            let y = c.push1(Op::MatMul {
+                x: s,
+                weight,
+                splits: vec![n],
+            });
             c.output(y, sel * n)
         }),
         expected,
@@ -434,7 +515,11 @@ fn select_then_matmul(rows: usize, select: Vec<u32>, k: usize, n: usize) -> Case
 /// Reads selected rows back from an `Input` (the cross-backend edge with selected rows).
 fn selected_input(sel: usize, cols: usize) -> Case {
     let x = Rng::new(9).vec(sel * cols, 1.0);
-    let step = StepData { select: (0..sel as u32).collect(), inputs: vec![x.clone()], ..StepData::rows(sel + 1) };
+    let step = StepData {
+        select: (0..sel as u32).collect(),
+        inputs: vec![x.clone()],
+        ..StepData::rows(sel + 1)
+    };
     Case {
         name: format!("input selected rows={sel} cols={cols}"),
         tol: 0.0,
@@ -483,9 +568,23 @@ pub fn all() -> Vec<Case> {
         16,
         vec![((0..5).collect(), vec![0; 5])],
     ));
-    v.push(attention("decode", spec(3, 1, 6, None, None), DType::F32, 1, 16, (0..6).map(|p| (vec![p], vec![0])).collect()));
+    v.push(attention(
+        "decode",
+        spec(3, 1, 6, None, None),
+        DType::F32,
+        1,
+        16,
+        (0..6).map(|p| (vec![p], vec![0])).collect(),
+    ));
     // A sliding window over a ring that wraps several times.
-    v.push(attention("ring", spec(4, 2, 8, Some(3), None), DType::F32, 1, 4, (0..11).map(|p| (vec![p], vec![0])).collect()));
+    v.push(attention(
+        "ring",
+        spec(4, 2, 8, Some(3), None),
+        DType::F32,
+        1,
+        4,
+        (0..11).map(|p| (vec![p], vec![0])).collect(),
+    ));
     // Window shorter than a prefill chunk that fits the ring (capacity >= window + rows - 1).
     v.push(attention(
         "windowed-prefill",

@@ -23,7 +23,10 @@ pub const BACKENDS_VAR: &str = "TANDEM_CONFORMANCE_BACKENDS";
 /// `TANDEM_PLUGIN_PATH`.
 pub fn plugin_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
-    if let Some(deps) = std::env::current_exe().ok().and_then(|p| p.parent().map(PathBuf::from)) {
+    if let Some(deps) = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(PathBuf::from))
+    {
         if let Some(profile) = deps.parent() {
             dirs.push(profile.to_path_buf());
         }
@@ -38,7 +41,10 @@ pub fn plugin_dirs() -> Vec<PathBuf> {
 /// The directory holding the workspace's build outputs for this profile (`target/debug`).
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    exe.parent().and_then(|d| d.parent()).expect("target/<profile>/deps layout").to_path_buf()
+    exe.parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>/deps layout")
+        .to_path_buf()
 }
 
 /// Opens every plugin in [`plugin_dirs`].
@@ -64,21 +70,34 @@ pub fn backends_under_test() -> (Vec<UnderTest>, Box<dyn ComputeBackend>) {
     let reference = found.create("cpu", &Default::default()).unwrap_or_else(|e| {
         panic!("the CPU reference plugin is required ({e}); searched {:?}: build it with `cargo build --workspace`", plugin_dirs())
     });
-    let named: Option<Vec<String>> =
-        std::env::var(BACKENDS_VAR).ok().map(|v| v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect());
+    let named: Option<Vec<String>> = std::env::var(BACKENDS_VAR).ok().map(|v| {
+        v.split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    });
     let mut out = Vec::new();
     match named {
         Some(names) => {
             for name in names {
-                let backend = found.create(&name, &Default::default()).unwrap_or_else(|e| panic!("{BACKENDS_VAR} names {name}: {e}"));
+                let backend = found
+                    .create(&name, &Default::default())
+                    .unwrap_or_else(|e| panic!("{BACKENDS_VAR} names {name}: {e}"));
                 out.push(UnderTest { name, backend });
             }
         }
         None => {
             for lib in &found.plugins {
                 match lib.create(&Default::default()) {
-                    Ok(backend) => out.push(UnderTest { name: lib.name().to_string(), backend }),
-                    Err(e) => eprintln!("conformance: skipping {} ({}): {e}", lib.name(), lib.path().display()),
+                    Ok(backend) => out.push(UnderTest {
+                        name: lib.name().to_string(),
+                        backend,
+                    }),
+                    Err(e) => eprintln!(
+                        "conformance: skipping {} ({}): {e}",
+                        lib.name(),
+                        lib.path().display()
+                    ),
                 }
             }
         }
@@ -121,7 +140,13 @@ impl Rng {
 /// Asserts `got` matches `want` within `tol` relative to the largest magnitude in `want`
 /// (absolute `tol` when that is below 1), naming the case and the first bad index.
 pub fn assert_close(case: &str, backend: &str, got: &[f32], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{case} on {backend}: {} values, expected {}", got.len(), want.len());
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{case} on {backend}: {} values, expected {}",
+        got.len(),
+        want.len()
+    );
     let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let err = (*g as f64 - w).abs();

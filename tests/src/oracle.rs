@@ -3,7 +3,14 @@
 
 /// `Op::Embed`.
 pub fn embed(table: &[f64], hidden: usize, tokens: &[u32], scale: f64) -> Vec<f64> {
-    tokens.iter().flat_map(|&t| table[t as usize * hidden..(t as usize + 1) * hidden].iter().map(move |v| v * scale)).collect()
+    tokens
+        .iter()
+        .flat_map(|&t| {
+            table[t as usize * hidden..(t as usize + 1) * hidden]
+                .iter()
+                .map(move |v| v * scale)
+        })
+        .collect()
 }
 
 /// `Op::RmsNorm`.
@@ -11,7 +18,10 @@ pub fn rms_norm(x: &[f64], w: &[f64], eps: f64, offset: f64) -> Vec<f64> {
     x.chunks(w.len())
         .flat_map(|g| {
             let rms = (g.iter().map(|v| v * v).sum::<f64>() / g.len() as f64 + eps).sqrt();
-            g.iter().zip(w).map(move |(v, wi)| v / rms * (offset + wi)).collect::<Vec<_>>()
+            g.iter()
+                .zip(w)
+                .map(move |(v, wi)| v / rms * (offset + wi))
+                .collect::<Vec<_>>()
         })
         .collect()
 }
@@ -35,7 +45,9 @@ pub fn split_cols(m: &[f64], rows: usize, splits: &[usize]) -> Vec<Vec<f64>> {
     splits
         .iter()
         .map(|&c| {
-            let block = (0..rows).flat_map(|r| m[r * n + start..r * n + start + c].to_vec()).collect();
+            let block = (0..rows)
+                .flat_map(|r| m[r * n + start..r * n + start + c].to_vec())
+                .collect();
             start += c;
             block
         })
@@ -93,9 +105,19 @@ pub fn attention(
     positions: &[u32],
     slots: &[u32],
 ) -> Vec<f64> {
-    let (hd, kvc, qc) = (spec.head_dim, spec.kv_heads * spec.head_dim, spec.heads * spec.head_dim);
+    let (hd, kvc, qc) = (
+        spec.head_dim,
+        spec.kv_heads * spec.head_dim,
+        spec.heads * spec.head_dim,
+    );
     for (r, (&p, &s)) in positions.iter().zip(slots).enumerate() {
-        hist.entries.insert((s, p), (k[r * kvc..(r + 1) * kvc].to_vec(), v[r * kvc..(r + 1) * kvc].to_vec()));
+        hist.entries.insert(
+            (s, p),
+            (
+                k[r * kvc..(r + 1) * kvc].to_vec(),
+                v[r * kvc..(r + 1) * kvc].to_vec(),
+            ),
+        );
     }
     let mut out = vec![0.0; positions.len() * qc];
     for (r, (&p, &s)) in positions.iter().zip(slots).enumerate() {
@@ -107,7 +129,11 @@ pub fn attention(
             let scores: Vec<f64> = keys
                 .iter()
                 .map(|(kk, _)| {
-                    let sc = spec.scale * qh.iter().zip(&kk[g * hd..(g + 1) * hd]).map(|(a, b)| a * b).sum::<f64>();
+                    let sc = spec.scale
+                        * qh.iter()
+                            .zip(&kk[g * hd..(g + 1) * hd])
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>();
                     spec.softcap.map_or(sc, |c| c * (sc / c).tanh())
                 })
                 .collect();
@@ -127,7 +153,10 @@ pub fn attention(
 /// `gelu_tanh(gate) * up`.
 pub fn geglu(gate: &[f64], up: &[f64]) -> Vec<f64> {
     let c = (2.0 / std::f64::consts::PI).sqrt();
-    gate.iter().zip(up).map(|(g, u)| 0.5 * g * (1.0 + (c * (g + 0.044715 * g * g * g)).tanh()) * u).collect()
+    gate.iter()
+        .zip(up)
+        .map(|(g, u)| 0.5 * g * (1.0 + (c * (g + 0.044715 * g * g * g)).tanh()) * u)
+        .collect()
 }
 
 /// `a + b`.
@@ -142,5 +171,8 @@ pub fn softcap(x: &[f64], cap: f64) -> Vec<f64> {
 
 /// `Op::SelectRows`.
 pub fn select_rows(x: &[f64], cols: usize, select: &[u32]) -> Vec<f64> {
-    select.iter().flat_map(|&r| x[r as usize * cols..(r as usize + 1) * cols].to_vec()).collect()
+    select
+        .iter()
+        .flat_map(|&r| x[r as usize * cols..(r as usize + 1) * cols].to_vec())
+        .collect()
 }

@@ -10,13 +10,23 @@ fn every_case_matches_the_oracle_and_the_cpu_reference() {
     let (mut backends, mut reference) = backends_under_test();
     let all = cases::all();
     for case in &all {
-        let want_ref = case.run(reference.as_mut()).unwrap_or_else(|e| panic!("{} on the reference: {e}", case.name));
+        let want_ref = case
+            .run(reference.as_mut())
+            .unwrap_or_else(|e| panic!("{} on the reference: {e}", case.name));
         assert_close(&case.name, "cpu reference", &want_ref, &case.expected, case.tol);
         for b in &mut backends {
-            let got = case.run(b.backend.as_mut()).unwrap_or_else(|e| panic!("{} on {}: {e}", case.name, b.name));
+            let got = case
+                .run(b.backend.as_mut())
+                .unwrap_or_else(|e| panic!("{} on {}: {e}", case.name, b.name));
             assert_close(&case.name, &b.name, &got, &case.expected, case.tol);
             let vs_ref: Vec<f64> = want_ref.iter().map(|v| *v as f64).collect();
-            assert_close(&case.name, &format!("{} vs cpu", b.name), &got, &vs_ref, case.tol.max(1e-6));
+            assert_close(
+                &case.name,
+                &format!("{} vs cpu", b.name),
+                &got,
+                &vs_ref,
+                case.tol.max(1e-6),
+            );
         }
     }
 }
@@ -28,7 +38,10 @@ fn the_cases_cover_every_op() {
     let mut seen = BTreeSet::new();
     for case in cases::all() {
         // The graph is not exposed by `Case`; rebuild it through a recording backend.
-        let mut rec = Recorder { inner: reference.as_mut(), ops: &mut seen };
+        let mut rec = Recorder {
+            inner: reference.as_mut(),
+            ops: &mut seen,
+        };
         case.run(&mut rec).unwrap();
     }
     let every = [
@@ -75,13 +88,20 @@ impl tandem_backend_api::ComputeBackend for Recorder<'_> {
     fn free(&mut self, b: tandem_backend_api::BufferId) -> Result<(), BackendError> {
         self.inner.free(b)
     }
-    fn compile(&mut self, g: &tandem_backend_api::Graph) -> Result<tandem_backend_api::ProgramId, BackendError> {
+    fn compile(
+        &mut self,
+        g: &tandem_backend_api::Graph,
+    ) -> Result<tandem_backend_api::ProgramId, BackendError> {
         for n in &g.nodes {
             self.ops.insert(cases::op_names(&n.op));
         }
         self.inner.compile(g)
     }
-    fn execute(&mut self, p: tandem_backend_api::ProgramId, a: &StepArgs<'_>) -> Result<tandem_backend_api::Ticket, BackendError> {
+    fn execute(
+        &mut self,
+        p: tandem_backend_api::ProgramId,
+        a: &StepArgs<'_>,
+    ) -> Result<tandem_backend_api::Ticket, BackendError> {
         self.inner.execute(p, a)
     }
     fn wait(&mut self, t: tandem_backend_api::Ticket) -> Result<(), BackendError> {
@@ -96,38 +116,83 @@ impl tandem_backend_api::ComputeBackend for Recorder<'_> {
 #[test]
 fn bad_graphs_and_steps_are_errors_not_panics() {
     let (mut backends, reference) = backends_under_test();
-    backends.push(tandem_conformance::UnderTest { name: "cpu reference".into(), backend: reference });
+    backends.push(tandem_conformance::UnderTest {
+        name: "cpu reference".into(),
+        backend: reference,
+    });
     for b in &mut backends {
         let be = b.backend.as_mut();
-        let w = be.alloc(&TensorDesc::new(DType::F32, [4, 3]), Usage::Weight).unwrap();
-        let table = WeightRef { buffer: w, desc: TensorDesc::new(DType::F32, [4, 3]) };
-        let out = be.alloc(&TensorDesc::new(DType::F32, [6]), Usage::Activation).unwrap();
+        let w = be
+            .alloc(&TensorDesc::new(DType::F32, [4, 3]), Usage::Weight)
+            .unwrap();
+        let table = WeightRef {
+            buffer: w,
+            desc: TensorDesc::new(DType::F32, [4, 3]),
+        };
+        let out = be
+            .alloc(&TensorDesc::new(DType::F32, [6]), Usage::Activation)
+            .unwrap();
 
         // A weight description that does not match its buffer.
         let mut g = GraphBuilder::new("wrong weight", 2, 0);
-        let e = g.push1(Op::Embed { table: WeightRef { desc: TensorDesc::new(DType::F32, [4, 5]), ..table.clone() }, scale: 1.0 });
+        let e = g.push1(Op::Embed {
+            table: WeightRef {
+                desc: TensorDesc::new(DType::F32, [4, 5]),
+                ..table.clone()
+            },
+            scale: 1.0,
+        });
         g.push(Op::Output { x: e, buffer: out });
         let err = be.compile(&g.finish()).unwrap_err().to_string();
         assert!(err.contains("invalid argument"), "{}: {err}", b.name);
 
         // A matmul whose input width does not match the weight.
         let mut g = GraphBuilder::new("bad matmul", 2, 0);
-        let e = g.push1(Op::Embed { table: table.clone(), scale: 1.0 });
-        let bad = g.push(Op::MatMul { x: e, weight: WeightRef { buffer: w, desc: TensorDesc::new(DType::F32, [3, 4]) }, splits: vec![3] });
-        g.push(Op::Output { x: bad[0], buffer: out });
+        let e = g.push1(Op::Embed {
+            table: table.clone(),
+            scale: 1.0,
+        });
+        let bad = g.push(Op::MatMul {
+            x: e,
+            weight: WeightRef {
+                buffer: w,
+                desc: TensorDesc::new(DType::F32, [3, 4]),
+            },
+            splits: vec![3],
+        });
+        g.push(Op::Output {
+            x: bad[0],
+            buffer: out,
+        });
         let err = be.compile(&g.finish()).unwrap_err().to_string();
         assert!(err.contains("columns"), "{}: {err}", b.name);
 
         // A good program, then bad steps: a token outside the vocabulary, wrong lengths.
         let mut g = GraphBuilder::new("embed", 2, 0);
-        let e = g.push1(Op::Embed { table: table.clone(), scale: 1.0 });
+        let e = g.push1(Op::Embed {
+            table: table.clone(),
+            scale: 1.0,
+        });
         g.push(Op::Output { x: e, buffer: out });
         let p = be.compile(&g.finish()).unwrap();
-        let step = |tokens: &'static [u32], positions: &'static [u32]| StepArgs { tokens, positions, slots: &[0, 0], select: &[] };
+        let step = |tokens: &'static [u32], positions: &'static [u32]| StepArgs {
+            tokens,
+            positions,
+            slots: &[0, 0],
+            select: &[],
+        };
         let err = be.execute(p, &step(&[1, 4], &[0, 1])).unwrap_err().to_string();
-        assert!(err.contains("token id 4") && err.contains("vocabulary of 4"), "{}: {err}", b.name);
+        assert!(
+            err.contains("token id 4") && err.contains("vocabulary of 4"),
+            "{}: {err}",
+            b.name
+        );
         let err = be.execute(p, &step(&[1], &[0, 1])).unwrap_err().to_string();
-        assert!(err.contains("tokens") && err.contains("2 rows"), "{}: {err}", b.name);
+        assert!(
+            err.contains("tokens") && err.contains("2 rows"),
+            "{}: {err}",
+            b.name
+        );
         let t = be.execute(p, &step(&[1, 3], &[0, 1])).unwrap();
         be.wait(t).unwrap();
 
@@ -136,7 +201,9 @@ fn bad_graphs_and_steps_are_errors_not_panics() {
         let mut big = vec![0u8; 100];
         let err = be.read(out, 0, &mut big).unwrap_err().to_string();
         assert!(err.contains("run past"), "{}: {err}", b.name);
-        assert!(be.execute(tandem_backend_api::ProgramId(999_999), &step(&[1, 3], &[0, 1])).is_err());
+        assert!(be
+            .execute(tandem_backend_api::ProgramId(999_999), &step(&[1, 3], &[0, 1]))
+            .is_err());
         be.release(p).unwrap();
         be.free(w).unwrap();
         be.free(out).unwrap();
@@ -148,27 +215,80 @@ fn bad_graphs_and_steps_are_errors_not_panics() {
 #[test]
 fn attention_positions_past_the_cache_are_errors() {
     let (mut backends, reference) = backends_under_test();
-    backends.push(tandem_conformance::UnderTest { name: "cpu reference".into(), backend: reference });
+    backends.push(tandem_conformance::UnderTest {
+        name: "cpu reference".into(),
+        backend: reference,
+    });
     for b in &mut backends {
         let be = b.backend.as_mut();
-        let act = |be: &mut dyn tandem_backend_api::ComputeBackend, n| be.alloc(&TensorDesc::new(DType::F32, [n]), Usage::Activation).unwrap();
+        let act = |be: &mut dyn tandem_backend_api::ComputeBackend, n| {
+            be.alloc(&TensorDesc::new(DType::F32, [n]), Usage::Activation)
+                .unwrap()
+        };
         let (qb, kb, vb, ob) = (act(be, 8), act(be, 8), act(be, 8), act(be, 8));
         let cd = TensorDesc::new(DType::F32, [1, 4, 4]);
-        let (kc, vc) = (be.alloc(&cd, Usage::KvCache).unwrap(), be.alloc(&cd, Usage::KvCache).unwrap());
+        let (kc, vc) = (
+            be.alloc(&cd, Usage::KvCache).unwrap(),
+            be.alloc(&cd, Usage::KvCache).unwrap(),
+        );
         let mut g = GraphBuilder::new("attn", 2, 0);
-        let q = g.push1(Op::Input { buffer: qb, cols: 4, selected: false });
-        let k = g.push1(Op::Input { buffer: kb, cols: 4, selected: false });
-        let v = g.push1(Op::Input { buffer: vb, cols: 4, selected: false });
-        let cache = tandem_backend_api::KvCacheRef { k: kc, v: vc, dtype: DType::F32, slots: 1, capacity: 4 };
-        let o = g.push1(Op::Attention { q, k, v, cache, heads: 1, kv_heads: 1, head_dim: 4, scale: 0.5, window: None, softcap: None });
+        let q = g.push1(Op::Input {
+            buffer: qb,
+            cols: 4,
+            selected: false,
+        });
+        let k = g.push1(Op::Input {
+            buffer: kb,
+            cols: 4,
+            selected: false,
+        });
+        let v = g.push1(Op::Input {
+            buffer: vb,
+            cols: 4,
+            selected: false,
+        });
+        let cache = tandem_backend_api::KvCacheRef {
+            k: kc,
+            v: vc,
+            dtype: DType::F32,
+            slots: 1,
+            capacity: 4,
+        };
+        let o = g.push1(Op::Attention {
+            q,
+            k,
+            v,
+            cache,
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 4,
+            scale: 0.5,
+            window: None,
+            softcap: None,
+        });
         g.push(Op::Output { x: o, buffer: ob });
         let p = be.compile(&g.finish()).unwrap();
-        let ok = StepArgs { tokens: &[0, 0], positions: &[2, 3], slots: &[0, 0], select: &[] };
+        let ok = StepArgs {
+            tokens: &[0, 0],
+            positions: &[2, 3],
+            slots: &[0, 0],
+            select: &[],
+        };
         be.execute(p, &ok).unwrap();
-        let past = StepArgs { tokens: &[0, 0], positions: &[3, 4], slots: &[0, 0], select: &[] };
+        let past = StepArgs {
+            tokens: &[0, 0],
+            positions: &[3, 4],
+            slots: &[0, 0],
+            select: &[],
+        };
         let err = be.execute(p, &past).unwrap_err().to_string();
         assert!(err.contains("do not fit the KV cache"), "{}: {err}", b.name);
-        let bad_slot = StepArgs { tokens: &[0, 0], positions: &[0, 1], slots: &[0, 1], select: &[] };
+        let bad_slot = StepArgs {
+            tokens: &[0, 0],
+            positions: &[0, 1],
+            slots: &[0, 1],
+            select: &[],
+        };
         let err = be.execute(p, &bad_slot).unwrap_err().to_string();
         assert!(err.contains("slot 1"), "{}: {err}", b.name);
     }

@@ -1,0 +1,101 @@
+//! `engine backends` end to end: plugins found next to the binary, their status, bad input.
+
+mod common;
+
+use common::Install;
+
+#[test]
+fn lists_cpu_available_and_the_others_with_a_reason() {
+    let install = Install::new(&["cpu", "vulkan", "npu", "wgpu"]);
+    let out = install.run(&["backends"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = install.stdout(&out);
+    // The CPU line's thread count depends on the machine.
+    let text = regex_lite_replace_threads(&text);
+    insta::assert_snapshot!(text);
+}
+
+fn regex_lite_replace_threads(s: &str) -> String {
+    s.lines()
+        .map(|l| match l.find("threads=") {
+            Some(i) => {
+                let end = l[i + 8..]
+                    .find(|c: char| !c.is_ascii_digit())
+                    .map_or(l.len(), |e| i + 8 + e);
+                format!("{}threads=N{}", &l[..i], &l[end..])
+            }
+            None => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn json_output_reports_each_backend() {
+    let install = Install::new(&["cpu", "vulkan"]);
+    let out = install.run(&["backends", "--json"]);
+    assert!(out.status.success());
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let backends = doc["backends"].as_array().expect("backends array");
+    let cpu = backends.iter().find(|b| b["name"] == "cpu").expect("cpu listed");
+    assert_eq!(cpu["available"], true);
+    assert_eq!(cpu["info"]["kind"], "cpu");
+    let vk = backends
+        .iter()
+        .find(|b| b["name"] == "vulkan")
+        .expect("vulkan listed");
+    assert_eq!(vk["available"], false);
+    assert!(
+        vk["reason"].as_str().is_some_and(|r| r.contains("Vulkan")),
+        "{vk}"
+    );
+}
+
+#[test]
+fn a_missing_plugin_directory_and_a_broken_plugin_are_reported() {
+    let install = Install::new(&["cpu"]);
+    std::fs::write(
+        install.path().join(format!(
+            "{}tandem_backend_broken{}",
+            std::env::consts::DLL_PREFIX,
+            std::env::consts::DLL_SUFFIX
+        )),
+        b"junk",
+    )
+    .unwrap();
+    let out = install.run(&["backends", "--plugin-dir", "/nonexistent/plugins"]);
+    assert!(out.status.success());
+    let text = install.stdout(&out);
+    assert!(text.contains("plugin directory /nonexistent/plugins"), "{text}");
+    assert!(
+        text.contains("libtandem_backend_broken") && text.contains("cannot load the library"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("cpu") && l.contains("available")),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_config_names_file_and_field() {
+    let install = Install::new(&["cpu"]);
+    let cfg = install.path().join("tandem.toml");
+    std::fs::write(&cfg, "[placement]\nattn = [\"cpu\"]\n").unwrap();
+    let out = install.run(&["--config", cfg.to_str().unwrap(), "backends"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tandem.toml") && err.contains("attn"), "{err}");
+    assert_eq!(err.lines().count(), err.lines().filter(|l| !l.is_empty()).count());
+}
+
+#[test]
+fn backend_options_from_the_config_reach_the_plugin() {
+    let install = Install::new(&["cpu"]);
+    let cfg = install.path().join("tandem.toml");
+    std::fs::write(&cfg, "[backend.cpu]\nthreads = 0\n").unwrap();
+    let out = install.run(&["--config", cfg.to_str().unwrap(), "backends"]);
+    let text = install.stdout(&out);
+    assert!(text.contains("'threads' must be at least 1"), "{text}");
+}
