@@ -27,6 +27,12 @@ struct Cli {
 enum Command {
     /// List every backend plugin found, its device, and why any is unavailable.
     Backends(commands::backends::Args),
+    /// Generate text from a prompt or token ids.
+    Run(commands::run::Args),
+    /// Print the logits of every position of a token sequence.
+    Logits(commands::logits::Args),
+    /// Chat interactively, one user turn per input line.
+    Chat(commands::chat::Args),
 }
 
 /// What every command gets: the settings and where plugins are.
@@ -61,5 +67,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     };
     match cli.command {
         Command::Backends(args) => commands::backends::run(&ctx, &args),
+        Command::Run(args) => commands::run::run(&ctx, &args),
+        Command::Logits(args) => commands::logits::run(&ctx, &args),
+        Command::Chat(args) => commands::chat::run(&ctx, &args),
     }
 }

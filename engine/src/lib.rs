@@ -3,8 +3,10 @@
 
 pub mod chat;
 pub mod config;
+pub mod model;
 pub mod plugins;
 pub mod safetensors_ckpt;
 pub mod sampler;
+pub mod session;
 pub mod settings;
 pub mod tokenizer;

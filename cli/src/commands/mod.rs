@@ -1,3 +1,7 @@
 //! One module per subcommand.
 
 pub mod backends;
+pub mod chat;
+pub mod load;
+pub mod logits;
+pub mod run;

@@ -1,0 +1,103 @@
+//! `engine chat`: an interactive conversation with the model's chat template, keeping the KV
+//! cache between turns (only the new part of the conversation is fed each turn).
+
+use std::io::{BufRead, Write};
+
+use tandem_engine::chat::{ChatTemplate, Message, Role};
+use tandem_engine::sampler::{Sampler, SamplerConfig};
+
+use super::load::{load, ModelArgs};
+use crate::Context;
+
+/// Flags of `engine chat`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// A system prompt.
+    #[arg(long)]
+    system: Option<String>,
+    /// Most tokens per reply.
+    #[arg(long, default_value_t = 512)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// Runs the command: one user turn per line of standard input, until end of input or `/exit`.
+pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
+    let mut loaded = load(ctx, &args.model, 1)?;
+    let tk = &loaded.tokenizer;
+    let template = ChatTemplate::new(tk.chat_template(), tk.bos_token(), tk.eos_token())?;
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: args.temperature,
+        seed: args.seed,
+        ..Default::default()
+    })?;
+    let stop = tk.stop_ids().to_vec();
+    let mut messages = Vec::new();
+    if let Some(s) = &args.system {
+        messages.push(Message::new(Role::System, s.clone()));
+    }
+    // Token ids currently in the cache (slot 0).
+    let mut cached: Vec<u32> = Vec::new();
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout().lock();
+    write!(out, "> ")?;
+    out.flush()?;
+    for line in stdin.lock().lines() {
+        let line = line?;
+        let text = line.trim();
+        if text == "/exit" {
+            break;
+        }
+        if text.is_empty() {
+            write!(out, "> ")?;
+            out.flush()?;
+            continue;
+        }
+        messages.push(Message::new(Role::User, text.to_string()));
+        let rendered = template.render(&messages, true)?;
+        let ids = loaded.tokenizer.encode(&rendered, false)?;
+        let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
+        let keep = common > 0 && common < ids.len() && loaded.session.truncate(0, common);
+        let feed = if keep { &ids[common..] } else { &ids[..] };
+        let mut reply = Vec::new();
+        let mut dec = loaded.tokenizer.stream_decoder(true);
+        let mut err = None;
+        loaded
+            .session
+            .generate(feed, args.max_tokens, &mut sampler, &stop, keep, |t| {
+                reply.push(t);
+                match dec.push(t) {
+                    Ok(Some(s)) => {
+                        let _ = out.write_all(s.as_bytes());
+                        let _ = out.flush();
+                    }
+                    Ok(None) => {}
+                    Err(e) => err = Some(e),
+                }
+                Ok(())
+            })?;
+        if let Some(e) = err {
+            return Err(e.into());
+        }
+        if let Some(s) = dec.finish()? {
+            out.write_all(s.as_bytes())?;
+        }
+        writeln!(out)?;
+        // The cache now holds the fed tokens and the reply except its last (stop) token.
+        cached = if keep { ids[..common].to_vec() } else { Vec::new() };
+        cached.extend_from_slice(feed);
+        cached.extend_from_slice(&reply[..reply.len().saturating_sub(1)]);
+        let reply_text = loaded.tokenizer.decode(&reply, true)?;
+        messages.push(Message::new(Role::Assistant, reply_text));
+        write!(out, "> ")?;
+        out.flush()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,121 @@
+//! What `run`, `logits` and `chat` share: choosing the backend and loading the model.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _};
+use tandem_backend_api::ComputeBackend;
+use tandem_engine::model::{open_hf_dir, CacheShape, Gemma3Model};
+use tandem_engine::session::Session;
+use tandem_engine::tokenizer::Tokenizer;
+
+use crate::Context;
+
+/// Flags every model command takes.
+#[derive(Debug, clap::Args)]
+pub struct ModelArgs {
+    /// A Hugging Face model directory (config.json, safetensors, tokenizer.json).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Backend: cpu, vulkan, wgpu, npu, or auto (the first available of vulkan, wgpu, cpu).
+    #[arg(long, default_value = "auto")]
+    pub backend: String,
+    /// Longest sequence (prompt + generated) in tokens; default: the model's, at most 4096.
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Most prompt tokens processed in one step.
+    #[arg(long, default_value_t = 128)]
+    pub chunk: usize,
+}
+
+/// Creates the backend named by `--backend`, degrading along the list for `auto`.
+pub fn backend(ctx: &Context, name: &str) -> anyhow::Result<Box<dyn ComputeBackend>> {
+    let discovery = ctx.search.discover();
+    for p in &discovery.problems {
+        eprintln!("warning: {p}");
+    }
+    let candidates: Vec<&str> = match name {
+        "auto" => ctx.settings.placement.default.as_ref().map_or_else(
+            || vec!["vulkan", "wgpu", "cpu"],
+            |v| v.iter().map(String::as_str).collect(),
+        ),
+        n if n.contains('+') => {
+            bail!("--backend {n}: hybrid placement across backends is not implemented yet; name one backend")
+        }
+        n => vec![n],
+    };
+    let mut reasons = Vec::new();
+    for c in &candidates {
+        match discovery.create(c, &ctx.settings.backend_options(c)) {
+            Ok(b) => {
+                if !reasons.is_empty() {
+                    eprintln!("note: using the {c} backend ({})", reasons.join("; "));
+                }
+                return Ok(b);
+            }
+            Err(e) if name == "auto" => reasons.push(e.to_string()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    bail!("no backend available: {}", reasons.join("; "))
+}
+
+/// A loaded model with its tokenizer.
+pub struct Loaded {
+    /// The session.
+    pub session: Session,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+}
+
+/// Loads `--model` onto the chosen backend, with a progress bar on a terminal.
+pub fn load(ctx: &Context, args: &ModelArgs, slots: usize) -> anyhow::Result<Loaded> {
+    let mut backend = backend(ctx, &args.backend)?;
+    let dir: &Path = &args.model;
+    let (config, ckpt) = open_hf_dir(dir)?;
+    let tokenizer = Tokenizer::from_dir(dir)?;
+    let context = args.context.unwrap_or(config.max_position_embeddings.min(4096));
+    if context == 0 || args.chunk == 0 {
+        bail!("--context and --chunk must be at least 1");
+    }
+    let shape = CacheShape {
+        slots,
+        context,
+        max_step_rows: args.chunk.min(context),
+    };
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = indicatif::ProgressBar::new(ckpt.total_bytes());
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} {elapsed}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        Some(bar)
+    } else {
+        None
+    };
+    let mut progress = |done: u64, _total: u64| {
+        if let Some(b) = &bar {
+            b.set_position(done);
+        }
+    };
+    let model = Gemma3Model::load(config, &ckpt, backend.as_mut(), shape, &mut progress)
+        .with_context(|| format!("loading {}", dir.display()))?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(Loaded {
+        session: Session::new(backend, model),
+        tokenizer,
+    })
+}
+
+/// Parses `--tokens 2,17,5`.
+pub fn parse_tokens(s: &str) -> anyhow::Result<Vec<u32>> {
+    s.split(',')
+        .map(|t| {
+            t.trim()
+                .parse::<u32>()
+                .with_context(|| format!("--tokens: '{t}' is not a token id"))
+        })
+        .collect()
+}

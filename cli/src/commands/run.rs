@@ -1,0 +1,115 @@
+//! `engine run`: generate from a prompt (or token ids), streaming text or printing JSON.
+
+use std::io::Write;
+
+use anyhow::bail;
+use tandem_engine::sampler::{Sampler, SamplerConfig};
+
+use super::load::{load, parse_tokens, ModelArgs};
+use crate::Context;
+
+/// Flags of `engine run`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt text (BOS is added as the model's files ask).
+    #[arg(long, conflicts_with = "tokens")]
+    prompt: Option<String>,
+    /// Comma-separated token ids instead of a prompt.
+    #[arg(long)]
+    tokens: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// Keep the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 64)]
+    top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches p.
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Drop tokens less likely than min-p times the most likely one.
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Repetition penalty (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the command.
+pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
+    let sampler_cfg = SamplerConfig {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repetition_penalty: args.repeat_penalty,
+        seed: args.seed,
+    };
+    let mut sampler = Sampler::new(sampler_cfg)?;
+    let mut loaded = load(ctx, &args.model, 1)?;
+    let prompt = match (&args.prompt, &args.tokens) {
+        (Some(p), None) => loaded.tokenizer.encode(p, true)?,
+        (None, Some(t)) => parse_tokens(t)?,
+        _ => bail!("give --prompt TEXT or --tokens IDS"),
+    };
+    let stop = loaded.tokenizer.stop_ids().to_vec();
+    let mut generated = Vec::new();
+    let mut out = std::io::stdout().lock();
+    let stats = if args.json {
+        loaded
+            .session
+            .generate(&prompt, args.max_tokens, &mut sampler, &stop, false, |t| {
+                generated.push(t);
+                Ok(())
+            })?
+    } else {
+        let mut dec = loaded.tokenizer.stream_decoder(true);
+        let mut err = None;
+        let stats = loaded
+            .session
+            .generate(&prompt, args.max_tokens, &mut sampler, &stop, false, |t| {
+                generated.push(t);
+                match dec.push(t) {
+                    Ok(Some(text)) => {
+                        let _ = out.write_all(text.as_bytes());
+                        let _ = out.flush();
+                    }
+                    Ok(None) => {}
+                    Err(e) => err = Some(e),
+                }
+                Ok(())
+            })?;
+        if let Some(e) = err {
+            return Err(e.into());
+        }
+        if let Some(text) = dec.finish()? {
+            out.write_all(text.as_bytes())?;
+        }
+        writeln!(out)?;
+        stats
+    };
+    if args.json {
+        let text = loaded.tokenizer.decode(&generated, true)?;
+        let doc = serde_json::json!({
+            "tokens": generated,
+            "text": text,
+            "prompt_tokens": prompt,
+            "backend": loaded.session.backend().info().name,
+            "stats": stats,
+            "prefill_tokens_per_second": stats.prompt_tokens as f64 / stats.prefill_seconds.max(1e-9),
+            "decode_tokens_per_second": (stats.generated_tokens.saturating_sub(1)) as f64 / stats.decode_seconds.max(1e-9),
+        });
+        writeln!(out, "{doc}")?;
+    }
+    Ok(())
+}
