@@ -1,0 +1,276 @@
+//! `engine logits` and `engine run --temperature 0` against Hugging Face transformers on the
+//! tiny random-weight fixtures (tests/fixtures, made by tests/fixtures/make_fixtures.py): logits
+//! within 1e-4 of the largest logit, argmax identical at every position, greedy continuations
+//! identical.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::Install;
+use serde_json::Value;
+
+const CASES: [&str; 5] = [
+    "text-published",
+    "text-newer",
+    "multimodal",
+    "multimodal-legacy",
+    "softcap",
+];
+
+fn fixture(case: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/models")
+        .join(case)
+}
+
+fn reference(case: &str) -> Value {
+    let text = std::fs::read_to_string(fixture(case).join("reference.json")).expect("reference.json");
+    serde_json::from_str(&text).expect("reference JSON")
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .expect("id list")
+        .iter()
+        .map(|x| x.as_u64().expect("id"))
+        .collect()
+}
+
+fn csv(ids: &[u64]) -> String {
+    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn argmax(row: &[f64]) -> usize {
+    row.iter()
+        .enumerate()
+        .fold(0, |b, (i, v)| if *v > row[b] { i } else { b })
+}
+
+fn json_run(install: &Install, args: &[&str]) -> Value {
+    let out = install.run(args);
+    assert!(
+        out.status.success(),
+        "engine {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON output")
+}
+
+fn check_logits(install: &Install, case: &str, extra: &[&str]) {
+    let r = reference(case);
+    let dir = fixture(case);
+    for seq in r["sequences"].as_array().expect("sequences") {
+        let tokens = csv(&ids(&seq["tokens"]));
+        let mut args = vec![
+            "logits",
+            "--model",
+            dir.to_str().unwrap(),
+            "--tokens",
+            &tokens,
+            "--backend",
+            "cpu",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let got = json_run(install, &args);
+        let want: Vec<Vec<f64>> = serde_json::from_value(seq["logits"].clone()).unwrap();
+        let got: Vec<Vec<f64>> = serde_json::from_value(got["logits"].clone()).unwrap();
+        assert_eq!(got.len(), want.len(), "{case}: positions");
+        let scale = want.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
+        for (p, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.len(), w.len(), "{case}: vocabulary at position {p}");
+            let err = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(
+                err <= 1e-4 * scale,
+                "{case} {extra:?}: position {p}: error {err:e} > 1e-4 x {scale}"
+            );
+            assert_eq!(argmax(g), argmax(w), "{case} {extra:?}: argmax at position {p}");
+        }
+    }
+}
+
+#[test]
+fn logits_match_transformers_on_every_fixture() {
+    let install = Install::new(&["cpu"]);
+    for case in CASES {
+        check_logits(&install, case, &[]);
+    }
+}
+
+#[test]
+fn chunked_prefill_through_the_ring_gives_the_same_logits() {
+    // Chunks of 3 through sliding windows of 3-4 positions: the rings wrap inside one prefill.
+    let install = Install::new(&["cpu"]);
+    for case in ["text-published", "text-newer"] {
+        check_logits(&install, case, &["--chunk", "3"]);
+        check_logits(&install, case, &["--chunk", "1"]);
+    }
+}
+
+#[test]
+fn greedy_continuations_match_transformers() {
+    let install = Install::new(&["cpu"]);
+    for case in CASES {
+        let r = reference(case);
+        let dir = fixture(case);
+        for g in r["greedy"].as_array().expect("greedy") {
+            let prompt = csv(&ids(&g["prompt"]));
+            let n = g["max_new_tokens"].as_u64().unwrap().to_string();
+            let got = json_run(
+                &install,
+                &[
+                    "run",
+                    "--model",
+                    dir.to_str().unwrap(),
+                    "--tokens",
+                    &prompt,
+                    "--temperature",
+                    "0",
+                    "--max-tokens",
+                    &n,
+                    "--backend",
+                    "cpu",
+                    "--json",
+                ],
+            );
+            assert_eq!(
+                ids(&got["tokens"]),
+                ids(&g["generated"]),
+                "{case}: greedy continuation of {prompt}"
+            );
+            assert_eq!(ids(&got["prompt_tokens"]), ids(&g["prompt"]));
+        }
+    }
+}
+
+#[test]
+fn tokenizer_matches_transformers() {
+    for case in ["text-published", "multimodal"] {
+        let r = reference(case);
+        let tk = tandem_engine::tokenizer::Tokenizer::from_dir(&fixture(case)).expect("tokenizer");
+        for t in r["tokenization"].as_array().expect("tokenization") {
+            let text = t["text"].as_str().unwrap();
+            let got: Vec<u64> = tk
+                .encode(text, true)
+                .unwrap()
+                .into_iter()
+                .map(u64::from)
+                .collect();
+            assert_eq!(got, ids(&t["ids"]), "{case}: {text:?}");
+        }
+    }
+}
+
+#[test]
+fn prompt_text_streams_and_json_reports_prompt_tokens() {
+    let install = Install::new(&["cpu"]);
+    let dir = fixture("text-published");
+    let out = install.run(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "the cat",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0",
+        "--backend",
+        "cpu",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let streamed = String::from_utf8_lossy(&out.stdout)
+        .trim_end_matches('\n')
+        .to_string();
+    let doc = json_run(
+        &install,
+        &[
+            "run",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt",
+            "the cat",
+            "--max-tokens",
+            "4",
+            "--temperature",
+            "0",
+            "--backend",
+            "cpu",
+            "--json",
+        ],
+    );
+    assert_eq!(
+        doc["text"].as_str().unwrap(),
+        streamed,
+        "streamed text equals the JSON text"
+    );
+    let prompt = ids(&doc["prompt_tokens"]);
+    assert_eq!(prompt.first(), Some(&2), "BOS first: {prompt:?}");
+    assert!(ids(&doc["tokens"]).len() <= 4);
+}
+
+#[test]
+fn sampling_is_reproducible_with_a_seed() {
+    let install = Install::new(&["cpu"]);
+    let dir = fixture("text-newer");
+    let args = [
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--tokens",
+        "2,300,301",
+        "--max-tokens",
+        "6",
+        "--temperature",
+        "1.5",
+        "--top-k",
+        "0",
+        "--top-p",
+        "1",
+        "--seed",
+        "7",
+        "--backend",
+        "cpu",
+        "--json",
+    ];
+    let a = json_run(&install, &args);
+    let b = json_run(&install, &args);
+    assert_eq!(a["tokens"], b["tokens"]);
+}
+
+#[test]
+fn chat_keeps_the_conversation_going() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let install = Install::new(&["cpu"]);
+    let dir = fixture("text-published");
+    let mut child = Command::new(install.path().join("engine"))
+        .args([
+            "chat",
+            "--model",
+            dir.to_str().unwrap(),
+            "--max-tokens",
+            "5",
+            "--temperature",
+            "0",
+            "--backend",
+            "cpu",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("engine chat starts");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello there\nand again\n/exit\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // One prompt per turn plus the final one.
+    assert_eq!(text.matches("> ").count(), 3, "{text}");
+}
