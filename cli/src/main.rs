@@ -48,7 +48,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
@@ -71,4 +71,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Logits(args) => commands::logits::run(&ctx, &args),
         Command::Chat(args) => commands::chat::run(&ctx, &args),
     }
+}
+
+/// The error and its causes on one line, skipping causes the message already contains (typed
+/// errors often print their source themselves).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !msg.contains(&text) {
+            if !msg.is_empty() {
+                msg.push_str(": ");
+            }
+            msg.push_str(&text);
+        }
+    }
+    msg.replace('\n', " ")
 }

@@ -1,0 +1,460 @@
+//! Damaged model directories and bad flags: the engine fails with exit status 1 and one
+//! `error: ...` line that names the file and the tensor, field or value at fault; never a panic.
+//!
+//! Each case copies a working fixture (tests/fixtures/models) into a temporary directory, breaks
+//! one thing, and runs `engine logits` (or `engine run`) on it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::Install;
+use serde_json::{json, Value};
+
+/// The layer-0 tensors the cases break; every fixture has them.
+const DOWN_PROJ: &str = "model.layers.0.mlp.down_proj.weight";
+const UP_PROJ: &str = "model.layers.0.mlp.up_proj.weight";
+const K_PROJ: &str = "model.layers.0.self_attn.k_proj.weight";
+const V_PROJ: &str = "model.layers.0.self_attn.v_proj.weight";
+
+fn fixture(case: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/models")
+        .join(case)
+}
+
+/// A writable copy of a fixture directory (its files are flat).
+fn copy_fixture(case: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for entry in std::fs::read_dir(fixture(case)).expect("fixture directory") {
+        let entry = entry.expect("directory entry");
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).expect("copy fixture file");
+    }
+    dir
+}
+
+/// A safetensors file split into its JSON header and the data after it.
+struct Safetensors {
+    header: serde_json::Map<String, Value>,
+    data: Vec<u8>,
+}
+
+impl Safetensors {
+    fn read(path: &Path) -> Self {
+        let bytes = std::fs::read(path).expect("read safetensors");
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header = match serde_json::from_slice(&bytes[8..8 + n]).expect("header JSON") {
+            Value::Object(map) => map,
+            other => panic!("header is not an object: {other}"),
+        };
+        Safetensors {
+            header,
+            data: bytes[8 + n..].to_vec(),
+        }
+    }
+
+    /// Writes the file back with a length prefix that matches the new header.
+    fn write(&self, path: &Path) {
+        let header = serde_json::to_vec(&self.header).expect("header JSON");
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&header);
+        bytes.extend_from_slice(&self.data);
+        std::fs::write(path, bytes).expect("write safetensors");
+    }
+
+    fn entry(&mut self, tensor: &str) -> &mut serde_json::Map<String, Value> {
+        self.header
+            .get_mut(tensor)
+            .and_then(Value::as_object_mut)
+            .unwrap_or_else(|| panic!("no tensor {tensor} in the header"))
+    }
+
+    fn offsets(&mut self, tensor: &str) -> (u64, u64) {
+        let o = &self.entry(tensor)["data_offsets"];
+        (o[0].as_u64().unwrap(), o[1].as_u64().unwrap())
+    }
+}
+
+/// Reads, changes and rewrites a safetensors file in place.
+fn rewrite(path: &Path, change: impl FnOnce(&mut Safetensors)) {
+    let mut st = Safetensors::read(path);
+    change(&mut st);
+    st.write(path);
+}
+
+/// Reads, changes and rewrites `config.json` in place.
+fn rewrite_config(dir: &Path, change: impl FnOnce(&mut serde_json::Map<String, Value>)) {
+    let path = dir.join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    change(config.as_object_mut().expect("config object"));
+    std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+}
+
+/// Runs the engine, asserts a clean failure (exit status 1, exactly one non-empty `error:` line
+/// on stderr, no panic) and returns that line.
+fn fail(install: &Install, args: &[&str]) -> String {
+    let out = install.run(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "engine {args:?}: expected exit status 1, got {:?}; stderr:\n{stderr}",
+        out.status
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "engine {args:?} panicked:\n{stderr}"
+    );
+    let line = stderr.strip_suffix('\n').unwrap_or(&stderr);
+    assert!(
+        !line.is_empty() && !line.contains('\n'),
+        "engine {args:?}: expected one error line, got:\n{stderr}"
+    );
+    assert!(
+        line.starts_with("error: "),
+        "engine {args:?}: not an error line: {line}"
+    );
+    line.to_string()
+}
+
+/// Runs `engine logits --tokens 2,5` on `dir` and returns the error line.
+fn fail_logits(install: &Install, dir: &Path) -> String {
+    fail(
+        install,
+        &[
+            "logits",
+            "--model",
+            dir.to_str().unwrap(),
+            "--tokens",
+            "2,5",
+            "--backend",
+            "cpu",
+            "--json",
+        ],
+    )
+}
+
+/// Asserts that the error line mentions every one of `names`.
+fn assert_names(line: &str, names: &[&str]) {
+    for n in names {
+        assert!(line.contains(n), "error does not name {n:?}: {line}");
+    }
+}
+
+#[test]
+fn truncated_checkpoint_names_the_file_and_a_tensor() {
+    let install = Install::new(&["cpu"]);
+    let dir = copy_fixture("text-published");
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let header_end = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let cut = header_end + (bytes.len() - header_end) / 2;
+    std::fs::write(&path, &bytes[..cut]).unwrap();
+
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &[path.to_str().unwrap(), "truncated"]);
+    assert!(
+        line.contains("tensor model."),
+        "error does not name a tensor: {line}"
+    );
+}
+
+#[test]
+fn data_offsets_past_the_end_name_the_file_and_tensor() {
+    let install = Install::new(&["cpu"]);
+    let dir = copy_fixture("text-published");
+    let path = dir.path().join("model.safetensors");
+    rewrite(&path, |st| {
+        let data_len = st.data.len() as u64;
+        let (begin, end) = st.offsets(V_PROJ);
+        st.entry(V_PROJ)["data_offsets"] = json!([data_len + begin, data_len + end]);
+    });
+
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &[path.to_str().unwrap(), V_PROJ, "data_offsets"]);
+}
+
+#[test]
+fn wrong_shape_names_the_tensor_and_both_shapes() {
+    // [32, 64] -> [64, 32]: the same bytes, transposed dimensions. (q_proj is [64, 64] in this
+    // fixture, so swapping its dimensions would change nothing.)
+    let install = Install::new(&["cpu"]);
+    let dir = copy_fixture("text-published");
+    let path = dir.path().join("model.safetensors");
+    rewrite(&path, |st| {
+        assert_eq!(st.entry(K_PROJ)["shape"], json!([32, 64]));
+        st.entry(K_PROJ)["shape"] = json!([64, 32]);
+    });
+
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &["model.safetensors", K_PROJ, "[64, 32]", "[32, 64]"]);
+}
+
+#[test]
+fn unsupported_dtype_names_the_tensor_and_dtype() {
+    // F32 -> I32: the same byte count, so the header stays self-consistent.
+    let install = Install::new(&["cpu"]);
+    let dir = copy_fixture("text-published");
+    let path = dir.path().join("model.safetensors");
+    rewrite(&path, |st| {
+        assert_eq!(st.entry(UP_PROJ)["dtype"], json!("F32"));
+        st.entry(UP_PROJ)["dtype"] = json!("I32");
+    });
+
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &["model.safetensors", UP_PROJ, "I32"]);
+}
+
+#[test]
+fn dtype_whose_size_disagrees_with_the_data_names_the_tensor_and_dtype() {
+    // F32 -> F16 without halving data_offsets: the header claims twice as many bytes as the
+    // dtype and shape call for.
+    let install = Install::new(&["cpu"]);
+    let dir = copy_fixture("text-published");
+    let path = dir.path().join("model.safetensors");
+    rewrite(&path, |st| {
+        st.entry(UP_PROJ)["dtype"] = json!("F16");
+    });
+
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &["model.safetensors", UP_PROJ, "F16"]);
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let install = Install::new(&["cpu"]);
+    let dir = copy_fixture("text-published");
+    let path = dir.path().join("model.safetensors");
+    rewrite(&path, |st| {
+        let entry = st.header.remove(DOWN_PROJ).expect("down_proj entry");
+        st.header.insert(format!("{DOWN_PROJ}.renamed"), entry);
+    });
+
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &[&format!("{DOWN_PROJ} ")]);
+    assert!(
+        line.contains(dir.path().to_str().unwrap()),
+        "error does not name the checkpoint: {line}"
+    );
+}
+
+#[test]
+fn mistyped_config_field_names_the_file_and_field() {
+    let install = Install::new(&["cpu"]);
+    let dir = copy_fixture("text-published");
+    rewrite_config(dir.path(), |c| {
+        c.insert("hidden_size".into(), json!("64"));
+    });
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &["config.json", "hidden_size"]);
+}
+
+#[test]
+fn missing_or_null_config_field_names_the_file_and_field() {
+    let install = Install::new(&["cpu"]);
+
+    // model_type is the one field without a default.
+    let dir = copy_fixture("text-published");
+    rewrite_config(dir.path(), |c| {
+        c.remove("model_type").expect("model_type");
+    });
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &["config.json", "model_type"]);
+
+    let dir = copy_fixture("text-published");
+    rewrite_config(dir.path(), |c| {
+        c.insert("hidden_size".into(), Value::Null);
+    });
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &["config.json", "hidden_size"]);
+}
+
+#[test]
+fn missing_config_field_takes_the_default_and_the_checkpoint_disagrees() {
+    // As in transformers, a missing num_hidden_layers means 26; the 6-layer checkpoint then
+    // lacks layer 6.
+    let install = Install::new(&["cpu"]);
+    let dir = copy_fixture("text-published");
+    rewrite_config(dir.path(), |c| {
+        c.remove("num_hidden_layers").expect("num_hidden_layers");
+    });
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &["model.layers.6.", "not in the checkpoint"]);
+}
+
+#[test]
+fn heads_that_do_not_divide_name_both_fields() {
+    let install = Install::new(&["cpu"]);
+    let dir = copy_fixture("text-published");
+    rewrite_config(dir.path(), |c| {
+        c.insert("num_attention_heads".into(), json!(4));
+        c.insert("num_key_value_heads".into(), json!(3));
+    });
+    let line = fail_logits(&install, dir.path());
+    assert_names(
+        &line,
+        &["config.json", "num_attention_heads", "num_key_value_heads"],
+    );
+}
+
+#[test]
+fn another_architecture_names_model_type() {
+    let install = Install::new(&["cpu"]);
+    let dir = copy_fixture("text-published");
+    rewrite_config(dir.path(), |c| {
+        c.insert("model_type".into(), json!("llama"));
+    });
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &["config.json", "model_type", "llama"]);
+}
+
+#[test]
+fn token_outside_the_vocabulary_names_the_id_and_vocabulary_size() {
+    let install = Install::new(&["cpu"]);
+    let dir = fixture("text-published");
+    let vocab = {
+        let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        let config: Value = serde_json::from_str(&text).unwrap();
+        config["vocab_size"].as_u64().unwrap().to_string()
+    };
+    let line = fail(
+        &install,
+        &[
+            "logits",
+            "--model",
+            dir.to_str().unwrap(),
+            "--tokens",
+            "2,99999",
+            "--backend",
+            "cpu",
+            "--json",
+        ],
+    );
+    assert_names(&line, &["99999", &vocab]);
+
+    let line = fail(
+        &install,
+        &[
+            "run",
+            "--model",
+            dir.to_str().unwrap(),
+            "--tokens",
+            "2,99999",
+            "--max-tokens",
+            "2",
+            "--temperature",
+            "0",
+            "--backend",
+            "cpu",
+            "--json",
+        ],
+    );
+    assert_names(&line, &["99999", &vocab]);
+}
+
+#[test]
+fn missing_shard_is_named() {
+    let install = Install::new(&["cpu"]);
+    let dir = copy_fixture("text-newer");
+    let shard = "model-00002-of-00004.safetensors";
+    std::fs::remove_file(dir.path().join(shard)).unwrap();
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &[shard, "model.safetensors.index.json"]);
+}
+
+#[test]
+fn missing_directory_is_named() {
+    let install = Install::new(&["cpu"]);
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("no-such-model");
+    let line = fail_logits(&install, &dir);
+    assert_names(&line, &[dir.to_str().unwrap()]);
+}
+
+#[test]
+fn token_that_is_not_a_number_names_the_flag_and_value() {
+    let install = Install::new(&["cpu"]);
+    let dir = fixture("text-published");
+    for command in ["logits", "run"] {
+        let line = fail(
+            &install,
+            &[
+                command,
+                "--model",
+                dir.to_str().unwrap(),
+                "--tokens",
+                "2,abc",
+                "--backend",
+                "cpu",
+            ],
+        );
+        assert_names(&line, &["--tokens", "'abc'"]);
+    }
+}
+
+#[test]
+fn missing_or_damaged_files_are_named() {
+    let install = Install::new(&["cpu"]);
+
+    let dir = copy_fixture("text-published");
+    std::fs::remove_file(dir.path().join("config.json")).unwrap();
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &["config.json"]);
+
+    let dir = copy_fixture("text-published");
+    std::fs::write(
+        dir.path().join("config.json"),
+        "{\"model_type\": \"gemma3_text\",",
+    )
+    .unwrap();
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &["config.json", "JSON"]);
+
+    let dir = copy_fixture("text-published");
+    std::fs::remove_file(dir.path().join("tokenizer.json")).unwrap();
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &["tokenizer.json"]);
+
+    let dir = copy_fixture("text-published");
+    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &["model.safetensors", dir.path().to_str().unwrap()]);
+
+    let dir = copy_fixture("text-published");
+    let path = dir.path().join("model.safetensors");
+    std::fs::write(&path, [1u8, 2, 3, 4]).unwrap();
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &[path.to_str().unwrap()]);
+
+    // A header length far past the end of the file.
+    let dir = copy_fixture("text-published");
+    let path = dir.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[..8].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &[path.to_str().unwrap(), "header"]);
+
+    // A header that is not JSON.
+    let dir = copy_fixture("text-published");
+    let path = dir.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[8] = b'[';
+    std::fs::write(&path, &bytes).unwrap();
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &[path.to_str().unwrap(), "JSON"]);
+}
+
+#[test]
+fn index_that_misplaces_a_tensor_names_the_tensor_and_shard() {
+    let install = Install::new(&["cpu"]);
+    let dir = copy_fixture("text-newer");
+    let index = dir.path().join("model.safetensors.index.json");
+    let mut doc: Value = serde_json::from_str(&std::fs::read_to_string(&index).unwrap()).unwrap();
+    let wrong = "model-00001-of-00004.safetensors";
+    assert_ne!(doc["weight_map"][DOWN_PROJ], json!(wrong));
+    doc["weight_map"][DOWN_PROJ] = json!(wrong);
+    std::fs::write(&index, doc.to_string()).unwrap();
+    let line = fail_logits(&install, dir.path());
+    assert_names(&line, &[DOWN_PROJ, wrong, "model.safetensors.index.json"]);
+}
