@@ -314,7 +314,7 @@ fn encode<V: serde::Serialize>(v: &V) -> Result<Vec<u8>, BackendError> {
 
 impl ComputeBackend for PluginBackend {
     fn info(&self) -> BackendInfo {
-        // SAFETY (closure): live handle, out/err point to locals.
+        // SAFETY: live handle; out/err point to locals.
         let reply = self.json_call("info", |t, h, out, err| unsafe { (t.info)(h, out, err) });
         match reply.and_then(|b| self.decode(&b, "info")) {
             Ok(info) => info,
