@@ -169,10 +169,24 @@ pub enum Op {
 }
 
 impl Op {
-    /// A short name for messages (`matmul`, `attention`, ...), with the weight dtype where
-    /// there is one (`matmul(q4_k)`).
-    pub fn name(&self) -> String {
-        let base = match self {
+    /// Every op kind, as [`Op::kind`] names them.
+    pub const KINDS: [&'static str; 11] = [
+        "input",
+        "embed",
+        "rms_norm",
+        "matmul",
+        "rope",
+        "attention",
+        "geglu",
+        "add",
+        "softcap",
+        "select_rows",
+        "output",
+    ];
+
+    /// The op's kind (`matmul`, `attention`, ...), one of [`Op::KINDS`].
+    pub fn kind(&self) -> &'static str {
+        match self {
             Op::Input { .. } => "input",
             Op::Embed { .. } => "embed",
             Op::RmsNorm { .. } => "rms_norm",
@@ -184,7 +198,13 @@ impl Op {
             Op::Softcap { .. } => "softcap",
             Op::SelectRows { .. } => "select_rows",
             Op::Output { .. } => "output",
-        };
+        }
+    }
+
+    /// A short name for messages: the kind, with the weight dtype where there is one
+    /// (`matmul(q4_k)`).
+    pub fn name(&self) -> String {
+        let base = self.kind();
         match self {
             Op::Embed { table: w, .. } | Op::RmsNorm { weight: w, .. } | Op::MatMul { weight: w, .. } => {
                 format!("{base}({})", w.desc.dtype)

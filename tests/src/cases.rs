@@ -613,21 +613,3 @@ pub fn all() -> Vec<Case> {
     v.push(select_then_matmul(5, vec![4, 0, 4], 13, 9));
     v
 }
-
-/// The op names (`Op::name` without the dtype) that `all()` exercises; a test asserts it
-/// covers every op.
-pub fn op_names(op: &Op) -> &'static str {
-    match op {
-        Op::Input { .. } => "input",
-        Op::Embed { .. } => "embed",
-        Op::RmsNorm { .. } => "rms_norm",
-        Op::MatMul { .. } => "matmul",
-        Op::Rope { .. } => "rope",
-        Op::Attention { .. } => "attention",
-        Op::GeGlu { .. } => "geglu",
-        Op::Add { .. } => "add",
-        Op::Softcap { .. } => "softcap",
-        Op::SelectRows { .. } => "select_rows",
-        Op::Output { .. } => "output",
-    }
-}

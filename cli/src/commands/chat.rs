@@ -6,7 +6,7 @@ use std::io::{BufRead, Write};
 use tandem_engine::chat::{ChatTemplate, Message, Role};
 use tandem_engine::sampler::{Sampler, SamplerConfig};
 
-use super::load::{load, ModelArgs};
+use super::load::{load, stream, ModelArgs};
 use crate::Context;
 
 /// Flags of `engine chat`.
@@ -38,7 +38,6 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         seed: args.seed,
         ..Default::default()
     })?;
-    let stop = tk.stop_ids().to_vec();
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
         messages.push(Message::new(Role::System, s.clone()));
@@ -66,30 +65,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
         let keep = common > 0 && common < ids.len() && loaded.session.truncate(0, common);
         let feed = if keep { &ids[common..] } else { &ids[..] };
-        let mut reply = Vec::new();
-        let mut dec = loaded.tokenizer.stream_decoder(true);
-        let mut err = None;
-        loaded
-            .session
-            .generate(feed, args.max_tokens, &mut sampler, &stop, keep, |t| {
-                reply.push(t);
-                match dec.push(t) {
-                    Ok(Some(s)) => {
-                        let _ = out.write_all(s.as_bytes());
-                        let _ = out.flush();
-                    }
-                    Ok(None) => {}
-                    Err(e) => err = Some(e),
-                }
-                Ok(())
-            })?;
-        if let Some(e) = err {
-            return Err(e.into());
-        }
-        if let Some(s) = dec.finish()? {
-            out.write_all(s.as_bytes())?;
-        }
-        writeln!(out)?;
+        let (reply, _) = stream(&mut loaded, feed, args.max_tokens, &mut sampler, keep, &mut out)?;
         // The cache now holds the fed tokens and the reply except its last (stop) token.
         cached = if keep { ids[..common].to_vec() } else { Vec::new() };
         cached.extend_from_slice(feed);

@@ -119,3 +119,43 @@ pub fn parse_tokens(s: &str) -> anyhow::Result<Vec<u32>> {
         })
         .collect()
 }
+
+/// Generates after `prompt` (continuing slot 0's cached sequence when `keep`), streaming the
+/// decoded text to `out` as it completes; returns the new ids and the timing.
+pub fn stream(
+    loaded: &mut Loaded,
+    prompt: &[u32],
+    max_new: usize,
+    sampler: &mut tandem_engine::sampler::Sampler,
+    keep: bool,
+    out: &mut impl std::io::Write,
+) -> anyhow::Result<(Vec<u32>, tandem_engine::session::GenerationStats)> {
+    let Loaded { session, tokenizer } = loaded;
+    let stop = tokenizer.stop_ids().to_vec();
+    let mut dec = tokenizer.stream_decoder(true);
+    let (mut ids, mut failure) = (Vec::new(), None);
+    let stats = session.generate(prompt, max_new, sampler, &stop, keep, |t| {
+        ids.push(t);
+        let piece = match dec.push(t) {
+            Ok(piece) => piece,
+            Err(e) => {
+                failure.get_or_insert(anyhow::Error::from(e));
+                None
+            }
+        };
+        if let Some(text) = piece {
+            if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+                failure.get_or_insert(e.into());
+            }
+        }
+        Ok(())
+    })?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if let Some(text) = dec.finish()? {
+        out.write_all(text.as_bytes())?;
+    }
+    writeln!(out)?;
+    Ok((ids, stats))
+}

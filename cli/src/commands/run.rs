@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::bail;
 use tandem_engine::sampler::{Sampler, SamplerConfig};
 
-use super::load::{load, parse_tokens, ModelArgs};
+use super::load::{load, parse_tokens, stream, ModelArgs};
 use crate::Context;
 
 /// Flags of `engine run`.
@@ -62,41 +62,26 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         (None, Some(t)) => parse_tokens(t)?,
         _ => bail!("give --prompt TEXT or --tokens IDS"),
     };
-    let stop = loaded.tokenizer.stop_ids().to_vec();
-    let mut generated = Vec::new();
     let mut out = std::io::stdout().lock();
-    let stats = if args.json {
-        loaded
-            .session
-            .generate(&prompt, args.max_tokens, &mut sampler, &stop, false, |t| {
-                generated.push(t);
-                Ok(())
-            })?
-    } else {
-        let mut dec = loaded.tokenizer.stream_decoder(true);
-        let mut err = None;
+    let (generated, stats) = if args.json {
+        let stop = loaded.tokenizer.stop_ids().to_vec();
+        let mut ids = Vec::new();
         let stats = loaded
             .session
             .generate(&prompt, args.max_tokens, &mut sampler, &stop, false, |t| {
-                generated.push(t);
-                match dec.push(t) {
-                    Ok(Some(text)) => {
-                        let _ = out.write_all(text.as_bytes());
-                        let _ = out.flush();
-                    }
-                    Ok(None) => {}
-                    Err(e) => err = Some(e),
-                }
+                ids.push(t);
                 Ok(())
             })?;
-        if let Some(e) = err {
-            return Err(e.into());
-        }
-        if let Some(text) = dec.finish()? {
-            out.write_all(text.as_bytes())?;
-        }
-        writeln!(out)?;
-        stats
+        (ids, stats)
+    } else {
+        stream(
+            &mut loaded,
+            &prompt,
+            args.max_tokens,
+            &mut sampler,
+            false,
+            &mut out,
+        )?
     };
     if args.json {
         let text = loaded.tokenizer.decode(&generated, true)?;
