@@ -13,6 +13,7 @@ mod dtype;
 mod error;
 mod graph;
 pub mod plugin;
+pub mod quant;
 mod tensor;
 
 pub use backend::{

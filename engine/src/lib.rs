@@ -3,6 +3,8 @@
 
 pub mod chat;
 pub mod config;
+pub mod gguf;
+pub mod loader;
 pub mod model;
 pub mod plugins;
 pub mod safetensors_ckpt;
@@ -10,3 +12,4 @@ pub mod sampler;
 pub mod session;
 pub mod settings;
 pub mod tokenizer;
+pub mod weights;

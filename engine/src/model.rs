@@ -9,7 +9,8 @@ use tandem_backend_api::{
 };
 
 use crate::config::{Gemma3Config, LayerType};
-use crate::safetensors_ckpt::{CheckpointError, SafetensorsCheckpoint, StDtype, TensorRef};
+use crate::safetensors_ckpt::{CheckpointError, SafetensorsCheckpoint};
+use crate::weights::{HfWeights, StoredTensor, WeightSource};
 
 /// Why a model could not be loaded; every message names the file and the tensor or field.
 #[derive(Debug, thiserror::Error)]
@@ -46,18 +47,15 @@ fn backend_err(context: impl Into<String>) -> impl FnOnce(BackendError) -> Model
     move |error| ModelError::Backend { context, error }
 }
 
-/// The name prefixes of the text model's tensors in the known layouts.
-const PREFIXES: [&str; 3] = ["model.", "model.language_model.", "language_model.model."];
-
 /// One decoder layer's weights on the backend.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
-    /// `[q + k + v, hidden]`.
-    pub qkv: WeightRef,
+    /// `[q + k + v, hidden]` when the three share a dtype, else q, k and v apart.
+    pub qkv: Vec<WeightRef>,
     /// `[hidden, heads * head_dim]`.
     pub o: WeightRef,
-    /// `[2 * intermediate, hidden]`: gate rows then up rows.
-    pub gate_up: WeightRef,
+    /// `[2 * intermediate, hidden]` (gate rows then up rows) when both share a dtype, else apart.
+    pub gate_up: Vec<WeightRef>,
     /// `[hidden, intermediate]`.
     pub down: WeightRef,
     /// Norms, each `[hidden]` except q/k `[head_dim]`.
@@ -104,14 +102,8 @@ pub struct Gemma3Model {
     buffers: Vec<BufferId>,
     /// Weight bytes uploaded.
     pub weight_bytes: u64,
-}
-
-fn api_dtype(d: StDtype) -> DType {
-    match d {
-        StDtype::F32 => DType::F32,
-        StDtype::F16 => DType::F16,
-        StDtype::BF16 => DType::Bf16,
-    }
+    /// Added to stored norm weights (1 for Hugging Face checkpoints, 0 for GGUF).
+    pub norm_offset: f32,
 }
 
 /// Progress of a load, in bytes.
@@ -127,48 +119,58 @@ impl<F: FnMut(u64, u64)> LoadProgress for F {
 }
 
 struct Uploader<'a> {
-    ckpt: &'a SafetensorsCheckpoint,
+    source: &'a dyn WeightSource,
     backend: &'a mut dyn ComputeBackend,
-    prefix: &'static str,
     buffers: Vec<BufferId>,
     done: u64,
     total: u64,
     progress: &'a mut dyn LoadProgress,
 }
 
-impl<'a> Uploader<'a> {
-    fn tensor(&self, name: &str, shape: &[usize]) -> Result<TensorRef<'a>, ModelError> {
-        let ckpt: &'a SafetensorsCheckpoint = self.ckpt;
-        Ok(ckpt.get_with_shape(&format!("{}{name}", self.prefix), shape)?)
+impl Uploader<'_> {
+    fn alloc(&mut self, desc: &TensorDesc, usage: Usage, what: &str) -> Result<BufferId, ModelError> {
+        let id = self
+            .backend
+            .alloc(desc, usage)
+            .map_err(backend_err(format!("allocating {what}")))?;
+        self.buffers.push(id);
+        Ok(id)
     }
 
-    /// Uploads the concatenation (along rows) of `names`, which must share a dtype.
-    fn upload(&mut self, names: &[(&str, Vec<usize>)]) -> Result<WeightRef, ModelError> {
-        let parts: Vec<TensorRef<'a>> = names
+    /// Uploads the concatenation (along rows) of `names` as one weight when they share a
+    /// dtype (a fused projection), else each on its own.
+    fn upload_fused(&mut self, names: &[(&str, Vec<usize>)]) -> Result<Vec<WeightRef>, ModelError> {
+        let source = self.source;
+        let parts: Vec<StoredTensor<'_>> = names
             .iter()
-            .map(|(n, s)| self.tensor(n, s))
+            .map(|(n, s)| source.tensor(n, s))
             .collect::<Result<_, _>>()?;
-        let dtype = parts[0].dtype;
-        if let Some(odd) = parts.iter().find(|p| p.dtype != dtype) {
-            return Err(ModelError::Layout {
-                path: odd.file.to_path_buf(),
-                message: format!(
-                    "tensor {} is {}, but {} is {}: fused tensors must share a dtype",
-                    odd.name, odd.dtype, parts[0].name, dtype
-                ),
-            });
+        if parts.iter().any(|p| p.desc.dtype != parts[0].desc.dtype) {
+            return parts
+                .iter()
+                .map(|p| self.upload_parts(std::slice::from_ref(p)))
+                .collect();
         }
-        let mut shape = parts[0].shape.to_vec();
-        shape[0] = parts.iter().map(|p| p.shape[0]).sum();
-        let desc = TensorDesc::new(api_dtype(dtype), shape);
-        let name = parts.iter().map(|p| p.name).collect::<Vec<_>>().join("|");
-        let buffer = self
-            .backend
-            .alloc(&desc, Usage::Weight)
-            .map_err(backend_err(format!("allocating {name}")))?;
-        self.buffers.push(buffer);
+        Ok(vec![self.upload_parts(&parts)?])
+    }
+
+    fn upload(&mut self, name: &str, shape: Vec<usize>) -> Result<WeightRef, ModelError> {
+        let t = self.source.tensor(name, &shape)?;
+        self.upload_parts(std::slice::from_ref(&t))
+    }
+
+    fn upload_parts(&mut self, parts: &[StoredTensor<'_>]) -> Result<WeightRef, ModelError> {
+        let mut shape = parts[0].desc.shape.clone();
+        shape[0] = parts.iter().map(|p| p.desc.shape[0]).sum();
+        let desc = TensorDesc::new(parts[0].desc.dtype, shape);
+        let name = parts
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join("|");
+        let buffer = self.alloc(&desc, Usage::Weight, &name)?;
         let mut offset = 0u64;
-        for p in &parts {
+        for p in parts {
             self.backend
                 .write(buffer, offset, p.data)
                 .map_err(backend_err(format!("uploading {}", p.name)))?;
@@ -181,65 +183,49 @@ impl<'a> Uploader<'a> {
 }
 
 impl Gemma3Model {
-    /// Finds the tensor-name prefix of the text model in a checkpoint.
-    fn prefix(ckpt: &SafetensorsCheckpoint) -> Result<&'static str, ModelError> {
-        PREFIXES
-            .into_iter()
-            .find(|p| ckpt.contains(&format!("{p}embed_tokens.weight")))
-            .ok_or_else(|| ModelError::Layout {
-                path: ckpt.source().to_path_buf(),
-                message: format!(
-                    "missing tensor embed_tokens.weight (looked for {})",
-                    PREFIXES.map(|p| format!("{p}embed_tokens.weight")).join(", ")
-                ),
-            })
-    }
-
-    /// Uploads the weights of `ckpt` to `backend` and allocates KV caches.
+    /// Uploads the weights of `source` to `backend` and allocates KV caches.
     pub fn load(
         config: Gemma3Config,
-        ckpt: &SafetensorsCheckpoint,
+        source: &dyn WeightSource,
         backend: &mut dyn ComputeBackend,
         cache_shape: CacheShape,
         progress: &mut dyn LoadProgress,
     ) -> Result<Self, ModelError> {
-        let prefix = Self::prefix(ckpt)?;
         let c = &config;
         let (h, d, i) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qd, kvd) = (c.num_attention_heads * d, c.num_key_value_heads * d);
-        let total = ckpt.total_bytes();
+        let total = source.total_bytes();
         let mut up = Uploader {
-            ckpt,
+            source,
             backend,
-            prefix,
             buffers: Vec::new(),
             done: 0,
             total,
             progress,
         };
         let result = (|| {
-            let embed = up.upload(&[("embed_tokens.weight", vec![c.vocab_size, h])])?;
-            let final_norm = up.upload(&[("norm.weight", vec![h])])?;
+            let embed = up.upload("embed_tokens.weight", vec![c.vocab_size, h])?;
+            let final_norm = up.upload("norm.weight", vec![h])?;
             let mut layers = Vec::with_capacity(c.num_hidden_layers);
             for l in 0..c.num_hidden_layers {
                 let n = |s: &str| format!("layers.{l}.{s}");
-                let qkv = up.upload(&[
+                let qkv = up.upload_fused(&[
                     (&n("self_attn.q_proj.weight"), vec![qd, h]),
                     (&n("self_attn.k_proj.weight"), vec![kvd, h]),
                     (&n("self_attn.v_proj.weight"), vec![kvd, h]),
                 ])?;
-                let o = up.upload(&[(&n("self_attn.o_proj.weight"), vec![h, qd])])?;
-                let gate_up = up.upload(&[
+                let o = up.upload(&n("self_attn.o_proj.weight"), vec![h, qd])?;
+                let gate_up = up.upload_fused(&[
                     (&n("mlp.gate_proj.weight"), vec![i, h]),
                     (&n("mlp.up_proj.weight"), vec![i, h]),
                 ])?;
-                let down = up.upload(&[(&n("mlp.down_proj.weight"), vec![h, i])])?;
-                let input_norm = up.upload(&[(&n("input_layernorm.weight"), vec![h])])?;
-                let q_norm = up.upload(&[(&n("self_attn.q_norm.weight"), vec![d])])?;
-                let k_norm = up.upload(&[(&n("self_attn.k_norm.weight"), vec![d])])?;
-                let post_attention_norm = up.upload(&[(&n("post_attention_layernorm.weight"), vec![h])])?;
-                let pre_ffn_norm = up.upload(&[(&n("pre_feedforward_layernorm.weight"), vec![h])])?;
-                let post_ffn_norm = up.upload(&[(&n("post_feedforward_layernorm.weight"), vec![h])])?;
+                let down = up.upload(&n("mlp.down_proj.weight"), vec![h, i])?;
+                let input_norm = up.upload(&n("input_layernorm.weight"), vec![h])?;
+                let q_norm = up.upload(&n("self_attn.q_norm.weight"), vec![d])?;
+                let k_norm = up.upload(&n("self_attn.k_norm.weight"), vec![d])?;
+                let post_attention_norm = up.upload(&n("post_attention_layernorm.weight"), vec![h])?;
+                let pre_ffn_norm = up.upload(&n("pre_feedforward_layernorm.weight"), vec![h])?;
+                let post_ffn_norm = up.upload(&n("post_feedforward_layernorm.weight"), vec![h])?;
                 let capacity = match c.layer_types[l] {
                     LayerType::Full => cache_shape.context,
                     // A ring of the window, plus room for a whole prefill chunk written at once.
@@ -248,16 +234,8 @@ impl Gemma3Model {
                         .min(c.sliding_window + cache_shape.max_step_rows.saturating_sub(1)),
                 };
                 let cdesc = TensorDesc::new(DType::F32, [cache_shape.slots, capacity, kvd]);
-                let k = up
-                    .backend
-                    .alloc(&cdesc, Usage::KvCache)
-                    .map_err(backend_err(format!("layer {l} key cache")))?;
-                up.buffers.push(k);
-                let v = up
-                    .backend
-                    .alloc(&cdesc, Usage::KvCache)
-                    .map_err(backend_err(format!("layer {l} value cache")))?;
-                up.buffers.push(v);
+                let k = up.alloc(&cdesc, Usage::KvCache, &format!("layer {l} key cache"))?;
+                let v = up.alloc(&cdesc, Usage::KvCache, &format!("layer {l} value cache"))?;
                 let cache = KvCacheRef {
                     k,
                     v,
@@ -292,6 +270,7 @@ impl Gemma3Model {
                 cache_shape,
                 buffers,
                 weight_bytes,
+                norm_offset: source.norm_offset(),
             }),
             Err(e) => {
                 for b in buffers {
@@ -316,14 +295,37 @@ impl Gemma3Model {
         let c = &self.config;
         let (heads, kv_heads, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let eps = c.rms_norm_eps;
+        let offset = self.norm_offset;
         let norm = |g: &mut GraphBuilder, x: ValueId, w: &WeightRef| {
             g.push1(Op::RmsNorm {
                 x,
                 weight: w.clone(),
                 eps,
-                weight_offset: 1.0,
+                weight_offset: offset,
             })
         };
+        // One MatMul node over a fused weight, or one per part.
+        let project =
+            |g: &mut GraphBuilder, x: ValueId, ws: &[WeightRef], widths: &[usize]| -> Vec<ValueId> {
+                match ws {
+                    [fused] => g.push(Op::MatMul {
+                        x,
+                        weight: fused.clone(),
+                        splits: widths.to_vec(),
+                    }),
+                    parts => parts
+                        .iter()
+                        .zip(widths)
+                        .map(|(w, n)| {
+                            g.push1(Op::MatMul {
+                                x,
+                                weight: w.clone(),
+                                splits: vec![*n],
+                            })
+                        })
+                        .collect(),
+                }
+            };
         let mut g = GraphBuilder::new(format!("gemma3 rows={rows} selected={selected}"), rows, selected);
         let mut h = g.push1(Op::Embed {
             table: self.embed.clone(),
@@ -333,11 +335,7 @@ impl Gemma3Model {
             let kind = c.layer_types[l];
             let rope = c.rope(kind);
             let x = norm(&mut g, h, &w.input_norm);
-            let qkv = g.push(Op::MatMul {
-                x,
-                weight: w.qkv.clone(),
-                splits: vec![heads * d, kv_heads * d, kv_heads * d],
-            });
+            let qkv = project(&mut g, x, &w.qkv, &[heads * d, kv_heads * d, kv_heads * d]);
             let q = norm(&mut g, qkv[0], &w.q_norm);
             let k = norm(&mut g, qkv[1], &w.k_norm);
             let q = g.push1(Op::Rope {
@@ -376,11 +374,7 @@ impl Gemma3Model {
             let o = norm(&mut g, o, &w.post_attention_norm);
             h = g.push1(Op::Add { a: h, b: o });
             let x = norm(&mut g, h, &w.pre_ffn_norm);
-            let gu = g.push(Op::MatMul {
-                x,
-                weight: w.gate_up.clone(),
-                splits: vec![c.intermediate_size, c.intermediate_size],
-            });
+            let gu = project(&mut g, x, &w.gate_up, &[c.intermediate_size, c.intermediate_size]);
             let m = g.push1(Op::GeGlu {
                 gate: gu[0],
                 up: gu[1],
@@ -412,7 +406,7 @@ impl Gemma3Model {
 }
 
 /// Opens a Hugging Face model directory's config and weights.
-pub fn open_hf_dir(dir: &Path) -> Result<(Gemma3Config, SafetensorsCheckpoint), ModelError> {
+pub fn open_hf_dir(dir: &Path) -> Result<(Gemma3Config, HfWeights), ModelError> {
     if !dir.is_dir() {
         return Err(ModelError::Layout {
             path: dir.to_path_buf(),
@@ -421,5 +415,5 @@ pub fn open_hf_dir(dir: &Path) -> Result<(Gemma3Config, SafetensorsCheckpoint), 
     }
     let config = Gemma3Config::from_file(&dir.join("config.json"))?;
     let ckpt = SafetensorsCheckpoint::open_dir(dir)?;
-    Ok((config, ckpt))
+    Ok((config, HfWeights::new(ckpt)?))
 }

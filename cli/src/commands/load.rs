@@ -1,11 +1,12 @@
 //! What `run`, `logits` and `chat` share: choosing the backend and loading the model.
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};
 use tandem_backend_api::ComputeBackend;
-use tandem_engine::model::{open_hf_dir, CacheShape, Gemma3Model};
+use tandem_engine::loader::open_model;
+use tandem_engine::model::{CacheShape, Gemma3Model};
 use tandem_engine::session::Session;
 use tandem_engine::tokenizer::Tokenizer;
 
@@ -14,9 +15,10 @@ use crate::Context;
 /// Flags every model command takes.
 #[derive(Debug, clap::Args)]
 pub struct ModelArgs {
-    /// A Hugging Face model directory (config.json, safetensors, tokenizer.json).
+    /// A GGUF file or a Hugging Face model directory (config.json, safetensors,
+    /// tokenizer.json); default: the cached default model (scripts/fetch-model.sh).
     #[arg(long)]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     /// Backend: cpu, vulkan, wgpu, npu, or auto (the first available of vulkan, wgpu, cpu).
     #[arg(long, default_value = "auto")]
     pub backend: String,
@@ -71,9 +73,8 @@ pub struct Loaded {
 /// Loads `--model` onto the chosen backend, with a progress bar on a terminal.
 pub fn load(ctx: &Context, args: &ModelArgs, slots: usize) -> anyhow::Result<Loaded> {
     let mut backend = backend(ctx, &args.backend)?;
-    let dir: &Path = &args.model;
-    let (config, ckpt) = open_hf_dir(dir)?;
-    let tokenizer = Tokenizer::from_dir(dir)?;
+    let files = open_model(args.model.as_deref())?;
+    let (config, weights, tokenizer) = (files.config, files.weights, files.tokenizer);
     let context = args.context.unwrap_or(config.max_position_embeddings.min(4096));
     if context == 0 || args.chunk == 0 {
         bail!("--context and --chunk must be at least 1");
@@ -84,7 +85,7 @@ pub fn load(ctx: &Context, args: &ModelArgs, slots: usize) -> anyhow::Result<Loa
         max_step_rows: args.chunk.min(context),
     };
     let bar = if std::io::stderr().is_terminal() {
-        let bar = indicatif::ProgressBar::new(ckpt.total_bytes());
+        let bar = indicatif::ProgressBar::new(weights.total_bytes());
         bar.set_style(
             indicatif::ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} {elapsed}")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
@@ -98,8 +99,8 @@ pub fn load(ctx: &Context, args: &ModelArgs, slots: usize) -> anyhow::Result<Loa
             b.set_position(done);
         }
     };
-    let model = Gemma3Model::load(config, &ckpt, backend.as_mut(), shape, &mut progress)
-        .with_context(|| format!("loading {}", dir.display()))?;
+    let model = Gemma3Model::load(config, weights.as_ref(), backend.as_mut(), shape, &mut progress)
+        .with_context(|| format!("loading {}", files.path.display()))?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }

@@ -1,0 +1,1 @@
+//! Block-quantized formats (in progress).

@@ -1,0 +1,91 @@
+//! Opening a model from what the user names: a GGUF file, a Hugging Face directory, or nothing
+//! (the default model in the cache).
+
+use std::path::{Path, PathBuf};
+
+use crate::config::Gemma3Config;
+use crate::model::{open_hf_dir, ModelError};
+use crate::tokenizer::Tokenizer;
+use crate::weights::WeightSource;
+
+/// The default model's file name.
+pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+/// Its size in bytes.
+pub const DEFAULT_MODEL_SIZE: u64 = 253_113_024;
+/// Its SHA-256.
+pub const DEFAULT_MODEL_SHA256: &str = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
+/// Overrides the cache directory.
+pub const CACHE_DIR_VAR: &str = "TANDEM_CACHE_DIR";
+
+/// Config, weights and tokenizer of a model.
+pub struct ModelFiles {
+    /// Hyper-parameters.
+    pub config: Gemma3Config,
+    /// The weights.
+    pub weights: Box<dyn WeightSource>,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Where it was loaded from.
+    pub path: PathBuf,
+}
+
+/// tandem's cache directory: `$TANDEM_CACHE_DIR`, else `$XDG_CACHE_HOME/tandem`, else
+/// `~/.cache/tandem`.
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os(CACHE_DIR_VAR).filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(d).join("tandem"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("tandem"))
+}
+
+/// Where the default model lives, or an error saying how to get it.
+pub fn default_model() -> Result<PathBuf, ModelError> {
+    let how = "run ./scripts/fetch-model.sh (or pass --model PATH)";
+    let dir = cache_dir().ok_or_else(|| ModelError::Layout {
+        path: PathBuf::from("$HOME"),
+        message: format!("no cache directory: set {CACHE_DIR_VAR}, or {how}"),
+    })?;
+    let path = dir.join(DEFAULT_MODEL_FILE);
+    match std::fs::metadata(&path) {
+        Ok(m) if m.len() == DEFAULT_MODEL_SIZE => Ok(path),
+        Ok(m) => Err(ModelError::Layout {
+            path,
+            message: format!(
+                "the default model has {} bytes, expected {DEFAULT_MODEL_SIZE} (incomplete or wrong file): {how}",
+                m.len()
+            ),
+        }),
+        Err(_) => Err(ModelError::Layout { path, message: format!("the default model is not there: {how}") }),
+    }
+}
+
+/// Opens `path` (a GGUF file or a Hugging Face directory), or the default model when `None`.
+pub fn open_model(path: Option<&Path>) -> Result<ModelFiles, ModelError> {
+    let path = match path {
+        Some(p) => p.to_path_buf(),
+        None => default_model()?,
+    };
+    if path.is_dir() {
+        let (config, weights) = open_hf_dir(&path)?;
+        let tokenizer = Tokenizer::from_dir(&path)?;
+        return Ok(ModelFiles {
+            config,
+            weights: Box::new(weights),
+            tokenizer,
+            path,
+        });
+    }
+    if !path.exists() {
+        return Err(ModelError::Layout {
+            path,
+            message: "no such file or directory".into(),
+        });
+    }
+    Err(ModelError::Layout {
+        path,
+        message: "not a model: expected a GGUF file or a Hugging Face model directory".into(),
+    })
+}
