@@ -33,6 +33,10 @@ enum Command {
     Logits(commands::logits::Args),
     /// Chat interactively, one user turn per input line.
     Chat(commands::chat::Args),
+    /// Print the token ids the model sees for a text.
+    Tokenize(commands::tokenize::Args),
+    /// Perplexity of a text file (llama.cpp's method).
+    Perplexity(commands::perplexity::Args),
 }
 
 /// What every command gets: the settings and where plugins are.
@@ -70,6 +74,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => commands::run::run(&ctx, &args),
         Command::Logits(args) => commands::logits::run(&ctx, &args),
         Command::Chat(args) => commands::chat::run(&ctx, &args),
+        Command::Tokenize(args) => commands::tokenize::run(&ctx, &args),
+        Command::Perplexity(args) => commands::perplexity::run(&ctx, &args),
     }
 }
 

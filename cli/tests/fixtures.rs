@@ -274,3 +274,91 @@ fn chat_keeps_the_conversation_going() {
     // One prompt per turn plus the final one.
     assert_eq!(text.matches("> ").count(), 3, "{text}");
 }
+
+#[test]
+fn perplexity_agrees_with_the_logits_it_is_made_of() {
+    // One chunk of 16 tokens, scored in steps of 5 rows; recompute the same mean NLL from
+    // `engine logits` over the chunk (BOS in front, second half scored).
+    let install = Install::new(&["cpu"]);
+    let dir = fixture("text-published");
+    let text = "the cat sat on the mat and the dog ran far away from the cat";
+    let file = install.path().join("text.txt");
+    std::fs::write(&file, text).unwrap();
+    let doc = json_run(
+        &install,
+        &[
+            "perplexity",
+            "--model",
+            dir.to_str().unwrap(),
+            "--file",
+            file.to_str().unwrap(),
+            "--ctx-size",
+            "16",
+            "--chunks",
+            "1",
+            "--chunk",
+            "5",
+            "--backend",
+            "cpu",
+            "--json",
+        ],
+    );
+    let tk = tandem_engine::tokenizer::Tokenizer::from_dir(&dir).unwrap();
+    let mut chunk: Vec<u64> = tk
+        .encode(text, false)
+        .unwrap()
+        .into_iter()
+        .take(16)
+        .map(u64::from)
+        .collect();
+    assert_eq!(chunk.len(), 16, "the text must give a whole chunk");
+    chunk[0] = u64::from(tk.bos_id().unwrap());
+    let logits = json_run(
+        &install,
+        &[
+            "logits",
+            "--model",
+            dir.to_str().unwrap(),
+            "--tokens",
+            &csv(&chunk),
+            "--backend",
+            "cpu",
+            "--json",
+        ],
+    );
+    let rows: Vec<Vec<f64>> = serde_json::from_value(logits["logits"].clone()).unwrap();
+    let mut nll = 0.0;
+    for p in 7..15 {
+        let l = &rows[p];
+        let max = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = max + l.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+        nll += lse - l[chunk[p + 1] as usize];
+    }
+    let want = (nll / 8.0).exp();
+    let got = doc["perplexity"].as_f64().unwrap();
+    assert_eq!(doc["scored_tokens"], 8);
+    assert!(
+        (got - want).abs() <= 1e-4 * want,
+        "perplexity {got}, recomputed {want}"
+    );
+}
+
+#[test]
+fn tokenize_prints_the_ids_the_model_sees() {
+    let install = Install::new(&["cpu"]);
+    let dir = fixture("text-published");
+    let r = reference("text-published");
+    let t = &r["tokenization"][0];
+    let doc = json_run(
+        &install,
+        &[
+            "tokenize",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt",
+            t["text"].as_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(ids(&doc["tokens"]), ids(&t["ids"]));
+}

@@ -13,7 +13,7 @@ use tandem_engine::tokenizer::Tokenizer;
 use crate::Context;
 
 /// Flags every model command takes.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
     /// A GGUF file or a Hugging Face model directory (config.json, safetensors,
     /// tokenizer.json); default: the cached default model (scripts/fetch-model.sh).

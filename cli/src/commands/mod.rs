@@ -4,4 +4,6 @@ pub mod backends;
 pub mod chat;
 pub mod load;
 pub mod logits;
+pub mod perplexity;
 pub mod run;
+pub mod tokenize;
