@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./scripts/setup.sh
+# The real default model: the end-to-end tests compare it with transformers.
+./scripts/fetch-model.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -1,33 +1,17 @@
 //! Decoding stored weight rows to f32.
 
-use half::{bf16, f16};
+#[cfg(test)]
+use half::bf16;
+use half::f16;
 use tandem_backend_api::DType;
 
-/// Whether rows of `dtype` can be decoded here.
-pub fn decodable(dtype: DType) -> bool {
-    matches!(dtype, DType::F32 | DType::F16 | DType::Bf16)
-}
-
-/// Decodes one row of `out.len()` elements stored as `dtype` in `bytes`.
-/// The caller has checked `decodable(dtype)` and the row length.
+/// Decodes one row of `out.len()` elements stored as `dtype` in `bytes`. The caller has checked
+/// at compile that rows are whole blocks and `bytes` is exactly one row, so the decoder cannot
+/// fail here; if it did, the row reads as zeros rather than as stale data.
 pub fn decode_row(dtype: DType, bytes: &[u8], out: &mut [f32]) {
-    match dtype {
-        DType::F32 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        DType::F16 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
-            }
-        }
-        DType::Bf16 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
-            }
-        }
-        other => unreachable!("decode_row called for {other}, which decodable() rejects"),
+    if tandem_backend_api::quant::dequantize_row(dtype, bytes, out).is_err() {
+        debug_assert!(false, "decode_row({dtype}) on a malformed row");
+        out.fill(0.0);
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod config;
 pub mod gguf;
+pub mod gguf_model;
 pub mod gguf_writer;
 pub mod loader;
 pub mod model;

@@ -84,8 +84,30 @@ pub fn open_model(path: Option<&Path>) -> Result<ModelFiles, ModelError> {
             message: "no such file or directory".into(),
         });
     }
+    if is_gguf(&path) {
+        let file = crate::gguf::GgufFile::open(&path)?;
+        let config = crate::gguf_model::gemma3_config(&file)?;
+        let tokenizer = crate::gguf_model::tokenizer(&file)?;
+        let weights = crate::gguf_model::GgufWeights::new(file);
+        return Ok(ModelFiles {
+            config,
+            weights: Box::new(weights),
+            tokenizer,
+            path,
+        });
+    }
     Err(ModelError::Layout {
         path,
         message: "not a model: expected a GGUF file or a Hugging Face model directory".into(),
     })
+}
+
+/// Whether `path` starts with the GGUF magic.
+fn is_gguf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && &magic == b"GGUF"
 }

@@ -24,6 +24,9 @@ pub enum ModelError {
     /// The tokenizer files are unusable.
     #[error(transparent)]
     Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    /// A GGUF file is unusable.
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
     /// The directory does not look like a model.
     #[error("{path}: {message}")]
     Layout {
@@ -360,7 +363,8 @@ impl Gemma3Model {
                 head_dim: d,
                 scale: c.query_pre_attn_scalar.powf(-0.5),
                 window: match kind {
-                    LayerType::Sliding => Some(c.sliding_window),
+                    // A context shorter than the window never reaches it.
+                    LayerType::Sliding => Some(c.sliding_window.min(w.cache.capacity)),
                     LayerType::Full => None,
                 },
                 // transformers' Gemma 3 attention does not apply `attn_logit_softcapping`.

@@ -77,6 +77,8 @@ pub enum TokenizerError {
 enum Implementation {
     /// A Hugging Face `tokenizer.json`.
     HuggingFace(Box<tokenizers::Tokenizer>),
+    /// A SentencePiece vocabulary from GGUF metadata.
+    SentencePiece(Box<crate::spm::SpmTokenizer>),
 }
 
 impl Implementation {
@@ -91,6 +93,10 @@ impl Implementation {
                 let first_is_added = enc.get_special_tokens_mask().first() == Some(&1);
                 Ok((enc.get_ids().to_vec(), first_is_added))
             }
+            Implementation::SentencePiece(spm) => {
+                let add_bos = add_special && spm.add_bos() && spm.bos().is_some();
+                Ok((spm.encode(text, add_bos), add_bos))
+            }
         }
     }
 
@@ -100,24 +106,30 @@ impl Implementation {
             Implementation::HuggingFace(tok) => tok
                 .decode(ids, skip_special)
                 .map_err(|e| TokenizerError::Decode(e.to_string())),
+            Implementation::SentencePiece(spm) => spm
+                .decode(ids, skip_special)
+                .map_err(|e| TokenizerError::Decode(e.to_string())),
         }
     }
 
     fn token_id(&self, token: &str) -> Option<u32> {
         match self {
             Implementation::HuggingFace(tok) => tok.token_to_id(token),
+            Implementation::SentencePiece(spm) => spm.id_of(token),
         }
     }
 
     fn has_id(&self, id: u32) -> bool {
         match self {
             Implementation::HuggingFace(tok) => tok.id_to_token(id).is_some(),
+            Implementation::SentencePiece(spm) => (id as usize) < spm.vocab_size(),
         }
     }
 
     fn token(&self, id: u32) -> Option<String> {
         match self {
             Implementation::HuggingFace(tok) => tok.id_to_token(id),
+            Implementation::SentencePiece(spm) => spm.token_to_piece(id).map(str::to_owned),
         }
     }
 
@@ -129,6 +141,7 @@ impl Implementation {
                 .values()
                 .max()
                 .map_or(0, |&max| max as usize + 1),
+            Implementation::SentencePiece(spm) => spm.vocab_size(),
         }
     }
 }
@@ -268,6 +281,39 @@ impl Tokenizer {
             stop_ids,
             chat_template,
         })
+    }
+
+    /// A tokenizer from a SentencePiece vocabulary (GGUF metadata). Stop ids: EOS, then
+    /// `<end_of_turn>` when the vocabulary has it; the chat template is GGUF's
+    /// `tokenizer.chat_template` when present.
+    pub fn from_spm(spm: crate::spm::SpmTokenizer, chat_template: Option<String>) -> Self {
+        let inner = Implementation::SentencePiece(Box::new(spm));
+        let special = |id: Option<u32>| {
+            id.and_then(|id| {
+                Some(Special {
+                    text: inner.token(id)?,
+                    id,
+                })
+            })
+        };
+        let (bos, eos) = match &inner {
+            Implementation::SentencePiece(s) => (special(s.bos()), special(s.eos())),
+            Implementation::HuggingFace(_) => (None, None),
+        };
+        let mut stop_ids: Vec<u32> = eos.iter().map(|s| s.id).collect();
+        if let Some(id) = inner.token_id(END_OF_TURN).filter(|id| !stop_ids.contains(id)) {
+            stop_ids.push(id);
+        }
+        let vocab_size = inner.vocab_size();
+        Tokenizer {
+            inner,
+            vocab_size,
+            bos,
+            eos,
+            add_bos_token: None,
+            stop_ids,
+            chat_template,
+        }
     }
 
     /// Encodes `text` into token ids.
