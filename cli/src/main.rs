@@ -37,6 +37,8 @@ enum Command {
     Tokenize(commands::tokenize::Args),
     /// Perplexity of a text file (llama.cpp's method).
     Perplexity(commands::perplexity::Args),
+    /// Write a random-weight Gemma 3 GGUF of a real shape.
+    Synth(commands::synth::Args),
 }
 
 /// What every command gets: the settings and where plugins are.
@@ -76,6 +78,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Chat(args) => commands::chat::run(&ctx, &args),
         Command::Tokenize(args) => commands::tokenize::run(&ctx, &args),
         Command::Perplexity(args) => commands::perplexity::run(&ctx, &args),
+        Command::Synth(args) => commands::synth::run(&ctx, &args),
     }
 }
 

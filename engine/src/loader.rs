@@ -49,17 +49,62 @@ pub fn default_model() -> Result<PathBuf, ModelError> {
         message: format!("no cache directory: set {CACHE_DIR_VAR}, or {how}"),
     })?;
     let path = dir.join(DEFAULT_MODEL_FILE);
-    match std::fs::metadata(&path) {
-        Ok(m) if m.len() == DEFAULT_MODEL_SIZE => Ok(path),
-        Ok(m) => Err(ModelError::Layout {
+    let meta = std::fs::metadata(&path).map_err(|_| ModelError::Layout {
+        path: path.clone(),
+        message: format!("the default model is not there: {how}"),
+    })?;
+    if meta.len() != DEFAULT_MODEL_SIZE {
+        return Err(ModelError::Layout {
             path,
             message: format!(
                 "the default model has {} bytes, expected {DEFAULT_MODEL_SIZE} (incomplete or wrong file): {how}",
-                m.len()
+                meta.len()
             ),
-        }),
-        Err(_) => Err(ModelError::Layout { path, message: format!("the default model is not there: {how}") }),
+        });
     }
+    verify_checksum(&path, &meta, how)?;
+    Ok(path)
+}
+
+/// Checks the default model's SHA-256 once; a stamp file beside it records the size and
+/// modification time it was verified at, so later runs skip the 250 MB read.
+fn verify_checksum(path: &Path, meta: &std::fs::Metadata, how: &str) -> Result<(), ModelError> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let stamp_text = format!("{DEFAULT_MODEL_SHA256} {} {mtime}\n", meta.len());
+    let stamp = path.with_extension("gguf.verified");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == stamp_text) {
+        return Ok(());
+    }
+    let io = |e: std::io::Error| ModelError::Layout {
+        path: path.to_path_buf(),
+        message: format!("cannot read: {e}"),
+    };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    let found: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    if found != DEFAULT_MODEL_SHA256 {
+        return Err(ModelError::Layout {
+            path: path.to_path_buf(),
+            message: format!("SHA-256 {found}, expected {DEFAULT_MODEL_SHA256}: delete the file and {how}"),
+        });
+    }
+    // A stamp that cannot be written only costs a re-check next time.
+    let _ = std::fs::write(&stamp, stamp_text);
+    Ok(())
 }
 
 /// Opens `path` (a GGUF file or a Hugging Face directory), or the default model when `None`.

@@ -6,4 +6,5 @@ pub mod load;
 pub mod logits;
 pub mod perplexity;
 pub mod run;
+pub mod synth;
 pub mod tokenize;

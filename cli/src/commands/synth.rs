@@ -1,0 +1,60 @@
+//! `engine synth`: a random-weight Gemma 3 GGUF of a real shape, for benchmarks where the real
+//! weights cannot travel.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use tandem_engine::synth::{write_synthetic_gguf, SynthDtype, SynthShape};
+
+use crate::Context;
+
+/// Flags of `engine synth`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// gemma3-270m, gemma3-1b, gemma3-4b, gemma3-12b, gemma3-27b (or tiny).
+    #[arg(long)]
+    shape: String,
+    /// f16, bf16, q8_0 or q4_k.
+    #[arg(long, default_value = "q4_k")]
+    dtype: String,
+    /// The GGUF file to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// Seed of the random weights.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// Runs the command.
+pub fn run(_ctx: &Context, args: &Args) -> anyhow::Result<()> {
+    let shape: SynthShape = args.shape.parse()?;
+    let dtype: SynthDtype = args.dtype.parse()?;
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("writing {bar:40} {bytes}/{total_bytes} {elapsed}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let t0 = std::time::Instant::now();
+    let report = write_synthetic_gguf(shape, dtype, &args.out, args.seed, &mut |done, total| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    })?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    writeln!(
+        std::io::stdout().lock(),
+        "wrote {} ({} bytes, {} tensors, {} parameters) in {:.1} s",
+        report.path.display(),
+        report.bytes,
+        report.tensors,
+        report.params,
+        t0.elapsed().as_secs_f64()
+    )?;
+    Ok(())
+}

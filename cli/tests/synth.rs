@@ -1,0 +1,80 @@
+//! `engine synth` writes GGUF files the engine loads and runs, in every dtype it offers.
+
+mod common;
+
+use common::Install;
+
+#[test]
+fn synthetic_models_load_and_generate_in_every_dtype() {
+    let install = Install::new(&["cpu"]);
+    for dtype in ["f16", "bf16", "q8_0", "q4_k"] {
+        let out = install.path().join(format!("tiny-{dtype}.gguf"));
+        let o = install.run(&[
+            "synth",
+            "--shape",
+            "tiny",
+            "--dtype",
+            dtype,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(
+            o.status.success(),
+            "{dtype}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let r = install.run(&[
+            "run",
+            "--model",
+            out.to_str().unwrap(),
+            "--tokens",
+            "2,17,5",
+            "--max-tokens",
+            "3",
+            "--temperature",
+            "0",
+            "--backend",
+            "cpu",
+            "--json",
+        ]);
+        assert!(
+            r.status.success(),
+            "{dtype}: {}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+        let doc: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+        assert_eq!(doc["prompt_tokens"], serde_json::json!([2, 17, 5]));
+        assert!(
+            doc["tokens"]
+                .as_array()
+                .is_some_and(|t| !t.is_empty() && t.len() <= 3),
+            "{doc}"
+        );
+    }
+}
+
+#[test]
+fn unknown_shape_and_dtype_are_named() {
+    let install = Install::new(&["cpu"]);
+    let out = install.path().join("x.gguf");
+    let o = install.run(&["synth", "--shape", "gemma3-2b", "--out", out.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("gemma3-2b") && err.contains("gemma3-270m"),
+        "{err}"
+    );
+    let o = install.run(&[
+        "synth",
+        "--shape",
+        "tiny",
+        "--dtype",
+        "q3_k",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("q3_k") && err.contains("q4_k"),
+        "{err}"
+    );
+}
