@@ -1313,11 +1313,16 @@ fn check_tensor(
             block,
         });
     }
-    let numel = t
+    // The nonzero dimensions must multiply without overflow even when a zero one makes the
+    // element count 0: a product taken in another order (`TensorDesc::numel` multiplies
+    // outermost first) would otherwise overflow before it reaches the zero.
+    let nonzero = t
         .dims
         .iter()
+        .filter(|&&d| d != 0)
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
         .ok_or_else(too_large)?;
+    let numel = if t.dims.contains(&0) { 0 } else { nonzero };
     let byte_size = (numel / block as u64)
         .checked_mul(dtype.block_bytes() as u64)
         .ok_or_else(too_large)?;
@@ -1349,7 +1354,7 @@ fn check_tensor(
         .map(|&d| usize::try_from(d))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| too_large())?;
-    usize::try_from(numel).map_err(|_| too_large())?;
+    usize::try_from(nonzero).map_err(|_| too_large())?;
     Ok(GgufTensorInfo {
         name: t.name.clone(),
         dims,
