@@ -39,6 +39,8 @@ enum Command {
     Perplexity(commands::perplexity::Args),
     /// Write a random-weight Gemma 3 GGUF of a real shape.
     Synth(commands::synth::Args),
+    /// Measure prefill and decode speed against the hardware's limits, or render saved results.
+    Bench(commands::bench::Args),
 }
 
 /// What every command gets: the settings and where plugins are.
@@ -79,6 +81,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokenize(args) => commands::tokenize::run(&ctx, &args),
         Command::Perplexity(args) => commands::perplexity::run(&ctx, &args),
         Command::Synth(args) => commands::synth::run(&ctx, &args),
+        Command::Bench(args) => commands::bench::run(&ctx, &args),
     }
 }
 

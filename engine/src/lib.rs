@@ -1,6 +1,7 @@
 //! tandem's engine: checkpoints, the Gemma 3 step graph, placement, KV cache, sampling and
 //! generation, all driven through `tandem_backend_api::ComputeBackend`.
 
+pub mod bench_report;
 pub mod chat;
 pub mod config;
 pub mod gguf;

@@ -371,7 +371,7 @@ impl SeedChoice {
             .iter()
             .filter(|(name, _)| VALID_SEEDS.contains(&name.as_str()))
             .collect();
-        *self.index.get(&valid)
+        self.index.get(&valid)
     }
 }
 

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod backends;
+pub mod bench;
 pub mod chat;
 pub mod load;
 pub mod logits;
