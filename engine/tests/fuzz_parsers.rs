@@ -371,7 +371,8 @@ impl SeedChoice {
             .iter()
             .filter(|(name, _)| VALID_SEEDS.contains(&name.as_str()))
             .collect();
-        self.index.get(&valid)
+        let picked: &&'static (String, Vec<u8>) = self.index.get(&valid);
+        picked
     }
 }
 
