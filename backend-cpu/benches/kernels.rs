@@ -1,0 +1,94 @@
+//! Micro-benchmarks of the CPU kernels: matrix-vector products per weight format (the decode
+//! path) and attention over a KV cache. `cargo bench -p tandem-backend-cpu`.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use tandem_backend_api::DType;
+use tandem_backend_cpu::kernels::{self, AttentionShape, WeightView};
+
+/// Deterministic bytes for a weight: for block formats, small f16 scales so values stay finite.
+fn weight_bytes(dtype: DType, n: usize, k: usize) -> Vec<u8> {
+    let len = dtype.row_bytes(k).expect("whole blocks") * n;
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut bytes: Vec<u8> = (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect();
+    if dtype.is_quantized() || dtype == DType::F16 || dtype == DType::Bf16 || dtype == DType::F32 {
+        // Clear exponent bits that could make inf/NaN scales or values: every 2-byte word's
+        // top bits are set to a small exponent. The values are meaningless; only speed matters.
+        for c in bytes.chunks_exact_mut(2) {
+            c[1] &= 0x3B;
+        }
+    }
+    bytes
+}
+
+fn matvec(c: &mut Criterion) {
+    let pool = rayon::ThreadPoolBuilder::new().build().expect("thread pool");
+    let (n, k) = (2048usize, 2048usize);
+    let mut group = c.benchmark_group("matvec 2048x2048");
+    for dtype in [
+        DType::F32,
+        DType::F16,
+        DType::Bf16,
+        DType::Q8_0,
+        DType::Q5_0,
+        DType::Q4K,
+        DType::Q6K,
+    ] {
+        let bytes = weight_bytes(dtype, n, k);
+        let w = WeightView {
+            bytes: &bytes,
+            dtype,
+            n,
+            k,
+        };
+        let x: Vec<f32> = (0..k).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
+        let mut scratch = vec![0f32; n];
+        let mut out = vec![0f32; n];
+        group.throughput(Throughput::Bytes(bytes.len() as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(dtype), &dtype, |b, _| {
+            b.iter(|| {
+                let mut outs = [out.as_mut_slice()];
+                kernels::matmul(&pool, &x, 1, w, &mut scratch, &mut outs);
+            })
+        });
+    }
+    group.finish();
+}
+
+fn attention(c: &mut Criterion) {
+    let pool = rayon::ThreadPoolBuilder::new().build().expect("thread pool");
+    let mut group = c.benchmark_group("attention decode");
+    for ctx in [512usize, 4096] {
+        let s = AttentionShape {
+            heads: 8,
+            kv_heads: 4,
+            head_dim: 256,
+            capacity: ctx,
+            scale: 1.0 / 16.0,
+            window: None,
+            softcap: None,
+            cache_dtype: DType::F32,
+        };
+        let kv_cols = s.kv_heads * s.head_dim;
+        let cache: Vec<u8> = (0..ctx * kv_cols)
+            .flat_map(|i| (((i % 17) as f32) * 0.01).to_le_bytes())
+            .collect();
+        let q: Vec<f32> = (0..s.heads * s.head_dim).map(|i| (i % 7) as f32 * 0.1).collect();
+        let mut out = vec![0f32; s.heads * s.head_dim];
+        let pos = [ctx as u32 - 1];
+        group.throughput(Throughput::Bytes(2 * cache.len() as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(ctx), &ctx, |b, _| {
+            b.iter(|| kernels::attend(&pool, &s, &q, &pos, &[0], &cache, &cache, &mut out))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, matvec, attention);
+criterion_main!(benches);
