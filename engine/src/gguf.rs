@@ -301,23 +301,33 @@ impl GgufArray {
 
 /// The storage type of ggml type id `id` (`enum ggml_type`), for the types tandem reads.
 pub const fn dtype_from_ggml(id: u32) -> Option<DType> {
-    Some(match id {
-        0 => DType::F32,
-        1 => DType::F16,
-        2 => DType::Q4_0,
-        3 => DType::Q4_1,
-        6 => DType::Q5_0,
-        7 => DType::Q5_1,
-        8 => DType::Q8_0,
-        10 => DType::Q2K,
-        11 => DType::Q3K,
-        12 => DType::Q4K,
-        13 => DType::Q5K,
-        14 => DType::Q6K,
-        30 => DType::Bf16,
-        _ => return None,
-    })
+    let mut i = 0;
+    while i < GGML_TYPES.len() {
+        if GGML_TYPES[i].0 == id {
+            return Some(GGML_TYPES[i].1);
+        }
+        i += 1;
+    }
+    None
 }
+
+/// ggml's type ids of the storage types tandem reads and writes (ggml.h's `ggml_type`), the one
+/// table both the reader and the writer use.
+pub const GGML_TYPES: [(u32, DType); 13] = [
+    (0, DType::F32),
+    (1, DType::F16),
+    (2, DType::Q4_0),
+    (3, DType::Q4_1),
+    (6, DType::Q5_0),
+    (7, DType::Q5_1),
+    (8, DType::Q8_0),
+    (10, DType::Q2K),
+    (11, DType::Q3K),
+    (12, DType::Q4K),
+    (13, DType::Q5K),
+    (14, DType::Q6K),
+    (30, DType::Bf16),
+];
 
 /// ggml's name for type id `id`, for messages about types tandem does not read.
 fn ggml_type_name(id: u32) -> &'static str {

@@ -55,21 +55,17 @@ mod value_type {
 
 /// ggml's type id for `dtype` (`enum ggml_type`), as GGUF tensor infos store it.
 pub const fn ggml_type_id(dtype: DType) -> u32 {
-    match dtype {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::Q4_0 => 2,
-        DType::Q4_1 => 3,
-        DType::Q5_0 => 6,
-        DType::Q5_1 => 7,
-        DType::Q8_0 => 8,
-        DType::Q2K => 10,
-        DType::Q3K => 11,
-        DType::Q4K => 12,
-        DType::Q5K => 13,
-        DType::Q6K => 14,
-        DType::Bf16 => 30,
+    let table = crate::gguf::GGML_TYPES;
+    let mut i = 0;
+    while i < table.len() {
+        // `DType` is not const-comparable; its discriminant is.
+        if table[i].1 as u32 == dtype as u32 {
+            return table[i].0;
+        }
+        i += 1;
     }
+    // Every DType is in the table (a unit test checks it).
+    u32::MAX
 }
 
 /// One metadata value.
@@ -1119,5 +1115,19 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, GgufWriteError::Io { .. }));
         assert!(err.to_string().contains("no/such/dir/x.gguf"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod type_id_tests {
+    use tandem_backend_api::DType;
+
+    #[test]
+    fn every_dtype_has_a_ggml_id_and_round_trips() {
+        for d in DType::ALL {
+            let id = super::ggml_type_id(d);
+            assert_ne!(id, u32::MAX, "{d}");
+            assert_eq!(crate::gguf::dtype_from_ggml(id), Some(d));
+        }
     }
 }
