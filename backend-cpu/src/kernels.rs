@@ -73,8 +73,26 @@ pub fn matmul(
     scratch: &mut [f32],
     outs: &mut [&mut [f32]],
 ) {
+    matmul_with(pool, x, rows, w, scratch, outs, false)
+}
+
+/// [`matmul`], with `fast` taking weights of the formats `crate::fast` covers through 8-bit
+/// quantized activations and integer block dots (not bit-identical to the reference).
+pub fn matmul_with(
+    pool: &rayon::ThreadPool,
+    x: &[f32],
+    rows: usize,
+    w: WeightView,
+    scratch: &mut [f32],
+    outs: &mut [&mut [f32]],
+    fast: bool,
+) {
     let k = w.k;
+    let done = fast && crate::fast::matmul(pool, x, rows, &w, scratch);
     pool.install(|| {
+        if done {
+            return;
+        }
         scratch[..w.n * rows]
             .par_chunks_mut(MATMUL_CHUNK * rows)
             .enumerate()

@@ -6,6 +6,7 @@
 //! runs synchronously and allocates nothing but per-task scratch.
 
 mod convert;
+mod fast;
 pub mod kernels;
 
 use std::collections::HashMap;
@@ -58,6 +59,8 @@ pub struct CpuBackend {
     programs: HashMap<u64, Program>,
     next_id: u64,
     executions: u64,
+    /// Backend option `kernels = "fast"`: quantized-activation matmuls (`fast`).
+    fast_kernels: bool,
 }
 
 impl BackendPlugin for CpuBackend {
@@ -71,6 +74,15 @@ impl BackendPlugin for CpuBackend {
                 "backend option 'threads' must be at least 1",
             ));
         }
+        let fast_kernels = match options.get("kernels") {
+            None | Some("reference") => false,
+            Some("fast") => true,
+            Some(v) => {
+                return Err(BackendError::invalid(format!(
+                    "backend option 'kernels' must be 'reference' or 'fast', not '{v}'"
+                )))
+            }
+        };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("tandem-cpu-{i}"))
@@ -83,6 +95,7 @@ impl BackendPlugin for CpuBackend {
             programs: HashMap::new(),
             next_id: 1,
             executions: 0,
+            fast_kernels,
         })
     }
 }
@@ -306,13 +319,14 @@ impl CpuBackend {
                         let mut outs: Vec<&mut [f32]> = Vec::with_capacity(splits.len());
                         outs.push(&mut out);
                         outs.extend(rest.iter_mut().map(|r| r.as_mut_slice()));
-                        kernels::matmul(
+                        kernels::matmul_with(
                             &self.pool,
                             &values[x.0 as usize],
                             xrows,
                             w,
                             &mut prog.scratch,
                             &mut outs,
+                            self.fast_kernels,
                         );
                     }
                     for (o, r) in node.outputs[1..].iter().zip(rest) {
