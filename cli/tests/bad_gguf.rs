@@ -11,7 +11,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::Install;
+use common::{error_line, Install};
 use tandem_engine::loader::{CACHE_DIR_VAR, DEFAULT_MODEL_FILE, DEFAULT_MODEL_SIZE};
 
 fn tiny_gguf() -> Vec<u8> {
@@ -101,32 +101,6 @@ fn run_with_env(install: &Install, args: &[&str], env: &[(&str, &Path)]) -> Outp
         cmd.env(key, value);
     }
     cmd.output().expect("engine runs")
-}
-
-/// Asserts a clean failure (exit status 1, exactly one `error:` line on stderr, no panic) and
-/// returns that line.
-fn error_line(args: &[&str], out: &Output) -> String {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "engine {args:?}: expected exit status 1, got {:?}; stderr:\n{stderr}",
-        out.status
-    );
-    assert!(
-        !stderr.contains("panicked"),
-        "engine {args:?} panicked:\n{stderr}"
-    );
-    let line = stderr.strip_suffix('\n').unwrap_or(&stderr);
-    assert!(
-        !line.is_empty() && !line.contains('\n'),
-        "engine {args:?}: expected one error line, got:\n{stderr}"
-    );
-    assert!(
-        line.starts_with("error: "),
-        "engine {args:?}: not an error line: {line}"
-    );
-    line.to_string()
 }
 
 /// Writes `bytes` to `name` in a fresh directory, runs `engine run` on it and returns the

@@ -93,28 +93,7 @@ fn rewrite_config(dir: &Path, change: impl FnOnce(&mut serde_json::Map<String, V
 /// Runs the engine, asserts a clean failure (exit status 1, exactly one non-empty `error:` line
 /// on stderr, no panic) and returns that line.
 fn fail(install: &Install, args: &[&str]) -> String {
-    let out = install.run(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "engine {args:?}: expected exit status 1, got {:?}; stderr:\n{stderr}",
-        out.status
-    );
-    assert!(
-        !stderr.contains("panicked"),
-        "engine {args:?} panicked:\n{stderr}"
-    );
-    let line = stderr.strip_suffix('\n').unwrap_or(&stderr);
-    assert!(
-        !line.is_empty() && !line.contains('\n'),
-        "engine {args:?}: expected one error line, got:\n{stderr}"
-    );
-    assert!(
-        line.starts_with("error: "),
-        "engine {args:?}: not an error line: {line}"
-    );
-    line.to_string()
+    common::error_line(args, &install.run(args))
 }
 
 /// Runs `engine logits --tokens 2,5` on `dir` and returns the error line.

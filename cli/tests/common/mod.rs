@@ -59,3 +59,29 @@ impl Install {
         String::from_utf8_lossy(&out.stdout).replace(&self.dir.path().display().to_string(), "[DIR]")
     }
 }
+
+/// Asserts a clean failure (exit status 1, exactly one `error:` line on stderr, no panic) and
+/// returns that line.
+pub fn error_line(args: &[&str], out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "engine {args:?}: expected exit status 1, got {:?}; stderr:\n{stderr}",
+        out.status
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "engine {args:?} panicked:\n{stderr}"
+    );
+    let line = stderr.strip_suffix('\n').unwrap_or(&stderr);
+    assert!(
+        !line.is_empty() && !line.contains('\n'),
+        "engine {args:?}: expected one error line, got:\n{stderr}"
+    );
+    assert!(
+        line.starts_with("error: "),
+        "engine {args:?}: not an error line: {line}"
+    );
+    line.to_string()
+}
