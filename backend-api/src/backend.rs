@@ -16,6 +16,27 @@ pub struct ProgramId(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Ticket(pub u64);
 
+/// Device time of one node of a program's last finished execution (see
+/// [`ComputeBackend::profile`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeTime {
+    /// The node's index in [`Graph::nodes`].
+    pub node: usize,
+    /// The node's short name ([`Op::name`]: `matmul(q4_k)`).
+    pub op: String,
+    /// Seconds the device spent on it.
+    pub seconds: f64,
+}
+
+/// The device memory a backend holds (see [`ComputeBackend::memory`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryUse {
+    /// Bytes allocated now (buffers, program arenas, staging).
+    pub in_use_bytes: u64,
+    /// The most allocated at any time since the backend was created.
+    pub peak_bytes: u64,
+}
+
 /// The kind of device a backend drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -140,6 +161,28 @@ pub trait ComputeBackend: Send {
 
     /// Releases a compiled program.
     fn release(&mut self, program: ProgramId) -> Result<(), BackendError>;
+
+    /// Per-node device time of `program`'s last finished execution, in node order, for
+    /// backends that measure it (GPU timestamp queries); empty when the backend does not, or
+    /// before the program has finished an execution.
+    fn profile(&mut self, program: ProgramId) -> Result<Vec<NodeTime>, BackendError> {
+        let _ = program;
+        Ok(Vec::new())
+    }
+
+    /// Device memory this backend holds, for backends with memory of their own (GPUs, NPUs);
+    /// `None` where the host's RSS already counts it (the CPU).
+    fn memory(&mut self) -> Result<Option<MemoryUse>, BackendError> {
+        Ok(None)
+    }
+
+    /// Measures now the bandwidth of a large device-to-device copy on this backend's memory,
+    /// in bytes per second counting bytes read and bytes written: the roofline that decode
+    /// speed is compared with. `None` where the host's memory is the backend's (the caller
+    /// measures a host copy instead).
+    fn copy_bandwidth(&mut self) -> Result<Option<f64>, BackendError> {
+        Ok(None)
+    }
 }
 
 /// A backend that a plugin library can create: what `export_backend!` needs.

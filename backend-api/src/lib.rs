@@ -17,7 +17,8 @@ pub mod quant;
 mod tensor;
 
 pub use backend::{
-    BackendInfo, BackendOptions, BackendPlugin, ComputeBackend, DeviceKind, ProgramId, Support, Ticket,
+    BackendInfo, BackendOptions, BackendPlugin, ComputeBackend, DeviceKind, MemoryUse, NodeTime, ProgramId,
+    Support, Ticket,
 };
 pub use dtype::DType;
 pub use error::BackendError;

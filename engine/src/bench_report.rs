@@ -167,6 +167,51 @@ pub struct BatchRun {
     pub peak_rss_bytes: u64,
     /// Peak device memory, bytes, where the backend can tell.
     pub device_memory_bytes: Option<u64>,
+    /// Device time per op kind, where the backend measures it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<StepProfile>,
+}
+
+/// Device time per op kind of one prefill chunk and one decode step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepProfile {
+    /// The last prefill chunk's op kinds, most time first.
+    pub prefill: Vec<OpTime>,
+    /// The last decode step's op kinds, most time first.
+    pub decode: Vec<OpTime>,
+}
+
+/// The device time of every node of one op kind in one step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpTime {
+    /// The op's short name (`matmul(q4_k)`).
+    pub op: String,
+    /// Nodes of this kind.
+    pub nodes: u32,
+    /// Their summed device time, seconds.
+    pub seconds: f64,
+}
+
+impl OpTime {
+    /// Sums node times by op name, most time first.
+    pub fn by_op<'a>(nodes: impl IntoIterator<Item = (&'a str, f64)>) -> Vec<OpTime> {
+        let mut out: Vec<OpTime> = Vec::new();
+        for (op, seconds) in nodes {
+            match out.iter_mut().find(|o| o.op == op) {
+                Some(o) => {
+                    o.nodes += 1;
+                    o.seconds += seconds;
+                }
+                None => out.push(OpTime {
+                    op: op.to_string(),
+                    nodes: 1,
+                    seconds,
+                }),
+            }
+        }
+        out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        out
+    }
 }
 
 impl BenchResult {
@@ -546,6 +591,36 @@ pub fn markdown(results: &[BenchResult]) -> String {
          share of the copy bandwidth measured in the same run. FLOPs: 2 × params × prompt tokens of the whole batch \
          / median prefill time, as a share of the matrix-product peak measured in the same run.\n",
     );
+    let profiled: Vec<_> = results
+        .iter()
+        .flat_map(|r| r.runs.iter().map(move |run| (r, run)))
+        .filter_map(|(r, run)| run.profile.as_ref().map(|p| (r, run, p)))
+        .collect();
+    if !profiled.is_empty() {
+        md.push_str(
+            "\n## Where the device time goes\n\nGPU timestamps per op kind: the last prefill chunk and \
+             the last decode step of the last repeat; share of the step's summed node time.\n\n",
+        );
+        md.push_str("| series | batch | step | op | nodes | ms | share |\n|---|--:|---|---|--:|--:|--:|\n");
+        for (r, run, p) in profiled {
+            for (step, ops) in [("prefill", &p.prefill), ("decode", &p.decode)] {
+                let total: f64 = ops.iter().map(|o| o.seconds).sum();
+                for o in ops.iter().take(6) {
+                    let _ = writeln!(
+                        md,
+                        "| {} | {} | {} | {} | {} | {:.3} | {} |",
+                        cell(&r.series_label()),
+                        run.batch,
+                        step,
+                        cell(&o.op),
+                        o.nodes,
+                        o.seconds * 1e3,
+                        percent(if total > 0.0 { o.seconds / total } else { 0.0 }),
+                    );
+                }
+            }
+        }
+    }
     md.push_str("\n## Results\n\n");
     for r in results {
         let m = &r.machine;

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use tandem_backend_api::{
-    BackendError, BufferId, ComputeBackend, DType, ProgramId, StepArgs, TensorDesc, Usage,
+    BackendError, BufferId, ComputeBackend, DType, NodeTime, ProgramId, StepArgs, TensorDesc, Usage,
 };
 
 use crate::model::Gemma3Model;
@@ -68,6 +68,8 @@ pub struct Session {
     select: Vec<u32>,
     logits_bytes: Vec<u8>,
     logits: Vec<f32>,
+    /// The program the last step ran.
+    last_program: Option<ProgramId>,
 }
 
 impl Session {
@@ -85,6 +87,7 @@ impl Session {
             select: vec![],
             logits_bytes: vec![],
             logits: vec![],
+            last_program: None,
         }
     }
 
@@ -96,6 +99,19 @@ impl Session {
     /// The backend.
     pub fn backend(&self) -> &dyn ComputeBackend {
         self.backend.as_ref()
+    }
+
+    /// The backend, for measurements between steps (`engine bench`).
+    pub fn backend_mut(&mut self) -> &mut dyn ComputeBackend {
+        self.backend.as_mut()
+    }
+
+    /// Per-node device time of the last step, where the backend measures it (empty otherwise).
+    pub fn profile_last_step(&mut self) -> Result<Vec<NodeTime>, SessionError> {
+        match self.last_program {
+            Some(p) => self.backend.profile(p).map_err(be("reading the step's profile")),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Tokens held in `slot`'s cache.
@@ -183,6 +199,7 @@ impl Session {
             .execute(program, &args)
             .map_err(be("running a step"))?;
         self.backend.wait(ticket).map_err(be("waiting for a step"))?;
+        self.last_program = Some(program);
         self.lengths = lens;
         self.logits_bytes.resize(selected * vocab * 4, 0);
         self.backend

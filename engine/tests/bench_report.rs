@@ -235,3 +235,47 @@ fn report_markdown_snapshot() {
     let md = std::fs::read_to_string(&files.markdown).expect("report.md");
     insta::assert_snapshot!("report_md", md);
 }
+
+#[test]
+fn a_profile_validates_renders_and_is_checked() {
+    let schema = schema_file();
+    let mut doc = sample_doc(SAMPLES[0]);
+    doc["runs"][0]["profile"] = serde_json::json!({
+        "prefill": [{"op": "matmul(q4_k)", "nodes": 72, "seconds": 0.004}],
+        "decode": [{"op": "attention", "nodes": 18, "seconds": 0.0002},
+                   {"op": "rms_norm", "nodes": 90, "seconds": 0.0001}],
+    });
+    validate_against_schema(&doc, &schema).expect("a run with a profile validates");
+    let result: BenchResult = serde_json::from_value(doc.clone()).expect("deserialises");
+    assert_eq!(
+        serde_json::to_value(&result).expect("serialises"),
+        doc,
+        "round trip"
+    );
+    let md = tandem_engine::bench_report::markdown(&[result]);
+    assert!(md.contains("## Where the device time goes"), "{md}");
+    assert!(md.contains("| decode | attention | 18 | 0.200 | 66.7% |"), "{md}");
+
+    doc["runs"][0]["profile"]["decode"][1]
+        .as_object_mut()
+        .expect("object")
+        .remove("nodes");
+    let err = validate_against_schema(&doc, &schema).expect_err("a profile entry without nodes");
+    assert!(err.contains("nodes"), "{err}");
+}
+
+#[test]
+fn node_times_sum_by_op_most_time_first() {
+    let ops = tandem_engine::bench_report::OpTime::by_op([
+        ("matmul(q8_0)", 1.0),
+        ("add", 0.5),
+        ("matmul(q8_0)", 2.0),
+        ("add", 0.25),
+        ("rope", 5.0),
+    ]);
+    let got: Vec<(&str, u32, f64)> = ops.iter().map(|o| (o.op.as_str(), o.nodes, o.seconds)).collect();
+    assert_eq!(
+        got,
+        vec![("rope", 1, 5.0), ("matmul(q8_0)", 2, 3.0), ("add", 2, 0.75)]
+    );
+}

@@ -25,9 +25,9 @@ fn descriptor_source(magic: &str, abi: u32, api: (u32, u32, u32), null: bool) ->
     };
     format!(
         r#"
-#[repr(C)] pub struct Desc {{ magic: [u8; 8], abi: u32, api: [u32; 3], name: *const u8, name_len: usize, table: [usize; 13] }}
+#[repr(C)] pub struct Desc {{ magic: [u8; 8], abi: u32, api: [u32; 3], name: *const u8, name_len: usize, table: [usize; 16] }}
 unsafe impl Sync for Desc {{}}
-static DESC: Desc = Desc {{ magic: *b"{magic}", abi: {abi}, api: [{}, {}, {}], name: b"broken".as_ptr(), name_len: 6, table: [0; 13] }};
+static DESC: Desc = Desc {{ magic: *b"{magic}", abi: {abi}, api: [{}, {}, {}], name: b"broken".as_ptr(), name_len: 6, table: [0; 16] }};
 #[no_mangle] pub extern "C" fn tandem_backend_plugin() -> *const u8 {{ {body} }}
 "#,
         api.0, api.1, api.2

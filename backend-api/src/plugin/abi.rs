@@ -7,7 +7,7 @@ use std::ffi::c_void;
 pub const PLUGIN_MAGIC: [u8; 8] = *b"TANDEMBK";
 
 /// The version of this C layout (descriptor and function table).
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// The symbol every plugin exports: `extern "C" fn() -> *const PluginDescriptor`.
 pub const ENTRY_SYMBOL: &str = "tandem_backend_plugin";
@@ -206,6 +206,13 @@ pub struct PluginVTable {
     pub wait: unsafe extern "C" fn(handle: Handle, ticket: u64, err: *mut FfiBytes) -> i32,
     /// Releases a program.
     pub release: unsafe extern "C" fn(handle: Handle, program: u64, err: *mut FfiBytes) -> i32,
+    /// Writes the JSON `Vec<NodeTime>` of a program's last finished execution to `out`.
+    pub profile:
+        unsafe extern "C" fn(handle: Handle, program: u64, out: *mut FfiBytes, err: *mut FfiBytes) -> i32,
+    /// Writes the JSON `Option<MemoryUse>` to `out`.
+    pub memory: unsafe extern "C" fn(handle: Handle, out: *mut FfiBytes, err: *mut FfiBytes) -> i32,
+    /// Measures a device copy; writes the JSON `Option<f64>` (bytes per second) to `out`.
+    pub copy_bandwidth: unsafe extern "C" fn(handle: Handle, out: *mut FfiBytes, err: *mut FfiBytes) -> i32,
     /// Gives back bytes the plugin allocated.
     pub free_bytes: unsafe extern "C" fn(bytes: FfiBytes),
 }

@@ -39,6 +39,9 @@ pub const fn descriptor<T: BackendPlugin>() -> PluginDescriptor {
             execute: execute::<T>,
             wait: wait::<T>,
             release: release::<T>,
+            profile: profile::<T>,
+            memory: memory::<T>,
+            copy_bandwidth: copy_bandwidth::<T>,
             free_bytes,
         },
     }
@@ -402,6 +405,54 @@ unsafe extern "C" fn wait<T: BackendPlugin>(handle: Handle, ticket: u64, err: *m
 unsafe extern "C" fn release<T: BackendPlugin>(handle: Handle, program: u64, err: *mut FfiBytes) -> i32 {
     // SAFETY: handle/err validity is the host's promise.
     unsafe { call::<T, _>(handle, "release", err, |b| b.release(ProgramId(program)), |()| ()) }
+}
+
+unsafe extern "C" fn profile<T: BackendPlugin>(
+    handle: Handle,
+    program: u64,
+    out: *mut FfiBytes,
+    err: *mut FfiBytes,
+) -> i32 {
+    // SAFETY: handle/err validity is the host's promise; `out` is valid for a write.
+    unsafe {
+        call::<T, _>(
+            handle,
+            "profile",
+            err,
+            |b| json_out(&b.profile(ProgramId(program))?),
+            |v| out.write(into_ffi(v)),
+        )
+    }
+}
+
+unsafe extern "C" fn memory<T: BackendPlugin>(handle: Handle, out: *mut FfiBytes, err: *mut FfiBytes) -> i32 {
+    // SAFETY: handle/err validity is the host's promise; `out` is valid for a write.
+    unsafe {
+        call::<T, _>(
+            handle,
+            "memory",
+            err,
+            |b| json_out(&b.memory()?),
+            |v| out.write(into_ffi(v)),
+        )
+    }
+}
+
+unsafe extern "C" fn copy_bandwidth<T: BackendPlugin>(
+    handle: Handle,
+    out: *mut FfiBytes,
+    err: *mut FfiBytes,
+) -> i32 {
+    // SAFETY: handle/err validity is the host's promise; `out` is valid for a write.
+    unsafe {
+        call::<T, _>(
+            handle,
+            "copy_bandwidth",
+            err,
+            |b| json_out(&b.copy_bandwidth()?),
+            |v| out.write(into_ffi(v)),
+        )
+    }
 }
 
 /// Exports a [`crate::BackendPlugin`] from a `cdylib`: writes the entry point

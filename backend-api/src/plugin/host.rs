@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::abi::*;
-use crate::backend::{BackendInfo, BackendOptions, ComputeBackend, ProgramId, Support, Ticket};
+use crate::backend::{
+    BackendInfo, BackendOptions, ComputeBackend, MemoryUse, NodeTime, ProgramId, Support, Ticket,
+};
 use crate::error::BackendError;
 use crate::graph::{Graph, Op, StepArgs};
 use crate::tensor::{BufferId, TensorDesc, Usage};
@@ -410,6 +412,28 @@ impl ComputeBackend for PluginBackend {
     fn release(&mut self, program: ProgramId) -> Result<(), BackendError> {
         // SAFETY: live handle.
         self.unit_call("release", |t, h, err| unsafe { (t.release)(h, program.0, err) })
+    }
+
+    fn profile(&mut self, program: ProgramId) -> Result<Vec<NodeTime>, BackendError> {
+        // SAFETY: live handle; out/err point to locals.
+        let reply = self.json_call("profile", |t, h, out, err| unsafe {
+            (t.profile)(h, program.0, out, err)
+        })?;
+        self.decode(&reply, "profile")
+    }
+
+    fn memory(&mut self) -> Result<Option<MemoryUse>, BackendError> {
+        // SAFETY: live handle; out/err point to locals.
+        let reply = self.json_call("memory", |t, h, out, err| unsafe { (t.memory)(h, out, err) })?;
+        self.decode(&reply, "memory")
+    }
+
+    fn copy_bandwidth(&mut self) -> Result<Option<f64>, BackendError> {
+        // SAFETY: live handle; out/err point to locals.
+        let reply = self.json_call("copy_bandwidth", |t, h, out, err| unsafe {
+            (t.copy_bandwidth)(h, out, err)
+        })?;
+        self.decode(&reply, "copy_bandwidth")
     }
 }
 

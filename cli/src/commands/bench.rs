@@ -9,7 +9,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 use serde_json::json;
-use tandem_backend_api::{ComputeBackend, DType, GraphBuilder, Op, StepArgs, TensorDesc, Usage, WeightRef};
+use tandem_backend_api::{
+    ComputeBackend, DType, DeviceKind, GraphBuilder, Op, StepArgs, TensorDesc, Usage, WeightRef,
+};
+use tandem_engine::bench_report::{OpTime, StepProfile};
 
 use super::load::{load, ModelArgs};
 use crate::Context;
@@ -216,6 +219,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     let mut header = None;
     let mut flops_peak = None;
+    let mut copy_bw: Option<(f64, String)> = None;
     for &batch in &batches {
         let mut loaded = load(ctx, &model_args, batch)?;
         if flops_peak.is_none() {
@@ -236,6 +240,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             (rng % (vocab as u64 - 3)) as u32 + 3
         };
         let (mut prefill, mut decode, mut ttft, mut lat) = (vec![], vec![], vec![], vec![]);
+        let (mut prefill_profile, mut decode_profile) = (vec![], vec![]);
         for rep in 0..=args.repeat {
             let prompts: Vec<Vec<u32>> = (0..batch)
                 .map(|_| (0..args.prompt_tokens).map(|_| next_token()).collect())
@@ -250,6 +255,9 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
                 first.get_or_insert(t0.elapsed().as_secs_f64());
             }
             let prefill_s = t0.elapsed().as_secs_f64();
+            if rep == args.repeat {
+                prefill_profile = loaded.session.profile_last_step()?;
+            }
             let slots: Vec<u32> = (0..batch as u32).collect();
             // The first generated token comes from the prefill's logits; the rest are decode steps.
             let mut steps = Vec::with_capacity(args.gen_tokens);
@@ -264,6 +272,9 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
                 }
             }
             let decode_s = t1.elapsed().as_secs_f64();
+            if rep == args.repeat {
+                decode_profile = loaded.session.profile_last_step()?;
+            }
             if rep == 0 {
                 continue; // warm-up
             }
@@ -303,7 +314,23 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             s.get(s.len() / 2).copied().unwrap_or(0.0)
         };
         let prefill_rate = med(&prefill) / args.prompt_tokens as f64; // sequences per second
-        runs.push(json!({
+        let device_memory = loaded.session.backend_mut().memory()?.map(|m| m.peak_bytes);
+        let profile = (!prefill_profile.is_empty() || !decode_profile.is_empty()).then(|| {
+            let by_op = |p: &[tandem_backend_api::NodeTime]| {
+                OpTime::by_op(p.iter().map(|n| (n.op.as_str(), n.seconds)))
+            };
+            StepProfile {
+                prefill: by_op(&prefill_profile),
+                decode: by_op(&decode_profile),
+            }
+        });
+        if copy_bw.is_none() {
+            copy_bw = Some(match loaded.session.backend_mut().copy_bandwidth()? {
+                Some(bw) => (bw, format!("{} device-to-device copy (read + write)", info.name)),
+                None => (0.0, String::new()),
+            });
+        }
+        let mut run = json!({
             "batch": batch,
             "prefill_tokens_per_s": stats(prefill.clone()),
             "decode_tokens_per_s": stats(decode),
@@ -313,8 +340,12 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             "decode_bandwidth_fraction": 0.0, // filled in once the copy bandwidth is measured
             "prefill_flops_fraction": if peak > 0.0 { prefill_flops * prefill_rate / peak } else { 0.0 },
             "peak_rss_bytes": peak_rss().unwrap_or(0),
-            "device_memory_bytes": serde_json::Value::Null,
-        }));
+            "device_memory_bytes": device_memory,
+        });
+        if let Some(p) = profile {
+            run["profile"] = serde_json::to_value(p)?;
+        }
+        runs.push(run);
         header.get_or_insert((info, cfg, weight_bytes, peak, peak_src));
     }
     if let Some(b) = bar {
@@ -323,8 +354,12 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let Some((info, cfg, weight_bytes, peak, peak_src)) = header else {
         bail!("no batch sizes to run")
     };
-    // Measured after the runs so that its 2 GiB of buffers stay out of their peak RSS.
-    let copy_bw = copy_bandwidth();
+    // The backend's own device copy where it has memory of its own; else a host copy, measured
+    // after the runs so that its 2 GiB of buffers stay out of their peak RSS.
+    let (copy_bw, copy_src) = match copy_bw {
+        Some((bw, src)) if bw > 0.0 => (bw, src),
+        _ => (copy_bandwidth(), "host memcpy 1 GiB (read + write)".to_string()),
+    };
     for r in &mut runs {
         let bytes = r["decode_bytes_per_step"].as_f64().unwrap_or(0.0);
         let step_ms = r["token_latency_ms"]["p50"].as_f64().unwrap_or(0.0);
@@ -348,14 +383,15 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             "cpu": cpu_name(),
             "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             "os": std::env::consts::OS,
-            "gpu": serde_json::Value::Null,
+            "gpu": matches!(info.kind, DeviceKind::DiscreteGpu | DeviceKind::IntegratedGpu | DeviceKind::SoftwareGpu)
+                .then(|| info.device.clone()),
         },
         "backend": { "name": info.name, "device": info.device, "kind": info.kind },
         "model": { "name": model_name, "source": source, "dtype": if synthetic { args.dtype.clone() } else { "gguf".into() },
                    "params": params, "weight_bytes": weight_bytes, "synthetic": synthetic },
         "settings": { "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens, "repeat": args.repeat,
                       "warmup": 1, "batch": batches },
-        "limits": { "copy_bandwidth_bytes_per_s": copy_bw, "copy_bandwidth_source": "host memcpy 1 GiB (read + write)",
+        "limits": { "copy_bandwidth_bytes_per_s": copy_bw, "copy_bandwidth_source": copy_src,
                     "peak_flops": peak, "peak_flops_source": peak_src },
         "runs": runs,
     });
@@ -393,6 +429,24 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
                 r["decode_bandwidth_fraction"].as_f64().unwrap_or(0.0),
                 r["prefill_flops_fraction"].as_f64().unwrap_or(0.0)
             )?;
+            if let Some(p) = r.get("profile") {
+                for step in ["prefill", "decode"] {
+                    let ops: Vec<String> = p[step]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .take(5)
+                        .map(|o| {
+                            format!(
+                                "{} {:.3} ms",
+                                o["op"].as_str().unwrap_or("?"),
+                                o["seconds"].as_f64().unwrap_or(0.0) * 1e3
+                            )
+                        })
+                        .collect();
+                    writeln!(o, "       {step} device time: {}", ops.join(", "))?;
+                }
+            }
         }
     }
     Ok(())
