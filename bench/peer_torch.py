@@ -17,7 +17,7 @@ The same run measures, after the batch sizes (so that its buffers count in no ru
 the limits the fractions are taken against:
   copy bandwidth  a device-to-device copy of 1 GiB (torch `copy_`), counting bytes read plus
                   bytes written: 2 GiB moved per copy, as the schema says;
-  peak FLOP/s     a dense bf16 matrix product of 8192x8192x8192 on CUDA (2048^3 in f32 on the
+  peak FLOP/s     a dense f16 matrix product of 8192x8192x8192 on CUDA (2048^3 in f32 on the
                   CPU, where bf16 products are rarely the fastest), counting 2*M*N*K per product.
 
 How a run is timed: a logits processor records the time (after a device synchronisation) each
@@ -167,7 +167,7 @@ def measure_copy_bandwidth(torch, device, sync) -> tuple[float, str]:
 def measure_peak_flops(torch, device, sync) -> tuple[float, str]:
     """The best FLOP/s of a large dense matrix product."""
     if device.type == "cuda":
-        n, dtype, name = 8192, torch.bfloat16, "bf16"
+        n, dtype, name = 8192, torch.float16, "f16"
     else:
         n, dtype, name = 2048, torch.float32, "f32"
     a = torch.randn(n, n, device=device, dtype=dtype)

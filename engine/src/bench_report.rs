@@ -533,6 +533,50 @@ pub fn write_report(results: &[BenchResult], dir: &Path) -> Result<ReportFiles, 
     Ok(files)
 }
 
+/// Each tandem run's achieved prefill FLOP/s and decode bandwidth against the limits a peer
+/// (another tool) measured on the same machine in the same set of results: the matrix-product
+/// rate PyTorch reaches, and its device copy bandwidth.
+fn peer_limits_section(results: &[BenchResult], md: &mut String) {
+    let mut rows = Vec::new();
+    for r in results.iter().filter(|r| r.tool == "tandem") {
+        let peer = results
+            .iter()
+            .filter(|p| {
+                p.tool != "tandem" && p.machine.host == r.machine.host && p.machine.gpu == r.machine.gpu
+            })
+            .max_by(|a, b| a.limits.peak_flops.total_cmp(&b.limits.peak_flops));
+        let Some(peer) = peer else { continue };
+        for run in &r.runs {
+            let flops = run.prefill_flops_fraction * r.limits.peak_flops;
+            let bw = run.decode_bandwidth_fraction * r.limits.copy_bandwidth_bytes_per_s;
+            rows.push(format!(
+                "| {} | {} | {:.2} TFLOP/s | {} of {:.1} TFLOP/s | {:.0} GB/s | {} of {:.0} GB/s |",
+                cell(&r.series_label()),
+                run.batch,
+                flops / 1e12,
+                percent(flops / peer.limits.peak_flops),
+                peer.limits.peak_flops / 1e12,
+                bw / 1e9,
+                percent(bw / peer.limits.copy_bandwidth_bytes_per_s),
+                peer.limits.copy_bandwidth_bytes_per_s / 1e9,
+            ));
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    md.push_str(
+        "\n## Against the peer's limits\n\nEach tandem run's prefill FLOP/s and decode bandwidth \
+         against the best matrix-product rate and the copy bandwidth that a peer measured on the same \
+         machine (its `limits`).\n\n| series | batch | prefill | of the peer's matmul peak | decode \
+         | of the peer's copy bandwidth |\n|---|--:|--:|--:|--:|--:|\n",
+    );
+    for row in rows {
+        md.push_str(&row);
+        md.push('\n');
+    }
+}
+
 fn write_file(path: &Path, text: &str) -> Result<(), ReportError> {
     std::fs::write(path, text).map_err(|source| ReportError::Io {
         path: path.to_path_buf(),
@@ -591,6 +635,7 @@ pub fn markdown(results: &[BenchResult]) -> String {
          share of the copy bandwidth measured in the same run. FLOPs: 2 × params × prompt tokens of the whole batch \
          / median prefill time, as a share of the matrix-product peak measured in the same run.\n",
     );
+    peer_limits_section(results, &mut md);
     let profiled: Vec<_> = results
         .iter()
         .flat_map(|r| r.runs.iter().map(move |run| (r, run)))

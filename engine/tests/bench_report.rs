@@ -279,3 +279,30 @@ fn node_times_sum_by_op_most_time_first() {
         vec![("rope", 1, 5.0), ("matmul(q8_0)", 2, 3.0), ("add", 2, 0.75)]
     );
 }
+
+#[test]
+fn tandem_runs_are_set_against_a_peer_on_the_same_machine() {
+    let ours = sample_doc(SAMPLES[0]);
+    let mut peer = sample_doc(SAMPLES[1]);
+    let md_apart = tandem_engine::bench_report::markdown(&[
+        serde_json::from_value(ours.clone()).expect("ours"),
+        serde_json::from_value(peer.clone()).expect("peer"),
+    ]);
+    assert!(
+        !md_apart.contains("Against the peer"),
+        "different machines: no comparison"
+    );
+    peer["machine"] = ours["machine"].clone();
+    let ours_r: BenchResult = serde_json::from_value(ours.clone()).expect("ours");
+    let peer_r: BenchResult = serde_json::from_value(peer).expect("peer");
+    let md = tandem_engine::bench_report::markdown(&[ours_r.clone(), peer_r.clone()]);
+    assert!(md.contains("## Against the peer's limits"), "{md}");
+    let run = &ours_r.runs[0];
+    let share = run.prefill_flops_fraction * ours_r.limits.peak_flops / peer_r.limits.peak_flops;
+    let want = format!(
+        "{:.1}% of {:.1} TFLOP/s",
+        share * 100.0,
+        peer_r.limits.peak_flops / 1e12
+    );
+    assert!(md.contains(&want), "{want} not in {md}");
+}
