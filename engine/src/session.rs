@@ -68,6 +68,8 @@ pub struct Session {
     select: Vec<u32>,
     logits_bytes: Vec<u8>,
     logits: Vec<f32>,
+    /// Scratch for the lengths after a step (swapped with `lengths`).
+    next_lengths: Vec<usize>,
     /// The program the last step ran.
     last_program: Option<ProgramId>,
 }
@@ -87,6 +89,7 @@ impl Session {
             select: vec![],
             logits_bytes: vec![],
             logits: vec![],
+            next_lengths: vec![],
             last_program: None,
         }
     }
@@ -161,8 +164,13 @@ impl Session {
             )));
         }
         let context = self.model.cache_shape.context;
-        let (mut positions, mut lens) = (std::mem::take(&mut self.positions), self.lengths.clone());
+        let (mut positions, mut lens) = (
+            std::mem::take(&mut self.positions),
+            std::mem::take(&mut self.next_lengths),
+        );
         positions.clear();
+        lens.clear();
+        lens.extend_from_slice(&self.lengths);
         for &s in slots {
             let l = lens
                 .get_mut(s as usize)
@@ -200,7 +208,7 @@ impl Session {
             .map_err(be("running a step"))?;
         self.backend.wait(ticket).map_err(be("waiting for a step"))?;
         self.last_program = Some(program);
-        self.lengths = lens;
+        self.next_lengths = std::mem::replace(&mut self.lengths, lens);
         self.logits_bytes.resize(selected * vocab * 4, 0);
         self.backend
             .read(logits, 0, &mut self.logits_bytes)
