@@ -7,6 +7,14 @@ set -euo pipefail
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
+# The Vulkan backend at run time: the loader, lavapipe (Mesa's CPU driver, which the tests run
+# on) and the Khronos validation layer the tests turn on.
+if command -v dpkg >/dev/null 2>&1; then
+  for p in libvulkan1 mesa-vulkan-drivers vulkan-validationlayers; do
+    dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p")
+  done
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo_cmd=""
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"

@@ -1,10 +1,657 @@
-//! tandem's Vulkan backend.
+//! tandem's Vulkan backend, on ash: every op of the op set as a GLSL compute kernel (compiled to
+//! SPIR-V at build time, `shaders/vulkan/`), weights resident in device memory, and one
+//! pre-recorded command buffer per program that `execute` resubmits after writing the step's
+//! arguments.
 //!
-//! Not built yet: the plugin loads, and reports itself unavailable with the reason below, so
-//! that `engine backends` and the placement can name it.
+//! The crate reads top to bottom as: `device` (loader, device choice, features, validation,
+//! queue and timeline), `memory` (buffers through gpu-allocator), `pipelines` (SPIR-V to
+//! pipelines, cached), `program` (planning and recording), and here the trait.
+//!
+//! Kernels reach every buffer through its device address (`GL_EXT_buffer_reference`), passed in
+//! push constants; there are no descriptor sets, and no tensor is limited by
+//! `maxStorageBufferRange`.
+//!
+//! Options (`[backend.vulkan]` in the config, or the environment): `device` /
+//! `TANDEM_VULKAN_DEVICE` (an index or a name substring), `validation` /
+//! `TANDEM_VULKAN_VALIDATION=1` (the Khronos validation layer; any warning or error it reports
+//! fails every later call).
 
-tandem_backend_api::export_unavailable_backend!(
-    VulkanBackend,
-    "vulkan",
-    "the Vulkan backend is not built yet: its kernels land with the Vulkan issue"
-);
+mod device;
+mod memory;
+mod pipelines;
+mod program;
+
+use std::collections::HashMap;
+
+use ash::vk;
+use tandem_backend_api::{
+    BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, DType, MemoryUse,
+    NodeTime, Op, ProgramId, StepArgs, Support, TensorDesc, Ticket, Usage,
+};
+
+use device::{DeviceRequest, Gpu};
+use memory::{GpuBuffer, Memory, Place};
+use pipelines::Pipelines;
+use program::Program;
+
+/// Bytes of the staging buffer through which the host writes and reads device-local memory.
+const STAGING_BYTES: u64 = 32 << 20;
+
+/// Environment variable naming the device.
+pub const DEVICE_VAR: &str = "TANDEM_VULKAN_DEVICE";
+/// Environment variable enabling the validation layer.
+pub const VALIDATION_VAR: &str = "TANDEM_VULKAN_VALIDATION";
+
+/// A buffer of the trait.
+struct Buffer {
+    desc: TensorDesc,
+    mem: GpuBuffer,
+    len: u64,
+    /// Timeline value of the last submission that uses it.
+    last_use: u64,
+}
+
+/// The Vulkan backend.
+pub struct VulkanBackend {
+    gpu: Gpu,
+    memory: Memory,
+    pipelines: Pipelines,
+    staging: Option<GpuBuffer>,
+    transfer_cb: vk::CommandBuffer,
+    buffers: HashMap<u64, Buffer>,
+    programs: HashMap<u64, Program>,
+    next_id: u64,
+}
+
+/// Whether an op is supported, and why not.
+pub(crate) enum SupportCheck {
+    Yes,
+    No(String),
+}
+
+/// The capability answer, independent of buffers (so `supports` and `compile` agree).
+pub(crate) fn op_support(op: &Op) -> SupportCheck {
+    match op {
+        Op::Embed { table, .. } | Op::MatMul { weight: table, .. } => {
+            let d = table.desc.dtype;
+            if !program::weight_format_supported(d) {
+                return SupportCheck::No(format!(
+                    "weights in {d} are not implemented by the Vulkan kernels (f32, f16, bf16, q4_0, \
+                     q4_1, q5_0, q5_1, q8_0, q4_k, q6_k are)"
+                ));
+            }
+            if let Op::MatMul { splits, .. } = op {
+                if splits.len() > 4 {
+                    return SupportCheck::No(format!("{} output splits (at most 4)", splits.len()));
+                }
+            }
+            SupportCheck::Yes
+        }
+        Op::RmsNorm { weight, .. } => match weight.desc.dtype {
+            DType::F32 | DType::F16 | DType::Bf16 => SupportCheck::Yes,
+            d => SupportCheck::No(format!("norm weights in {d} (f32, f16 or bf16 only)")),
+        },
+        Op::Attention { head_dim, .. } if *head_dim > 512 => {
+            SupportCheck::No(format!("head_dim {head_dim} (at most 512)"))
+        }
+        _ => SupportCheck::Yes,
+    }
+}
+
+fn unknown_buffer(id: BufferId) -> BackendError {
+    BackendError::invalid(format!("unknown buffer {}", id.0))
+}
+
+fn truthy(v: &str) -> bool {
+    matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
+}
+
+impl BackendPlugin for VulkanBackend {
+    const NAME: &'static str = "vulkan";
+
+    fn create(options: &BackendOptions) -> Result<Self, BackendError> {
+        let device = options
+            .get("device")
+            .map(str::to_string)
+            .or_else(|| std::env::var(DEVICE_VAR).ok())
+            .filter(|s| !s.is_empty());
+        let validation = match options.get("validation") {
+            Some(v) => truthy(v),
+            None => std::env::var(VALIDATION_VAR).is_ok_and(|v| truthy(&v)),
+        };
+        let gpu = Gpu::open(&DeviceRequest { device, validation })?;
+        let memory = Memory::new(&gpu)?;
+        let pipelines = Pipelines::new(&gpu)?;
+        let alloc = vk::CommandBufferAllocateInfo::default()
+            .command_pool(gpu.pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        // SAFETY: the pool is ours.
+        let transfer_cb = device::map("vkAllocateCommandBuffers", &gpu.name, unsafe {
+            gpu.device.allocate_command_buffers(&alloc)
+        })?[0];
+        let mut b = VulkanBackend {
+            gpu,
+            memory,
+            pipelines,
+            staging: None,
+            transfer_cb,
+            buffers: HashMap::new(),
+            programs: HashMap::new(),
+            next_id: 1,
+        };
+        let staging = b.memory.create(&b.gpu, STAGING_BYTES, Place::Host, "staging")?;
+        b.staging = Some(staging);
+        b.validation()?;
+        Ok(b)
+    }
+}
+
+tandem_backend_api::export_backend!(VulkanBackend);
+
+impl VulkanBackend {
+    fn buffer(&self, id: BufferId) -> Result<&Buffer, BackendError> {
+        self.buffers.get(&id.0).ok_or_else(|| unknown_buffer(id))
+    }
+
+    /// Fails once the validation layer has said anything.
+    fn validation(&self) -> Result<(), BackendError> {
+        match self.gpu.validation_error() {
+            Some(m) => Err(BackendError::internal(format!("Vulkan validation: {m}"))),
+            None => Ok(()),
+        }
+    }
+
+    fn range(buf: &Buffer, id: BufferId, offset: u64, len: usize) -> Result<(), BackendError> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= buf.len => Ok(()),
+            _ => Err(BackendError::invalid(format!(
+                "buffer {} ({}): {len} bytes at offset {offset} run past its {} bytes",
+                id.0, buf.desc, buf.len
+            ))),
+        }
+    }
+
+    /// Records `f` into the transfer command buffer, submits it and waits for it.
+    fn transfer(&mut self, f: impl FnOnce(&ash::Device, vk::CommandBuffer)) -> Result<(), BackendError> {
+        let dev = &self.gpu.device;
+        let cb = self.transfer_cb;
+        let all = vk::PipelineStageFlags::ALL_COMMANDS;
+        let mb = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+            .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)];
+        let to_host = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+            .dst_access_mask(vk::AccessFlags::HOST_READ)];
+        // SAFETY: the transfer command buffer is ours and not pending (every transfer waits for
+        // its submission before returning); the barriers order it after earlier submissions.
+        let recorded = unsafe {
+            dev.reset_command_buffer(cb, vk::CommandBufferResetFlags::empty())
+                .and_then(|_| {
+                    dev.begin_command_buffer(
+                        cb,
+                        &vk::CommandBufferBeginInfo::default()
+                            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+                    )
+                })
+                .map(|_| {
+                    dev.cmd_pipeline_barrier(
+                        cb,
+                        all | vk::PipelineStageFlags::HOST,
+                        all,
+                        vk::DependencyFlags::empty(),
+                        &mb,
+                        &[],
+                        &[],
+                    );
+                    f(dev, cb);
+                    dev.cmd_pipeline_barrier(
+                        cb,
+                        vk::PipelineStageFlags::TRANSFER,
+                        vk::PipelineStageFlags::HOST,
+                        vk::DependencyFlags::empty(),
+                        &to_host,
+                        &[],
+                        &[],
+                    );
+                })
+                .and_then(|_| dev.end_command_buffer(cb))
+        };
+        device::check("recording a transfer", &self.gpu.name, recorded)?;
+        let v = self.gpu.submit(cb)?;
+        self.gpu.wait_for(v)
+    }
+
+    /// Waits for the submissions using buffer `id`.
+    fn wait_buffer(&self, id: BufferId) -> Result<(), BackendError> {
+        let b = self.buffer(id)?;
+        self.gpu.wait_for(b.last_use)
+    }
+
+    /// Finds a program or says it is unknown.
+    fn program(&self, id: ProgramId) -> Result<&Program, BackendError> {
+        self.programs
+            .get(&id.0)
+            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", id.0)))
+    }
+
+    /// Execute-time checks that depend on the step (as the CPU reference makes them).
+    fn check_step(prog: &Program, args: &StepArgs<'_>) -> Result<(), BackendError> {
+        args.validate(&prog.graph, prog.slots)?;
+        for node in &prog.graph.nodes {
+            match &node.op {
+                Op::Embed { table, .. } => {
+                    let vocab = table.desc.shape[0];
+                    if let Some(t) = args.tokens.iter().find(|&&t| t as usize >= vocab) {
+                        return Err(BackendError::invalid(format!(
+                            "token id {t} is outside the vocabulary of {vocab}"
+                        )));
+                    }
+                }
+                Op::Attention { cache, window, .. } => {
+                    for slot in 0..cache.slots as u32 {
+                        let pos = || {
+                            args.slots
+                                .iter()
+                                .zip(args.positions)
+                                .filter(move |(s, _)| **s == slot)
+                                .map(|(_, p)| *p)
+                        };
+                        let (Some(min), Some(max)) = (pos().min(), pos().max()) else {
+                            continue;
+                        };
+                        let lo = window.map_or(0, |w| (min + 1).saturating_sub(w as u32));
+                        if (max - lo) as usize >= cache.capacity {
+                            return Err(BackendError::invalid(format!(
+                                "slot {slot}: positions {lo}..={max} do not fit the KV cache's {} positions",
+                                cache.capacity
+                            )));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Measures a device-to-device copy of `bytes`, in seconds (best of a few).
+    fn time_copy(&mut self, bytes: u64) -> Result<Option<f64>, BackendError> {
+        let Some(period) = self.gpu.timestamp_period else {
+            return Ok(None);
+        };
+        let a = self
+            .memory
+            .create(&self.gpu, bytes, Place::Device, "bandwidth source")?;
+        let b = match self
+            .memory
+            .create(&self.gpu, bytes, Place::Device, "bandwidth destination")
+        {
+            Ok(b) => b,
+            Err(e) => {
+                self.memory.destroy(&self.gpu, a);
+                return Err(e);
+            }
+        };
+        let info = vk::QueryPoolCreateInfo::default()
+            .query_type(vk::QueryType::TIMESTAMP)
+            .query_count(2);
+        // SAFETY: a valid create info on our device.
+        let pool = unsafe { self.gpu.device.create_query_pool(&info, None) };
+        let pool = match pool {
+            Ok(p) => p,
+            Err(e) => {
+                self.memory.destroy(&self.gpu, a);
+                self.memory.destroy(&self.gpu, b);
+                return device::map("vkCreateQueryPool", &self.gpu.name, Err(e));
+            }
+        };
+        let mut best = f64::INFINITY;
+        let mut result = Ok(());
+        for _ in 0..5 {
+            let (src, dst, size) = (a.buffer, b.buffer, a.size);
+            result = self.transfer(|dev, cb| {
+                // SAFETY: recording into the transfer command buffer; both buffers and the pool
+                // live until after the wait below.
+                unsafe {
+                    dev.cmd_reset_query_pool(cb, pool, 0, 2);
+                    dev.cmd_write_timestamp(cb, vk::PipelineStageFlags::TOP_OF_PIPE, pool, 0);
+                    dev.cmd_copy_buffer(cb, src, dst, &[vk::BufferCopy::default().size(size)]);
+                    dev.cmd_write_timestamp(cb, vk::PipelineStageFlags::BOTTOM_OF_PIPE, pool, 1);
+                }
+            });
+            if result.is_err() {
+                break;
+            }
+            let mut ts = [0u64; 2];
+            // SAFETY: the submission writing both queries has finished.
+            let got = unsafe {
+                self.gpu
+                    .device
+                    .get_query_pool_results(pool, 0, &mut ts, vk::QueryResultFlags::TYPE_64)
+            };
+            if got.is_ok() && ts[1] > ts[0] {
+                best = best.min((ts[1] - ts[0]) as f64 * period * 1e-9);
+            }
+        }
+        // SAFETY: the transfers finished (each waited).
+        unsafe { self.gpu.device.destroy_query_pool(pool, None) };
+        self.memory.destroy(&self.gpu, a);
+        self.memory.destroy(&self.gpu, b);
+        result?;
+        Ok(best.is_finite().then_some(best))
+    }
+}
+
+impl ComputeBackend for VulkanBackend {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: Self::NAME.to_string(),
+            device: self.gpu.name.clone(),
+            kind: self.gpu.kind,
+            memory_bytes: Some(self.gpu.memory_bytes),
+            features: self.gpu.features.clone(),
+        }
+    }
+
+    fn supports(&self, op: &Op) -> Support {
+        match op_support(op) {
+            SupportCheck::Yes => Support::Yes,
+            SupportCheck::No(reason) => Support::No { reason },
+        }
+    }
+
+    fn alloc(&mut self, desc: &TensorDesc, usage: Usage) -> Result<BufferId, BackendError> {
+        self.validation()?;
+        let len = desc.byte_size()?;
+        let place = match usage {
+            Usage::Weight | Usage::KvCache => Place::Device,
+            Usage::Activation => Place::Host,
+        };
+        let name = format!("{usage:?} {desc}");
+        let mem = self
+            .memory
+            .create(&self.gpu, len, place, &name)
+            .map_err(|e| match e {
+                BackendError::OutOfMemory { .. } => BackendError::OutOfMemory {
+                    requested: len,
+                    available: self.gpu.memory_bytes.saturating_sub(self.memory.in_use),
+                },
+                e => e,
+            })?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.buffers.insert(
+            id,
+            Buffer {
+                desc: desc.clone(),
+                mem,
+                len,
+                last_use: 0,
+            },
+        );
+        if place == Place::Device {
+            let buf = self.buffers[&id].mem.buffer;
+            let filled = self.transfer(|dev, cb| {
+                // SAFETY: recording into the transfer command buffer; the buffer is ours.
+                unsafe { dev.cmd_fill_buffer(cb, buf, 0, vk::WHOLE_SIZE, 0) };
+            });
+            if let Err(e) = filled {
+                if let Some(b) = self.buffers.remove(&id) {
+                    self.memory.destroy(&self.gpu, b.mem);
+                }
+                return Err(e);
+            }
+        }
+        self.validation()?;
+        Ok(BufferId(id))
+    }
+
+    fn write(&mut self, buffer: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        self.validation()?;
+        let b = self.buffer(buffer)?;
+        Self::range(b, buffer, offset, data.len())?;
+        self.wait_buffer(buffer)?;
+        let b = self
+            .buffers
+            .get_mut(&buffer.0)
+            .ok_or_else(|| unknown_buffer(buffer))?;
+        if b.mem.place == Place::Host {
+            let m = b
+                .mem
+                .mapped()
+                .ok_or_else(|| BackendError::internal("host buffer not mapped"))?;
+            m[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+            return Ok(());
+        }
+        let dst = b.mem.buffer;
+        let mut done = 0usize;
+        while done < data.len() {
+            let n = (data.len() - done).min(STAGING_BYTES as usize);
+            let staging = self
+                .staging
+                .as_mut()
+                .ok_or_else(|| BackendError::internal("no staging buffer"))?;
+            let m = staging
+                .mapped()
+                .ok_or_else(|| BackendError::internal("staging not mapped"))?;
+            m[..n].copy_from_slice(&data[done..done + n]);
+            let src = staging.buffer;
+            let at = offset + done as u64;
+            self.transfer(|dev, cb| {
+                let region = vk::BufferCopy::default()
+                    .src_offset(0)
+                    .dst_offset(at)
+                    .size(n as u64);
+                // SAFETY: recording into the transfer command buffer; both buffers are ours and
+                // the region lies within them (checked above).
+                unsafe { dev.cmd_copy_buffer(cb, src, dst, &[region]) };
+            })?;
+            done += n;
+        }
+        self.validation()
+    }
+
+    fn read(&mut self, buffer: BufferId, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        self.validation()?;
+        let b = self.buffer(buffer)?;
+        Self::range(b, buffer, offset, out.len())?;
+        self.wait_buffer(buffer)?;
+        let b = self
+            .buffers
+            .get_mut(&buffer.0)
+            .ok_or_else(|| unknown_buffer(buffer))?;
+        if b.mem.place == Place::Host {
+            let m = b
+                .mem
+                .mapped()
+                .ok_or_else(|| BackendError::internal("host buffer not mapped"))?;
+            out.copy_from_slice(&m[offset as usize..offset as usize + out.len()]);
+            return Ok(());
+        }
+        let src = b.mem.buffer;
+        let mut done = 0usize;
+        while done < out.len() {
+            let n = (out.len() - done).min(STAGING_BYTES as usize);
+            let dst = self
+                .staging
+                .as_ref()
+                .ok_or_else(|| BackendError::internal("no staging buffer"))?
+                .buffer;
+            let at = offset + done as u64;
+            self.transfer(|dev, cb| {
+                let region = vk::BufferCopy::default()
+                    .src_offset(at)
+                    .dst_offset(0)
+                    .size(n as u64);
+                // SAFETY: as in `write`.
+                unsafe { dev.cmd_copy_buffer(cb, src, dst, &[region]) };
+            })?;
+            let staging = self
+                .staging
+                .as_mut()
+                .ok_or_else(|| BackendError::internal("no staging buffer"))?;
+            let m = staging
+                .mapped()
+                .ok_or_else(|| BackendError::internal("staging not mapped"))?;
+            out[done..done + n].copy_from_slice(&m[..n]);
+            done += n;
+        }
+        self.validation()
+    }
+
+    fn free(&mut self, buffer: BufferId) -> Result<(), BackendError> {
+        self.validation()?;
+        if let Some((pid, _)) = self.programs.iter().find(|(_, p)| p.buffers.contains(&buffer)) {
+            return Err(BackendError::invalid(format!(
+                "buffer {} is used by program {pid}: release it first",
+                buffer.0
+            )));
+        }
+        self.wait_buffer(buffer)?;
+        let b = self
+            .buffers
+            .remove(&buffer.0)
+            .ok_or_else(|| unknown_buffer(buffer))?;
+        self.memory.destroy(&self.gpu, b.mem);
+        Ok(())
+    }
+
+    fn compile(&mut self, graph: &tandem_backend_api::Graph) -> Result<ProgramId, BackendError> {
+        self.validation()?;
+        let prog = self.build_program(graph)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.programs.insert(id, prog);
+        self.validation()?;
+        Ok(ProgramId(id))
+    }
+
+    fn execute(&mut self, program: ProgramId, args: &StepArgs<'_>) -> Result<Ticket, BackendError> {
+        self.validation()?;
+        let prog = self.program(program)?;
+        Self::check_step(prog, args)?;
+        // The previous submission may still read the argument buffer.
+        self.gpu.wait_for(prog.last_submit)?;
+        let prog = self
+            .programs
+            .get_mut(&program.0)
+            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", program.0)))?;
+        let l = prog.layout;
+        let m = prog
+            .args
+            .mapped()
+            .ok_or_else(|| BackendError::internal("argument buffer not mapped"))?;
+        for (at, vals) in [
+            (l.tokens, args.tokens),
+            (l.positions, args.positions),
+            (l.slots, args.slots),
+            (l.select, args.select),
+        ] {
+            let bytes: &[u8] = bytemuck::cast_slice(vals);
+            m[at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
+        }
+        let cmd = prog.cmd;
+        let value = self.gpu.submit(cmd)?;
+        let prog = self
+            .programs
+            .get_mut(&program.0)
+            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", program.0)))?;
+        prog.last_submit = value;
+        for id in &prog.buffers {
+            if let Some(b) = self.buffers.get_mut(&id.0) {
+                b.last_use = value;
+            }
+        }
+        Ok(Ticket(value))
+    }
+
+    fn wait(&mut self, ticket: Ticket) -> Result<(), BackendError> {
+        if ticket.0 == 0 || ticket.0 > self.gpu.submitted {
+            return Err(BackendError::invalid(format!("unknown ticket {}", ticket.0)));
+        }
+        self.gpu.wait_for(ticket.0)?;
+        self.validation()
+    }
+
+    fn release(&mut self, program: ProgramId) -> Result<(), BackendError> {
+        let last = self.program(program)?.last_submit;
+        self.gpu.wait_for(last)?;
+        if let Some(p) = self.programs.remove(&program.0) {
+            self.destroy_program(p);
+        }
+        self.validation()
+    }
+
+    fn profile(&mut self, program: ProgramId) -> Result<Vec<NodeTime>, BackendError> {
+        self.validation()?;
+        let prog = self.program(program)?;
+        let (Some(pool), Some(period)) = (prog.queries, self.gpu.timestamp_period) else {
+            return Ok(Vec::new());
+        };
+        if prog.last_submit == 0 || self.gpu.completed()? < prog.last_submit {
+            return Ok(Vec::new());
+        }
+        let n = prog.graph.nodes.len();
+        let mut ts = vec![0u64; n + 1];
+        // SAFETY: the program's last submission, which wrote every query, has finished.
+        let got = unsafe {
+            self.gpu
+                .device
+                .get_query_pool_results(pool, 0, &mut ts, vk::QueryResultFlags::TYPE_64)
+        };
+        device::check("vkGetQueryPoolResults", &self.gpu.name, got)?;
+        Ok(prog
+            .graph
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| NodeTime {
+                node: i,
+                op: node.op.name(),
+                seconds: ts[i + 1].saturating_sub(ts[i]) as f64 * period * 1e-9,
+            })
+            .collect())
+    }
+
+    fn memory(&mut self) -> Result<Option<MemoryUse>, BackendError> {
+        Ok(Some(MemoryUse {
+            in_use_bytes: self.memory.in_use,
+            peak_bytes: self.memory.peak,
+        }))
+    }
+
+    fn copy_bandwidth(&mut self) -> Result<Option<f64>, BackendError> {
+        self.validation()?;
+        let bytes = (256u64 << 20).min(self.gpu.memory_bytes / 16).max(1 << 20);
+        Ok(self.time_copy(bytes)?.map(|s| 2.0 * bytes as f64 / s))
+    }
+}
+
+impl Drop for VulkanBackend {
+    fn drop(&mut self) {
+        // SAFETY: waiting for the device before destroying what it may still use.
+        unsafe {
+            let _ = self.gpu.device.device_wait_idle();
+        }
+        let programs: Vec<Program> = self.programs.drain().map(|(_, p)| p).collect();
+        for p in programs {
+            self.destroy_program(p);
+        }
+        let buffers: Vec<Buffer> = self.buffers.drain().map(|(_, b)| b).collect();
+        for b in buffers {
+            self.memory.destroy(&self.gpu, b.mem);
+        }
+        if let Some(s) = self.staging.take() {
+            self.memory.destroy(&self.gpu, s);
+        }
+        // SAFETY: the device is idle; the transfer command buffer is not pending.
+        unsafe {
+            self.gpu
+                .device
+                .free_command_buffers(self.gpu.pool, &[self.transfer_cb]);
+        }
+        self.pipelines.destroy(&self.gpu);
+        self.memory.shut_down();
+    }
+}

@@ -81,14 +81,14 @@ pub fn backends_under_test() -> (Vec<UnderTest>, Box<dyn ComputeBackend>) {
         Some(names) => {
             for name in names {
                 let backend = found
-                    .create(&name, &Default::default())
+                    .create(&name, &options_for(&name))
                     .unwrap_or_else(|e| panic!("{BACKENDS_VAR} names {name}: {e}"));
                 out.push(UnderTest { name, backend });
             }
         }
         None => {
             for lib in &found.plugins {
-                match lib.create(&Default::default()) {
+                match lib.create(&options_for(lib.name())) {
                     Ok(backend) => out.push(UnderTest {
                         name: lib.name().to_string(),
                         backend,
@@ -104,6 +104,16 @@ pub fn backends_under_test() -> (Vec<UnderTest>, Box<dyn ComputeBackend>) {
     }
     assert!(!out.is_empty(), "no backend to test");
     (out, reference)
+}
+
+/// The options a backend under test is created with: the Vulkan backend runs with the Khronos
+/// validation layer on, so that any validation message fails the suite.
+pub fn options_for(name: &str) -> tandem_backend_api::BackendOptions {
+    let mut o = tandem_backend_api::BackendOptions::default();
+    if name == "vulkan" {
+        o.set("validation", "true");
+    }
+    o
 }
 
 /// A deterministic pseudo-random generator (SplitMix64) for test data.

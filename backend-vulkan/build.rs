@@ -1,0 +1,93 @@
+//! Compiles the GLSL kernels of `shaders/vulkan/` to SPIR-V with the vendored glslang of the
+//! `glslang` crate (Vulkan 1.2, SPIR-V 1.5), one module per (kernel, weight format) variant, and
+//! writes `kernels.rs` into `OUT_DIR`: a table of `(name, words)` the backend embeds.
+//!
+//! Each variant's source is `common.glsl` + `#define`s + the kernel body, so every kernel shares
+//! one set of extensions, buffer-reference types and dequantisation functions.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// The weight formats a kernel that reads weights is built for (`WFMT_*` defines).
+const FORMATS: [&str; 10] = [
+    "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k",
+];
+
+/// Kernels built once per weight format.
+const PER_FORMAT: [&str; 2] = ["embed", "matmul"];
+
+/// Kernels built once.
+const PLAIN: [&str; 6] = [
+    "rms_norm",
+    "rope",
+    "kv_store",
+    "attention",
+    "eltwise",
+    "select_rows",
+];
+
+fn main() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shaders/vulkan");
+    println!("cargo:rerun-if-changed={}", dir.display());
+    let read = |name: &str| -> String {
+        let p = dir.join(name);
+        println!("cargo:rerun-if-changed={}", p.display());
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
+    };
+    let common = read("common.glsl");
+    let compiler = glslang::Compiler::acquire().expect("glslang compiler");
+    let options = glslang::CompilerOptions {
+        source_language: glslang::SourceLanguage::GLSL,
+        target: glslang::Target::Vulkan {
+            version: glslang::VulkanVersion::Vulkan1_2,
+            spirv_version: glslang::SpirvVersion::SPIRV1_5,
+        },
+        version_profile: None,
+        messages: glslang::ShaderMessage::DEFAULT,
+    };
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let mut table = String::from(
+        "/// Every kernel variant: name and SPIR-V words.\npub static KERNELS: &[(&str, &[u8])] = &[\n",
+    );
+    let mut build = |kernel: &str, format: Option<&str>| {
+        let body = read(&format!("{kernel}.comp"));
+        let defines = match format {
+            Some(f) => format!("#define WFMT_{} 1\n", f.to_uppercase()),
+            None => String::new(),
+        };
+        let source = format!("#version 460\n{defines}{common}\n#line 1 1\n{body}");
+        let src = glslang::ShaderSource::from(source);
+        let no_defines: Option<&[(&str, Option<&str>)]> = None;
+        let input =
+            glslang::ShaderInput::new(&src, glslang::ShaderStage::Compute, &options, no_defines, None)
+                .unwrap_or_else(|e| panic!("{kernel} ({format:?}): {e}"));
+        let shader = compiler
+            .create_shader(input)
+            .unwrap_or_else(|e| panic!("{kernel} ({format:?}): {e}"));
+        let words = shader
+            .compile()
+            .unwrap_or_else(|e| panic!("{kernel} ({format:?}): {e}"));
+        let name = match format {
+            Some(f) => format!("{kernel}_{f}"),
+            None => kernel.to_string(),
+        };
+        let file = out_dir.join(format!("{name}.spv"));
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        std::fs::write(&file, bytes).unwrap_or_else(|e| panic!("cannot write {}: {e}", file.display()));
+        writeln!(
+            table,
+            "    ({name:?}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{name}.spv\"))),"
+        )
+        .expect("write to a String");
+    };
+    for k in PER_FORMAT {
+        for f in FORMATS {
+            build(k, Some(f));
+        }
+    }
+    for k in PLAIN {
+        build(k, None);
+    }
+    table.push_str("];\n");
+    std::fs::write(out_dir.join("kernels.rs"), table).expect("write kernels.rs");
+}

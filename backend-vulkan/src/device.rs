@@ -1,0 +1,614 @@
+//! The Vulkan instance and device: loading the loader, choosing a device (discrete, then
+//! integrated, then virtual, then CPU, unless the caller names one), checking the features the
+//! kernels need, the validation layer's messenger, one compute queue and its timeline semaphore.
+//!
+//! Every `unsafe` block here is a Vulkan call on handles this module created and still owns.
+
+use std::ffi::{c_void, CStr};
+use std::sync::{Arc, Mutex};
+
+use ash::vk;
+use tandem_backend_api::{BackendError, DeviceKind};
+
+/// The validation layer's name.
+const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
+
+/// What the caller asked for when creating the backend.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceRequest {
+    /// An index into the loader's device list, or a case-insensitive substring of a name.
+    pub device: Option<String>,
+    /// Whether to enable the Khronos validation layer.
+    pub validation: bool,
+}
+
+/// Validation messages (warnings and errors) collected by the debug messenger.
+pub type Messages = Arc<Mutex<Vec<String>>>;
+
+/// What `open_device` makes.
+struct Opened {
+    device: ash::Device,
+    queue: vk::Queue,
+    name: String,
+    kind: DeviceKind,
+    memory_bytes: u64,
+    features: Vec<String>,
+    timestamp_period: Option<f64>,
+    timeline: vk::Semaphore,
+    pool: vk::CommandPool,
+}
+
+/// An open device with one compute queue.
+pub struct Gpu {
+    _entry: ash::Entry,
+    pub instance: ash::Instance,
+    debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
+    /// Kept alive while the messenger may write to it (the callback holds a raw pointer).
+    pub messages: Messages,
+    pub physical: vk::PhysicalDevice,
+    pub device: ash::Device,
+    pub queue: vk::Queue,
+    pub name: String,
+    pub kind: DeviceKind,
+    pub memory_bytes: u64,
+    pub features: Vec<String>,
+    /// Nanoseconds per timestamp tick; `None` when the queue has no timestamps.
+    pub timestamp_period: Option<f64>,
+    /// The queue's timeline: every submission signals the next value.
+    pub timeline: vk::Semaphore,
+    /// The last value a submission will signal.
+    pub submitted: u64,
+    pub pool: vk::CommandPool,
+}
+
+/// A Vulkan error of `what` on `device` as a backend error.
+pub fn vk_err(what: &str, device: &str, e: vk::Result) -> BackendError {
+    match e {
+        vk::Result::ERROR_DEVICE_LOST => BackendError::DeviceLost {
+            device: format!("{device} ({what})"),
+        },
+        vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY => {
+            BackendError::OutOfMemory {
+                requested: 0,
+                available: 0,
+            }
+        }
+        e => BackendError::internal(format!("{what} on {device}: {e}")),
+    }
+}
+
+/// Maps a Vulkan error of `what` on `device` to a backend error.
+pub fn check(what: &str, device: &str, r: Result<(), vk::Result>) -> Result<(), BackendError> {
+    r.map_err(|e| vk_err(what, device, e))
+}
+
+/// Maps a Vulkan result to a backend error naming the call and the device.
+pub fn map<T>(what: &str, device: &str, r: Result<T, vk::Result>) -> Result<T, BackendError> {
+    r.map_err(|e| vk_err(what, device, e))
+}
+
+unsafe extern "system" fn on_message(
+    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
+    _types: vk::DebugUtilsMessageTypeFlagsEXT,
+    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
+    user: *mut c_void,
+) -> vk::Bool32 {
+    if !severity.intersects(
+        vk::DebugUtilsMessageSeverityFlagsEXT::WARNING | vk::DebugUtilsMessageSeverityFlagsEXT::ERROR,
+    ) {
+        return vk::FALSE;
+    }
+    // SAFETY: the loader passes a valid callback-data pointer for the duration of the call;
+    // `user` is the `Mutex<Vec<String>>` inside the `Arc` that `Gpu` keeps alive until the
+    // messenger is destroyed.
+    unsafe {
+        let text = if data.is_null() || (*data).p_message.is_null() {
+            "(no message)".to_string()
+        } else {
+            CStr::from_ptr((*data).p_message).to_string_lossy().into_owned()
+        };
+        let messages = &*(user as *const Mutex<Vec<String>>);
+        if let Ok(mut m) = messages.lock() {
+            m.push(text);
+        }
+    }
+    vk::FALSE
+}
+
+/// The features the kernels need, by name, that `physical` lacks.
+fn missing_features(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Vec<&'static str> {
+    let mut v11 = vk::PhysicalDeviceVulkan11Features::default();
+    let mut v12 = vk::PhysicalDeviceVulkan12Features::default();
+    let mut f2 = vk::PhysicalDeviceFeatures2::default()
+        .push_next(&mut v11)
+        .push_next(&mut v12);
+    let mut sub = vk::PhysicalDeviceSubgroupProperties::default();
+    let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut sub);
+    // SAFETY: `physical` came from this instance; the chained structs live on this frame.
+    unsafe {
+        instance.get_physical_device_features2(physical, &mut f2);
+        instance.get_physical_device_properties2(physical, &mut p2);
+    }
+    let core = f2.features;
+    let mut missing = Vec::new();
+    if p2.properties.api_version < vk::API_VERSION_1_2 {
+        missing.push("Vulkan 1.2");
+        return missing;
+    }
+    let checks: [(bool, &'static str); 10] = [
+        (v12.buffer_device_address == vk::TRUE, "bufferDeviceAddress"),
+        (v12.timeline_semaphore == vk::TRUE, "timelineSemaphore"),
+        (v12.scalar_block_layout == vk::TRUE, "scalarBlockLayout"),
+        (
+            v12.storage_buffer8_bit_access == vk::TRUE,
+            "storageBuffer8BitAccess",
+        ),
+        (v12.shader_int8 == vk::TRUE, "shaderInt8"),
+        (
+            v11.storage_buffer16_bit_access == vk::TRUE,
+            "storageBuffer16BitAccess",
+        ),
+        (core.shader_int16 == vk::TRUE, "shaderInt16"),
+        (core.shader_int64 == vk::TRUE, "shaderInt64"),
+        (
+            sub.supported_stages.contains(vk::ShaderStageFlags::COMPUTE),
+            "subgroup operations in compute shaders",
+        ),
+        (
+            sub.supported_operations
+                .contains(vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC),
+            "subgroup arithmetic",
+        ),
+    ];
+    for (ok, name) in checks {
+        if !ok {
+            missing.push(name);
+        }
+    }
+    missing
+}
+
+fn device_name(props: &vk::PhysicalDeviceProperties) -> String {
+    props
+        .device_name_as_c_str()
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "(unnamed device)".into())
+}
+
+fn rank(t: vk::PhysicalDeviceType) -> u32 {
+    match t {
+        vk::PhysicalDeviceType::DISCRETE_GPU => 0,
+        vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
+        vk::PhysicalDeviceType::VIRTUAL_GPU => 2,
+        vk::PhysicalDeviceType::CPU => 3,
+        _ => 4,
+    }
+}
+
+impl Gpu {
+    /// Loads the loader, picks a device and opens it.
+    pub fn open(req: &DeviceRequest) -> Result<Gpu, BackendError> {
+        // SAFETY: loading the system's Vulkan loader runs its initialisers; it is the library
+        // every Vulkan program loads, and nothing else in this process expects it absent.
+        let entry = unsafe { ash::Entry::load() }.map_err(|e| BackendError::Unavailable {
+            reason: format!("no Vulkan loader (libvulkan.so.1): {e}"),
+        })?;
+        // SAFETY: plain queries of the loader.
+        let version = unsafe { entry.try_enumerate_instance_version() }
+            .ok()
+            .flatten()
+            .unwrap_or(vk::API_VERSION_1_0);
+        if version < vk::API_VERSION_1_2 {
+            return Err(BackendError::Unavailable {
+                reason: format!(
+                    "the Vulkan loader speaks {}.{}, the backend needs 1.2",
+                    vk::api_version_major(version),
+                    vk::api_version_minor(version)
+                ),
+            });
+        }
+        let mut layers = Vec::new();
+        let mut extensions = Vec::new();
+        if req.validation {
+            // SAFETY: plain query of the loader.
+            let available = unsafe { entry.enumerate_instance_layer_properties() }
+                .map_err(|e| BackendError::internal(format!("listing Vulkan layers: {e}")))?;
+            let found = available
+                .iter()
+                .any(|l| l.layer_name_as_c_str().is_ok_and(|n| n == VALIDATION_LAYER));
+            if !found {
+                return Err(BackendError::Unavailable {
+                    reason: "Vulkan validation was requested but VK_LAYER_KHRONOS_validation is not \
+                             installed (Debian: vulkan-validationlayers)"
+                        .into(),
+                });
+            }
+            layers.push(VALIDATION_LAYER.as_ptr());
+            extensions.push(ash::ext::debug_utils::NAME.as_ptr());
+        }
+        let app = vk::ApplicationInfo::default()
+            .application_name(c"tandem")
+            .engine_name(c"tandem")
+            .api_version(if version >= vk::API_VERSION_1_3 {
+                vk::API_VERSION_1_3
+            } else {
+                vk::API_VERSION_1_2
+            });
+        let messages: Messages = Arc::new(Mutex::new(Vec::new()));
+        let mut messenger_info = vk::DebugUtilsMessengerCreateInfoEXT::default()
+            .message_severity(
+                vk::DebugUtilsMessageSeverityFlagsEXT::WARNING | vk::DebugUtilsMessageSeverityFlagsEXT::ERROR,
+            )
+            .message_type(
+                vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION | vk::DebugUtilsMessageTypeFlagsEXT::GENERAL,
+            )
+            .pfn_user_callback(Some(on_message))
+            .user_data(Arc::as_ptr(&messages) as *mut c_void);
+        let mut create = vk::InstanceCreateInfo::default()
+            .application_info(&app)
+            .enabled_layer_names(&layers)
+            .enabled_extension_names(&extensions);
+        if req.validation {
+            create = create.push_next(&mut messenger_info);
+        }
+        // SAFETY: the create info and everything it points to live on this frame.
+        let instance =
+            unsafe { entry.create_instance(&create, None) }.map_err(|e| BackendError::Unavailable {
+                reason: format!("cannot create a Vulkan instance: {e}"),
+            })?;
+        let debug = if req.validation {
+            let du = ash::ext::debug_utils::Instance::new(&entry, &instance);
+            // SAFETY: the instance enabled VK_EXT_debug_utils; `messages` outlives the messenger
+            // (both are owned by the `Gpu`, and the messenger is destroyed first).
+            match unsafe { du.create_debug_utils_messenger(&messenger_info, None) } {
+                Ok(m) => Some((du, m)),
+                Err(e) => {
+                    // SAFETY: nothing was created from the instance yet.
+                    unsafe { instance.destroy_instance(None) };
+                    return Err(BackendError::internal(format!(
+                        "cannot create the debug messenger: {e}"
+                    )));
+                }
+            }
+        } else {
+            None
+        };
+        let picked = Self::pick(&instance, req);
+        let (physical, props) = match picked {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: the messenger and instance are ours and unused from here on.
+                unsafe {
+                    if let Some((du, m)) = &debug {
+                        du.destroy_debug_utils_messenger(*m, None);
+                    }
+                    instance.destroy_instance(None);
+                }
+                return Err(e);
+            }
+        };
+        match Self::open_device(&instance, physical, &props) {
+            Ok(o) => Ok(Gpu {
+                _entry: entry,
+                instance,
+                debug,
+                messages,
+                physical,
+                device: o.device,
+                queue: o.queue,
+                name: o.name,
+                kind: o.kind,
+                memory_bytes: o.memory_bytes,
+                features: o.features,
+                timestamp_period: o.timestamp_period,
+                timeline: o.timeline,
+                submitted: 0,
+                pool: o.pool,
+            }),
+            Err(e) => {
+                // SAFETY: the messenger and instance are ours and unused from here on.
+                unsafe {
+                    if let Some((du, m)) = &debug {
+                        du.destroy_debug_utils_messenger(*m, None);
+                    }
+                    instance.destroy_instance(None);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Chooses the device: the requested one, else the best-ranked suitable one.
+    fn pick(
+        instance: &ash::Instance,
+        req: &DeviceRequest,
+    ) -> Result<(vk::PhysicalDevice, vk::PhysicalDeviceProperties), BackendError> {
+        // SAFETY: plain query of the instance.
+        let physicals =
+            unsafe { instance.enumerate_physical_devices() }.map_err(|e| BackendError::Unavailable {
+                reason: format!("cannot list Vulkan devices: {e}"),
+            })?;
+        if physicals.is_empty() {
+            return Err(BackendError::Unavailable {
+                reason: "the Vulkan loader found no device (no driver installed? Debian: \
+                         mesa-vulkan-drivers for lavapipe)"
+                    .into(),
+            });
+        }
+        let described: Vec<(vk::PhysicalDevice, vk::PhysicalDeviceProperties, String)> = physicals
+            .iter()
+            .map(|&p| {
+                // SAFETY: `p` came from this instance.
+                let props = unsafe { instance.get_physical_device_properties(p) };
+                let name = device_name(&props);
+                (p, props, name)
+            })
+            .collect();
+        let listing = || {
+            described
+                .iter()
+                .enumerate()
+                .map(|(i, (_, _, n))| format!("{i}: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if let Some(want) = &req.device {
+            let hit = match want.parse::<usize>() {
+                Ok(i) => described.get(i),
+                Err(_) => described
+                    .iter()
+                    .find(|(_, _, n)| n.to_lowercase().contains(&want.to_lowercase())),
+            };
+            let Some((p, props, name)) = hit else {
+                return Err(BackendError::Unavailable {
+                    reason: format!("no Vulkan device matches '{want}' (devices: {})", listing()),
+                });
+            };
+            let missing = missing_features(instance, *p);
+            if !missing.is_empty() {
+                return Err(BackendError::Unavailable {
+                    reason: format!("Vulkan device '{name}' lacks {}", missing.join(", ")),
+                });
+            }
+            return Ok((*p, *props));
+        }
+        let mut reasons = Vec::new();
+        let mut best: Option<(u32, vk::PhysicalDevice, vk::PhysicalDeviceProperties)> = None;
+        for (p, props, name) in &described {
+            let missing = missing_features(instance, *p);
+            if !missing.is_empty() {
+                reasons.push(format!("'{name}' lacks {}", missing.join(", ")));
+                continue;
+            }
+            let r = rank(props.device_type);
+            if best.as_ref().is_none_or(|(b, _, _)| r < *b) {
+                best = Some((r, *p, *props));
+            }
+        }
+        best.map(|(_, p, props)| (p, props))
+            .ok_or_else(|| BackendError::Unavailable {
+                reason: format!("no suitable Vulkan device: {}", reasons.join("; ")),
+            })
+    }
+
+    /// Opens `physical`: its device, queue, timeline and command pool, and what it reports.
+    fn open_device(
+        instance: &ash::Instance,
+        physical: vk::PhysicalDevice,
+        props: &vk::PhysicalDeviceProperties,
+    ) -> Result<Opened, BackendError> {
+        let name = device_name(props);
+        // SAFETY: plain queries of a device of this instance.
+        let (families, mem, exts) = unsafe {
+            (
+                instance.get_physical_device_queue_family_properties(physical),
+                instance.get_physical_device_memory_properties(physical),
+                instance
+                    .enumerate_device_extension_properties(physical)
+                    .unwrap_or_default(),
+            )
+        };
+        let Some(family) = families
+            .iter()
+            .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
+        else {
+            return Err(BackendError::Unavailable {
+                reason: format!("Vulkan device '{name}' has no compute queue"),
+            });
+        };
+        let timestamp_period = (families[family].timestamp_valid_bits > 0
+            && props.limits.timestamp_period > 0.0)
+            .then_some(props.limits.timestamp_period as f64);
+        let has_ext = |n: &CStr| {
+            exts.iter()
+                .any(|e| e.extension_name_as_c_str().is_ok_and(|x| x == n))
+        };
+        let mut v11f = vk::PhysicalDeviceVulkan11Features::default();
+        let mut v12f = vk::PhysicalDeviceVulkan12Features::default();
+        let mut f2 = vk::PhysicalDeviceFeatures2::default()
+            .push_next(&mut v11f)
+            .push_next(&mut v12f);
+        let mut sub = vk::PhysicalDeviceSubgroupProperties::default();
+        let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut sub);
+        // SAFETY: as above.
+        unsafe {
+            instance.get_physical_device_features2(physical, &mut f2);
+            instance.get_physical_device_properties2(physical, &mut p2);
+        }
+        let fp16 = v12f.shader_float16 == vk::TRUE;
+        let memory_bytes: u64 = mem.memory_heaps[..mem.memory_heap_count as usize]
+            .iter()
+            .filter(|h| h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL))
+            .map(|h| h.size)
+            .max()
+            .unwrap_or(0);
+        let mut features = vec![
+            format!(
+                "vulkan {}.{}.{}",
+                vk::api_version_major(props.api_version),
+                vk::api_version_minor(props.api_version),
+                vk::api_version_patch(props.api_version)
+            ),
+            format!("subgroup={}", sub.subgroup_size),
+            "buffer_device_address".into(),
+        ];
+        if fp16 {
+            features.push("fp16".into());
+        }
+        if has_ext(c"VK_KHR_shader_integer_dot_product") || props.api_version >= vk::API_VERSION_1_3 {
+            features.push("int8_dot".into());
+        }
+        if has_ext(c"VK_KHR_cooperative_matrix") {
+            features.push("cooperative_matrix".into());
+        }
+        if has_ext(c"VK_EXT_subgroup_size_control") || props.api_version >= vk::API_VERSION_1_3 {
+            features.push("subgroup_size_control".into());
+        }
+        if timestamp_period.is_some() {
+            features.push("timestamps".into());
+        }
+        let kind = match props.device_type {
+            vk::PhysicalDeviceType::DISCRETE_GPU => DeviceKind::DiscreteGpu,
+            vk::PhysicalDeviceType::INTEGRATED_GPU => DeviceKind::IntegratedGpu,
+            _ => DeviceKind::SoftwareGpu,
+        };
+
+        let priorities = [1.0f32];
+        let queues = [vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(family as u32)
+            .queue_priorities(&priorities)];
+        let mut en11 = vk::PhysicalDeviceVulkan11Features::default().storage_buffer16_bit_access(true);
+        let mut en12 = vk::PhysicalDeviceVulkan12Features::default()
+            .buffer_device_address(true)
+            .timeline_semaphore(true)
+            .scalar_block_layout(true)
+            .storage_buffer8_bit_access(true)
+            .shader_int8(true)
+            .host_query_reset(v12f.host_query_reset == vk::TRUE);
+        let core = vk::PhysicalDeviceFeatures::default()
+            .shader_int16(true)
+            .shader_int64(true);
+        let create = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&queues)
+            .enabled_features(&core)
+            .push_next(&mut en11)
+            .push_next(&mut en12);
+        // SAFETY: the create info and its chain live on this frame; every feature enabled was
+        // checked present by `missing_features`.
+        let device = match unsafe { instance.create_device(physical, &create, None) } {
+            Ok(d) => d,
+            Err(e) => {
+                return Err(BackendError::Unavailable {
+                    reason: format!("cannot open Vulkan device '{name}': {e}"),
+                })
+            }
+        };
+        // SAFETY: the family was created with one queue.
+        let queue = unsafe { device.get_device_queue(family as u32, 0) };
+        let mut tl = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(vk::SemaphoreType::TIMELINE)
+            .initial_value(0);
+        let sem_info = vk::SemaphoreCreateInfo::default().push_next(&mut tl);
+        let pool_info = vk::CommandPoolCreateInfo::default()
+            .queue_family_index(family as u32)
+            .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
+        // SAFETY: the device is valid; on failure everything created so far is destroyed.
+        let made = unsafe {
+            device.create_semaphore(&sem_info, None).and_then(|s| {
+                device
+                    .create_command_pool(&pool_info, None)
+                    .map(|p| (s, p))
+                    .inspect_err(|_| {
+                        device.destroy_semaphore(s, None);
+                    })
+            })
+        };
+        let (timeline, pool) = match made {
+            Ok(x) => x,
+            Err(e) => {
+                // SAFETY: the device has no other objects.
+                unsafe { device.destroy_device(None) };
+                return Err(BackendError::internal(format!(
+                    "cannot set up Vulkan device '{name}': {e}"
+                )));
+            }
+        };
+        Ok(Opened {
+            device,
+            queue,
+            name,
+            kind,
+            memory_bytes,
+            features,
+            timestamp_period,
+            timeline,
+            pool,
+        })
+    }
+
+    /// The first validation message received, if any.
+    pub fn validation_error(&self) -> Option<String> {
+        self.messages.lock().ok().and_then(|m| m.first().cloned())
+    }
+
+    /// The timeline value every finished submission has reached.
+    pub fn completed(&self) -> Result<u64, BackendError> {
+        // SAFETY: the semaphore is ours.
+        map("vkGetSemaphoreCounterValue", &self.name, unsafe {
+            self.device.get_semaphore_counter_value(self.timeline)
+        })
+    }
+
+    /// Blocks until the timeline reaches `value`.
+    pub fn wait_for(&self, value: u64) -> Result<(), BackendError> {
+        if value == 0 || value > self.submitted {
+            return Ok(());
+        }
+        let sems = [self.timeline];
+        let vals = [value];
+        let info = vk::SemaphoreWaitInfo::default().semaphores(&sems).values(&vals);
+        // SAFETY: the semaphore is ours; the value was (or will be) signalled by a submission.
+        check("vkWaitSemaphores", &self.name, unsafe {
+            self.device.wait_semaphores(&info, u64::MAX)
+        })
+    }
+
+    /// Submits `cb`, signalling the next timeline value, which it returns.
+    pub fn submit(&mut self, cb: vk::CommandBuffer) -> Result<u64, BackendError> {
+        let value = self.submitted + 1;
+        let cbs = [cb];
+        let sems = [self.timeline];
+        let vals = [value];
+        let mut tl = vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&vals);
+        let submit = vk::SubmitInfo::default()
+            .command_buffers(&cbs)
+            .signal_semaphores(&sems)
+            .push_next(&mut tl);
+        // SAFETY: `cb` is a recorded command buffer of this device's pool that is not pending
+        // (callers wait for its previous submission), and the queue is used from this thread.
+        check("vkQueueSubmit", &self.name, unsafe {
+            self.device.queue_submit(self.queue, &[submit], vk::Fence::null())
+        })?;
+        self.submitted = value;
+        Ok(value)
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: tearing down: every object created from the device has been destroyed by
+        // its owner (the backend drops its buffers, programs and pipelines first), so waiting
+        // for the device and destroying the pool, semaphore, device, messenger and instance in
+        // that order is valid.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            self.device.destroy_command_pool(self.pool, None);
+            self.device.destroy_semaphore(self.timeline, None);
+            self.device.destroy_device(None);
+            if let Some((du, m)) = &self.debug {
+                du.destroy_debug_utils_messenger(*m, None);
+            }
+            self.instance.destroy_instance(None);
+        }
+    }
+}

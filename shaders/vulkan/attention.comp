@@ -1,0 +1,134 @@
+// Second half of Op::Attention: one workgroup per (query head, row), flash-attention style: the
+// cached positions lo..=p of the row's slot are visited in chunks of 64 (one score per
+// invocation), with a running maximum and sum (online softmax); each invocation owns
+// head_dim / 64 output dimensions. The cache is read in place.
+layout(local_size_x = 64) in;
+#define MAX_HEAD_DIM 512
+#define PER_THREAD (MAX_HEAD_DIM / 64)
+
+layout(push_constant, scalar) uniform Params {
+    uint64_t q;
+    uint64_t kc;
+    uint64_t vc;
+    uint64_t dst;
+    uint64_t positions;
+    uint64_t slots;
+    uint heads;
+    uint kv_heads;
+    uint head_dim;
+    uint capacity;
+    float scale;
+    uint window;   // 0: none
+    float softcap; // 0: none
+    uint f16;
+} p;
+
+shared float qs[MAX_HEAD_DIM];
+shared float probs[64];
+shared float red[64];
+
+float cache_at(uint64_t base, uint64_t i) {
+    if (p.f16 != 0u) {
+        return unpackHalf2x16(ld_u16(base, i)).x;
+    }
+    return ld_f32(base, i);
+}
+
+float wg_max(float v) {
+    v = subgroupMax(v);
+    if (subgroupElect()) {
+        red[gl_SubgroupID] = v;
+    }
+    barrier();
+    float m = red[0];
+    for (uint i = 1; i < gl_NumSubgroups; i++) {
+        m = max(m, red[i]);
+    }
+    barrier();
+    return m;
+}
+
+float wg_sum(float v) {
+    v = subgroupAdd(v);
+    if (subgroupElect()) {
+        red[gl_SubgroupID] = v;
+    }
+    barrier();
+    float s = 0.0;
+    for (uint i = 0; i < gl_NumSubgroups; i++) {
+        s += red[i];
+    }
+    barrier();
+    return s;
+}
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint h = gl_WorkGroupID.x;
+    uint r = gl_WorkGroupID.y;
+    uint hd = p.head_dim;
+    uint g = h / (p.heads / p.kv_heads);
+    uint kv_cols = p.kv_heads * hd;
+    uint pos = U32s(p.positions).v[r];
+    uint slot = U32s(p.slots).v[r];
+    uint lo = (p.window != 0u && pos + 1u > p.window) ? pos + 1u - p.window : 0u;
+    uint n = pos - lo + 1u;
+    F32s qrow = F32s(p.q + (uint64_t(r) * p.heads * hd + h * hd) * 4);
+    for (uint d = tid; d < hd; d += 64) {
+        qs[d] = qrow.v[d];
+    }
+    barrier();
+    float o[PER_THREAD];
+    for (uint i = 0; i < PER_THREAD; i++) {
+        o[i] = 0.0;
+    }
+    float m = -1.0 / 0.0;
+    float l = 0.0;
+    for (uint base = 0; base < n; base += 64) {
+        uint j = base + tid;
+        float s = -1.0 / 0.0;
+        if (j < n) {
+            uint64_t row = uint64_t(slot) * p.capacity + (lo + j) % p.capacity;
+            uint64_t at = row * kv_cols + g * hd;
+            float dot = 0.0;
+            for (uint d = 0; d < hd; d++) {
+                dot += qs[d] * cache_at(p.kc, at + d);
+            }
+            s = dot * p.scale;
+            if (p.softcap != 0.0) {
+                s = p.softcap * tanh_safe(s / p.softcap);
+            }
+        }
+        float cm = wg_max(s);
+        float nm = max(m, cm);
+        float e = j < n ? exp(s - nm) : 0.0;
+        probs[tid] = e;
+        float cs = wg_sum(e);
+        float alpha = exp(m - nm);
+        l = l * alpha + cs;
+        for (uint i = 0; i < PER_THREAD; i++) {
+            o[i] *= alpha;
+        }
+        uint count = min(64u, n - base);
+        for (uint jj = 0; jj < count; jj++) {
+            uint64_t row = uint64_t(slot) * p.capacity + (lo + base + jj) % p.capacity;
+            uint64_t at = row * kv_cols + g * hd;
+            float pj = probs[jj];
+            for (uint i = 0; i < PER_THREAD; i++) {
+                uint d = tid + 64 * i;
+                if (d < hd) {
+                    o[i] += pj * cache_at(p.vc, at + d);
+                }
+            }
+        }
+        barrier();
+        m = nm;
+    }
+    F32s out_row = F32s(p.dst + (uint64_t(r) * p.heads * hd + h * hd) * 4);
+    for (uint i = 0; i < PER_THREAD; i++) {
+        uint d = tid + 64 * i;
+        if (d < hd) {
+            out_row.v[d] = o[i] / l;
+        }
+    }
+}
