@@ -1,0 +1,303 @@
+//! The Vulkan plugin beyond the conformance cases: every weight format its kernels decode, in
+//! matmuls (decode and batch shapes, fused splits) and embeddings, against the CPU reference;
+//! formats it does not decode are refused by name; a device that does not exist is a clear
+//! `Unavailable`. The backend runs with the Khronos validation layer on (any message fails).
+//!
+//! Without a Vulkan device (no loader, no lavapipe) these tests say so and pass, except under CI
+//! (`CI` set), where the backend must be available.
+
+use half::{bf16, f16};
+use tandem_backend_api::{
+    BackendError, BackendOptions, ComputeBackend, DType, GraphBuilder, Op, StepArgs, Support, TensorDesc,
+    Usage, WeightRef,
+};
+use tandem_conformance::{assert_close, discover, options_for, Rng};
+
+fn vulkan() -> Option<Box<dyn ComputeBackend>> {
+    match discover().create("vulkan", &options_for("vulkan")) {
+        Ok(b) => Some(b),
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping: the Vulkan backend is unavailable here: {e}");
+            None
+        }
+        Err(e) => panic!("CI must run the Vulkan backend (lavapipe): {e}"),
+    }
+}
+
+fn cpu() -> Box<dyn ComputeBackend> {
+    discover().create("cpu", &Default::default()).expect("cpu plugin")
+}
+
+/// Byte offsets of the f16 scale fields of one block, per format.
+fn scale_fields(d: DType) -> &'static [usize] {
+    match d {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
+        DType::Q4_1 | DType::Q5_1 | DType::Q4K => &[0, 2],
+        DType::Q6K => &[208],
+        _ => &[],
+    }
+}
+
+/// `rows` x `k` weights stored as `d`: random floats for float formats, random blocks with
+/// small positive f16 scales (and mins of either sign) for block formats.
+fn weight_bytes(rng: &mut Rng, d: DType, rows: usize, k: usize) -> Vec<u8> {
+    match d {
+        DType::F32 => rng
+            .vec(rows * k, 1.0)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DType::F16 => rng
+            .vec(rows * k, 1.0)
+            .iter()
+            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        DType::Bf16 => rng
+            .vec(rows * k, 1.0)
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+            .collect(),
+        _ => {
+            let len = d.row_bytes(k).expect("whole blocks") * rows;
+            let mut b: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+            for block in b.chunks_exact_mut(d.block_bytes()) {
+                for (i, &at) in scale_fields(d).iter().enumerate() {
+                    let mag = 0.002 + (rng.next_u64() % 1000) as f32 * 1e-5;
+                    let v = if i == 1 && rng.next_u64() % 2 == 0 {
+                        -mag
+                    } else {
+                        mag
+                    };
+                    block[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+                }
+            }
+            b
+        }
+    }
+}
+
+/// Runs `Input x -> MatMul(W, splits) -> Outputs` and `Embed(W) -> Output` on a backend.
+fn run_format(
+    be: &mut dyn ComputeBackend,
+    d: DType,
+    rows: usize,
+    bytes: &[u8],
+    x: &[f32],
+) -> Result<Vec<f32>, BackendError> {
+    let (n, k) = (37usize, 512usize);
+    let desc = TensorDesc::new(d, [n, k]);
+    let w = be.alloc(&desc, Usage::Weight)?;
+    be.write(w, 0, bytes)?;
+    let xin = be.alloc(&TensorDesc::new(DType::F32, [rows, k]), Usage::Activation)?;
+    be.write(
+        xin,
+        0,
+        &x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(),
+    )?;
+    let splits = vec![20usize, 10, 7];
+    let outs: Vec<_> = splits
+        .iter()
+        .map(|c| be.alloc(&TensorDesc::new(DType::F32, [rows, *c]), Usage::Activation))
+        .collect::<Result<_, _>>()?;
+    let emb = be.alloc(&TensorDesc::new(DType::F32, [rows, k]), Usage::Activation)?;
+    let weight = WeightRef { buffer: w, desc };
+    let mut g = GraphBuilder::new(format!("{d} x{rows}"), rows, 0);
+    let xv = g.push1(Op::Input {
+        buffer: xin,
+        cols: k,
+        selected: false,
+    });
+    let ys = g.push(Op::MatMul {
+        x: xv,
+        weight: weight.clone(),
+        splits: splits.clone(),
+    });
+    for (y, o) in ys.iter().zip(&outs) {
+        g.push(Op::Output { x: *y, buffer: *o });
+    }
+    let e = g.push1(Op::Embed {
+        table: weight,
+        scale: 0.5,
+    });
+    g.push(Op::Output { x: e, buffer: emb });
+    let p = be.compile(&g.finish())?;
+    let tokens: Vec<u32> = (0..rows as u32).map(|r| (r * 7 + 3) % n as u32).collect();
+    let zeros = vec![0u32; rows];
+    let t = be.execute(
+        p,
+        &StepArgs {
+            tokens: &tokens,
+            positions: &zeros,
+            slots: &zeros,
+            select: &[],
+        },
+    )?;
+    be.wait(t)?;
+    let mut got = Vec::new();
+    for (o, c) in outs.iter().chain([&emb]).zip(splits.iter().chain([&k])) {
+        let mut buf = vec![0u8; rows * c * 4];
+        be.read(*o, 0, &mut buf)?;
+        got.extend(
+            buf.chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
+    }
+    be.release(p)?;
+    for b in outs.into_iter().chain([emb, xin, w]) {
+        be.free(b)?;
+    }
+    Ok(got)
+}
+
+#[test]
+fn every_weight_format_matches_the_cpu_reference() {
+    let Some(mut vk) = vulkan() else { return };
+    let mut reference = cpu();
+    let mut rng = Rng::new(13);
+    let formats = [
+        DType::F32,
+        DType::F16,
+        DType::Bf16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::Q6K,
+    ];
+    for d in formats {
+        let bytes = weight_bytes(&mut rng, d, 37, 512);
+        // One row (matrix-vector), four and nine rows (the batched variants, a partial tile).
+        for rows in [1usize, 3, 9] {
+            let x = rng.vec(rows * 512, 1.0);
+            let want = run_format(reference.as_mut(), d, rows, &bytes, &x).unwrap();
+            let got = run_format(vk.as_mut(), d, rows, &bytes, &x)
+                .unwrap_or_else(|e| panic!("{d} with {rows} rows on vulkan: {e}"));
+            let want: Vec<f64> = want.iter().map(|v| *v as f64).collect();
+            assert_close(
+                &format!("matmul+embed {d} x{rows}"),
+                "vulkan vs cpu",
+                &got,
+                &want,
+                1e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn formats_without_a_kernel_are_refused_by_name() {
+    let Some(mut vk) = vulkan() else { return };
+    let desc = TensorDesc::new(DType::Q2K, [4, 256]);
+    let op = Op::Embed {
+        table: WeightRef {
+            buffer: tandem_backend_api::BufferId::UNBOUND,
+            desc: desc.clone(),
+        },
+        scale: 1.0,
+    };
+    match vk.supports(&op) {
+        Support::No { reason } => assert!(reason.contains("q2_k"), "{reason}"),
+        Support::Yes => panic!("q2_k claimed supported"),
+    }
+    let w = vk.alloc(&desc, Usage::Weight).unwrap();
+    let out = vk
+        .alloc(&TensorDesc::new(DType::F32, [1, 256]), Usage::Activation)
+        .unwrap();
+    let mut g = GraphBuilder::new("q2_k embed", 1, 0);
+    let e = g.push1(Op::Embed {
+        table: WeightRef { buffer: w, desc },
+        scale: 1.0,
+    });
+    g.push(Op::Output { x: e, buffer: out });
+    let err = vk.compile(&g.finish()).unwrap_err();
+    assert!(
+        matches!(err, BackendError::Unsupported { .. }) && err.to_string().contains("q2_k"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_device_that_is_not_there_is_unavailable_by_name() {
+    if vulkan().is_none() {
+        return;
+    }
+    let mut o = BackendOptions::default();
+    o.set("device", "no-such-gpu-anywhere");
+    let err = match discover().create("vulkan", &o) {
+        Ok(_) => panic!("a device named no-such-gpu-anywhere was found"),
+        Err(e) => e,
+    };
+    let text = err.to_string();
+    assert!(
+        text.contains("unavailable") && text.contains("no-such-gpu-anywhere"),
+        "{text}"
+    );
+    // An index past the list, likewise.
+    o.set("device", "999");
+    let err = discover().create("vulkan", &o).err().expect("device 999");
+    assert!(err.to_string().contains("'999'"), "{err}");
+}
+
+#[test]
+fn info_memory_profile_and_bandwidth() {
+    let Some(mut vk) = vulkan() else { return };
+    let info = vk.info();
+    assert_eq!(info.name, "vulkan");
+    assert!(
+        info.features.iter().any(|f| f.starts_with("vulkan 1.")),
+        "{info:?}"
+    );
+    let before = vk.memory().unwrap().expect("device memory is reported");
+    let kb = vk
+        .alloc(&TensorDesc::new(DType::F32, [1024, 1024]), Usage::Weight)
+        .unwrap();
+    let after = vk.memory().unwrap().unwrap();
+    assert!(
+        after.in_use_bytes >= before.in_use_bytes + (4 << 20),
+        "{before:?} -> {after:?}"
+    );
+    // A program's per-node times: one per node once it has run.
+    let out = vk
+        .alloc(&TensorDesc::new(DType::F32, [2, 1024]), Usage::Activation)
+        .unwrap();
+    let mut g = GraphBuilder::new("embed", 2, 0);
+    let e = g.push1(Op::Embed {
+        table: WeightRef {
+            buffer: kb,
+            desc: TensorDesc::new(DType::F32, [1024, 1024]),
+        },
+        scale: 1.0,
+    });
+    let s = g.push1(Op::Softcap { x: e, cap: 3.0 });
+    g.push(Op::Output { x: s, buffer: out });
+    let p = vk.compile(&g.finish()).unwrap();
+    assert!(vk.profile(p).unwrap().is_empty(), "times before any execution");
+    let t = vk
+        .execute(
+            p,
+            &StepArgs {
+                tokens: &[1, 2],
+                positions: &[0, 1],
+                slots: &[0, 0],
+                select: &[],
+            },
+        )
+        .unwrap();
+    vk.wait(t).unwrap();
+    if info.features.iter().any(|f| f == "timestamps") {
+        let times = vk.profile(p).unwrap();
+        assert_eq!(times.len(), 3);
+        assert_eq!(times[1].op, "softcap");
+        assert!(
+            times.iter().all(|t| t.seconds >= 0.0 && t.seconds < 10.0),
+            "{times:?}"
+        );
+        let bw = vk.copy_bandwidth().unwrap().expect("measured");
+        assert!(bw > 1e6, "{bw}");
+    }
+    vk.release(p).unwrap();
+    vk.free(out).unwrap();
+    vk.free(kb).unwrap();
+}

@@ -1,0 +1,168 @@
+//! Whole models on the Vulkan backend (validation layer on): the tiny transformers fixtures and
+//! the real default model (Gemma 3 270M, Q4_K_M: q8_0 embedding, q5_0/q8_0/q4_k/q6_k matrices)
+//! give logits within 1e-2 of the largest reference logit and the same greedy continuations as
+//! Hugging Face transformers.
+//!
+//! Without a Vulkan device, or without the default model, the tests say so and pass, except
+//! under CI (`CI` set), where both must be there.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tandem_backend_api::ComputeBackend;
+use tandem_conformance::{discover, options_for};
+use tandem_engine::loader::{default_model, open_model};
+use tandem_engine::model::{CacheShape, Gemma3Model};
+use tandem_engine::sampler::{Sampler, SamplerConfig};
+use tandem_engine::session::Session;
+
+const FIXTURES: [&str; 5] = [
+    "text-published",
+    "text-newer",
+    "multimodal",
+    "multimodal-legacy",
+    "softcap",
+];
+
+fn vulkan() -> Option<Box<dyn ComputeBackend>> {
+    match discover().create("vulkan", &options_for("vulkan")) {
+        Ok(b) => Some(b),
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping: the Vulkan backend is unavailable here: {e}");
+            None
+        }
+        Err(e) => panic!("CI must run the Vulkan backend (lavapipe): {e}"),
+    }
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    serde_json::from_value(v.clone()).expect("id list")
+}
+
+fn session(path: &Path, backend: Box<dyn ComputeBackend>, max_step_rows: usize) -> (Session, Vec<u32>) {
+    let files = open_model(Some(path)).unwrap();
+    let stop = files.tokenizer.stop_ids().to_vec();
+    let mut backend = backend;
+    let shape = CacheShape {
+        slots: 1,
+        context: 128,
+        max_step_rows,
+    };
+    let model = Gemma3Model::load(
+        files.config,
+        files.weights.as_ref(),
+        backend.as_mut(),
+        shape,
+        &mut |_: u64, _: u64| {},
+    )
+    .unwrap();
+    (Session::new(backend, model), stop)
+}
+
+fn greedy(session: &mut Session, stop: &[u32], g: &Value) {
+    // The fixtures name the prompt's ids `prompt`, the real model's reference `prompt_ids`.
+    let prompt = if g["prompt_ids"].is_array() {
+        ids(&g["prompt_ids"])
+    } else {
+        ids(&g["prompt"])
+    };
+    let n = g["max_new_tokens"].as_u64().unwrap() as usize;
+    let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+    let mut got = Vec::new();
+    session
+        .generate(&prompt, n, &mut sampler, stop, false, |t| {
+            got.push(t);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(got, ids(&g["generated"]), "greedy continuation of {prompt:?}");
+}
+
+#[test]
+fn fixtures_match_transformers_on_vulkan() {
+    if vulkan().is_none() {
+        return;
+    }
+    for case in FIXTURES {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/models")
+            .join(case);
+        let r: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        // Chunks of 5 rows: prefill crosses chunk boundaries and the batched kernels run.
+        let (mut s, stop) = session(&dir, vulkan().expect("vulkan"), 5);
+        for seq in r["sequences"].as_array().unwrap() {
+            let tokens = ids(&seq["tokens"]);
+            let want: Vec<Vec<f64>> = serde_json::from_value(seq["logits"].clone()).unwrap();
+            s.reset(0);
+            let got = s.prefill(0, &tokens, true).unwrap();
+            let vocab = want[0].len();
+            assert_eq!(got.len(), want.len() * vocab, "{case}: logits");
+            let scale = want.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
+            for (p, w) in want.iter().enumerate() {
+                let g = &got[p * vocab..(p + 1) * vocab];
+                let err = g
+                    .iter()
+                    .zip(w)
+                    .map(|(a, b)| (*a as f64 - b).abs())
+                    .fold(0.0, f64::max);
+                assert!(
+                    err <= 1e-2 * scale,
+                    "{case}: position {p}: error {err:e} > 1e-2 x {scale}"
+                );
+            }
+        }
+        for g in r["greedy"].as_array().unwrap() {
+            s.reset(0);
+            greedy(&mut s, &stop, g);
+        }
+    }
+}
+
+#[test]
+fn the_default_model_matches_transformers_on_vulkan() {
+    let path = match default_model() {
+        Ok(p) => p,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping the real-model test: {e}");
+            return;
+        }
+        Err(e) => panic!("CI must fetch the default model: {e}"),
+    };
+    let Some(backend) = vulkan() else { return };
+    let r: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gemma3-270m/reference.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let (mut s, stop) = session(&path, backend, 64);
+    for l in r["last_logits"].as_array().unwrap() {
+        let prompt = ids(&l["prompt_ids"]);
+        s.reset(0);
+        let logits = s.prefill(0, &prompt, false).unwrap();
+        let max_abs = l["max_abs"].as_f64().unwrap();
+        for pair in l["top"].as_array().unwrap() {
+            let (id, want) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap());
+            let got = logits[id] as f64;
+            assert!(
+                (got - want).abs() <= 1e-2 * max_abs,
+                "prompt {prompt:?}: logit {id} is {got}, expected {want}"
+            );
+        }
+        let best = logits
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, v)| if *v > logits[b] { i } else { b });
+        assert_eq!(
+            best as u64,
+            l["top"][0][0].as_u64().unwrap(),
+            "argmax for {prompt:?}"
+        );
+    }
+    for g in r["greedy"].as_array().unwrap() {
+        s.reset(0);
+        greedy(&mut s, &stop, g);
+    }
+}
