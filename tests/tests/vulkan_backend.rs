@@ -63,7 +63,7 @@ fn weight_bytes(rng: &mut Rng, d: DType, rows: usize, k: usize) -> Vec<u8> {
             for block in b.chunks_exact_mut(d.block_bytes()) {
                 for (i, &at) in scale_fields(d).iter().enumerate() {
                     let mag = 0.002 + (rng.next_u64() % 1000) as f32 * 1e-5;
-                    let v = if i == 1 && rng.next_u64() % 2 == 0 {
+                    let v = if i == 1 && rng.next_u64().is_multiple_of(2) {
                         -mag
                     } else {
                         mag
