@@ -14,7 +14,7 @@ const FORMATS: [&str; 10] = [
 ];
 
 /// Kernels built once per weight format.
-const PER_FORMAT: [&str; 2] = ["embed", "matmul"];
+const PER_FORMAT: [&str; 3] = ["embed", "matmul", "matmul_tiled"];
 
 /// Kernels built once.
 const PLAIN: [&str; 6] = [

@@ -11,7 +11,11 @@ use crate::VulkanBackend;
 /// Alignment of values in the arena.
 const ARENA_ALIGN: u64 = 256;
 
-/// Threads per workgroup of every kernel.
+/// Rows from which a matmul takes the tiled matrix-matrix kernel instead of the matrix-vector
+/// one.
+const TILED_ROWS: usize = 16;
+
+/// Threads per workgroup of the one-dimensional kernels.
 const WG: u32 = 64;
 
 /// Push constants in the kernels' scalar layout.
@@ -459,27 +463,37 @@ impl VulkanBackend {
                             ends[s] = acc as u32;
                         }
                     }
-                    let [gx, gy] = spread(n as u32);
-                    cmds.push(Cmd::Dispatch {
-                        kernel: format!("matmul_{}", format_name(dt)),
-                        spec: r,
-                        push: Push::default()
-                            .u64(w.mem.address)
-                            .u64(addr(*x)?)
-                            .u64(dsts[0])
-                            .u64(dsts[1])
-                            .u64(dsts[2])
-                            .u64(dsts[3])
-                            .u32(k as u32)
-                            .u32(n as u32)
-                            .u32(rows as u32)
-                            .u32(dt.row_bytes(k).unwrap_or(0) as u32)
-                            .u32(ends[0])
-                            .u32(ends[1])
-                            .u32(ends[2])
-                            .0,
-                        groups: [gx, gy, div_up(rows, r as usize)],
-                    });
+                    let push = Push::default()
+                        .u64(w.mem.address)
+                        .u64(addr(*x)?)
+                        .u64(dsts[0])
+                        .u64(dsts[1])
+                        .u64(dsts[2])
+                        .u64(dsts[3])
+                        .u32(k as u32)
+                        .u32(n as u32)
+                        .u32(rows as u32)
+                        .u32(dt.row_bytes(k).unwrap_or(0) as u32)
+                        .u32(ends[0])
+                        .u32(ends[1])
+                        .u32(ends[2])
+                        .0;
+                    if rows >= TILED_ROWS {
+                        cmds.push(Cmd::Dispatch {
+                            kernel: format!("matmul_tiled_{}", format_name(dt)),
+                            spec: 0,
+                            push,
+                            groups: [div_up(n, 64), div_up(rows, 64), 1],
+                        });
+                    } else {
+                        let [gx, gy] = spread(n as u32);
+                        cmds.push(Cmd::Dispatch {
+                            kernel: format!("matmul_{}", format_name(dt)),
+                            spec: r,
+                            push,
+                            groups: [gx, gy, div_up(rows, r as usize)],
+                        });
+                    }
                 }
                 Op::Rope {
                     x, head_dim, factor, ..

@@ -63,88 +63,122 @@ float wload(uint64_t row, uint i) { return uintBitsToFloat(uint(U16s(row).v[i]) 
 void load_unit(uint64_t row, uint u, out float w[UNIT]) { w[0] = wload(row, u); }
 #endif
 
+// The block formats are read 16 bits at a time (their blocks are 2-byte aligned), q4_k 32 bits
+// at a time (144-byte blocks).
+uint ld16(uint64_t b, uint byte_off) { return uint(U16s(b).v[byte_off >> 1]); }
+uint ld32(uint64_t b, uint byte_off) { return U32s(b).v[byte_off >> 2]; }
+float sext8(uint v) { return float(bitfieldExtract(int(v), 0, 8)); }
+
+#if defined(WFMT_Q4_0) || defined(WFMT_Q4_1)
+// q4_0: d, 16 bytes (element j low nibble of byte j, j + 16 high nibble); (q - 8) * d.
+// q4_1: d, m, 16 bytes as q4_0; q * d + m.
+void load_unit(uint64_t row, uint u, out float w[UNIT]) {
 #if defined(WFMT_Q4_0)
-// d: f16, 16 bytes: element j low nibble of byte j, j + 16 high nibble; (q - 8) * d.
-void load_unit(uint64_t row, uint u, out float w[UNIT]) {
     uint64_t b = row + uint64_t(u) * 18;
-    float d = f16_at(b, 0);
-    for (uint j = 0; j < 16; j++) {
-        uint q = u8_at(b, 2 + j);
-        w[j] = float(int(q & 15u) - 8) * d;
-        w[j + 16] = float(int(q >> 4) - 8) * d;
-    }
-}
-#elif defined(WFMT_Q4_1)
-void load_unit(uint64_t row, uint u, out float w[UNIT]) {
+    const uint qs = 2;
+#else
     uint64_t b = row + uint64_t(u) * 20;
+    const uint qs = 4;
+#endif
     float d = f16_at(b, 0);
-    float m = f16_at(b, 2);
-    for (uint j = 0; j < 16; j++) {
-        uint q = u8_at(b, 4 + j);
-        w[j] = float(q & 15u) * d + m;
-        w[j + 16] = float(q >> 4) * d + m;
+    for (uint i = 0; i < 8; i++) {
+        uint v = ld16(b, qs + 2 * i);
+#if defined(WFMT_Q4_0)
+        w[2 * i] = float(int(v & 15u) - 8) * d;
+        w[2 * i + 1] = float(int((v >> 8) & 15u) - 8) * d;
+        w[2 * i + 16] = float(int((v >> 4) & 15u) - 8) * d;
+        w[2 * i + 17] = float(int(v >> 12) - 8) * d;
+#else
+        float m = f16_at(b, 2);
+        w[2 * i] = float(v & 15u) * d + m;
+        w[2 * i + 1] = float((v >> 8) & 15u) * d + m;
+        w[2 * i + 16] = float((v >> 4) & 15u) * d + m;
+        w[2 * i + 17] = float(v >> 12) * d + m;
+#endif
     }
 }
-#elif defined(WFMT_Q5_0)
+#elif defined(WFMT_Q5_0) || defined(WFMT_Q5_1)
+// q5_0: d, qh (u32: bit j is bit 4 of element j), 16 bytes as q4_0; (q - 16) * d.
+// q5_1: d, m, qh, 16 bytes; q * d + m.
 void load_unit(uint64_t row, uint u, out float w[UNIT]) {
+#if defined(WFMT_Q5_0)
     uint64_t b = row + uint64_t(u) * 22;
-    float d = f16_at(b, 0);
-    uint qh = uint(U16s(b).v[1]) | (uint(U16s(b).v[2]) << 16);
-    for (uint j = 0; j < 16; j++) {
-        uint q = u8_at(b, 6 + j);
-        uint h0 = ((qh >> j) << 4) & 0x10u;
-        uint h1 = (qh >> (j + 12)) & 0x10u;
-        w[j] = float(int((q & 15u) | h0) - 16) * d;
-        w[j + 16] = float(int((q >> 4) | h1) - 16) * d;
-    }
-}
-#elif defined(WFMT_Q5_1)
-void load_unit(uint64_t row, uint u, out float w[UNIT]) {
+    const uint qh_at = 2;
+#else
     uint64_t b = row + uint64_t(u) * 24;
+    const uint qh_at = 4;
+#endif
     float d = f16_at(b, 0);
-    float m = f16_at(b, 2);
-    uint qh = uint(U16s(b).v[2]) | (uint(U16s(b).v[3]) << 16);
-    for (uint j = 0; j < 16; j++) {
-        uint q = u8_at(b, 8 + j);
-        uint h0 = ((qh >> j) << 4) & 0x10u;
-        uint h1 = (qh >> (j + 12)) & 0x10u;
-        w[j] = float((q & 15u) | h0) * d + m;
-        w[j + 16] = float((q >> 4) | h1) * d + m;
+    uint qh = ld16(b, qh_at) | (ld16(b, qh_at + 2) << 16);
+    for (uint i = 0; i < 8; i++) {
+        uint v = ld16(b, qh_at + 4 + 2 * i);
+        uint j = 2 * i;
+        uint q0 = (v & 15u) | (((qh >> j) << 4) & 0x10u);
+        uint q1 = ((v >> 8) & 15u) | (((qh >> (j + 1)) << 4) & 0x10u);
+        uint q16 = ((v >> 4) & 15u) | ((qh >> (j + 12)) & 0x10u);
+        uint q17 = (v >> 12) | ((qh >> (j + 13)) & 0x10u);
+#if defined(WFMT_Q5_0)
+        w[j] = float(int(q0) - 16) * d;
+        w[j + 1] = float(int(q1) - 16) * d;
+        w[j + 16] = float(int(q16) - 16) * d;
+        w[j + 17] = float(int(q17) - 16) * d;
+#else
+        float m = f16_at(b, 2);
+        w[j] = float(q0) * d + m;
+        w[j + 1] = float(q1) * d + m;
+        w[j + 16] = float(q16) * d + m;
+        w[j + 17] = float(q17) * d + m;
+#endif
     }
 }
 #elif defined(WFMT_Q8_0)
+// d, 32 x int8; q * d.
 void load_unit(uint64_t row, uint u, out float w[UNIT]) {
     uint64_t b = row + uint64_t(u) * 34;
     float d = f16_at(b, 0);
-    for (uint j = 0; j < 32; j++) {
-        w[j] = float(i8_at(b, 2 + j)) * d;
+    for (uint i = 0; i < 16; i++) {
+        uint v = ld16(b, 2 + 2 * i);
+        w[2 * i] = sext8(v) * d;
+        w[2 * i + 1] = sext8(v >> 8) * d;
     }
 }
 #elif defined(WFMT_Q4_K)
-// Unit u: sub-block s = u % 8 of super-block u / 8 (144 bytes: d, dmin, 12 scale bytes, 128 qs).
+// Unit u: sub-block s = u % 8 of super-block u / 8 (144 bytes: d, dmin, 12 bytes packing 6-bit
+// scales and mins, 128 bytes of nibbles: 32 bytes per 64 elements, low nibbles first).
+uint byte_of(uvec3 sc, uint i) {
+    uint word = i < 4u ? sc.x : (i < 8u ? sc.y : sc.z);
+    return (word >> (8u * (i & 3u))) & 0xFFu;
+}
 void load_unit(uint64_t row, uint u, out float w[UNIT]) {
     uint64_t b = row + uint64_t(u >> 3) * 144;
     uint s = u & 7u;
-    float d = f16_at(b, 0);
-    float dmin = f16_at(b, 2);
-    uint sc, mn;
+    vec2 dm = unpackHalf2x16(ld32(b, 0));
+    uvec3 sc = uvec3(ld32(b, 4), ld32(b, 8), ld32(b, 12));
+    uint scale, mn;
     if (s < 4) {
-        sc = u8_at(b, 4 + s) & 63u;
-        mn = u8_at(b, 8 + s) & 63u;
+        scale = byte_of(sc, s) & 63u;
+        mn = byte_of(sc, s + 4) & 63u;
     } else {
-        sc = (u8_at(b, 8 + s) & 15u) | ((u8_at(b, s) >> 6) << 4);
-        mn = (u8_at(b, 8 + s) >> 4) | ((u8_at(b, 4 + s) >> 6) << 4);
+        scale = (byte_of(sc, s + 4) & 15u) | ((byte_of(sc, s - 4) >> 6) << 4);
+        mn = (byte_of(sc, s + 4) >> 4) | ((byte_of(sc, s) >> 6) << 4);
     }
-    float d1 = d * float(sc);
-    float m1 = dmin * float(mn);
+    float d1 = dm.x * float(scale);
+    float m1 = dm.y * float(mn);
     uint qoff = 16 + 32 * (s >> 1);
     uint shift = (s & 1u) * 4;
-    for (uint l = 0; l < 32; l++) {
-        w[l] = d1 * float((u8_at(b, qoff + l) >> shift) & 15u) - m1;
+    for (uint i = 0; i < 8; i++) {
+        uint v = ld32(b, qoff + 4 * i) >> shift;
+        w[4 * i] = d1 * float(v & 15u) - m1;
+        w[4 * i + 1] = d1 * float((v >> 8) & 15u) - m1;
+        w[4 * i + 2] = d1 * float((v >> 16) & 15u) - m1;
+        w[4 * i + 3] = d1 * float((v >> 24) & 15u) - m1;
     }
 }
 #elif defined(WFMT_Q6_K)
-// Unit u: 32 elements s = u % 4 of half h = (u / 4) % 2 of super-block u / 8 (210 bytes).
+// Unit u: 32 elements s = u % 4 of half h = (u / 4) % 2 of super-block u / 8 (210 bytes: 128 of
+// low nibbles, 64 of high bit pairs, 16 int8 scales, d). Element l of the unit: low bits from
+// byte 64h + 32(s % 2) + l (nibble s / 2), high bits from byte 128 + 32h + l at shift 2s, scale
+// 192 + 8h + 2s + l / 16; value d * scale * (q - 32).
 void load_unit(uint64_t row, uint u, out float w[UNIT]) {
     uint64_t b = row + uint64_t(u >> 3) * 210;
     uint h = (u >> 2) & 1u;
@@ -154,13 +188,17 @@ void load_unit(uint64_t row, uint u, out float w[UNIT]) {
     uint lshift = (s >> 1) * 4;
     uint qhoff = 128 + 32 * h;
     uint hshift = 2 * s;
-    uint scoff = 192 + 8 * h + 2 * s;
-    for (uint l = 0; l < 32; l++) {
-        uint low = (u8_at(b, qloff + l) >> lshift) & 15u;
-        uint high = (u8_at(b, qhoff + l) >> hshift) & 3u;
-        int q = int(low | (high << 4)) - 32;
-        float scale = float(i8_at(b, scoff + (l >> 4)));
-        w[l] = d * scale * float(q);
+    uint scs = ld16(b, 192 + 8 * h + 2 * s);
+    float ds0 = d * sext8(scs);
+    float ds1 = d * sext8(scs >> 8);
+    for (uint i = 0; i < 16; i++) {
+        uint lo = ld16(b, qloff + 2 * i) >> lshift;
+        uint hi = ld16(b, qhoff + 2 * i) >> hshift;
+        int q0 = int((lo & 15u) | ((hi & 3u) << 4)) - 32;
+        int q1 = int(((lo >> 8) & 15u) | (((hi >> 8) & 3u) << 4)) - 32;
+        float ds = i < 8u ? ds0 : ds1;
+        w[2 * i] = ds * float(q0);
+        w[2 * i + 1] = ds * float(q1);
     }
 }
 #endif
