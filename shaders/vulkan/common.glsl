@@ -15,6 +15,7 @@
 
 layout(buffer_reference, scalar, buffer_reference_align = 4) buffer F32s { float v[]; };
 layout(buffer_reference, scalar, buffer_reference_align = 4) buffer U32s { uint v[]; };
+layout(buffer_reference, scalar, buffer_reference_align = 16) buffer V4s { vec4 v[]; };
 layout(buffer_reference, scalar, buffer_reference_align = 2) buffer U16s { uint16_t v[]; };
 layout(buffer_reference, scalar, buffer_reference_align = 1) buffer U8s { uint8_t v[]; };
 layout(buffer_reference, scalar, buffer_reference_align = 1) buffer I8s { int8_t v[]; };

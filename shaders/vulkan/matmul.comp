@@ -40,11 +40,18 @@ void main() {
         load_unit(wrow, u, wv);
         for (uint r = 0; r < R; r++) {
             if (r0 + r < p.rows) {
-                F32s xr = F32s(p.x + (uint64_t(r0 + r) * p.k + u * UNIT) * 4);
+                uint64_t xa = p.x + (uint64_t(r0 + r) * p.k + u * UNIT) * 4;
                 float s = 0.0;
-                for (uint i = 0; i < UNIT; i++) {
-                    s += wv[i] * xr.v[i];
+#if UNIT == 1
+                s = wv[0] * F32s(xa).v[0];
+#else
+                // A unit's 32 inputs start 128-byte aligned (k is a multiple of 32).
+                V4s xr = V4s(xa);
+                for (uint i = 0; i < UNIT / 4; i++) {
+                    vec4 xv = xr.v[i];
+                    s += wv[4 * i] * xv.x + wv[4 * i + 1] * xv.y + wv[4 * i + 2] * xv.z + wv[4 * i + 3] * xv.w;
                 }
+#endif
                 acc[r] += s;
             }
         }
