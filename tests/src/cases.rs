@@ -108,6 +108,19 @@ impl Ctx<'_> {
         Ok(WeightRef { buffer, desc })
     }
 
+    /// A weight of `dtype` holding `bytes` as stored (block-quantized formats).
+    pub fn weight_bytes(
+        &mut self,
+        dtype: DType,
+        shape: &[usize],
+        bytes: &[u8],
+    ) -> Result<WeightRef, BackendError> {
+        let desc = TensorDesc::new(dtype, shape.to_vec());
+        let buffer = self.alloc(desc.clone(), Usage::Weight)?;
+        self.backend.write(buffer, 0, bytes)?;
+        Ok(WeightRef { buffer, desc })
+    }
+
     /// An `Input` of `cols` columns (selected rows when `selected`), filled from each step's
     /// next input.
     pub fn input(&mut self, cols: usize, selected: bool) -> Result<ValueId, BackendError> {
@@ -309,6 +322,68 @@ fn matmul(dtype: DType, rows: usize, k: usize, splits: Vec<usize>) -> Case {
         build: Box::new(move |c| {
             let x = c.input(k, false)?;
             let weight = c.weight(dtype, &[n, k], &w)?;
+            let outs = c.push(Op::MatMul {
+                x,
+                weight,
+                splits: splits.clone(),
+            });
+            for (o, cols) in outs.into_iter().zip(&splits) {
+                c.output(o, rows * cols)?;
+            }
+            Ok(())
+        }),
+        expected,
+    }
+}
+
+/// Random block-quantized weight bytes whose `f16` scales (at each format's offsets) are small
+/// and finite, and the values they decode to.
+fn quantized_weight(dtype: DType, n: usize, k: usize, rng: &mut Rng) -> (Vec<u8>, Vec<f32>) {
+    let row_bytes = dtype.row_bytes(k).expect("whole blocks");
+    let mut bytes: Vec<u8> = (0..n * row_bytes).map(|_| (rng.next_u64() >> 56) as u8).collect();
+    let (block, scale_at): (usize, &[usize]) = match dtype {
+        DType::Q8_0 => (34, &[0]),
+        DType::Q5_0 => (22, &[0]),
+        DType::Q4K => (144, &[0, 2]),
+        DType::Q6K => (210, &[208]),
+        other => panic!("no quantized weight generator for {other}"),
+    };
+    for blk in bytes.chunks_exact_mut(block) {
+        for &at in scale_at {
+            let v = f16::from_f32(rng.uniform(0.02)).to_le_bytes();
+            blk[at..at + 2].copy_from_slice(&v);
+        }
+    }
+    let mut vals = vec![0f32; n * k];
+    for (row, out) in bytes.chunks_exact(row_bytes).zip(vals.chunks_exact_mut(k)) {
+        tandem_backend_api::quant::dequantize_row(dtype, row, out).expect("whole blocks");
+    }
+    (bytes, vals)
+}
+
+/// A matmul on block-quantized weights. Tolerance 1e-3 of the largest output: the CPU backend's
+/// fast kernels round activations to 16 bits per block of 32 (at most 1/65534 of the block's
+/// largest magnitude per value), which over `k` terms of random sign moves an output by about
+/// 1e-5 to 1e-4 of the largest; a backend with 8-bit activations (ggml's `q8_0`, error 1/254 per
+/// value) would need about 1e-2. The reference kernels meet 1e-5 here.
+fn matmul_quantized(dtype: DType, rows: usize, k: usize, splits: Vec<usize>) -> Case {
+    let n: usize = splits.iter().sum();
+    let mut rng = Rng::new(40 + rows as u64 + k as u64);
+    let x = rng.vec(rows * k, 2.0);
+    let (bytes, w) = quantized_weight(dtype, n, k, &mut rng);
+    let full = oracle::matmul(&f64s(&x), rows, &f64s(&w), n);
+    let expected = oracle::split_cols(&full, rows, &splits).concat();
+    let mut step = StepData::rows(rows);
+    step.inputs = vec![x];
+    Case {
+        name: format!("matmul {dtype} rows={rows} k={k} n={n} splits={splits:?}"),
+        tol: 1e-3,
+        rows,
+        selected_rows: 0,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let x = c.input(k, false)?;
+            let weight = c.weight_bytes(dtype, &[n, k], &bytes)?;
             let outs = c.push(Op::MatMul {
                 x,
                 weight,
@@ -549,6 +624,17 @@ pub fn all() -> Vec<Case> {
     v.push(matmul(DType::F16, 5, 33, vec![7, 5, 7]));
     v.push(matmul(DType::Bf16, 7, 64, vec![20, 20]));
     v.push(matmul(DType::F32, 3, 1, vec![1]));
+    // Every block-quantized format the CPU fast kernels cover: one row (decode), a row count
+    // that is not a multiple of their tile of 4 (prefill), and split outputs.
+    for d in [DType::Q8_0, DType::Q5_0, DType::Q4K, DType::Q6K] {
+        let k = if matches!(d, DType::Q4K | DType::Q6K) {
+            512
+        } else {
+            96
+        };
+        v.push(matmul_quantized(d, 1, k, vec![37]));
+        v.push(matmul_quantized(d, 7, k, vec![20, 13]));
+    }
     v.push(rope(vec![0, 5, 17, 300], 3, 10, 10_000.0, 1.0));
     v.push(rope(vec![4095], 2, 16, 1_000_000.0, 8.0));
     let spec = |heads, kv_heads, head_dim, window, softcap| AttentionSpec {

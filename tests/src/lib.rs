@@ -12,7 +12,7 @@ pub mod oracle;
 
 use std::path::PathBuf;
 
-use tandem_backend_api::ComputeBackend;
+use tandem_backend_api::{BackendOptions, ComputeBackend};
 use tandem_engine::plugins::{Discovery, PluginSearch};
 
 /// The environment variable naming the backends to test.
@@ -60,14 +60,23 @@ pub struct UnderTest {
     pub backend: Box<dyn ComputeBackend>,
 }
 
-/// The backends to test (see the crate docs), and the reference CPU backend.
+/// The options that make the CPU plugin the oracle: its plain reference kernels.
+pub fn reference_options() -> BackendOptions {
+    let mut o = BackendOptions::default();
+    o.set("kernels", "reference");
+    o
+}
+
+/// The backends to test (see the crate docs), and the reference CPU backend. The CPU plugin with
+/// its default options (its fast kernels: 16-bit activations, SIMD integer block dots) is tested
+/// as `cpu(fast)`, against the oracle and the reference kernels like any other backend.
 ///
 /// # Panics
 /// When the CPU plugin or a backend named in [`BACKENDS_VAR`] cannot be created: the suite
 /// cannot run, which is a failure, not a skip.
 pub fn backends_under_test() -> (Vec<UnderTest>, Box<dyn ComputeBackend>) {
     let found = discover();
-    let reference = found.create("cpu", &Default::default()).unwrap_or_else(|e| {
+    let reference = found.create("cpu", &reference_options()).unwrap_or_else(|e| {
         panic!("the CPU reference plugin is required ({e}); searched {:?}: build it with `cargo build --workspace`", plugin_dirs())
     });
     let named: Option<Vec<String>> = std::env::var(BACKENDS_VAR).ok().map(|v| {
@@ -83,14 +92,17 @@ pub fn backends_under_test() -> (Vec<UnderTest>, Box<dyn ComputeBackend>) {
                 let backend = found
                     .create(&name, &options_for(&name))
                     .unwrap_or_else(|e| panic!("{BACKENDS_VAR} names {name}: {e}"));
-                out.push(UnderTest { name, backend });
+                out.push(UnderTest {
+                    name: display_name(&name),
+                    backend,
+                });
             }
         }
         None => {
             for lib in &found.plugins {
                 match lib.create(&options_for(lib.name())) {
                     Ok(backend) => out.push(UnderTest {
-                        name: lib.name().to_string(),
+                        name: display_name(lib.name()),
                         backend,
                     }),
                     Err(e) => eprintln!(
@@ -114,6 +126,16 @@ pub fn options_for(name: &str) -> tandem_backend_api::BackendOptions {
         o.set("validation", "true");
     }
     o
+}
+
+/// The name a backend created with default options is reported under: the CPU plugin's
+/// defaults are its fast kernels.
+fn display_name(plugin: &str) -> String {
+    if plugin == "cpu" {
+        "cpu(fast)".to_string()
+    } else {
+        plugin.to_string()
+    }
 }
 
 /// A deterministic pseudo-random generator (SplitMix64) for test data.
