@@ -8,6 +8,7 @@
 //! Programs are validated and planned at `compile` (value storage allocated once); `execute`
 //! runs synchronously and allocates nothing but per-task scratch.
 
+mod attention;
 mod convert;
 mod fast;
 pub mod kernels;
@@ -386,16 +387,29 @@ impl CpuBackend {
                                 kbuf.bytes_mut(),
                                 vbuf.bytes_mut(),
                             );
-                            kernels::attend(
-                                &self.pool,
-                                &shape,
-                                v(q),
-                                args.positions,
-                                args.slots,
-                                kbuf.bytes(),
-                                vbuf.bytes(),
-                                &mut out,
-                            );
+                            let fast = self.fast_kernels
+                                && attention::attend(
+                                    &self.pool,
+                                    &shape,
+                                    v(q),
+                                    args.positions,
+                                    args.slots,
+                                    kbuf.bytes(),
+                                    vbuf.bytes(),
+                                    &mut out,
+                                );
+                            if !fast {
+                                kernels::attend(
+                                    &self.pool,
+                                    &shape,
+                                    v(q),
+                                    args.positions,
+                                    args.slots,
+                                    kbuf.bytes(),
+                                    vbuf.bytes(),
+                                    &mut out,
+                                );
+                            }
                             Ok(())
                         }
                     };
