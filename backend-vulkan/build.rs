@@ -17,13 +17,15 @@ const FORMATS: [&str; 10] = [
 const PER_FORMAT: [&str; 3] = ["embed", "matmul", "matmul_tiled"];
 
 /// Kernels built once.
-const PLAIN: [&str; 6] = [
+const PLAIN: [&str; 8] = [
     "rms_norm",
     "rope",
     "kv_store",
     "attention",
+    "attention_combine",
     "eltwise",
     "select_rows",
+    "copy",
 ];
 
 fn main() {

@@ -73,6 +73,8 @@ pub struct Program {
     pub cmd: vk::CommandBuffer,
     pub arena: Option<GpuBuffer>,
     pub args: GpuBuffer,
+    /// Attention's per-split partial results, when an attention is split.
+    pub scratch: Option<GpuBuffer>,
     pub layout: ArgsLayout,
     pub queries: Option<vk::QueryPool>,
     /// Buffers the program reads or writes.
@@ -91,6 +93,14 @@ fn div_up(a: usize, b: usize) -> u32 {
 fn spread(groups: u32) -> [u32; 2] {
     let gx = groups.clamp(1, 32768);
     [gx, groups.div_ceil(gx).max(1)]
+}
+
+/// How many workgroups share one (row, head) of an attention: enough for the device to have
+/// some 256 workgroups in flight, each taking at least 64 positions of the visible range.
+pub fn attention_splits(rows: usize, heads: usize, window: Option<usize>, capacity: usize) -> usize {
+    let want = 256usize.div_ceil((rows * heads).max(1));
+    let visible = window.unwrap_or(capacity).min(capacity);
+    want.min(visible.div_ceil(64)).clamp(1, 32)
 }
 
 /// The weight-format name of kernel variants (`matmul_q4_k`).
@@ -317,12 +327,48 @@ impl VulkanBackend {
         } else {
             None
         };
+        let mut scratch_size = 0u64;
+        for node in &graph.nodes {
+            if let Op::Attention {
+                heads,
+                head_dim,
+                window,
+                cache,
+                ..
+            } = &node.op
+            {
+                let splits = attention_splits(graph.rows, *heads, *window, cache.capacity);
+                if splits > 1 {
+                    let size = (graph.rows * heads * splits * (head_dim + 2) * 4) as u64;
+                    scratch_size = scratch_size.max(size);
+                }
+            }
+        }
+        let scratch = if scratch_size > 0 {
+            match self
+                .memory
+                .create(&self.gpu, scratch_size, Place::Device, "attention partials")
+            {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    self.memory.destroy(&self.gpu, args);
+                    if let Some(a) = arena {
+                        self.memory.destroy(&self.gpu, a);
+                    }
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        let scratch_addr = scratch.as_ref().map_or(0, |s| s.address);
         let result = self.record(
             graph,
             &shapes,
             &offsets,
             arena.as_ref(),
             &args,
+            scratch_addr,
             layout,
             &tables,
             &table_at,
@@ -333,6 +379,7 @@ impl VulkanBackend {
                 cmd,
                 arena,
                 args,
+                scratch,
                 layout,
                 queries,
                 buffers,
@@ -341,8 +388,8 @@ impl VulkanBackend {
             }),
             Err(e) => {
                 self.memory.destroy(&self.gpu, args);
-                if let Some(a) = arena {
-                    self.memory.destroy(&self.gpu, a);
+                for b in [arena, scratch].into_iter().flatten() {
+                    self.memory.destroy(&self.gpu, b);
                 }
                 Err(e)
             }
@@ -357,6 +404,7 @@ impl VulkanBackend {
         offsets: &[Option<u64>],
         arena: Option<&GpuBuffer>,
         args: &GpuBuffer,
+        scratch: u64,
         layout: ArgsLayout,
         tables: &[(usize, Vec<f32>)],
         table_at: &[u64],
@@ -553,6 +601,8 @@ impl VulkanBackend {
                         groups: [div_up(kv_cols, WG as usize), rows as u32, 1],
                     });
                     cmds.push(Cmd::Barrier);
+                    let splits = attention_splits(rows, *heads, *window, cache.capacity);
+                    let out = addr(node.outputs[0])?;
                     cmds.push(Cmd::Dispatch {
                         kernel: "attention".into(),
                         spec: 0,
@@ -560,9 +610,10 @@ impl VulkanBackend {
                             .u64(addr(*q)?)
                             .u64(kc)
                             .u64(vc)
-                            .u64(addr(node.outputs[0])?)
+                            .u64(out)
                             .u64(positions)
                             .u64(slots_addr)
+                            .u64(scratch)
                             .u32(*heads as u32)
                             .u32(*kv_heads as u32)
                             .u32(*head_dim as u32)
@@ -571,9 +622,25 @@ impl VulkanBackend {
                             .u32(window.unwrap_or(0) as u32)
                             .f32(softcap.unwrap_or(0.0))
                             .u32(f16)
+                            .u32(splits as u32)
                             .0,
-                        groups: [*heads as u32, rows as u32, 1],
+                        groups: [*heads as u32, rows as u32, splits as u32],
                     });
+                    if splits > 1 {
+                        cmds.push(Cmd::Barrier);
+                        cmds.push(Cmd::Dispatch {
+                            kernel: "attention_combine".into(),
+                            spec: 0,
+                            push: Push::default()
+                                .u64(scratch)
+                                .u64(out)
+                                .u32(*heads as u32)
+                                .u32(*head_dim as u32)
+                                .u32(splits as u32)
+                                .0,
+                            groups: [*heads as u32, rows as u32, 1],
+                        });
+                    }
                 }
                 Op::GeGlu { gate: a, up: b } | Op::Add { a, b } => {
                     let s = shapes[a.0 as usize];
@@ -794,8 +861,8 @@ impl VulkanBackend {
             }
         }
         self.memory.destroy(&self.gpu, p.args);
-        if let Some(a) = p.arena {
-            self.memory.destroy(&self.gpu, a);
+        for b in [p.arena, p.scratch].into_iter().flatten() {
+            self.memory.destroy(&self.gpu, b);
         }
     }
 }

@@ -1,10 +1,14 @@
-// Second half of Op::Attention: one workgroup per (query head, row), flash-attention style: the
-// cached positions lo..=p of the row's slot are visited in chunks of 64 (one score per
-// invocation), with a running maximum and sum (online softmax); each invocation owns
-// head_dim / 64 output dimensions. The cache is read in place.
+// Second half of Op::Attention, flash-decoding style: workgroup (h, r, s) attends query head h
+// of row r over split s of the cached positions lo..=p of the row's slot (the splits divide that
+// range evenly at run time), with an online softmax over chunks of 64 positions. Each subgroup
+// computes the scores of its share of a chunk's positions, its invocations splitting the head's
+// dimensions (coalesced reads of the cache, read in place); each invocation then owns
+// head_dim / 64 output dimensions. With one split the result is written directly; otherwise the
+// split's maximum, sum and unnormalised output go to `partial` for attention_combine.
 layout(local_size_x = 64) in;
 #define MAX_HEAD_DIM 512
 #define PER_THREAD (MAX_HEAD_DIM / 64)
+#define CHUNK 64
 
 layout(push_constant, scalar) uniform Params {
     uint64_t q;
@@ -13,6 +17,7 @@ layout(push_constant, scalar) uniform Params {
     uint64_t dst;
     uint64_t positions;
     uint64_t slots;
+    uint64_t partial;
     uint heads;
     uint kv_heads;
     uint head_dim;
@@ -21,10 +26,11 @@ layout(push_constant, scalar) uniform Params {
     uint window;   // 0: none
     float softcap; // 0: none
     uint f16;
+    uint splits;
 } p;
 
 shared float qs[MAX_HEAD_DIM];
-shared float probs[64];
+shared float probs[CHUNK];
 shared float red[64];
 
 float cache_at(uint64_t base, uint64_t i) {
@@ -66,13 +72,17 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint h = gl_WorkGroupID.x;
     uint r = gl_WorkGroupID.y;
+    uint split = gl_WorkGroupID.z;
     uint hd = p.head_dim;
     uint g = h / (p.heads / p.kv_heads);
     uint kv_cols = p.kv_heads * hd;
     uint pos = U32s(p.positions).v[r];
     uint slot = U32s(p.slots).v[r];
     uint lo = (p.window != 0u && pos + 1u > p.window) ? pos + 1u - p.window : 0u;
-    uint n = pos - lo + 1u;
+    uint total = pos - lo + 1u;
+    uint per = (total + p.splits - 1u) / p.splits;
+    uint first = min(split * per, total);
+    uint n = min(first + per, total) - first;
     F32s qrow = F32s(p.q + (uint64_t(r) * p.heads * hd + h * hd) * 4);
     for (uint d = tid; d < hd; d += 64) {
         qs[d] = qrow.v[d];
@@ -84,24 +94,30 @@ void main() {
     }
     float m = -1.0 / 0.0;
     float l = 0.0;
-    for (uint base = 0; base < n; base += 64) {
-        uint j = base + tid;
-        float s = -1.0 / 0.0;
-        if (j < n) {
-            uint64_t row = uint64_t(slot) * p.capacity + (lo + j) % p.capacity;
+    uint lane = gl_SubgroupInvocationID;
+    for (uint base = 0; base < n; base += CHUNK) {
+        uint count = min(uint(CHUNK), n - base);
+        // Scores: subgroup sg takes positions sg, sg + subgroups, ...
+        for (uint j = gl_SubgroupID; j < count; j += gl_NumSubgroups) {
+            uint64_t row = uint64_t(slot) * p.capacity + (lo + first + base + j) % p.capacity;
             uint64_t at = row * kv_cols + g * hd;
             float dot = 0.0;
-            for (uint d = 0; d < hd; d++) {
+            for (uint d = lane; d < hd; d += gl_SubgroupSize) {
                 dot += qs[d] * cache_at(p.kc, at + d);
             }
-            s = dot * p.scale;
-            if (p.softcap != 0.0) {
-                s = p.softcap * tanh_safe(s / p.softcap);
+            dot = subgroupAdd(dot);
+            if (subgroupElect()) {
+                float s = dot * p.scale;
+                if (p.softcap != 0.0) {
+                    s = p.softcap * tanh_safe(s / p.softcap);
+                }
+                probs[j] = s;
             }
         }
-        float cm = wg_max(s);
-        float nm = max(m, cm);
-        float e = j < n ? exp(s - nm) : 0.0;
+        barrier();
+        float s = tid < count ? probs[tid] : -1.0 / 0.0;
+        float nm = max(m, wg_max(s));
+        float e = tid < count ? exp(s - nm) : 0.0;
         probs[tid] = e;
         float cs = wg_sum(e);
         float alpha = exp(m - nm);
@@ -109,9 +125,8 @@ void main() {
         for (uint i = 0; i < PER_THREAD; i++) {
             o[i] *= alpha;
         }
-        uint count = min(64u, n - base);
         for (uint jj = 0; jj < count; jj++) {
-            uint64_t row = uint64_t(slot) * p.capacity + (lo + base + jj) % p.capacity;
+            uint64_t row = uint64_t(slot) * p.capacity + (lo + first + base + jj) % p.capacity;
             uint64_t at = row * kv_cols + g * hd;
             float pj = probs[jj];
             for (uint i = 0; i < PER_THREAD; i++) {
@@ -124,11 +139,26 @@ void main() {
         barrier();
         m = nm;
     }
-    F32s out_row = F32s(p.dst + (uint64_t(r) * p.heads * hd + h * hd) * 4);
+    if (p.splits == 1u) {
+        F32s out_row = F32s(p.dst + (uint64_t(r) * p.heads * hd + h * hd) * 4);
+        for (uint i = 0; i < PER_THREAD; i++) {
+            uint d = tid + 64 * i;
+            if (d < hd) {
+                out_row.v[d] = o[i] / l;
+            }
+        }
+        return;
+    }
+    // Partial: [rows][heads][splits][2 + head_dim]: max, sum, unnormalised output.
+    uint64_t at = ((uint64_t(r) * p.heads + h) * p.splits + split) * (hd + 2);
+    if (tid == 0u) {
+        st_f32(p.partial, at, n == 0u ? -1.0 / 0.0 : m);
+        st_f32(p.partial, at + 1, l);
+    }
     for (uint i = 0; i < PER_THREAD; i++) {
         uint d = tid + 64 * i;
         if (d < hd) {
-            out_row.v[d] = o[i] / l;
+            st_f32(p.partial, at + 2 + d, o[i]);
         }
     }
 }
