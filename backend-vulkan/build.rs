@@ -90,6 +90,8 @@ fn main() {
     for k in PLAIN {
         build(k, None);
     }
+    // The coalesced matrix-vector kernel of the benchmarks' format.
+    build("matvec", Some("q4_k"));
     table.push_str("];\n");
     std::fs::write(out_dir.join("kernels.rs"), table).expect("write kernels.rs");
 }

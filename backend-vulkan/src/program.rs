@@ -535,8 +535,13 @@ impl VulkanBackend {
                         });
                     } else {
                         let [gx, gy] = spread(n as u32);
+                        let kernel = if dt == DType::Q4K {
+                            "matvec_q4_k".to_string()
+                        } else {
+                            format!("matmul_{}", format_name(dt))
+                        };
                         cmds.push(Cmd::Dispatch {
-                            kernel: format!("matmul_{}", format_name(dt)),
+                            kernel,
                             spec: r,
                             push,
                             groups: [gx, gy, div_up(rows, r as usize)],

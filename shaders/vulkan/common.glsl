@@ -150,12 +150,8 @@ uint byte_of(uvec3 sc, uint i) {
     uint word = i < 4u ? sc.x : (i < 8u ? sc.y : sc.z);
     return (word >> (8u * (i & 3u))) & 0xFFu;
 }
-void load_unit(uint64_t row, uint u, out float w[UNIT]) {
-    uint64_t b = row + uint64_t(u >> 3) * 144;
-    uint s = u & 7u;
-    vec2 dm = unpackHalf2x16(ld32(b, 0));
-    uvec3 sc = uvec3(ld32(b, 4), ld32(b, 8), ld32(b, 12));
-    uint scale, mn;
+// The 6-bit scale and min of sub-block s from the 12 packed bytes.
+void q4k_scale_min(uvec3 sc, uint s, out uint scale, out uint mn) {
     if (s < 4) {
         scale = byte_of(sc, s) & 63u;
         mn = byte_of(sc, s + 4) & 63u;
@@ -163,6 +159,14 @@ void load_unit(uint64_t row, uint u, out float w[UNIT]) {
         scale = (byte_of(sc, s + 4) & 15u) | ((byte_of(sc, s - 4) >> 6) << 4);
         mn = (byte_of(sc, s + 4) >> 4) | ((byte_of(sc, s) >> 6) << 4);
     }
+}
+void load_unit(uint64_t row, uint u, out float w[UNIT]) {
+    uint64_t b = row + uint64_t(u >> 3) * 144;
+    uint s = u & 7u;
+    vec2 dm = unpackHalf2x16(ld32(b, 0));
+    uvec3 sc = uvec3(ld32(b, 4), ld32(b, 8), ld32(b, 12));
+    uint scale, mn;
+    q4k_scale_min(sc, s, scale, mn);
     float d1 = dm.x * float(scale);
     float m1 = dm.y * float(mn);
     uint qoff = 16 + 32 * (s >> 1);
