@@ -72,7 +72,7 @@ impl Kind {
     }
 }
 
-/// Proof that AVX2 and FMA were detected at run time; only [`Simd::detect`] makes one.
+/// Proof that AVX2, FMA and F16C were detected at run time; only [`Simd::detect`] makes one.
 #[derive(Clone, Copy)]
 struct Simd(());
 
@@ -80,7 +80,10 @@ impl Simd {
     fn detect() -> Option<Simd> {
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
                 return Some(Simd(()));
             }
         }
@@ -222,11 +225,13 @@ fn dots(kind: Kind, simd: Option<Simd>, w: &[u8], a: &[ActRow], out: &mut [f32])
     }
 }
 
+#[inline(always)]
 fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
 /// The 6-bit scale and min of sub-block `j` (0..8) of a `q4_k` block from its 12 packed bytes.
+#[inline(always)]
 fn k_scale_min(packed: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (packed[j] & 63, packed[j + 4] & 63)
@@ -240,6 +245,7 @@ fn k_scale_min(packed: &[u8], j: usize) -> (u8, u8) {
 
 /// `q4_k` block `b`: `sum over sub-blocks j of d_a[j] * min_j * sum_j`, the term its `dmin`
 /// multiplies.
+#[inline(always)]
 fn q4k_mins(packed: &[u8], a: &ActRow, b: usize) -> f32 {
     (0..8)
         .map(|j| {
@@ -366,7 +372,7 @@ mod avx2 {
                 && a.iter()
                     .all(|r| r.d.len() >= k / QK && r.qs.len() >= k && r.sums.len() >= k / QK)
         );
-        // SAFETY: a `Simd` exists only where AVX2 and FMA were detected at run time; the slice
+        // SAFETY: a `Simd` exists only where AVX2, FMA and F16C were detected at run time; the slice
         // lengths the functions read within are checked just above.
         unsafe {
             match (kind, a.len()) {
@@ -390,8 +396,16 @@ mod avx2 {
         }
     }
 
+    /// The `f16` at `b[at..at + 2]` as `f32`, by the F16C instruction (the same value
+    /// `f16_at` computes in software).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn h2f(b: &[u8], at: usize) -> f32 {
+        let bits = u16::from_le_bytes([b[at], b[at + 1]]);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    }
+
     /// The sum of the eight `f32` lanes.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -400,14 +414,14 @@ mod avx2 {
     }
 
     /// 32 bytes from `p` (the caller keeps `p..p + 32` in bounds).
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load(p: *const u8) -> __m256i {
         // SAFETY: the caller guarantees 32 readable bytes; the load is unaligned.
         unsafe { _mm256_loadu_si256(p as *const __m256i) }
     }
 
     /// 16 `i16` from `y[at..at + 16]`.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn load16(y: &[i16], at: usize) -> __m256i {
         let s = &y[at..at + 16];
         // SAFETY: `s` holds 16 `i16`, 32 bytes.
@@ -415,7 +429,7 @@ mod avx2 {
     }
 
     /// 32 signed bytes as two vectors of 16 `i16` (elements 0..16, 16..32).
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn widen(q: __m256i) -> [__m256i; 2] {
         [
             _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),
@@ -425,14 +439,14 @@ mod avx2 {
 
     /// `sum(w[i] * y[at + i])` over 16 `i16` pairs as eight `f32` lane sums (exact: each lane
     /// is two products below 2^23 in magnitude).
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn pdot(w: __m256i, y: &[i16], at: usize) -> __m256 {
         _mm256_cvtepi32_ps(_mm256_madd_epi16(w, load16(y, at)))
     }
 
     /// As [`pdot`] over 32 values, with both halves summed in integers (exact: four products of
     /// at most 2^7 * 2^15).
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn pdot32(w: &[__m256i; 2], y: &[i16], at: usize) -> __m256 {
         let p = _mm256_add_epi32(
             _mm256_madd_epi16(w[0], load16(y, at)),
@@ -441,18 +455,18 @@ mod avx2 {
         _mm256_cvtepi32_ps(p)
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn finish<const R: usize>(acc: [__m256; R], out: &mut [f32]) {
         for (o, v) in out.iter_mut().zip(acc) {
             *o = hsum(v);
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q8_0<const R: usize>(w: &[u8], a: &[ActRow], out: &mut [f32]) {
         let mut acc = [_mm256_setzero_ps(); R];
         for (b, blk) in w.chunks_exact(34).enumerate() {
-            let wd = f16_at(blk, 0);
+            let wd = h2f(blk, 0);
             // SAFETY: `blk[2..34]` holds 32 bytes.
             let q = widen(unsafe { load(blk[2..34].as_ptr()) });
             for r in 0..R {
@@ -463,7 +477,7 @@ mod avx2 {
         finish(acc, out)
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q5_0<const R: usize>(w: &[u8], a: &[ActRow], out: &mut [f32]) {
         let mut acc = [_mm256_setzero_ps(); R];
         let m4 = _mm256_set1_epi8(0x0F);
@@ -472,7 +486,7 @@ mod avx2 {
         let bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
         let ones = _mm256_set1_epi64x(-1);
         for (b, blk) in w.chunks_exact(22).enumerate() {
-            let wd = f16_at(blk, 0);
+            let wd = h2f(blk, 0);
             let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
             // SAFETY: `blk[6..22]` holds 16 bytes.
             let lo = unsafe { _mm_loadu_si128(blk[6..22].as_ptr() as *const __m128i) };
@@ -490,13 +504,13 @@ mod avx2 {
         finish(acc, out)
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q4_k<const R: usize>(w: &[u8], a: &[ActRow], out: &mut [f32]) {
         let mut acc = [_mm256_setzero_ps(); R];
         let mut mins = [0f32; R];
         let m4 = _mm256_set1_epi8(0x0F);
         for (b, blk) in w.chunks_exact(144).enumerate() {
-            let (wd, wm) = (f16_at(blk, 0), f16_at(blk, 2));
+            let (wd, wm) = (h2f(blk, 0), h2f(blk, 2));
             let packed = &blk[4..16];
             let qs = &blk[16..144];
             let mut sums = [_mm256_setzero_ps(); R];
@@ -525,14 +539,14 @@ mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q6_k<const R: usize>(w: &[u8], a: &[ActRow], out: &mut [f32]) {
         let mut acc = [_mm256_setzero_ps(); R];
         let m4 = _mm256_set1_epi8(0x0F);
         let m2 = _mm256_set1_epi8(0x03);
         let off = _mm256_set1_epi8(32);
         for (b, blk) in w.chunks_exact(210).enumerate() {
-            let wd = f16_at(blk, 208);
+            let wd = h2f(blk, 208);
             let scales = &blk[192..208];
             let mut sums = [_mm256_setzero_ps(); R];
             for half in 0..2 {
