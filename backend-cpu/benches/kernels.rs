@@ -1,8 +1,10 @@
-//! Micro-benchmarks of the CPU kernels: matrix-vector products per weight format (the decode
-//! path) and attention over a KV cache. `cargo bench -p tandem-backend-cpu`.
+//! Micro-benchmarks of the CPU kernels, reference and fast side by side: matrix-vector products
+//! per weight format (the decode path), matrix-matrix products (a prefill chunk of 64 rows) and
+//! attention over a KV cache. `cargo bench -p tandem-backend-cpu`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tandem_backend_api::DType;
+use tandem_backend_cpu::attention;
 use tandem_backend_cpu::kernels::{self, AttentionShape, WeightView};
 
 /// Deterministic bytes for a weight: for block formats, small f16 scales so values stay finite.
@@ -27,10 +29,12 @@ fn weight_bytes(dtype: DType, n: usize, k: usize) -> Vec<u8> {
     bytes
 }
 
-fn matvec(c: &mut Criterion) {
+/// `rows` activation rows times a 2048x2048 weight of each format, on the reference kernels
+/// and (for the formats it covers) the fast ones.
+fn products(c: &mut Criterion, rows: usize, label: &str) {
     let pool = rayon::ThreadPoolBuilder::new().build().expect("thread pool");
     let (n, k) = (2048usize, 2048usize);
-    let mut group = c.benchmark_group("matvec 2048x2048");
+    let mut group = c.benchmark_group(label);
     for dtype in [
         DType::F32,
         DType::F16,
@@ -47,18 +51,28 @@ fn matvec(c: &mut Criterion) {
             n,
             k,
         };
-        let x: Vec<f32> = (0..k).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
-        let mut scratch = vec![0f32; n];
-        let mut out = vec![0f32; n];
+        let x: Vec<f32> = (0..rows * k).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
+        let mut scratch = vec![0f32; n * rows];
         group.throughput(Throughput::Bytes(bytes.len() as u64));
-        group.bench_with_input(BenchmarkId::from_parameter(dtype), &dtype, |b, _| {
-            b.iter(|| {
-                let mut outs = [out.as_mut_slice()];
-                kernels::matmul(&pool, &x, 1, w, &mut scratch, &mut outs);
-            })
-        });
+        let fast_too = dtype.is_quantized();
+        for (name, fast) in [("reference", false), ("fast", true)] {
+            if fast && !fast_too {
+                continue;
+            }
+            group.bench_with_input(BenchmarkId::new(name, dtype), &dtype, |b, _| {
+                b.iter(|| kernels::product(&pool, &x, rows, w, &mut scratch, fast))
+            });
+        }
     }
     group.finish();
+}
+
+fn matvec(c: &mut Criterion) {
+    products(c, 1, "matvec 2048x2048");
+}
+
+fn matmat(c: &mut Criterion) {
+    products(c, 64, "matmul 64x2048x2048");
 }
 
 fn attention(c: &mut Criterion) {
@@ -76,19 +90,26 @@ fn attention(c: &mut Criterion) {
             cache_dtype: DType::F32,
         };
         let kv_cols = s.kv_heads * s.head_dim;
-        let cache: Vec<u8> = (0..ctx * kv_cols)
-            .flat_map(|i| (((i % 17) as f32) * 0.01).to_le_bytes())
-            .collect();
+        // f32 values, so the fast kernel can view the bytes in place.
+        let values: Vec<f32> = (0..ctx * kv_cols).map(|i| ((i % 17) as f32) * 0.01).collect();
+        let cache: &[u8] = bytemuck::cast_slice(&values);
         let q: Vec<f32> = (0..s.heads * s.head_dim).map(|i| (i % 7) as f32 * 0.1).collect();
         let mut out = vec![0f32; s.heads * s.head_dim];
         let pos = [ctx as u32 - 1];
         group.throughput(Throughput::Bytes(2 * cache.len() as u64));
-        group.bench_with_input(BenchmarkId::from_parameter(ctx), &ctx, |b, _| {
-            b.iter(|| kernels::attend(&pool, &s, &q, &pos, &[0], &cache, &cache, &mut out))
+        group.bench_with_input(BenchmarkId::new("reference", ctx), &ctx, |b, _| {
+            b.iter(|| kernels::attend(&pool, &s, &q, &pos, &[0], cache, cache, &mut out))
+        });
+        assert!(
+            attention::attend(&pool, &s, &q, &pos, &[0], cache, cache, &mut out),
+            "the fast attention takes an f32 cache"
+        );
+        group.bench_with_input(BenchmarkId::new("fast", ctx), &ctx, |b, _| {
+            b.iter(|| attention::attend(&pool, &s, &q, &pos, &[0], cache, cache, &mut out))
         });
     }
     group.finish();
 }
 
-criterion_group!(benches, matvec, attention);
+criterion_group!(benches, matvec, matmat, attention);
 criterion_main!(benches);

@@ -76,7 +76,7 @@ pub fn matmul(
     matmul_with(pool, x, rows, w, scratch, outs, false)
 }
 
-/// [`matmul`], with `fast` taking weights of the formats `crate::fast` covers through 8-bit
+/// [`matmul`], with `fast` taking weights of the formats `crate::fast` covers through 16-bit
 /// quantized activations and integer block dots (not bit-identical to the reference).
 pub fn matmul_with(
     pool: &rayon::ThreadPool,
@@ -87,12 +87,28 @@ pub fn matmul_with(
     outs: &mut [&mut [f32]],
     fast: bool,
 ) {
+    product(pool, x, rows, w, scratch, fast);
+    let mut j0 = 0;
+    for out in outs.iter_mut() {
+        j0 = scatter(scratch, rows, j0, out);
+    }
+}
+
+/// The product of `Op::MatMul` into `scratch` (`n * rows`), column-major, through `crate::fast`
+/// where `fast` and the weight format allow, else the reference loops.
+pub fn product(
+    pool: &rayon::ThreadPool,
+    x: &[f32],
+    rows: usize,
+    w: WeightView,
+    scratch: &mut [f32],
+    fast: bool,
+) {
     let k = w.k;
-    let done = fast && crate::fast::matmul(pool, x, rows, &w, scratch);
+    if fast && crate::fast::matmul(pool, x, rows, &w, scratch) {
+        return;
+    }
     pool.install(|| {
-        if done {
-            return;
-        }
         scratch[..w.n * rows]
             .par_chunks_mut(MATMUL_CHUNK * rows)
             .enumerate()
@@ -115,17 +131,19 @@ pub fn matmul_with(
                 },
             )
     });
-    let mut j0 = 0;
-    for out in outs.iter_mut() {
-        let cols = out.len() / rows.max(1);
-        for c in 0..cols {
-            let col = &scratch[(j0 + c) * rows..(j0 + c + 1) * rows];
-            for (r, v) in col.iter().enumerate() {
-                out[r * cols + c] = *v;
-            }
+}
+
+/// Copies columns `j0..j0 + out.len() / rows` of the column-major product in `scratch` into the
+/// row-major `out`; returns the next column.
+pub fn scatter(scratch: &[f32], rows: usize, j0: usize, out: &mut [f32]) -> usize {
+    let cols = out.len() / rows.max(1);
+    for c in 0..cols {
+        let col = &scratch[(j0 + c) * rows..(j0 + c + 1) * rows];
+        for (r, v) in col.iter().enumerate() {
+            out[r * cols + c] = *v;
         }
-        j0 += cols;
     }
+    j0 + cols
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {

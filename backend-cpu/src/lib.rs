@@ -8,7 +8,7 @@
 //! Programs are validated and planned at `compile` (value storage allocated once); `execute`
 //! runs synchronously and allocates nothing but per-task scratch.
 
-mod attention;
+pub mod attention;
 mod convert;
 mod fast;
 pub mod kernels;
@@ -311,32 +311,25 @@ impl CpuBackend {
                     convert::decode_row(w.dtype, w.bytes, nw);
                     kernels::rms_norm(v(x), nw, *eps, *weight_offset, &mut out);
                 }
-                Op::MatMul { x, weight, splits } => {
+                Op::MatMul { x, weight, .. } => {
                     let w = self.weight_view(weight)?;
                     let xrows = match prog.shapes[x.0 as usize].rows {
                         RowCount::Step => rows,
                         RowCount::Selected => prog.graph.selected_rows,
                     };
-                    let mut rest: Vec<Vec<f32>> = node.outputs[1..]
-                        .iter()
-                        .map(|o| std::mem::take(&mut values[o.0 as usize]))
-                        .collect();
-                    {
-                        let mut outs: Vec<&mut [f32]> = Vec::with_capacity(splits.len());
-                        outs.push(&mut out);
-                        outs.extend(rest.iter_mut().map(|r| r.as_mut_slice()));
-                        kernels::matmul_with(
-                            &self.pool,
-                            &values[x.0 as usize],
-                            xrows,
-                            w,
-                            &mut prog.scratch,
-                            &mut outs,
-                            self.fast_kernels,
-                        );
-                    }
-                    for (o, r) in node.outputs[1..].iter().zip(rest) {
-                        values[o.0 as usize] = r;
+                    // No allocation per step: the product lands in the program's scratch and
+                    // is copied into each split's value in place.
+                    kernels::product(
+                        &self.pool,
+                        &values[x.0 as usize],
+                        xrows,
+                        w,
+                        &mut prog.scratch,
+                        self.fast_kernels,
+                    );
+                    let mut j0 = kernels::scatter(&prog.scratch, xrows, 0, &mut out);
+                    for o in &node.outputs[1..] {
+                        j0 = kernels::scatter(&prog.scratch, xrows, j0, &mut values[o.0 as usize]);
                     }
                 }
                 Op::Rope {
