@@ -15,6 +15,9 @@ const ARENA_ALIGN: u64 = 256;
 /// one.
 const TILED_ROWS: usize = 16;
 
+/// Output columns per workgroup of `matvec_q4_k` (its NC).
+const MATVEC_COLS: usize = 4;
+
 /// Threads per workgroup of the one-dimensional kernels.
 const WG: u32 = 64;
 
@@ -96,11 +99,11 @@ fn spread(groups: u32) -> [u32; 2] {
 }
 
 /// How many workgroups share one (row, head) of an attention: enough for the device to have
-/// some 256 workgroups in flight, each taking at least 64 positions of the visible range.
+/// some 256 workgroups in flight, each taking at least 16 positions of the visible range.
 pub fn attention_splits(rows: usize, heads: usize, window: Option<usize>, capacity: usize) -> usize {
     let want = 256usize.div_ceil((rows * heads).max(1));
     let visible = window.unwrap_or(capacity).min(capacity);
-    want.min(visible.div_ceil(64)).clamp(1, 32)
+    want.min(visible.div_ceil(16)).clamp(1, 64)
 }
 
 /// The weight-format name of kernel variants (`matmul_q4_k`).
@@ -534,12 +537,13 @@ impl VulkanBackend {
                             groups: [div_up(n, 64), div_up(rows, 64), 1],
                         });
                     } else {
-                        let [gx, gy] = spread(n as u32);
-                        let kernel = if dt == DType::Q4K {
-                            "matvec_q4_k".to_string()
+                        // matvec_q4_k: MATVEC_COLS output columns per workgroup.
+                        let (kernel, cols_per_wg) = if dt == DType::Q4K {
+                            ("matvec_q4_k".to_string(), MATVEC_COLS)
                         } else {
-                            format!("matmul_{}", format_name(dt))
+                            (format!("matmul_{}", format_name(dt)), 1)
                         };
+                        let [gx, gy] = spread(div_up(n, cols_per_wg));
                         cmds.push(Cmd::Dispatch {
                             kernel,
                             spec: r,

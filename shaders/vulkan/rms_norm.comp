@@ -1,5 +1,5 @@
-// Op::RmsNorm over groups of `group` columns: one workgroup per (group, row).
-layout(local_size_x = 64) in;
+// Op::RmsNorm over groups of `group` columns: one workgroup of 256 per (group, row).
+layout(local_size_x = 256) in;
 
 layout(push_constant, scalar) uniform Params {
     uint64_t x;
@@ -12,7 +12,7 @@ layout(push_constant, scalar) uniform Params {
     uint wfmt; // 0: f32, 1: f16, 2: bf16
 } p;
 
-shared float partial[64];
+shared float partial[256];
 
 float weight(uint i) {
     if (p.wfmt == 0u) {
@@ -29,7 +29,7 @@ void main() {
     F32s xs = F32s(p.x + base * 4);
     F32s ys = F32s(p.dst + base * 4);
     float s = 0.0;
-    for (uint i = tid; i < p.group; i += 64) {
+    for (uint i = tid; i < p.group; i += 256) {
         float v = xs.v[i];
         s += v * v;
     }
@@ -43,7 +43,7 @@ void main() {
         total += partial[i];
     }
     float inv = 1.0 / sqrt(total / float(p.group) + p.eps);
-    for (uint i = tid; i < p.group; i += 64) {
+    for (uint i = tid; i < p.group; i += 256) {
         ys.v[i] = xs.v[i] * inv * (p.offset + weight(i));
     }
 }
