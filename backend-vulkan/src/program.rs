@@ -99,9 +99,9 @@ fn spread(groups: u32) -> [u32; 2] {
 }
 
 /// How many workgroups share one (row, head) of an attention: enough for the device to have
-/// some 256 workgroups in flight, each taking at least 16 positions of the visible range.
+/// some 1024 workgroups in flight, each taking at least 16 positions of the visible range.
 pub fn attention_splits(rows: usize, heads: usize, window: Option<usize>, capacity: usize) -> usize {
-    let want = 256usize.div_ceil((rows * heads).max(1));
+    let want = 1024usize.div_ceil((rows * heads).max(1));
     let visible = window.unwrap_or(capacity).min(capacity);
     want.min(visible.div_ceil(16)).clamp(1, 64)
 }
@@ -529,7 +529,10 @@ impl VulkanBackend {
                         .u32(ends[1])
                         .u32(ends[2])
                         .0;
-                    if rows >= TILED_ROWS {
+                    // q4_k's matrix-vector kernel, reading each weight once per 8 rows, beats the
+                    // tiled kernel up to a tile's worth of rows (batched decode).
+                    let tiled_from = if dt == DType::Q4K { 64 } else { TILED_ROWS };
+                    if rows >= tiled_from {
                         cmds.push(Cmd::Dispatch {
                             kernel: format!("matmul_tiled_{}", format_name(dt)),
                             spec: 0,

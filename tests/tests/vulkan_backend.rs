@@ -168,9 +168,9 @@ fn every_weight_format_matches_the_cpu_reference() {
     ];
     for d in formats {
         let bytes = weight_bytes(&mut rng, d, 37, 512);
-        // One row (matrix-vector), three and nine rows (its batched variants), 70 rows (the
+        // One row (matrix-vector), three, nine and 33 rows (its batched variants), 70 rows (the
         // tiled kernel, with partial tiles).
-        for rows in [1usize, 3, 9, 70] {
+        for rows in [1usize, 3, 9, 33, 70] {
             let x = rng.vec(rows * 512, 1.0);
             let want = run_format(reference.as_mut(), d, rows, &bytes, &x).unwrap();
             let got = run_format(vk.as_mut(), d, rows, &bytes, &x)
