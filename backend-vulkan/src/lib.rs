@@ -307,8 +307,8 @@ impl VulkanBackend {
             }
         };
         let mut best = f64::INFINITY;
-        let mut result = self.pipelines.get(&self.gpu, "copy", 0).map(|_| ());
-        let pipeline = self.pipelines.get(&self.gpu, "copy", 0).unwrap_or_default();
+        let mut result = self.pipelines.get(&self.gpu, "copy", [0, 0]).map(|_| ());
+        let pipeline = self.pipelines.get(&self.gpu, "copy", [0, 0]).unwrap_or_default();
         let layout = self.pipelines.layout;
         // The copy kernel (vec4 loads and stores), as the model's kernels read memory.
         let vec4s = (a.size / 16) as u32;

@@ -20,7 +20,7 @@ pub const PUSH_BYTES: u32 = 128;
 pub struct Pipelines {
     pub layout: vk::PipelineLayout,
     modules: HashMap<&'static str, vk::ShaderModule>,
-    pipelines: HashMap<(String, u32), vk::Pipeline>,
+    pipelines: HashMap<(String, [u32; 2]), vk::Pipeline>,
 }
 
 impl Pipelines {
@@ -46,8 +46,9 @@ impl Pipelines {
         table::KERNELS.iter().any(|(n, _)| *n == name)
     }
 
-    /// The pipeline of kernel `name` with specialisation constant 0 set to `spec`.
-    pub fn get(&mut self, gpu: &Gpu, name: &str, spec: u32) -> Result<vk::Pipeline, BackendError> {
+    /// The pipeline of kernel `name` with specialisation constants 0 and 1 set to `spec` (a
+    /// kernel without constant 1 ignores it).
+    pub fn get(&mut self, gpu: &Gpu, name: &str, spec: [u32; 2]) -> Result<vk::Pipeline, BackendError> {
         if let Some(p) = self.pipelines.get(&(name.to_string(), spec)) {
             return Ok(*p);
         }
@@ -70,11 +71,19 @@ impl Pipelines {
                 m
             }
         };
-        let entries = [vk::SpecializationMapEntry::default()
-            .constant_id(0)
-            .offset(0)
-            .size(4)];
-        let data = spec.to_le_bytes();
+        let entries = [
+            vk::SpecializationMapEntry::default()
+                .constant_id(0)
+                .offset(0)
+                .size(4),
+            vk::SpecializationMapEntry::default()
+                .constant_id(1)
+                .offset(4)
+                .size(4),
+        ];
+        let mut data = [0u8; 8];
+        data[..4].copy_from_slice(&spec[0].to_le_bytes());
+        data[4..].copy_from_slice(&spec[1].to_le_bytes());
         let spec_info = vk::SpecializationInfo::default()
             .map_entries(&entries)
             .data(&data);
