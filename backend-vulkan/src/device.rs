@@ -32,6 +32,7 @@ struct Opened {
     name: String,
     kind: DeviceKind,
     memory_bytes: u64,
+    host_memory_bytes: u64,
     features: Vec<String>,
     timestamp_period: Option<f64>,
     timeline: vk::Semaphore,
@@ -51,6 +52,8 @@ pub struct Gpu {
     pub name: String,
     pub kind: DeviceKind,
     pub memory_bytes: u64,
+    /// The largest host-visible heap.
+    pub host_memory_bytes: u64,
     pub features: Vec<String>,
     /// Nanoseconds per timestamp tick; `None` when the queue has no timestamps.
     pub timestamp_period: Option<f64>,
@@ -299,6 +302,7 @@ impl Gpu {
                 name: o.name,
                 kind: o.kind,
                 memory_bytes: o.memory_bytes,
+                host_memory_bytes: o.host_memory_bytes,
                 features: o.features,
                 timestamp_period: o.timestamp_period,
                 timeline: o.timeline,
@@ -442,6 +446,12 @@ impl Gpu {
             .map(|h| h.size)
             .max()
             .unwrap_or(0);
+        let host_memory_bytes: u64 = mem.memory_types[..mem.memory_type_count as usize]
+            .iter()
+            .filter(|t| t.property_flags.contains(vk::MemoryPropertyFlags::HOST_VISIBLE))
+            .map(|t| mem.memory_heaps[t.heap_index as usize].size)
+            .max()
+            .unwrap_or(0);
         let mut features = vec![
             format!(
                 "vulkan {}.{}.{}",
@@ -535,6 +545,7 @@ impl Gpu {
         };
         Ok(Opened {
             device,
+            host_memory_bytes,
             queue,
             name,
             kind,

@@ -386,6 +386,19 @@ impl ComputeBackend for VulkanBackend {
             Usage::Weight | Usage::KvCache => Place::Device,
             Usage::Activation => Place::Host,
         };
+        let heap = match place {
+            Place::Device => self.gpu.memory_bytes,
+            Place::Host => self.gpu.host_memory_bytes,
+        };
+        // More than the heap can ever hold (or, for device memory, than is left of it) is
+        // refused before Vulkan is asked.
+        let available = heap.saturating_sub(self.memory.in_use);
+        if len > heap || (place == Place::Device && len > available) {
+            return Err(BackendError::OutOfMemory {
+                requested: len,
+                available,
+            });
+        }
         let name = format!("{usage:?} {desc}");
         let mem = self
             .memory

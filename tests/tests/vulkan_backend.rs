@@ -242,6 +242,27 @@ fn a_device_that_is_not_there_is_unavailable_by_name() {
 }
 
 #[test]
+fn more_than_the_device_holds_is_out_of_memory() {
+    let Some(mut vk) = vulkan() else { return };
+    for usage in [Usage::Weight, Usage::Activation] {
+        let err = vk
+            .alloc(&TensorDesc::new(DType::F32, [1 << 40]), usage)
+            .err()
+            .expect("4 TiB allocated");
+        assert!(
+            matches!(err, BackendError::OutOfMemory { requested, .. } if requested == 4 << 40),
+            "{usage:?}: {err}"
+        );
+    }
+    // The backend still works afterwards.
+    let b = vk
+        .alloc(&TensorDesc::new(DType::F32, [16]), Usage::Weight)
+        .unwrap();
+    vk.write(b, 0, &[1u8; 64]).unwrap();
+    vk.free(b).unwrap();
+}
+
+#[test]
 fn info_memory_profile_and_bandwidth() {
     let Some(mut vk) = vulkan() else { return };
     let info = vk.info();
