@@ -247,8 +247,7 @@ fn more_than_the_device_holds_is_out_of_memory() {
     for usage in [Usage::Weight, Usage::Activation] {
         let err = vk
             .alloc(&TensorDesc::new(DType::F32, [1 << 40]), usage)
-            .err()
-            .expect("4 TiB allocated");
+            .expect_err("4 TiB allocated");
         assert!(
             matches!(err, BackendError::OutOfMemory { requested, .. } if requested == 4 << 40),
             "{usage:?}: {err}"
