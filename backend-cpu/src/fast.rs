@@ -25,8 +25,13 @@ use tandem_backend_api::DType;
 
 use crate::kernels::WeightView;
 
-/// Weight rows (output columns) per parallel task.
-const CHUNK: usize = 16;
+/// Parallel tasks per thread in a matmul: enough for the work-stealing to even out threads
+/// slowed by other processes, few enough that a task is long (the tied-embedding logits matvec
+/// in tasks of 16 weight rows spent a large share of a decode step scheduling 16 384 tasks).
+const TASKS_PER_THREAD: usize = 16;
+
+/// The fewest weight rows (output columns) per parallel task.
+const MIN_CHUNK: usize = 4;
 
 /// Activation rows that share each unpacked weight block.
 const TILE: usize = 4;
@@ -186,9 +191,12 @@ pub fn matmul(pool: &rayon::ThreadPool, x: &[f32], rows: usize, w: &WeightView, 
             return false;
         }
         let acts = &*acts;
+        let chunk_rows =
+            w.n.div_ceil(pool.current_num_threads() * TASKS_PER_THREAD)
+                .max(MIN_CHUNK);
         pool.install(|| {
             scratch[..w.n * rows]
-                .par_chunks_mut(CHUNK * rows)
+                .par_chunks_mut(chunk_rows * rows)
                 .enumerate()
                 .for_each(|(chunk, dst)| {
                     let mut tile = [ActRow {
@@ -197,7 +205,7 @@ pub fn matmul(pool: &rayon::ThreadPool, x: &[f32], rows: usize, w: &WeightView, 
                         sums: &[],
                     }; TILE];
                     for (c, col) in dst.chunks_exact_mut(rows).enumerate() {
-                        let j = chunk * CHUNK + c;
+                        let j = chunk * chunk_rows + c;
                         let wr = &w.bytes[j * rb..(j + 1) * rb];
                         for (t, out) in col.chunks_mut(TILE).enumerate() {
                             for (i, a) in tile[..out.len()].iter_mut().enumerate() {
@@ -529,9 +537,15 @@ mod avx2 {
                     sums[r] = _mm256_fmadd_ps(pdot32(&hi, a[r].qs, 32 * j2), d2, sums[r]);
                 }
             }
+            let m: [f32; 8] = std::array::from_fn(|j| f32::from(k_scale_min(packed, j).1));
             for r in 0..R {
                 acc[r] = _mm256_fmadd_ps(sums[r], _mm256_set1_ps(wd), acc[r]);
-                mins[r] += wm * q4k_mins(packed, &a[r], b);
+                let (d, bs) = (&a[r].d[8 * b..8 * b + 8], &a[r].sums[8 * b..8 * b + 8]);
+                let mut ms = 0f32;
+                for j in 0..8 {
+                    ms += d[j] * (m[j] * bs[j] as f32);
+                }
+                mins[r] += wm * ms;
             }
         }
         for (r, (o, v)) in out.iter_mut().zip(acc).enumerate() {

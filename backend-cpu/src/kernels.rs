@@ -137,10 +137,15 @@ pub fn product(
 /// row-major `out`; returns the next column.
 pub fn scatter(scratch: &[f32], rows: usize, j0: usize, out: &mut [f32]) -> usize {
     let cols = out.len() / rows.max(1);
-    for c in 0..cols {
-        let col = &scratch[(j0 + c) * rows..(j0 + c + 1) * rows];
-        for (r, v) in col.iter().enumerate() {
-            out[r * cols + c] = *v;
+    if cols == 0 {
+        return j0;
+    }
+    // Row by row: the writes are contiguous, the strided reads stay within a few cache lines
+    // per column from one row to the next.
+    let cols_of = &scratch[j0 * rows..(j0 + cols) * rows];
+    for (r, orow) in out.chunks_exact_mut(cols).enumerate() {
+        for (o, col) in orow.iter_mut().zip(cols_of.chunks_exact(rows)) {
+            *o = col[r];
         }
     }
     j0 + cols
