@@ -6,7 +6,9 @@ use common::Install;
 
 #[test]
 fn lists_cpu_available_and_the_others_with_a_reason() {
-    let install = Install::new(&["cpu", "vulkan", "npu", "wgpu"]);
+    // Not vulkan: whether it is available (and its device name) depends on the machine;
+    // json_output_reports_each_backend and vulkan_run.rs cover it.
+    let install = Install::new(&["cpu", "npu", "wgpu"]);
     let out = install.run(&["backends"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = install.stdout(&out);
@@ -44,11 +46,16 @@ fn json_output_reports_each_backend() {
         .iter()
         .find(|b| b["name"] == "vulkan")
         .expect("vulkan listed");
-    assert_eq!(vk["available"], false);
-    assert!(
-        vk["reason"].as_str().is_some_and(|r| r.contains("Vulkan")),
-        "{vk}"
-    );
+    // Available where a Vulkan device is (lavapipe in CI), else unavailable with a reason.
+    if vk["available"] == true {
+        assert_eq!(vk["info"]["name"], "vulkan", "{vk}");
+    } else {
+        assert_eq!(vk["available"], false, "{vk}");
+        assert!(
+            vk["reason"].as_str().is_some_and(|r| r.contains("Vulkan")),
+            "{vk}"
+        );
+    }
 }
 
 #[test]
