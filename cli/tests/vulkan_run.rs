@@ -66,3 +66,40 @@ fn engine_run_generates_on_vulkan() {
     let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
     assert_eq!(got["tokens"], g["generated"], "greedy continuation on vulkan");
 }
+
+#[test]
+fn auto_passes_over_a_software_gpu() {
+    let install = Install::new(&["cpu", "vulkan"]);
+    let out = install.run(&["backends", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("backends JSON");
+    let vulkan = listed["backends"]
+        .as_array()
+        .and_then(|a| a.iter().find(|b| b["name"] == "vulkan"))
+        .cloned()
+        .expect("vulkan is listed");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/text-published");
+    let out = install.run(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--tokens",
+        "2,10,20",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if vulkan["available"] == true && vulkan["info"]["kind"] == "software_gpu" {
+        assert!(
+            stderr.contains("note: using the cpu backend (vulkan runs on")
+                && stderr.contains("a software GPU"),
+            "auto should pass over {vulkan}: {stderr}"
+        );
+    } else {
+        assert!(!stderr.contains("software GPU"), "{stderr}");
+    }
+}
