@@ -1,8 +1,8 @@
 //! The fast kernels' `Op::Attention` (second half, after `kernels::kv_append`): scores and
 //! weighted values read straight from an `f32` KV cache, with no copy of the cached rows; one
 //! parallel task per (row, head), so a decode step's heads run on every thread; the score
-//! buffer is per thread and kept between calls, so nothing is allocated per step once it has
-//! grown to the longest context. The arithmetic is `kernels::attend`'s, with the dot products
+//! buffer is per thread, sized to the cache's capacity when a program is compiled
+//! ([`reserve`]) and kept between calls, so nothing is allocated per step. The arithmetic is `kernels::attend`'s, with the dot products
 //! and the value sums in eight lanes (AVX2 where detected, the same lanes in plain Rust
 //! elsewhere) instead of one running sum.
 
@@ -16,6 +16,17 @@ use crate::kernels::AttentionShape;
 thread_local! {
     /// The scores of the calling thread's current (row, head).
     static SCORES: RefCell<Vec<f32>> = RefCell::default();
+}
+
+/// Grows the calling thread's score buffer to `positions`, so that attention over at most that
+/// many cached positions allocates nothing (`CpuBackend::compile` runs it on every pool thread).
+pub fn reserve(positions: usize) {
+    SCORES.with(|cell| {
+        let mut scores = cell.borrow_mut();
+        if scores.len() < positions {
+            scores.resize(positions, 0.0);
+        }
+    });
 }
 
 /// Proof that AVX2 and FMA were detected at run time; only [`Simd::detect`] makes one.

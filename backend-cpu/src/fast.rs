@@ -169,6 +169,19 @@ thread_local! {
     static ACTS: RefCell<Acts> = RefCell::default();
 }
 
+/// Grows the calling thread's quantized-activation storage to `values` activations (rows times
+/// `k`), so that matmuls of at most that many allocate nothing (`CpuBackend::compile` runs it on
+/// every pool thread).
+pub fn reserve(values: usize) {
+    ACTS.with(|cell| {
+        let mut acts = cell.borrow_mut();
+        let blocks = values.div_ceil(QK);
+        grow(&mut acts.d, blocks);
+        grow(&mut acts.qs, blocks * QK);
+        grow(&mut acts.sums, blocks);
+    });
+}
+
 /// `Op::MatMul` through quantized activations, writing the column-major product to `scratch` as
 /// `kernels::matmul` does. Returns `false`, having written nothing, where the weight format is
 /// not covered or the activations are not all finite; the caller then uses the reference path.

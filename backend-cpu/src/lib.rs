@@ -57,7 +57,7 @@ struct Program {
 
 /// The CPU backend.
 pub struct CpuBackend {
-    pool: rayon::ThreadPool,
+    pool: std::sync::Arc<rayon::ThreadPool>,
     threads: usize,
     buffers: HashMap<u64, Buffer>,
     programs: HashMap<u64, Program>,
@@ -95,7 +95,7 @@ impl BackendPlugin for CpuBackend {
             .build()
             .map_err(|e| BackendError::internal(format!("cannot start {threads} threads: {e}")))?;
         Ok(CpuBackend {
-            pool,
+            pool: std::sync::Arc::new(pool),
             threads,
             buffers: HashMap::new(),
             programs: HashMap::new(),
@@ -214,6 +214,32 @@ impl CpuBackend {
                 }
                 _ => {}
             }
+        }
+        // Every pool thread's quantized activations at their largest now, not in the token loop.
+        let acts = graph
+            .nodes
+            .iter()
+            .filter_map(|n| match &n.op {
+                Op::MatMul { x, weight, .. } => {
+                    Some(rows_of(&shapes[x.0 as usize]) * weight.desc.shape[1..].iter().product::<usize>())
+                }
+                _ => None,
+            })
+            .max();
+        if let (true, Some(values)) = (self.fast_kernels, acts) {
+            self.pool.broadcast(|_| fast::reserve(values));
+        }
+        if let Some(capacity) = graph
+            .nodes
+            .iter()
+            .filter_map(|n| match &n.op {
+                Op::Attention { cache, .. } => Some(cache.capacity),
+                _ => None,
+            })
+            .max()
+        {
+            // Every pool thread's attention scores at their largest now, not in the token loop.
+            self.pool.broadcast(|_| attention::reserve(capacity));
         }
         let values = shapes.iter().map(|s| vec![0f32; rows_of(s) * s.cols]).collect();
         buffers.sort();
@@ -539,9 +565,14 @@ impl ComputeBackend for CpuBackend {
             .programs
             .remove(&program.0)
             .ok_or_else(|| BackendError::invalid(format!("unknown program {}", program.0)))?;
-        let result = self
-            .check_step(&prog, args)
-            .and_then(|()| self.run(&mut prog, args));
+        // The whole step on one pool thread: the kernels' parallel loops then split work through
+        // the workers' own queues instead of handing each loop into the pool from outside
+        // (rayon's injector allocates a block per 63 jobs handed in).
+        let pool = std::sync::Arc::clone(&self.pool);
+        let result = pool.install(|| {
+            self.check_step(&prog, args)
+                .and_then(|()| self.run(&mut prog, args))
+        });
         self.programs.insert(program.0, prog);
         result?;
         self.executions += 1;
