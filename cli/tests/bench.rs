@@ -1,0 +1,132 @@
+//! `engine bench` end to end on a tiny synthetic shape: the JSON it prints validates against
+//! the documented schema (docs/bench-schema.json), its figures are positive, and
+//! `engine bench --report` renders it. On a Vulkan device (lavapipe in CI) the result also
+//! carries per-op device times from the GPU timestamps.
+
+mod common;
+
+use std::path::Path;
+
+use common::Install;
+use serde_json::Value;
+use tandem_engine::bench_report::{load_result, validate_against_schema};
+
+fn schema() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/bench-schema.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("schema")).expect("schema JSON")
+}
+
+fn bench(install: &Install, backend: &str) -> Value {
+    let out = install.run(&[
+        "bench",
+        "--synthetic",
+        "tiny",
+        "--dtype",
+        "q8_0",
+        "--backend",
+        backend,
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "4",
+        "--batch",
+        "1,2",
+        "--repeat",
+        "2",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "engine bench --backend {backend}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("bench prints JSON")
+}
+
+#[test]
+fn bench_json_follows_the_schema_and_renders() {
+    let cache = tempfile::tempdir().expect("tempdir");
+    std::env::set_var("TANDEM_CACHE_DIR", cache.path());
+    std::env::set_var("TANDEM_VULKAN_VALIDATION", "1");
+    let install = Install::new(&["cpu", "vulkan"]);
+    let schema = schema();
+
+    let cpu = bench(&install, "cpu");
+    validate_against_schema(&cpu, &schema).unwrap_or_else(|e| panic!("cpu result: {e}\n{cpu:#}"));
+    let runs = cpu["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2, "one run per batch size");
+    for (run, batch) in runs.iter().zip([1, 2]) {
+        assert_eq!(run["batch"], batch);
+        for field in ["prefill_tokens_per_s", "decode_tokens_per_s", "ttft_ms"] {
+            let median = run[field]["median"].as_f64().expect(field);
+            assert!(median > 0.0, "{field} = {median}");
+            assert!(run[field]["min"].as_f64() <= Some(median) && Some(median) <= run[field]["max"].as_f64());
+        }
+        assert!(run["decode_bytes_per_step"].as_u64() > Some(0));
+        assert!(run.get("profile").is_none(), "the CPU measures no device time");
+    }
+    assert!(cpu["limits"]["peak_flops"].as_f64() > Some(0.0));
+    assert!(
+        cpu["limits"]["copy_bandwidth_source"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("host memcpy")),
+        "{cpu:#}"
+    );
+    let mut files = vec![];
+    let json_path = cache.path().join("cpu.json");
+    std::fs::write(&json_path, serde_json::to_string(&cpu).expect("json")).expect("write");
+    files.push(json_path);
+
+    let listed: Value =
+        serde_json::from_slice(&install.run(&["backends", "--json"]).stdout).expect("backends");
+    let vulkan_up = listed["backends"]
+        .as_array()
+        .and_then(|a| a.iter().find(|b| b["name"] == "vulkan"))
+        .is_some_and(|b| b["available"] == true);
+    assert!(
+        vulkan_up || std::env::var_os("CI").is_none(),
+        "CI runs the Vulkan backend"
+    );
+    if vulkan_up {
+        let gpu = bench(&install, "vulkan");
+        validate_against_schema(&gpu, &schema).unwrap_or_else(|e| panic!("vulkan result: {e}\n{gpu:#}"));
+        let run = &gpu["runs"][0];
+        let decode = run["profile"]["decode"].as_array().expect("a decode profile");
+        assert!(
+            decode
+                .iter()
+                .any(|o| o["op"].as_str().is_some_and(|s| s.starts_with("attention"))),
+            "{decode:?}"
+        );
+        assert!(decode.iter().all(|o| o["seconds"].as_f64() >= Some(0.0)));
+        assert!(run["device_memory_bytes"].as_u64() > Some(0), "{run:#}");
+        assert!(
+            gpu["limits"]["copy_bandwidth_source"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("vulkan")),
+            "{gpu:#}"
+        );
+        let json_path = cache.path().join("vulkan.json");
+        std::fs::write(&json_path, serde_json::to_string(&gpu).expect("json")).expect("write");
+        files.push(json_path);
+    }
+
+    let report = cache.path().join("report");
+    let mut args = vec![
+        "bench".to_string(),
+        "--report".into(),
+        report.display().to_string(),
+    ];
+    args.extend(files.iter().map(|f| f.display().to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = install.run(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let md = std::fs::read_to_string(report.join("report.md")).expect("report.md");
+    assert!(md.contains("| tandem | cpu"), "{md}");
+    if vulkan_up {
+        assert!(md.contains("## Where the device time goes"), "{md}");
+    }
+    for f in &files {
+        load_result(f).expect("the written result loads back");
+    }
+}
