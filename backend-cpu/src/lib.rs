@@ -472,9 +472,10 @@ impl ComputeBackend for CpuBackend {
             device: format!("host CPU ({} {})", std::env::consts::ARCH, std::env::consts::OS),
             kind: DeviceKind::Cpu,
             memory_bytes: None,
-            // Still "reference" whatever the kernels, until the CLI's `engine backends` snapshot
-            // (cli/tests/snapshots) moves to naming them (`kernels=fast` / `kernels=reference`).
-            features: vec![format!("threads={}", self.threads), "reference".to_string()],
+            features: vec![
+                format!("threads={}", self.threads),
+                format!("kernels={}", if self.fast_kernels { "fast" } else { "reference" }),
+            ],
         }
     }
 

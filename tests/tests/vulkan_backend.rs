@@ -25,7 +25,9 @@ fn vulkan() -> Option<Box<dyn ComputeBackend>> {
 }
 
 fn cpu() -> Box<dyn ComputeBackend> {
-    discover().create("cpu", &Default::default()).expect("cpu plugin")
+    discover()
+        .create("cpu", &tandem_conformance::reference_options())
+        .expect("cpu plugin")
 }
 
 /// Byte offsets of the f16 scale fields of one block, per format.
@@ -81,10 +83,11 @@ fn run_format(
     be: &mut dyn ComputeBackend,
     d: DType,
     rows: usize,
+    k: usize,
     bytes: &[u8],
     x: &[f32],
 ) -> Result<Vec<f32>, BackendError> {
-    let (n, k) = (37usize, 512usize);
+    let n = 37usize;
     let desc = TensorDesc::new(d, [n, k]);
     let w = be.alloc(&desc, Usage::Weight)?;
     be.write(w, 0, bytes)?;
@@ -167,22 +170,32 @@ fn every_weight_format_matches_the_cpu_reference() {
         DType::Q6K,
     ];
     for d in formats {
-        let bytes = weight_bytes(&mut rng, d, 37, 512);
-        // One row (matrix-vector), three, nine and 33 rows (its batched variants), 70 rows (the
-        // tiled kernel, with partial tiles).
-        for rows in [1usize, 3, 9, 33, 70] {
-            let x = rng.vec(rows * 512, 1.0);
-            let want = run_format(reference.as_mut(), d, rows, &bytes, &x).unwrap();
-            let got = run_format(vk.as_mut(), d, rows, &bytes, &x)
-                .unwrap_or_else(|e| panic!("{d} with {rows} rows on vulkan: {e}"));
-            let want: Vec<f64> = want.iter().map(|v| *v as f64).collect();
-            assert_close(
-                &format!("matmul+embed {d} x{rows}"),
-                "vulkan vs cpu",
-                &got,
-                &want,
-                1e-5,
-            );
+        // A whole number of 256-blocks and an odd one (k-quants), an odd number of 32-blocks,
+        // and for the float formats widths that are and are not a multiple of 8 (the
+        // matrix-vector kernel's 16-byte loads) or 4.
+        let ks: &[usize] = match d {
+            DType::Q4K | DType::Q6K => &[512, 768],
+            DType::F32 | DType::F16 | DType::Bf16 => &[512, 200, 230, 97],
+            _ => &[512, 32 * 7],
+        };
+        for &k in ks {
+            let bytes = weight_bytes(&mut rng, d, 37, k);
+            // Matrix-vector rows 1..8 (R = 1, 2, 4, 8), several row slices (9, 17, 32, 33),
+            // 70 rows (the tiled kernel, with partial tiles).
+            for rows in [1usize, 2, 3, 5, 8, 9, 17, 32, 33, 70] {
+                let x = rng.vec(rows * k, 1.0);
+                let want = run_format(reference.as_mut(), d, rows, k, &bytes, &x).unwrap();
+                let got = run_format(vk.as_mut(), d, rows, k, &bytes, &x)
+                    .unwrap_or_else(|e| panic!("{d} with {rows} rows, k = {k} on vulkan: {e}"));
+                let want: Vec<f64> = want.iter().map(|v| *v as f64).collect();
+                assert_close(
+                    &format!("matmul+embed {d} x{rows} k={k}"),
+                    "vulkan vs cpu",
+                    &got,
+                    &want,
+                    1e-5,
+                );
+            }
         }
     }
 }
