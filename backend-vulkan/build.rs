@@ -14,7 +14,7 @@ const FORMATS: [&str; 10] = [
 ];
 
 /// Kernels built once per weight format.
-const PER_FORMAT: [&str; 3] = ["embed", "matmul", "matmul_tiled"];
+const PER_FORMAT: [&str; 4] = ["embed", "matmul", "matmul_tiled", "matvec"];
 
 /// Kernels built once.
 const PLAIN: [&str; 8] = [
@@ -90,8 +90,6 @@ fn main() {
     for k in PLAIN {
         build(k, None);
     }
-    // The coalesced matrix-vector kernel of the benchmarks' format.
-    build("matvec", Some("q4_k"));
     table.push_str("];\n");
     std::fs::write(out_dir.join("kernels.rs"), table).expect("write kernels.rs");
 }

@@ -15,8 +15,25 @@ const ARENA_ALIGN: u64 = 256;
 /// one.
 const TILED_ROWS: usize = 16;
 
-/// Output columns per workgroup of `matvec_q4_k` (its NC) for several rows.
-const MATVEC_COLS: usize = 4;
+/// Weight rows (output columns) per workgroup of `matvec_<fmt>` (its NC): four subgroups of 32
+/// on NVIDIA, two weight rows each (each subgroup's slot of x serves both).
+const MATVEC_COLS: usize = 8;
+
+/// `TANDEM_VULKAN_MATVEC_COLS` (4 or 8): a fixed `matvec_<fmt>` NC, for tuning runs.
+fn matvec_cols_override() -> Option<usize> {
+    std::env::var("TANDEM_VULKAN_MATVEC_COLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|c| [4, 8, 12, 16].contains(c))
+}
+
+/// `TANDEM_VULKAN_TILED_ROWS`: a fixed row count from which matmuls take the tiled kernel, for
+/// tuning runs.
+fn tiled_rows_override() -> Option<usize> {
+    std::env::var("TANDEM_VULKAN_TILED_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
 
 /// Threads per workgroup of the one-dimensional kernels.
 const WG: u32 = 64;
@@ -532,7 +549,8 @@ impl VulkanBackend {
                         .0;
                     // q4_k's matrix-vector kernel, reading each weight once per 8 rows, beats the
                     // tiled kernel up to a tile's worth of rows (batched decode).
-                    let tiled_from = if dt == DType::Q4K { 64 } else { TILED_ROWS };
+                    let tiled_from =
+                        tiled_rows_override().unwrap_or(if dt == DType::Q4K { 64 } else { TILED_ROWS });
                     if rows >= tiled_from {
                         cmds.push(Cmd::Dispatch {
                             kernel: format!("matmul_tiled_{}", format_name(dt)),
@@ -540,21 +558,37 @@ impl VulkanBackend {
                             push,
                             groups: [div_up(n, 64), div_up(rows, 64), 1],
                         });
-                    } else {
-                        // matvec_q4_k: one output column per workgroup for a single row, 4 for
-                        // several (sharing each block's inputs): on the H100, one row ran 2.3x
-                        // faster with one column, eight and more rows no slower with four.
-                        let (kernel, cols_per_wg) = match (dt, rows) {
-                            (DType::Q4K, 1) => ("matvec_q4_k".to_string(), 1),
-                            (DType::Q4K, _) => ("matvec_q4_k".to_string(), MATVEC_COLS),
-                            _ => (format!("matmul_{}", format_name(dt)), 1),
-                        };
-                        let [gx, gy] = spread(div_up(n, cols_per_wg));
+                    } else if matches!(dt, DType::F32 | DType::F16 | DType::Bf16) && !k.is_multiple_of(16) {
+                        // matvec reads float rows 16 values at a time; other widths take the
+                        // one-row-per-workgroup kernel.
+                        let [gx, gy] = spread(n as u32);
                         cmds.push(Cmd::Dispatch {
-                            kernel,
-                            spec: [r, cols_per_wg as u32],
+                            kernel: format!("matmul_{}", format_name(dt)),
+                            spec: [r, 1],
                             push,
                             groups: [gx, gy, div_up(rows, r as usize)],
+                        });
+                    } else {
+                        // matvec_<fmt>: MATVEC_COLS weight rows per workgroup, split over k
+                        // inside each subgroup; R = 1, 2, 4 or 8 input rows per workgroup reuse
+                        // each decoded weight slot, and the ceil(rows / R) row slices of one
+                        // weight block are neighbouring workgroups (weights shared via L2).
+                        let r = rows.next_power_of_two().min(8);
+                        let slices = rows.div_ceil(r);
+                        // Half the weight rows per workgroup (one per subgroup) where the full
+                        // count would leave the H100's 132 SMs under ~8 workgroups each.
+                        let cols = if div_up(n, MATVEC_COLS) as usize * slices >= 1024 {
+                            MATVEC_COLS
+                        } else {
+                            MATVEC_COLS / 2
+                        };
+                        let cols = matvec_cols_override().unwrap_or(cols);
+                        let [gx, gy] = spread(div_up(n, cols).saturating_mul(slices as u32));
+                        cmds.push(Cmd::Dispatch {
+                            kernel: format!("matvec_{}", format_name(dt)),
+                            spec: [r as u32, cols as u32],
+                            push,
+                            groups: [gx, gy, 1],
                         });
                     }
                 }

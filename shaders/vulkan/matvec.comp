@@ -1,13 +1,28 @@
-// Op::MatMul on q4_k weights for few rows (decode): one workgroup per NC (a specialisation
-// constant) weight rows (output columns) j0 .. j0 + NC, covering R input rows. Each half of the workgroup takes every other
-// 256-element block; within a block, 32 invocations read the 128 bytes of nibbles as 32
-// consecutive words (coalesced), invocation `lane` decoding bytes 4 (lane % 8) .. + 4 of the
-// 64-element chunk lane / 8: four elements of sub-block 2c (low nibbles) and four of sub-block
-// 2c + 1 (high nibbles). The two vec4s of x each invocation needs are loaded once per block and
-// used for all NC weight rows.
-layout(local_size_x = 64) in;
+// Op::MatMul for few input rows (decode): y = x @ W^T, built once per weight format.
+//
+// One workgroup of 128 invocations per NC (specialisation constant 1) consecutive weight rows
+// (output columns) and R (specialisation constant 0) input rows. Each subgroup takes NR weight
+// rows at a time and splits their k across its lanes: lane i decodes "slots" i, i + S, i + 2S...
+// of the row (S: the subgroup size), a slot being 32 values of a block format or 16 of a float
+// format, read with wide loads (16-byte for q4_k and the float formats; 32-bit words for the
+// 2-byte aligned q8_0 / q5_0 blocks, shifted into place). A slot's weights are dequantised once
+// into registers as w = a * q + b per half-slot and applied to all R input rows; each input
+// row's slot of x (vec4 loads, L1-resident) is loaded once and applied to all NR weight rows,
+// together with its sum (for the b terms). The lanes' sums meet in one subgroupAdd: no shared
+// memory, no barrier.
+//
+// Workgroups enumerate (weight-row block, input-row slice) with the slice fastest, so the
+// slices of one weight-row block run side by side and share its weights through the L2.
+layout(local_size_x = 128) in;
 layout(constant_id = 0) const uint R = 1;
-layout(constant_id = 1) const uint NC = 4;
+layout(constant_id = 1) const uint NC = 8;
+// Weight rows per subgroup: NC / 4 (four subgroups of 32 on NVIDIA), at least 1.
+const uint NR = NC >= 8u ? NC / 4u : 1u;
+// Slots per lane and loop trip: two for one input row (more loads in flight), one for several
+// (the registers go to the R rows' sums).
+const uint U = R == 1u ? 2u : 1u;
+
+layout(buffer_reference, scalar, buffer_reference_align = 16) buffer U4s { uvec4 v[]; };
 
 layout(push_constant, scalar) uniform Params {
     uint64_t w;
@@ -25,80 +40,213 @@ layout(push_constant, scalar) uniform Params {
     uint end2;
 } p;
 
-shared float partial[NC * R][64];
+#if defined(WFMT_F16) || defined(WFMT_BF16) || defined(WFMT_F32)
+// 16 values per slot (k % 16 == 0: rows are 32-byte aligned); w = q.
+#define SE 16
+#define SV 4
+#define HAS_B 0
+#else
+// 32 values per slot: q[0..3] with a.x, b.x, q[4..7] with a.y, b.y.
+#define SE 32
+#define SV 8
+#define HAS_B 1
+#endif
+
+// Row index of x for q[i].x of slot t.
+uint xpos(uint t, uint i) {
+#if defined(WFMT_Q4_K)
+    // Slot s = t % 8 of super-block t / 8: 16 bytes of nibbles at 16 + 16 s, low nibbles are
+    // values 64 (s / 2) + 16 (s % 2) + 0..15 (sub-block s & ~1), high nibbles 32 further.
+    uint s = t & 7u;
+    return (t >> 3) * 256u + 64u * (s >> 1) + 16u * (s & 1u) + (i < 4u ? 4u * i : 16u + 4u * i);
+#else
+    return t * SE + 4u * i;
+#endif
+}
+
+// Funnel of 32-bit words for blocks that are only 2-byte aligned: the word starting 2 bytes
+// after word i of a 4-aligned run (mis = 0) or word i + 1 itself (mis = 2).
+uint shifted(uint lo, uint hi, uint mis) {
+    return mis != 0u ? hi : ((lo >> 16) | (hi << 16));
+}
+
+void wslot(uint64_t row, uint t, out vec4 q[SV], out vec2 a, out vec2 b) {
+#if defined(WFMT_Q4_K)
+    uint64_t blk = row + uint64_t(t >> 3) * 144u;
+    uint s = t & 7u;
+    uint c = s >> 1;
+    uvec4 h = U4s(blk).v[0];
+    uvec4 qs = U4s(blk + 16u + 16u * s).v[0];
+    vec2 dm = unpackHalf2x16(h.x);
+    uint s1, m1, s2, m2;
+    q4k_scale_min(h.yzw, 2u * c, s1, m1);
+    q4k_scale_min(h.yzw, 2u * c + 1u, s2, m2);
+    a = dm.x * vec2(float(s1), float(s2));
+    b = -dm.y * vec2(float(m1), float(m2));
+    for (uint i = 0; i < 4; i++) {
+        q[i] = vec4(unpack8(qs[i] & 0x0F0F0F0Fu));
+        q[i + 4] = vec4(unpack8((qs[i] >> 4) & 0x0F0F0F0Fu));
+    }
+#elif defined(WFMT_Q8_0)
+    // 34-byte block: the 9 aligned words covering it (the last may reach 2 bytes past the
+    // block, inside the buffer: sizes are rounded up to 4).
+    uint64_t a0 = row + uint64_t(t) * 34u;
+    uint mis = uint(a0) & 2u;
+    U32s wp = U32s(a0 - mis);
+    uint W[9];
+    for (uint i = 0; i < 9; i++) {
+        W[i] = wp.v[i];
+    }
+    float d = unpackHalf2x16(W[0] >> (mis * 8u)).x;
+    for (uint i = 0; i < 8; i++) {
+        q[i] = vec4(unpack8(int(shifted(W[i], W[i + 1], mis))));
+    }
+    a = vec2(d);
+    b = vec2(0.0);
+#elif defined(WFMT_Q5_0)
+    // 22-byte block: d, qh (bit e: bit 4 of value e), 16 bytes (value j low nibble of byte j,
+    // value j + 16 high nibble); value (q - 16) d.
+    uint64_t a0 = row + uint64_t(t) * 22u;
+    uint mis = uint(a0) & 2u;
+    U32s wp = U32s(a0 - mis);
+    uint W[6];
+    for (uint i = 0; i < 6; i++) {
+        W[i] = wp.v[i];
+    }
+    float d = unpackHalf2x16(W[0] >> (mis * 8u)).x;
+    uint qh = shifted(W[0], W[1], mis);
+    for (uint m = 0; m < 4; m++) {
+        uint v = shifted(W[m + 1], W[m + 2], mis);
+        // Four bits of qh spread to bit 4 of four bytes.
+        uint hl = ((((qh >> (4u * m)) & 15u) * 0x00204081u) & 0x01010101u) << 4;
+        uint hh = ((((qh >> (16u + 4u * m)) & 15u) * 0x00204081u) & 0x01010101u) << 4;
+        q[m] = vec4(unpack8((v & 0x0F0F0F0Fu) | hl));
+        q[m + 4] = vec4(unpack8(((v >> 4) & 0x0F0F0F0Fu) | hh));
+    }
+    a = vec2(d);
+    b = vec2(-16.0 * d);
+#elif defined(WFMT_F16)
+    for (uint h = 0; h < 2; h++) {
+        uvec4 v = U4s(row + 32u * t + 16u * h).v[0];
+        q[2 * h] = vec4(unpackHalf2x16(v.x), unpackHalf2x16(v.y));
+        q[2 * h + 1] = vec4(unpackHalf2x16(v.z), unpackHalf2x16(v.w));
+    }
+    a = vec2(1.0);
+    b = vec2(0.0);
+#elif defined(WFMT_BF16)
+    for (uint h = 0; h < 2; h++) {
+        uvec4 v = U4s(row + 32u * t + 16u * h).v[0];
+        q[2 * h] = uintBitsToFloat(uvec4(v.x << 16, v.x & 0xFFFF0000u, v.y << 16, v.y & 0xFFFF0000u));
+        q[2 * h + 1] = uintBitsToFloat(uvec4(v.z << 16, v.z & 0xFFFF0000u, v.w << 16, v.w & 0xFFFF0000u));
+    }
+    a = vec2(1.0);
+    b = vec2(0.0);
+#elif defined(WFMT_F32)
+    for (uint i = 0; i < 4; i++) {
+        q[i] = V4s(row + 64u * t + 16u * i).v[0];
+    }
+    a = vec2(1.0);
+    b = vec2(0.0);
+#else
+    // The other block formats (q4_0, q4_1, q5_1, q6_k): the shared 32-value decoder.
+    float w[UNIT];
+    load_unit(row, t, w);
+    for (uint i = 0; i < 8; i++) {
+        q[i] = vec4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+    }
+    a = vec2(1.0);
+    b = vec2(0.0);
+#endif
+}
+
+void store(uint j, uint row, float v) {
+    uint64_t dst;
+    uint col;
+    uint width;
+    if (j < p.end0) {
+        dst = p.dst0; col = j; width = p.end0;
+    } else if (j < p.end1) {
+        dst = p.dst1; col = j - p.end0; width = p.end1 - p.end0;
+    } else if (j < p.end2) {
+        dst = p.dst2; col = j - p.end1; width = p.end2 - p.end1;
+    } else {
+        dst = p.dst3; col = j - p.end2; width = p.n - p.end2;
+    }
+    st_f32(dst, uint64_t(row) * width + col, v);
+}
 
 void main() {
-    uint j0 = (gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x) * NC;
+    uint slices = (p.rows + R - 1u) / R;
+    uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    uint j0 = (wg / slices) * NC;
+    uint r0 = (wg % slices) * R;
     if (j0 >= p.n) {
         return;
     }
-    uint tid = gl_LocalInvocationID.x;
-    uint lane = tid & 31u;
-    uint half_wg = tid >> 5;
-    uint c = lane >> 3;
-    uint l = (lane & 7u) * 4u;
-    uint r0 = gl_WorkGroupID.z * R;
-    float acc[NC * R];
-    for (uint i = 0; i < NC * R; i++) {
-        acc[i] = 0.0;
-    }
-    uint blocks = p.k / 256u;
-    for (uint b = half_wg; b < blocks; b += 2u) {
-        vec4 x0[R];
-        vec4 x1[R];
-        for (uint r = 0; r < R; r++) {
-            uint row = min(r0 + r, p.rows - 1u);
-            uint64_t xa = p.x + (uint64_t(row) * p.k + b * 256u + 64u * c + l) * 4u;
-            x0[r] = V4s(xa).v[0];
-            x1[r] = V4s(xa + 128u).v[0];
+    uint lane = gl_SubgroupInvocationID;
+    uint S = gl_SubgroupSize;
+    uint T = p.k / SE;
+    for (uint jb = gl_SubgroupID * NR; jb < NC; jb += gl_NumSubgroups * NR) {
+        uint64_t wrow[NR];
+        for (uint jj = 0; jj < NR; jj++) {
+            wrow[jj] = p.w + uint64_t(min(j0 + jb + jj, p.n - 1u)) * p.row_bytes;
         }
-        for (uint jj = 0; jj < NC; jj++) {
-            uint j = min(j0 + jj, p.n - 1u);
-            uint64_t blk = p.w + uint64_t(j) * p.row_bytes + uint64_t(b) * 144u;
-            vec2 dm = unpackHalf2x16(ld32(blk, 0));
-            uvec3 sc = uvec3(ld32(blk, 4), ld32(blk, 8), ld32(blk, 12));
-            uint s1, m1, s2, m2;
-            q4k_scale_min(sc, 2u * c, s1, m1);
-            q4k_scale_min(sc, 2u * c + 1u, s2, m2);
-            uint q = ld32(blk, 16u + 32u * c + l);
-            vec4 lo = vec4(float(q & 15u), float((q >> 8) & 15u), float((q >> 16) & 15u), float((q >> 24) & 15u));
-            vec4 hi = vec4(float((q >> 4) & 15u), float((q >> 12) & 15u), float((q >> 20) & 15u), float(q >> 28));
-            vec4 wlo = (dm.x * float(s1)) * lo - dm.y * float(m1);
-            vec4 whi = (dm.x * float(s2)) * hi - dm.y * float(m2);
-            for (uint r = 0; r < R; r++) {
-                acc[jj * R + r] += dot(wlo, x0[r]) + dot(whi, x1[r]);
+        float acc[NR * R];
+        for (uint i = 0; i < NR * R; i++) {
+            acc[i] = 0.0;
+        }
+        for (uint t0 = lane; t0 < T; t0 += U * S) {
+            for (uint u = 0; u < U; u++) {
+                // A slot past the row's end repeats slot t0 with weight 0 (no divergent loads).
+                uint t = t0 + u * S;
+                float live = t < T ? 1.0 : 0.0;
+                t = t < T ? t : t0;
+                vec4 q[NR][SV];
+                vec2 a[NR];
+                vec2 b[NR];
+                for (uint jj = 0; jj < NR; jj++) {
+                    wslot(wrow[jj], t, q[jj], a[jj], b[jj]);
+                    a[jj] *= live;
+                    b[jj] *= live;
+                }
+                for (uint r = 0; r < R; r++) {
+                    uint64_t xa = p.x + uint64_t(min(r0 + r, p.rows - 1u)) * p.k * 4u;
+                    vec4 xv[SV];
+                    for (uint i = 0; i < SV; i++) {
+                        xv[i] = V4s(xa + xpos(t, i) * 4u).v[0];
+                    }
+#if HAS_B
+                    vec4 sx0 = vec4(0.0);
+                    vec4 sx1 = vec4(0.0);
+                    for (uint i = 0; i < SV / 2; i++) {
+                        sx0 += xv[i];
+                        sx1 += xv[i + SV / 2];
+                    }
+                    vec2 sx = vec2(dot(sx0, vec4(1.0)), dot(sx1, vec4(1.0)));
+#endif
+                    for (uint jj = 0; jj < NR; jj++) {
+                        float d0 = 0.0;
+                        float d1 = 0.0;
+                        for (uint i = 0; i < SV / 2; i++) {
+                            d0 += dot(q[jj][i], xv[i]);
+                            d1 += dot(q[jj][i + SV / 2], xv[i + SV / 2]);
+                        }
+#if HAS_B
+                        acc[jj * R + r] += a[jj].x * d0 + a[jj].y * d1 + dot(b[jj], sx);
+#else
+                        acc[jj * R + r] += a[jj].x * d0 + a[jj].y * d1;
+#endif
+                    }
+                }
             }
         }
-    }
-    for (uint i = 0; i < NC * R; i++) {
-        float s = subgroupAdd(acc[i]);
-        if (subgroupElect()) {
-            partial[i][gl_SubgroupID] = s;
-        }
-    }
-    barrier();
-    if (tid < NC * R) {
-        uint jj = tid / R;
-        uint row = r0 + tid % R;
-        uint j = j0 + jj;
-        if (row < p.rows && j < p.n) {
-            float t = 0.0;
-            for (uint i = 0; i < gl_NumSubgroups; i++) {
-                t += partial[tid][i];
+        for (uint i = 0; i < NR * R; i++) {
+            float s = subgroupAdd(acc[i]);
+            uint j = j0 + jb + i / R;
+            uint row = r0 + i % R;
+            if (lane == i % S && j < p.n && jb + i / R < NC && row < p.rows) {
+                store(j, row, s);
             }
-            uint64_t dst;
-            uint col;
-            uint width;
-            if (j < p.end0) {
-                dst = p.dst0; col = j; width = p.end0;
-            } else if (j < p.end1) {
-                dst = p.dst1; col = j - p.end0; width = p.end1 - p.end0;
-            } else if (j < p.end2) {
-                dst = p.dst2; col = j - p.end1; width = p.end2 - p.end1;
-            } else {
-                dst = p.dst3; col = j - p.end2; width = p.n - p.end2;
-            }
-            st_f32(dst, uint64_t(row) * width + col, t);
         }
     }
 }
