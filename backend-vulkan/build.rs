@@ -90,6 +90,8 @@ fn main() {
     for k in PLAIN {
         build(k, None);
     }
+    // q4_k's kernel for several rows (batched decode).
+    build("matvec_rows", Some("q4_k"));
     table.push_str("];\n");
     std::fs::write(out_dir.join("kernels.rs"), table).expect("write kernels.rs");
 }

@@ -12,19 +12,32 @@ use crate::VulkanBackend;
 const ARENA_ALIGN: u64 = 256;
 
 /// Rows from which a matmul takes the tiled matrix-matrix kernel instead of the matrix-vector
-/// one.
+/// one (block formats other than q4_k: at 32 rows on the H100 the tiled kernel took 5.5 ms per
+/// step for a 4B model's q8_0 logits, `matvec_q8_0` 14.4).
 const TILED_ROWS: usize = 16;
 
-/// Weight rows (output columns) per workgroup of `matvec_<fmt>` (its NC): four subgroups of 32
-/// on NVIDIA, two weight rows each (each subgroup's slot of x serves both).
-const MATVEC_COLS: usize = 8;
+/// The same for q4_k and the float formats: up to a tile's worth of rows (batched decode) their
+/// matrix-vector kernels, reading each weight once per 8 rows, beat the tiled kernel on the
+/// H100 (4B f16 at 32 rows: 41.7 ms of matmul per step against 86.6).
+const TILED_ROWS_WIDE: usize = 64;
 
-/// `TANDEM_VULKAN_MATVEC_COLS` (4 or 8): a fixed `matvec_<fmt>` NC, for tuning runs.
+/// `matvec_<fmt>`'s weight rows per workgroup in split mode (block formats, one input row): the
+/// workgroup's 128 invocations split the k of 4 rows, which share each slot of x loaded; a 4B
+/// model's smallest matrix (2560 rows) still makes 640 workgroups. On the H100 (4B q4_k, one
+/// row) 4 rows took 2.58 ms of q4_k matmul per step, 2 rows 3.62, 8 rows 3.04.
+const MATVEC_COLS: usize = 4;
+
+/// `matvec_<fmt>`'s subgroup mode (float formats, and several input rows): each subgroup takes
+/// its own weight rows, two at a time.
+const MATVEC_SUBGROUP_ROWS: u32 = 256;
+
+/// `TANDEM_VULKAN_MATVEC_COLS` (1 to 16): a fixed `matvec_<fmt>` rows per workgroup, for tuning
+/// runs.
 fn matvec_cols_override() -> Option<usize> {
     std::env::var("TANDEM_VULKAN_MATVEC_COLS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .filter(|c| [4, 8, 12, 16].contains(c))
+        .filter(|c| (1..=16).contains(c))
 }
 
 /// `TANDEM_VULKAN_TILED_ROWS`: a fixed row count from which matmuls take the tiled kernel, for
@@ -547,10 +560,20 @@ impl VulkanBackend {
                         .u32(ends[1])
                         .u32(ends[2])
                         .0;
-                    // q4_k's matrix-vector kernel, reading each weight once per 8 rows, beats the
-                    // tiled kernel up to a tile's worth of rows (batched decode).
+                    // Decode (few rows) takes a matrix-vector kernel, from TILED_ROWS(_WIDE) rows
+                    // the tiled one:
+                    // - float rows whose k is not a multiple of 16: matmul_<fmt>, one weight row
+                    //   per workgroup;
+                    // - q4_k, several rows: matvec_rows_q4_k, 4 weight rows x 8 input rows per
+                    //   workgroup (at 32 rows on the H100 28.9 ms of a 4B step against 36.0 for
+                    //   matvec_q4_k's subgroup mode);
+                    // - else matvec_<fmt>: split mode for block formats with one row, subgroup
+                    //   mode otherwise (f16 one row: 3.64 ms a 4B step against 3.99 in split
+                    //   mode), R = 1, 2, 4 or 8 input rows per workgroup.
+                    let float = matches!(dt, DType::F32 | DType::F16 | DType::Bf16);
+                    let wide = float || dt == DType::Q4K;
                     let tiled_from =
-                        tiled_rows_override().unwrap_or(if dt == DType::Q4K { 64 } else { TILED_ROWS });
+                        tiled_rows_override().unwrap_or(if wide { TILED_ROWS_WIDE } else { TILED_ROWS });
                     if rows >= tiled_from {
                         cmds.push(Cmd::Dispatch {
                             kernel: format!("matmul_tiled_{}", format_name(dt)),
@@ -558,9 +581,7 @@ impl VulkanBackend {
                             push,
                             groups: [div_up(n, 64), div_up(rows, 64), 1],
                         });
-                    } else if matches!(dt, DType::F32 | DType::F16 | DType::Bf16) && !k.is_multiple_of(16) {
-                        // matvec reads float rows 16 values at a time; other widths take the
-                        // one-row-per-workgroup kernel.
+                    } else if float && !k.is_multiple_of(16) {
                         let [gx, gy] = spread(n as u32);
                         cmds.push(Cmd::Dispatch {
                             kernel: format!("matmul_{}", format_name(dt)),
@@ -568,25 +589,35 @@ impl VulkanBackend {
                             push,
                             groups: [gx, gy, div_up(rows, r as usize)],
                         });
+                    } else if dt == DType::Q4K && rows > 1 {
+                        let [gx, gy] = spread(div_up(n, 4));
+                        cmds.push(Cmd::Dispatch {
+                            kernel: "matvec_rows_q4_k".into(),
+                            spec: [r, 4],
+                            push,
+                            groups: [gx, gy, div_up(rows, r as usize)],
+                        });
                     } else {
-                        // matvec_<fmt>: MATVEC_COLS weight rows per workgroup, split over k
-                        // inside each subgroup; R = 1, 2, 4 or 8 input rows per workgroup reuse
-                        // each decoded weight slot, and the ceil(rows / R) row slices of one
-                        // weight block are neighbouring workgroups (weights shared via L2).
+                        // The ceil(rows / R) row slices of one weight block are neighbouring
+                        // workgroups (its weights shared through the L2).
                         let r = rows.next_power_of_two().min(8);
                         let slices = rows.div_ceil(r);
-                        // Half the weight rows per workgroup (one per subgroup) where the full
-                        // count would leave the H100's 132 SMs under ~8 workgroups each.
-                        let cols = if div_up(n, MATVEC_COLS) as usize * slices >= 1024 {
+                        let subgroup_mode = float || rows > 1;
+                        // Subgroup mode: 8 rows per workgroup (2 per subgroup) where that leaves
+                        // >= 1024 workgroups, else 4 (one per subgroup).
+                        let cols = if !subgroup_mode {
                             MATVEC_COLS
+                        } else if div_up(n, 8) as usize * slices >= 1024 {
+                            8
                         } else {
-                            MATVEC_COLS / 2
+                            4
                         };
                         let cols = matvec_cols_override().unwrap_or(cols);
+                        let mode = cols as u32 | if subgroup_mode { MATVEC_SUBGROUP_ROWS } else { 0 };
                         let [gx, gy] = spread(div_up(n, cols).saturating_mul(slices as u32));
                         cmds.push(Cmd::Dispatch {
                             kernel: format!("matvec_{}", format_name(dt)),
-                            spec: [r as u32, cols as u32],
+                            spec: [r as u32, mode],
                             push,
                             groups: [gx, gy, 1],
                         });

@@ -1,26 +1,36 @@
 // Op::MatMul for few input rows (decode): y = x @ W^T, built once per weight format.
 //
-// One workgroup of 128 invocations per NC (specialisation constant 1) consecutive weight rows
-// (output columns) and R (specialisation constant 0) input rows. Each subgroup takes NR weight
-// rows at a time and splits their k across its lanes: lane i decodes "slots" i, i + S, i + 2S...
-// of the row (S: the subgroup size), a slot being 32 values of a block format or 16 of a float
-// format, read with wide loads (16-byte for q4_k and the float formats; 32-bit words for the
-// 2-byte aligned q8_0 / q5_0 blocks, shifted into place). A slot's weights are dequantised once
-// into registers as w = a * q + b per half-slot and applied to all R input rows; each input
-// row's slot of x (vec4 loads, L1-resident) is loaded once and applied to all NR weight rows,
-// together with its sum (for the b terms). The lanes' sums meet in one subgroupAdd: no shared
-// memory, no barrier.
+// One workgroup of 128 invocations per NC consecutive weight rows (output columns) and R
+// (specialisation constant 0) input rows. Specialisation constant 1 is NC, plus 256 for the
+// subgroup mode:
+// - split mode (block formats, one input row): the 128 invocations split the NC rows' k
+//   between them, invocation i decoding "slots" i, i + 128, ... of each row; the sums meet in
+//   a subgroupAdd, then across subgroups through shared memory.
+// - subgroup mode (float formats, several rows): each subgroup takes NC / 4 rows at a time and
+//   splits their k across its lanes; the sums meet in one subgroupAdd.
+// A slot is 32 values of a block format or 16 of a float format, read with wide loads (16-byte
+// for q4_k and the float formats; 32-bit words for the 2-byte aligned q8_0 / q5_0 blocks,
+// shifted into place). A slot's weights are dequantised in registers as w = a * q + b per
+// half-slot and applied to all R input rows; each input row's slot of x (vec4 loads,
+// L1-resident) is loaded once and applied to all the weight rows in hand, together with its sum
+// (for the b terms).
 //
 // Workgroups enumerate (weight-row block, input-row slice) with the slice fastest, so the
 // slices of one weight-row block run side by side and share its weights through the L2.
 layout(local_size_x = 128) in;
 layout(constant_id = 0) const uint R = 1;
-layout(constant_id = 1) const uint NC = 8;
-// Weight rows per subgroup: NC / 4 (four subgroups of 32 on NVIDIA), at least 1.
-const uint NR = NC >= 8u ? NC / 4u : 1u;
-// Slots per lane and loop trip: two for one input row (more loads in flight), one for several
-// (the registers go to the R rows' sums).
-const uint U = R == 1u ? 2u : 1u;
+layout(constant_id = 1) const uint MODE = 4;
+// Weight rows per workgroup.
+const uint NC = MODE & 255u;
+const bool SG_ROWS = (MODE >> 8) != 0u;
+// Weight rows in hand at a time: NC (split mode), NC / 4 (subgroup mode), at least 1.
+const uint NR = SG_ROWS ? (NC >= 8u ? NC / 4u : 1u) : NC;
+// Slots per invocation and loop trip: two for one input row and at most two weight rows (more
+// loads in flight), else one (the registers go to the other rows).
+const uint U = (R == 1u && NR <= 2u) ? 2u : 1u;
+#define WGS 128u
+// Partial sums of each subgroup (at least 4 invocations each).
+shared float partial[NR * R][32];
 
 layout(buffer_reference, scalar, buffer_reference_align = 16) buffer U4s { uvec4 v[]; };
 
@@ -70,6 +80,23 @@ uint shifted(uint lo, uint hi, uint mis) {
     return mis != 0u ? hi : ((lo >> 16) | (hi << 16));
 }
 
+// Integer fields as floats without int-to-float conversions (a quarter-rate instruction on
+// NVIDIA, the q4_k kernel's bottleneck): a field f of B bits is moved into the top mantissa
+// bits of 1.0, giving 1 + f / 2^B exactly; the kernels fold the scale 2^B and the offset 1
+// into a and b. Fields at bits 8i .. of v, i = 0..3.
+vec4 nib4(uint v) {
+    return uintBitsToFloat(uvec4((v << 19) & 0x00780000u, (v << 11) & 0x00780000u,
+                                 (v << 3) & 0x00780000u, (v >> 5) & 0x00780000u) | 0x3F800000u);
+}
+vec4 five4(uint v) {
+    return uintBitsToFloat(uvec4((v << 18) & 0x007C0000u, (v << 10) & 0x007C0000u,
+                                 (v << 2) & 0x007C0000u, (v >> 6) & 0x007C0000u) | 0x3F800000u);
+}
+vec4 byte4(uint v) {
+    return uintBitsToFloat(uvec4((v << 15) & 0x007F8000u, (v << 7) & 0x007F8000u,
+                                 (v >> 1) & 0x007F8000u, (v >> 9) & 0x007F8000u) | 0x3F800000u);
+}
+
 void wslot(uint64_t row, uint t, out vec4 q[SV], out vec2 a, out vec2 b) {
 #if defined(WFMT_Q4_K)
     uint64_t blk = row + uint64_t(t >> 3) * 144u;
@@ -81,11 +108,12 @@ void wslot(uint64_t row, uint t, out vec4 q[SV], out vec2 a, out vec2 b) {
     uint s1, m1, s2, m2;
     q4k_scale_min(h.yzw, 2u * c, s1, m1);
     q4k_scale_min(h.yzw, 2u * c + 1u, s2, m2);
-    a = dm.x * vec2(float(s1), float(s2));
-    b = -dm.y * vec2(float(m1), float(m2));
+    // d sc q - dmin m with q = 16 (q' - 1).
+    a = 16.0 * dm.x * vec2(float(s1), float(s2));
+    b = -a - dm.y * vec2(float(m1), float(m2));
     for (uint i = 0; i < 4; i++) {
-        q[i] = vec4(unpack8(qs[i] & 0x0F0F0F0Fu));
-        q[i + 4] = vec4(unpack8((qs[i] >> 4) & 0x0F0F0F0Fu));
+        q[i] = nib4(qs[i]);
+        q[i + 4] = nib4(qs[i] >> 4);
     }
 #elif defined(WFMT_Q8_0)
     // 34-byte block: the 9 aligned words covering it (the last may reach 2 bytes past the
@@ -98,11 +126,12 @@ void wslot(uint64_t row, uint t, out vec4 q[SV], out vec2 a, out vec2 b) {
         W[i] = wp.v[i];
     }
     float d = unpackHalf2x16(W[0] >> (mis * 8u)).x;
+    // d q with q = u - 128, u = q ^ 0x80 = 256 (q' - 1).
     for (uint i = 0; i < 8; i++) {
-        q[i] = vec4(unpack8(int(shifted(W[i], W[i + 1], mis))));
+        q[i] = byte4(shifted(W[i], W[i + 1], mis) ^ 0x80808080u);
     }
-    a = vec2(d);
-    b = vec2(0.0);
+    a = vec2(256.0 * d);
+    b = vec2(-384.0 * d);
 #elif defined(WFMT_Q5_0)
     // 22-byte block: d, qh (bit e: bit 4 of value e), 16 bytes (value j low nibble of byte j,
     // value j + 16 high nibble); value (q - 16) d.
@@ -120,11 +149,12 @@ void wslot(uint64_t row, uint t, out vec4 q[SV], out vec2 a, out vec2 b) {
         // Four bits of qh spread to bit 4 of four bytes.
         uint hl = ((((qh >> (4u * m)) & 15u) * 0x00204081u) & 0x01010101u) << 4;
         uint hh = ((((qh >> (16u + 4u * m)) & 15u) * 0x00204081u) & 0x01010101u) << 4;
-        q[m] = vec4(unpack8((v & 0x0F0F0F0Fu) | hl));
-        q[m + 4] = vec4(unpack8(((v >> 4) & 0x0F0F0F0Fu) | hh));
+        q[m] = five4((v & 0x0F0F0F0Fu) | hl);
+        q[m + 4] = five4(((v >> 4) & 0x0F0F0F0Fu) | hh);
     }
-    a = vec2(d);
-    b = vec2(-16.0 * d);
+    // d (q - 16) with q = 32 (q' - 1).
+    a = vec2(32.0 * d);
+    b = vec2(-48.0 * d);
 #elif defined(WFMT_F16)
     for (uint h = 0; h < 2; h++) {
         uvec4 v = U4s(row + 32u * t + 16u * h).v[0];
@@ -175,6 +205,40 @@ void store(uint j, uint row, float v) {
     st_f32(dst, uint64_t(row) * width + col, v);
 }
 
+// Input row `row`'s values for slot t, and the sums of its two halves (for the b terms).
+void load_x(uint row, uint t, out vec4 xv[SV], out vec2 sx) {
+    uint64_t xa = p.x + uint64_t(min(row, p.rows - 1u)) * p.k * 4u;
+    for (uint i = 0; i < SV; i++) {
+        xv[i] = V4s(xa + xpos(t, i) * 4u).v[0];
+    }
+#if HAS_B
+    vec4 sx0 = vec4(0.0);
+    vec4 sx1 = vec4(0.0);
+    for (uint i = 0; i < SV / 2; i++) {
+        sx0 += xv[i];
+        sx1 += xv[i + SV / 2];
+    }
+    sx = vec2(dot(sx0, vec4(1.0)), dot(sx1, vec4(1.0)));
+#else
+    sx = vec2(0.0);
+#endif
+}
+
+// One weight row's slot against one input row's: sum of (a q + b) x over the two halves.
+float slot_dot(vec4 q[SV], vec2 a, vec2 b, vec4 xv[SV], vec2 sx) {
+    float d0 = 0.0;
+    float d1 = 0.0;
+    for (uint i = 0; i < SV / 2; i++) {
+        d0 += dot(q[i], xv[i]);
+        d1 += dot(q[i + SV / 2], xv[i + SV / 2]);
+    }
+#if HAS_B
+    return a.x * d0 + a.y * d1 + dot(b, sx);
+#else
+    return a.x * d0 + a.y * d1;
+#endif
+}
+
 void main() {
     uint slices = (p.rows + R - 1u) / R;
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
@@ -183,10 +247,14 @@ void main() {
     if (j0 >= p.n) {
         return;
     }
-    uint lane = gl_SubgroupInvocationID;
-    uint S = gl_SubgroupSize;
+    uint tid = gl_LocalInvocationID.x;
     uint T = p.k / SE;
-    for (uint jb = gl_SubgroupID * NR; jb < NC; jb += gl_NumSubgroups * NR) {
+    uint lane = SG_ROWS ? gl_SubgroupInvocationID : tid;
+    uint stride = SG_ROWS ? gl_SubgroupSize : WGS;
+    uint jb0 = SG_ROWS ? gl_SubgroupID * NR : 0u;
+    uint jstep = SG_ROWS ? gl_NumSubgroups * NR : NC;
+    // Split mode: one trip, by the whole workgroup (the barrier below is reached uniformly).
+    for (uint jb = jb0; jb < NC; jb += jstep) {
         uint64_t wrow[NR];
         for (uint jj = 0; jj < NR; jj++) {
             wrow[jj] = p.w + uint64_t(min(j0 + jb + jj, p.n - 1u)) * p.row_bytes;
@@ -195,57 +263,72 @@ void main() {
         for (uint i = 0; i < NR * R; i++) {
             acc[i] = 0.0;
         }
-        for (uint t0 = lane; t0 < T; t0 += U * S) {
+        for (uint t0 = lane; t0 < T; t0 += U * stride) {
             for (uint u = 0; u < U; u++) {
                 // A slot past the row's end repeats slot t0 with weight 0 (no divergent loads).
-                uint t = t0 + u * S;
+                uint t = t0 + u * stride;
                 float live = t < T ? 1.0 : 0.0;
                 t = t < T ? t : t0;
-                vec4 q[NR][SV];
-                vec2 a[NR];
-                vec2 b[NR];
-                for (uint jj = 0; jj < NR; jj++) {
-                    wslot(wrow[jj], t, q[jj], a[jj], b[jj]);
-                    a[jj] *= live;
-                    b[jj] *= live;
-                }
-                for (uint r = 0; r < R; r++) {
-                    uint64_t xa = p.x + uint64_t(min(r0 + r, p.rows - 1u)) * p.k * 4u;
+                if (R == 1u && !SG_ROWS) {
+                    // One input row: its slot of x first, then each weight row's slot decoded and
+                    // consumed in turn (fewer registers live than all NR rows' values at once).
                     vec4 xv[SV];
-                    for (uint i = 0; i < SV; i++) {
-                        xv[i] = V4s(xa + xpos(t, i) * 4u).v[0];
-                    }
-#if HAS_B
-                    vec4 sx0 = vec4(0.0);
-                    vec4 sx1 = vec4(0.0);
-                    for (uint i = 0; i < SV / 2; i++) {
-                        sx0 += xv[i];
-                        sx1 += xv[i + SV / 2];
-                    }
-                    vec2 sx = vec2(dot(sx0, vec4(1.0)), dot(sx1, vec4(1.0)));
-#endif
+                    vec2 sx;
+                    load_x(r0, t, xv, sx);
                     for (uint jj = 0; jj < NR; jj++) {
-                        float d0 = 0.0;
-                        float d1 = 0.0;
-                        for (uint i = 0; i < SV / 2; i++) {
-                            d0 += dot(q[jj][i], xv[i]);
-                            d1 += dot(q[jj][i + SV / 2], xv[i + SV / 2]);
+                        vec4 q[SV];
+                        vec2 a;
+                        vec2 b;
+                        wslot(wrow[jj], t, q, a, b);
+                        acc[jj] += live * slot_dot(q, a, b, xv, sx);
+                    }
+                } else {
+                    vec4 q[NR][SV];
+                    vec2 a[NR];
+                    vec2 b[NR];
+                    for (uint jj = 0; jj < NR; jj++) {
+                        wslot(wrow[jj], t, q[jj], a[jj], b[jj]);
+                        a[jj] *= live;
+                        b[jj] *= live;
+                    }
+                    for (uint r = 0; r < R; r++) {
+                        vec4 xv[SV];
+                        vec2 sx;
+                        load_x(r0 + r, t, xv, sx);
+                        for (uint jj = 0; jj < NR; jj++) {
+                            acc[jj * R + r] += slot_dot(q[jj], a[jj], b[jj], xv, sx);
                         }
-#if HAS_B
-                        acc[jj * R + r] += a[jj].x * d0 + a[jj].y * d1 + dot(b[jj], sx);
-#else
-                        acc[jj * R + r] += a[jj].x * d0 + a[jj].y * d1;
-#endif
                     }
                 }
             }
         }
-        for (uint i = 0; i < NR * R; i++) {
-            float s = subgroupAdd(acc[i]);
-            uint j = j0 + jb + i / R;
-            uint row = r0 + i % R;
-            if (lane == i % S && j < p.n && jb + i / R < NC && row < p.rows) {
-                store(j, row, s);
+        if (SG_ROWS) {
+            for (uint i = 0; i < NR * R; i++) {
+                float s = subgroupAdd(acc[i]);
+                uint j = j0 + jb + i / R;
+                uint row = r0 + i % R;
+                if (lane == i % gl_SubgroupSize && j < p.n && jb + i / R < NC && row < p.rows) {
+                    store(j, row, s);
+                }
+            }
+        } else {
+            for (uint i = 0; i < NR * R; i++) {
+                float s = subgroupAdd(acc[i]);
+                if (subgroupElect()) {
+                    partial[i][gl_SubgroupID] = s;
+                }
+            }
+            barrier();
+            if (tid < NR * R) {
+                uint j = j0 + tid / R;
+                uint row = r0 + tid % R;
+                if (j < p.n && row < p.rows) {
+                    float t = 0.0;
+                    for (uint i = 0; i < gl_NumSubgroups; i++) {
+                        t += partial[tid][i];
+                    }
+                    store(j, row, t);
+                }
             }
         }
     }

@@ -178,9 +178,10 @@ fn every_weight_format_matches_the_cpu_reference() {
             DType::F32 | DType::F16 | DType::Bf16 => &[512, 208, 200, 230, 97],
             _ => &[512, 32 * 7],
         };
-        // The matrix-vector kernel's row blocks: as chosen for this small matrix (4 weight
-        // rows per workgroup, one per subgroup), then forced to 8 (two per subgroup).
-        for (&k, cols) in ks.iter().map(|k| (k, None)).chain([(&ks[0], Some("8"))]) {
+        // The matrix-vector kernel's weight rows per workgroup: as chosen, then forced to 1 (two
+        // slots per loop trip) and 8 (two rows per subgroup in subgroup mode).
+        let forced = [(&ks[0], Some("1")), (&ks[0], Some("8"))];
+        for (&k, cols) in ks.iter().map(|k| (k, None)).chain(forced) {
             match cols {
                 Some(c) => std::env::set_var("TANDEM_VULKAN_MATVEC_COLS", c),
                 None => std::env::remove_var("TANDEM_VULKAN_MATVEC_COLS"),
