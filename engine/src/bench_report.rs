@@ -534,15 +534,19 @@ pub fn write_report(results: &[BenchResult], dir: &Path) -> Result<ReportFiles, 
 }
 
 /// Each tandem run's achieved prefill FLOP/s and decode bandwidth against the limits a peer
-/// (another tool) measured on the same machine in the same set of results: the matrix-product
-/// rate PyTorch reaches, and its device copy bandwidth.
+/// (another tool) measured on the same GPU machine in the same set of results: the
+/// matrix-product rate PyTorch reaches on the card, and its device copy bandwidth. CPU peers are
+/// left out: llama-bench measures no peak of its own.
 fn peer_limits_section(results: &[BenchResult], md: &mut String) {
     let mut rows = Vec::new();
     for r in results.iter().filter(|r| r.tool == "tandem") {
         let peer = results
             .iter()
             .filter(|p| {
-                p.tool != "tandem" && p.machine.host == r.machine.host && p.machine.gpu == r.machine.gpu
+                p.tool != "tandem"
+                    && p.machine.gpu.is_some()
+                    && p.machine.host == r.machine.host
+                    && p.machine.gpu == r.machine.gpu
             })
             .max_by(|a, b| a.limits.peak_flops.total_cmp(&b.limits.peak_flops));
         let Some(peer) = peer else { continue };

@@ -282,8 +282,8 @@ fn node_times_sum_by_op_most_time_first() {
 
 #[test]
 fn tandem_runs_are_set_against_a_peer_on_the_same_machine() {
-    let ours = sample_doc(SAMPLES[0]);
-    let mut peer = sample_doc(SAMPLES[1]);
+    let mut ours = sample_doc(SAMPLES[0]);
+    let peer = sample_doc(SAMPLES[1]);
     let md_apart = tandem_engine::bench_report::markdown(&[
         serde_json::from_value(ours.clone()).expect("ours"),
         serde_json::from_value(peer.clone()).expect("peer"),
@@ -292,7 +292,8 @@ fn tandem_runs_are_set_against_a_peer_on_the_same_machine() {
         !md_apart.contains("Against the peer"),
         "different machines: no comparison"
     );
-    peer["machine"] = ours["machine"].clone();
+    // The same GPU machine (a CPU-only peer would be left out: it measures no peak of its own).
+    ours["machine"] = peer["machine"].clone();
     let ours_r: BenchResult = serde_json::from_value(ours.clone()).expect("ours");
     let peer_r: BenchResult = serde_json::from_value(peer).expect("peer");
     let md = tandem_engine::bench_report::markdown(&[ours_r.clone(), peer_r.clone()]);
