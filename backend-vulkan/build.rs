@@ -14,7 +14,7 @@ const FORMATS: [&str; 10] = [
 ];
 
 /// Kernels built once per weight format.
-const PER_FORMAT: [&str; 4] = ["embed", "matmul", "matmul_tiled", "matvec"];
+const PER_FORMAT: [&str; 5] = ["embed", "matmul", "matmul_tiled", "matvec", "matmul_coopmat"];
 
 /// Kernels built once.
 const PLAIN: [&str; 8] = [

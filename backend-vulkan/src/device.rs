@@ -20,6 +20,8 @@ pub struct DeviceRequest {
     pub device: Option<String>,
     /// Whether to enable the Khronos validation layer.
     pub validation: bool,
+    /// Whether cooperative-matrix (tensor core) kernels may be used where the device has them.
+    pub coopmat: bool,
 }
 
 /// Validation messages (warnings and errors) collected by the debug messenger.
@@ -34,6 +36,7 @@ struct Opened {
     memory_bytes: u64,
     host_memory_bytes: u64,
     features: Vec<String>,
+    coopmat: bool,
     timestamp_period: Option<f64>,
     timeline: vk::Semaphore,
     pool: vk::CommandPool,
@@ -55,6 +58,11 @@ pub struct Gpu {
     /// The largest host-visible heap.
     pub host_memory_bytes: u64,
     pub features: Vec<String>,
+    /// Whether the cooperative-matrix prefill kernel (`matmul_coopmat_<fmt>`) can run: the
+    /// device has VK_KHR_cooperative_matrix with a 16x16x16 f16 x f16 -> f32 subgroup-scope
+    /// shape, subgroups of 32, shaderFloat16 and the Vulkan memory model, and the caller did not
+    /// turn it off. The extension and features are enabled only then.
+    pub coopmat: bool,
     /// Nanoseconds per timestamp tick; `None` when the queue has no timestamps.
     pub timestamp_period: Option<f64>,
     /// The queue's timeline: every submission signals the next value.
@@ -290,7 +298,7 @@ impl Gpu {
                 return Err(e);
             }
         };
-        match Self::open_device(&instance, physical, &props) {
+        match Self::open_device(&entry, &instance, physical, &props, req.coopmat) {
             Ok(o) => Ok(Gpu {
                 _entry: entry,
                 instance,
@@ -304,6 +312,7 @@ impl Gpu {
                 memory_bytes: o.memory_bytes,
                 host_memory_bytes: o.host_memory_bytes,
                 features: o.features,
+                coopmat: o.coopmat,
                 timestamp_period: o.timestamp_period,
                 timeline: o.timeline,
                 submitted: 0,
@@ -397,9 +406,11 @@ impl Gpu {
 
     /// Opens `physical`: its device, queue, timeline and command pool, and what it reports.
     fn open_device(
+        entry: &ash::Entry,
         instance: &ash::Instance,
         physical: vk::PhysicalDevice,
         props: &vk::PhysicalDeviceProperties,
+        want_coopmat: bool,
     ) -> Result<Opened, BackendError> {
         let name = device_name(props);
         // SAFETY: plain queries of a device of this instance.
@@ -468,7 +479,14 @@ impl Gpu {
         if has_ext(c"VK_KHR_shader_integer_dot_product") || props.api_version >= vk::API_VERSION_1_3 {
             features.push("int8_dot".into());
         }
-        if has_ext(c"VK_KHR_cooperative_matrix") {
+        // The prefill kernel's shape: 16x16x16, f16 x f16 -> f32, subgroup scope, 32 lanes.
+        let coopmat = want_coopmat
+            && has_ext(c"VK_KHR_cooperative_matrix")
+            && fp16
+            && v12f.vulkan_memory_model == vk::TRUE
+            && sub.subgroup_size == 32
+            && coopmat_f16_shape(entry, instance, physical);
+        if coopmat {
             features.push("cooperative_matrix".into());
         }
         if has_ext(c"VK_EXT_subgroup_size_control") || props.api_version >= vk::API_VERSION_1_3 {
@@ -494,7 +512,15 @@ impl Gpu {
             .scalar_block_layout(true)
             .storage_buffer8_bit_access(true)
             .shader_int8(true)
-            .host_query_reset(v12f.host_query_reset == vk::TRUE);
+            .host_query_reset(v12f.host_query_reset == vk::TRUE)
+            .shader_float16(coopmat)
+            .vulkan_memory_model(coopmat);
+        let mut en_coopmat =
+            vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
+        let mut device_exts = Vec::new();
+        if coopmat {
+            device_exts.push(ash::khr::cooperative_matrix::NAME.as_ptr());
+        }
         let core = vk::PhysicalDeviceFeatures::default()
             .shader_int16(true)
             .shader_int64(true);
@@ -502,9 +528,16 @@ impl Gpu {
             .queue_create_infos(&queues)
             .enabled_features(&core)
             .push_next(&mut en11)
-            .push_next(&mut en12);
+            .push_next(&mut en12)
+            .enabled_extension_names(&device_exts);
+        let create = if coopmat {
+            create.push_next(&mut en_coopmat)
+        } else {
+            create
+        };
         // SAFETY: the create info and its chain live on this frame; every feature enabled was
-        // checked present by `missing_features`.
+        // checked present by `missing_features` (the cooperative-matrix extension, its feature,
+        // shaderFloat16 and vulkanMemoryModel only when `coopmat` found them).
         let device = match unsafe { instance.create_device(physical, &create, None) } {
             Ok(d) => d,
             Err(e) => {
@@ -551,6 +584,7 @@ impl Gpu {
             kind,
             memory_bytes,
             features,
+            coopmat,
             timestamp_period,
             timeline,
             pool,
@@ -622,4 +656,31 @@ impl Drop for Gpu {
             self.instance.destroy_instance(None);
         }
     }
+}
+
+/// Whether `physical` reports a 16x16x16 f16 x f16 -> f32 subgroup-scope cooperative-matrix
+/// shape (the one `matmul_coopmat.comp` is compiled for), and has the feature.
+fn coopmat_f16_shape(entry: &ash::Entry, instance: &ash::Instance, physical: vk::PhysicalDevice) -> bool {
+    let mut cm = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+    let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut cm);
+    // SAFETY: a plain query of a device of this instance, which has the extension.
+    unsafe { instance.get_physical_device_features2(physical, &mut f2) };
+    if cm.cooperative_matrix != vk::TRUE {
+        return false;
+    }
+    let ext = ash::khr::cooperative_matrix::Instance::new(entry, instance);
+    // SAFETY: the device has VK_KHR_cooperative_matrix (checked by the caller); the query
+    // writes only into the vector it returns.
+    let shapes =
+        unsafe { ext.get_physical_device_cooperative_matrix_properties(physical) }.unwrap_or_default();
+    shapes.iter().any(|s| {
+        s.m_size == 16
+            && s.n_size == 16
+            && s.k_size == 16
+            && s.a_type == vk::ComponentTypeKHR::FLOAT16
+            && s.b_type == vk::ComponentTypeKHR::FLOAT16
+            && s.c_type == vk::ComponentTypeKHR::FLOAT32
+            && s.result_type == vk::ComponentTypeKHR::FLOAT32
+            && s.scope == vk::ScopeKHR::SUBGROUP
+    })
 }

@@ -119,7 +119,17 @@ impl BackendPlugin for VulkanBackend {
             Some(v) => truthy(v),
             None => std::env::var(VALIDATION_VAR).is_ok_and(|v| truthy(&v)),
         };
-        let gpu = Gpu::open(&DeviceRequest { device, validation })?;
+        // `coopmat = false` / TANDEM_VULKAN_COOPMAT=0: the tiled f32 prefill kernel even where
+        // the device has cooperative matrices (side-by-side measurement).
+        let coopmat = match options.get("coopmat") {
+            Some(v) => truthy(v),
+            None => std::env::var("TANDEM_VULKAN_COOPMAT").map_or(true, |v| truthy(&v)),
+        };
+        let gpu = Gpu::open(&DeviceRequest {
+            device,
+            validation,
+            coopmat,
+        })?;
         let memory = Memory::new(&gpu)?;
         let pipelines = Pipelines::new(&gpu)?;
         let alloc = vk::CommandBufferAllocateInfo::default()

@@ -40,6 +40,10 @@ fn matvec_cols_override() -> Option<usize> {
         .filter(|c| (1..=16).contains(c))
 }
 
+/// Rows from which a matmul takes the cooperative-matrix kernel (`matmul_coopmat_<fmt>`) where
+/// the device has it (prefill).
+const COOPMAT_ROWS: usize = 64;
+
 /// `TANDEM_VULKAN_TILED_ROWS`: a fixed row count from which matmuls take the tiled kernel, for
 /// tuning runs.
 fn tiled_rows_override() -> Option<usize> {
@@ -574,7 +578,15 @@ impl VulkanBackend {
                     let wide = float || dt == DType::Q4K;
                     let tiled_from =
                         tiled_rows_override().unwrap_or(if wide { TILED_ROWS_WIDE } else { TILED_ROWS });
-                    if rows >= tiled_from {
+                    if rows >= COOPMAT_ROWS && self.gpu.coopmat {
+                        // Prefill on cooperative matrices: 64 x 128 output tiles.
+                        cmds.push(Cmd::Dispatch {
+                            kernel: format!("matmul_coopmat_{}", format_name(dt)),
+                            spec: [0, 0],
+                            push,
+                            groups: [div_up(n, 128), div_up(rows, 64), 1],
+                        });
+                    } else if rows >= tiled_from {
                         cmds.push(Cmd::Dispatch {
                             kernel: format!("matmul_tiled_{}", format_name(dt)),
                             spec: [0, 0],
