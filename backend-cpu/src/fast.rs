@@ -483,6 +483,9 @@ mod avx2 {
         }
     }
 
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C (the caller checks at run time). Every read goes through
+    /// a checked slice, so short inputs panic rather than read out of bounds.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q8_0<const R: usize>(w: &[u8], a: &[ActRow], out: &mut [f32]) {
         let mut acc = [_mm256_setzero_ps(); R];
@@ -498,6 +501,9 @@ mod avx2 {
         finish(acc, out)
     }
 
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C (the caller checks at run time). Every read goes through
+    /// a checked slice, so short inputs panic rather than read out of bounds.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q5_0<const R: usize>(w: &[u8], a: &[ActRow], out: &mut [f32]) {
         let mut acc = [_mm256_setzero_ps(); R];
@@ -525,6 +531,9 @@ mod avx2 {
         finish(acc, out)
     }
 
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C (the caller checks at run time). Every read goes through
+    /// a checked slice, so short inputs panic rather than read out of bounds.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q4_k<const R: usize>(w: &[u8], a: &[ActRow], out: &mut [f32]) {
         let mut acc = [_mm256_setzero_ps(); R];
@@ -566,6 +575,9 @@ mod avx2 {
         }
     }
 
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C (the caller checks at run time). Every read goes through
+    /// a checked slice, so short inputs panic rather than read out of bounds.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q6_k<const R: usize>(w: &[u8], a: &[ActRow], out: &mut [f32]) {
         let mut acc = [_mm256_setzero_ps(); R];
