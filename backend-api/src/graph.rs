@@ -575,8 +575,10 @@ pub struct StepArgs<'a> {
 }
 
 impl StepArgs<'_> {
-    /// Checks lengths against the graph, selected rows against the step's rows and, when the
-    /// graph has KV caches, slots against the smallest cache's slot count.
+    /// Checks lengths against the graph, selected rows against the step's rows, when the graph
+    /// has KV caches slots against the smallest cache's slot count, token ids against every
+    /// embedding's vocabulary, and that every position a row attends to is still in its ring.
+    /// Every backend calls this in `execute`.
     pub fn validate(&self, graph: &Graph, slots: Option<usize>) -> Result<(), BackendError> {
         let n = graph.rows;
         for (name, len) in [
@@ -609,6 +611,42 @@ impl StepArgs<'_> {
                 return Err(BackendError::invalid(format!(
                     "step slots: slot {s} out of range 0..{limit}"
                 )));
+            }
+        }
+        for node in &graph.nodes {
+            match &node.op {
+                Op::Embed { table, .. } => {
+                    let vocab = table.desc.shape[0];
+                    if let Some(t) = self.tokens.iter().find(|&&t| t as usize >= vocab) {
+                        return Err(BackendError::invalid(format!(
+                            "token id {t} is outside the vocabulary of {vocab}"
+                        )));
+                    }
+                }
+                Op::Attention { cache, window, .. } => {
+                    // Every position a row attends to must still be in the ring after this
+                    // step's rows are stored.
+                    for slot in 0..cache.slots as u32 {
+                        let pos = || {
+                            self.slots
+                                .iter()
+                                .zip(self.positions)
+                                .filter(move |(s, _)| **s == slot)
+                                .map(|(_, p)| *p)
+                        };
+                        let (Some(min), Some(max)) = (pos().min(), pos().max()) else {
+                            continue;
+                        };
+                        let lo = window.map_or(0, |w| (min + 1).saturating_sub(w as u32));
+                        if (max - lo) as usize >= cache.capacity {
+                            return Err(BackendError::invalid(format!(
+                                "slot {slot}: positions {lo}..={max} do not fit the KV cache's {} positions",
+                                cache.capacity
+                            )));
+                        }
+                    }
+                }
+                _ => {}
             }
         }
         Ok(())

@@ -255,49 +255,6 @@ impl CpuBackend {
         })
     }
 
-    /// Execute-time checks that depend on the step: token ids within the vocabulary, positions
-    /// within what each KV cache keeps.
-    fn check_step(&self, prog: &Program, args: &StepArgs<'_>) -> Result<(), BackendError> {
-        args.validate(&prog.graph, prog.slots)?;
-        for node in &prog.graph.nodes {
-            match &node.op {
-                Op::Embed { table, .. } => {
-                    let vocab = table.desc.shape[0];
-                    if let Some(t) = args.tokens.iter().find(|&&t| t as usize >= vocab) {
-                        return Err(BackendError::invalid(format!(
-                            "token id {t} is outside the vocabulary of {vocab}"
-                        )));
-                    }
-                }
-                Op::Attention { cache, window, .. } => {
-                    // Every position a row attends to must still be in the ring after this
-                    // step's rows are stored.
-                    for slot in 0..cache.slots as u32 {
-                        let pos = || {
-                            args.slots
-                                .iter()
-                                .zip(args.positions)
-                                .filter(move |(s, _)| **s == slot)
-                                .map(|(_, p)| *p)
-                        };
-                        let (Some(min), Some(max)) = (pos().min(), pos().max()) else {
-                            continue;
-                        };
-                        let lo = window.map_or(0, |w| (min + 1).saturating_sub(w as u32));
-                        if (max - lo) as usize >= cache.capacity {
-                            return Err(BackendError::invalid(format!(
-                                "slot {slot}: positions {lo}..={max} do not fit the KV cache's {} positions",
-                                cache.capacity
-                            )));
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
     fn run(&mut self, prog: &mut Program, args: &StepArgs<'_>) -> Result<(), BackendError> {
         let rows = prog.graph.rows;
         for node in &prog.graph.nodes {
@@ -565,7 +522,7 @@ impl ComputeBackend for CpuBackend {
         // (rayon's injector allocates a block per 63 jobs handed in).
         let pool = std::sync::Arc::clone(&self.pool);
         let result = pool.install(|| {
-            self.check_step(&prog, args)
+            args.validate(&prog.graph, prog.slots)
                 .and_then(|()| self.run(&mut prog, args))
         });
         self.programs.insert(program.0, prog);

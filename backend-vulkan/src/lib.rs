@@ -245,46 +245,6 @@ impl VulkanBackend {
             .ok_or_else(|| BackendError::invalid(format!("unknown program {}", id.0)))
     }
 
-    /// Execute-time checks that depend on the step (as the CPU reference makes them).
-    fn check_step(prog: &Program, args: &StepArgs<'_>) -> Result<(), BackendError> {
-        args.validate(&prog.graph, prog.slots)?;
-        for node in &prog.graph.nodes {
-            match &node.op {
-                Op::Embed { table, .. } => {
-                    let vocab = table.desc.shape[0];
-                    if let Some(t) = args.tokens.iter().find(|&&t| t as usize >= vocab) {
-                        return Err(BackendError::invalid(format!(
-                            "token id {t} is outside the vocabulary of {vocab}"
-                        )));
-                    }
-                }
-                Op::Attention { cache, window, .. } => {
-                    for slot in 0..cache.slots as u32 {
-                        let pos = || {
-                            args.slots
-                                .iter()
-                                .zip(args.positions)
-                                .filter(move |(s, _)| **s == slot)
-                                .map(|(_, p)| *p)
-                        };
-                        let (Some(min), Some(max)) = (pos().min(), pos().max()) else {
-                            continue;
-                        };
-                        let lo = window.map_or(0, |w| (min + 1).saturating_sub(w as u32));
-                        if (max - lo) as usize >= cache.capacity {
-                            return Err(BackendError::invalid(format!(
-                                "slot {slot}: positions {lo}..={max} do not fit the KV cache's {} positions",
-                                cache.capacity
-                            )));
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
     /// Measures a device-to-device copy of `bytes`, in seconds (best of a few).
     fn time_copy(&mut self, bytes: u64) -> Result<Option<f64>, BackendError> {
         let Some(period) = self.gpu.timestamp_period else {
@@ -571,7 +531,7 @@ impl ComputeBackend for VulkanBackend {
     fn execute(&mut self, program: ProgramId, args: &StepArgs<'_>) -> Result<Ticket, BackendError> {
         self.validation()?;
         let prog = self.program(program)?;
-        Self::check_step(prog, args)?;
+        args.validate(&prog.graph, prog.slots)?;
         // The previous submission may still read the argument buffer.
         self.gpu.wait_for(prog.last_submit)?;
         let prog = self
