@@ -195,3 +195,44 @@ pub fn assert_close(case: &str, backend: &str, got: &[f32], want: &[f64], tol: f
         );
     }
 }
+
+/// Token ids from a reference file's JSON list.
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    serde_json::from_value(v.clone()).expect("a list of token ids")
+}
+
+/// Checks a reference file's `last_logits` entries (transformers' top logits after each
+/// prompt) against `session`: every listed logit within `tol` × the prompt's largest absolute
+/// logit, and the same argmax.
+pub fn assert_last_logits(
+    session: &mut tandem_engine::session::Session,
+    reference: &serde_json::Value,
+    tol: f64,
+) {
+    for l in reference["last_logits"].as_array().expect("last_logits") {
+        let prompt = ids(&l["prompt_ids"]);
+        session.reset(0);
+        let logits = session.prefill(0, &prompt, false).expect("prefill");
+        let max_abs = l["max_abs"].as_f64().expect("max_abs");
+        for pair in l["top"].as_array().expect("top") {
+            let (id, want) = (
+                pair[0].as_u64().expect("id") as usize,
+                pair[1].as_f64().expect("logit"),
+            );
+            let got = logits[id] as f64;
+            assert!(
+                (got - want).abs() <= tol * max_abs,
+                "prompt {prompt:?}: logit {id} is {got}, expected {want}"
+            );
+        }
+        let best = logits
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, v)| if *v > logits[b] { i } else { b });
+        assert_eq!(
+            best as u64,
+            l["top"][0][0].as_u64().expect("id"),
+            "argmax for {prompt:?}"
+        );
+    }
+}

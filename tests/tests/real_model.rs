@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
+use tandem_conformance::ids;
 use tandem_engine::loader::{default_model, open_model};
 use tandem_engine::model::{CacheShape, Gemma3Model};
 use tandem_engine::sampler::{Sampler, SamplerConfig};
@@ -17,10 +18,6 @@ use tandem_engine::session::Session;
 fn reference() -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gemma3-270m/reference.json");
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    serde_json::from_value(v.clone()).unwrap()
 }
 
 #[test]
@@ -63,29 +60,7 @@ fn real_model_matches_transformers() {
     .unwrap();
     let mut session = Session::new(backend, model);
 
-    for l in r["last_logits"].as_array().unwrap() {
-        let prompt = ids(&l["prompt_ids"]);
-        session.reset(0);
-        let logits = session.prefill(0, &prompt, false).unwrap();
-        let max_abs = l["max_abs"].as_f64().unwrap();
-        for pair in l["top"].as_array().unwrap() {
-            let (id, want) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap());
-            let got = logits[id] as f64;
-            assert!(
-                (got - want).abs() <= 1e-3 * max_abs,
-                "prompt {prompt:?}: logit {id} is {got}, expected {want}"
-            );
-        }
-        let best = logits
-            .iter()
-            .enumerate()
-            .fold(0, |b, (i, v)| if *v > logits[b] { i } else { b });
-        assert_eq!(
-            best as u64,
-            l["top"][0][0].as_u64().unwrap(),
-            "argmax for {prompt:?}"
-        );
-    }
+    tandem_conformance::assert_last_logits(&mut session, &r, 1e-3);
 
     let stop = files.tokenizer.stop_ids().to_vec();
     for g in r["greedy"].as_array().unwrap() {

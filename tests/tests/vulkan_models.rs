@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use tandem_backend_api::ComputeBackend;
+use tandem_conformance::ids;
 use tandem_conformance::{discover, options_for};
 use tandem_engine::loader::{default_model, open_model};
 use tandem_engine::model::{CacheShape, Gemma3Model};
@@ -33,10 +34,6 @@ fn vulkan() -> Option<Box<dyn ComputeBackend>> {
         }
         Err(e) => panic!("CI must run the Vulkan backend (lavapipe): {e}"),
     }
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    serde_json::from_value(v.clone()).expect("id list")
 }
 
 fn session(path: &Path, backend: Box<dyn ComputeBackend>, max_step_rows: usize) -> (Session, Vec<u32>) {
@@ -138,29 +135,7 @@ fn the_default_model_matches_transformers_on_vulkan() {
     )
     .unwrap();
     let (mut s, stop) = session(&path, backend, 64);
-    for l in r["last_logits"].as_array().unwrap() {
-        let prompt = ids(&l["prompt_ids"]);
-        s.reset(0);
-        let logits = s.prefill(0, &prompt, false).unwrap();
-        let max_abs = l["max_abs"].as_f64().unwrap();
-        for pair in l["top"].as_array().unwrap() {
-            let (id, want) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap());
-            let got = logits[id] as f64;
-            assert!(
-                (got - want).abs() <= 1e-2 * max_abs,
-                "prompt {prompt:?}: logit {id} is {got}, expected {want}"
-            );
-        }
-        let best = logits
-            .iter()
-            .enumerate()
-            .fold(0, |b, (i, v)| if *v > logits[b] { i } else { b });
-        assert_eq!(
-            best as u64,
-            l["top"][0][0].as_u64().unwrap(),
-            "argmax for {prompt:?}"
-        );
-    }
+    tandem_conformance::assert_last_logits(&mut s, &r, 1e-2);
     for g in r["greedy"].as_array().unwrap() {
         s.reset(0);
         greedy(&mut s, &stop, g);
