@@ -5,7 +5,8 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tandem_backend_api::DType;
 use tandem_backend_cpu::attention;
-use tandem_backend_cpu::kernels::{self, AttentionShape, WeightView};
+use tandem_backend_cpu::kernels::{self, AttentionShape};
+use tandem_backend_cpu::weight::WeightView;
 
 /// Deterministic bytes for a weight: for block formats, small f16 scales so values stay finite.
 fn weight_bytes(dtype: DType, n: usize, k: usize) -> Vec<u8> {

@@ -23,7 +23,7 @@ use half::f16;
 use rayon::prelude::*;
 use tandem_backend_api::DType;
 
-use crate::kernels::WeightView;
+use crate::weight::WeightView;
 
 /// Parallel tasks per thread in a matmul: enough for the work-stealing to even out threads
 /// slowed by other processes, few enough that a task is long (the tied-embedding logits matvec

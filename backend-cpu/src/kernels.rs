@@ -6,40 +6,10 @@ use rayon::prelude::*;
 use tandem_backend_api::DType;
 
 use crate::convert::{decode_row, encode_row};
+use crate::weight::WeightView;
 
 /// Columns of a weight row decoded per parallel task in `matmul`.
 const MATMUL_CHUNK: usize = 16;
-
-/// A 2-D weight stored as `dtype`: `n` rows of `k` elements.
-#[derive(Clone, Copy)]
-pub struct WeightView<'a> {
-    pub bytes: &'a [u8],
-    pub dtype: DType,
-    pub n: usize,
-    pub k: usize,
-}
-
-impl WeightView<'_> {
-    fn row_bytes(&self) -> usize {
-        // Checked at compile: k is a whole number of blocks.
-        self.dtype.row_bytes(self.k).unwrap_or(0)
-    }
-
-    /// Row `i` decoded into `out` (`k` elements).
-    pub fn decode(&self, i: usize, out: &mut [f32]) {
-        let rb = self.row_bytes();
-        decode_row(self.dtype, &self.bytes[i * rb..(i + 1) * rb], out);
-    }
-
-    /// Row `i` as f32 without copying, when stored as f32 and aligned.
-    fn f32_row(&self, i: usize) -> Option<&[f32]> {
-        if self.dtype != DType::F32 {
-            return None;
-        }
-        let rb = self.row_bytes();
-        bytemuck::try_cast_slice(&self.bytes[i * rb..(i + 1) * rb]).ok()
-    }
-}
 
 /// `Op::Embed`.
 pub fn embed(table: WeightView, tokens: &[u32], scale: f32, out: &mut [f32]) {

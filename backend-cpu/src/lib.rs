@@ -12,6 +12,7 @@ pub mod attention;
 mod convert;
 mod fast;
 pub mod kernels;
+pub mod weight;
 
 use std::collections::HashMap;
 
@@ -20,7 +21,8 @@ use tandem_backend_api::{
     Graph, Op, ProgramId, RowCount, StepArgs, Support, TensorDesc, Ticket, Usage, ValueShape, WeightRef,
 };
 
-use kernels::{AttentionShape, WeightView};
+use kernels::AttentionShape;
+use weight::WeightView;
 
 /// A buffer in host memory, 4-byte aligned so f32 data can be viewed in place.
 struct Buffer {
