@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tandem_engine::plugins::PluginSearch;
-use tandem_engine::settings::Settings;
+use tandem_engine::runtime::plugins::PluginSearch;
+use tandem_engine::runtime::settings::Settings;
 
 /// tandem: Gemma 3 inference on CPUs, GPUs and NPUs.
 #[derive(Debug, Parser)]

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::{error_line, Install};
-use tandem_engine::loader::{CACHE_DIR_VAR, DEFAULT_MODEL_FILE, DEFAULT_MODEL_SIZE};
+use tandem_engine::model::files::{CACHE_DIR_VAR, DEFAULT_MODEL_FILE, DEFAULT_MODEL_SIZE};
 
 fn tiny_gguf() -> Vec<u8> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/data/gguf/tiny.gguf");

@@ -14,7 +14,8 @@ fn a_default_model_with_the_wrong_checksum_is_refused() {
     std::fs::create_dir(&cache).unwrap();
     let file = std::fs::File::create(cache.join("gemma-3-270m-q4_k_m.gguf")).unwrap();
     // The right size, the wrong bytes.
-    file.set_len(tandem_engine::loader::DEFAULT_MODEL_SIZE).unwrap();
+    file.set_len(tandem_engine::model::files::DEFAULT_MODEL_SIZE)
+        .unwrap();
     drop(file);
     let out = Command::new(install.path().join("engine"))
         .args(["tokenize", "--prompt", "hi"])
@@ -28,7 +29,7 @@ fn a_default_model_with_the_wrong_checksum_is_refused() {
         "{err}"
     );
     assert!(
-        err.contains(tandem_engine::loader::DEFAULT_MODEL_SHA256) && err.contains("fetch-model.sh"),
+        err.contains(tandem_engine::model::files::DEFAULT_MODEL_SHA256) && err.contains("fetch-model.sh"),
         "{err}"
     );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");

@@ -1,5 +1,5 @@
-//! Fuzzing the two checkpoint header parsers, `tandem_engine::gguf` and
-//! `tandem_engine::safetensors_ckpt`.
+//! Fuzzing the two checkpoint header parsers, `tandem_engine::checkpoint::gguf` and
+//! `tandem_engine::checkpoint::safetensors`.
 //!
 //! Seeds come from `tests/fuzz-corpus/{gguf,safetensors}/` (small valid files and some invalid
 //! ones; `gen_corpus.py` there rewrites them). Each case picks a seed, mutates it (byte flips,
@@ -26,8 +26,8 @@ use proptest::prelude::*;
 use proptest::sample::{select, Index};
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
 use serde_json::{json, Value};
-use tandem_engine::gguf::GgufFile;
-use tandem_engine::safetensors_ckpt::SafetensorsCheckpoint;
+use tandem_engine::checkpoint::gguf::GgufFile;
+use tandem_engine::checkpoint::safetensors::SafetensorsCheckpoint;
 
 /// Cases per fuzz test; the two together stay within a few seconds in a debug build. The
 /// environment variable `PROPTEST_CASES` sets another number, for a longer hunt.

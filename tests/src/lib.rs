@@ -13,7 +13,7 @@ pub mod oracle;
 use std::path::PathBuf;
 
 use tandem_backend_api::{BackendOptions, ComputeBackend};
-use tandem_engine::plugins::{Discovery, PluginSearch};
+use tandem_engine::runtime::plugins::{Discovery, PluginSearch};
 
 /// The environment variable naming the backends to test.
 pub const BACKENDS_VAR: &str = "TANDEM_CONFORMANCE_BACKENDS";
@@ -32,7 +32,7 @@ pub fn plugin_dirs() -> Vec<PathBuf> {
         }
         dirs.push(deps);
     }
-    if let Some(var) = std::env::var_os(tandem_engine::plugins::PLUGIN_PATH_VAR) {
+    if let Some(var) = std::env::var_os(tandem_engine::runtime::plugins::PLUGIN_PATH_VAR) {
         dirs.extend(std::env::split_paths(&var));
     }
     dirs
@@ -205,7 +205,7 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
 /// prompt) against `session`: every listed logit within `tol` × the prompt's largest absolute
 /// logit, and the same argmax.
 pub fn assert_last_logits(
-    session: &mut tandem_engine::session::Session,
+    session: &mut tandem_engine::runtime::session::Session,
     reference: &serde_json::Value,
     tol: f64,
 ) {

@@ -3,8 +3,9 @@
 
 use std::path::PathBuf;
 
-use tandem_engine::model::{open_hf_dir, CacheShape, Gemma3Model};
-use tandem_engine::session::Session;
+use tandem_engine::checkpoint::hf::open_hf_dir;
+use tandem_engine::model::{CacheShape, Gemma3Model};
+use tandem_engine::runtime::session::Session;
 
 fn fixture(case: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

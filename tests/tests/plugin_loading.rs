@@ -13,7 +13,7 @@ use tandem_backend_api::plugin::host::{PluginError, PluginLibrary};
 use tandem_backend_api::{
     BackendError, BackendOptions, DType, GraphBuilder, Op, StepArgs, TensorDesc, Usage,
 };
-use tandem_engine::plugins::PluginSearch;
+use tandem_engine::runtime::plugins::PluginSearch;
 
 /// A descriptor with the given magic, ABI and API versions and a table of null-free dummies
 /// (the host must not call them when the header is wrong).

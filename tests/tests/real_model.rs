@@ -10,10 +10,10 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 use tandem_conformance::ids;
-use tandem_engine::loader::{default_model, open_model};
+use tandem_engine::model::files::{default_model, open_model};
 use tandem_engine::model::{CacheShape, Gemma3Model};
-use tandem_engine::sampler::{Sampler, SamplerConfig};
-use tandem_engine::session::Session;
+use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
+use tandem_engine::runtime::session::Session;
 
 fn reference() -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gemma3-270m/reference.json");

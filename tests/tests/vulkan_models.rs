@@ -12,10 +12,10 @@ use serde_json::Value;
 use tandem_backend_api::ComputeBackend;
 use tandem_conformance::ids;
 use tandem_conformance::{discover, options_for};
-use tandem_engine::loader::{default_model, open_model};
+use tandem_engine::model::files::{default_model, open_model};
 use tandem_engine::model::{CacheShape, Gemma3Model};
-use tandem_engine::sampler::{Sampler, SamplerConfig};
-use tandem_engine::session::Session;
+use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
+use tandem_engine::runtime::session::Session;
 
 const FIXTURES: [&str; 5] = [
     "text-published",

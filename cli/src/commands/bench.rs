@@ -12,7 +12,7 @@ use serde_json::json;
 use tandem_backend_api::{
     ComputeBackend, DType, DeviceKind, GraphBuilder, Op, StepArgs, TensorDesc, Usage, WeightRef,
 };
-use tandem_engine::bench_report::{OpTime, StepProfile};
+use tandem_engine::bench::report::{OpTime, StepProfile};
 
 use super::load::{load, ModelArgs};
 use crate::Context;
@@ -208,9 +208,9 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         let results = args
             .results
             .iter()
-            .map(|p| tandem_engine::bench_report::load_result(p))
+            .map(|p| tandem_engine::bench::report::load_result(p))
             .collect::<Result<Vec<_>, _>>()?;
-        let files = tandem_engine::bench_report::write_report(&results, dir)?;
+        let files = tandem_engine::bench::report::write_report(&results, dir)?;
         for f in [&files.markdown, &files.tokens_per_s_svg, &files.roofline_svg] {
             println!("wrote {}", f.display());
         }
@@ -228,16 +228,22 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let mut model_args = args.model.clone();
     let (model_name, source, synthetic) = match &args.synthetic {
         Some(shape) => {
-            let shape_v: tandem_engine::synth::SynthShape = shape.parse()?;
-            let dtype: tandem_engine::synth::SynthDtype = args.dtype.parse()?;
-            let dir = tandem_engine::loader::cache_dir()
+            let shape_v: tandem_engine::checkpoint::synth::SynthShape = shape.parse()?;
+            let dtype: tandem_engine::checkpoint::synth::SynthDtype = args.dtype.parse()?;
+            let dir = tandem_engine::model::files::cache_dir()
                 .unwrap_or_else(std::env::temp_dir)
                 .join("synthetic");
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             let path = dir.join(format!("{shape}-{dtype}.gguf"));
             if !path.exists() {
                 eprintln!("writing {}", path.display());
-                tandem_engine::synth::write_synthetic_gguf(shape_v, dtype, &path, 0, &mut |_, _| {})?;
+                tandem_engine::checkpoint::synth::write_synthetic_gguf(
+                    shape_v,
+                    dtype,
+                    &path,
+                    0,
+                    &mut |_, _| {},
+                )?;
             }
             model_args.model = Some(path.clone());
             (shape.clone(), format!("synthetic:{shape}"), true)
@@ -349,8 +355,8 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             .layer_types
             .iter()
             .map(|t| match t {
-                tandem_engine::config::LayerType::Full => mid as u64,
-                tandem_engine::config::LayerType::Sliding => mid.min(cfg.sliding_window) as u64,
+                tandem_engine::checkpoint::config::LayerType::Full => mid as u64,
+                tandem_engine::checkpoint::config::LayerType::Sliding => mid.min(cfg.sliding_window) as u64,
             })
             .sum::<u64>()
             * kv_row

@@ -3,8 +3,8 @@
 
 use std::io::{BufRead, Write};
 
-use tandem_engine::chat::{ChatTemplate, Message, Role};
-use tandem_engine::sampler::{Sampler, SamplerConfig};
+use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
+use tandem_engine::tokenizer::chat::{ChatTemplate, Message, Role};
 
 use super::load::{load, stream, ModelArgs};
 use crate::Context;

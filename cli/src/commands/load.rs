@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};
 use tandem_backend_api::{ComputeBackend, DeviceKind};
-use tandem_engine::loader::open_model;
+use tandem_engine::model::files::open_model;
 use tandem_engine::model::{CacheShape, Gemma3Model};
-use tandem_engine::session::Session;
+use tandem_engine::runtime::session::Session;
 use tandem_engine::tokenizer::Tokenizer;
 
 use crate::Context;
@@ -144,10 +144,10 @@ pub fn stream(
     loaded: &mut Loaded,
     prompt: &[u32],
     max_new: usize,
-    sampler: &mut tandem_engine::sampler::Sampler,
+    sampler: &mut tandem_engine::runtime::sampler::Sampler,
     keep: bool,
     out: &mut impl std::io::Write,
-) -> anyhow::Result<(Vec<u32>, tandem_engine::session::GenerationStats)> {
+) -> anyhow::Result<(Vec<u32>, tandem_engine::runtime::session::GenerationStats)> {
     let Loaded { session, tokenizer } = loaded;
     let stop = tokenizer.stop_ids().to_vec();
     let mut dec = tokenizer.stream_decoder(true);

@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use anyhow::bail;
-use tandem_engine::sampler::{Sampler, SamplerConfig};
+use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
 
 use super::load::{load, parse_tokens, stream, ModelArgs};
 use crate::Context;

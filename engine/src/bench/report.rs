@@ -26,7 +26,7 @@ use tandem_backend_api::DeviceKind;
 pub const SCHEMA_ID: &str = "tandem-bench/1";
 
 /// The JSON Schema of a result (`docs/bench-schema.json`), as text.
-pub const SCHEMA_JSON: &str = include_str!("../../docs/bench-schema.json");
+pub const SCHEMA_JSON: &str = include_str!("../../../docs/bench-schema.json");
 
 /// One benchmark result: one tool on one backend and one model, at one or more batch sizes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 //! The format of one file: a little-endian `u64` header length `n`, `n` bytes of JSON mapping each
 //! tensor name to `{"dtype", "shape", "data_offsets": [begin, end]}` (offsets relative to the byte
 //! after the header; a `__metadata__` entry is ignored), then the raw little-endian data. The header
-//! is parsed and checked here, so a damaged or truncated file is a typed [`CheckpointError`] naming
+//! is parsed and checked here, so a damaged or truncated file is a typed [`SafetensorsError`] naming
 //! the file and tensor, never a panic. Tensors of dtypes other than F32/F16/BF16 may exist in a file
 //! (a vision tower's buffers, say); they fail only when asked for with [`SafetensorsCheckpoint::get`].
 
@@ -110,11 +110,11 @@ impl TensorRef<'_> {
     }
 
     /// Checks the tensor's shape; the error names the file, the tensor and both shapes.
-    pub fn expect_shape(&self, shape: &[usize]) -> Result<(), CheckpointError> {
+    pub fn expect_shape(&self, shape: &[usize]) -> Result<(), SafetensorsError> {
         if self.shape == shape {
             return Ok(());
         }
-        Err(CheckpointError::ShapeMismatch {
+        Err(SafetensorsError::ShapeMismatch {
             path: self.file.to_path_buf(),
             tensor: self.name.to_string(),
             expected: shape.to_vec(),
@@ -123,11 +123,11 @@ impl TensorRef<'_> {
     }
 
     /// Checks the tensor's dtype; the error names the file, the tensor and both dtypes.
-    pub fn expect_dtype(&self, dtype: StDtype) -> Result<(), CheckpointError> {
+    pub fn expect_dtype(&self, dtype: StDtype) -> Result<(), SafetensorsError> {
         if self.dtype == dtype {
             return Ok(());
         }
-        Err(CheckpointError::DtypeMismatch {
+        Err(SafetensorsError::DtypeMismatch {
             path: self.file.to_path_buf(),
             tensor: self.name.to_string(),
             expected: dtype,
@@ -138,7 +138,7 @@ impl TensorRef<'_> {
 
 /// Why a checkpoint could not be opened, or a tensor not read from it.
 #[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
+pub enum SafetensorsError {
     /// A file could not be opened, measured or mapped.
     #[error("cannot read checkpoint file {}: {source}", path.display())]
     Io {
@@ -411,7 +411,7 @@ impl std::fmt::Debug for SafetensorsCheckpoint {
 impl SafetensorsCheckpoint {
     /// Opens a Hugging Face model directory: `model.safetensors` if present (transformers looks
     /// for it first), else `model.safetensors.index.json` and the shards it lists.
-    pub fn open_dir(dir: &Path) -> Result<Self, CheckpointError> {
+    pub fn open_dir(dir: &Path) -> Result<Self, SafetensorsError> {
         let single = dir.join(SINGLE_FILE_NAME);
         if single.is_file() {
             let mut ckpt = Self::open_files(&[single])?;
@@ -422,14 +422,14 @@ impl SafetensorsCheckpoint {
         if index.is_file() {
             return Self::open_index(dir, &index);
         }
-        Err(CheckpointError::NoCheckpoint {
+        Err(SafetensorsError::NoCheckpoint {
             dir: dir.to_path_buf(),
         })
     }
 
     /// Opens the given safetensors files as one checkpoint; a name in two files is an error.
-    pub fn open_files(files: &[PathBuf]) -> Result<Self, CheckpointError> {
-        let first = files.first().ok_or(CheckpointError::NoFiles)?;
+    pub fn open_files(files: &[PathBuf]) -> Result<Self, SafetensorsError> {
+        let first = files.first().ok_or(SafetensorsError::NoFiles)?;
         let source = first
             .parent()
             .map(Path::to_path_buf)
@@ -440,7 +440,7 @@ impl SafetensorsCheckpoint {
             tensors: BTreeMap::new(),
         };
         for path in files {
-            let file = File::open(path).map_err(|source| CheckpointError::Io {
+            let file = File::open(path).map_err(|source| SafetensorsError::Io {
                 path: path.clone(),
                 source,
             })?;
@@ -449,12 +449,12 @@ impl SafetensorsCheckpoint {
         Ok(ckpt)
     }
 
-    fn open_index(dir: &Path, index: &Path) -> Result<Self, CheckpointError> {
-        let bad = |detail: String| CheckpointError::BadIndex {
+    fn open_index(dir: &Path, index: &Path) -> Result<Self, SafetensorsError> {
+        let bad = |detail: String| SafetensorsError::BadIndex {
             path: index.to_path_buf(),
             detail,
         };
-        let text = std::fs::read_to_string(index).map_err(|source| CheckpointError::Io {
+        let text = std::fs::read_to_string(index).map_err(|source| SafetensorsError::Io {
             path: index.to_path_buf(),
             source,
         })?;
@@ -494,7 +494,7 @@ impl SafetensorsCheckpoint {
         };
         for name in &shard_names {
             let path = dir.join(name);
-            let file = File::open(&path).map_err(|source| CheckpointError::ShardMissing {
+            let file = File::open(&path).map_err(|source| SafetensorsError::ShardMissing {
                 index: index.to_path_buf(),
                 shard: path.clone(),
                 source,
@@ -508,7 +508,7 @@ impl SafetensorsCheckpoint {
                 .get(tensor)
                 .map(|e| ckpt.shards[e.shard].path.as_path());
             if found_in != Some(expected.as_path()) {
-                return Err(CheckpointError::MissingInShard {
+                return Err(SafetensorsError::MissingInShard {
                     index: index.to_path_buf(),
                     shard: expected,
                     tensor: tensor.to_string(),
@@ -519,14 +519,14 @@ impl SafetensorsCheckpoint {
     }
 
     /// Maps one file, checks its header and adds its tensors.
-    fn add_shard(&mut self, path: &Path, file: &File) -> Result<(), CheckpointError> {
-        let io = |source| CheckpointError::Io {
+    fn add_shard(&mut self, path: &Path, file: &File) -> Result<(), SafetensorsError> {
+        let io = |source| SafetensorsError::Io {
             path: path.to_path_buf(),
             source,
         };
         let len = file.metadata().map_err(io)?.len();
         if len < 8 {
-            return Err(CheckpointError::TooShort {
+            return Err(SafetensorsError::TooShort {
                 path: path.to_path_buf(),
                 len,
             });
@@ -536,7 +536,7 @@ impl SafetensorsCheckpoint {
         let entries = parse_header(path, &mmap)?;
         for (name, _) in &entries {
             if let Some(prev) = self.tensors.get(name) {
-                return Err(CheckpointError::DuplicateTensor {
+                return Err(SafetensorsError::DuplicateTensor {
                     tensor: name.clone(),
                     first: self.shards[prev.shard].path.clone(),
                     second: path.to_path_buf(),
@@ -585,11 +585,11 @@ impl SafetensorsCheckpoint {
     }
 
     /// A tensor by name; fails if it is missing or its dtype is not F32, F16 or BF16.
-    pub fn get(&self, name: &str) -> Result<TensorRef<'_>, CheckpointError> {
+    pub fn get(&self, name: &str) -> Result<TensorRef<'_>, SafetensorsError> {
         let (key, entry) =
             self.tensors
                 .get_key_value(name)
-                .ok_or_else(|| CheckpointError::MissingTensor {
+                .ok_or_else(|| SafetensorsError::MissingTensor {
                     tensor: name.to_string(),
                     dir: self.source.clone(),
                 })?;
@@ -597,7 +597,7 @@ impl SafetensorsCheckpoint {
         let dtype = match &entry.dtype {
             EntryDtype::Supported(d) => *d,
             EntryDtype::Other(d) => {
-                return Err(CheckpointError::UnsupportedDtype {
+                return Err(SafetensorsError::UnsupportedDtype {
                     path: shard.path.clone(),
                     tensor: name.to_string(),
                     dtype: d.clone(),
@@ -615,7 +615,7 @@ impl SafetensorsCheckpoint {
     }
 
     /// A tensor by name, checked to have `shape`.
-    pub fn get_with_shape(&self, name: &str, shape: &[usize]) -> Result<TensorRef<'_>, CheckpointError> {
+    pub fn get_with_shape(&self, name: &str, shape: &[usize]) -> Result<TensorRef<'_>, SafetensorsError> {
         let t = self.get(name)?;
         t.expect_shape(shape)?;
         Ok(t)
@@ -656,16 +656,16 @@ fn dtype_size(dtype: &str) -> Option<u64> {
 }
 
 /// Parses and checks the header of a mapped safetensors file; entries come back with `shard` 0.
-fn parse_header(path: &Path, bytes: &[u8]) -> Result<Vec<(String, Entry)>, CheckpointError> {
+fn parse_header(path: &Path, bytes: &[u8]) -> Result<Vec<(String, Entry)>, SafetensorsError> {
     let file_len = bytes.len() as u64;
     let mut len_bytes = [0u8; 8];
-    len_bytes.copy_from_slice(bytes.get(..8).ok_or(CheckpointError::TooShort {
+    len_bytes.copy_from_slice(bytes.get(..8).ok_or(SafetensorsError::TooShort {
         path: path.to_path_buf(),
         len: file_len,
     })?);
     let header_len = u64::from_le_bytes(len_bytes);
     if header_len > MAX_HEADER_BYTES {
-        return Err(CheckpointError::HeaderTooLarge {
+        return Err(SafetensorsError::HeaderTooLarge {
             path: path.to_path_buf(),
             header_len,
         });
@@ -673,7 +673,7 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<Vec<(String, Entry)>, Check
     // header_len <= 100 MB, so neither the sum nor the casts below can overflow.
     let data_start = 8 + header_len;
     if data_start > file_len {
-        return Err(CheckpointError::HeaderPastEnd {
+        return Err(SafetensorsError::HeaderPastEnd {
             path: path.to_path_buf(),
             header_len,
             file_len,
@@ -681,7 +681,7 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<Vec<(String, Entry)>, Check
     }
     let data_len = file_len - data_start;
     let header_bytes = &bytes[8..data_start as usize];
-    let not_json = |detail: String| CheckpointError::HeaderNotJson {
+    let not_json = |detail: String| SafetensorsError::HeaderNotJson {
         path: path.to_path_buf(),
         detail,
     };
@@ -697,7 +697,7 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<Vec<(String, Entry)>, Check
         if name == "__metadata__" {
             continue;
         }
-        let bad = |detail: String| CheckpointError::BadEntry {
+        let bad = |detail: String| SafetensorsError::BadEntry {
             path: path.to_path_buf(),
             tensor: name.clone(),
             detail,
@@ -725,7 +725,7 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<Vec<(String, Entry)>, Check
             .ok_or_else(|| bad("expected `data_offsets` as two non-negative integers".to_string()))?;
         let (begin, end) = offsets;
         if begin > end {
-            return Err(CheckpointError::OffsetsOutOfOrder {
+            return Err(SafetensorsError::OffsetsOutOfOrder {
                 path: path.to_path_buf(),
                 tensor: name,
                 begin,
@@ -733,7 +733,7 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<Vec<(String, Entry)>, Check
             });
         }
         if end > data_len {
-            return Err(CheckpointError::DataPastEnd {
+            return Err(SafetensorsError::DataPastEnd {
                 path: path.to_path_buf(),
                 tensor: name,
                 end,
@@ -744,7 +744,7 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<Vec<(String, Entry)>, Check
         if let Some(size) = dtype_size(dtype) {
             let expected = numel.and_then(|n| n.checked_mul(size));
             if expected != Some(end - begin) {
-                return Err(CheckpointError::SizeMismatch {
+                return Err(SafetensorsError::SizeMismatch {
                     path: path.to_path_buf(),
                     tensor: name,
                     dtype: dtype.to_string(),
@@ -781,7 +781,7 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<Vec<(String, Entry)>, Check
         let (prev_name, prev) = pair[0];
         let (name, e) = pair[1];
         if e.start < prev.end {
-            return Err(CheckpointError::Overlap {
+            return Err(SafetensorsError::Overlap {
                 path: path.to_path_buf(),
                 tensor: name.clone(),
                 other: prev_name.clone(),
@@ -1216,7 +1216,7 @@ mod tests {
         assert_names(&msg, dir.path(), None);
         assert!(matches!(
             SafetensorsCheckpoint::open_files(&[]),
-            Err(CheckpointError::NoFiles)
+            Err(SafetensorsError::NoFiles)
         ));
         let missing = dir.path().join("nope.safetensors");
         assert_names(&open_err(&missing), &missing, None);

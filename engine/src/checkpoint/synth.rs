@@ -19,8 +19,8 @@ use std::str::FromStr;
 
 use tandem_backend_api::DType;
 
-use crate::gguf_writer::{GgufWriteError, GgufWriter, TensorSink, TensorSpec};
-use crate::quantize::{self, QuantizeError};
+use super::gguf::writer::{GgufWriteError, GgufWriter, TensorSink, TensorSpec};
+use super::quantize::{self, QuantizeError};
 
 /// Values generated and encoded per write to the file.
 const CHUNK_VALUES: usize = 1 << 22;
@@ -765,8 +765,8 @@ impl RowJob {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf_writer::test_reader::{parse, Parsed};
-    use crate::gguf_writer::{ggml_type_id, MetaArray, MetaValue};
+    use crate::checkpoint::gguf::writer::test_reader::{parse, Parsed};
+    use crate::checkpoint::gguf::writer::{ggml_type_id, MetaArray, MetaValue};
 
     fn write_tiny(dtype: SynthDtype, threads: usize) -> (SynthReport, Vec<u8>, Vec<(u64, u64)>) {
         let dir = tempfile::tempdir().unwrap();

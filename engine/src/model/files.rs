@@ -3,10 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::Gemma3Config;
-use crate::model::{open_hf_dir, ModelError};
+use super::error::ModelError;
+use crate::checkpoint::config::Gemma3Config;
+use crate::checkpoint::gguf::{gemma3_config, GgufFile, GgufWeights};
+use crate::checkpoint::hf::open_hf_dir;
+use crate::checkpoint::source::WeightSource;
 use crate::tokenizer::Tokenizer;
-use crate::weights::WeightSource;
 
 /// The default model's file name.
 pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
@@ -130,10 +132,10 @@ pub fn open_model(path: Option<&Path>) -> Result<ModelFiles, ModelError> {
         });
     }
     if is_gguf(&path) {
-        let file = crate::gguf::GgufFile::open(&path)?;
-        let config = crate::gguf_model::gemma3_config(&file)?;
-        let tokenizer = crate::gguf_model::tokenizer(&file)?;
-        let weights = crate::gguf_model::GgufWeights::new(file);
+        let file = GgufFile::open(&path)?;
+        let config = gemma3_config(&file)?;
+        let tokenizer = crate::tokenizer::gguf::from_gguf(&file)?;
+        let weights = GgufWeights::new(file);
         return Ok(ModelFiles {
             config,
             weights: Box::new(weights),

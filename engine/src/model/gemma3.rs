@@ -1,49 +1,14 @@
 //! The Gemma 3 text model on a backend: weights uploaded once (Q|K|V and gate|up fused into one
 //! matrix each), KV caches sized at load, and the step graph built once per shape.
 
-use std::path::{Path, PathBuf};
-
 use tandem_backend_api::{
     BackendError, BufferId, ComputeBackend, DType, Graph, GraphBuilder, KvCacheRef, Op, TensorDesc, Usage,
     ValueId, WeightRef,
 };
 
-use crate::config::{Gemma3Config, LayerType};
-use crate::safetensors_ckpt::{CheckpointError, SafetensorsCheckpoint};
-use crate::weights::{HfWeights, StoredTensor, WeightSource};
-
-/// Why a model could not be loaded; every message names the file and the tensor or field.
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    /// config.json is unusable.
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
-    /// The weights are unusable.
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    /// The tokenizer files are unusable.
-    #[error(transparent)]
-    Tokenizer(#[from] crate::tokenizer::TokenizerError),
-    /// A GGUF file is unusable.
-    #[error(transparent)]
-    Gguf(#[from] crate::gguf::GgufError),
-    /// The directory does not look like a model.
-    #[error("{path}: {message}")]
-    Layout {
-        /// The path.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
-    },
-    /// The backend refused (allocation, upload, compile).
-    #[error("{context}: {error}")]
-    Backend {
-        /// What was being done.
-        context: String,
-        /// The backend's error.
-        error: BackendError,
-    },
-}
+use super::error::ModelError;
+use crate::checkpoint::config::{Gemma3Config, LayerType};
+use crate::checkpoint::source::{StoredTensor, WeightSource};
 
 fn backend_err(context: impl Into<String>) -> impl FnOnce(BackendError) -> ModelError {
     let context = context.into();
@@ -407,17 +372,4 @@ impl Gemma3Model {
         });
         g.finish()
     }
-}
-
-/// Opens a Hugging Face model directory's config and weights.
-pub fn open_hf_dir(dir: &Path) -> Result<(Gemma3Config, HfWeights), ModelError> {
-    if !dir.is_dir() {
-        return Err(ModelError::Layout {
-            path: dir.to_path_buf(),
-            message: "not a model directory".into(),
-        });
-    }
-    let config = Gemma3Config::from_file(&dir.join("config.json"))?;
-    let ckpt = SafetensorsCheckpoint::open_dir(dir)?;
-    Ok((config, HfWeights::new(ckpt)?))
 }

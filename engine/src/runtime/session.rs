@@ -6,8 +6,8 @@ use tandem_backend_api::{
     BackendError, BufferId, ComputeBackend, DType, NodeTime, ProgramId, StepArgs, TensorDesc, Usage,
 };
 
+use super::sampler::Sampler;
 use crate::model::Gemma3Model;
-use crate::sampler::Sampler;
 
 /// What went wrong while running the model.
 #[derive(Debug, thiserror::Error)]

@@ -1,9 +1,9 @@
 //! Text <-> token ids for a model directory, plus the facts generation needs from the tokenizer
 //! files: BOS, the stop ids and the chat template.
 //!
-//! Today the only implementation is a Hugging Face `tokenizer.json` (through the `tokenizers`
-//! crate). It sits behind the private `Implementation` enum so that another one (a SentencePiece
-//! model read from GGUF metadata) can be added without changing callers.
+//! Two implementations sit behind the private `Implementation` enum: a Hugging Face
+//! `tokenizer.json` (through the `tokenizers` crate, read here) and a SentencePiece vocabulary from
+//! GGUF metadata ([`gguf`], [`spm`]). Chat templates are in [`chat`].
 //!
 //! Files read by [`Tokenizer::from_dir`]:
 //! - `tokenizer.json` (required): vocabulary, normaliser, pre-tokeniser, post-processor, decoder.
@@ -12,6 +12,10 @@
 //! - `chat_template.jinja` / `chat_template.json` (optional): the chat template when
 //!   `tokenizer_config.json` has none (newer `transformers` versions save it there).
 //! - `generation_config.json` (optional): `eos_token_id` (an id or a list), `bos_token_id`.
+
+pub mod chat;
+pub mod gguf;
+pub mod spm;
 
 use std::path::{Path, PathBuf};
 
@@ -62,6 +66,17 @@ pub enum TokenizerError {
     /// Decoding ids failed inside the tokenizer implementation.
     #[error("cannot decode token ids: {0}")]
     Decode(String),
+    /// A GGUF file's tokenizer metadata is unreadable.
+    #[error(transparent)]
+    Gguf(#[from] crate::checkpoint::gguf::GgufError),
+    /// A GGUF file's tokenizer metadata describes no tokenizer tandem can build.
+    #[error("{}: {message}", path.display())]
+    GgufMetadata {
+        /// The file.
+        path: PathBuf,
+        /// The metadata key and what is wrong with it.
+        message: String,
+    },
     /// A token id that the vocabulary does not contain.
     #[error("token id {id} is not in the vocabulary (vocabulary size {vocab_size})")]
     UnknownId {
@@ -78,7 +93,7 @@ enum Implementation {
     /// A Hugging Face `tokenizer.json`.
     HuggingFace(Box<tokenizers::Tokenizer>),
     /// A SentencePiece vocabulary from GGUF metadata.
-    SentencePiece(Box<crate::spm::SpmTokenizer>),
+    SentencePiece(Box<spm::SpmTokenizer>),
 }
 
 impl Implementation {
@@ -286,7 +301,7 @@ impl Tokenizer {
     /// A tokenizer from a SentencePiece vocabulary (GGUF metadata). Stop ids: EOS, then
     /// `<end_of_turn>` when the vocabulary has it; the chat template is GGUF's
     /// `tokenizer.chat_template` when present.
-    pub fn from_spm(spm: crate::spm::SpmTokenizer, chat_template: Option<String>) -> Self {
+    pub fn from_spm(spm: spm::SpmTokenizer, chat_template: Option<String>) -> Self {
         let inner = Implementation::SentencePiece(Box::new(spm));
         let special = |id: Option<u32>| {
             id.and_then(|id| {

@@ -1,6 +1,7 @@
 //! Gemma 3 from a GGUF file as llama.cpp's converter writes it: hyper-parameters from the
 //! `gemma3.*` metadata, tensors mapped from GGUF names (`blk.N.attn_q.weight`) onto the
-//! engine's canonical names, and the SentencePiece tokenizer from `tokenizer.ggml.*`.
+//! engine's canonical names. (The SentencePiece tokenizer in `tokenizer.ggml.*` is read by
+//! `crate::tokenizer::gguf`.)
 //!
 //! What the file leaves implicit, filled in as llama.cpp does: every 6th layer is global
 //! (full attention), local layers use rope base 10 000 without scaling, the attention scale is
@@ -11,12 +12,10 @@ use std::path::Path;
 
 use tandem_backend_api::TensorDesc;
 
-use crate::config::{Gemma3Config, LayerType, RopeParams};
-use crate::gguf::{GgufError, GgufFile};
-use crate::model::ModelError;
-use crate::spm::{SpmTokenizer, SpmVocab};
-use crate::tokenizer::Tokenizer;
-use crate::weights::{StoredTensor, WeightSource};
+use super::reader::{GgufError, GgufFile};
+use crate::checkpoint::config::{Gemma3Config, LayerType, RopeParams};
+use crate::checkpoint::error::CheckpointError;
+use crate::checkpoint::source::{StoredTensor, WeightSource};
 
 /// The GGUF name of a canonical tensor name.
 fn gguf_name(canonical: &str) -> Option<String> {
@@ -64,14 +63,14 @@ impl GgufWeights {
 }
 
 impl WeightSource for GgufWeights {
-    fn tensor(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>, ModelError> {
-        let gname = gguf_name(name).ok_or_else(|| ModelError::Layout {
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>, CheckpointError> {
+        let gname = gguf_name(name).ok_or_else(|| CheckpointError::Layout {
             path: self.file.path().to_path_buf(),
             message: format!("no GGUF name for tensor {name}"),
         })?;
         let t = self.file.tensor(&gname)?;
         if t.desc.shape != shape {
-            return Err(ModelError::Layout {
+            return Err(CheckpointError::Layout {
                 path: self.file.path().to_path_buf(),
                 message: format!("tensor {gname} has shape {:?}; expected {shape:?}", t.desc.shape),
             });
@@ -97,14 +96,14 @@ impl WeightSource for GgufWeights {
     }
 }
 
-fn invalid(file: &GgufFile, key: &str, message: impl std::fmt::Display) -> ModelError {
-    ModelError::Layout {
+fn invalid(file: &GgufFile, key: &str, message: impl std::fmt::Display) -> CheckpointError {
+    CheckpointError::Layout {
         path: file.path().to_path_buf(),
         message: format!("metadata key `{key}`: {message}"),
     }
 }
 
-fn usize_key(file: &GgufFile, key: &str) -> Result<usize, ModelError> {
+fn usize_key(file: &GgufFile, key: &str) -> Result<usize, CheckpointError> {
     let v = file.get_u32(key)? as usize;
     if v == 0 {
         return Err(invalid(file, key, "must be positive"));
@@ -113,7 +112,7 @@ fn usize_key(file: &GgufFile, key: &str) -> Result<usize, ModelError> {
 }
 
 /// Gemma 3's hyper-parameters from GGUF metadata; `vocab_size` from the embedding's rows.
-pub fn gemma3_config(file: &GgufFile) -> Result<Gemma3Config, ModelError> {
+pub fn gemma3_config(file: &GgufFile) -> Result<Gemma3Config, CheckpointError> {
     let arch = file.get_str("general.architecture")?;
     if arch != "gemma3" {
         return Err(invalid(
@@ -174,7 +173,7 @@ pub fn gemma3_config(file: &GgufFile) -> Result<Gemma3Config, ModelError> {
         .iter()
         .find(|t| t.name() == "token_embd.weight")
         .ok_or_else(|| {
-            ModelError::Gguf(GgufError::TensorNotFound {
+            CheckpointError::Gguf(GgufError::TensorNotFound {
                 path: file.path().to_path_buf(),
                 name: "token_embd.weight".into(),
             })
@@ -224,44 +223,6 @@ pub fn gemma3_config(file: &GgufFile) -> Result<Gemma3Config, ModelError> {
         pad_token_id: file.get_u32("tokenizer.ggml.padding_token_id").ok(),
         multimodal: false,
     })
-}
-
-/// The tokenizer GGUF metadata describes (`tokenizer.ggml.model = "llama"`).
-pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer, ModelError> {
-    let model = file.get_str("tokenizer.ggml.model")?;
-    if model != "llama" {
-        return Err(invalid(
-            file,
-            "tokenizer.ggml.model",
-            format!("'{model}' is not supported (SentencePiece 'llama' only)"),
-        ));
-    }
-    let opt_u32 = |key: &str| file.get(key).map(|_| file.get_u32(key)).transpose();
-    let opt_bool = |key: &str, default: bool| {
-        file.get(key)
-            .map(|_| file.get_bool(key))
-            .transpose()
-            .map(|v| v.unwrap_or(default))
-    };
-    let vocab = SpmVocab {
-        tokens: file.get_str_array("tokenizer.ggml.tokens")?.to_vec(),
-        scores: file.get_f32_array("tokenizer.ggml.scores")?.to_vec(),
-        types: file.get_i32_array("tokenizer.ggml.token_type")?.to_vec(),
-        bos: opt_u32("tokenizer.ggml.bos_token_id")?,
-        eos: opt_u32("tokenizer.ggml.eos_token_id")?,
-        unk: opt_u32("tokenizer.ggml.unknown_token_id")?,
-        add_bos: opt_bool("tokenizer.ggml.add_bos_token", true)?,
-        add_space_prefix: opt_bool("tokenizer.ggml.add_space_prefix", false)?,
-    };
-    let spm = SpmTokenizer::new(vocab).map_err(|e| ModelError::Layout {
-        path: file.path().to_path_buf(),
-        message: format!("tokenizer.ggml.*: {e}"),
-    })?;
-    let template = match file.get("tokenizer.chat_template") {
-        Some(_) => Some(file.get_str("tokenizer.chat_template")?.to_string()),
-        None => None,
-    };
-    Ok(Tokenizer::from_spm(spm, template))
 }
 
 #[cfg(test)]

@@ -1577,7 +1577,7 @@ mod tests {
         for (key, value) in every_value() {
             b = b.meta(key, value);
         }
-        let q4k = include_bytes!("../../backend-api/tests/data/quant/q4_k.blocks");
+        let q4k = include_bytes!("../../../../backend-api/tests/data/quant/q4_k.blocks");
         b.tensor(
             "token_embd.weight",
             &[3, 2],
@@ -1652,7 +1652,7 @@ mod tests {
             let t = f.tensor("blk.0.q4k").unwrap();
             assert_eq!(t.desc, TensorDesc::new(DType::Q4K, [2, 256]));
             assert_eq!(t.info.offset() % 32, 0);
-            let expected = include_bytes!("../../backend-api/tests/data/quant/q4_k.f32");
+            let expected = include_bytes!("../../../../backend-api/tests/data/quant/q4_k.f32");
             let got: Vec<u8> = t.to_f32().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect();
             assert_eq!(got, expected);
 
@@ -1756,13 +1756,13 @@ mod tests {
         for (name, blocks, values) in [
             (
                 "blk.0.ffn_up.weight",
-                &include_bytes!("../../backend-api/tests/data/quant/q8_0.blocks")[..],
-                &include_bytes!("../../backend-api/tests/data/quant/q8_0.f32")[..],
+                &include_bytes!("../../../../backend-api/tests/data/quant/q8_0.blocks")[..],
+                &include_bytes!("../../../../backend-api/tests/data/quant/q8_0.f32")[..],
             ),
             (
                 "blk.0.ffn_down.weight",
-                &include_bytes!("../../backend-api/tests/data/quant/q4_k.blocks")[..],
-                &include_bytes!("../../backend-api/tests/data/quant/q4_k.f32")[..],
+                &include_bytes!("../../../../backend-api/tests/data/quant/q4_k.blocks")[..],
+                &include_bytes!("../../../../backend-api/tests/data/quant/q4_k.f32")[..],
             ),
         ] {
             let t = f.tensor(name).unwrap();

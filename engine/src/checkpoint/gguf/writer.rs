@@ -55,7 +55,7 @@ mod value_type {
 
 /// ggml's type id for `dtype` (`enum ggml_type`), as GGUF tensor infos store it.
 pub const fn ggml_type_id(dtype: DType) -> u32 {
-    let table = crate::gguf::GGML_TYPES;
+    let table = super::reader::GGML_TYPES;
     let mut i = 0;
     while i < table.len() {
         // `DType` is not const-comparable; its discriminant is.
@@ -1127,7 +1127,7 @@ mod type_id_tests {
         for d in DType::ALL {
             let id = super::ggml_type_id(d);
             assert_ne!(id, u32::MAX, "{d}");
-            assert_eq!(crate::gguf::dtype_from_ggml(id), Some(d));
+            assert_eq!(crate::checkpoint::gguf::reader::dtype_from_ggml(id), Some(d));
         }
     }
 }

@@ -1,0 +1,19 @@
+//! Checkpoint files: what a model is stored as, and nothing about running it.
+//!
+//! - [`gguf`]: llama.cpp's format (reader, writer, and Gemma 3 as its converter stores it).
+//! - [`safetensors`] and [`hf`]: Hugging Face model directories; [`config`]: their `config.json`.
+//! - [`source`]: the [`source::WeightSource`] trait the model loader reads weights through, under
+//!   canonical tensor names, whatever the format.
+//! - [`quantize`]: encoding f32 into ggml's block formats; [`synth`]: random-weight GGUF files
+//!   of the real Gemma 3 shapes.
+
+pub mod config;
+pub mod error;
+pub mod gguf;
+pub mod hf;
+pub mod quantize;
+pub mod safetensors;
+pub mod source;
+pub mod synth;
+
+pub use error::CheckpointError;
