@@ -6,7 +6,7 @@ use std::io::{BufRead, Write};
 use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
 use tandem_engine::tokenizer::chat::{ChatTemplate, Message, Role};
 
-use super::load::{load, stream, ModelArgs};
+use super::load::{load, ModelArgs};
 use crate::Context;
 
 /// Flags of `engine chat`.
@@ -65,7 +65,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
         let keep = common > 0 && common < ids.len() && loaded.session.truncate(0, common);
         let feed = if keep { &ids[common..] } else { &ids[..] };
-        let (reply, _) = stream(&mut loaded, feed, args.max_tokens, &mut sampler, keep, &mut out)?;
+        let (reply, _) = loaded.stream(feed, args.max_tokens, &mut sampler, keep, &mut out)?;
         // The cache now holds the fed tokens and the reply except its last (stop) token.
         cached = if keep { ids[..common].to_vec() } else { Vec::new() };
         cached.extend_from_slice(feed);

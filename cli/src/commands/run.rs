@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::bail;
 use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
 
-use super::load::{load, parse_tokens, stream, ModelArgs};
+use super::load::{load, parse_tokens, ModelArgs};
 use crate::Context;
 
 /// Flags of `engine run`.
@@ -74,14 +74,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             })?;
         (ids, stats)
     } else {
-        stream(
-            &mut loaded,
-            &prompt,
-            args.max_tokens,
-            &mut sampler,
-            false,
-            &mut out,
-        )?
+        loaded.stream(&prompt, args.max_tokens, &mut sampler, false, &mut out)?
     };
     if args.json {
         let text = loaded.tokenizer.decode(&generated, true)?;

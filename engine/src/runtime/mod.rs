@@ -1,6 +1,10 @@
-//! The run time: backend plugins ([`plugins`]), the config file ([`settings`]), generation state
-//! ([`session`]) and token choice ([`sampler`]).
+//! The run time: backend plugins ([`plugins`]), the config file ([`settings`]), which backend runs
+//! the model ([`placement`]), loading a model onto it ([`load`]), generation state ([`session`])
+//! and token choice ([`sampler`]).
 
+pub mod load;
+pub mod notice;
+pub mod placement;
 pub mod plugins;
 pub mod sampler;
 pub mod session;
