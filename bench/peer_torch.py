@@ -49,7 +49,7 @@ import time
 
 SCHEMA_ID = "tandem-bench/1"
 
-# The shapes `engine synth` writes (engine/src/synth.rs): hidden, intermediate, layers, query
+# The shapes `engine synth` writes (engine/src/checkpoint/synth.rs): hidden, intermediate, layers, query
 # heads, kv heads, head dim, vocabulary, sliding window, linear rope factor of the global layers.
 SHAPES = {
     "tiny": dict(hidden=256, inter=512, layers=2, heads=4, kv=1, head_dim=64, vocab=512, window=64, rope=None),

@@ -8,7 +8,7 @@ use tandem_backend_api::{
     ComputeBackend, DType, DeviceKind, GraphBuilder, Op, StepArgs, TensorDesc, Usage, WeightRef,
 };
 
-use super::run::BenchError;
+use super::error::BenchError;
 
 /// Host copy bandwidth: the best of several copies of a 1 GiB buffer, counting bytes read and
 /// written.

@@ -3,23 +3,23 @@
 //! prompts and tokens; per-op device time from the last round; the limits from [`super::limits`].
 //! The result is a `tandem-bench/1` JSON document (`docs/bench-schema.json`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use serde_json::json;
-use tandem_backend_api::{BackendError, DeviceKind};
+use tandem_backend_api::DeviceKind;
 
+use super::error::BenchError;
 use super::limits::{host_copy_bandwidth, peak_flops};
 use super::machine::{cpu_name, now_rfc3339, peak_rss};
 use super::report::{OpTime, StepProfile};
 use crate::checkpoint::config::LayerType;
-use crate::checkpoint::synth::{write_synthetic_gguf, SynthDtype, SynthError, SynthShape};
+use crate::checkpoint::synth::{write_synthetic_gguf, SynthDtype, SynthShape};
 use crate::model::files::cache_dir;
-use crate::runtime::load::{load, LoadError, ModelOptions};
+use crate::runtime::load::{load, ModelOptions};
 use crate::runtime::notice::Notice;
-use crate::runtime::placement::{choose_backend, PlacementError};
+use crate::runtime::placement::choose_backend;
 use crate::runtime::plugins::PluginSearch;
-use crate::runtime::session::SessionError;
 use crate::runtime::settings::Settings;
 
 /// What to measure.
@@ -71,44 +71,6 @@ pub enum BenchEvent<'a> {
     Tokens(u64),
 }
 
-/// Why a benchmark could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum BenchError {
-    /// The options are unusable.
-    #[error("{0}")]
-    Options(String),
-    /// The synthetic model could not be named or written.
-    #[error(transparent)]
-    Synth(#[from] SynthError),
-    /// A directory could not be created.
-    #[error("creating {}", path.display())]
-    Io {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The model could not be loaded.
-    #[error(transparent)]
-    Load(Box<LoadError>),
-    /// No backend for the peak measurement.
-    #[error(transparent)]
-    Placement(#[from] PlacementError),
-    /// The backend failed.
-    #[error(transparent)]
-    Backend(#[from] BackendError),
-    /// A step failed.
-    #[error(transparent)]
-    Session(#[from] SessionError),
-    /// The backend has no matmul to measure its peak with (its name).
-    #[error("the {0} backend supports no f32, f16 or q8_0 matmul to measure its peak")]
-    NoPeak(String),
-    /// The result could not be built.
-    #[error(transparent)]
-    Json(#[from] serde_json::Error),
-}
-
 fn stats(mut v: Vec<f64>) -> serde_json::Value {
     v.sort_by(|a, b| a.total_cmp(b));
     let median = if v.is_empty() { 0.0 } else { v[v.len() / 2] };
@@ -121,12 +83,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
-}
-
-impl From<LoadError> for BenchError {
-    fn from(e: LoadError) -> Self {
-        BenchError::Load(Box::new(e))
-    }
 }
 
 /// Runs the benchmark `options` describes on the plugins `search` finds, and returns the

@@ -1,5 +1,5 @@
 //! Where a model's weights come from: one interface over Hugging Face safetensors checkpoints
-//! ([`super::hf::HfWeights`]) and GGUF files ([`super::gguf::GgufWeights`]), speaking the engine's
+//! (`HfWeights` in `hf.rs`) and GGUF files (`GgufWeights` in `gguf/gemma3.rs`), speaking the engine's
 //! canonical tensor names (Hugging Face's, without the `model.` prefix: `embed_tokens.weight`,
 //! `layers.3.self_attn.q_proj.weight`, ...).
 
