@@ -229,6 +229,21 @@ impl Op {
         }
     }
 
+    /// The values this op reads, to rename them (a host moving the op into another graph).
+    pub fn inputs_mut(&mut self) -> Vec<&mut ValueId> {
+        match self {
+            Op::Input { .. } | Op::Embed { .. } => vec![],
+            Op::RmsNorm { x, .. }
+            | Op::MatMul { x, .. }
+            | Op::Rope { x, .. }
+            | Op::Softcap { x, .. }
+            | Op::SelectRows { x }
+            | Op::Output { x, .. } => vec![x],
+            Op::Attention { q, k, v, .. } => vec![q, k, v],
+            Op::GeGlu { gate: a, up: b } | Op::Add { a, b } => vec![a, b],
+        }
+    }
+
     /// The weights this op reads.
     pub fn weights(&self) -> Vec<&WeightRef> {
         match self {
@@ -236,6 +251,23 @@ impl Op {
                 vec![w]
             }
             _ => vec![],
+        }
+    }
+
+    /// Every buffer this op names (weights, KV caches, input and output buffers), for a host
+    /// that binds a graph built over its own ids to the ids one backend issued.
+    pub fn buffers_mut(&mut self) -> Vec<&mut BufferId> {
+        match self {
+            Op::Input { buffer, .. } | Op::Output { buffer, .. } => vec![buffer],
+            Op::Embed { table: w, .. } | Op::RmsNorm { weight: w, .. } | Op::MatMul { weight: w, .. } => {
+                vec![&mut w.buffer]
+            }
+            Op::Attention { cache, .. } => vec![&mut cache.k, &mut cache.v],
+            Op::Rope { .. }
+            | Op::GeGlu { .. }
+            | Op::Add { .. }
+            | Op::Softcap { .. }
+            | Op::SelectRows { .. } => vec![],
         }
     }
 
@@ -554,6 +586,11 @@ impl GraphBuilder {
         outs[0]
     }
 
+    /// Nodes pushed so far.
+    pub fn node_count(&self) -> usize {
+        self.graph.nodes.len()
+    }
+
     /// The graph built so far.
     pub fn finish(self) -> Graph {
         self.graph
@@ -650,5 +687,57 @@ impl StepArgs<'_> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_and_inputs_can_be_renamed() {
+        let mut op = Op::MatMul {
+            x: ValueId(3),
+            weight: WeightRef {
+                buffer: BufferId(7),
+                desc: TensorDesc::new(DType::F32, [4, 4]),
+            },
+            splits: vec![4],
+        };
+        for b in op.buffers_mut() {
+            b.0 += 100;
+        }
+        for v in op.inputs_mut() {
+            v.0 = 0;
+        }
+        assert_eq!(op.inputs(), vec![ValueId(0)]);
+        assert_eq!(op.weights()[0].buffer, BufferId(107));
+        let mut att = Op::Attention {
+            q: ValueId(1),
+            k: ValueId(2),
+            v: ValueId(3),
+            cache: KvCacheRef {
+                k: BufferId(5),
+                v: BufferId(6),
+                dtype: DType::F32,
+                slots: 1,
+                capacity: 4,
+            },
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 4,
+            scale: 1.0,
+            window: None,
+            softcap: None,
+        };
+        let ids: Vec<u64> = att.buffers_mut().into_iter().map(|b| b.0).collect();
+        assert_eq!(ids, vec![5, 6]);
+        assert_eq!(att.inputs_mut().len(), 3);
+        assert!(Op::Add {
+            a: ValueId(0),
+            b: ValueId(1)
+        }
+        .buffers_mut()
+        .is_empty());
     }
 }

@@ -1,6 +1,8 @@
 //! The Gemma 3 text model on a backend: weights uploaded once (Q|K|V and gate|up fused into one
 //! matrix each), KV caches sized at load, and the step graph built once per shape.
 
+use std::collections::HashMap;
+
 use tandem_backend_api::{
     BackendError, BufferId, ComputeBackend, DType, Graph, GraphBuilder, KvCacheRef, Op, TensorDesc, Usage,
     ValueId, WeightRef,
@@ -13,6 +15,30 @@ use crate::checkpoint::source::{StoredTensor, WeightSource};
 fn backend_err(context: impl Into<String>) -> impl FnOnce(BackendError) -> ModelError {
     let context = context.into();
     move |error| ModelError::Backend { context, error }
+}
+
+/// The parts of the model that placement lists name (`[placement] attention`, `ffn`,
+/// `default`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Part {
+    /// The attention block: Q|K|V projection, q/k norms, rope, attention, output projection.
+    Attention,
+    /// The feed-forward network: gate|up projection, GeGLU, down projection.
+    Ffn,
+    /// Everything else (embedding, the norms around the blocks, residual adds, logits).
+    Other,
+}
+
+impl Part {
+    /// The key naming it in `[placement]`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Part::Attention => "attention",
+            Part::Ffn => "ffn",
+            Part::Other => "default",
+        }
+    }
 }
 
 /// One decoder layer's weights on the backend.
@@ -66,9 +92,11 @@ pub struct Gemma3Model {
     pub layers: Vec<LayerWeights>,
     /// Cache sizing.
     pub cache_shape: CacheShape,
-    /// Every buffer allocated (freed by `free`).
+    /// Every tensor the model needs, by the id its graph names.
+    tensors: Vec<ModelTensor>,
+    /// The buffers [`Gemma3Model::load`] allocated (freed by `free`); empty for a planned model.
     buffers: Vec<BufferId>,
-    /// Weight bytes uploaded.
+    /// Weight bytes of the whole model (uploaded, for a loaded one).
     pub weight_bytes: u64,
     /// Added to stored norm weights (1 for Hugging Face checkpoints, 0 for GGUF).
     pub norm_offset: f32,
@@ -86,72 +114,201 @@ impl<F: FnMut(u64, u64)> LoadProgress for F {
     }
 }
 
-struct Uploader<'a> {
-    source: &'a dyn WeightSource,
-    backend: &'a mut dyn ComputeBackend,
-    buffers: Vec<BufferId>,
-    done: u64,
-    total: u64,
-    progress: &'a mut dyn LoadProgress,
+/// The first id [`Gemma3Model::plan`] gives out: far above any id a backend issues, so that a
+/// graph over planned ids can be told from one over a backend's ids.
+pub const PLANNED_ID_BASE: u64 = 1 << 48;
+
+/// One tensor the model needs on a backend, described before any backend holds it.
+#[derive(Debug, Clone)]
+pub struct ModelTensor {
+    /// Its planned id (what the model's graph names before binding).
+    pub id: BufferId,
+    /// Shape and storage type.
+    pub desc: TensorDesc,
+    /// A weight or a KV cache.
+    pub usage: Usage,
+    /// For a weight: the canonical names and shapes of the stored tensors it concatenates along
+    /// rows (one for most, three for a fused Q|K|V); empty for a cache.
+    pub parts: Vec<(String, Vec<usize>)>,
+    /// For messages: the stored names joined by `|`, or `layer N key cache`.
+    pub label: String,
 }
 
-impl Uploader<'_> {
-    fn alloc(&mut self, desc: &TensorDesc, usage: Usage, what: &str) -> Result<BufferId, ModelError> {
-        let id = self
-            .backend
-            .alloc(desc, usage)
-            .map_err(backend_err(format!("allocating {what}")))?;
-        self.buffers.push(id);
-        Ok(id)
+impl ModelTensor {
+    /// Bytes it occupies.
+    pub fn bytes(&self) -> u64 {
+        self.desc.byte_size().unwrap_or(0)
+    }
+}
+
+struct Planner<'a> {
+    source: &'a dyn WeightSource,
+    tensors: Vec<ModelTensor>,
+}
+
+impl Planner<'_> {
+    fn add(
+        &mut self,
+        desc: TensorDesc,
+        usage: Usage,
+        parts: Vec<(String, Vec<usize>)>,
+        label: String,
+    ) -> BufferId {
+        let id = BufferId(PLANNED_ID_BASE + self.tensors.len() as u64);
+        self.tensors.push(ModelTensor {
+            id,
+            desc,
+            usage,
+            parts,
+            label,
+        });
+        id
     }
 
-    /// Uploads the concatenation (along rows) of `names` as one weight when they share a
-    /// dtype (a fused projection), else each on its own.
-    fn upload_fused(&mut self, names: &[(&str, Vec<usize>)]) -> Result<Vec<WeightRef>, ModelError> {
+    /// Plans the concatenation (along rows) of `names` as one weight when they share a dtype (a
+    /// fused projection), else each on its own.
+    fn fused(&mut self, names: &[(&str, Vec<usize>)]) -> Result<Vec<WeightRef>, ModelError> {
         let source = self.source;
         let parts: Vec<StoredTensor<'_>> = names
             .iter()
             .map(|(n, s)| source.tensor(n, s))
             .collect::<Result<_, _>>()?;
-        if parts.iter().any(|p| p.desc.dtype != parts[0].desc.dtype) {
-            return parts
-                .iter()
-                .map(|p| self.upload_parts(std::slice::from_ref(p)))
-                .collect();
-        }
-        Ok(vec![self.upload_parts(&parts)?])
+        let groups: Vec<Vec<usize>> = if parts.iter().any(|p| p.desc.dtype != parts[0].desc.dtype) {
+            (0..parts.len()).map(|i| vec![i]).collect()
+        } else {
+            vec![(0..parts.len()).collect()]
+        };
+        Ok(groups
+            .into_iter()
+            .map(|group| {
+                let first = &parts[group[0]];
+                let mut shape = first.desc.shape.clone();
+                shape[0] = group.iter().map(|&i| parts[i].desc.shape[0]).sum();
+                let desc = TensorDesc::new(first.desc.dtype, shape);
+                let label = group
+                    .iter()
+                    .map(|&i| parts[i].name.as_str())
+                    .collect::<Vec<_>>()
+                    .join("|");
+                let stored = group
+                    .iter()
+                    .map(|&i| (names[i].0.to_string(), names[i].1.clone()))
+                    .collect();
+                let buffer = self.add(desc.clone(), Usage::Weight, stored, label);
+                WeightRef { buffer, desc }
+            })
+            .collect())
     }
 
-    fn upload(&mut self, name: &str, shape: Vec<usize>) -> Result<WeightRef, ModelError> {
-        let t = self.source.tensor(name, &shape)?;
-        self.upload_parts(std::slice::from_ref(&t))
-    }
-
-    fn upload_parts(&mut self, parts: &[StoredTensor<'_>]) -> Result<WeightRef, ModelError> {
-        let mut shape = parts[0].desc.shape.clone();
-        shape[0] = parts.iter().map(|p| p.desc.shape[0]).sum();
-        let desc = TensorDesc::new(parts[0].desc.dtype, shape);
-        let name = parts
-            .iter()
-            .map(|p| p.name.as_str())
-            .collect::<Vec<_>>()
-            .join("|");
-        let buffer = self.alloc(&desc, Usage::Weight, &name)?;
-        let mut offset = 0u64;
-        for p in parts {
-            self.backend
-                .write(buffer, offset, p.data)
-                .map_err(backend_err(format!("uploading {}", p.name)))?;
-            offset += p.data.len() as u64;
-        }
-        self.done += offset;
-        self.progress.update(self.done, self.total);
-        Ok(WeightRef { buffer, desc })
+    fn single(&mut self, name: &str, shape: Vec<usize>) -> Result<WeightRef, ModelError> {
+        let mut refs = self.fused(&[(name, shape)])?;
+        refs.pop().ok_or_else(|| ModelError::Layout {
+            path: self.source.location().to_path_buf(),
+            message: format!("tensor {name}: nothing planned"),
+        })
     }
 }
 
 impl Gemma3Model {
-    /// Uploads the weights of `source` to `backend` and allocates KV caches.
+    /// Describes every weight and KV cache the model needs, with planned ids
+    /// ([`PLANNED_ID_BASE`] up) and without touching a backend: what placement binds. The
+    /// stored tensors are checked (names, shapes, dtypes) but not read.
+    pub fn plan(
+        config: Gemma3Config,
+        source: &dyn WeightSource,
+        cache_shape: CacheShape,
+    ) -> Result<Self, ModelError> {
+        let c = &config;
+        let (h, d, i) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (qd, kvd) = (c.num_attention_heads * d, c.num_key_value_heads * d);
+        let mut p = Planner {
+            source,
+            tensors: Vec::new(),
+        };
+        let embed = p.single("embed_tokens.weight", vec![c.vocab_size, h])?;
+        let final_norm = p.single("norm.weight", vec![h])?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for l in 0..c.num_hidden_layers {
+            let n = |s: &str| format!("layers.{l}.{s}");
+            let qkv = p.fused(&[
+                (&n("self_attn.q_proj.weight"), vec![qd, h]),
+                (&n("self_attn.k_proj.weight"), vec![kvd, h]),
+                (&n("self_attn.v_proj.weight"), vec![kvd, h]),
+            ])?;
+            let o = p.single(&n("self_attn.o_proj.weight"), vec![h, qd])?;
+            let gate_up = p.fused(&[
+                (&n("mlp.gate_proj.weight"), vec![i, h]),
+                (&n("mlp.up_proj.weight"), vec![i, h]),
+            ])?;
+            let down = p.single(&n("mlp.down_proj.weight"), vec![h, i])?;
+            let input_norm = p.single(&n("input_layernorm.weight"), vec![h])?;
+            let q_norm = p.single(&n("self_attn.q_norm.weight"), vec![d])?;
+            let k_norm = p.single(&n("self_attn.k_norm.weight"), vec![d])?;
+            let post_attention_norm = p.single(&n("post_attention_layernorm.weight"), vec![h])?;
+            let pre_ffn_norm = p.single(&n("pre_feedforward_layernorm.weight"), vec![h])?;
+            let post_ffn_norm = p.single(&n("post_feedforward_layernorm.weight"), vec![h])?;
+            let capacity = match c.layer_types[l] {
+                LayerType::Full => cache_shape.context,
+                // A ring of the window, plus room for a whole prefill chunk written at once.
+                LayerType::Sliding => cache_shape
+                    .context
+                    .min(c.sliding_window + cache_shape.max_step_rows.saturating_sub(1)),
+            };
+            let cdesc = TensorDesc::new(DType::F32, [cache_shape.slots, capacity, kvd]);
+            let k = p.add(
+                cdesc.clone(),
+                Usage::KvCache,
+                Vec::new(),
+                format!("layer {l} key cache"),
+            );
+            let v = p.add(
+                cdesc,
+                Usage::KvCache,
+                Vec::new(),
+                format!("layer {l} value cache"),
+            );
+            let cache = KvCacheRef {
+                k,
+                v,
+                dtype: DType::F32,
+                slots: cache_shape.slots,
+                capacity,
+            };
+            layers.push(LayerWeights {
+                qkv,
+                o,
+                gate_up,
+                down,
+                input_norm,
+                q_norm,
+                k_norm,
+                post_attention_norm,
+                pre_ffn_norm,
+                post_ffn_norm,
+                cache,
+            });
+        }
+        let weight_bytes = p
+            .tensors
+            .iter()
+            .filter(|t| t.usage == Usage::Weight)
+            .map(ModelTensor::bytes)
+            .sum();
+        Ok(Gemma3Model {
+            config,
+            embed,
+            final_norm,
+            layers,
+            cache_shape,
+            tensors: p.tensors,
+            buffers: Vec::new(),
+            weight_bytes,
+            norm_offset: source.norm_offset(),
+        })
+    }
+
+    /// Uploads the weights of `source` to `backend` and allocates KV caches: the whole model on
+    /// one backend, its graph naming that backend's buffers.
     pub fn load(
         config: Gemma3Config,
         source: &dyn WeightSource,
@@ -159,93 +316,93 @@ impl Gemma3Model {
         cache_shape: CacheShape,
         progress: &mut dyn LoadProgress,
     ) -> Result<Self, ModelError> {
-        let c = &config;
-        let (h, d, i) = (c.hidden_size, c.head_dim, c.intermediate_size);
-        let (qd, kvd) = (c.num_attention_heads * d, c.num_key_value_heads * d);
+        let mut model = Self::plan(config, source, cache_shape)?;
+        let all: Vec<BufferId> = model.tensors.iter().map(|t| t.id).collect();
         let total = source.total_bytes();
-        let mut up = Uploader {
-            source,
-            backend,
-            buffers: Vec::new(),
-            done: 0,
-            total,
-            progress,
-        };
+        let mut done = 0;
+        let map = model.upload(&all, source, backend, &mut done, total, progress)?;
+        model.rebind(&map);
+        model.buffers = map.into_values().collect();
+        Ok(model)
+    }
+
+    /// The tensors [`Gemma3Model::plan`] described, by planned id.
+    pub fn tensors(&self) -> &[ModelTensor] {
+        &self.tensors
+    }
+
+    /// Allocates the planned tensors `ids` on `backend` and uploads the weights among them from
+    /// `source` (adding their bytes to `done` of `total` for `progress`); returns each planned
+    /// id's buffer there. On failure, frees what it allocated.
+    pub fn upload(
+        &self,
+        ids: &[BufferId],
+        source: &dyn WeightSource,
+        backend: &mut dyn ComputeBackend,
+        done: &mut u64,
+        total: u64,
+        progress: &mut dyn LoadProgress,
+    ) -> Result<HashMap<BufferId, BufferId>, ModelError> {
+        let mut map = HashMap::with_capacity(ids.len());
         let result = (|| {
-            let embed = up.upload("embed_tokens.weight", vec![c.vocab_size, h])?;
-            let final_norm = up.upload("norm.weight", vec![h])?;
-            let mut layers = Vec::with_capacity(c.num_hidden_layers);
-            for l in 0..c.num_hidden_layers {
-                let n = |s: &str| format!("layers.{l}.{s}");
-                let qkv = up.upload_fused(&[
-                    (&n("self_attn.q_proj.weight"), vec![qd, h]),
-                    (&n("self_attn.k_proj.weight"), vec![kvd, h]),
-                    (&n("self_attn.v_proj.weight"), vec![kvd, h]),
-                ])?;
-                let o = up.upload(&n("self_attn.o_proj.weight"), vec![h, qd])?;
-                let gate_up = up.upload_fused(&[
-                    (&n("mlp.gate_proj.weight"), vec![i, h]),
-                    (&n("mlp.up_proj.weight"), vec![i, h]),
-                ])?;
-                let down = up.upload(&n("mlp.down_proj.weight"), vec![h, i])?;
-                let input_norm = up.upload(&n("input_layernorm.weight"), vec![h])?;
-                let q_norm = up.upload(&n("self_attn.q_norm.weight"), vec![d])?;
-                let k_norm = up.upload(&n("self_attn.k_norm.weight"), vec![d])?;
-                let post_attention_norm = up.upload(&n("post_attention_layernorm.weight"), vec![h])?;
-                let pre_ffn_norm = up.upload(&n("pre_feedforward_layernorm.weight"), vec![h])?;
-                let post_ffn_norm = up.upload(&n("post_feedforward_layernorm.weight"), vec![h])?;
-                let capacity = match c.layer_types[l] {
-                    LayerType::Full => cache_shape.context,
-                    // A ring of the window, plus room for a whole prefill chunk written at once.
-                    LayerType::Sliding => cache_shape
-                        .context
-                        .min(c.sliding_window + cache_shape.max_step_rows.saturating_sub(1)),
-                };
-                let cdesc = TensorDesc::new(DType::F32, [cache_shape.slots, capacity, kvd]);
-                let k = up.alloc(&cdesc, Usage::KvCache, &format!("layer {l} key cache"))?;
-                let v = up.alloc(&cdesc, Usage::KvCache, &format!("layer {l} value cache"))?;
-                let cache = KvCacheRef {
-                    k,
-                    v,
-                    dtype: DType::F32,
-                    slots: cache_shape.slots,
-                    capacity,
-                };
-                layers.push(LayerWeights {
-                    qkv,
-                    o,
-                    gate_up,
-                    down,
-                    input_norm,
-                    q_norm,
-                    k_norm,
-                    post_attention_norm,
-                    pre_ffn_norm,
-                    post_ffn_norm,
-                    cache,
-                });
+            for t in self.tensors.iter().filter(|t| ids.contains(&t.id)) {
+                let buffer = backend
+                    .alloc(&t.desc, t.usage)
+                    .map_err(backend_err(format!("allocating {}", t.label)))?;
+                map.insert(t.id, buffer);
+                let mut offset = 0u64;
+                for (name, shape) in &t.parts {
+                    let stored = source.tensor(name, shape)?;
+                    backend
+                        .write(buffer, offset, stored.data)
+                        .map_err(backend_err(format!("uploading {}", stored.name)))?;
+                    offset += stored.data.len() as u64;
+                }
+                if !t.parts.is_empty() {
+                    *done += offset;
+                    progress.update(*done, total);
+                }
             }
-            Ok((embed, final_norm, layers))
+            Ok(())
         })();
-        let weight_bytes = up.done;
-        let buffers = std::mem::take(&mut up.buffers);
         match result {
-            Ok((embed, final_norm, layers)) => Ok(Gemma3Model {
-                config,
-                embed,
-                final_norm,
-                layers,
-                cache_shape,
-                buffers,
-                weight_bytes,
-                norm_offset: source.norm_offset(),
-            }),
+            Ok(()) => Ok(map),
             Err(e) => {
-                for b in buffers {
-                    let _ = up.backend.free(b);
+                for b in map.into_values() {
+                    let _ = backend.free(b);
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// Replaces every planned id in the model's weights and caches by its buffer in `map`.
+    fn rebind(&mut self, map: &HashMap<BufferId, BufferId>) {
+        let bind = |b: &mut BufferId| {
+            if let Some(&to) = map.get(b) {
+                *b = to;
+            }
+        };
+        bind(&mut self.embed.buffer);
+        bind(&mut self.final_norm.buffer);
+        for l in &mut self.layers {
+            for w in l.qkv.iter_mut().chain(l.gate_up.iter_mut()).chain([
+                &mut l.o,
+                &mut l.down,
+                &mut l.input_norm,
+                &mut l.q_norm,
+                &mut l.k_norm,
+                &mut l.post_attention_norm,
+                &mut l.pre_ffn_norm,
+                &mut l.post_ffn_norm,
+            ]) {
+                bind(&mut w.buffer);
+            }
+            bind(&mut l.cache.k);
+            bind(&mut l.cache.v);
+        }
+        for t in &mut self.tensors {
+            bind(&mut t.id);
         }
     }
 
@@ -260,6 +417,12 @@ impl Gemma3Model {
     /// The step graph for `rows` rows, keeping `selected` rows for the logits, which it writes
     /// to `logits` (`[selected, vocab]` f32).
     pub fn step_graph(&self, rows: usize, selected: usize, logits: BufferId) -> Graph {
+        self.step_graph_parts(rows, selected, logits).0
+    }
+
+    /// [`Gemma3Model::step_graph`], with the part of the model each node belongs to (what the
+    /// placement's preference lists are keyed by).
+    pub fn step_graph_parts(&self, rows: usize, selected: usize, logits: BufferId) -> (Graph, Vec<Part>) {
         let c = &self.config;
         let (heads, kv_heads, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let eps = c.rms_norm_eps;
@@ -295,6 +458,9 @@ impl Gemma3Model {
                 }
             };
         let mut g = GraphBuilder::new(format!("gemma3 rows={rows} selected={selected}"), rows, selected);
+        // The part of every node pushed since the last call.
+        let mut parts: Vec<Part> = Vec::new();
+        let mut mark = |g: &GraphBuilder, part: Part| parts.resize(g.node_count(), part);
         let mut h = g.push1(Op::Embed {
             table: self.embed.clone(),
             scale: (c.hidden_size as f32).sqrt(),
@@ -303,6 +469,7 @@ impl Gemma3Model {
             let kind = c.layer_types[l];
             let rope = c.rope(kind);
             let x = norm(&mut g, h, &w.input_norm);
+            mark(&g, Part::Other);
             let qkv = project(&mut g, x, &w.qkv, &[heads * d, kv_heads * d, kv_heads * d]);
             let q = norm(&mut g, qkv[0], &w.q_norm);
             let k = norm(&mut g, qkv[1], &w.k_norm);
@@ -340,9 +507,11 @@ impl Gemma3Model {
                 weight: w.o.clone(),
                 splits: vec![c.hidden_size],
             });
+            mark(&g, Part::Attention);
             let o = norm(&mut g, o, &w.post_attention_norm);
             h = g.push1(Op::Add { a: h, b: o });
             let x = norm(&mut g, h, &w.pre_ffn_norm);
+            mark(&g, Part::Other);
             let gu = project(&mut g, x, &w.gate_up, &[c.intermediate_size, c.intermediate_size]);
             let m = g.push1(Op::GeGlu {
                 gate: gu[0],
@@ -353,6 +522,7 @@ impl Gemma3Model {
                 weight: w.down.clone(),
                 splits: vec![c.hidden_size],
             });
+            mark(&g, Part::Ffn);
             let f = norm(&mut g, f, &w.post_ffn_norm);
             h = g.push1(Op::Add { a: h, b: f });
         }
@@ -370,6 +540,7 @@ impl Gemma3Model {
             x: logits_v,
             buffer: logits,
         });
-        g.finish()
+        mark(&g, Part::Other);
+        (g.finish(), parts)
     }
 }

@@ -7,5 +7,6 @@ pub mod notice;
 pub mod placement;
 pub mod plugins;
 pub mod sampler;
+pub mod schedule;
 pub mod session;
 pub mod settings;

@@ -3,11 +3,12 @@
 //! the reason. The rules of placement live here; the plugins that provide the backends are in
 //! [`super::plugins`].
 
-use tandem_backend_api::{ComputeBackend, DeviceKind};
+use tandem_backend_api::{ComputeBackend, DeviceKind, Graph, Support};
 
 use super::notice::Notice;
 use super::plugins::{PluginLookupError, PluginSearch};
-use super::settings::Settings;
+use super::settings::{PhaseLists, Settings};
+use crate::model::Part;
 
 /// The built-in `auto` order.
 pub const AUTO_ORDER: [&str; 3] = ["vulkan", "wgpu", "cpu"];
@@ -24,6 +25,9 @@ pub enum PlacementError {
     /// `auto` found none of its candidates; each one's reason, `; `-separated.
     #[error("no backend available: {0}")]
     NoneAvailable(String),
+    /// The split could not be made.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
 }
 
 /// Creates the backend named `name` (`cpu`, `vulkan`, ..., or `auto`) from the plugins `search`
@@ -82,4 +86,402 @@ pub fn choose_backend(
         return Ok(b);
     }
     Err(PlacementError::NoneAvailable(reasons.join("; ")))
+}
+
+/// The two phases of generation, which may run on different units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Prompt processing (several rows of one sequence per step).
+    Prefill,
+    /// Generation (one row per sequence per step).
+    Decode,
+}
+
+impl Phase {
+    /// Both, prefill first.
+    pub const ALL: [Phase; 2] = [Phase::Prefill, Phase::Decode];
+
+    /// Its name in `[placement.NAME]`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Phase::Prefill => "prefill",
+            Phase::Decode => "decode",
+        }
+    }
+}
+
+/// The backend names tandem ships plugins for (others may be found as plugins).
+pub const KNOWN_BACKENDS: [&str; 4] = ["cpu", "vulkan", "wgpu", "npu"];
+
+/// Preference lists for the three parts of the model in one phase.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PartLists {
+    /// Attention.
+    pub attention: Vec<String>,
+    /// The feed-forward network.
+    pub ffn: Vec<String>,
+    /// Everything else.
+    pub default: Vec<String>,
+}
+
+impl PartLists {
+    /// The list for `part`.
+    pub fn get(&self, part: Part) -> &[String] {
+        match part {
+            Part::Attention => &self.attention,
+            Part::Ffn => &self.ffn,
+            Part::Other => &self.default,
+        }
+    }
+}
+
+/// Where each part of the model may run, per phase, in order of preference: what `--backend` and
+/// `[placement]` say, before any backend is asked.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PlacementSpec {
+    /// Lists for prefill.
+    pub prefill: PartLists,
+    /// Lists for decode.
+    pub decode: PartLists,
+    /// Where the lists came from (`--backend cpu+vulkan`, `the config's [placement]`).
+    pub origin: String,
+}
+
+/// A second instance of a backend that `A+A` names twice (`vulkan+vulkan`): its own device
+/// context, so that every boundary between the two is a real copy.
+pub const SECOND_INSTANCE: &str = "#2";
+
+/// The plugin an instance name (`vulkan`, `vulkan#2`) creates.
+pub fn plugin_name(instance: &str) -> &str {
+    instance.strip_suffix(SECOND_INSTANCE).unwrap_or(instance)
+}
+
+/// Why a placement could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// A name that is no backend.
+    #[error("{origin}: unknown backend '{name}' (known: {known})")]
+    Unknown {
+        /// Where it was written.
+        origin: String,
+        /// The name.
+        name: String,
+        /// The names that are backends here.
+        known: String,
+    },
+    /// `a+b+c`, `+b`, `a+`.
+    #[error("--backend {0}: expected one backend (cpu, vulkan, ...), auto, or A+B (attention on A, the rest on B)")]
+    Form(String),
+    /// A backend that `[backend.NAME] strict = true` requires is missing.
+    #[error("backend '{name}' is required (strict = true in [backend.{name}]) but unavailable: {reason}")]
+    Strict {
+        /// The backend.
+        name: String,
+        /// Why it is unavailable.
+        reason: String,
+    },
+    /// No backend in a node's list runs it.
+    #[error("no backend can run node {node} ({op}, {part} part, {phase}): {reasons}")]
+    Unplaceable {
+        /// The node's index in the step graph.
+        node: usize,
+        /// The op's name.
+        op: String,
+        /// The part's key.
+        part: &'static str,
+        /// The phase's key.
+        phase: &'static str,
+        /// Each candidate's reason, `; `-separated.
+        reasons: String,
+    },
+}
+
+impl PlacementSpec {
+    /// The split `flag` (`--backend`) and `settings` ask for, or `None` when the whole model runs
+    /// on one backend chosen by [`choose_backend`]: a single name, or `auto` without part or
+    /// phase lists in the config. `known` are the backend names available as plugins here.
+    pub fn resolve(
+        flag: &str,
+        settings: &Settings,
+        known: &[String],
+    ) -> Result<Option<PlacementSpec>, SpecError> {
+        let check = |origin: &str, name: &str| -> Result<(), SpecError> {
+            if KNOWN_BACKENDS.contains(&name) || known.iter().any(|k| k == name) {
+                return Ok(());
+            }
+            let mut all: Vec<String> = KNOWN_BACKENDS.iter().map(|s| s.to_string()).collect();
+            for k in known {
+                if !all.contains(k) {
+                    all.push(k.clone());
+                }
+            }
+            Err(SpecError::Unknown {
+                origin: origin.to_string(),
+                name: name.to_string(),
+                known: all.join(", "),
+            })
+        };
+        if flag != "auto" {
+            let origin = format!("--backend {flag}");
+            let parts: Vec<&str> = flag.split('+').collect();
+            match parts.as_slice() {
+                [one] if !one.is_empty() => {
+                    check(&origin, one)?;
+                    return Ok(None);
+                }
+                [a, b] if !a.is_empty() && !b.is_empty() => {
+                    check(&origin, a)?;
+                    check(&origin, b)?;
+                    let attention_unit = if a == b {
+                        format!("{a}{SECOND_INSTANCE}")
+                    } else {
+                        a.to_string()
+                    };
+                    let lists = PartLists {
+                        attention: vec![attention_unit, b.to_string()],
+                        ffn: vec![b.to_string()],
+                        default: vec![b.to_string()],
+                    };
+                    return Ok(Some(PlacementSpec {
+                        prefill: lists.clone(),
+                        decode: lists,
+                        origin,
+                    }));
+                }
+                _ => return Err(SpecError::Form(flag.to_string())),
+            }
+        }
+        let p = &settings.placement;
+        if !p.splits() {
+            return Ok(None);
+        }
+        let origin = "the config's [placement]".to_string();
+        let builtin: Vec<String> = AUTO_ORDER.iter().map(|s| s.to_string()).collect();
+        let phase_lists = |phase: Option<&PhaseLists>| -> PartLists {
+            let pick = |own: Option<&Vec<String>>, shared: Option<&Vec<String>>, fallback: &Vec<String>| {
+                own.or(shared).unwrap_or(fallback).clone()
+            };
+            let default = pick(
+                phase.and_then(|t| t.default.as_ref()),
+                p.default.as_ref(),
+                &builtin,
+            );
+            PartLists {
+                attention: pick(
+                    phase.and_then(|t| t.attention.as_ref()),
+                    p.attention.as_ref(),
+                    &default,
+                ),
+                ffn: pick(phase.and_then(|t| t.ffn.as_ref()), p.ffn.as_ref(), &default),
+                default: default.clone(),
+            }
+        };
+        let spec = PlacementSpec {
+            prefill: phase_lists(p.prefill.as_ref()),
+            decode: phase_lists(p.decode.as_ref()),
+            origin,
+        };
+        for name in spec.names() {
+            check(&format!("{} (placement list)", spec.origin), &name)?;
+        }
+        Ok(Some(spec))
+    }
+
+    /// The lists of `phase`.
+    pub fn lists(&self, phase: Phase) -> &PartLists {
+        match phase {
+            Phase::Prefill => &self.prefill,
+            Phase::Decode => &self.decode,
+        }
+    }
+
+    /// Every instance name the lists mention, in order of first mention.
+    pub fn names(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for phase in Phase::ALL {
+            let l = self.lists(phase);
+            for n in l.attention.iter().chain(&l.ffn).chain(&l.default) {
+                if !out.contains(n) {
+                    out.push(n.clone());
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A backend the placement could use, or why it cannot.
+pub enum Candidate {
+    /// Created.
+    Ready(Box<dyn ComputeBackend>),
+    /// Not available here, and why.
+    Unavailable(String),
+}
+
+/// Creates every backend `spec` names (one instance per name; `A#2` a second instance of `A`).
+/// A missing backend is an error under `[backend.NAME] strict = true`, else a note.
+pub fn open_candidates(
+    spec: &PlacementSpec,
+    search: &PluginSearch,
+    settings: &Settings,
+    notices: &mut dyn FnMut(Notice),
+) -> Result<Vec<(String, Candidate)>, SpecError> {
+    let discovery = search.discover();
+    for p in &discovery.problems {
+        notices(Notice::Warning(p.to_string()));
+    }
+    let mut out = Vec::new();
+    for name in spec.names() {
+        let plugin = plugin_name(&name);
+        match discovery.create(plugin, &settings.backend_options(plugin)) {
+            Ok(b) => out.push((name, Candidate::Ready(b))),
+            Err(e) if settings.strict(plugin) => {
+                return Err(SpecError::Strict {
+                    name: plugin.to_string(),
+                    reason: e.to_string(),
+                })
+            }
+            Err(e) => out.push((name, Candidate::Unavailable(e.to_string()))),
+        }
+    }
+    Ok(out)
+}
+
+/// A candidate a node did not go to, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PassedOver {
+    /// The candidate's instance name.
+    pub name: String,
+    /// Whether it is unavailable here (else it refused the op).
+    pub unavailable: bool,
+    /// Its reason.
+    pub reason: String,
+}
+
+/// Which unit runs one node in one phase, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NodeChoice {
+    /// Index into the candidates (the units).
+    pub unit: usize,
+    /// Empty when it runs on its first choice; else each earlier candidate and why it was passed
+    /// over.
+    pub passed_over: Vec<PassedOver>,
+}
+
+/// The unit of every node of the step graph, per phase.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Assignment {
+    /// Per node, for prefill steps.
+    pub prefill: Vec<NodeChoice>,
+    /// Per node, for decode steps.
+    pub decode: Vec<NodeChoice>,
+}
+
+impl Assignment {
+    /// The choices of `phase`.
+    pub fn phase(&self, phase: Phase) -> &[NodeChoice] {
+        match phase {
+            Phase::Prefill => &self.prefill,
+            Phase::Decode => &self.decode,
+        }
+    }
+
+    /// The unit indices of `phase`, node by node.
+    pub fn units(&self, phase: Phase) -> Vec<usize> {
+        self.phase(phase).iter().map(|c| c.unit).collect()
+    }
+}
+
+/// Places every node of `graph` (whose parts are `parts`) on the first candidate of its part's
+/// list that is available and `supports` it, in each phase.
+pub fn assign(
+    graph: &Graph,
+    parts: &[Part],
+    spec: &PlacementSpec,
+    candidates: &[(String, Candidate)],
+) -> Result<Assignment, SpecError> {
+    let mut per_phase = Vec::new();
+    for phase in Phase::ALL {
+        let lists = spec.lists(phase);
+        let mut choices = Vec::with_capacity(graph.nodes.len());
+        for (i, node) in graph.nodes.iter().enumerate() {
+            let part = parts.get(i).copied().unwrap_or(Part::Other);
+            let mut passed_over = Vec::new();
+            let mut chosen = None;
+            for name in lists.get(part) {
+                let Some(unit) = candidates.iter().position(|(n, _)| n == name) else {
+                    continue;
+                };
+                match &candidates[unit].1 {
+                    Candidate::Unavailable(reason) => passed_over.push(PassedOver {
+                        name: name.clone(),
+                        unavailable: true,
+                        reason: reason.clone(),
+                    }),
+                    Candidate::Ready(b) => match b.supports(&node.op) {
+                        Support::Yes => {
+                            chosen = Some(unit);
+                            break;
+                        }
+                        Support::No { reason } => passed_over.push(PassedOver {
+                            name: name.clone(),
+                            unavailable: false,
+                            reason,
+                        }),
+                    },
+                }
+            }
+            let Some(unit) = chosen else {
+                return Err(SpecError::Unplaceable {
+                    node: i,
+                    op: node.op.name(),
+                    part: part.key(),
+                    phase: phase.key(),
+                    reasons: passed_over
+                        .iter()
+                        .map(|p| format!("{}: {}", p.name, p.reason))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                });
+            };
+            choices.push(NodeChoice { unit, passed_over });
+        }
+        per_phase.push(choices);
+    }
+    let decode = per_phase.pop().unwrap_or_default();
+    let prefill = per_phase.pop().unwrap_or_default();
+    Ok(Assignment { prefill, decode })
+}
+
+/// The notes a placement owes its user: one per backend passed over (unavailable, or refusing
+/// an op), naming where that work went instead.
+pub fn fallback_notes(
+    assignment: &Assignment,
+    parts: &[Part],
+    graph: &Graph,
+    names: &[String],
+) -> Vec<String> {
+    let mut notes: Vec<String> = Vec::new();
+    for phase in Phase::ALL {
+        for (i, c) in assignment.phase(phase).iter().enumerate() {
+            for p in &c.passed_over {
+                let part = parts.get(i).copied().unwrap_or(Part::Other).key();
+                let to = names.get(c.unit).map_or("?", String::as_str);
+                let (name, reason) = (&p.name, &p.reason);
+                let note = if p.unavailable {
+                    format!("{name} is unavailable ({reason}); its {part} work runs on {to}")
+                } else {
+                    format!(
+                        "{name} does not run {} ({reason}); it runs on {to}",
+                        graph.nodes[i].op.name()
+                    )
+                };
+                if !notes.contains(&note) {
+                    notes.push(note);
+                }
+            }
+        }
+    }
+    notes
 }

@@ -1,12 +1,16 @@
-//! A loaded model on a backend, its KV cache state per slot, and generation.
+//! A loaded model on one backend or split across several (units), its KV cache state per slot,
+//! and generation. Each step runs through the scheduler ([`super::schedule`]); when prefill
+//! and decode place a layer's attention on different units, that layer's cached keys and values
+//! of a sequence are handed from one unit to the other once, at the first step of the other
+//! phase.
 
 use std::collections::HashMap;
 
-use tandem_backend_api::{
-    BackendError, BufferId, ComputeBackend, DType, NodeTime, ProgramId, StepArgs, TensorDesc, Usage,
-};
+use tandem_backend_api::{BackendError, BufferId, ComputeBackend, NodeTime, Op, StepArgs};
 
+use super::placement::{Assignment, Phase};
 use super::sampler::Sampler;
+use super::schedule::{ScheduleError, Scheduled, Unit};
 use crate::model::Gemma3Model;
 
 /// What went wrong while running the model.
@@ -39,6 +43,9 @@ pub enum SessionError {
     /// Bad use of the API.
     #[error("{0}")]
     Invalid(String),
+    /// Building or running the split program failed.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
 }
 
 fn be(context: &str) -> impl FnOnce(BackendError) -> SessionError + '_ {
@@ -48,17 +55,34 @@ fn be(context: &str) -> impl FnOnce(BackendError) -> SessionError + '_ {
     }
 }
 
-/// A compiled step program and its logits buffer.
-struct StepProgram {
-    program: ProgramId,
-    logits: BufferId,
+/// Where each layer's KV cache of each slot is up to date, when prefill and decode run a
+/// layer's attention on different units.
+struct KvHandoff {
+    /// Per phase (prefill, decode), per layer: the unit running its attention.
+    unit: [Vec<usize>; 2],
+    /// Per layer, per slot: the unit holding its current rows.
+    home: Vec<Vec<usize>>,
+    /// Host staging for one slot of one layer's keys or values.
+    staging: Vec<u8>,
+    /// Bytes handed over so far.
+    moved: u64,
 }
 
-/// The model on a backend, with per-slot sequence lengths.
+fn phase_index(phase: Phase) -> usize {
+    match phase {
+        Phase::Prefill => 0,
+        Phase::Decode => 1,
+    }
+}
+
+/// The model on its units, with per-slot sequence lengths.
 pub struct Session {
-    backend: Box<dyn ComputeBackend>,
+    units: Vec<Unit>,
     model: Gemma3Model,
-    programs: HashMap<(usize, usize), StepProgram>,
+    /// Per phase, the unit of every node of the step graph (`None`: all on unit 0).
+    placement: Option<[Vec<usize>; 2]>,
+    kv: Option<KvHandoff>,
+    programs: HashMap<(Phase, usize, usize), Scheduled>,
     /// Tokens already in the cache, per slot.
     lengths: Vec<usize>,
     /// Scratch for step arguments (reused: nothing allocated per token once warm).
@@ -71,16 +95,66 @@ pub struct Session {
     /// Scratch for the lengths after a step (swapped with `lengths`).
     next_lengths: Vec<usize>,
     /// The program the last step ran.
-    last_program: Option<ProgramId>,
+    last_program: Option<(Phase, usize, usize)>,
 }
 
 impl Session {
-    /// Wraps a loaded model.
+    /// Wraps a model loaded on one backend ([`Gemma3Model::load`]).
     pub fn new(backend: Box<dyn ComputeBackend>, model: Gemma3Model) -> Self {
-        let slots = model.cache_shape.slots;
-        Session {
-            backend,
+        let name = backend.info().name;
+        Self::with_units(
+            vec![Unit {
+                name,
+                backend,
+                map: HashMap::new(),
+            }],
             model,
+            None,
+        )
+    }
+
+    /// A model split across `units` ([`Gemma3Model::plan`]ned, each unit holding the tensors its
+    /// nodes read), each node running where `assignment` puts it.
+    pub fn split(units: Vec<Unit>, model: Gemma3Model, assignment: &Assignment) -> Self {
+        let placement = [assignment.units(Phase::Prefill), assignment.units(Phase::Decode)];
+        Self::with_units(units, model, Some(placement))
+    }
+
+    fn with_units(units: Vec<Unit>, model: Gemma3Model, placement: Option<[Vec<usize>; 2]>) -> Self {
+        let slots = model.cache_shape.slots;
+        let kv = placement.as_ref().and_then(|p| {
+            let (graph, _) = model.step_graph_parts(1, 1, BufferId::UNBOUND);
+            let attention: Vec<usize> = graph
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| matches!(n.op, Op::Attention { .. }))
+                .map(|(i, _)| i)
+                .collect();
+            let unit = [0, 1].map(|ph| attention.iter().map(|&i| p[ph][i]).collect::<Vec<_>>());
+            if unit[0] == unit[1] {
+                return None;
+            }
+            let c = &model.config;
+            let row = c.num_key_value_heads * c.head_dim * 4;
+            let most = model
+                .layers
+                .iter()
+                .map(|l| l.cache.capacity * row)
+                .max()
+                .unwrap_or(0);
+            Some(KvHandoff {
+                home: unit[0].iter().map(|&u| vec![u; slots]).collect(),
+                unit,
+                staging: vec![0; most],
+                moved: 0,
+            })
+        });
+        Session {
+            units,
+            model,
+            placement,
+            kv,
             programs: HashMap::new(),
             lengths: vec![0; slots],
             tokens: vec![],
@@ -99,20 +173,43 @@ impl Session {
         &self.model
     }
 
-    /// The backend.
+    /// The backend that computes the logits (the only one, unless split).
     pub fn backend(&self) -> &dyn ComputeBackend {
-        self.backend.as_ref()
+        self.units[self.main_unit()].backend.as_ref()
     }
 
-    /// The backend, for measurements between steps (`engine bench`).
+    /// [`Session::backend`], for measurements between steps (`engine bench`).
     pub fn backend_mut(&mut self) -> &mut dyn ComputeBackend {
-        self.backend.as_mut()
+        let u = self.main_unit();
+        self.units[u].backend.as_mut()
     }
 
-    /// Per-node device time of the last step, where the backend measures it (empty otherwise).
+    /// The unit of the last node of a decode step: where the logits are computed.
+    fn main_unit(&self) -> usize {
+        self.placement
+            .as_ref()
+            .and_then(|p| p[1].last().copied())
+            .unwrap_or(0)
+    }
+
+    /// The units' instance names, in unit order.
+    pub fn unit_names(&self) -> Vec<&str> {
+        self.units.iter().map(|u| u.name.as_str()).collect()
+    }
+
+    /// Bytes moved between units so far: boundary values through the host, and KV caches
+    /// handed from the prefill unit to the decode unit.
+    pub fn moved_bytes(&self) -> (u64, u64) {
+        (
+            self.programs.values().map(Scheduled::moved_bytes).sum(),
+            self.kv.as_ref().map_or(0, |k| k.moved),
+        )
+    }
+
+    /// Per-node device time of the last step, where the backends measure it (empty otherwise).
     pub fn profile_last_step(&mut self) -> Result<Vec<NodeTime>, SessionError> {
-        match self.last_program {
-            Some(p) => self.backend.profile(p).map_err(be("reading the step's profile")),
+        match self.last_program.and_then(|k| self.programs.get(&k)) {
+            Some(p) => Ok(p.profile(&mut self.units)?),
             None => Ok(Vec::new()),
         }
     }
@@ -129,29 +226,95 @@ impl Session {
         }
     }
 
-    fn program(&mut self, rows: usize, selected: usize) -> Result<&StepProgram, SessionError> {
-        if !self.programs.contains_key(&(rows, selected)) {
-            let vocab = self.model.config.vocab_size;
-            let logits = self
-                .backend
-                .alloc(&TensorDesc::new(DType::F32, [selected, vocab]), Usage::Activation)
-                .map_err(be("allocating the logits"))?;
-            let graph = self.model.step_graph(rows, selected, logits);
-            let program = self
-                .backend
-                .compile(&graph)
-                .map_err(be("compiling the step graph"))?;
-            self.programs
-                .insert((rows, selected), StepProgram { program, logits });
+    /// The phase whose placement a step runs with: decode when both phases run alike.
+    fn phase_key(&self, phase: Phase) -> Phase {
+        match &self.placement {
+            Some(p) if p[0] != p[1] => phase,
+            _ => Phase::Decode,
         }
-        self.programs
-            .get(&(rows, selected))
-            .ok_or_else(|| SessionError::Invalid("program cache".into()))
+    }
+
+    fn program(&mut self, phase: Phase, rows: usize, selected: usize) -> Result<(), SessionError> {
+        let key = (phase, rows, selected);
+        if !self.programs.contains_key(&key) {
+            let vocab = self.model.config.vocab_size;
+            let graph = self.model.step_graph(rows, selected, BufferId::UNBOUND);
+            let assign = match &self.placement {
+                Some(p) => p[phase_index(phase)].clone(),
+                None => vec![0; graph.nodes.len()],
+            };
+            let scheduled = Scheduled::build(&mut self.units, &graph, &assign, vocab)?;
+            self.programs.insert(key, scheduled);
+        }
+        Ok(())
+    }
+
+    /// Before a step of `phase` on `slots`: hands each layer's cached rows of every slot that
+    /// last ran on another unit over to the unit this phase runs that layer's attention on.
+    fn hand_over(&mut self, phase: Phase) -> Result<(), SessionError> {
+        let Some(kv) = self.kv.as_mut() else {
+            return Ok(());
+        };
+        let row = self.model.config.num_key_value_heads * self.model.config.head_dim * 4;
+        for (l, layer) in self.model.layers.iter().enumerate() {
+            let target = kv.unit[phase_index(phase)][l];
+            for &s in &self.slots {
+                let s = s as usize;
+                let home = kv.home[l][s];
+                if home == target {
+                    continue;
+                }
+                kv.home[l][s] = target;
+                let len = self
+                    .lengths
+                    .get(s)
+                    .copied()
+                    .unwrap_or(0)
+                    .min(layer.cache.capacity);
+                if len == 0 {
+                    continue;
+                }
+                let offset = (s * layer.cache.capacity * row) as u64;
+                let buf = &mut kv.staging[..len * row];
+                for planned in [layer.cache.k, layer.cache.v] {
+                    let (from, to) = (&self.units[home], &self.units[target]);
+                    let (src, dst) = (from.map.get(&planned).copied(), to.map.get(&planned).copied());
+                    let (Some(src), Some(dst)) = (src, dst) else {
+                        return Err(SessionError::Invalid(format!(
+                            "layer {l}: its KV cache is not on both {} and {}",
+                            from.name, to.name
+                        )));
+                    };
+                    let from = &mut self.units[home];
+                    from.backend
+                        .read(src, offset, buf)
+                        .map_err(be("reading a KV cache to hand over"))?;
+                    let to = &mut self.units[target];
+                    to.backend
+                        .write(dst, offset, buf)
+                        .map_err(be("writing a handed-over KV cache"))?;
+                    kv.moved += buf.len() as u64;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Appends `tokens` to the sequences of the given slots (row `r`: `tokens[r]` of slot
-    /// `slots[r]`, in order) and returns the logits of the rows in `select` (`[select, vocab]`).
+    /// `slots[r]`, in order) and returns the logits of the rows in `select` (`[select, vocab]`):
+    /// a decode step.
     pub fn step(&mut self, tokens: &[u32], slots: &[u32], select: &[u32]) -> Result<&[f32], SessionError> {
+        self.step_in(Phase::Decode, tokens, slots, select)
+    }
+
+    /// [`Session::step`], run with `phase`'s placement.
+    pub fn step_in(
+        &mut self,
+        phase: Phase,
+        tokens: &[u32],
+        slots: &[u32],
+        select: &[u32],
+    ) -> Result<&[f32], SessionError> {
         let vocab = self.model.config.vocab_size;
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(SessionError::TokenOutOfRange { id, vocab });
@@ -192,27 +355,25 @@ impl Session {
         self.select.clear();
         self.select.extend_from_slice(select);
         let (rows, selected) = (tokens.len(), select.len());
-        let (program, logits) = {
-            let p = self.program(rows, selected)?;
-            (p.program, p.logits)
-        };
+        let phase = self.phase_key(phase);
+        let key = (phase, rows, selected);
+        self.program(phase, rows, selected)?;
+        self.hand_over(phase)?;
         let args = StepArgs {
             tokens: &self.tokens,
             positions: &self.positions,
             slots: &self.slots,
             select: &self.select,
         };
-        let ticket = self
-            .backend
-            .execute(program, &args)
-            .map_err(be("running a step"))?;
-        self.backend.wait(ticket).map_err(be("waiting for a step"))?;
-        self.last_program = Some(program);
+        let scheduled = self
+            .programs
+            .get_mut(&key)
+            .ok_or_else(|| SessionError::Invalid("program cache".into()))?;
+        scheduled.run(&mut self.units, &args)?;
+        self.last_program = Some(key);
         self.next_lengths = std::mem::replace(&mut self.lengths, lens);
         self.logits_bytes.resize(selected * vocab * 4, 0);
-        self.backend
-            .read(logits, 0, &mut self.logits_bytes)
-            .map_err(be("reading the logits"))?;
+        scheduled.read_logits(&mut self.units, &mut self.logits_bytes)?;
         self.logits.clear();
         self.logits.extend(
             self.logits_bytes
@@ -231,7 +392,7 @@ impl Session {
         for piece in tokens.chunks(chunk) {
             let n = piece.len() as u32;
             let select: Vec<u32> = if all { (0..n).collect() } else { vec![n - 1] };
-            let logits = self.step(piece, &slots[..piece.len()], &select)?;
+            let logits = self.step_in(Phase::Prefill, piece, &slots[..piece.len()], &select)?;
             if all {
                 out.extend_from_slice(logits);
             } else {
@@ -302,9 +463,8 @@ pub struct GenerationStats {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        for p in self.programs.values() {
-            let _ = self.backend.release(p.program);
-            let _ = self.backend.free(p.logits);
+        for p in self.programs.values_mut() {
+            p.release(&mut self.units);
         }
     }
 }

@@ -9,8 +9,14 @@
 //! ffn       = ["vulkan", "wgpu", "cpu"]
 //! default   = ["vulkan", "wgpu", "cpu"]
 //!
+//! [placement.prefill]          # per phase, overriding the lists above
+//! attention = ["npu", "vulkan"]
+//!
 //! [backend.cpu]
 //! threads = 2
+//!
+//! [backend.npu]
+//! strict = true                # a missing NPU is an error, not a fallback
 //! ```
 
 use std::collections::BTreeMap;
@@ -35,16 +41,57 @@ pub struct Settings {
     pub backend: BTreeMap<String, BTreeMap<String, toml::Value>>,
 }
 
-/// `[placement]`: for each part of the model, backends in order of preference.
+/// `[placement]`: for each part of the model, backends in order of preference, and per-phase
+/// tables overriding them.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlacementSettings {
-    /// Attention (QKV projection, rope, attention, output projection).
+    /// Attention (QKV projection, q/k norms, rope, attention, output projection).
+    #[serde(default, deserialize_with = "non_empty")]
     pub attention: Option<Vec<String>>,
-    /// The feed-forward network.
+    /// The feed-forward network (gate|up projection, GeGLU, down projection).
+    #[serde(default, deserialize_with = "non_empty")]
     pub ffn: Option<Vec<String>>,
     /// Everything else.
+    #[serde(default, deserialize_with = "non_empty")]
     pub default: Option<Vec<String>>,
+    /// `[placement.prefill]`: lists for prompt processing.
+    pub prefill: Option<PhaseLists>,
+    /// `[placement.decode]`: lists for generating tokens.
+    pub decode: Option<PhaseLists>,
+}
+
+/// `[placement.prefill]` or `[placement.decode]`: the same keys as `[placement]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhaseLists {
+    /// Attention.
+    #[serde(default, deserialize_with = "non_empty")]
+    pub attention: Option<Vec<String>>,
+    /// The feed-forward network.
+    #[serde(default, deserialize_with = "non_empty")]
+    pub ffn: Option<Vec<String>>,
+    /// Everything else.
+    #[serde(default, deserialize_with = "non_empty")]
+    pub default: Option<Vec<String>>,
+}
+
+impl PlacementSettings {
+    /// Whether any list names a part or a phase (beyond `default`): a split placement.
+    pub fn splits(&self) -> bool {
+        self.attention.is_some() || self.ffn.is_some() || self.prefill.is_some() || self.decode.is_some()
+    }
+}
+
+/// A preference list must name at least one backend.
+fn non_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    let v = Vec::<String>::deserialize(d)?;
+    if v.is_empty() {
+        return Err(serde::de::Error::custom(
+            "an empty list of backends: name at least one",
+        ));
+    }
+    Ok(Some(v))
 }
 
 /// A configuration file that could not be used; the message names the file and the field.
@@ -65,6 +112,14 @@ pub enum SettingsError {
         path: PathBuf,
         /// The parser's message (names the key and line).
         message: String,
+    },
+    /// `strict` is not a boolean.
+    #[error("{path}: backend.{backend}.strict: expected true or false")]
+    StrictType {
+        /// The file.
+        path: PathBuf,
+        /// The backend table.
+        backend: String,
     },
     /// A backend option has a value that is not a string, number or boolean.
     #[error("{path}: backend.{backend}.{key}: expected a string, number or boolean")]
@@ -105,6 +160,12 @@ impl Settings {
             }
         }
         for (backend, table) in &s.backend {
+            if table.get("strict").is_some_and(|v| !v.is_bool()) {
+                return Err(SettingsError::StrictType {
+                    path: path.to_path_buf(),
+                    backend: backend.clone(),
+                });
+            }
             for (key, v) in table {
                 if !matches!(
                     v,
@@ -122,6 +183,15 @@ impl Settings {
             }
         }
         Ok(s)
+    }
+
+    /// Whether `[backend.NAME] strict = true`: a missing backend is an error, not a fallback.
+    pub fn strict(&self, name: &str) -> bool {
+        self.backend
+            .get(name)
+            .and_then(|t| t.get("strict"))
+            .and_then(toml::Value::as_bool)
+            .unwrap_or(false)
     }
 
     /// The options for backend `name`.
@@ -171,6 +241,38 @@ mod tests {
         let (_d, p) = write("[placement]\nattn = [\"cpu\"]\n");
         let e = Settings::load(&p).unwrap_err().to_string();
         assert!(e.contains("tandem.toml") && e.contains("attn"), "{e}");
+    }
+
+    #[test]
+    fn phase_tables_and_strict() {
+        let (_d, p) = write(
+            "[placement]\nffn = [\"cpu\"]\n[placement.decode]\nattention = [\"vulkan\", \"cpu\"]\n[backend.npu]\nstrict = true\n",
+        );
+        let s = Settings::load(&p).unwrap();
+        assert!(s.placement.splits());
+        let decode = s.placement.decode.as_ref().unwrap();
+        assert_eq!(decode.attention.as_ref().unwrap(), &["vulkan", "cpu"]);
+        assert_eq!(decode.ffn, None);
+        assert!(s.strict("npu") && !s.strict("cpu"));
+    }
+
+    #[test]
+    fn empty_list_unknown_phase_key_and_bad_strict_are_named() {
+        let (_d, p) = write("[placement]\n\nattention = []\n");
+        let e = Settings::load(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("tandem.toml") && e.contains("line 3") && e.contains("empty list"),
+            "{e}"
+        );
+        let (_d, p) = write("[placement.prefill]\nattn = [\"cpu\"]\n");
+        let e = Settings::load(&p).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("attn"), "{e}");
+        let (_d, p) = write("[placement]\nffn = \"cpu\"\n");
+        let e = Settings::load(&p).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("sequence"), "{e}");
+        let (_d, p) = write("[backend.npu]\nstrict = \"yes\"\n");
+        let e = Settings::load(&p).unwrap_err().to_string();
+        assert!(e.contains("backend.npu.strict"), "{e}");
     }
 
     #[test]

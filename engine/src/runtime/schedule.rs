@@ -1,0 +1,440 @@
+//! The scheduler: splits a placed step graph into one program per run of consecutive nodes on the
+//! same unit, joined by the graph's own `Output` and `Input` ops. It compiles each program once
+//! per step shape and replays them in order every step. A value that crosses to another unit is
+//! read into host staging and written to that unit's input buffer after its producer's program
+//! finishes. A value that only crosses to a later program on the same unit is read there from
+//! the buffer it was written to. Everything (buffers, programs, staging) is made at build time,
+//! so a step allocates nothing.
+
+use std::collections::HashMap;
+
+use tandem_backend_api::{
+    BackendError, BufferId, ComputeBackend, DType, Graph, GraphBuilder, NodeTime, Op, ProgramId, RowCount,
+    StepArgs, TensorDesc, Usage, ValueId, ValueShape,
+};
+
+/// One compute unit of a session: a backend, and where it holds the model's planned tensors.
+pub struct Unit {
+    /// Its instance name (`cpu`, `vulkan`, `vulkan#2`).
+    pub name: String,
+    /// The backend.
+    pub backend: Box<dyn ComputeBackend>,
+    /// Planned id -> this backend's buffer, for the tensors it holds (empty: the graph already
+    /// names this backend's buffers).
+    pub map: HashMap<BufferId, BufferId>,
+}
+
+impl Unit {
+    fn bind(&self, b: BufferId) -> BufferId {
+        self.map.get(&b).copied().unwrap_or(b)
+    }
+}
+
+/// A backend failure while building or running a schedule.
+#[derive(Debug, thiserror::Error)]
+#[error("{context}: {error}")]
+pub struct ScheduleError {
+    /// What was being done, naming the unit.
+    pub context: String,
+    /// The backend's error.
+    pub error: BackendError,
+}
+
+fn err(context: impl Into<String>) -> impl FnOnce(BackendError) -> ScheduleError {
+    let context = context.into();
+    move |error| ScheduleError { context, error }
+}
+
+/// A value that one program computes and a later one reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Crossing {
+    /// The value in the whole graph.
+    pub value: ValueId,
+    /// The segment that computes it.
+    pub from_segment: usize,
+    /// The later segments that read it.
+    pub to_segments: Vec<usize>,
+    /// Its shape.
+    pub shape: ValueShape,
+}
+
+/// How a graph splits at unit boundaries, before any backend is asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitPlan {
+    /// Per segment: its unit and the range of nodes it runs.
+    pub segments: Vec<(usize, std::ops::Range<usize>)>,
+    /// Values read by a segment other than the one computing them.
+    pub crossings: Vec<Crossing>,
+}
+
+impl SplitPlan {
+    /// Splits `graph` where `units[node]` changes.
+    pub fn new(graph: &Graph, units: &[usize], shapes: &[ValueShape]) -> SplitPlan {
+        let mut segments: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+        for (i, &u) in units.iter().enumerate().take(graph.nodes.len()) {
+            match segments.last_mut() {
+                Some((unit, range)) if *unit == u => range.end = i + 1,
+                _ => segments.push((u, i..i + 1)),
+            }
+        }
+        let mut producer: HashMap<ValueId, usize> = HashMap::new();
+        let mut crossings: Vec<Crossing> = Vec::new();
+        for (s, (_, range)) in segments.iter().enumerate() {
+            for node in &graph.nodes[range.clone()] {
+                for v in node.op.inputs() {
+                    let Some(&p) = producer.get(&v) else { continue };
+                    if p == s {
+                        continue;
+                    }
+                    match crossings.iter_mut().find(|c| c.value == v) {
+                        Some(c) if !c.to_segments.contains(&s) => c.to_segments.push(s),
+                        Some(_) => {}
+                        None => crossings.push(Crossing {
+                            value: v,
+                            from_segment: p,
+                            to_segments: vec![s],
+                            shape: shapes[v.0 as usize],
+                        }),
+                    }
+                }
+                for &o in &node.outputs {
+                    producer.insert(o, s);
+                }
+            }
+        }
+        SplitPlan { segments, crossings }
+    }
+
+    /// The units other than the producer's that read `c`: each gets one copy per step.
+    pub fn copy_targets(&self, c: &Crossing) -> Vec<usize> {
+        let from = self.segments[c.from_segment].0;
+        let mut out: Vec<usize> = Vec::new();
+        for &s in &c.to_segments {
+            let u = self.segments[s].0;
+            if u != from && !out.contains(&u) {
+                out.push(u);
+            }
+        }
+        out
+    }
+
+    /// Bytes one step moves between units through the host (read once, written to each other
+    /// unit), for a step of `rows` rows keeping `selected`.
+    pub fn host_bytes(&self, rows: usize, selected: usize) -> u64 {
+        self.crossings
+            .iter()
+            .map(|c| value_bytes(c.shape, rows, selected) as u64 * self.copy_targets(c).len() as u64)
+            .sum()
+    }
+}
+
+fn value_bytes(shape: ValueShape, rows: usize, selected: usize) -> usize {
+    let r = match shape.rows {
+        RowCount::Step => rows,
+        RowCount::Selected => selected,
+    };
+    r * shape.cols * 4
+}
+
+struct Copy {
+    from: BufferId,
+    to: Vec<(usize, BufferId)>,
+    bytes: usize,
+}
+
+struct Segment {
+    unit: usize,
+    program: ProgramId,
+    copies: Vec<Copy>,
+}
+
+/// A step graph compiled as one program per segment, ready to replay.
+pub struct Scheduled {
+    segments: Vec<Segment>,
+    logits: (usize, BufferId),
+    activations: Vec<(usize, BufferId)>,
+    staging: Vec<u8>,
+    moved: u64,
+}
+
+impl Scheduled {
+    /// Splits `graph` (whose final `Output` names [`BufferId::UNBOUND`], the logits, `[selected,
+    /// vocab]`) by `assign` (a unit per node), allocates the boundary buffers and the logits, and
+    /// compiles every segment on its unit.
+    pub fn build(
+        units: &mut [Unit],
+        graph: &Graph,
+        assign: &[usize],
+        vocab: usize,
+    ) -> Result<Scheduled, ScheduleError> {
+        let shapes = graph.infer_shapes().map_err(err("checking the step graph"))?;
+        let plan = SplitPlan::new(graph, assign, &shapes);
+        let (rows, selected) = (graph.rows, graph.selected_rows);
+        let mut s = Scheduled {
+            segments: Vec::new(),
+            logits: (0, BufferId::UNBOUND),
+            activations: Vec::new(),
+            staging: Vec::new(),
+            moved: 0,
+        };
+        let result = s.compile(units, graph, &plan, rows, selected, vocab);
+        match result {
+            Ok(()) => Ok(s),
+            Err(e) => {
+                s.release(units);
+                Err(e)
+            }
+        }
+    }
+
+    fn alloc(
+        &mut self,
+        units: &mut [Unit],
+        u: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<BufferId, ScheduleError> {
+        let unit = &mut units[u];
+        let b = unit
+            .backend
+            .alloc(&TensorDesc::new(DType::F32, [rows, cols]), Usage::Activation)
+            .map_err(err(format!(
+                "allocating a {rows}x{cols} boundary buffer on {}",
+                unit.name
+            )))?;
+        self.activations.push((u, b));
+        Ok(b)
+    }
+
+    fn compile(
+        &mut self,
+        units: &mut [Unit],
+        graph: &Graph,
+        plan: &SplitPlan,
+        rows: usize,
+        selected: usize,
+        vocab: usize,
+    ) -> Result<(), ScheduleError> {
+        // Where each crossing is written, and where each unit reads it.
+        let mut written: HashMap<ValueId, BufferId> = HashMap::new();
+        let mut read: HashMap<(ValueId, usize), BufferId> = HashMap::new();
+        for c in &plan.crossings {
+            let from = plan.segments[c.from_segment].0;
+            let r = if c.shape.rows == RowCount::Step {
+                rows
+            } else {
+                selected
+            };
+            let out = self.alloc(units, from, r, c.shape.cols)?;
+            written.insert(c.value, out);
+            read.insert((c.value, from), out);
+            for u in plan.copy_targets(c) {
+                let inb = self.alloc(units, u, r, c.shape.cols)?;
+                read.insert((c.value, u), inb);
+            }
+        }
+        let n = plan.segments.len();
+        for (si, (u, range)) in plan.segments.iter().enumerate() {
+            let u = *u;
+            let name = if n == 1 {
+                graph.name.clone()
+            } else {
+                format!("{} part {}/{n} on {}", graph.name, si + 1, units[u].name)
+            };
+            let mut g = GraphBuilder::new(name, rows, selected);
+            let mut ids: HashMap<ValueId, ValueId> = HashMap::new();
+            for c in plan.crossings.iter().filter(|c| c.to_segments.contains(&si)) {
+                let buffer = read[&(c.value, u)];
+                let v = g.push1(Op::Input {
+                    buffer,
+                    cols: c.shape.cols,
+                    selected: c.shape.rows == RowCount::Selected,
+                });
+                ids.insert(c.value, v);
+            }
+            for node in &graph.nodes[range.clone()] {
+                let mut op = node.op.clone();
+                for v in op.inputs_mut() {
+                    *v = ids.get(v).copied().unwrap_or(*v);
+                }
+                if let Op::Output { buffer, .. } = &mut op {
+                    if *buffer == BufferId::UNBOUND {
+                        let logits = self.alloc(units, u, selected, vocab)?;
+                        self.logits = (u, logits);
+                        *buffer = logits;
+                    }
+                }
+                for b in op.buffers_mut() {
+                    *b = units[u].bind(*b);
+                }
+                let outs = g.push(op);
+                for (old, new) in node.outputs.iter().zip(outs) {
+                    ids.insert(*old, new);
+                }
+            }
+            let mut copies = Vec::new();
+            for c in plan.crossings.iter().filter(|c| c.from_segment == si) {
+                let buffer = written[&c.value];
+                g.push(Op::Output {
+                    x: ids[&c.value],
+                    buffer,
+                });
+                let to: Vec<(usize, BufferId)> = plan
+                    .copy_targets(c)
+                    .into_iter()
+                    .map(|t| (t, read[&(c.value, t)]))
+                    .collect();
+                if !to.is_empty() {
+                    let bytes = value_bytes(c.shape, rows, selected);
+                    self.staging.resize(self.staging.len().max(bytes), 0);
+                    copies.push(Copy {
+                        from: buffer,
+                        to,
+                        bytes,
+                    });
+                }
+            }
+            let unit = &mut units[u];
+            let program = unit
+                .backend
+                .compile(&g.finish())
+                .map_err(err(format!("compiling the step graph on {}", unit.name)))?;
+            self.segments.push(Segment {
+                unit: u,
+                program,
+                copies,
+            });
+        }
+        if self.logits.1 == BufferId::UNBOUND {
+            return Err(ScheduleError {
+                context: "scheduling the step graph".into(),
+                error: BackendError::invalid("the graph writes no logits"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs one step: every segment in order, each boundary copy after its producer.
+    pub fn run(&mut self, units: &mut [Unit], args: &StepArgs<'_>) -> Result<(), ScheduleError> {
+        let Scheduled {
+            segments,
+            staging,
+            moved,
+            ..
+        } = self;
+        for seg in segments.iter() {
+            let unit = &mut units[seg.unit];
+            let ticket = unit
+                .backend
+                .execute(seg.program, args)
+                .map_err(err(format!("running a step on {}", unit.name)))?;
+            unit.backend
+                .wait(ticket)
+                .map_err(err(format!("waiting for a step on {}", unit.name)))?;
+            for c in &seg.copies {
+                let buf = &mut staging[..c.bytes];
+                let from = &mut units[seg.unit];
+                from.backend
+                    .read(c.from, 0, buf)
+                    .map_err(err(format!("reading a boundary value from {}", from.name)))?;
+                for &(t, to) in &c.to {
+                    let unit = &mut units[t];
+                    unit.backend
+                        .write(to, 0, buf)
+                        .map_err(err(format!("writing a boundary value to {}", unit.name)))?;
+                    *moved += c.bytes as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the logits of the last step into `out` (`selected * vocab * 4` bytes).
+    pub fn read_logits(&self, units: &mut [Unit], out: &mut [u8]) -> Result<(), ScheduleError> {
+        let unit = &mut units[self.logits.0];
+        unit.backend
+            .read(self.logits.1, 0, out)
+            .map_err(err(format!("reading the logits from {}", unit.name)))
+    }
+
+    /// Bytes the boundary copies have moved through the host since the build.
+    pub fn moved_bytes(&self) -> u64 {
+        self.moved
+    }
+
+    /// Programs in the schedule.
+    pub fn program_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// The unit whose program wrote the logits.
+    pub fn logits_unit(&self) -> usize {
+        self.logits.0
+    }
+
+    /// Per-node device time of the last step, segment after segment, where the units measure it.
+    pub fn profile(&self, units: &mut [Unit]) -> Result<Vec<NodeTime>, ScheduleError> {
+        let mut out = Vec::new();
+        for seg in &self.segments {
+            let unit = &mut units[seg.unit];
+            out.extend(
+                unit.backend
+                    .profile(seg.program)
+                    .map_err(err(format!("reading the step's profile on {}", unit.name)))?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Releases the programs and frees the buffers (errors ignored: used on drop and failure).
+    pub fn release(&mut self, units: &mut [Unit]) {
+        for seg in self.segments.drain(..) {
+            let _ = units[seg.unit].backend.release(seg.program);
+        }
+        for (u, b) in self.activations.drain(..) {
+            let _ = units[u].backend.free(b);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_backend_api::WeightRef;
+
+    fn graph() -> Graph {
+        let w = WeightRef {
+            buffer: BufferId(1),
+            desc: TensorDesc::new(DType::F32, [8, 4]),
+        };
+        let mut g = GraphBuilder::new("t", 3, 1);
+        let x = g.push1(Op::Embed { table: w, scale: 1.0 });
+        let y = g.push1(Op::Add { a: x, b: x });
+        let z = g.push1(Op::Add { a: y, b: x });
+        let s = g.push1(Op::SelectRows { x: z });
+        g.push(Op::Output {
+            x: s,
+            buffer: BufferId::UNBOUND,
+        });
+        g.finish()
+    }
+
+    #[test]
+    fn splits_at_unit_changes_and_counts_crossings_once_per_unit() {
+        let g = graph();
+        let shapes = g.infer_shapes().unwrap();
+        // embed on 0, the first add on 1, the rest on 0 again.
+        let plan = SplitPlan::new(&g, &[0, 1, 0, 0, 0], &shapes);
+        assert_eq!(plan.segments, vec![(0, 0..1), (1, 1..2), (0, 2..5)]);
+        // x (read by both later segments) and y cross.
+        assert_eq!(plan.crossings.len(), 2);
+        assert_eq!(plan.crossings[0].to_segments, vec![1, 2]);
+        // x goes to unit 1 by copy (unit 0's later segment reads it in place); y back to unit 0.
+        assert_eq!(plan.copy_targets(&plan.crossings[0]), vec![1]);
+        assert_eq!(plan.copy_targets(&plan.crossings[1]), vec![0]);
+        assert_eq!(plan.host_bytes(3, 1), 2 * 3 * 4 * 4);
+        let one = SplitPlan::new(&g, &[0; 5], &shapes);
+        assert_eq!(one.segments.len(), 1);
+        assert_eq!(one.host_bytes(3, 1), 0);
+    }
+}
