@@ -39,6 +39,9 @@ enum Command {
     Perplexity(commands::perplexity::Args),
     /// Write a random-weight Gemma 3 GGUF of a real shape.
     Synth(commands::synth::Args),
+    /// Show where every node runs (`--backend A+B`, the config's [placement]) and what crosses
+    /// between units.
+    Placement(commands::placement::Args),
     /// Measure prefill and decode speed against the hardware's limits, or render saved results.
     Bench(commands::bench::Args),
 }
@@ -82,6 +85,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Perplexity(args) => commands::perplexity::run(&ctx, &args),
         Command::Synth(args) => commands::synth::run(&ctx, &args),
         Command::Bench(args) => commands::bench::run(&ctx, &args),
+        Command::Placement(args) => commands::placement::run(&ctx, &args),
     }
 }
 

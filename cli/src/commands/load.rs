@@ -17,7 +17,8 @@ pub struct ModelArgs {
     /// tokenizer.json); default: the cached default model (scripts/fetch-model.sh).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Backend: cpu, vulkan, wgpu, npu, or auto (the first available of vulkan, wgpu, cpu).
+    /// Backend: cpu, vulkan, wgpu, npu, auto (the config's [placement], else the first available
+    /// of vulkan, wgpu, cpu), or A+B: attention on A, everything else on B.
     #[arg(long, default_value = "auto")]
     pub backend: String,
     /// Longest sequence (prompt + generated) in tokens; default: the model's, at most 4096.

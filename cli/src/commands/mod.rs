@@ -6,6 +6,7 @@ pub mod chat;
 pub mod load;
 pub mod logits;
 pub mod perplexity;
+pub mod placement;
 pub mod run;
 pub mod synth;
 pub mod tokenize;

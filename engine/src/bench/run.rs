@@ -18,7 +18,7 @@ use crate::checkpoint::synth::{write_synthetic_gguf, SynthDtype, SynthShape};
 use crate::model::files::cache_dir;
 use crate::runtime::load::{load, ModelOptions};
 use crate::runtime::notice::Notice;
-use crate::runtime::placement::choose_backend;
+use crate::runtime::placement::{choose_backend, plugin_name};
 use crate::runtime::plugins::PluginSearch;
 use crate::runtime::settings::Settings;
 
@@ -155,7 +155,9 @@ pub fn run(
         events(BenchEvent::Loaded);
         if flops_peak.is_none() {
             // Measured on the backend itself, through the trait (its own memory and threads).
-            let mut probe = choose_backend(search, settings, &model_args.backend, &mut |n| {
+            // The unit that computes the logits, as the session chose it (one unit unless split).
+            let name = loaded.session.backend().info().name;
+            let mut probe = choose_backend(search, settings, plugin_name(&name), &mut |n| {
                 events(BenchEvent::Notice(n))
             })?;
             flops_peak = Some(peak_flops(probe.as_mut())?);

@@ -4,14 +4,24 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use std::collections::HashMap;
+
+use tandem_backend_api::{BufferId, Graph};
+
 use super::notice::Notice;
-use super::placement::{choose_backend, PlacementError};
-use super::plugins::PluginSearch;
+use super::placement::{
+    assign, choose_from, discover, fallback_notes, open_candidates, Assignment, Candidate, NodeChoice,
+    PlacementError, PlacementSpec, SpecError,
+};
+use super::placement_report::{unit_tensors, PlacementReport};
+use super::plugins::{Discovery, PluginSearch};
 use super::sampler::Sampler;
+use super::schedule::Unit;
 use super::session::{GenerationStats, Session, SessionError};
 use super::settings::Settings;
+use crate::checkpoint::source::WeightSource;
 use crate::model::files::open_model;
-use crate::model::{CacheShape, Gemma3Model, LoadProgress, ModelError};
+use crate::model::{CacheShape, Gemma3Model, LoadProgress, ModelError, Part};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
 /// What to load and how to size it.
@@ -50,6 +60,12 @@ pub enum LoadError {
     },
 }
 
+impl From<SpecError> for LoadError {
+    fn from(e: SpecError) -> Self {
+        LoadError::Placement(e.into())
+    }
+}
+
 impl From<ModelError> for LoadError {
     fn from(e: ModelError) -> Self {
         LoadError::Model(Box::new(e))
@@ -78,8 +94,113 @@ pub struct Loaded {
     pub tokenizer: Tokenizer,
 }
 
-/// Loads `options.model` onto the backend `options.backend` names, with KV caches for `slots`
-/// sequences; `progress` hears of every uploaded tensor, `notices` of backends passed over.
+/// A model placed on units, before any weight is uploaded: what `engine placement` reports and
+/// what [`load`] uploads.
+pub struct Planned {
+    /// The preference lists.
+    pub spec: PlacementSpec,
+    /// Every backend the lists name, created or with the reason it is unavailable.
+    pub candidates: Vec<(String, Candidate)>,
+    /// The model, planned ids only.
+    pub model: Gemma3Model,
+    /// Its weights.
+    pub weights: Box<dyn WeightSource>,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The model file or directory.
+    pub path: PathBuf,
+    /// The step graph's structure (one row), and the part of each node.
+    pub graph: Graph,
+    /// The part of each node of `graph`.
+    pub parts: Vec<Part>,
+    /// The unit of every node, per phase (indices into `candidates`).
+    pub assignment: Assignment,
+}
+
+impl Planned {
+    /// The placement report, for prefill steps of `options.chunk` rows.
+    pub fn report(&self) -> PlacementReport {
+        PlacementReport::new(
+            &self.model,
+            &self.spec,
+            &self.candidates,
+            &self.graph,
+            &self.parts,
+            &self.assignment,
+            self.model.cache_shape.max_step_rows,
+        )
+    }
+}
+
+fn cache_shape(options: &ModelOptions, max_positions: usize, slots: usize) -> Result<CacheShape, LoadError> {
+    let context = options.context.unwrap_or(max_positions.min(4096));
+    if context == 0 || options.chunk == 0 {
+        return Err(LoadError::ZeroSize);
+    }
+    Ok(CacheShape {
+        slots,
+        context,
+        max_step_rows: options.chunk.min(context),
+    })
+}
+
+/// Places `options.model` on the units `options.backend` and `settings` name, without uploading:
+/// every node of the step graph on the first unit of its list that is available and runs it.
+pub fn plan(
+    search: &PluginSearch,
+    settings: &Settings,
+    options: &ModelOptions,
+    slots: usize,
+    notices: &mut dyn FnMut(Notice),
+) -> Result<Planned, LoadError> {
+    let discovery = discover(search, notices);
+    let spec = PlacementSpec::resolve(&options.backend, settings, &plugin_names(&discovery))?;
+    let (spec, candidates) = match spec {
+        Some(spec) => {
+            let candidates = open_candidates(&spec, &discovery, settings)?;
+            (spec, candidates)
+        }
+        None => {
+            let backend = choose_from(&discovery, settings, &options.backend, notices)?;
+            let name = backend.info().name;
+            let spec = PlacementSpec::single(&name, format!("--backend {}", options.backend));
+            (spec, vec![(name, Candidate::Ready(backend))])
+        }
+    };
+    plan_on(spec, candidates, options, slots)
+}
+
+fn plugin_names(discovery: &Discovery) -> Vec<String> {
+    discovery.plugins.iter().map(|p| p.name().to_string()).collect()
+}
+
+fn plan_on(
+    spec: PlacementSpec,
+    candidates: Vec<(String, Candidate)>,
+    options: &ModelOptions,
+    slots: usize,
+) -> Result<Planned, LoadError> {
+    let files = open_model(options.model.as_deref())?;
+    let shape = cache_shape(options, files.config.max_position_embeddings, slots)?;
+    let model = Gemma3Model::plan(files.config, files.weights.as_ref(), shape)?;
+    let (graph, parts) = model.step_graph_parts(1, 1, BufferId::UNBOUND);
+    let assignment = assign(&graph, &parts, &spec, &candidates)?;
+    Ok(Planned {
+        spec,
+        candidates,
+        model,
+        weights: files.weights,
+        tokenizer: files.tokenizer,
+        path: files.path,
+        graph,
+        parts,
+        assignment,
+    })
+}
+
+/// Loads `options.model` onto the backend `options.backend` names (or splits it across the
+/// units `A+B` or the config's `[placement]` lists name), with KV caches for `slots` sequences;
+/// `progress` hears of every uploaded tensor, `notices` of backends passed over and of a split.
 pub fn load(
     search: &PluginSearch,
     settings: &Settings,
@@ -88,20 +209,30 @@ pub fn load(
     notices: &mut dyn FnMut(Notice),
     progress: &mut dyn LoadProgress,
 ) -> Result<Loaded, LoadError> {
-    let mut backend = choose_backend(search, settings, &options.backend, notices)?;
+    let discovery = discover(search, notices);
+    match PlacementSpec::resolve(&options.backend, settings, &plugin_names(&discovery))? {
+        None => {
+            let backend = choose_from(&discovery, settings, &options.backend, notices)?;
+            load_whole(backend, options, slots, progress)
+        }
+        Some(spec) => {
+            let candidates = open_candidates(&spec, &discovery, settings)?;
+            let planned = plan_on(spec, candidates, options, slots)?;
+            load_split(planned, notices, progress)
+        }
+    }
+}
+
+/// The whole model on one backend.
+fn load_whole(
+    mut backend: Box<dyn tandem_backend_api::ComputeBackend>,
+    options: &ModelOptions,
+    slots: usize,
+    progress: &mut dyn LoadProgress,
+) -> Result<Loaded, LoadError> {
     let files = open_model(options.model.as_deref())?;
     let (config, weights, tokenizer) = (files.config, files.weights, files.tokenizer);
-    let context = options
-        .context
-        .unwrap_or(config.max_position_embeddings.min(4096));
-    if context == 0 || options.chunk == 0 {
-        return Err(LoadError::ZeroSize);
-    }
-    let shape = CacheShape {
-        slots,
-        context,
-        max_step_rows: options.chunk.min(context),
-    };
+    let shape = cache_shape(options, config.max_position_embeddings, slots)?;
     let model =
         Gemma3Model::load(config, weights.as_ref(), backend.as_mut(), shape, progress).map_err(|source| {
             LoadError::Upload {
@@ -111,6 +242,100 @@ pub fn load(
         })?;
     Ok(Loaded {
         session: Session::new(backend, model),
+        tokenizer,
+    })
+}
+
+/// A planned model on the units its nodes use: each unit gets the weights and caches of its
+/// nodes, once.
+fn load_split(
+    planned: Planned,
+    notices: &mut dyn FnMut(Notice),
+    progress: &mut dyn LoadProgress,
+) -> Result<Loaded, LoadError> {
+    let names: Vec<String> = planned.candidates.iter().map(|(n, _)| n.clone()).collect();
+    for note in fallback_notes(&planned.assignment, &planned.parts, &planned.graph, &names) {
+        notices(Notice::Note(note));
+    }
+    let report = planned.report();
+    if report.is_split() {
+        notices(Notice::Note(format!(
+            "placement ({}): {}",
+            planned.spec.origin,
+            report.summary()
+        )));
+    }
+    let Planned {
+        candidates,
+        model,
+        weights,
+        tokenizer,
+        path,
+        graph,
+        assignment,
+        ..
+    } = planned;
+    // The units that run nodes, in candidate order; the rest are dropped.
+    let mut index: HashMap<usize, usize> = HashMap::new();
+    let mut units: Vec<Unit> = Vec::new();
+    let mut held: Vec<Vec<BufferId>> = Vec::new();
+    for (i, (name, c)) in candidates.into_iter().enumerate() {
+        let tensors = unit_tensors(&graph, &assignment, i);
+        let runs = assignment
+            .prefill
+            .iter()
+            .chain(&assignment.decode)
+            .any(|c| c.unit == i);
+        if let (true, Candidate::Ready(backend)) = (runs, c) {
+            index.insert(i, units.len());
+            units.push(Unit {
+                name,
+                backend,
+                map: HashMap::new(),
+            });
+            held.push(tensors);
+        }
+    }
+    let remap = |choices: &[NodeChoice]| -> Vec<NodeChoice> {
+        choices
+            .iter()
+            .map(|c| NodeChoice {
+                unit: index.get(&c.unit).copied().unwrap_or(0),
+                passed_over: Vec::new(),
+            })
+            .collect()
+    };
+    let assignment = Assignment {
+        prefill: remap(&assignment.prefill),
+        decode: remap(&assignment.decode),
+    };
+    let bytes_of = |ids: &[BufferId]| -> u64 {
+        model
+            .tensors()
+            .iter()
+            .filter(|t| ids.contains(&t.id) && !t.parts.is_empty())
+            .map(|t| t.bytes())
+            .sum()
+    };
+    let total: u64 = held.iter().map(|h| bytes_of(h)).sum();
+    let mut done = 0;
+    for (unit, ids) in units.iter_mut().zip(&held) {
+        unit.map = model
+            .upload(
+                ids,
+                weights.as_ref(),
+                unit.backend.as_mut(),
+                &mut done,
+                total,
+                progress,
+            )
+            .map_err(|source| LoadError::Upload {
+                path: path.clone(),
+                source: Box::new(source),
+            })?;
+    }
+    Ok(Loaded {
+        session: Session::split(units, model, &assignment),
         tokenizer,
     })
 }

@@ -5,6 +5,7 @@
 pub mod load;
 pub mod notice;
 pub mod placement;
+pub mod placement_report;
 pub mod plugins;
 pub mod sampler;
 pub mod schedule;

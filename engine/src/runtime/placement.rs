@@ -6,7 +6,7 @@
 use tandem_backend_api::{ComputeBackend, DeviceKind, Graph, Support};
 
 use super::notice::Notice;
-use super::plugins::{PluginLookupError, PluginSearch};
+use super::plugins::{Discovery, PluginLookupError, PluginSearch};
 use super::settings::{PhaseLists, Settings};
 use crate::model::Part;
 
@@ -16,9 +16,6 @@ pub const AUTO_ORDER: [&str; 3] = ["vulkan", "wgpu", "cpu"];
 /// Why no backend could be chosen.
 #[derive(Debug, thiserror::Error)]
 pub enum PlacementError {
-    /// `A+B` names a split across backends.
-    #[error("--backend {0}: hybrid placement across backends is not implemented yet; name one backend")]
-    Hybrid(String),
     /// The one backend named could not be had.
     #[error(transparent)]
     Lookup(#[from] PluginLookupError),
@@ -39,10 +36,26 @@ pub fn choose_backend(
     name: &str,
     notices: &mut dyn FnMut(Notice),
 ) -> Result<Box<dyn ComputeBackend>, PlacementError> {
+    let discovery = discover(search, notices);
+    choose_from(&discovery, settings, name, notices)
+}
+
+/// Finds the plugins, telling `notices` of every file that failed to load.
+pub fn discover(search: &PluginSearch, notices: &mut dyn FnMut(Notice)) -> Discovery {
     let discovery = search.discover();
     for p in &discovery.problems {
         notices(Notice::Warning(p.to_string()));
     }
+    discovery
+}
+
+/// [`choose_backend`] among plugins already found.
+pub fn choose_from(
+    discovery: &Discovery,
+    settings: &Settings,
+    name: &str,
+    notices: &mut dyn FnMut(Notice),
+) -> Result<Box<dyn ComputeBackend>, PlacementError> {
     // The built-in `auto` order passes over software GPUs (lavapipe, llvmpipe, SwiftShader):
     // they run the GPU kernels on the CPU, slower than the CPU backend itself. A configured
     // `[placement] default` list is taken as written.
@@ -53,7 +66,8 @@ pub fn choose_backend(
             .default
             .as_ref()
             .map_or_else(|| AUTO_ORDER.to_vec(), |v| v.iter().map(String::as_str).collect()),
-        n if n.contains('+') => return Err(PlacementError::Hybrid(n.to_string())),
+        // A split is placed node by node (`PlacementSpec`), not chosen here.
+        n if n.contains('+') => return Err(SpecError::Form(n.to_string()).into()),
         n => vec![n],
     };
     let mut reasons = Vec::new();
@@ -146,6 +160,23 @@ pub struct PlacementSpec {
     pub decode: PartLists,
     /// Where the lists came from (`--backend cpu+vulkan`, `the config's [placement]`).
     pub origin: String,
+}
+
+impl PlacementSpec {
+    /// Everything on `name`, as `--backend name` (or `auto`'s choice) places it.
+    pub fn single(name: &str, origin: String) -> PlacementSpec {
+        let one = vec![name.to_string()];
+        let lists = PartLists {
+            attention: one.clone(),
+            ffn: one.clone(),
+            default: one,
+        };
+        PlacementSpec {
+            prefill: lists.clone(),
+            decode: lists,
+            origin,
+        }
+    }
 }
 
 /// A second instance of a backend that `A+A` names twice (`vulkan+vulkan`): its own device
@@ -323,14 +354,9 @@ pub enum Candidate {
 /// A missing backend is an error under `[backend.NAME] strict = true`, else a note.
 pub fn open_candidates(
     spec: &PlacementSpec,
-    search: &PluginSearch,
+    discovery: &Discovery,
     settings: &Settings,
-    notices: &mut dyn FnMut(Notice),
 ) -> Result<Vec<(String, Candidate)>, SpecError> {
-    let discovery = search.discover();
-    for p in &discovery.problems {
-        notices(Notice::Warning(p.to_string()));
-    }
     let mut out = Vec::new();
     for name in spec.names() {
         let plugin = plugin_name(&name);

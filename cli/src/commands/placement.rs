@@ -1,0 +1,39 @@
+//! `engine placement`: where every node of the step graph runs and why, what each unit holds,
+//! and what crosses between units, for the placement `--backend` and the config ask for. Nothing
+//! is uploaded.
+
+use std::io::Write;
+
+use tandem_engine::runtime::load::plan;
+
+use super::load::{print_notice, ModelArgs};
+use crate::Context;
+
+/// Flags of `engine placement`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the command.
+pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
+    let planned = plan(
+        &ctx.search,
+        &ctx.settings,
+        &args.model.options(),
+        1,
+        &mut print_notice,
+    )?;
+    let report = planned.report();
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        write!(out, "{}", report.text())?;
+    }
+    Ok(())
+}

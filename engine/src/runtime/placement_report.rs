@@ -1,0 +1,355 @@
+//! What a placement costs and why it is what it is: for every node of the step graph, the unit
+//! that runs it in each phase and why; the weight bytes each unit holds (and the weights held
+//! twice); the activation bytes crossing units per token; the KV-cache hand-off per sequence.
+//! `engine placement` prints it; the byte counts are the ones the scheduler's copies move.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+use tandem_backend_api::{BufferId, Graph, Op, Usage};
+
+use super::placement::{Assignment, Candidate, NodeChoice, Phase, PlacementSpec};
+use super::schedule::SplitPlan;
+use crate::model::{Gemma3Model, Part};
+
+/// One unit the placement considered.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnitReport {
+    /// Instance name.
+    pub name: String,
+    /// Its device, when available.
+    pub device: Option<String>,
+    /// Why it is unavailable, when it is.
+    pub unavailable: Option<String>,
+    /// Nodes it runs (prefill, decode).
+    pub nodes: (usize, usize),
+    /// Weight bytes uploaded to it.
+    pub weight_bytes: u64,
+    /// KV-cache bytes allocated on it.
+    pub kv_cache_bytes: u64,
+}
+
+/// Where one node runs in one phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct Where {
+    /// The unit's instance name.
+    pub unit: String,
+    /// Why not an earlier candidate (empty: its first choice).
+    pub why: String,
+}
+
+/// One node of the step graph.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeReport {
+    /// Its index in the step graph.
+    pub index: usize,
+    /// The op's name (`matmul(q4_k)`).
+    pub op: String,
+    /// The part of the model it belongs to.
+    pub part: Part,
+    /// Where it runs for prefill.
+    pub prefill: Where,
+    /// Where it runs for decode.
+    pub decode: Where,
+}
+
+/// A weight uploaded to more than one unit.
+#[derive(Debug, Clone, Serialize)]
+pub struct SharedWeight {
+    /// Its stored names.
+    pub name: String,
+    /// Bytes per copy.
+    pub bytes: u64,
+    /// The units holding it.
+    pub units: Vec<String>,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlacementReport {
+    /// Where the preference lists came from.
+    pub origin: String,
+    /// The candidates, available or not.
+    pub units: Vec<UnitReport>,
+    /// Every node.
+    pub nodes: Vec<NodeReport>,
+    /// Weights held by two units or more.
+    pub shared_weights: Vec<SharedWeight>,
+    /// Programs per step (prefill, decode).
+    pub programs_per_step: (usize, usize),
+    /// Activation bytes copied between units through the host per decode token.
+    pub decode_bytes_per_token: u64,
+    /// Rows per prefill step the next figure assumes.
+    pub prefill_chunk: usize,
+    /// Activation bytes copied between units per prompt token, at that chunk.
+    pub prefill_bytes_per_token: f64,
+    /// Layers whose attention runs on different units in prefill and decode.
+    pub kv_handoff_layers: usize,
+    /// KV-cache bytes handed from the prefill unit to the decode unit per prompt token (each
+    /// sliding-window layer stops growing at its ring's capacity), once per sequence.
+    pub kv_handoff_bytes_per_token: u64,
+}
+
+/// The planned tensors `op` reads or writes (weights and KV caches).
+pub fn op_tensors(op: &Op) -> Vec<BufferId> {
+    match op {
+        Op::Attention { cache, .. } => vec![cache.k, cache.v],
+        _ => op.weights().iter().map(|w| w.buffer).collect(),
+    }
+}
+
+/// The planned tensors the nodes placed on `unit` (in either phase) need there.
+pub fn unit_tensors(graph: &Graph, assignment: &Assignment, unit: usize) -> Vec<BufferId> {
+    let mut out = BTreeSet::new();
+    for phase in Phase::ALL {
+        for (node, choice) in graph.nodes.iter().zip(assignment.phase(phase)) {
+            if choice.unit == unit {
+                out.extend(op_tensors(&node.op));
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+impl PlacementReport {
+    /// The report of `assignment` of `graph` (the model's step graph, with `parts`) over
+    /// `candidates`, for prefill steps of `chunk` rows.
+    pub fn new(
+        model: &Gemma3Model,
+        spec: &PlacementSpec,
+        candidates: &[(String, Candidate)],
+        graph: &Graph,
+        parts: &[Part],
+        assignment: &Assignment,
+        chunk: usize,
+    ) -> PlacementReport {
+        let names: Vec<String> = candidates.iter().map(|(n, _)| n.clone()).collect();
+        let tensor_bytes = |id: BufferId, usage: Usage| {
+            model
+                .tensors()
+                .iter()
+                .find(|t| t.id == id && t.usage == usage)
+                .map_or(0, |t| t.bytes())
+        };
+        let held: Vec<Vec<BufferId>> = (0..candidates.len())
+            .map(|u| unit_tensors(graph, assignment, u))
+            .collect();
+        let units = candidates
+            .iter()
+            .enumerate()
+            .map(|(u, (name, c))| {
+                let count = |phase| assignment.phase(phase).iter().filter(|c| c.unit == u).count();
+                UnitReport {
+                    name: name.clone(),
+                    device: match c {
+                        Candidate::Ready(b) => Some(b.info().device),
+                        Candidate::Unavailable(_) => None,
+                    },
+                    unavailable: match c {
+                        Candidate::Ready(_) => None,
+                        Candidate::Unavailable(r) => Some(r.clone()),
+                    },
+                    nodes: (count(Phase::Prefill), count(Phase::Decode)),
+                    weight_bytes: held[u].iter().map(|&id| tensor_bytes(id, Usage::Weight)).sum(),
+                    kv_cache_bytes: held[u].iter().map(|&id| tensor_bytes(id, Usage::KvCache)).sum(),
+                }
+            })
+            .collect();
+        let shared_weights = model
+            .tensors()
+            .iter()
+            .filter(|t| t.usage == Usage::Weight)
+            .filter_map(|t| {
+                let on: Vec<String> = held
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, h)| h.contains(&t.id))
+                    .map(|(u, _)| names[u].clone())
+                    .collect();
+                (on.len() > 1).then(|| SharedWeight {
+                    name: t.label.clone(),
+                    bytes: t.bytes(),
+                    units: on,
+                })
+            })
+            .collect();
+        let why = |c: &NodeChoice| Where {
+            unit: names[c.unit].clone(),
+            why: c
+                .passed_over
+                .iter()
+                .map(|p| {
+                    if p.unavailable {
+                        format!("{} unavailable: {}", p.name, p.reason)
+                    } else {
+                        format!("{} does not run it: {}", p.name, p.reason)
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        };
+        let nodes = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| NodeReport {
+                index: i,
+                op: n.op.name(),
+                part: parts.get(i).copied().unwrap_or(Part::Other),
+                prefill: why(&assignment.prefill[i]),
+                decode: why(&assignment.decode[i]),
+            })
+            .collect();
+        // The graph's structure does not depend on its row count: one split per phase serves
+        // every step shape.
+        let shapes = graph.infer_shapes().unwrap_or_default();
+        let split = |phase| SplitPlan::new(graph, &assignment.units(phase), &shapes);
+        let (prefill, decode) = (split(Phase::Prefill), split(Phase::Decode));
+        let chunk = chunk.max(1);
+        let c = &model.config;
+        let row = (c.num_key_value_heads * c.head_dim * 4) as u64;
+        let attention_units = |phase| -> Vec<usize> {
+            graph
+                .nodes
+                .iter()
+                .zip(assignment.phase(phase))
+                .filter(|(n, _)| matches!(n.op, Op::Attention { .. }))
+                .map(|(_, c)| c.unit)
+                .collect()
+        };
+        let (ap, ad) = (attention_units(Phase::Prefill), attention_units(Phase::Decode));
+        let handoff_layers = ap.iter().zip(&ad).filter(|(a, b)| a != b).count();
+        PlacementReport {
+            origin: spec.origin.clone(),
+            units,
+            nodes,
+            shared_weights,
+            programs_per_step: (prefill.segments.len(), decode.segments.len()),
+            decode_bytes_per_token: decode.host_bytes(1, 1),
+            prefill_chunk: chunk,
+            prefill_bytes_per_token: prefill.host_bytes(chunk, 1) as f64 / chunk as f64,
+            kv_handoff_layers: handoff_layers,
+            kv_handoff_bytes_per_token: 2 * row * handoff_layers as u64,
+        }
+    }
+
+    /// Whether more than one unit runs nodes.
+    pub fn is_split(&self) -> bool {
+        self.units.iter().filter(|u| u.nodes != (0, 0)).count() > 1
+    }
+
+    /// One line naming where each part runs (`attention on cpu, ffn on vulkan, default on vulkan`),
+    /// per phase when the phases differ.
+    pub fn summary(&self) -> String {
+        let phase_line = |pick: fn(&NodeReport) -> &Where| {
+            [Part::Attention, Part::Ffn, Part::Other]
+                .into_iter()
+                .map(|part| {
+                    let mut on: Vec<&str> = Vec::new();
+                    for n in self.nodes.iter().filter(|n| n.part == part) {
+                        let u = pick(n).unit.as_str();
+                        if !on.contains(&u) {
+                            on.push(u);
+                        }
+                    }
+                    format!("{} on {}", part.key(), on.join("+"))
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (p, d) = (phase_line(|n| &n.prefill), phase_line(|n| &n.decode));
+        if p == d {
+            d
+        } else {
+            format!("prefill: {p}; decode: {d}")
+        }
+    }
+
+    /// The report as text, a line per node.
+    pub fn text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut o = String::new();
+        let _ = writeln!(o, "placement from {}: {}", self.origin, self.summary());
+        let _ = writeln!(o, "units:");
+        for u in &self.units {
+            match (&u.device, &u.unavailable) {
+                (_, Some(r)) => {
+                    let _ = writeln!(o, "  {:<10} unavailable: {r}", u.name);
+                }
+                (d, None) => {
+                    let _ = writeln!(
+                        o,
+                        "  {:<10} {}: {} prefill / {} decode nodes, weights {} bytes, KV cache {} bytes",
+                        u.name,
+                        d.as_deref().unwrap_or("?"),
+                        u.nodes.0,
+                        u.nodes.1,
+                        u.weight_bytes,
+                        u.kv_cache_bytes
+                    );
+                }
+            }
+        }
+        let _ = writeln!(
+            o,
+            "nodes (index, op, part, unit; prefill/decode where they differ):"
+        );
+        for n in &self.nodes {
+            let unit = if n.prefill.unit == n.decode.unit {
+                n.decode.unit.clone()
+            } else {
+                format!("{}/{}", n.prefill.unit, n.decode.unit)
+            };
+            let mut why: Vec<&str> = Vec::new();
+            for w in [&n.prefill.why, &n.decode.why] {
+                if !w.is_empty() && !why.contains(&w.as_str()) {
+                    why.push(w);
+                }
+            }
+            let why = if why.is_empty() {
+                String::new()
+            } else {
+                format!("  ({})", why.join("; "))
+            };
+            let _ = writeln!(
+                o,
+                "  {:>4}  {:<20} {:<9} {unit}{why}",
+                n.index,
+                n.op,
+                n.part.key()
+            );
+        }
+        if self.shared_weights.is_empty() {
+            let _ = writeln!(o, "weights on two units: none");
+        }
+        for w in &self.shared_weights {
+            let _ = writeln!(
+                o,
+                "weight on two units: {} ({} bytes each, on {})",
+                w.name,
+                w.bytes,
+                w.units.join(" and ")
+            );
+        }
+        let _ = writeln!(
+            o,
+            "programs per step: {} prefill, {} decode",
+            self.programs_per_step.0, self.programs_per_step.1
+        );
+        let _ = writeln!(
+            o,
+            "copied between units through the host: {} bytes per decode token, {:.1} bytes per prompt token (chunk {})",
+            self.decode_bytes_per_token, self.prefill_bytes_per_token, self.prefill_chunk
+        );
+        if self.kv_handoff_layers == 0 {
+            let _ = writeln!(o, "KV-cache hand-off: none (attention runs alike in both phases)");
+        } else {
+            let _ = writeln!(
+                o,
+                "KV-cache hand-off: {} bytes per prompt token ({} layers; sliding layers stop at their window), once per sequence",
+                self.kv_handoff_bytes_per_token, self.kv_handoff_layers
+            );
+        }
+        o
+    }
+}
