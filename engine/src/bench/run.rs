@@ -139,6 +139,7 @@ pub fn run(
 
     let mut runs = Vec::new();
     let mut header = None;
+    let mut units: Option<Vec<String>> = None;
     let mut flops_peak = None;
     let mut copy_bw: Option<(f64, String)> = None;
     for &batch in batches {
@@ -279,6 +280,14 @@ pub fn run(
             run["profile"] = serde_json::to_value(p)?;
         }
         runs.push(run);
+        units.get_or_insert_with(|| {
+            loaded
+                .session
+                .unit_names()
+                .into_iter()
+                .map(String::from)
+                .collect::<Vec<_>>()
+        });
         header.get_or_insert((info, cfg, weight_bytes, peak, peak_src));
     }
     let Some((info, cfg, weight_bytes, peak, peak_src)) = header else {
@@ -307,6 +316,11 @@ pub fn run(
             * ((cfg.hidden_size * cfg.num_attention_heads * cfg.head_dim * 2
                 + cfg.hidden_size * cfg.num_key_value_heads * cfg.head_dim * 2
                 + 3 * cfg.hidden_size * cfg.intermediate_size) as u64);
+    let mut backend_doc = json!({ "name": info.name, "device": info.device, "kind": info.kind });
+    if let Some(units) = units.filter(|u| u.len() > 1) {
+        backend_doc["placement"] = json!(args.model.backend);
+        backend_doc["units"] = json!(units);
+    }
     let doc = json!({
         "schema": "tandem-bench/1",
         "tool": "tandem",
@@ -319,7 +333,7 @@ pub fn run(
             "gpu": matches!(info.kind, DeviceKind::DiscreteGpu | DeviceKind::IntegratedGpu | DeviceKind::SoftwareGpu)
                 .then(|| info.device.clone()),
         },
-        "backend": { "name": info.name, "device": info.device, "kind": info.kind },
+        "backend": backend_doc,
         "model": { "name": model_name, "source": source, "dtype": if synthetic { args.dtype.clone() } else { "gguf".into() },
                    "params": params, "weight_bytes": weight_bytes, "synthetic": synthetic },
         "settings": { "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens, "repeat": args.repeat,

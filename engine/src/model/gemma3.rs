@@ -26,7 +26,9 @@ pub enum Part {
     Attention,
     /// The feed-forward network: gate|up projection, GeGLU, down projection.
     Ffn,
-    /// Everything else (embedding, the norms around the blocks, residual adds, logits).
+    /// Everything else (embedding, the norms around the blocks, residual adds, logits): the
+    /// `default` list's part.
+    #[serde(rename = "default")]
     Other,
 }
 

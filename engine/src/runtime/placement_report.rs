@@ -346,7 +346,7 @@ impl PlacementReport {
         } else {
             let _ = writeln!(
                 o,
-                "KV-cache hand-off: {} bytes per prompt token ({} layers; sliding layers stop at their window), once per sequence",
+                "KV-cache hand-off: {} bytes per prompt token ({} layers; a sliding layer stops at its ring's capacity), once per sequence",
                 self.kv_handoff_bytes_per_token, self.kv_handoff_layers
             );
         }

@@ -45,6 +45,14 @@ fn err(context: impl Into<String>) -> impl FnOnce(BackendError) -> ScheduleError
     move |error| ScheduleError { context, error }
 }
 
+/// [`err`] with the context `"{what} {unit}"` formatted only on failure: a step allocates nothing.
+fn step_err<'a>(what: &'a str, unit: &'a str) -> impl FnOnce(BackendError) -> ScheduleError + 'a {
+    move |error| ScheduleError {
+        context: format!("{what} {unit}"),
+        error,
+    }
+}
+
 /// A value that one program computes and a later one reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Crossing {
@@ -327,21 +335,21 @@ impl Scheduled {
             let ticket = unit
                 .backend
                 .execute(seg.program, args)
-                .map_err(err(format!("running a step on {}", unit.name)))?;
+                .map_err(step_err("running a step on", &unit.name))?;
             unit.backend
                 .wait(ticket)
-                .map_err(err(format!("waiting for a step on {}", unit.name)))?;
+                .map_err(step_err("waiting for a step on", &unit.name))?;
             for c in &seg.copies {
                 let buf = &mut staging[..c.bytes];
                 let from = &mut units[seg.unit];
                 from.backend
                     .read(c.from, 0, buf)
-                    .map_err(err(format!("reading a boundary value from {}", from.name)))?;
+                    .map_err(step_err("reading a boundary value from", &from.name))?;
                 for &(t, to) in &c.to {
                     let unit = &mut units[t];
                     unit.backend
                         .write(to, 0, buf)
-                        .map_err(err(format!("writing a boundary value to {}", unit.name)))?;
+                        .map_err(step_err("writing a boundary value to", &unit.name))?;
                     *moved += c.bytes as u64;
                 }
             }
@@ -354,7 +362,7 @@ impl Scheduled {
         let unit = &mut units[self.logits.0];
         unit.backend
             .read(self.logits.1, 0, out)
-            .map_err(err(format!("reading the logits from {}", unit.name)))
+            .map_err(step_err("reading the logits from", &unit.name))
     }
 
     /// Bytes the boundary copies have moved through the host since the build.

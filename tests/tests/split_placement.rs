@@ -1,0 +1,541 @@
+//! One model split across backends ("units"): `--backend A+B` (attention on A, the rest on B;
+//! `cpu+cpu` two CPU instances) and per-phase `[placement.prefill]` / `[placement.decode]`
+//! lists, loaded through `runtime::load` exactly as the CLI loads them, on the tiny transformers
+//! fixtures only (the Vulkan backend runs on lavapipe in CI, slowly: no large model here).
+//!
+//! - Every split gives the single `cpu` backend's greedy continuation and transformers' logits
+//!   at every position, prefilled and decoded (so across the KV hand-off between phases).
+//! - The bytes the scheduler copies between units and the KV cache handed between phases are
+//!   exactly what the placement report (`engine placement`) predicts.
+//! - A decode step of a split session allocates nothing on the engine side once warm.
+//!
+//! Without a Vulkan device the Vulkan cases say so and pass, except under CI (`CI` set), where
+//! a missing device is a failure.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::path::PathBuf;
+
+use serde_json::Value;
+use tandem_conformance::{discover, ids, options_for, plugin_dirs};
+use tandem_engine::runtime::load::{load, plan, Loaded, ModelOptions, Planned};
+use tandem_engine::runtime::notice::Notice;
+use tandem_engine::runtime::placement_report::PlacementReport;
+use tandem_engine::runtime::plugins::PluginSearch;
+use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
+use tandem_engine::runtime::session::Session;
+use tandem_engine::runtime::settings::Settings;
+
+// ---------------------------------------------------------------------------------------------
+// Counting allocations of the calling thread (see `decode_steps_of_a_split_allocate_nothing`).
+
+struct Counting;
+
+thread_local! {
+    /// `Some(n)`: counting, `n` allocations so far on this thread.
+    static ALLOCATIONS: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+fn note_allocation() {
+    // `try_with`: the allocator may run while this thread's locals are torn down.
+    let _ = ALLOCATIONS.try_with(|c| {
+        if let Some(n) = c.get() {
+            c.set(Some(n + 1));
+        }
+    });
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; it only counts, in a
+// const-initialised thread-local `Cell` (which never allocates).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: as in `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System` through this allocator, with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        // SAFETY: as in `alloc` and `dealloc`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Runs `f`, returning its result and the allocations it made on this thread.
+fn count_allocations<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    ALLOCATIONS.set(Some(0));
+    let r = f();
+    let n = ALLOCATIONS.replace(None).unwrap_or(0);
+    (r, n)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures, settings and loading.
+
+/// Six layers (five sliding with a window of 4, one global), GQA, 486-token vocabulary.
+const FIXTURE: &str = "text-published";
+/// The fixtures of the whole-model checks: [`FIXTURE`], and two layers (one sliding, one global)
+/// with attention and final-logit soft-capping.
+const CASES: [&str; 2] = [FIXTURE, "softcap"];
+/// Longest sequence: every fixture sequence fits, and the sliding layers' rings stay smaller.
+const CONTEXT: usize = 64;
+/// Rows per prefill step: the 16-token sequences cross several chunk boundaries.
+const CHUNK: usize = 4;
+/// The Vulkan tolerance of vulkan_models.rs (and assert_last_logits): 1e-2 of the largest logit.
+const VULKAN_TOL: f64 = 1e-2;
+/// The CPU backend's tolerance against transformers (fixtures.rs, batched_decode.rs).
+const CPU_TOL: f64 = 1e-4;
+
+/// All on the Vulkan backend for prefill, all on the CPU for decode.
+const PREFILL_VULKAN_DECODE_CPU: &str = "[placement.prefill]\nattention = [\"vulkan\"]\nffn = [\"vulkan\"]\ndefault = [\"vulkan\"]\n[placement.decode]\nattention = [\"cpu\"]\nffn = [\"cpu\"]\ndefault = [\"cpu\"]\n";
+/// The reverse.
+const PREFILL_CPU_DECODE_VULKAN: &str = "[placement.prefill]\nattention = [\"cpu\"]\nffn = [\"cpu\"]\ndefault = [\"cpu\"]\n[placement.decode]\nattention = [\"vulkan\"]\nffn = [\"vulkan\"]\ndefault = [\"vulkan\"]\n";
+
+fn fixture(case: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/models")
+        .join(case)
+}
+
+fn reference(case: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(case).join("reference.json")).unwrap()).unwrap()
+}
+
+/// The plugin search path of the conformance suite (next to the test binary).
+fn search() -> PluginSearch {
+    PluginSearch::only(&plugin_dirs())
+}
+
+/// Whether the Vulkan backend can be created here; a failure under CI.
+fn vulkan_available() -> bool {
+    match discover().create("vulkan", &options_for("vulkan")) {
+        Ok(_) => true,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping: the Vulkan backend is unavailable here: {e}");
+            false
+        }
+        Err(e) => panic!("CI must run the Vulkan backend (lavapipe): {e}"),
+    }
+}
+
+/// `placement` (a tandem.toml fragment) read through `Settings::load`, with the Vulkan backend's
+/// validation layer on as the rest of the suite runs it (`options_for`).
+fn settings(placement: &str) -> Settings {
+    let mut text = String::new();
+    if options_for("vulkan").get("validation") == Some("true") {
+        text.push_str("[backend.vulkan]\nvalidation = true\n");
+    }
+    text.push_str(placement);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tandem.toml");
+    std::fs::write(&path, text).unwrap();
+    Settings::load(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn options(case: &str, backend: &str, chunk: usize) -> ModelOptions {
+    ModelOptions {
+        model: Some(fixture(case)),
+        backend: backend.to_string(),
+        context: Some(CONTEXT),
+        chunk,
+    }
+}
+
+/// Loads fixture `case` as `--backend backend` with `placement` in the config; also returns
+/// the notices.
+fn load_case(case: &str, backend: &str, placement: &str, chunk: usize) -> (Loaded, Vec<Notice>) {
+    let mut notices = Vec::new();
+    let loaded = load(
+        &search(),
+        &settings(placement),
+        &options(case, backend, chunk),
+        1,
+        &mut |n| notices.push(n),
+        &mut |_: u64, _: u64| {},
+    )
+    .unwrap_or_else(|e| panic!("loading {case} as --backend {backend} with {placement:?}: {e}"));
+    (loaded, notices)
+}
+
+/// [`load_case`] of [`FIXTURE`].
+fn load_with(backend: &str, placement: &str, chunk: usize) -> (Loaded, Vec<Notice>) {
+    load_case(FIXTURE, backend, placement, chunk)
+}
+
+/// Plans [`FIXTURE`] as [`load_with`] would load it.
+fn plan_with(backend: &str, placement: &str, chunk: usize) -> Planned {
+    plan(
+        &search(),
+        &settings(placement),
+        &options(FIXTURE, backend, chunk),
+        1,
+        &mut |_| {},
+    )
+    .unwrap_or_else(|e| panic!("planning --backend {backend} with {placement:?}: {e}"))
+}
+
+fn report(backend: &str, placement: &str, chunk: usize) -> PlacementReport {
+    plan_with(backend, placement, chunk).report()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter()
+        .enumerate()
+        .fold(0, |b, (i, x)| if *x > v[b] { i } else { b }) as u32
+}
+
+/// Asserts `got` is within `tol` x the largest magnitude of `want`, and has its argmax.
+fn assert_row(label: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{label}: vocabulary");
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let (worst, err) = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (*g as f64 - w).abs())
+        .enumerate()
+        .fold((0, 0.0f64), |b, (i, e)| if e > b.1 { (i, e) } else { b });
+    assert!(
+        got.iter().all(|g| g.is_finite()) && err <= tol * scale,
+        "{label}: logit {worst} is {}, expected {} (error {err:.3e} > {tol} x {scale})",
+        got[worst],
+        want[worst]
+    );
+    let want_best = want
+        .iter()
+        .enumerate()
+        .fold(0, |b, (i, v)| if *v > want[b] { i } else { b });
+    assert_eq!(argmax(got) as usize, want_best, "{label}: argmax");
+}
+
+/// Every reference sequence: its first `prefilled` tokens prefilled (logits of every row), the
+/// rest decoded one step at a time, each position's logits against transformers'.
+fn assert_sequences(label: &str, session: &mut Session, r: &Value, prefilled: usize, tol: f64) {
+    for (si, seq) in r["sequences"].as_array().unwrap().iter().enumerate() {
+        let tokens = ids(&seq["tokens"]);
+        let want: Vec<Vec<f64>> = serde_json::from_value(seq["logits"].clone()).unwrap();
+        let vocab = want[0].len();
+        session.reset(0);
+        let got = session.prefill(0, &tokens[..prefilled], true).unwrap();
+        assert_eq!(got.len(), prefilled * vocab, "{label}: prefill logits");
+        for p in 0..prefilled {
+            let row = &got[p * vocab..(p + 1) * vocab];
+            assert_row(
+                &format!("{label}: sequence {si}, prefilled position {p}"),
+                row,
+                &want[p],
+                tol,
+            );
+        }
+        for (p, &t) in tokens.iter().enumerate().skip(prefilled) {
+            let got = session.step(&[t], &[0], &[0]).unwrap();
+            assert_row(
+                &format!("{label}: sequence {si}, decoded position {p}"),
+                got,
+                &want[p],
+                tol,
+            );
+        }
+        assert_eq!(session.len(0), tokens.len(), "{label}: cached tokens");
+    }
+}
+
+/// Greedy continuations of the reference prompts that fit the context.
+fn greedy(loaded: &mut Loaded, r: &Value) -> Vec<Vec<u32>> {
+    let stop = loaded.tokenizer.stop_ids().to_vec();
+    let mut out = Vec::new();
+    for g in r["greedy"].as_array().unwrap() {
+        let prompt = ids(&g["prompt"]);
+        let n = g["max_new_tokens"].as_u64().unwrap() as usize;
+        if prompt.len() + n > CONTEXT {
+            continue;
+        }
+        let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+        let mut got = Vec::new();
+        loaded
+            .session
+            .generate(&prompt, n, &mut sampler, &stop, false, |t| {
+                got.push(t);
+                Ok(())
+            })
+            .unwrap();
+        out.push(got);
+    }
+    out
+}
+
+/// Checks one placement: its units, the note naming the split, transformers' logits at every
+/// position, and the single CPU backend's greedy continuations (which are transformers').
+fn check_placement(case: &str, label: &str, backend: &str, placement: &str, units: &[&str], tol: f64) {
+    let label = &format!("{case}, {label}");
+    let r = reference(case);
+    let (mut cpu, _) = load_case(case, "cpu", "", CHUNK);
+    let want_greedy = greedy(&mut cpu, &r);
+    assert!(!want_greedy.is_empty(), "no greedy prompt fits the context");
+    let reference_greedy: Vec<Vec<u32>> = r["greedy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| ids(&g["prompt"]).len() + g["max_new_tokens"].as_u64().unwrap() as usize <= CONTEXT)
+        .map(|g| ids(&g["generated"]))
+        .collect();
+    assert_eq!(
+        want_greedy, reference_greedy,
+        "{case}: the CPU backend's greedy continuations"
+    );
+
+    let (mut split, notices) = load_case(case, backend, placement, CHUNK);
+    assert_eq!(split.session.unit_names(), units, "{label}: units");
+    assert!(
+        notices
+            .iter()
+            .any(|n| matches!(n, Notice::Note(m) if m.starts_with("placement ("))),
+        "{label}: no note naming the split: {notices:?}"
+    );
+    // The first six tokens of each sequence (16 and 12 long) prefilled in chunks of 4 and 2, the
+    // rest decoded: the decode steps run past every sliding window, on the other phase's unit
+    // where the phases differ (after the KV hand-off).
+    assert_sequences(label, &mut split.session, &r, 6, tol);
+    assert_eq!(greedy(&mut split, &r), want_greedy, "{label}: greedy");
+}
+
+// ---------------------------------------------------------------------------------------------
+// a. Splits give the single backend's results.
+
+#[test]
+fn cpu_plus_cpu_matches_cpu_and_transformers() {
+    for case in CASES {
+        check_placement(case, "cpu+cpu", "cpu+cpu", "", &["cpu#2", "cpu"], CPU_TOL);
+    }
+}
+
+#[test]
+fn vulkan_splits_match_cpu_and_transformers() {
+    if !vulkan_available() {
+        return;
+    }
+    let cases: [(&str, &str, &str, &[&str]); 5] = [
+        ("cpu+vulkan", "cpu+vulkan", "", &["cpu", "vulkan"]),
+        // Two Vulkan instances: every boundary is a real copy between two device contexts.
+        ("vulkan+vulkan", "vulkan+vulkan", "", &["vulkan#2", "vulkan"]),
+        ("vulkan+cpu", "vulkan+cpu", "", &["vulkan", "cpu"]),
+        (
+            "prefill on vulkan, decode on cpu",
+            "auto",
+            PREFILL_VULKAN_DECODE_CPU,
+            &["vulkan", "cpu"],
+        ),
+        (
+            "prefill on cpu, decode on vulkan",
+            "auto",
+            PREFILL_CPU_DECODE_VULKAN,
+            &["cpu", "vulkan"],
+        ),
+    ];
+    for case in CASES {
+        for (label, backend, placement, units) in cases {
+            check_placement(case, label, backend, placement, units, VULKAN_TOL);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// b. The bytes copied between units are the report's.
+
+#[test]
+fn host_copies_are_what_the_report_predicts() {
+    let (chunk, decode_steps) = (5usize, 3u64);
+    let split = report("cpu+cpu", "", chunk);
+    assert!(split.is_split(), "cpu+cpu is a split");
+    assert_eq!(split.prefill_chunk, chunk);
+    assert_eq!(
+        split.units.iter().map(|u| u.name.as_str()).collect::<Vec<_>>(),
+        ["cpu#2", "cpu"]
+    );
+    // Per layer, the attention block (on cpu#2) reads the normed hidden state and hands back its
+    // output projection: two [rows, hidden] f32 values cross per layer and row.
+    let planned = plan_with("cpu+cpu", "", chunk);
+    let c = &planned.model.config;
+    let per_row = (c.num_hidden_layers * 2 * c.hidden_size * 4) as u64;
+    assert_eq!(split.decode_bytes_per_token, per_row);
+    assert_eq!(split.prefill_bytes_per_token, per_row as f64);
+    assert_eq!(
+        (split.kv_handoff_layers, split.kv_handoff_bytes_per_token),
+        (0, 0)
+    );
+
+    let (mut loaded, _) = load_with("cpu+cpu", "", chunk);
+    let tokens = ids(&reference(FIXTURE)["sequences"][0]["tokens"]);
+    let s = &mut loaded.session;
+    s.prefill(0, &tokens[..chunk], false).unwrap();
+    let prefill = (split.prefill_bytes_per_token * chunk as f64).round() as u64;
+    assert_eq!(
+        s.moved_bytes(),
+        (prefill, 0),
+        "after a prefill step of {chunk} rows"
+    );
+    for (i, &t) in tokens[chunk..].iter().take(decode_steps as usize).enumerate() {
+        s.step(&[t], &[0], &[0]).unwrap();
+        assert_eq!(
+            s.moved_bytes(),
+            (prefill + (i as u64 + 1) * split.decode_bytes_per_token, 0),
+            "after {} decode steps",
+            i + 1
+        );
+    }
+
+    // The whole model on one backend copies nothing.
+    let whole = report("cpu", "", chunk);
+    assert!(!whole.is_split());
+    assert_eq!(whole.decode_bytes_per_token, 0);
+    assert_eq!(whole.prefill_bytes_per_token, 0.0);
+    assert_eq!(whole.programs_per_step, (1, 1));
+    let (mut loaded, _) = load_with("cpu", "", chunk);
+    loaded.session.prefill(0, &tokens[..chunk], false).unwrap();
+    loaded.session.step(&[tokens[chunk]], &[0], &[0]).unwrap();
+    assert_eq!(loaded.session.moved_bytes(), (0, 0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// c. The KV cache handed between phases is the report's.
+
+#[test]
+fn kv_handoff_between_phases_is_what_the_report_predicts() {
+    if !vulkan_available() {
+        return;
+    }
+    let r = reference(FIXTURE);
+    let tokens = ids(&r["sequences"][0]["tokens"]);
+    let want: Vec<Vec<f64>> = serde_json::from_value(r["sequences"][0]["logits"].clone()).unwrap();
+    for placement in [PREFILL_VULKAN_DECODE_CPU, PREFILL_CPU_DECODE_VULKAN] {
+        let rep = report("auto", placement, CHUNK);
+        let planned = plan_with("auto", placement, CHUNK);
+        let c = &planned.model.config;
+        let row = (c.num_key_value_heads * c.head_dim * 4) as u64;
+        // Every layer's attention changes units between the phases; nothing crosses inside one.
+        assert_eq!(rep.kv_handoff_layers, c.num_hidden_layers, "{placement}");
+        assert_eq!(
+            rep.kv_handoff_bytes_per_token,
+            2 * row * c.num_hidden_layers as u64,
+            "{placement}"
+        );
+        assert_eq!(
+            (rep.decode_bytes_per_token, rep.prefill_bytes_per_token),
+            (0, 0.0)
+        );
+        let capacities: Vec<u64> = planned
+            .model
+            .layers
+            .iter()
+            .map(|l| l.cache.capacity as u64)
+            .collect();
+        drop(planned);
+
+        // A prompt shorter than every cache (the sliding window is 4).
+        let p = 3usize;
+        assert!(capacities.iter().all(|&cap| cap > p as u64), "{capacities:?}");
+        let (mut loaded, _) = load_with("auto", placement, CHUNK);
+        let s = &mut loaded.session;
+        s.prefill(0, &tokens[..p], false).unwrap();
+        assert_eq!(s.moved_bytes(), (0, 0), "{placement}: prefill hands nothing over");
+        s.step(&[tokens[p]], &[0], &[0]).unwrap();
+        let first = rep.kv_handoff_bytes_per_token * p as u64;
+        assert_eq!(s.moved_bytes(), (0, first), "{placement}: the first decode step");
+        let got = s.step(&[tokens[p + 1]], &[0], &[0]).unwrap();
+        assert_row(
+            &format!("{placement}: position {}", p + 1),
+            got,
+            &want[p + 1],
+            VULKAN_TOL,
+        );
+        assert_eq!(s.moved_bytes(), (0, first), "{placement}: the second decode step");
+
+        // Continuing the sequence with a prefill hands its 5 cached rows back to the prefill
+        // unit, and the logits still follow the reference.
+        let len = s.len(0) as u64;
+        let got = s.prefill(0, &tokens[p + 2..p + 4], false).unwrap();
+        assert_row(
+            &format!("{placement}: position {}", p + 3),
+            &got,
+            &want[p + 3],
+            VULKAN_TOL,
+        );
+        let back = first + rep.kv_handoff_bytes_per_token * len;
+        assert_eq!(s.moved_bytes(), (0, back), "{placement}: the continuing prefill");
+
+        // A prompt longer than the sliding layers' rings: each layer hands over what its cache
+        // holds, at most its capacity.
+        s.reset(0);
+        let long = 12usize;
+        s.prefill(0, &tokens[..long], false).unwrap();
+        s.step(&[tokens[long]], &[0], &[0]).unwrap();
+        let held: u64 = capacities.iter().map(|&cap| 2 * row * cap.min(long as u64)).sum();
+        assert!(
+            held < rep.kv_handoff_bytes_per_token * long as u64,
+            "{capacities:?}"
+        );
+        assert_eq!(
+            s.moved_bytes(),
+            (0, back + held),
+            "{placement}: a {long}-token prompt"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// d. No allocation per decode step.
+
+/// Counts the allocations of the engine side only: the session, the scheduler and the plugin
+/// loader's calls on this thread. The CPU plugin is a separate cdylib with its own global
+/// allocator (and its own threads), so nothing it allocates is counted here;
+/// backend-cpu/tests/no_alloc.rs covers its side. Counting is per thread, so the other tests of
+/// this binary, running alongside, are not counted either.
+#[test]
+fn decode_steps_of_a_split_allocate_nothing() {
+    let tokens = ids(&reference(FIXTURE)["sequences"][0]["tokens"]);
+    let steps = 20;
+    let mut counts = Vec::new();
+    for backend in ["cpu", "cpu+cpu"] {
+        let (mut loaded, _) = load_with(backend, "", CHUNK);
+        let s = &mut loaded.session;
+        let logits = s.prefill(0, &tokens[..CHUNK], false).unwrap();
+        let mut next = argmax(&logits);
+        // Warm-up: the first decode step builds and compiles the decode programs.
+        for _ in 0..3 {
+            next = argmax(s.step(&[next], &[0], &[0]).unwrap());
+        }
+        let (last, allocations) = count_allocations(|| {
+            let mut next = next;
+            for _ in 0..steps {
+                next = argmax(s.step(&[next], &[0], &[0]).unwrap());
+            }
+            next
+        });
+        assert!(
+            (last as usize) < s.model().config.vocab_size,
+            "{backend}: a token id"
+        );
+        assert_eq!(s.len(0), CHUNK + 3 + steps, "{backend}: cached tokens");
+        if backend == "cpu+cpu" {
+            assert!(s.moved_bytes().0 > 0, "cpu+cpu copies between its units");
+        }
+        counts.push((backend, allocations));
+    }
+    assert!(
+        counts.iter().all(|&(_, n)| n == 0),
+        "allocations in {steps} decode steps: {counts:?}"
+    );
+}
