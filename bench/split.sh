@@ -7,7 +7,8 @@
 # For each shape in SHAPES (q4_k, `engine synth`):
 #   1. the greedy continuation of a fixed prompt on every placement in PLACEMENTS (they must agree);
 #   2. `engine bench` for each placement in ROUNDS, interleaved (vulkan, vulkan+vulkan, vulkan, ...),
-#      batches BATCHES, PROMPT_TOKENS prefill, GEN_TOKENS generated, REPEAT timed repeats.
+#      batches BATCHES, PROMPT_TOKENS prefill, GEN_TOKENS generated, REPEAT timed repeats. A round
+#      `A+B@mbN` runs with `[placement] micro_batches = N` (decode pipelined across the units).
 # The JSON results (in results.tar.gz) and the log come back under $OUT.
 set -uo pipefail
 CARRY=${CARRY:-.devcarry}
@@ -41,11 +42,16 @@ for s in $SHAPES; do
             python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])' || echo failed
     done
     i=0
-    for b in $ROUNDS; do
+    for round in $ROUNDS; do
         i=$((i + 1))
-        echo "== bench $s $b (round $i)"
-        timeout 300 "$E" bench --model "$g" --backend "$b" --prompt-tokens "$PROMPT_TOKENS" \
-            --gen-tokens "$GEN_TOKENS" --batch "$BATCHES" --repeat "$REPEAT" --out "$OUT/$s-$b-$i.json"
+        b=${round%@*}
+        cfg=()
+        case $round in
+            *@mb*) n=${round##*@mb}; printf '[placement]\nmicro_batches = %s\n' "$n" >"$W/mb$n.toml"; cfg=(--config "$W/mb$n.toml") ;;
+        esac
+        echo "== bench $s $round (round $i)"
+        timeout 300 "$E" "${cfg[@]}" bench --model "$g" --backend "$b" --prompt-tokens "$PROMPT_TOKENS" \
+            --gen-tokens "$GEN_TOKENS" --batch "$BATCHES" --repeat "$REPEAT" --out "$OUT/$s-$round-$i.json"
     done
     rm -f "$g"
 done

@@ -539,3 +539,59 @@ fn decode_steps_of_a_split_allocate_nothing() {
         "allocations in {steps} decode steps: {counts:?}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// e. Pipelined micro-batches.
+
+/// A split batched decode step cut into micro-batches (`[placement] micro_batches`) gives the
+/// logits of the same step run whole, sequence by sequence, and allocates nothing once warm.
+#[test]
+fn micro_batches_give_the_logits_of_whole_steps() {
+    let tokens = ids(&reference(FIXTURE)["sequences"][0]["tokens"]);
+    let batch = 3usize;
+    let load_batched = |placement: &str| {
+        load(
+            &search(),
+            &settings(placement),
+            &options(FIXTURE, "cpu+cpu", CHUNK),
+            batch,
+            &mut |_| {},
+            &mut |_: u64, _: u64| {},
+        )
+        .unwrap_or_else(|e| panic!("loading with {placement:?}: {e}"))
+    };
+    let mut whole = load_batched("");
+    let mut piped = load_batched("[placement]\nmicro_batches = 2\n");
+    let slots: Vec<u32> = (0..batch as u32).collect();
+    for s in [&mut whole.session, &mut piped.session] {
+        for (i, &slot) in slots.iter().enumerate() {
+            s.prefill(slot, &tokens[i..i + 2], false).unwrap();
+        }
+    }
+    let vocab = whole.session.model().config.vocab_size;
+    let mut next: Vec<u32> = tokens[..batch].to_vec();
+    for step in 0..4 {
+        let want = whole.session.step(&next, &slots, &slots).unwrap().to_vec();
+        let (got, allocations) =
+            count_allocations(|| piped.session.step(&next, &slots, &slots).unwrap().to_vec());
+        assert_eq!(got.len(), batch * vocab);
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= 1e-5,
+            "step {step}: micro-batched logits differ by {worst}"
+        );
+        if step >= 2 {
+            // `to_vec` above is the test's own allocation.
+            assert_eq!(allocations, 1, "step {step}: allocations besides the test's copy");
+        }
+        next = want.chunks_exact(vocab).map(argmax).collect();
+    }
+    assert_eq!(whole.session.last_step_micro_batches(), 1);
+    assert_eq!(piped.session.last_step_micro_batches(), 2);
+    // Both micro-batches crossed the same boundaries the whole step crosses.
+    assert_eq!(whole.session.moved_bytes().0, piped.session.moved_bytes().0);
+}

@@ -218,7 +218,11 @@ pub fn load(
         Some(spec) => {
             let candidates = open_candidates(&spec, &discovery, settings)?;
             let planned = plan_on(spec, candidates, options, slots)?;
-            load_split(planned, notices, progress)
+            let mut loaded = load_split(planned, notices, progress)?;
+            loaded
+                .session
+                .set_micro_batches(settings.placement.micro_batches.unwrap_or(1));
+            Ok(loaded)
         }
     }
 }

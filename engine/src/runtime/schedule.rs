@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use tandem_backend_api::{
     BackendError, BufferId, ComputeBackend, DType, Graph, GraphBuilder, NodeTime, Op, ProgramId, RowCount,
-    StepArgs, TensorDesc, Usage, ValueId, ValueShape,
+    StepArgs, TensorDesc, Ticket, Usage, ValueId, ValueShape,
 };
 
 /// One compute unit of a session: a backend, and where it holds the model's planned tensors.
@@ -324,37 +324,61 @@ impl Scheduled {
 
     /// Runs one step: every segment in order, each boundary copy after its producer.
     pub fn run(&mut self, units: &mut [Unit], args: &StepArgs<'_>) -> Result<(), ScheduleError> {
+        for i in 0..self.segments.len() {
+            let ticket = self.submit(i, units, args)?;
+            self.finish(i, ticket, units)?;
+        }
+        Ok(())
+    }
+
+    /// Submits segment `i` (its inputs must be in place: segment `i - 1` finished).
+    pub fn submit(&self, i: usize, units: &mut [Unit], args: &StepArgs<'_>) -> Result<Ticket, ScheduleError> {
+        let seg = &self.segments[i];
+        let unit = &mut units[seg.unit];
+        unit.backend
+            .execute(seg.program, args)
+            .map_err(step_err("running a step on", &unit.name))
+    }
+
+    /// Waits for segment `i`'s execution `ticket`, then copies what it computed to the units that
+    /// read it.
+    pub fn finish(&mut self, i: usize, ticket: Ticket, units: &mut [Unit]) -> Result<(), ScheduleError> {
         let Scheduled {
             segments,
             staging,
             moved,
             ..
         } = self;
-        for seg in segments.iter() {
-            let unit = &mut units[seg.unit];
-            let ticket = unit
-                .backend
-                .execute(seg.program, args)
-                .map_err(step_err("running a step on", &unit.name))?;
-            unit.backend
-                .wait(ticket)
-                .map_err(step_err("waiting for a step on", &unit.name))?;
-            for c in &seg.copies {
-                let buf = &mut staging[..c.bytes];
-                let from = &mut units[seg.unit];
-                from.backend
-                    .read(c.from, 0, buf)
-                    .map_err(step_err("reading a boundary value from", &from.name))?;
-                for &(t, to) in &c.to {
-                    let unit = &mut units[t];
-                    unit.backend
-                        .write(to, 0, buf)
-                        .map_err(step_err("writing a boundary value to", &unit.name))?;
-                    *moved += c.bytes as u64;
-                }
+        let seg = &segments[i];
+        let unit = &mut units[seg.unit];
+        unit.backend
+            .wait(ticket)
+            .map_err(step_err("waiting for a step on", &unit.name))?;
+        for c in &seg.copies {
+            let buf = &mut staging[..c.bytes];
+            let from = &mut units[seg.unit];
+            from.backend
+                .read(c.from, 0, buf)
+                .map_err(step_err("reading a boundary value from", &from.name))?;
+            for &(t, to) in &c.to {
+                let unit = &mut units[t];
+                unit.backend
+                    .write(to, 0, buf)
+                    .map_err(step_err("writing a boundary value to", &unit.name))?;
+                *moved += c.bytes as u64;
             }
         }
         Ok(())
+    }
+
+    /// Segments (programs) per step.
+    pub fn len(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// Whether the schedule has no program (never, once built).
+    pub fn is_empty(&self) -> bool {
+        self.segments.is_empty()
     }
 
     /// Reads the logits of the last step into `out` (`selected * vocab * 4` bytes).
@@ -368,11 +392,6 @@ impl Scheduled {
     /// Bytes the boundary copies have moved through the host since the build.
     pub fn moved_bytes(&self) -> u64 {
         self.moved
-    }
-
-    /// Programs in the schedule.
-    pub fn program_count(&self) -> usize {
-        self.segments.len()
     }
 
     /// The unit whose program wrote the logits.

@@ -68,6 +68,9 @@ struct KvHandoff {
     moved: u64,
 }
 
+/// The most micro-batches [`Session::set_micro_batches`] takes.
+pub const MAX_MICRO_BATCHES: usize = 4;
+
 fn phase_index(phase: Phase) -> usize {
     match phase {
         Phase::Prefill => 0,
@@ -82,7 +85,13 @@ pub struct Session {
     /// Per phase, the unit of every node of the step graph (`None`: all on unit 0).
     placement: Option<[Vec<usize>; 2]>,
     kv: Option<KvHandoff>,
-    programs: HashMap<(Phase, usize, usize), Scheduled>,
+    /// Per step shape (phase, rows, selected rows, micro-batches): one schedule, or one per
+    /// micro-batch when decode steps are pipelined across units.
+    programs: HashMap<(Phase, usize, usize, usize), Vec<Scheduled>>,
+    /// Micro-batches a split decode step of several sequences is cut into (1: none).
+    micro_batches: usize,
+    /// `0, 1, 2, ...`: the select rows of a micro-batch (reused: grown, never shrunk).
+    iota: Vec<u32>,
     /// Tokens already in the cache, per slot.
     lengths: Vec<usize>,
     /// Scratch for step arguments (reused: nothing allocated per token once warm).
@@ -95,7 +104,7 @@ pub struct Session {
     /// Scratch for the lengths after a step (swapped with `lengths`).
     next_lengths: Vec<usize>,
     /// The program the last step ran.
-    last_program: Option<(Phase, usize, usize)>,
+    last_program: Option<(Phase, usize, usize, usize)>,
 }
 
 impl Session {
@@ -156,6 +165,8 @@ impl Session {
             placement,
             kv,
             programs: HashMap::new(),
+            micro_batches: 1,
+            iota: Vec::new(),
             lengths: vec![0; slots],
             tokens: vec![],
             positions: vec![],
@@ -192,6 +203,11 @@ impl Session {
             .unwrap_or(0)
     }
 
+    /// Micro-batches the last step ran in (1: whole; 0: no step yet).
+    pub fn last_step_micro_batches(&self) -> usize {
+        self.last_program.map_or(0, |k| k.3)
+    }
+
     /// The units' instance names, in unit order.
     pub fn unit_names(&self) -> Vec<&str> {
         self.units.iter().map(|u| u.name.as_str()).collect()
@@ -201,14 +217,14 @@ impl Session {
     /// handed from the prefill unit to the decode unit.
     pub fn moved_bytes(&self) -> (u64, u64) {
         (
-            self.programs.values().map(Scheduled::moved_bytes).sum(),
+            self.programs.values().flatten().map(Scheduled::moved_bytes).sum(),
             self.kv.as_ref().map_or(0, |k| k.moved),
         )
     }
 
     /// Per-node device time of the last step, where the backends measure it (empty otherwise).
     pub fn profile_last_step(&mut self) -> Result<Vec<NodeTime>, SessionError> {
-        match self.last_program.and_then(|k| self.programs.get(&k)) {
+        match self.last_program.and_then(|k| self.programs.get(&k)?.first()) {
             Some(p) => Ok(p.profile(&mut self.units)?),
             None => Ok(Vec::new()),
         }
@@ -234,17 +250,72 @@ impl Session {
         }
     }
 
-    fn program(&mut self, phase: Phase, rows: usize, selected: usize) -> Result<(), SessionError> {
-        let key = (phase, rows, selected);
+    /// Sets how many micro-batches a split decode step of several sequences (every row
+    /// selected) is cut into, at most [`MAX_MICRO_BATCHES`]: while one unit runs a part of one
+    /// micro-batch, the other unit runs the next part of another. 1 (the default) runs each step
+    /// whole.
+    pub fn set_micro_batches(&mut self, n: usize) {
+        self.micro_batches = n.clamp(1, MAX_MICRO_BATCHES);
+    }
+
+    /// The micro-batches a step of `rows` rows selecting `select` runs as: their row bounds.
+    fn micro_bounds(
+        &self,
+        phase: Phase,
+        rows: usize,
+        select: &[u32],
+    ) -> ([usize; MAX_MICRO_BATCHES + 1], usize) {
+        let mut bounds = [0; MAX_MICRO_BATCHES + 1];
+        let split_decode = match &self.placement {
+            Some(p) => p[1].windows(2).any(|w| w[0] != w[1]),
+            None => false,
+        };
+        let all_rows = select.len() == rows && select.iter().enumerate().all(|(i, &r)| r as usize == i);
+        let m = if phase == Phase::Decode && split_decode && all_rows {
+            self.micro_batches.min(rows)
+        } else {
+            1
+        };
+        for (j, b) in bounds.iter_mut().enumerate().take(m + 1) {
+            *b = rows * j / m;
+        }
+        (bounds, m)
+    }
+
+    fn program(
+        &mut self,
+        phase: Phase,
+        rows: usize,
+        selected: usize,
+        bounds: &[usize],
+    ) -> Result<(), SessionError> {
+        let key = (phase, rows, selected, bounds.len() - 1);
         if !self.programs.contains_key(&key) {
             let vocab = self.model.config.vocab_size;
-            let graph = self.model.step_graph(rows, selected, BufferId::UNBOUND);
-            let assign = match &self.placement {
-                Some(p) => p[phase_index(phase)].clone(),
-                None => vec![0; graph.nodes.len()],
-            };
-            let scheduled = Scheduled::build(&mut self.units, &graph, &assign, vocab)?;
-            self.programs.insert(key, scheduled);
+            let mut schedules = Vec::new();
+            for w in bounds.windows(2) {
+                // A micro-batch selects all its rows; a whole step selects `selected`.
+                let (r, sel) = if bounds.len() > 2 {
+                    (w[1] - w[0], w[1] - w[0])
+                } else {
+                    (rows, selected)
+                };
+                let graph = self.model.step_graph(r, sel, BufferId::UNBOUND);
+                let assign = match &self.placement {
+                    Some(p) => p[phase_index(phase)].clone(),
+                    None => vec![0; graph.nodes.len()],
+                };
+                match Scheduled::build(&mut self.units, &graph, &assign, vocab) {
+                    Ok(s) => schedules.push(s),
+                    Err(e) => {
+                        for mut s in schedules {
+                            s.release(&mut self.units);
+                        }
+                        return Err(e.into());
+                    }
+                }
+            }
+            self.programs.insert(key, schedules);
         }
         Ok(())
     }
@@ -356,24 +427,75 @@ impl Session {
         self.select.extend_from_slice(select);
         let (rows, selected) = (tokens.len(), select.len());
         let phase = self.phase_key(phase);
-        let key = (phase, rows, selected);
-        self.program(phase, rows, selected)?;
+        let (bounds, m) = self.micro_bounds(phase, rows, select);
+        let key = (phase, rows, selected, m);
+        let bounds = &bounds[..=m];
+        self.program(phase, rows, selected, bounds)?;
         self.hand_over(phase)?;
-        let args = StepArgs {
-            tokens: &self.tokens,
-            positions: &self.positions,
-            slots: &self.slots,
-            select: &self.select,
-        };
-        let scheduled = self
+        if self.iota.len() < rows {
+            self.iota.extend(self.iota.len() as u32..rows as u32);
+        }
+        let schedules = self
             .programs
             .get_mut(&key)
             .ok_or_else(|| SessionError::Invalid("program cache".into()))?;
-        scheduled.run(&mut self.units, &args)?;
+        let units = &mut self.units;
+        let (tokens, positions, slots, select, iota) = (
+            &self.tokens,
+            &self.positions,
+            &self.slots,
+            &self.select,
+            &self.iota,
+        );
+        // The step arguments of micro-batch `j` (of the whole step when there is one).
+        let args = |j: usize| {
+            if m == 1 {
+                return StepArgs {
+                    tokens,
+                    positions,
+                    slots,
+                    select,
+                };
+            }
+            let (a, b) = (bounds[j], bounds[j + 1]);
+            StepArgs {
+                tokens: &tokens[a..b],
+                positions: &positions[a..b],
+                slots: &slots[a..b],
+                select: &iota[..b - a],
+            }
+        };
+        if m == 1 {
+            schedules[0].run(units, &args(0))?;
+        } else {
+            // Each unit alternates micro-batches: after micro-batch j's part i finishes on its
+            // unit, its part i + 1 is submitted to the next unit, which works on it while the
+            // first unit goes on with micro-batch j + 1's part i.
+            let parts = schedules[0].len();
+            let mut tickets = [tandem_backend_api::Ticket(0); MAX_MICRO_BATCHES];
+            for (j, t) in tickets.iter_mut().enumerate().take(m) {
+                *t = schedules[j].submit(0, units, &args(j))?;
+            }
+            for i in 0..parts {
+                for (j, t) in tickets.iter_mut().enumerate().take(m) {
+                    schedules[j].finish(i, *t, units)?;
+                    if i + 1 < parts {
+                        *t = schedules[j].submit(i + 1, units, &args(j))?;
+                    }
+                }
+            }
+        }
         self.last_program = Some(key);
         self.next_lengths = std::mem::replace(&mut self.lengths, lens);
         self.logits_bytes.resize(selected * vocab * 4, 0);
-        scheduled.read_logits(&mut self.units, &mut self.logits_bytes)?;
+        for (j, s) in schedules.iter().enumerate() {
+            let (a, b) = if m == 1 {
+                (0, selected)
+            } else {
+                (bounds[j], bounds[j + 1])
+            };
+            s.read_logits(units, &mut self.logits_bytes[a * vocab * 4..b * vocab * 4])?;
+        }
         self.logits.clear();
         self.logits.extend(
             self.logits_bytes
@@ -463,7 +585,7 @@ pub struct GenerationStats {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        for p in self.programs.values_mut() {
+        for p in self.programs.values_mut().flatten() {
             p.release(&mut self.units);
         }
     }

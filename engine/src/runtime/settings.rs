@@ -57,6 +57,9 @@ pub struct PlacementSettings {
     pub default: Option<Vec<String>>,
     /// `[placement.prefill]`: lists for prompt processing.
     pub prefill: Option<PhaseLists>,
+    /// Micro-batches a split decode step of several sequences is pipelined in (1 to 4; 1: none).
+    #[serde(default, deserialize_with = "micro_batches")]
+    pub micro_batches: Option<usize>,
     /// `[placement.decode]`: lists for generating tokens.
     pub decode: Option<PhaseLists>,
 }
@@ -81,6 +84,17 @@ impl PlacementSettings {
     pub fn splits(&self) -> bool {
         self.attention.is_some() || self.ffn.is_some() || self.prefill.is_some() || self.decode.is_some()
     }
+}
+
+/// 1 to 4 micro-batches.
+fn micro_batches<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    let n = usize::deserialize(d)?;
+    if !(1..=4).contains(&n) {
+        return Err(serde::de::Error::custom(format!(
+            "micro_batches = {n}: expected 1 to 4"
+        )));
+    }
+    Ok(Some(n))
 }
 
 /// A preference list must name at least one backend.
@@ -254,6 +268,12 @@ mod tests {
         assert_eq!(decode.attention.as_ref().unwrap(), &["vulkan", "cpu"]);
         assert_eq!(decode.ffn, None);
         assert!(s.strict("npu") && !s.strict("cpu"));
+        assert_eq!(s.placement.micro_batches, None);
+        let (_d, p) = write("[placement]\nmicro_batches = 2\n");
+        assert_eq!(Settings::load(&p).unwrap().placement.micro_batches, Some(2));
+        let (_d, p) = write("[placement]\nmicro_batches = 9\n");
+        let e = Settings::load(&p).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("micro_batches = 9"), "{e}");
     }
 
     #[test]
