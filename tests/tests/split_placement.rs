@@ -595,3 +595,76 @@ fn micro_batches_give_the_logits_of_whole_steps() {
     // Both micro-batches crossed the same boundaries the whole step crosses.
     assert_eq!(whole.session.moved_bytes().0, piped.session.moved_bytes().0);
 }
+
+// ---------------------------------------------------------------------------------------------
+// f. `--backend auto` by measurement.
+
+/// Calibration measures every candidate placement, picks the fastest decode, caches the figures
+/// under the key, and answers the same key from the cache without measuring.
+#[test]
+fn calibration_measures_each_candidate_and_caches_the_choice() {
+    use tandem_engine::runtime::calibrate::{calibrate, candidates, describe, key};
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("calibration.json");
+    let names = vec!["cpu".to_string()];
+    let mut cands = candidates(&names);
+    cands.push("cpu+cpu".to_string());
+    let opts = options(FIXTURE, "auto", CHUNK);
+    let model = fixture(FIXTURE);
+    let k = key(&model, &["cpu=host".to_string()], &cands);
+    let mut notes = Vec::new();
+    let (first, from_cache) = calibrate(
+        &search(),
+        &settings(""),
+        &opts,
+        &cands,
+        &k,
+        Some(&cache),
+        &mut |n| notes.push(n),
+    )
+    .unwrap();
+    assert!(!from_cache);
+    assert!(notes.is_empty(), "{notes:?}");
+    let placed: Vec<&str> = first.figures.iter().map(|m| m.placement.as_str()).collect();
+    assert_eq!(placed, ["cpu", "cpu+cpu"]);
+    assert!(first
+        .figures
+        .iter()
+        .all(|m| m.decode_tokens_per_s > 0.0 && m.prefill_tokens_per_s > 0.0));
+    let best = first
+        .figures
+        .iter()
+        .max_by(|a, b| a.decode_tokens_per_s.total_cmp(&b.decode_tokens_per_s))
+        .unwrap();
+    assert_eq!(first.choice, best.placement);
+    assert!(describe(&first, None).starts_with(&format!("auto chose {} by measurement", first.choice)));
+    // The same key again: from the cache, identical figures.
+    let (again, from_cache) = calibrate(
+        &search(),
+        &settings(""),
+        &opts,
+        &cands,
+        &k,
+        Some(&cache),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(from_cache);
+    assert_eq!((&again.key, &again.choice), (&first.key, &first.choice));
+    assert_eq!(again.figures.len(), first.figures.len());
+    for (a, b) in again.figures.iter().zip(&first.figures) {
+        // JSON keeps a float to within its last digit.
+        assert_eq!(a.placement, b.placement);
+        assert!((a.decode_tokens_per_s / b.decode_tokens_per_s - 1.0).abs() < 1e-12);
+        assert!((a.prefill_tokens_per_s / b.prefill_tokens_per_s - 1.0).abs() < 1e-12);
+    }
+    // A placement that cannot run is left out with a note; the others still decide.
+    let bad = vec!["cpu".to_string(), "npu".to_string()];
+    let mut notes = Vec::new();
+    let (c, _) = calibrate(&search(), &settings(""), &opts, &bad, "other", None, &mut |n| {
+        notes.push(n)
+    })
+    .unwrap();
+    assert_eq!(c.choice, "cpu");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+}

@@ -8,10 +8,13 @@ use std::collections::HashMap;
 
 use tandem_backend_api::{BufferId, Graph};
 
+use tandem_backend_api::DeviceKind;
+
+use super::calibrate;
 use super::notice::Notice;
 use super::placement::{
     assign, choose_from, discover, fallback_notes, open_candidates, Assignment, Candidate, NodeChoice,
-    PlacementError, PlacementSpec, SpecError,
+    PlacementError, PlacementSpec, SpecError, AUTO_ORDER,
 };
 use super::placement_report::{unit_tensors, PlacementReport};
 use super::plugins::{Discovery, PluginSearch};
@@ -20,7 +23,7 @@ use super::schedule::Unit;
 use super::session::{GenerationStats, Session, SessionError};
 use super::settings::Settings;
 use crate::checkpoint::source::WeightSource;
-use crate::model::files::open_model;
+use crate::model::files::{cache_dir, open_model};
 use crate::model::{CacheShape, Gemma3Model, LoadProgress, ModelError, Part};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -49,6 +52,9 @@ pub enum LoadError {
     /// A zero context or chunk.
     #[error("--context and --chunk must be at least 1")]
     ZeroSize,
+    /// `auto` could not measure any placement.
+    #[error("calibrating --backend auto: {0}")]
+    Calibration(String),
     /// The weights could not be uploaded.
     #[error("loading {}", path.display())]
     Upload {
@@ -154,6 +160,8 @@ pub fn plan(
     notices: &mut dyn FnMut(Notice),
 ) -> Result<Planned, LoadError> {
     let discovery = discover(search, notices);
+    let measured = measured_auto(&discovery, search, settings, options, notices)?;
+    let options = measured.as_ref().unwrap_or(options);
     let spec = PlacementSpec::resolve(&options.backend, settings, &plugin_names(&discovery))?;
     let (spec, candidates) = match spec {
         Some(spec) => {
@@ -168,6 +176,60 @@ pub fn plan(
         }
     };
     plan_on(spec, candidates, options, slots)
+}
+
+/// For `--backend auto` without `[placement]` lists, when two or more hardware backends are
+/// available: `options` with the placement that measured fastest (see [`super::calibrate`]),
+/// saying so in a note. `None` otherwise: auto's first-available rule stands.
+fn measured_auto(
+    discovery: &Discovery,
+    search: &PluginSearch,
+    settings: &Settings,
+    options: &ModelOptions,
+    notices: &mut dyn FnMut(Notice),
+) -> Result<Option<ModelOptions>, LoadError> {
+    let p = &settings.placement;
+    if options.backend != "auto" || p.default.is_some() || p.splits() {
+        return Ok(None);
+    }
+    let mut names = Vec::new();
+    let mut devices = Vec::new();
+    for name in AUTO_ORDER {
+        if let Ok(b) = discovery.create(name, &settings.backend_options(name)) {
+            let info = b.info();
+            if info.kind != DeviceKind::SoftwareGpu {
+                names.push(name.to_string());
+                devices.push(format!("{name}={}", info.device));
+            }
+        }
+    }
+    if names.len() < 2 {
+        return Ok(None);
+    }
+    let model = match &options.model {
+        Some(m) => m.clone(),
+        None => crate::model::files::default_model()?,
+    };
+    let candidates = calibrate::candidates(&names);
+    let key = calibrate::key(&model, &devices, &candidates);
+    let cache = cache_dir().map(|d| d.join("calibration.json"));
+    let (c, from_cache) = calibrate::calibrate(
+        search,
+        settings,
+        options,
+        &candidates,
+        &key,
+        cache.as_deref(),
+        notices,
+    )?;
+    notices(Notice::Note(calibrate::describe(
+        &c,
+        cache.as_ref().filter(|_| from_cache),
+    )));
+    Ok(Some(ModelOptions {
+        backend: c.choice,
+        ..options.clone()
+    }))
 }
 
 fn plugin_names(discovery: &Discovery) -> Vec<String> {
@@ -210,6 +272,8 @@ pub fn load(
     progress: &mut dyn LoadProgress,
 ) -> Result<Loaded, LoadError> {
     let discovery = discover(search, notices);
+    let measured = measured_auto(&discovery, search, settings, options, notices)?;
+    let options = measured.as_ref().unwrap_or(options);
     match PlacementSpec::resolve(&options.backend, settings, &plugin_names(&discovery))? {
         None => {
             let backend = choose_from(&discovery, settings, &options.backend, notices)?;

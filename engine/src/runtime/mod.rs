@@ -2,6 +2,7 @@
 //! the model ([`placement`]), loading a model onto it ([`load`]), generation state ([`session`])
 //! and token choice ([`sampler`]).
 
+pub mod calibrate;
 pub mod load;
 pub mod notice;
 pub mod placement;

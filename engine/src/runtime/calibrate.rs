@@ -1,0 +1,247 @@
+//! `--backend auto` by measurement: when several hardware backends are available, every placement
+//! they allow (each backend alone, and each `A+B`) runs a short prefill and a few decode steps on
+//! the model, and the fastest decode wins. The figures are cached per model file, devices and
+//! candidates in the cache directory (`calibration.json`), so only the first run pays for them.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::load::{load, LoadError, ModelOptions};
+use super::notice::Notice;
+use super::plugins::PluginSearch;
+use super::settings::Settings;
+
+/// Prompt tokens of the measured prefill.
+const PREFILL_TOKENS: usize = 64;
+/// Decode steps measured (after as many warm-up steps as it takes to compile).
+const DECODE_STEPS: usize = 16;
+
+/// One candidate's measured figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Measured {
+    /// The placement (`vulkan`, `cpu+vulkan`).
+    pub placement: String,
+    /// Decode tokens per second (median step of one sequence).
+    pub decode_tokens_per_s: f64,
+    /// Prefill tokens per second (one prompt).
+    pub prefill_tokens_per_s: f64,
+}
+
+/// The outcome of a calibration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// What identifies the model, devices and candidates it was measured for.
+    pub key: String,
+    /// The fastest decode.
+    pub choice: String,
+    /// Every candidate, in the order measured.
+    pub figures: Vec<Measured>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct CacheFile {
+    entries: Vec<Calibration>,
+}
+
+/// Every placement `backends` allow: each alone, then each `A+B` of two different ones.
+pub fn candidates(backends: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = backends.to_vec();
+    for a in backends {
+        for b in backends {
+            if a != b {
+                out.push(format!("{a}+{b}"));
+            }
+        }
+    }
+    out
+}
+
+/// The cache key: the model file's path, length and modification time, the devices, the
+/// candidates.
+pub fn key(model: &Path, devices: &[String], candidates: &[String]) -> String {
+    let meta = std::fs::metadata(model).ok();
+    let len = meta.as_ref().map_or(0, |m| m.len());
+    let mtime = meta
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    format!(
+        "{}|{len}|{mtime}|{}|{}",
+        model.display(),
+        devices.join(","),
+        candidates.join(",")
+    )
+}
+
+/// The cached calibration for `key` in `cache`, if any.
+pub fn cached(cache: &Path, key: &str) -> Option<Calibration> {
+    let text = std::fs::read_to_string(cache).ok()?;
+    let file: CacheFile = serde_json::from_str(&text).ok()?;
+    file.entries.into_iter().find(|e| e.key == key)
+}
+
+/// Adds (or replaces) `calibration` in `cache`. A cache that cannot be written only costs a
+/// new calibration next time.
+fn store(cache: &Path, calibration: &Calibration) {
+    let mut file: CacheFile = std::fs::read_to_string(cache)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    file.entries.retain(|e| e.key != calibration.key);
+    file.entries.push(calibration.clone());
+    if let Some(dir) = cache.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    if let Ok(text) = serde_json::to_string_pretty(&file) {
+        let _ = std::fs::write(cache, text);
+    }
+}
+
+/// Measures one placement of `options.model`.
+fn measure(
+    search: &PluginSearch,
+    settings: &Settings,
+    options: &ModelOptions,
+    placement: &str,
+) -> Result<Measured, LoadError> {
+    let opts = ModelOptions {
+        backend: placement.to_string(),
+        context: Some(PREFILL_TOKENS + 2 * DECODE_STEPS + 8),
+        chunk: PREFILL_TOKENS,
+        ..options.clone()
+    };
+    let mut loaded = load(search, settings, &opts, 1, &mut |_| {}, &mut |_: u64, _: u64| {})?;
+    let s = &mut loaded.session;
+    let vocab = s.model().config.vocab_size as u32;
+    let prompt: Vec<u32> = (0..PREFILL_TOKENS as u32)
+        .map(|i| 3 + (i * 7919) % (vocab - 3))
+        .collect();
+    let run = |s: &mut super::session::Session| -> Result<(f64, f64), LoadError> {
+        s.reset(0);
+        let t = Instant::now();
+        s.prefill(0, &prompt, false).map_err(session_err)?;
+        let prefill = t.elapsed().as_secs_f64();
+        let mut steps = Vec::with_capacity(DECODE_STEPS);
+        for i in 0..DECODE_STEPS as u32 {
+            let t = Instant::now();
+            s.step(&[3 + i], &[0], &[0]).map_err(session_err)?;
+            steps.push(t.elapsed().as_secs_f64());
+        }
+        steps.sort_by(f64::total_cmp);
+        Ok((prefill, steps[steps.len() / 2]))
+    };
+    run(s)?; // warm-up: compiles every program
+    let (prefill, step) = run(s)?;
+    Ok(Measured {
+        placement: placement.to_string(),
+        decode_tokens_per_s: 1.0 / step.max(1e-9),
+        prefill_tokens_per_s: PREFILL_TOKENS as f64 / prefill.max(1e-9),
+    })
+}
+
+fn session_err(e: super::session::SessionError) -> LoadError {
+    LoadError::Calibration(e.to_string())
+}
+
+/// Measures every placement in `candidates` on `options.model` (or takes the figures cached in
+/// `cache` under `key`) and returns them with the fastest decode's placement. A candidate that
+/// fails to load or run is left out with a note.
+pub fn calibrate(
+    search: &PluginSearch,
+    settings: &Settings,
+    options: &ModelOptions,
+    candidates: &[String],
+    key: &str,
+    cache: Option<&Path>,
+    notices: &mut dyn FnMut(Notice),
+) -> Result<(Calibration, bool), LoadError> {
+    if let Some(c) = cache.and_then(|p| cached(p, key)) {
+        return Ok((c, true));
+    }
+    let mut figures = Vec::new();
+    for c in candidates {
+        match measure(search, settings, options, c) {
+            Ok(m) => figures.push(m),
+            Err(e) => notices(Notice::Note(format!("calibration: {c} left out: {e}"))),
+        }
+    }
+    let best = figures
+        .iter()
+        .max_by(|a, b| a.decode_tokens_per_s.total_cmp(&b.decode_tokens_per_s))
+        .ok_or_else(|| LoadError::Calibration("no candidate placement ran".into()))?;
+    let calibration = Calibration {
+        key: key.to_string(),
+        choice: best.placement.clone(),
+        figures: figures.clone(),
+    };
+    if let Some(p) = cache {
+        store(p, &calibration);
+    }
+    Ok((calibration, false))
+}
+
+/// The line `auto` prints: the choice and the figures behind it.
+pub fn describe(c: &Calibration, from_cache: Option<&PathBuf>) -> String {
+    let figures: Vec<String> = c
+        .figures
+        .iter()
+        .map(|m| {
+            format!(
+                "{} {:.1} decode / {:.1} prefill tok/s",
+                m.placement, m.decode_tokens_per_s, m.prefill_tokens_per_s
+            )
+        })
+        .collect();
+    let source = match from_cache {
+        Some(p) => format!("measured earlier, cached in {}", p.display()),
+        None => {
+            format!("measured now: a {PREFILL_TOKENS}-token prefill and {DECODE_STEPS} decode steps each")
+        }
+    };
+    format!(
+        "auto chose {} by measurement ({source}): {}",
+        c.choice,
+        figures.join("; ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_are_each_alone_then_each_pair() {
+        let c = candidates(&["vulkan".into(), "cpu".into()]);
+        assert_eq!(c, ["vulkan", "cpu", "vulkan+cpu", "cpu+vulkan"]);
+        assert_eq!(candidates(&["cpu".into()]), ["cpu"]);
+    }
+
+    #[test]
+    fn the_cache_keeps_one_entry_per_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sub/calibration.json");
+        let m = |p: &str, d| Measured {
+            placement: p.into(),
+            decode_tokens_per_s: d,
+            prefill_tokens_per_s: 1.0,
+        };
+        let a = Calibration {
+            key: "a".into(),
+            choice: "cpu".into(),
+            figures: vec![m("cpu", 2.0)],
+        };
+        store(&p, &a);
+        let b = Calibration {
+            key: "a".into(),
+            choice: "vulkan".into(),
+            figures: vec![m("vulkan", 3.0)],
+        };
+        store(&p, &b);
+        assert_eq!(cached(&p, "a"), Some(b));
+        assert_eq!(cached(&p, "other"), None);
+        std::fs::write(&p, "not json").unwrap();
+        assert_eq!(cached(&p, "a"), None, "a broken cache is no cache");
+    }
+}
