@@ -668,3 +668,59 @@ fn calibration_measures_each_candidate_and_caches_the_choice() {
     assert_eq!(c.choice, "cpu");
     assert_eq!(notes.len(), 1, "{notes:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// g. The default model, split.
+
+/// The real default model split across two CPU instances: the last logits within the CPU
+/// tolerance of transformers', and transformers' greedy continuations.
+#[test]
+fn the_default_model_split_matches_transformers() {
+    let path = match tandem_engine::model::files::default_model() {
+        Ok(p) => p,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping: {e}");
+            return;
+        }
+        Err(e) => panic!("CI must fetch the default model: {e}"),
+    };
+    let r: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gemma3-270m/reference.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let opts = ModelOptions {
+        model: Some(path),
+        backend: "cpu+cpu".into(),
+        context: Some(128),
+        chunk: 64,
+    };
+    let mut loaded = load(
+        &search(),
+        &settings(""),
+        &opts,
+        1,
+        &mut |_| {},
+        &mut |_: u64, _: u64| {},
+    )
+    .unwrap();
+    assert_eq!(loaded.session.unit_names(), ["cpu#2", "cpu"]);
+    tandem_conformance::assert_last_logits(&mut loaded.session, &r, 1e-3);
+    let stop = loaded.tokenizer.stop_ids().to_vec();
+    for g in r["greedy"].as_array().unwrap() {
+        let n = g["max_new_tokens"].as_u64().unwrap() as usize;
+        let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+        let mut got = Vec::new();
+        loaded
+            .session
+            .generate(&ids(&g["prompt_ids"]), n, &mut sampler, &stop, false, |t| {
+                got.push(t);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(got, ids(&g["generated"]), "greedy continuation");
+    }
+    assert!(loaded.session.moved_bytes().0 > 0);
+}

@@ -116,7 +116,7 @@ fn measure(
     let s = &mut loaded.session;
     let vocab = s.model().config.vocab_size as u32;
     let prompt: Vec<u32> = (0..PREFILL_TOKENS as u32)
-        .map(|i| 3 + (i * 7919) % (vocab - 3))
+        .map(|i| (3 + i * 7919) % vocab.max(1))
         .collect();
     let run = |s: &mut super::session::Session| -> Result<(f64, f64), LoadError> {
         s.reset(0);
@@ -126,7 +126,8 @@ fn measure(
         let mut steps = Vec::with_capacity(DECODE_STEPS);
         for i in 0..DECODE_STEPS as u32 {
             let t = Instant::now();
-            s.step(&[3 + i], &[0], &[0]).map_err(session_err)?;
+            s.step(&[(3 + i) % vocab.max(1)], &[0], &[0])
+                .map_err(session_err)?;
             steps.push(t.elapsed().as_secs_f64());
         }
         steps.sort_by(f64::total_cmp);

@@ -158,9 +158,17 @@ impl Settings {
             let line = e
                 .span()
                 .map(|sp| text[..sp.start.min(text.len())].matches('\n').count() + 1);
-            let message = match line {
-                Some(l) => format!("line {l}: {}", e.message().trim()),
-                None => e.message().trim().to_string(),
+            // A value's error points at the value: name the key written before it on its line,
+            // when the message does not already.
+            let key = line
+                .and_then(|l| text.lines().nth(l - 1))
+                .and_then(|t| t.split_once('='))
+                .map(|(k, _)| k.trim().trim_matches('"'))
+                .filter(|k| !k.is_empty() && !e.message().contains(*k));
+            let message = match (line, key) {
+                (Some(l), Some(k)) => format!("line {l}: key `{k}`: {}", e.message().trim()),
+                (Some(l), None) => format!("line {l}: {}", e.message().trim()),
+                _ => e.message().trim().to_string(),
             };
             SettingsError::Parse {
                 path: path.to_path_buf(),
@@ -281,7 +289,10 @@ mod tests {
         let (_d, p) = write("[placement]\n\nattention = []\n");
         let e = Settings::load(&p).unwrap_err().to_string();
         assert!(
-            e.contains("tandem.toml") && e.contains("line 3") && e.contains("empty list"),
+            e.contains("tandem.toml")
+                && e.contains("line 3")
+                && e.contains("key `attention`")
+                && e.contains("empty list"),
             "{e}"
         );
         let (_d, p) = write("[placement.prefill]\nattn = [\"cpu\"]\n");
@@ -289,7 +300,10 @@ mod tests {
         assert!(e.contains("line 2") && e.contains("attn"), "{e}");
         let (_d, p) = write("[placement]\nffn = \"cpu\"\n");
         let e = Settings::load(&p).unwrap_err().to_string();
-        assert!(e.contains("line 2") && e.contains("sequence"), "{e}");
+        assert!(
+            e.contains("line 2") && e.contains("key `ffn`") && e.contains("sequence"),
+            "{e}"
+        );
         let (_d, p) = write("[backend.npu]\nstrict = \"yes\"\n");
         let e = Settings::load(&p).unwrap_err().to_string();
         assert!(e.contains("backend.npu.strict"), "{e}");
