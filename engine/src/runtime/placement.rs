@@ -480,6 +480,18 @@ pub fn assign(
     Ok(Assignment { prefill, decode })
 }
 
+/// The unit of each layer's attention node, in layer order, given the unit of every node of
+/// `graph`: where that layer's KV cache is written.
+pub fn attention_units(graph: &Graph, units: &[usize]) -> Vec<usize> {
+    graph
+        .nodes
+        .iter()
+        .zip(units)
+        .filter(|(n, _)| matches!(n.op, tandem_backend_api::Op::Attention { .. }))
+        .map(|(_, &u)| u)
+        .collect()
+}
+
 /// The notes a placement owes its user: one per backend passed over (unavailable, or refusing
 /// an op), naming where that work went instead.
 pub fn fallback_notes(

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use serde::Serialize;
 use tandem_backend_api::{BufferId, Graph, Op, Usage};
 
-use super::placement::{Assignment, Candidate, NodeChoice, Phase, PlacementSpec};
+use super::placement::{attention_units, Assignment, Candidate, NodeChoice, Phase, PlacementSpec};
 use super::schedule::SplitPlan;
 use crate::model::{Gemma3Model, Part};
 
@@ -208,16 +208,10 @@ impl PlacementReport {
         let chunk = chunk.max(1);
         let c = &model.config;
         let row = (c.num_key_value_heads * c.head_dim * 4) as u64;
-        let attention_units = |phase| -> Vec<usize> {
-            graph
-                .nodes
-                .iter()
-                .zip(assignment.phase(phase))
-                .filter(|(n, _)| matches!(n.op, Op::Attention { .. }))
-                .map(|(_, c)| c.unit)
-                .collect()
-        };
-        let (ap, ad) = (attention_units(Phase::Prefill), attention_units(Phase::Decode));
+        let (ap, ad) = (
+            attention_units(graph, &assignment.units(Phase::Prefill)),
+            attention_units(graph, &assignment.units(Phase::Decode)),
+        );
         let handoff_layers = ap.iter().zip(&ad).filter(|(a, b)| a != b).count();
         PlacementReport {
             origin: spec.origin.clone(),

@@ -6,9 +6,9 @@
 
 use std::collections::HashMap;
 
-use tandem_backend_api::{BackendError, BufferId, ComputeBackend, NodeTime, Op, StepArgs};
+use tandem_backend_api::{BackendError, BufferId, ComputeBackend, NodeTime, StepArgs};
 
-use super::placement::{Assignment, Phase};
+use super::placement::{attention_units, Assignment, Phase};
 use super::sampler::Sampler;
 use super::schedule::{ScheduleError, Scheduled, Unit};
 use crate::model::Gemma3Model;
@@ -133,14 +133,7 @@ impl Session {
         let slots = model.cache_shape.slots;
         let kv = placement.as_ref().and_then(|p| {
             let (graph, _) = model.step_graph_parts(1, 1, BufferId::UNBOUND);
-            let attention: Vec<usize> = graph
-                .nodes
-                .iter()
-                .enumerate()
-                .filter(|(_, n)| matches!(n.op, Op::Attention { .. }))
-                .map(|(i, _)| i)
-                .collect();
-            let unit = [0, 1].map(|ph| attention.iter().map(|&i| p[ph][i]).collect::<Vec<_>>());
+            let unit = [0, 1].map(|ph| attention_units(&graph, &p[ph]));
             if unit[0] == unit[1] {
                 return None;
             }
