@@ -13,7 +13,7 @@ use tandem_backend_api::DeviceKind;
 use super::calibrate;
 use super::notice::Notice;
 use super::placement::{
-    assign, choose_from, discover, fallback_notes, open_candidates, Assignment, Candidate, NodeChoice,
+    assign, choose_from, discover, fallback_notes, open_candidates, Assignment, Candidate, Phase,
     PlacementError, PlacementSpec, SpecError, AUTO_ORDER,
 };
 use super::placement_report::{unit_tensors, PlacementReport};
@@ -159,23 +159,45 @@ pub fn plan(
     slots: usize,
     notices: &mut dyn FnMut(Notice),
 ) -> Result<Planned, LoadError> {
-    let discovery = discover(search, notices);
-    let measured = measured_auto(&discovery, search, settings, options, notices)?;
-    let options = measured.as_ref().unwrap_or(options);
-    let spec = PlacementSpec::resolve(&options.backend, settings, &plugin_names(&discovery))?;
-    let (spec, candidates) = match spec {
-        Some(spec) => {
-            let candidates = open_candidates(&spec, &discovery, settings)?;
-            (spec, candidates)
-        }
-        None => {
-            let backend = choose_from(&discovery, settings, &options.backend, notices)?;
+    let (options, units) = choose_units(search, settings, options, notices)?;
+    let (spec, candidates) = match units {
+        Units::Split(spec, candidates) => (spec, candidates),
+        Units::Whole(backend) => {
             let name = backend.info().name;
             let spec = PlacementSpec::single(&name, format!("--backend {}", options.backend));
             (spec, vec![(name, Candidate::Ready(backend))])
         }
     };
-    plan_on(spec, candidates, options, slots)
+    plan_on(spec, candidates, &options, slots)
+}
+
+/// What `--backend` (after `auto`'s measurement) and the config ask for.
+enum Units {
+    /// The whole model on one backend.
+    Whole(Box<dyn tandem_backend_api::ComputeBackend>),
+    /// A split: the preference lists and every backend they name.
+    Split(PlacementSpec, Vec<(String, Candidate)>),
+}
+
+/// Finds the plugins, lets `auto` measure where it may, and creates the backends the placement
+/// needs; returns the options as resolved (`auto` replaced by its measured choice).
+fn choose_units(
+    search: &PluginSearch,
+    settings: &Settings,
+    options: &ModelOptions,
+    notices: &mut dyn FnMut(Notice),
+) -> Result<(ModelOptions, Units), LoadError> {
+    let discovery = discover(search, notices);
+    let options =
+        measured_auto(&discovery, search, settings, options, notices)?.unwrap_or_else(|| options.clone());
+    let units = match PlacementSpec::resolve(&options.backend, settings, &plugin_names(&discovery))? {
+        None => Units::Whole(choose_from(&discovery, settings, &options.backend, notices)?),
+        Some(spec) => {
+            let candidates = open_candidates(&spec, &discovery, settings)?;
+            Units::Split(spec, candidates)
+        }
+    };
+    Ok((options, units))
 }
 
 /// For `--backend auto` without `[placement]` lists, when two or more hardware backends are
@@ -271,17 +293,11 @@ pub fn load(
     notices: &mut dyn FnMut(Notice),
     progress: &mut dyn LoadProgress,
 ) -> Result<Loaded, LoadError> {
-    let discovery = discover(search, notices);
-    let measured = measured_auto(&discovery, search, settings, options, notices)?;
-    let options = measured.as_ref().unwrap_or(options);
-    match PlacementSpec::resolve(&options.backend, settings, &plugin_names(&discovery))? {
-        None => {
-            let backend = choose_from(&discovery, settings, &options.backend, notices)?;
-            load_whole(backend, options, slots, progress)
-        }
-        Some(spec) => {
-            let candidates = open_candidates(&spec, &discovery, settings)?;
-            let planned = plan_on(spec, candidates, options, slots)?;
+    let (options, units) = choose_units(search, settings, options, notices)?;
+    match units {
+        Units::Whole(backend) => load_whole(backend, &options, slots, progress),
+        Units::Split(spec, candidates) => {
+            let planned = plan_on(spec, candidates, &options, slots)?;
             let mut loaded = load_split(planned, notices, progress)?;
             loaded
                 .session
@@ -364,19 +380,14 @@ fn load_split(
             held.push(tensors);
         }
     }
-    let remap = |choices: &[NodeChoice]| -> Vec<NodeChoice> {
-        choices
+    // Every node's unit among those, per phase (a node's candidate always runs nodes).
+    let placement = [Phase::Prefill, Phase::Decode].map(|phase| {
+        assignment
+            .units(phase)
             .iter()
-            .map(|c| NodeChoice {
-                unit: index.get(&c.unit).copied().unwrap_or(0),
-                passed_over: Vec::new(),
-            })
-            .collect()
-    };
-    let assignment = Assignment {
-        prefill: remap(&assignment.prefill),
-        decode: remap(&assignment.decode),
-    };
+            .map(|u| index.get(u).copied().unwrap_or(0))
+            .collect::<Vec<_>>()
+    });
     let bytes_of = |ids: &[BufferId]| -> u64 {
         model
             .tensors()
@@ -403,7 +414,7 @@ fn load_split(
             })?;
     }
     Ok(Loaded {
-        session: Session::split(units, model, &assignment),
+        session: Session::split(units, model, placement),
         tokenizer,
     })
 }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use tandem_backend_api::{BackendError, BufferId, ComputeBackend, NodeTime, StepArgs};
 
-use super::placement::{attention_units, Assignment, Phase};
+use super::placement::{attention_units, Phase};
 use super::sampler::Sampler;
 use super::schedule::{ScheduleError, Scheduled, Unit};
 use crate::model::Gemma3Model;
@@ -123,9 +123,9 @@ impl Session {
     }
 
     /// A model split across `units` ([`Gemma3Model::plan`]ned, each unit holding the tensors its
-    /// nodes read), each node running where `assignment` puts it.
-    pub fn split(units: Vec<Unit>, model: Gemma3Model, assignment: &Assignment) -> Self {
-        let placement = [assignment.units(Phase::Prefill), assignment.units(Phase::Decode)];
+    /// nodes read): `placement` gives the unit (an index into `units`) of every node of the step
+    /// graph, for prefill and for decode.
+    pub fn split(units: Vec<Unit>, model: Gemma3Model, placement: [Vec<usize>; 2]) -> Self {
         Self::with_units(units, model, Some(placement))
     }
 
