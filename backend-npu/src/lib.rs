@@ -1,10 +1,5 @@
-//! tandem's AMD XDNA NPU backend.
-//!
-//! Not built yet: the plugin loads, and reports itself unavailable with the reason below, so
-//! that `engine backends` and the placement can name it.
+//! The `npu` backend plugin: attention on an AMD Ryzen AI NPU (XDNA, XDNA2) through the amdxdna
+//! driver. Everything is in `tandem-npu`; this crate only exports it. Without an NPU (every
+//! machine tandem has been tested on), the plugin loads and says why the device is unavailable.
 
-tandem_backend_api::export_unavailable_backend!(
-    NpuBackend,
-    "npu",
-    "the NPU backend (XRT) is not built yet: it lands with the NPU issue"
-);
+tandem_backend_api::export_backend!(tandem_npu::Npu);

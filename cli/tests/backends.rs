@@ -8,7 +8,7 @@ use common::Install;
 fn lists_cpu_available_and_the_others_with_a_reason() {
     // Not vulkan: whether it is available (and its device name) depends on the machine;
     // json_output_reports_each_backend and vulkan_run.rs cover it.
-    let install = Install::new(&["cpu", "npu", "wgpu"]);
+    let install = Install::new(&["cpu", "npu", "npu_emu", "wgpu"]);
     let out = install.run(&["backends"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = install.stdout(&out);
@@ -105,4 +105,33 @@ fn backend_options_from_the_config_reach_the_plugin() {
     let out = install.run(&["--config", cfg.to_str().unwrap(), "backends"]);
     let text = install.stdout(&out);
     assert!(text.contains("'threads' must be at least 1"), "{text}");
+}
+
+#[test]
+fn npu_is_unavailable_with_the_reason_and_its_emulator_available() {
+    let install = Install::new(&["cpu", "npu", "npu_emu"]);
+    let out = install.run(&["backends", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let backends = doc["backends"].as_array().expect("backends array");
+    let get = |name: &str| {
+        backends
+            .iter()
+            .find(|b| b["name"] == name)
+            .unwrap_or_else(|| panic!("{name} listed: {doc}"))
+    };
+    // No machine here has an NPU: the reason says what is missing.
+    let npu = get("npu");
+    assert_eq!(npu["available"], false, "{npu}");
+    let reason = npu["reason"].as_str().expect("a reason");
+    assert!(reason.contains("NPU") || reason.contains("amdxdna"), "{reason}");
+    let emu = get("npu-emu");
+    assert_eq!(emu["available"], true, "{emu}");
+    assert_eq!(emu["info"]["kind"], "npu");
+    assert!(
+        emu["info"]["device"]
+            .as_str()
+            .is_some_and(|d| d.contains("emulated")),
+        "{emu}"
+    );
 }

@@ -110,36 +110,39 @@ fn chunked_prefill_through_the_ring_gives_the_same_logits() {
 
 #[test]
 fn greedy_continuations_match_transformers() {
-    let install = Install::new(&["cpu"]);
-    for case in CASES {
-        let r = reference(case);
-        let dir = fixture(case);
-        for g in r["greedy"].as_array().expect("greedy") {
-            let prompt = csv(&ids(&g["prompt"]));
-            let n = g["max_new_tokens"].as_u64().unwrap().to_string();
-            let got = json_run(
-                &install,
-                &[
-                    "run",
-                    "--model",
-                    dir.to_str().unwrap(),
-                    "--tokens",
-                    &prompt,
-                    "--temperature",
-                    "0",
-                    "--max-tokens",
-                    &n,
-                    "--backend",
-                    "cpu",
-                    "--json",
-                ],
-            );
-            assert_eq!(
-                ids(&got["tokens"]),
-                ids(&g["generated"]),
-                "{case}: greedy continuation of {prompt}"
-            );
-            assert_eq!(ids(&got["prompt_tokens"]), ids(&g["prompt"]));
+    // On the CPU, and with attention on the emulated NPU (its bf16 kernels) beside it.
+    let install = Install::new(&["cpu", "npu_emu"]);
+    for backend in ["cpu", "npu-emu+cpu"] {
+        for case in CASES {
+            let r = reference(case);
+            let dir = fixture(case);
+            for g in r["greedy"].as_array().expect("greedy") {
+                let prompt = csv(&ids(&g["prompt"]));
+                let n = g["max_new_tokens"].as_u64().unwrap().to_string();
+                let got = json_run(
+                    &install,
+                    &[
+                        "run",
+                        "--model",
+                        dir.to_str().unwrap(),
+                        "--tokens",
+                        &prompt,
+                        "--temperature",
+                        "0",
+                        "--max-tokens",
+                        &n,
+                        "--backend",
+                        backend,
+                        "--json",
+                    ],
+                );
+                assert_eq!(
+                    ids(&got["tokens"]),
+                    ids(&g["generated"]),
+                    "{case} on {backend}: greedy continuation of {prompt}"
+                );
+                assert_eq!(ids(&got["prompt_tokens"]), ids(&g["prompt"]));
+            }
         }
     }
 }

@@ -330,6 +330,6 @@ fn attention_nowhere_available_names_the_op_and_the_reason() {
         &install,
         Some(&cfg),
         "auto",
-        &["no backend can run", &node, "npu: ", "not built yet"],
+        &["no backend can run", &node, "npu: ", "unavailable"],
     );
 }

@@ -1,0 +1,498 @@
+//! The NPU backend: `ComputeBackend` over an [`Executor`]. It runs the attention op (and the
+//! `Input`/`Output` nodes of the programs the scheduler gives it); every other op is refused by
+//! `supports`, so the placement sends it to the next backend of its list.
+//!
+//! Activations live in host memory (on a Ryzen AI laptop the NPU reads the same DRAM). KV
+//! caches live in the executor, in bf16, the kernels' type: a cache buffer is read and written
+//! by the host in the dtype the graph declares (f32 or f16) and converted on the way, so a
+//! cache handed to another backend loses the bits bf16 lacks, which the kernels never saw.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+
+use half::f16;
+use tandem_backend_api::{
+    BackendError, BackendInfo, BackendOptions, BufferId, ComputeBackend, DType, DeviceKind, Graph, MemoryUse,
+    NodeTime, Op, ProgramId, RowCount, StepArgs, Support, TensorDesc, Ticket, Usage,
+};
+
+use crate::contract::{bf16_round, bf16_to_f32, kernel_shape, AttnParams, KernelShape};
+use crate::executor::{span, Executor, KvId};
+
+/// What distinguishes `npu` from `npu-emu`: the name and how the executor is made.
+pub trait Flavor: Send + 'static {
+    /// The backend's name.
+    const NAME: &'static str;
+    /// The executor for these options, or why there is none here.
+    fn executor(options: &BackendOptions) -> Result<Box<dyn Executor>, BackendError>;
+}
+
+enum Buffer {
+    Host { bytes: Vec<u8> },
+    Kv { desc: TensorDesc, kv: KvId },
+}
+
+struct Program {
+    graph: Graph,
+    shapes: Vec<KernelShape>,
+    slots: Option<usize>,
+    last: Vec<NodeTime>,
+}
+
+/// The NPU backend of flavour `F`.
+pub struct NpuBackend<F: Flavor> {
+    exec: Box<dyn Executor>,
+    buffers: HashMap<u64, Buffer>,
+    programs: HashMap<u64, Program>,
+    next_id: u64,
+    executions: u64,
+    peak: u64,
+    flavor: PhantomData<F>,
+}
+
+impl<F: Flavor> NpuBackend<F> {
+    /// A backend over `exec`.
+    pub fn with_executor(exec: Box<dyn Executor>) -> Self {
+        NpuBackend {
+            exec,
+            buffers: HashMap::new(),
+            programs: HashMap::new(),
+            next_id: 1,
+            executions: 0,
+            peak: 0,
+            flavor: PhantomData,
+        }
+    }
+
+    fn id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    fn host_bytes(&self) -> u64 {
+        self.buffers
+            .values()
+            .map(|b| match b {
+                Buffer::Host { bytes, .. } => bytes.len() as u64,
+                Buffer::Kv { .. } => 0,
+            })
+            .sum::<u64>()
+            + self.exec.bytes_in_use()
+    }
+
+    fn buffer(&self, id: BufferId) -> Result<&Buffer, BackendError> {
+        self.buffers
+            .get(&id.0)
+            .ok_or_else(|| BackendError::invalid(format!("unknown buffer {}", id.0)))
+    }
+
+    /// Checks one node at compile time: the op is one this backend runs, its buffers exist
+    /// and have the sizes the op implies.
+    fn check_node(&self, graph: &Graph, op: &Op, cols: usize) -> Result<Option<KernelShape>, BackendError> {
+        let rows = |selected: bool| if selected { graph.selected_rows } else { graph.rows };
+        match op {
+            Op::Input { buffer, selected, .. } => {
+                self.check_activation(*buffer, rows(*selected) * cols * 4)?;
+                Ok(None)
+            }
+            Op::Output { buffer, .. } => {
+                // For an output, `cols` is the bytes the written value takes.
+                self.check_activation(*buffer, cols)?;
+                Ok(None)
+            }
+            Op::Attention {
+                cache,
+                kv_heads,
+                head_dim,
+                ..
+            } => {
+                let shape = kernel_shape(op).map_err(|reason| BackendError::Unsupported {
+                    op: op.name(),
+                    reason,
+                })?;
+                self.exec
+                    .supports(shape)
+                    .map_err(|reason| BackendError::Unsupported {
+                        op: op.name(),
+                        reason,
+                    })?;
+                let want = [cache.slots, cache.capacity, kv_heads * head_dim];
+                for b in [cache.k, cache.v] {
+                    match self.buffer(b)? {
+                        Buffer::Kv { desc, .. }
+                            if desc.dtype == cache.dtype
+                                && desc.numel() == want.iter().product::<usize>() => {}
+                        _ => {
+                            return Err(BackendError::invalid(format!(
+                                "attention cache buffer {} is not a {} KV cache of {want:?}",
+                                b.0, cache.dtype
+                            )))
+                        }
+                    }
+                }
+                Ok(Some(shape))
+            }
+            other => Err(BackendError::Unsupported {
+                op: other.name(),
+                reason: kernel_shape(other).err().unwrap_or_default(),
+            }),
+        }
+    }
+
+    fn check_activation(&self, id: BufferId, bytes: usize) -> Result<(), BackendError> {
+        match self.buffer(id)? {
+            Buffer::Host { bytes: b, .. } if b.len() >= bytes => Ok(()),
+            Buffer::Host { bytes: b, .. } => Err(BackendError::invalid(format!(
+                "buffer {} holds {} bytes, the graph needs {bytes}",
+                id.0,
+                b.len()
+            ))),
+            Buffer::Kv { .. } => Err(BackendError::invalid(format!(
+                "buffer {} is a KV cache, not an activation",
+                id.0
+            ))),
+        }
+    }
+
+    fn run(&mut self, prog: &mut Program, args: &StepArgs<'_>) -> Result<(), BackendError> {
+        let g = &prog.graph;
+        let mut values: Vec<Vec<f32>> = vec![Vec::new(); g.value_count()];
+        let mut times = Vec::with_capacity(g.nodes.len());
+        let mut shapes = prog.shapes.iter();
+        for (i, node) in g.nodes.iter().enumerate() {
+            let mut seconds = 0.0;
+            match &node.op {
+                Op::Input {
+                    buffer,
+                    cols,
+                    selected,
+                } => {
+                    let n = if *selected { g.selected_rows } else { g.rows } * cols;
+                    let Buffer::Host { bytes, .. } = self.buffer(*buffer)? else {
+                        return Err(BackendError::internal("input buffer changed kind"));
+                    };
+                    values[node.outputs[0].0 as usize] = bytes[..n * 4]
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect();
+                }
+                Op::Output { x, buffer } => {
+                    let data: Vec<u8> = values[x.0 as usize]
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect();
+                    match self.buffers.get_mut(&buffer.0) {
+                        Some(Buffer::Host { bytes, .. }) if bytes.len() >= data.len() => {
+                            bytes[..data.len()].copy_from_slice(&data)
+                        }
+                        _ => return Err(BackendError::internal("output buffer changed")),
+                    }
+                }
+                Op::Attention {
+                    q,
+                    k,
+                    v,
+                    cache,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    scale,
+                    window,
+                    ..
+                } => {
+                    let shape = *shapes
+                        .next()
+                        .ok_or_else(|| BackendError::internal("attention node without a kernel shape"))?;
+                    let (kid, vid) = (self.kv_of(cache.k)?, self.kv_of(cache.v)?);
+                    let row = kv_heads * head_dim;
+                    // The host stores the step's keys and values (the kernel reads them from the
+                    // cache with the rest).
+                    for (src, dst) in [(*k, kid), (*v, vid)] {
+                        let vals = &values[src.0 as usize];
+                        for r in 0..g.rows {
+                            let at = (args.slots[r] as usize * cache.capacity
+                                + args.positions[r] as usize % cache.capacity)
+                                * row;
+                            let bf: Vec<u16> = vals[r * row..(r + 1) * row]
+                                .iter()
+                                .map(|x| bf16_round(*x))
+                                .collect();
+                            self.exec.write_kv(dst, at, &bf)?;
+                        }
+                    }
+                    let params = AttnParams {
+                        rows: g.rows,
+                        heads: *heads,
+                        kv_heads: *kv_heads,
+                        head_dim: *head_dim,
+                        capacity: cache.capacity,
+                        window: *window,
+                        scale: *scale,
+                        slots: cache.slots,
+                        positions: args.positions.to_vec(),
+                        row_slots: args.slots.to_vec(),
+                    };
+                    let qb: Vec<u16> = values[q.0 as usize].iter().map(|x| bf16_round(*x)).collect();
+                    let mut out = vec![0u16; qb.len()];
+                    let t = self.exec.attention(shape, &params, &qb, kid, vid, &mut out)?;
+                    seconds = t.seconds;
+                    values[node.outputs[0].0 as usize] = out.into_iter().map(bf16_to_f32).collect();
+                }
+                other => {
+                    return Err(BackendError::Unsupported {
+                        op: other.name(),
+                        reason: "compiled into an NPU program by mistake".into(),
+                    })
+                }
+            }
+            times.push(NodeTime {
+                node: i,
+                op: node.op.name(),
+                seconds,
+            });
+        }
+        prog.last = times;
+        Ok(())
+    }
+
+    fn kv_of(&self, id: BufferId) -> Result<KvId, BackendError> {
+        match self.buffer(id)? {
+            Buffer::Kv { kv, .. } => Ok(*kv),
+            Buffer::Host { .. } => Err(BackendError::invalid(format!(
+                "buffer {} is not a KV cache",
+                id.0
+            ))),
+        }
+    }
+}
+
+/// Element size of a KV cache's declared dtype.
+fn kv_elem(dtype: DType) -> Result<usize, BackendError> {
+    match dtype {
+        DType::F32 => Ok(4),
+        DType::F16 => Ok(2),
+        other => Err(BackendError::invalid(format!(
+            "KV cache dtype {other}: the NPU keeps f32 or f16 caches"
+        ))),
+    }
+}
+
+impl<F: Flavor> ComputeBackend for NpuBackend<F> {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: F::NAME.to_string(),
+            device: self.exec.device(),
+            kind: DeviceKind::Npu,
+            memory_bytes: None,
+            features: self.exec.features(),
+        }
+    }
+
+    fn supports(&self, op: &Op) -> Support {
+        match op {
+            Op::Input { .. } | Op::Output { .. } => Support::Yes,
+            _ => match kernel_shape(op).and_then(|s| self.exec.supports(s)) {
+                Ok(()) => Support::Yes,
+                Err(reason) => Support::No { reason },
+            },
+        }
+    }
+
+    fn alloc(&mut self, desc: &TensorDesc, usage: Usage) -> Result<BufferId, BackendError> {
+        let bytes = desc.byte_size()?;
+        let buffer = match usage {
+            Usage::KvCache => {
+                kv_elem(desc.dtype)?;
+                let kv = self.exec.alloc_kv(desc.numel())?;
+                Buffer::Kv {
+                    desc: desc.clone(),
+                    kv,
+                }
+            }
+            Usage::Activation | Usage::Weight => {
+                let len = usize::try_from(bytes)
+                    .map_err(|_| BackendError::invalid(format!("{desc} is too large")))?;
+                Buffer::Host { bytes: vec![0; len] }
+            }
+        };
+        let id = self.id();
+        self.buffers.insert(id, buffer);
+        self.peak = self.peak.max(self.host_bytes());
+        Ok(BufferId(id))
+    }
+
+    fn write(&mut self, buffer: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        let offset = usize::try_from(offset).map_err(|_| BackendError::invalid("offset out of range"))?;
+        match self.buffer(buffer)? {
+            Buffer::Host { .. } => {
+                let Some(Buffer::Host { bytes, .. }) = self.buffers.get_mut(&buffer.0) else {
+                    return Err(BackendError::internal("buffer vanished"));
+                };
+                let r = span(offset, data.len(), bytes.len())?;
+                bytes[r].copy_from_slice(data);
+                Ok(())
+            }
+            Buffer::Kv { desc, kv } => {
+                let (kv, size) = (*kv, kv_elem(desc.dtype)?);
+                if !offset.is_multiple_of(size) || !data.len().is_multiple_of(size) {
+                    return Err(BackendError::invalid(format!(
+                        "KV cache write of {} bytes at {offset}: not whole {} elements",
+                        data.len(),
+                        desc.dtype
+                    )));
+                }
+                let vals: Vec<u16> = if size == 4 {
+                    data.chunks_exact(4)
+                        .map(|c| bf16_round(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                        .collect()
+                } else {
+                    data.chunks_exact(2)
+                        .map(|c| bf16_round(f16::from_le_bytes([c[0], c[1]]).to_f32()))
+                        .collect()
+                };
+                self.exec.write_kv(kv, offset / size, &vals)
+            }
+        }
+    }
+
+    fn read(&mut self, buffer: BufferId, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        let offset = usize::try_from(offset).map_err(|_| BackendError::invalid("offset out of range"))?;
+        match self.buffer(buffer)? {
+            Buffer::Host { bytes, .. } => {
+                let r = span(offset, out.len(), bytes.len())?;
+                out.copy_from_slice(&bytes[r]);
+                Ok(())
+            }
+            Buffer::Kv { desc, kv } => {
+                let (kv, size) = (*kv, kv_elem(desc.dtype)?);
+                if !offset.is_multiple_of(size) || !out.len().is_multiple_of(size) {
+                    return Err(BackendError::invalid(format!(
+                        "KV cache read of {} bytes at {offset}: not whole {} elements",
+                        out.len(),
+                        desc.dtype
+                    )));
+                }
+                let mut vals = vec![0u16; out.len() / size];
+                self.exec.read_kv(kv, offset / size, &mut vals)?;
+                for (o, v) in out.chunks_exact_mut(size).zip(vals) {
+                    let x = bf16_to_f32(v);
+                    if size == 4 {
+                        o.copy_from_slice(&x.to_le_bytes());
+                    } else {
+                        o.copy_from_slice(&f16::from_f32(x).to_le_bytes());
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn free(&mut self, buffer: BufferId) -> Result<(), BackendError> {
+        let in_use = self.programs.iter().find(|(_, p)| {
+            p.graph
+                .nodes
+                .iter()
+                .any(|n| n.op.clone().buffers_mut().into_iter().any(|b| *b == buffer))
+        });
+        if let Some((id, _)) = in_use {
+            return Err(BackendError::invalid(format!(
+                "buffer {} is used by program {id}: release the program first",
+                buffer.0
+            )));
+        }
+        match self.buffers.remove(&buffer.0) {
+            Some(Buffer::Kv { kv, .. }) => self.exec.free_kv(kv),
+            Some(Buffer::Host { .. }) => Ok(()),
+            None => Err(BackendError::invalid(format!("unknown buffer {}", buffer.0))),
+        }
+    }
+
+    fn compile(&mut self, graph: &Graph) -> Result<ProgramId, BackendError> {
+        let value_shapes = graph.infer_shapes()?;
+        let mut shapes = Vec::new();
+        let mut slots: Option<usize> = None;
+        for node in &graph.nodes {
+            let cols = match &node.op {
+                Op::Input { cols, .. } => *cols,
+                Op::Output { x, .. } => {
+                    let s = value_shapes[x.0 as usize];
+                    let rows = match s.rows {
+                        RowCount::Step => graph.rows,
+                        RowCount::Selected => graph.selected_rows,
+                    };
+                    rows * s.cols * 4
+                }
+                _ => 0,
+            };
+            if let Some(shape) = self.check_node(graph, &node.op, cols)? {
+                shapes.push(shape);
+            }
+            if let Op::Attention { cache, .. } = &node.op {
+                slots = Some(slots.map_or(cache.slots, |s| s.min(cache.slots)));
+            }
+        }
+        let id = self.id();
+        self.programs.insert(
+            id,
+            Program {
+                graph: graph.clone(),
+                shapes,
+                slots,
+                last: Vec::new(),
+            },
+        );
+        Ok(ProgramId(id))
+    }
+
+    fn execute(&mut self, program: ProgramId, args: &StepArgs<'_>) -> Result<Ticket, BackendError> {
+        let mut prog = self
+            .programs
+            .remove(&program.0)
+            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", program.0)))?;
+        let result = args
+            .validate(&prog.graph, prog.slots)
+            .and_then(|()| self.run(&mut prog, args));
+        self.programs.insert(program.0, prog);
+        result?;
+        self.executions += 1;
+        Ok(Ticket(self.executions))
+    }
+
+    fn wait(&mut self, ticket: Ticket) -> Result<(), BackendError> {
+        // Dispatches are waited for inside `execute`.
+        if ticket.0 == 0 || ticket.0 > self.executions {
+            return Err(BackendError::invalid(format!("unknown ticket {}", ticket.0)));
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, program: ProgramId) -> Result<(), BackendError> {
+        self.programs
+            .remove(&program.0)
+            .map(|_| ())
+            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", program.0)))
+    }
+
+    fn profile(&mut self, program: ProgramId) -> Result<Vec<NodeTime>, BackendError> {
+        self.programs
+            .get(&program.0)
+            .map(|p| p.last.clone())
+            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", program.0)))
+    }
+
+    fn memory(&mut self) -> Result<Option<MemoryUse>, BackendError> {
+        Ok(Some(MemoryUse {
+            in_use_bytes: self.host_bytes(),
+            peak_bytes: self.peak.max(self.host_bytes()),
+        }))
+    }
+}
+
+impl<F: Flavor> tandem_backend_api::BackendPlugin for NpuBackend<F> {
+    const NAME: &'static str = F::NAME;
+
+    fn create(options: &BackendOptions) -> Result<Self, BackendError> {
+        Ok(NpuBackend::with_executor(F::executor(options)?))
+    }
+}

@@ -1,0 +1,138 @@
+//! The emulated NPU (`npu-emu`) in whole models: attention on the emulator (the NPU kernels'
+//! bf16 arithmetic), everything else on the CPU or the Vulkan backend, against transformers'
+//! greedy continuations for the fixtures and the real default model.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use tandem_conformance::{discover, ids, options_for, plugin_dirs};
+use tandem_engine::runtime::load::{load, Loaded, ModelOptions};
+use tandem_engine::runtime::plugins::PluginSearch;
+use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
+use tandem_engine::runtime::settings::Settings;
+
+const CASES: [&str; 5] = [
+    "text-published",
+    "text-newer",
+    "multimodal",
+    "multimodal-legacy",
+    "softcap",
+];
+
+fn fixture(case: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/models")
+        .join(case)
+}
+
+fn json(path: PathBuf) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn settings() -> Settings {
+    let mut text = String::new();
+    if options_for("vulkan").get("validation") == Some("true") {
+        text.push_str("[backend.vulkan]\nvalidation = true\n");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tandem.toml");
+    std::fs::write(&path, text).unwrap();
+    Settings::load(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn load_model(model: PathBuf, backend: &str, context: usize, chunk: usize) -> Loaded {
+    let opts = ModelOptions {
+        model: Some(model),
+        backend: backend.into(),
+        context: Some(context),
+        chunk,
+    };
+    load(
+        &PluginSearch::only(&plugin_dirs()),
+        &settings(),
+        &opts,
+        1,
+        &mut |_| {},
+        &mut |_: u64, _: u64| {},
+    )
+    .unwrap_or_else(|e| panic!("loading with {backend}: {e}"))
+}
+
+/// Greedy continuations of every entry of `reference["greedy"]` (prompt ids under `key`).
+fn greedy(loaded: &mut Loaded, reference: &Value, key: &str, what: &str) {
+    let stop = loaded.tokenizer.stop_ids().to_vec();
+    for g in reference["greedy"].as_array().expect("greedy") {
+        let n = g["max_new_tokens"].as_u64().unwrap() as usize;
+        let prompt = ids(&g[key]);
+        let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+        let mut got = Vec::new();
+        loaded
+            .session
+            .generate(&prompt, n, &mut sampler, &stop, false, |t| {
+                got.push(t);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            got,
+            ids(&g["generated"]),
+            "{what}: greedy continuation of {prompt:?}"
+        );
+    }
+}
+
+/// Whether the Vulkan backend can be created here; a failure under CI.
+fn vulkan_available() -> bool {
+    match discover().create("vulkan", &options_for("vulkan")) {
+        Ok(_) => true,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping the Vulkan half: the Vulkan backend is unavailable here: {e}");
+            false
+        }
+        Err(e) => panic!("CI must run the Vulkan backend (lavapipe): {e}"),
+    }
+}
+
+#[test]
+fn fixtures_give_transformers_greedy_continuations_with_attention_on_the_emulator() {
+    let mut placements = vec!["npu-emu+cpu"];
+    if vulkan_available() {
+        placements.push("npu-emu+vulkan");
+    }
+    for placement in placements {
+        for case in CASES {
+            let r = json(fixture(case).join("reference.json"));
+            // Chunks of 3 through windows of 4: rings wrap inside prefills too.
+            let mut loaded = load_model(fixture(case), placement, 256, 3);
+            let other = placement.split('+').nth(1).unwrap();
+            assert_eq!(loaded.session.unit_names(), ["npu-emu", other], "{case}");
+            greedy(&mut loaded, &r, "prompt", &format!("{case} on {placement}"));
+            assert!(
+                loaded.session.moved_bytes().0 > 0,
+                "{case}: nothing crossed to the emulator"
+            );
+        }
+    }
+}
+
+/// The real default model with attention on the emulator: transformers' greedy continuations,
+/// and the last logits within bf16 attention's distance of theirs.
+#[test]
+fn the_default_model_with_attention_on_the_emulator_matches_transformers() {
+    let path = match tandem_engine::model::files::default_model() {
+        Ok(p) => p,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping: {e}");
+            return;
+        }
+        Err(e) => panic!("CI must fetch the default model: {e}"),
+    };
+    let r = json(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gemma3-270m/reference.json"));
+    let mut loaded = load_model(path, "npu-emu+cpu", 128, 64);
+    assert_eq!(loaded.session.unit_names(), ["npu-emu", "cpu"]);
+    // The CPU alone is held to 1e-3 of transformers' largest logit; bf16 q, k, v, probabilities
+    // and outputs in all 18 layers' attention move the logits further (one logit by 0.021, 1.5e-3
+    // of the largest, measured), so 3e-3 here.
+    tandem_conformance::assert_last_logits(&mut loaded.session, &r, 3e-3);
+    greedy(&mut loaded, &r, "prompt_ids", "the default model on npu-emu+cpu");
+}
