@@ -135,3 +135,84 @@ fn npu_is_unavailable_with_the_reason_and_its_emulator_available() {
         "{emu}"
     );
 }
+
+/// A fake sysfs tree holding a bound Strix NPU (npu4), for `[backend.npu] root`.
+fn fake_npu4(root: &std::path::Path) {
+    let w = |rel: &str, text: &str| {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    let d = "sys/bus/pci/devices/0000:c6:00.1";
+    w(&format!("{d}/vendor"), "0x1022\n");
+    w(&format!("{d}/device"), "0x17f0\n");
+    w(&format!("{d}/revision"), "0x10\n");
+    w(&format!("{d}/vbnv"), "RyzenAI-npu4\n");
+    w(&format!("{d}/fw_version"), "1.0.0.166\n");
+    w("proc/sys/kernel/osrelease", "6.14.0\n");
+    w("dev/accel/accel0", "");
+    std::fs::create_dir_all(root.join("sys/module/amdxdna")).unwrap();
+    std::fs::create_dir_all(root.join("sys/bus/pci/drivers/amdxdna")).unwrap();
+    std::fs::create_dir_all(root.join("sys/class/accel/accel0")).unwrap();
+    std::os::unix::fs::symlink("../../../../bus/pci/drivers/amdxdna", root.join(d).join("driver")).unwrap();
+    std::os::unix::fs::symlink(
+        "../../../bus/pci/devices/0000:c6:00.1",
+        root.join("sys/class/accel/accel0/device"),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_detected_npu_without_usable_artefacts_says_which_and_why() {
+    let install = Install::new(&["npu"]);
+    let root = install.path().join("root");
+    fake_npu4(&root);
+    let arts = install.path().join("artefacts");
+    std::fs::create_dir_all(&arts).unwrap();
+    let cfg = install.path().join("tandem.toml");
+    let reason = |cfg_text: String| {
+        std::fs::write(&cfg, cfg_text).unwrap();
+        let out = install.run(&["--config", cfg.to_str().unwrap(), "backends", "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+        let npu = &doc["backends"][0];
+        assert_eq!(npu["available"], false, "{npu}");
+        npu["reason"].as_str().unwrap_or_default().to_string()
+    };
+    let table = format!(
+        "[backend.npu]\nroot = \"{}\"\nartefacts = \"{}\"\n",
+        root.display(),
+        arts.display()
+    );
+    // Found, but no manifest.
+    let r = reason(table.clone());
+    assert!(
+        r.contains("NPU npu4 found") && r.contains("manifest.json does not exist"),
+        "{r}"
+    );
+    // A manifest built for Phoenix on a Strix NPU.
+    std::fs::write(
+        arts.join("manifest.json"),
+        r#"{"format": 1, "abi": 1, "generation": "npu1", "toolchain": {"mlir_aie": "x", "peano": "x"}, "kernels": []}"#,
+    )
+    .unwrap();
+    let r = reason(table.clone());
+    assert!(
+        r.contains("field `generation` is \"npu1\"") && r.contains("device is npu4"),
+        "{r}"
+    );
+    // Good artefacts, but the node is not a device (the fake tree's is a plain file).
+    std::fs::write(
+        arts.join("manifest.json"),
+        r#"{"format": 1, "abi": 1, "generation": "npu4", "toolchain": {"mlir_aie": "x", "peano": "x"}, "kernels": []}"#,
+    )
+    .unwrap();
+    let r = reason(table);
+    assert!(r.contains("accel0"), "{r}");
+    // No tree at all: no device.
+    let r = reason(format!(
+        "[backend.npu]\nroot = \"{}\"\n",
+        install.path().join("empty").display()
+    ));
+    assert!(r.contains("no AMD NPU found"), "{r}");
+}
