@@ -44,6 +44,8 @@ enum Command {
     Placement(commands::placement::Args),
     /// Measure prefill and decode speed against the hardware's limits, or render saved results.
     Bench(commands::bench::Args),
+    /// Serve the model over HTTP with OpenAI's API, batching concurrent requests.
+    Serve(commands::serve::Args),
 }
 
 /// What every command gets: the settings and where plugins are.
@@ -86,6 +88,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Synth(args) => commands::synth::run(&ctx, &args),
         Command::Bench(args) => commands::bench::run(&ctx, &args),
         Command::Placement(args) => commands::placement::run(&ctx, &args),
+        Command::Serve(args) => commands::serve::run(&ctx, &args),
     }
 }
 

@@ -389,9 +389,25 @@ fn missing_or_damaged_files_are_named() {
     let line = fail_logits(&install, dir.path());
     assert_names(&line, &["config.json", "JSON"]);
 
+    // Without tokenizer.json token ids still run; text fails naming the file.
     let dir = copy_fixture("text-published");
     std::fs::remove_file(dir.path().join("tokenizer.json")).unwrap();
-    let line = fail_logits(&install, dir.path());
+    let model = dir.path().to_str().unwrap();
+    let out = install.run(&[
+        "logits",
+        "--model",
+        model,
+        "--tokens",
+        "2,5",
+        "--backend",
+        "cpu",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line = fail(
+        &install,
+        &["run", "--model", model, "--prompt", "hi", "--backend", "cpu"],
+    );
     assert_names(&line, &["tokenizer.json"]);
 
     let dir = copy_fixture("text-published");

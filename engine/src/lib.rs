@@ -9,9 +9,12 @@
 //! - [`model`]: Gemma 3: opening a model's files, uploading its weights, its step graph.
 //! - [`runtime`]: plugins, settings, the choice of backend (placement), sessions and sampling.
 //! - [`bench`]: measuring a session's speed against the hardware's limits, and the reports.
+//! - [`serve`]: many requests sharing one session (continuous batching), the metrics; the HTTP
+//!   layer is in the CLI.
 
 pub mod bench;
 pub mod checkpoint;
 pub mod model;
 pub mod runtime;
+pub mod serve;
 pub mod tokenizer;

@@ -8,5 +8,6 @@ pub mod logits;
 pub mod perplexity;
 pub mod placement;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod tokenize;

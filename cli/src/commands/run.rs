@@ -63,7 +63,10 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         _ => bail!("give --prompt TEXT or --tokens IDS"),
     };
     let mut out = std::io::stdout().lock();
-    let (generated, stats) = if args.json {
+    // Without a vocabulary (a model directory without tokenizer.json) there is no text: the
+    // ids are printed instead.
+    let text_out = loaded.tokenizer.has_vocabulary();
+    let (generated, stats) = if args.json || !text_out {
         let stop = loaded.tokenizer.stop_ids().to_vec();
         let mut ids = Vec::new();
         let stats = loaded
@@ -76,11 +79,20 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     } else {
         loaded.stream(&prompt, args.max_tokens, &mut sampler, false, &mut out)?
     };
+    if !args.json && !text_out {
+        let ids: Vec<String> = generated.iter().map(u32::to_string).collect();
+        writeln!(out, "{}", ids.join(","))?;
+    }
     if args.json {
-        let text = loaded.tokenizer.decode(&generated, true)?;
+        let text = if text_out {
+            Some(loaded.tokenizer.decode(&generated, true)?)
+        } else {
+            None
+        };
         let doc = serde_json::json!({
             "tokens": generated,
             "text": text,
+            "finish_reason": stats.finish_reason,
             "prompt_tokens": prompt,
             "backend": loaded.session.backend().info().name,
             "stats": stats,

@@ -520,7 +520,9 @@ impl Session {
 
     /// Generates up to `max_new` tokens after `prompt` in slot 0 (which is reset first unless
     /// `keep` is set, in which case `prompt` continues the cached sequence), calling `on_token`
-    /// with each new id; stops after a token in `stop` (which is reported, not kept out).
+    /// with each new id; stops after a token in `stop` (which is reported, not kept out), or when
+    /// the sequence fills the context ([`Session::at_context_limit`]), keeping what was generated.
+    /// A prompt that leaves no room for one generated token is an error.
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -536,18 +538,31 @@ impl Session {
         if !keep {
             self.reset(0);
         }
+        let context = self.model.cache_shape.context;
+        let needed = self.len(0) + prompt.len();
+        if needed >= context {
+            return Err(SessionError::ContextFull {
+                needed: needed + 1,
+                context,
+            });
+        }
         let mut history: Vec<u32> = prompt.to_vec();
         let t0 = std::time::Instant::now();
         let mut logits = self.prefill(0, prompt, false)?;
         let prefill_s = t0.elapsed().as_secs_f64();
         let t1 = std::time::Instant::now();
         let mut generated = 0usize;
+        let mut finish_reason = FinishReason::Length;
         while generated < max_new {
             let next = sampler.sample(&mut logits, &history);
             history.push(next);
             generated += 1;
             on_token(next)?;
-            if stop.contains(&next) || generated == max_new {
+            if stop.contains(&next) {
+                finish_reason = FinishReason::Stop;
+                break;
+            }
+            if generated == max_new || self.at_context_limit(0) {
                 break;
             }
             let l = self.step(&[next], &[0], &[0])?;
@@ -559,7 +574,51 @@ impl Session {
             generated_tokens: generated,
             prefill_seconds: prefill_s,
             decode_seconds: t1.elapsed().as_secs_f64(),
+            finish_reason,
         })
+    }
+
+    /// Whether `slot`'s sequence, with one sampled token not yet fed, has reached the context:
+    /// generation stops there (finish reason [`FinishReason::Length`]), since the prompt and
+    /// the generated tokens together never exceed the context. `engine run` and `engine serve`
+    /// share this rule.
+    pub fn at_context_limit(&self, slot: usize) -> bool {
+        self.len(slot) + 1 >= self.model.cache_shape.context
+    }
+
+    /// The context: the most tokens (prompt and generated) a sequence holds.
+    pub fn context(&self) -> usize {
+        self.model.cache_shape.context
+    }
+
+    /// The KV cache slots: the most sequences in one step.
+    pub fn slots(&self) -> usize {
+        self.model.cache_shape.slots
+    }
+
+    /// The most prompt tokens fed in one step.
+    pub fn chunk(&self) -> usize {
+        self.model.cache_shape.max_step_rows.max(1)
+    }
+}
+
+/// Why generation ended: OpenAI's `finish_reason` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// A stop token (or a stop string) was generated.
+    Stop,
+    /// The token budget (`max_tokens`) or the context ran out.
+    Length,
+}
+
+impl FinishReason {
+    /// `"stop"` or `"length"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
     }
 }
 
@@ -574,6 +633,8 @@ pub struct GenerationStats {
     pub prefill_seconds: f64,
     /// Seconds from the first sampled token to the end.
     pub decode_seconds: f64,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
 }
 
 impl Drop for Session {

@@ -77,6 +77,12 @@ pub enum TokenizerError {
         /// The metadata key and what is wrong with it.
         message: String,
     },
+    /// The model directory has no `tokenizer.json`: only token ids can be used.
+    #[error("{} has no tokenizer.json: text cannot be encoded or decoded; give token ids instead (--tokens, or a prompt of ids)", dir.display())]
+    NoVocabulary {
+        /// The model directory.
+        dir: PathBuf,
+    },
     /// A token id that the vocabulary does not contain.
     #[error("token id {id} is not in the vocabulary (vocabulary size {vocab_size})")]
     UnknownId {
@@ -94,6 +100,8 @@ enum Implementation {
     HuggingFace(Box<tokenizers::Tokenizer>),
     /// A SentencePiece vocabulary from GGUF metadata.
     SentencePiece(Box<spm::SpmTokenizer>),
+    /// No vocabulary: a model directory without `tokenizer.json` (the directory).
+    Absent(PathBuf),
 }
 
 impl Implementation {
@@ -112,6 +120,7 @@ impl Implementation {
                 let add_bos = add_special && spm.add_bos() && spm.bos().is_some();
                 Ok((spm.encode(text, add_bos), add_bos))
             }
+            Implementation::Absent(dir) => Err(TokenizerError::NoVocabulary { dir: dir.clone() }),
         }
     }
 
@@ -124,6 +133,7 @@ impl Implementation {
             Implementation::SentencePiece(spm) => spm
                 .decode(ids, skip_special)
                 .map_err(|e| TokenizerError::Decode(e.to_string())),
+            Implementation::Absent(dir) => Err(TokenizerError::NoVocabulary { dir: dir.clone() }),
         }
     }
 
@@ -131,6 +141,7 @@ impl Implementation {
         match self {
             Implementation::HuggingFace(tok) => tok.token_to_id(token),
             Implementation::SentencePiece(spm) => spm.id_of(token),
+            Implementation::Absent(_) => None,
         }
     }
 
@@ -138,6 +149,7 @@ impl Implementation {
         match self {
             Implementation::HuggingFace(tok) => tok.id_to_token(id).is_some(),
             Implementation::SentencePiece(spm) => (id as usize) < spm.vocab_size(),
+            Implementation::Absent(_) => false,
         }
     }
 
@@ -145,6 +157,7 @@ impl Implementation {
         match self {
             Implementation::HuggingFace(tok) => tok.id_to_token(id),
             Implementation::SentencePiece(spm) => spm.token_to_piece(id).map(str::to_owned),
+            Implementation::Absent(_) => None,
         }
     }
 
@@ -157,6 +170,7 @@ impl Implementation {
                 .max()
                 .map_or(0, |&max| max as usize + 1),
             Implementation::SentencePiece(spm) => spm.vocab_size(),
+            Implementation::Absent(_) => 0,
         }
     }
 }
@@ -199,8 +213,15 @@ impl Tokenizer {
     /// Loads the tokenizer of a Hugging Face model directory: `tokenizer.json` (required),
     /// `tokenizer_config.json` and `generation_config.json` (optional), and a chat template from
     /// `tokenizer_config.json`, `chat_template.jinja` or `chat_template.json` (optional).
+    ///
+    /// Without `tokenizer.json` the tokenizer has no vocabulary ([`Tokenizer::has_vocabulary`]):
+    /// token ids still run, and the stop ids come from `generation_config.json`; encoding and
+    /// decoding text fail with [`TokenizerError::NoVocabulary`].
     pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
         let tok_path = dir.join("tokenizer.json");
+        if !tok_path.exists() {
+            return Self::without_vocabulary(dir);
+        }
         let text = read_to_string(&tok_path)?;
         let hf: tokenizers::Tokenizer =
             text.parse()
@@ -298,6 +319,38 @@ impl Tokenizer {
         })
     }
 
+    /// A model directory without `tokenizer.json`: no vocabulary; BOS and the stop ids from
+    /// `generation_config.json` when it is there.
+    fn without_vocabulary(dir: &Path) -> Result<Self, TokenizerError> {
+        let gen_path = dir.join("generation_config.json");
+        let (mut stop_ids, bos) = match read_optional_json(&gen_path)? {
+            Some(g) => (
+                id_list_field(&gen_path, &g, "eos_token_id")?,
+                id_list_field(&gen_path, &g, "bos_token_id")?,
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
+        stop_ids.dedup();
+        Ok(Tokenizer {
+            inner: Implementation::Absent(dir.to_path_buf()),
+            vocab_size: 0,
+            bos: bos.first().map(|&id| Special {
+                text: String::new(),
+                id,
+            }),
+            eos: None,
+            add_bos_token: None,
+            stop_ids,
+            chat_template: None,
+        })
+    }
+
+    /// Whether text can be encoded and decoded (false for a model directory without
+    /// `tokenizer.json`).
+    pub fn has_vocabulary(&self) -> bool {
+        !matches!(self.inner, Implementation::Absent(_))
+    }
+
     /// A tokenizer from a SentencePiece vocabulary (GGUF metadata). Stop ids: EOS, then
     /// `<end_of_turn>` when the vocabulary has it; the chat template is GGUF's
     /// `tokenizer.chat_template` when present.
@@ -313,7 +366,7 @@ impl Tokenizer {
         };
         let (bos, eos) = match &inner {
             Implementation::SentencePiece(s) => (special(s.bos()), special(s.eos())),
-            Implementation::HuggingFace(_) => (None, None),
+            Implementation::HuggingFace(_) | Implementation::Absent(_) => (None, None),
         };
         let mut stop_ids: Vec<u32> = eos.iter().map(|s| s.id).collect();
         if let Some(id) = inner.token_id(END_OF_TURN).filter(|id| !stop_ids.contains(id)) {
@@ -870,9 +923,28 @@ mod tests {
         let err = f.load().unwrap_err().to_string();
         assert!(err.contains("tokenizer.json"), "{err}");
 
+        // No tokenizer.json: token ids only; text fails naming the missing file.
         let empty = tempfile::tempdir().unwrap();
-        let err = Tokenizer::from_dir(empty.path()).unwrap_err().to_string();
+        let t = Tokenizer::from_dir(empty.path()).unwrap();
+        assert!(!t.has_vocabulary());
+        let err = t.encode("hi", true).unwrap_err().to_string();
         assert!(err.contains("tokenizer.json"), "{err}");
+        let err = t.decode(&[2], true).unwrap_err().to_string();
+        assert!(err.contains("not in the vocabulary"), "{err}");
+    }
+
+    #[test]
+    fn without_tokenizer_json_the_stop_ids_come_from_generation_config() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("generation_config.json"),
+            r#"{"bos_token_id": 2, "eos_token_id": [1, 106]}"#,
+        )
+        .unwrap();
+        let t = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(t.stop_ids(), &[1, 106]);
+        assert_eq!(t.bos_id(), Some(2));
+        assert!(t.stream_decoder(true).push(5).is_err());
     }
 
     #[test]

@@ -1,0 +1,327 @@
+//! OpenAI's request fields, read one by one from the JSON body (unknown fields are ignored, a
+//! field of the wrong type is a 400 naming it), and the response and chunk documents.
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tandem_engine::runtime::sampler::SamplerConfig;
+use tandem_engine::runtime::session::FinishReason;
+use tandem_engine::tokenizer::chat::{Message, Role};
+
+use super::error::ApiError;
+
+/// The most stop strings a request may give.
+const MAX_STOPS: usize = 16;
+
+/// A JSON body as an object, or a 400.
+pub fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::invalid("the request body must be a JSON object", None)),
+        Err(e) => Err(ApiError::invalid(
+            format!("the request body is not valid JSON: {e}"),
+            None,
+        )),
+    }
+}
+
+/// Field `name` of `obj` as `T`; absent or null is `None`.
+pub fn field<T: DeserializeOwned>(obj: &Map<String, Value>, name: &str) -> Result<Option<T>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => T::deserialize(v)
+            .map(Some)
+            .map_err(|e| ApiError::invalid(format!("`{name}`: {e}"), Some(name))),
+    }
+}
+
+/// `stop`: a string or a list of strings.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `prompt` of `/v1/completions`: text, or token ids (each alone or as a list of one).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PromptField {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+    IdLists(Vec<Vec<u32>>),
+}
+
+/// A completion prompt.
+pub enum Prompt {
+    /// Text, to encode with BOS as the model's files ask.
+    Text(String),
+    /// Token ids, fed as they are.
+    Ids(Vec<u32>),
+}
+
+/// What every generation request shares.
+pub struct Common {
+    pub max_tokens: Option<u64>,
+    pub sampling: SamplerConfig,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// A seed for a request without one: different for every request, as OpenAI's are.
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+/// Reads the fields every generation request shares. `max_tokens_field` is `max_tokens`, or
+/// for chat also `max_completion_tokens` (which wins).
+pub fn common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiError> {
+    let n: Option<u64> = field(obj, "n")?;
+    if n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
+    }
+    let mut max_tokens: Option<u64> = field(obj, "max_tokens")?;
+    if chat {
+        if let Some(m) = field::<u64>(obj, "max_completion_tokens")? {
+            max_tokens = Some(m);
+        }
+    }
+    let top_k: Option<i64> = field(obj, "top_k")?;
+    let seed: Option<i64> = field(obj, "seed")?;
+    let sampling = SamplerConfig {
+        temperature: field(obj, "temperature")?.unwrap_or(1.0),
+        top_k: top_k.map_or(0, |k| usize::try_from(k.max(0)).unwrap_or(usize::MAX)),
+        top_p: field(obj, "top_p")?.unwrap_or(1.0),
+        min_p: field(obj, "min_p")?.unwrap_or(0.0),
+        repetition_penalty: field(obj, "repetition_penalty")?.unwrap_or(1.0),
+        // A negative seed keeps its bits.
+        seed: seed.map_or_else(fresh_seed, |s| s as u64),
+    };
+    let stop = match field::<Stop>(obj, "stop")? {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
+    };
+    if stop.len() > MAX_STOPS {
+        return Err(ApiError::invalid(
+            format!("at most {MAX_STOPS} stop strings, got {}", stop.len()),
+            Some("stop"),
+        ));
+    }
+    let stream = field(obj, "stream")?.unwrap_or(false);
+    #[derive(Deserialize)]
+    struct StreamOptions {
+        include_usage: Option<bool>,
+    }
+    let include_usage = field::<StreamOptions>(obj, "stream_options")?
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    Ok(Common {
+        max_tokens,
+        sampling,
+        stop,
+        stream,
+        include_usage,
+    })
+}
+
+/// `prompt` of `/v1/completions`.
+pub fn prompt(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
+    let one = |n: usize| -> Result<(), ApiError> {
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(
+                format!("one prompt per request is supported, got {n}"),
+                Some("prompt"),
+            ))
+        }
+    };
+    match field::<PromptField>(obj, "prompt") {
+        Ok(Some(PromptField::Text(t))) => Ok(Prompt::Text(t)),
+        Ok(Some(PromptField::Ids(ids))) => Ok(Prompt::Ids(ids)),
+        Ok(Some(PromptField::Texts(mut v))) => {
+            one(v.len())?;
+            Ok(Prompt::Text(v.remove(0)))
+        }
+        Ok(Some(PromptField::IdLists(mut v))) => {
+            one(v.len())?;
+            Ok(Prompt::Ids(v.remove(0)))
+        }
+        Ok(None) => Err(ApiError::invalid("missing field `prompt`", Some("prompt"))),
+        Err(_) => Err(ApiError::invalid(
+            "`prompt` must be a string or a list of token ids",
+            Some("prompt"),
+        )),
+    }
+}
+
+/// `messages` of `/v1/chat/completions`.
+pub fn messages(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
+    #[derive(Deserialize)]
+    struct Part {
+        #[serde(rename = "type")]
+        kind: String,
+        text: Option<String>,
+    }
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Content {
+        Text(String),
+        Parts(Vec<Part>),
+    }
+    #[derive(Deserialize)]
+    struct Raw {
+        role: String,
+        content: Option<Content>,
+    }
+    let raw: Vec<Raw> = field(obj, "messages")?
+        .ok_or_else(|| ApiError::invalid("missing field `messages`", Some("messages")))?;
+    if raw.is_empty() {
+        return Err(ApiError::invalid("`messages` is empty", Some("messages")));
+    }
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = match m.role.as_str() {
+                "system" | "developer" => Role::System,
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                other => {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}]: role {other:?} is not supported (system, developer, user, assistant)"),
+                        Some("messages"),
+                    ))
+                }
+            };
+            let content = match m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t,
+                Some(Content::Parts(parts)) => {
+                    let mut text = String::new();
+                    for p in parts {
+                        match (p.kind.as_str(), p.text) {
+                            ("text", Some(t)) => text.push_str(&t),
+                            (kind, _) => {
+                                return Err(ApiError::invalid(
+                                    format!("messages[{i}]: content parts of type {kind:?} are not supported (text only)"),
+                                    Some("messages"),
+                                ))
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            Ok(Message::new(role, content))
+        })
+        .collect()
+}
+
+/// The two response kinds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Completion,
+    Chat,
+}
+
+/// What identifies a response and its chunks.
+pub struct Header {
+    pub kind: Kind,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+/// The usage object.
+pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    })
+}
+
+impl Header {
+    /// The whole (non-streamed) response. `token_ids` is tandem's addition (the generated
+    /// ids, which the text may not show: special tokens, or a model without a tokenizer).
+    pub fn response(&self, text: &str, token_ids: &[u32], finish: FinishReason, usage: Value) -> Value {
+        let choice = match self.kind {
+            Kind::Completion => json!({
+                "index": 0, "text": text, "logprobs": null,
+                "finish_reason": finish.as_str(), "token_ids": token_ids,
+            }),
+            Kind::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": null,
+                "finish_reason": finish.as_str(),
+                "token_ids": token_ids,
+            }),
+        };
+        let object = match self.kind {
+            Kind::Completion => "text_completion",
+            Kind::Chat => "chat.completion",
+        };
+        json!({
+            "id": self.id, "object": object, "created": self.created, "model": self.model,
+            "choices": [choice], "usage": usage,
+        })
+    }
+
+    /// One streamed chunk: `text` (and for chat the assistant role in the first), the ids it
+    /// came with, and the finish reason in the last.
+    pub fn chunk(&self, text: &str, token_ids: &[u32], first: bool, finish: Option<FinishReason>) -> Value {
+        let finish = finish.map(FinishReason::as_str);
+        let (object, choice) = match self.kind {
+            Kind::Completion => (
+                "text_completion",
+                json!({
+                    "index": 0, "text": text, "logprobs": null,
+                    "finish_reason": finish, "token_ids": token_ids,
+                }),
+            ),
+            Kind::Chat => {
+                let delta = if first {
+                    json!({"role": "assistant", "content": text})
+                } else if text.is_empty() && finish.is_some() {
+                    json!({})
+                } else {
+                    json!({"content": text})
+                };
+                (
+                    "chat.completion.chunk",
+                    json!({
+                        "index": 0, "delta": delta, "logprobs": null,
+                        "finish_reason": finish, "token_ids": token_ids,
+                    }),
+                )
+            }
+        };
+        json!({
+            "id": self.id, "object": object, "created": self.created, "model": self.model,
+            "choices": [choice],
+        })
+    }
+
+    /// The last chunk of a stream with `stream_options.include_usage`: no choices, the usage.
+    pub fn usage_chunk(&self, usage: Value) -> Value {
+        let object = match self.kind {
+            Kind::Completion => "text_completion",
+            Kind::Chat => "chat.completion.chunk",
+        };
+        json!({
+            "id": self.id, "object": object, "created": self.created, "model": self.model,
+            "choices": [], "usage": usage,
+        })
+    }
+}

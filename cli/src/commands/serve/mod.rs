@@ -1,0 +1,170 @@
+//! `engine serve`: an OpenAI-compatible HTTP server over continuous batching.
+//!
+//! The HTTP stack is tokio with axum: axum is tokio's own web framework, built on hyper and the
+//! tower middleware ecosystem, all maintained by the tokio project; it gives routing, body
+//! limits, server-sent events and graceful shutdown without a framework of our own. The
+//! batching itself is in the engine (`tandem_engine::serve`): one scheduler thread owns the
+//! session, and the HTTP handlers only submit requests and forward its events.
+//!
+//! - [`api`]: OpenAI's request fields and response documents.
+//! - [`routes`]: the endpoints, the API key check, the error answers.
+//! - [`error`]: errors in OpenAI's shape.
+
+mod api;
+mod error;
+mod routes;
+
+use std::net::IpAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tandem_engine::serve::{self, Handle, SchedulerOptions};
+use tandem_engine::tokenizer::chat::ChatTemplate;
+
+use super::load::{load, ModelArgs};
+use crate::Context;
+
+/// Flags of `engine serve`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on (loopback by default; 0.0.0.0 opens it to the network).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port to listen on (0: any free port; the address is printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Sequences generated at once (KV cache slots).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    parallel: u32,
+    /// Requests that may wait for a slot; beyond them the server answers 503 with Retry-After.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    queue: u32,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Largest request body in bytes (413 beyond it).
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body_bytes: usize,
+    /// The model's name in /v1/models and in responses (default: the model file's name).
+    #[arg(long)]
+    model_name: Option<String>,
+    /// Seconds to let running requests finish after Ctrl-C or SIGTERM before cancelling them.
+    #[arg(long, default_value_t = 30)]
+    shutdown_timeout: u64,
+}
+
+/// Runs the command until Ctrl-C or SIGTERM.
+pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
+    let loaded = load(ctx, &args.model, args.parallel as usize)?;
+    let model_id = args.model_name.clone().unwrap_or_else(|| model_name(&args.model));
+    let tokenizer = Arc::new(loaded.tokenizer);
+    let chat = if tokenizer.has_vocabulary() {
+        Some(ChatTemplate::new(
+            tokenizer.chat_template(),
+            tokenizer.bos_token(),
+            tokenizer.eos_token(),
+        )?)
+    } else {
+        None
+    };
+    let (handle, scheduler) = serve::start(
+        loaded.session,
+        tokenizer.clone(),
+        SchedulerOptions {
+            queue: args.queue as usize,
+        },
+    )
+    .context("starting the scheduler thread")?;
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let state = Arc::new(routes::AppState {
+        handle: handle.clone(),
+        tokenizer,
+        chat,
+        model_id,
+        api_key: args.api_key.clone(),
+        created,
+        counter: AtomicU64::new(0),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let grace = Duration::from_secs(args.shutdown_timeout);
+    let served: anyhow::Result<()> = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((args.host, args.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        eprintln!(
+            "listening on http://{addr} ({} slots, queue {}, context {})",
+            handle.slots(),
+            args.queue,
+            handle.context()
+        );
+        let app = routes::router(state, args.max_body_bytes);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown(handle.clone(), grace))
+            .await
+            .context("serving")?;
+        Ok(())
+    });
+    handle.shut_down();
+    drop(handle);
+    if scheduler.join().is_err() {
+        anyhow::bail!("the scheduler thread panicked");
+    }
+    served?;
+    eprintln!("stopped");
+    Ok(())
+}
+
+/// Resolves at Ctrl-C or SIGTERM: new requests are refused from then on, running ones get
+/// `grace` to finish before they are cancelled.
+async fn shutdown(handle: Handle, grace: Duration) {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+    eprintln!(
+        "shutting down: finishing running requests (at most {} s)",
+        grace.as_secs()
+    );
+    handle.shut_down();
+    tokio::spawn(async move {
+        tokio::time::sleep(grace).await;
+        handle.cancel_all();
+    });
+}
+
+/// The model's name: its file or directory name without the extension, or the default
+/// model's.
+fn model_name(args: &ModelArgs) -> String {
+    let path = args
+        .model
+        .clone()
+        .unwrap_or_else(|| tandem_engine::model::files::DEFAULT_MODEL_FILE.into());
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}

@@ -1,0 +1,359 @@
+//! The HTTP routes: the OpenAI endpoints, the model list, health and metrics; the API key check;
+//! JSON errors for unknown routes (404), wrong methods (405) and bodies over the limit (413).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use subtle::ConstantTimeEq;
+use tandem_engine::serve::{Event, EventSink, Handle, Request};
+use tandem_engine::tokenizer::chat::ChatTemplate;
+use tandem_engine::tokenizer::Tokenizer;
+use tokio::sync::mpsc;
+
+use super::api::{self, Header, Kind, Prompt};
+use super::error::ApiError;
+
+/// What every handler sees.
+pub struct AppState {
+    pub handle: Handle,
+    pub tokenizer: Arc<Tokenizer>,
+    /// The chat template (`None` without a tokenizer vocabulary).
+    pub chat: Option<ChatTemplate>,
+    /// The model's name in `/v1/models` and in responses.
+    pub model_id: String,
+    /// `--api-key`.
+    pub api_key: Option<String>,
+    /// When the server started (Unix seconds).
+    pub created: u64,
+    /// Responses so far, for ids.
+    pub counter: AtomicU64,
+}
+
+type Shared = Arc<AppState>;
+
+/// The routes. `/health` is open; everything else needs the key when `--api-key` is set.
+pub fn router(state: Shared, max_body_bytes: usize) -> Router {
+    let api = Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
+    Router::new()
+        .route("/health", get(health))
+        .merge(api)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), count_responses))
+        .with_state(state)
+}
+
+/// Counts every response by route and status.
+async fn count_responses(State(st): State<Shared>, req: HttpRequest, next: Next) -> Response {
+    let route = match req.uri().path() {
+        p @ ("/v1/completions" | "/v1/chat/completions" | "/v1/models" | "/health" | "/metrics") => p,
+        _ => "other",
+    }
+    .to_string();
+    let r = next.run(req).await;
+    st.handle.metrics().http_response(&route, r.status().as_u16());
+    r
+}
+
+/// `Authorization: Bearer KEY`, compared in constant time.
+async fn authorize(State(st): State<Shared>, req: HttpRequest, next: Next) -> Response {
+    if let Some(key) = &st.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        let ok: bool = given.as_bytes().ct_eq(key.as_bytes()).into();
+        if !ok {
+            let mut e = ApiError::status(
+                StatusCode::UNAUTHORIZED,
+                "a valid API key is required: Authorization: Bearer KEY",
+            );
+            e.kind = "invalid_request_error";
+            e.code = Some("invalid_api_key");
+            return e.into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn not_found(req: HttpRequest) -> ApiError {
+    let mut e = ApiError::status(
+        StatusCode::NOT_FOUND,
+        format!("no route {} {}", req.method(), req.uri().path()),
+    );
+    e.code = Some("unknown_url");
+    e
+}
+
+async fn method_not_allowed(req: HttpRequest) -> ApiError {
+    ApiError::status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+}
+
+async fn health(State(st): State<Shared>) -> Response {
+    let m = st.handle.metrics();
+    let body = json!({"status": "ok", "running": m.running(), "queued": m.queue_depth()});
+    (StatusCode::OK, Json(body)).into_response()
+}
+
+async fn metrics(State(st): State<Shared>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        st.handle.metrics().render(),
+    )
+        .into_response()
+}
+
+async fn models(State(st): State<Shared>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": st.model_id, "object": "model", "created": st.created, "owned_by": "tandem",
+            "context_length": st.handle.context(),
+        }],
+    }))
+}
+
+/// The body, or the rejection as an OpenAI error (413 over the size limit).
+fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
+        let status = r.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "the request body is over the size limit (--max-body-bytes)".to_string()
+        } else {
+            r.body_text()
+        };
+        ApiError::status(status, message)
+    })
+}
+
+async fn completions(
+    State(st): State<Shared>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let obj = api::object(&body(raw)?)?;
+    let prompt = api::prompt(&obj)?;
+    let common = api::common(&obj, false)?;
+    let ids = match prompt {
+        Prompt::Ids(ids) => ids,
+        Prompt::Text(text) => {
+            need_vocabulary(&st, "a text prompt")?;
+            st.tokenizer
+                .encode(&text, true)
+                .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?
+        }
+    };
+    // OpenAI's completions default to 16 tokens.
+    let max_tokens = common.max_tokens.unwrap_or(16);
+    generate(&st, Kind::Completion, ids, max_tokens, common, arrived).await
+}
+
+async fn chat_completions(
+    State(st): State<Shared>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let obj = api::object(&body(raw)?)?;
+    let messages = api::messages(&obj)?;
+    let common = api::common(&obj, true)?;
+    need_vocabulary(&st, "chat")?;
+    let template = st
+        .chat
+        .as_ref()
+        .ok_or_else(|| ApiError::invalid("this model has no chat template", Some("messages")))?;
+    let text = template
+        .render(&messages, true)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let ids = st
+        .tokenizer
+        .encode(&text, false)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    // Chat defaults to the room left in the context.
+    let room = st.handle.context().saturating_sub(ids.len()) as u64;
+    let max_tokens = common.max_tokens.unwrap_or(room.max(1));
+    generate(&st, Kind::Chat, ids, max_tokens, common, arrived).await
+}
+
+fn need_vocabulary(st: &AppState, what: &str) -> Result<(), ApiError> {
+    if st.tokenizer.has_vocabulary() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        format!("{what} needs a tokenizer, and this model has none (no tokenizer.json): send token ids to /v1/completions"),
+        Some(if what == "chat" { "messages" } else { "prompt" }),
+    ))
+}
+
+/// A request's events, through a channel the scheduler never waits on.
+struct ChannelSink(mpsc::UnboundedSender<Event>);
+
+impl EventSink for ChannelSink {
+    fn send(&mut self, event: Event) -> bool {
+        self.0.send(event).is_ok()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+async fn generate(
+    st: &AppState,
+    kind: Kind,
+    prompt: Vec<u32>,
+    max_tokens: u64,
+    common: api::Common,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
+    let max_tokens = st.handle.check(&prompt, max_tokens)?;
+    if !common.stop.is_empty() && !st.tokenizer.has_vocabulary() {
+        return Err(ApiError::invalid(
+            "stop strings need a tokenizer, and this model has none",
+            Some("stop"),
+        ));
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    st.handle.submit(Request {
+        prompt,
+        max_tokens,
+        sampling: common.sampling,
+        stop: common.stop,
+        sink: Box::new(ChannelSink(tx)),
+        arrived,
+    })?;
+    let n = st.counter.fetch_add(1, Ordering::Relaxed);
+    let prefix = match kind {
+        Kind::Completion => "cmpl",
+        Kind::Chat => "chatcmpl",
+    };
+    let header = Header {
+        kind,
+        id: format!("{prefix}-{:x}-{n}", st.created),
+        created: unix_now(),
+        model: st.model_id.clone(),
+    };
+    if common.stream {
+        Ok(stream(header, rx, common.include_usage).into_response())
+    } else {
+        Ok(collect(header, rx).await)
+    }
+}
+
+/// A non-streamed answer: the events collected into one document.
+async fn collect(header: Header, mut rx: mpsc::UnboundedReceiver<Event>) -> Response {
+    let (mut text, mut ids) = (String::new(), Vec::new());
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Token { id, text: t } => {
+                ids.push(id);
+                text.push_str(&t);
+            }
+            Event::Done {
+                text: t,
+                finish_reason,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                text.push_str(&t);
+                let usage = api::usage(prompt_tokens, completion_tokens);
+                let doc = header.response(&text, &ids, finish_reason, usage);
+                return (StatusCode::OK, Json(doc)).into_response();
+            }
+            Event::Failed { message } => {
+                return ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, message).into_response()
+            }
+        }
+    }
+    ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "the scheduler stopped").into_response()
+}
+
+/// A streamed answer: one SSE `data:` chunk per token, the finish, the usage if asked, `[DONE]`.
+fn stream(header: Header, rx: mpsc::UnboundedReceiver<Event>, include_usage: bool) -> impl IntoResponse {
+    struct St {
+        header: Header,
+        rx: mpsc::UnboundedReceiver<Event>,
+        out: VecDeque<SseEvent>,
+        first: bool,
+        done: bool,
+        include_usage: bool,
+    }
+    let data = |v: Value| SseEvent::default().data(v.to_string());
+    let st = St {
+        header,
+        rx,
+        out: VecDeque::new(),
+        first: true,
+        done: false,
+        include_usage,
+    };
+    let events = futures_util::stream::unfold(st, move |mut st| async move {
+        loop {
+            if let Some(e) = st.out.pop_front() {
+                return Some((Ok::<_, Infallible>(e), st));
+            }
+            if st.done {
+                return None;
+            }
+            match st.rx.recv().await {
+                Some(Event::Token { id, text }) => {
+                    let c = st.header.chunk(&text, &[id], st.first, None);
+                    st.first = false;
+                    st.out.push_back(data(c));
+                }
+                Some(Event::Done {
+                    text,
+                    finish_reason,
+                    prompt_tokens,
+                    completion_tokens,
+                }) => {
+                    let c = st.header.chunk(&text, &[], st.first, Some(finish_reason));
+                    st.out.push_back(data(c));
+                    if st.include_usage {
+                        let u = api::usage(prompt_tokens, completion_tokens);
+                        st.out.push_back(data(st.header.usage_chunk(u)));
+                    }
+                    st.out.push_back(SseEvent::default().data("[DONE]"));
+                    st.done = true;
+                }
+                Some(Event::Failed { message }) => {
+                    let e = ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, message);
+                    st.out.push_back(data(e.body()));
+                    st.out.push_back(SseEvent::default().data("[DONE]"));
+                    st.done = true;
+                }
+                None => st.done = true,
+            }
+        }
+    });
+    Sse::new(events)
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,315 @@
+//! Continuous batching: one thread owns the [`Session`] and the sampling, and runs steps until
+//! every request is done.
+//!
+//! Each turn of its loop:
+//! 1. takes waiting requests into free KV cache slots (a slot is reset before reuse);
+//! 2. drops the requests whose client has gone, freeing their slots;
+//! 3. feeds one chunk (at most the session's step size) of the oldest prompt still being read,
+//!    so that a long prompt is interleaved with the decode steps of the others instead of
+//!    stalling them; after its last chunk, its first token is sampled;
+//! 4. runs one decode step of every other sequence together, one row each, and samples each
+//!    row with that sequence's own sampler.
+//!
+//! Batching changes no result as long as the backend computes each row of a step independently
+//! of the others (the CPU backend does: activations are quantized per row, and every row's dot
+//! products are summed in the same order whatever the number of rows); prompts are fed in the
+//! same chunks as when a request runs alone.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::error::SubmitError;
+use super::metrics::{Metrics, Outcome};
+use super::request::{Event, Request};
+use super::sequence::Sequence;
+use crate::runtime::placement::Phase;
+use crate::runtime::sampler::Sampler;
+use crate::runtime::session::Session;
+use crate::tokenizer::Tokenizer;
+
+/// How the scheduler queues work.
+#[derive(Debug, Clone, Copy)]
+pub struct SchedulerOptions {
+    /// Requests that may wait for a slot (at least 1); beyond it [`Handle::submit`] answers
+    /// [`SubmitError::QueueFull`].
+    pub queue: usize,
+}
+
+/// What the scheduler and its handles share.
+struct Shared {
+    metrics: Metrics,
+    /// No new requests; the scheduler exits once the running and queued ones are done.
+    draining: AtomicBool,
+    /// Stop every request now.
+    cancel: AtomicBool,
+    context: usize,
+    vocab: usize,
+    slots: usize,
+}
+
+/// The HTTP layer's side of the scheduler: submits requests, reads the metrics. Cheap to clone.
+#[derive(Clone)]
+pub struct Handle {
+    tx: SyncSender<Request>,
+    shared: Arc<Shared>,
+}
+
+/// How long an idle scheduler waits for a request before looking at its flags again.
+const IDLE_POLL: Duration = Duration::from_millis(20);
+
+/// Starts the scheduler thread on `session` (one KV cache slot per parallel sequence).
+pub fn start(
+    session: Session,
+    tokenizer: Arc<Tokenizer>,
+    options: SchedulerOptions,
+) -> std::io::Result<(Handle, JoinHandle<()>)> {
+    let (tx, rx) = sync_channel(options.queue.max(1));
+    let shared = Arc::new(Shared {
+        metrics: Metrics::default(),
+        draining: AtomicBool::new(false),
+        cancel: AtomicBool::new(false),
+        context: session.context(),
+        vocab: session.model().config.vocab_size,
+        slots: session.slots(),
+    });
+    let thread_shared = shared.clone();
+    let thread = std::thread::Builder::new()
+        .name("tandem-scheduler".into())
+        .spawn(move || run(session, &tokenizer, rx, &thread_shared))?;
+    Ok((Handle { tx, shared }, thread))
+}
+
+impl Handle {
+    /// The counters.
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    /// The context: prompt and generated tokens of one request together.
+    pub fn context(&self) -> usize {
+        self.shared.context
+    }
+
+    /// Requests generated at once.
+    pub fn slots(&self) -> usize {
+        self.shared.slots
+    }
+
+    /// Checks a request's prompt and token budget without submitting it.
+    pub fn check(&self, prompt: &[u32], max_tokens: u64) -> Result<usize, SubmitError> {
+        let context = self.shared.context;
+        if prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if let Some(&id) = prompt.iter().find(|&&t| t as usize >= self.shared.vocab) {
+            return Err(SubmitError::TokenOutOfRange {
+                id,
+                vocab: self.shared.vocab,
+            });
+        }
+        if prompt.len() >= context {
+            return Err(SubmitError::PromptTooLong {
+                tokens: prompt.len(),
+                context,
+            });
+        }
+        match usize::try_from(max_tokens) {
+            Ok(n) if n >= 1 && n <= context => Ok(n),
+            _ => Err(SubmitError::MaxTokens {
+                value: max_tokens,
+                context,
+            }),
+        }
+    }
+
+    /// Queues `request`: it starts at the next step with a free slot. Refused when the queue is
+    /// full, the server is shutting down, or the request is invalid ([`Handle::check`], the
+    /// sampling ranges).
+    pub fn submit(&self, request: Request) -> Result<(), SubmitError> {
+        if self.shared.draining.load(Ordering::SeqCst) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        self.check(&request.prompt, request.max_tokens as u64)?;
+        request.sampling.validate()?;
+        let metrics = &self.shared.metrics;
+        metrics.queued.fetch_add(1, Ordering::SeqCst);
+        match self.tx.try_send(request) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => {
+                let queued = metrics.queued.fetch_sub(1, Ordering::SeqCst) - 1;
+                metrics.rejected();
+                Err(SubmitError::QueueFull { queued })
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                metrics.queued.fetch_sub(1, Ordering::SeqCst);
+                Err(SubmitError::ShuttingDown)
+            }
+        }
+    }
+
+    /// Stops taking requests; the scheduler finishes the running and queued ones, then exits.
+    pub fn shut_down(&self) {
+        self.shared.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends every running and queued request now (each hears [`Event::Failed`]).
+    pub fn cancel_all(&self) {
+        self.shared.draining.store(true, Ordering::SeqCst);
+        self.shared.cancel.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The scheduler's loop; returns when it is shut down and idle, or every handle is gone.
+fn run(mut session: Session, tokenizer: &Tokenizer, rx: Receiver<Request>, shared: &Shared) {
+    let metrics = &shared.metrics;
+    let vocab = session.model().config.vocab_size;
+    let chunk = session.chunk();
+    let mut free: Vec<u32> = (0..session.slots() as u32).rev().collect();
+    let mut seqs: Vec<Sequence> = Vec::new();
+    // Step scratch, reused.
+    let (mut tokens, mut slots, mut select, mut logits) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut rows: Vec<usize> = Vec::new();
+    loop {
+        let cancel = shared.cancel.load(Ordering::SeqCst);
+        // 1. Waiting requests into free slots.
+        let mut gone = false;
+        while let Some(&slot) = free.last() {
+            let got = if seqs.is_empty() {
+                rx.recv_timeout(IDLE_POLL).map_err(|e| match e {
+                    RecvTimeoutError::Timeout => TryRecvError::Empty,
+                    RecvTimeoutError::Disconnected => TryRecvError::Disconnected,
+                })
+            } else {
+                rx.try_recv()
+            };
+            let request = match got {
+                Ok(r) => r,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    gone = true;
+                    break;
+                }
+            };
+            metrics.queued.fetch_sub(1, Ordering::SeqCst);
+            if cancel || request.sink.is_closed() {
+                let mut request = request;
+                request.sink.send(Event::Failed {
+                    message: "the server is shutting down".into(),
+                });
+                metrics.finished(Outcome::Cancelled);
+                continue;
+            }
+            match Sampler::new(request.sampling) {
+                Ok(sampler) => {
+                    free.pop();
+                    session.reset(slot as usize);
+                    let s = Sequence::new(request, sampler, slot, tokenizer);
+                    metrics.prompt(s.prompt_len());
+                    seqs.push(s);
+                }
+                Err(e) => {
+                    let mut request = request;
+                    request.sink.send(Event::Failed {
+                        message: e.to_string(),
+                    });
+                    metrics.finished(Outcome::Error);
+                }
+            }
+        }
+        // 2. Clients that have gone (or everything, when cancelled).
+        seqs.retain_mut(|s| {
+            if !(cancel || s.is_closed()) {
+                return true;
+            }
+            if cancel {
+                s.fail("the server is shutting down".into());
+            }
+            free.push(s.slot);
+            metrics.finished(Outcome::Cancelled);
+            false
+        });
+        metrics.running.store(seqs.len(), Ordering::SeqCst);
+        if seqs.is_empty() {
+            if gone || (shared.draining.load(Ordering::SeqCst) && metrics.queue_depth() == 0) {
+                return;
+            }
+            continue;
+        }
+        let mut ended: Vec<(usize, Outcome)> = Vec::new();
+        // 3. One chunk of the oldest prompt still being read.
+        if let Some(i) = seqs.iter().position(Sequence::prefilling) {
+            let s = &mut seqs[i];
+            let piece = s.next_chunk(chunk);
+            let n = piece.len();
+            slots.clear();
+            slots.resize(n, s.slot);
+            let last = [n as u32 - 1];
+            match session.step_in(Phase::Prefill, piece, &slots, &last) {
+                Ok(l) => {
+                    logits.clear();
+                    logits.extend_from_slice(l);
+                    s.fed(n);
+                    if !s.prefilling() {
+                        let at_limit = session.at_context_limit(s.slot as usize);
+                        if let Some(o) = s.accept(&mut logits, at_limit, metrics) {
+                            ended.push((i, o));
+                        }
+                    }
+                }
+                Err(e) => {
+                    s.fail(e.to_string());
+                    ended.push((i, Outcome::Error));
+                }
+            }
+        }
+        // 4. One decode step of every sequence with a token to feed.
+        tokens.clear();
+        slots.clear();
+        rows.clear();
+        for (i, s) in seqs.iter_mut().enumerate() {
+            if ended.iter().any(|e| e.0 == i) {
+                continue;
+            }
+            if let Some(t) = s.next.take() {
+                tokens.push(t);
+                slots.push(s.slot);
+                rows.push(i);
+            }
+        }
+        if !rows.is_empty() {
+            select.clear();
+            select.extend(0..rows.len() as u32);
+            match session.step(&tokens, &slots, &select) {
+                Ok(l) => {
+                    logits.clear();
+                    logits.extend_from_slice(l);
+                    for (r, &i) in rows.iter().enumerate() {
+                        let s = &mut seqs[i];
+                        let at_limit = session.at_context_limit(s.slot as usize);
+                        if let Some(o) = s.accept(&mut logits[r * vocab..(r + 1) * vocab], at_limit, metrics)
+                        {
+                            ended.push((i, o));
+                        }
+                    }
+                }
+                Err(e) => {
+                    for &i in &rows {
+                        seqs[i].fail(e.to_string());
+                        ended.push((i, Outcome::Error));
+                    }
+                }
+            }
+        }
+        // Finished sequences leave; their slots are reset when reused.
+        ended.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
+        for (i, outcome) in ended {
+            let s = seqs.remove(i);
+            free.push(s.slot);
+            metrics.finished(outcome);
+        }
+        metrics.running.store(seqs.len(), Ordering::SeqCst);
+    }
+}
