@@ -15,6 +15,11 @@ if command -v dpkg >/dev/null 2>&1; then
     dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p")
   done
 fi
+# The openai client test (scripts/test-openai.sh) makes a virtualenv: Debian's python3 needs
+# python3-venv for that.
+if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  need_apt+=(python3 python3-venv)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo_cmd=""
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, and every test of the workspace (unit tests, the
-# backend conformance suite through the plugin loader, end-to-end CLI tests).
+# backend conformance suite through the plugin loader, end-to-end CLI tests, engine serve through
+# the openai Python client).
 # Installs what it needs first (see scripts/setup.sh), so it runs on a fresh Debian machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,3 +16,5 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== engine serve through the openai Python client"
+./scripts/test-openai.sh
