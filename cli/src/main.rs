@@ -46,6 +46,9 @@ enum Command {
     Bench(commands::bench::Args),
     /// Serve the model over HTTP with OpenAI's API, batching concurrent requests.
     Serve(commands::serve::Args),
+    /// Load a running `engine serve` (loopback only, bounded): tokens/s, TTFT, inter-token
+    /// latency per number of concurrent clients.
+    Loadgen(commands::loadgen::Args),
 }
 
 /// What every command gets: the settings and where plugins are.
@@ -89,6 +92,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => commands::bench::run(&ctx, &args),
         Command::Placement(args) => commands::placement::run(&ctx, &args),
         Command::Serve(args) => commands::serve::run(&ctx, &args),
+        Command::Loadgen(args) => commands::loadgen::run(&ctx, &args),
     }
 }
 

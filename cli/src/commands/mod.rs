@@ -4,6 +4,7 @@ pub mod backends;
 pub mod bench;
 pub mod chat;
 pub mod load;
+pub mod loadgen;
 pub mod logits;
 pub mod perplexity;
 pub mod placement;
