@@ -12,6 +12,7 @@ mod backend;
 mod dtype;
 mod error;
 mod graph;
+pub mod plan;
 pub mod plugin;
 pub mod quant;
 mod tensor;

@@ -2,7 +2,7 @@
 //! recorded into one command buffer that every `execute` resubmits.
 
 use ash::vk;
-use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, RowCount, TensorDesc, ValueShape};
+use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueShape};
 
 use crate::device::map;
 use crate::memory::{GpuBuffer, Place};
@@ -153,20 +153,16 @@ pub fn weight_format_supported(d: DType) -> bool {
 
 impl VulkanBackend {
     fn rows_of(graph: &Graph, s: &ValueShape) -> usize {
-        match s.rows {
-            RowCount::Step => graph.rows,
-            RowCount::Selected => graph.selected_rows,
-        }
+        tandem_backend_api::plan::value_rows(graph, s)
     }
 
-    /// Checks the buffers a graph names and returns those it uses and the smallest slot count.
+    /// Checks that every op is supported and the buffers a graph names; returns those it uses
+    /// and the smallest slot count.
     fn check_buffers(
         &self,
         graph: &Graph,
         shapes: &[ValueShape],
     ) -> Result<(Vec<BufferId>, Option<usize>), BackendError> {
-        let mut used = Vec::new();
-        let mut slots: Option<usize> = None;
         for (i, node) in graph.nodes.iter().enumerate() {
             if let crate::SupportCheck::No(reason) = crate::op_support(&node.op) {
                 return Err(BackendError::unsupported(
@@ -174,149 +170,18 @@ impl VulkanBackend {
                     format!("node {i}: {reason}"),
                 ));
             }
-            for w in node.op.weights() {
-                let b = self.buffer(w.buffer)?;
-                if b.desc != w.desc {
-                    return Err(BackendError::invalid(format!(
-                        "node {i}: weight buffer {} holds {}, the graph says {}",
-                        w.buffer.0, b.desc, w.desc
-                    )));
-                }
-                used.push(w.buffer);
-            }
-            let act = |id: BufferId, elems: usize| -> Result<(), BackendError> {
-                let b = self.buffer(id)?;
-                if b.desc.dtype != DType::F32 || b.desc.numel() < elems {
-                    return Err(BackendError::invalid(format!(
-                        "node {i}: buffer {} ({}) cannot hold {elems} f32 values",
-                        id.0, b.desc
-                    )));
-                }
-                Ok(())
-            };
-            match &node.op {
-                Op::Input { buffer, cols, .. } => {
-                    act(
-                        *buffer,
-                        Self::rows_of(graph, &shapes[node.outputs[0].0 as usize]) * cols,
-                    )?;
-                    used.push(*buffer);
-                }
-                Op::Output { x, buffer } => {
-                    let s = shapes[x.0 as usize];
-                    act(*buffer, Self::rows_of(graph, &s) * s.cols)?;
-                    used.push(*buffer);
-                }
-                Op::Attention {
-                    cache,
-                    kv_heads,
-                    head_dim,
-                    ..
-                } => {
-                    let want =
-                        TensorDesc::new(cache.dtype, [cache.slots, cache.capacity, kv_heads * head_dim]);
-                    for id in [cache.k, cache.v] {
-                        let b = self.buffer(id)?;
-                        if b.desc != want {
-                            return Err(BackendError::invalid(format!(
-                                "node {i}: KV cache buffer {} holds {}, attention needs {want}",
-                                id.0, b.desc
-                            )));
-                        }
-                        used.push(id);
-                    }
-                    if cache.k == cache.v {
-                        return Err(BackendError::invalid(format!(
-                            "node {i}: keys and values share buffer {}",
-                            cache.k.0
-                        )));
-                    }
-                    slots = Some(slots.map_or(cache.slots, |s| s.min(cache.slots)));
-                }
-                _ => {}
-            }
         }
-        used.sort();
-        used.dedup();
-        Ok((used, slots))
-    }
-
-    /// Arena offsets per value (`None` for values that alias an input buffer) and the arena
-    /// size: first fit over values freed after their last use.
-    fn plan_arena(graph: &Graph, shapes: &[ValueShape]) -> (Vec<Option<u64>>, u64) {
-        let n = shapes.len();
-        let mut last_use = vec![0usize; n];
-        let mut defined_at = vec![0usize; n];
-        for (i, node) in graph.nodes.iter().enumerate() {
-            for o in &node.outputs {
-                defined_at[o.0 as usize] = i;
-                last_use[o.0 as usize] = i;
-            }
-            for v in node.op.inputs() {
-                last_use[v.0 as usize] = i;
-            }
-        }
-        let mut offsets: Vec<Option<u64>> = vec![None; n];
-        let mut free: Vec<(u64, u64)> = Vec::new(); // (offset, size), sorted by offset
-        let mut end = 0u64;
-        for (i, node) in graph.nodes.iter().enumerate() {
-            if !matches!(node.op, Op::Input { .. }) {
-                for o in &node.outputs {
-                    let s = &shapes[o.0 as usize];
-                    let size = ((Self::rows_of(graph, s) * s.cols * 4) as u64)
-                        .max(4)
-                        .div_ceil(ARENA_ALIGN)
-                        * ARENA_ALIGN;
-                    let at = match free.iter().position(|(_, fs)| *fs >= size) {
-                        Some(k) => {
-                            let (fo, fs) = free[k];
-                            if fs == size {
-                                free.remove(k);
-                            } else {
-                                free[k] = (fo + size, fs - size);
-                            }
-                            fo
-                        }
-                        None => {
-                            let at = end;
-                            end += size;
-                            at
-                        }
-                    };
-                    offsets[o.0 as usize] = Some(at);
-                }
-            }
-            for v in 0..n {
-                if last_use[v] == i && defined_at[v] <= i {
-                    if let Some(at) = offsets[v] {
-                        let s = &shapes[v];
-                        let size = ((Self::rows_of(graph, s) * s.cols * 4) as u64)
-                            .max(4)
-                            .div_ceil(ARENA_ALIGN)
-                            * ARENA_ALIGN;
-                        free.push((at, size));
-                        free.sort_unstable();
-                        // Merge neighbours.
-                        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(free.len());
-                        for (o, s) in free.drain(..) {
-                            match merged.last_mut() {
-                                Some((lo, ls)) if *lo + *ls == o => *ls += s,
-                                _ => merged.push((o, s)),
-                            }
-                        }
-                        free = merged;
-                    }
-                }
-            }
-        }
-        (offsets, end)
+        let u = tandem_backend_api::plan::check_buffers(graph, shapes, |id| {
+            self.buffer(id).map(|b| b.desc.clone())
+        })?;
+        Ok((u.buffers, u.slots))
     }
 
     /// Validates, plans and records `graph`.
     pub(crate) fn build_program(&mut self, graph: &Graph) -> Result<Program, BackendError> {
         let shapes = graph.infer_shapes()?;
         let (buffers, slots) = self.check_buffers(graph, &shapes)?;
-        let (offsets, arena_size) = Self::plan_arena(graph, &shapes);
+        let (offsets, arena_size) = tandem_backend_api::plan::plan_arena(graph, &shapes, ARENA_ALIGN);
 
         // Step arguments, then each rope's inverse frequencies.
         let rows = graph.rows as u64;

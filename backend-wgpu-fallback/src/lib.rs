@@ -1,10 +1,515 @@
-//! tandem's portable wgpu backend.
+//! tandem's portable wgpu backend: every op of the op set as a WGSL compute kernel
+//! (`shaders/wgsl/`), on any adapter wgpu offers (Vulkan, Metal, DX12, GL), for where the raw
+//! Vulkan backend cannot run.
 //!
-//! Not built yet: the plugin loads, and reports itself unavailable with the reason below, so
-//! that `engine backends` and the placement can name it.
+//! The crate reads top to bottom as: `device` (adapter choice, limits and features, error
+//! sinks), `kernels` (WGSL modules and pipelines), `program` (planning, dispatch list, bind
+//! groups, per-step encoding), and here the trait.
+//!
+//! Everything a step needs is made at compile: pipelines, one uniform slot of parameters per
+//! dispatch, every bind group. A step writes its arguments (`queue.write_buffer`), then records
+//! one command encoder: copies of the program's inputs into its arena, one compute pass, copies
+//! of its outputs, and submits once. Weights larger than the adapter's binding limit are bound
+//! in chunks of rows.
+//!
+//! Options (`[backend.wgpu]` in the config, or the environment): `adapter` /
+//! `TANDEM_WGPU_ADAPTER` (an index or a name substring), `backends` / `TANDEM_WGPU_BACKENDS`
+//! (`vulkan,metal,dx12,gl`), `validation` / `TANDEM_WGPU_VALIDATION=1` (the API's validation
+//! layer; any message fails the next call), `profile` / `TANDEM_WGPU_PROFILE=1` (per-node
+//! timestamps for `profile`, where the adapter has timestamps inside passes).
 
-tandem_backend_api::export_unavailable_backend!(
-    WgpuBackend,
-    "wgpu",
-    "the wgpu fallback backend is not built yet: it lands with the wgpu issue"
-);
+mod device;
+mod kernels;
+mod program;
+
+use std::collections::{HashMap, VecDeque};
+
+use tandem_backend_api::{
+    BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, MemoryUse, NodeTime,
+    Op, ProgramId, StepArgs, Support, TensorDesc, Ticket, Usage,
+};
+
+use device::{Gpu, Request};
+use kernels::Pipelines;
+use program::Program;
+
+/// Bytes written or read per staging round.
+const CHUNK_BYTES: usize = 32 << 20;
+
+/// Submissions remembered for `wait` (waiting for a later one covers an earlier one).
+const TICKETS_KEPT: usize = 64;
+
+/// A buffer of the trait.
+pub(crate) struct Buffer {
+    pub desc: TensorDesc,
+    pub buf: wgpu::Buffer,
+    /// The tensor's bytes.
+    pub len: u64,
+    /// The buffer's size: `len` rounded up, with room for a decoder's last word.
+    pub size: u64,
+}
+
+/// The wgpu backend.
+pub struct WgpuBackend {
+    gpu: Gpu,
+    pipelines: Pipelines,
+    buffers: HashMap<u64, Buffer>,
+    programs: HashMap<u64, Program>,
+    tickets: VecDeque<(u64, wgpu::SubmissionIndex)>,
+    next_ticket: u64,
+    next_id: u64,
+    readback: Option<wgpu::Buffer>,
+    in_use: u64,
+    peak: u64,
+}
+
+fn unknown_buffer(id: BufferId) -> BackendError {
+    BackendError::invalid(format!("unknown buffer {}", id.0))
+}
+
+impl BackendPlugin for WgpuBackend {
+    const NAME: &'static str = "wgpu";
+
+    fn create(options: &BackendOptions) -> Result<Self, BackendError> {
+        let req = Request::from_options(options)?;
+        let gpu = Gpu::open(&req)?;
+        Ok(WgpuBackend {
+            gpu,
+            pipelines: Pipelines::default(),
+            buffers: HashMap::new(),
+            programs: HashMap::new(),
+            tickets: VecDeque::new(),
+            next_ticket: 1,
+            next_id: 1,
+            readback: None,
+            in_use: 0,
+            peak: 0,
+        })
+    }
+}
+
+tandem_backend_api::export_backend!(WgpuBackend);
+
+impl WgpuBackend {
+    pub(crate) fn buffer(&self, id: BufferId) -> Result<&Buffer, BackendError> {
+        self.buffers.get(&id.0).ok_or_else(|| unknown_buffer(id))
+    }
+
+    fn program(&self, id: ProgramId) -> Result<&Program, BackendError> {
+        self.programs
+            .get(&id.0)
+            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", id.0)))
+    }
+
+    fn range(buf: &Buffer, id: BufferId, offset: u64, len: usize) -> Result<(), BackendError> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= buf.len => Ok(()),
+            _ => Err(BackendError::invalid(format!(
+                "buffer {} ({}): {len} bytes at offset {offset} run past its {} bytes",
+                id.0, buf.desc, buf.len
+            ))),
+        }
+    }
+
+    fn track(&mut self, bytes: u64) {
+        self.in_use += bytes;
+        self.peak = self.peak.max(self.in_use);
+    }
+
+    /// Copies `len` bytes (offset and length multiples of 4) of `src` to the host.
+    fn read_aligned(&mut self, src: &wgpu::Buffer, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        let len = out.len() as u64;
+        let need = len.max(4);
+        if self.readback.as_ref().is_none_or(|b| b.size() < need) {
+            let size = need.max(1 << 20).div_ceil(4) * 4;
+            self.readback = Some(self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let rb = self
+            .readback
+            .as_ref()
+            .ok_or_else(|| BackendError::internal("no readback buffer"))?;
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        enc.copy_buffer_to_buffer(src, offset, rb, 0, len);
+        let index = self.gpu.queue.submit([enc.finish()]);
+        map_and_copy(&self.gpu, rb, index, out)
+    }
+}
+
+/// Maps `rb` once the submission `index` has finished and copies its first bytes to `out`.
+fn map_and_copy(
+    gpu: &Gpu,
+    rb: &wgpu::Buffer,
+    index: wgpu::SubmissionIndex,
+    out: &mut [u8],
+) -> Result<(), BackendError> {
+    let len = out.len() as u64;
+    let slice = rb.slice(0..len);
+    let (tx, rx) = std::sync::mpsc::channel();
+    slice.map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    gpu.wait(Some(index))?;
+    match rx.try_recv() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            return Err(BackendError::internal(format!(
+                "{}: mapping a readback: {e}",
+                gpu.name
+            )))
+        }
+        Err(_) => {
+            return Err(BackendError::internal(format!(
+                "{}: a readback never mapped",
+                gpu.name
+            )))
+        }
+    }
+    {
+        let view = slice
+            .get_mapped_range()
+            .map_err(|e| BackendError::internal(format!("{}: readback view: {e}", gpu.name)))?;
+        out.copy_from_slice(&view[..out.len()]);
+    }
+    rb.unmap();
+    Ok(())
+}
+
+impl ComputeBackend for WgpuBackend {
+    fn info(&self) -> BackendInfo {
+        let limits = &self.gpu.limits;
+        BackendInfo {
+            name: Self::NAME.to_string(),
+            device: self.gpu.name.clone(),
+            kind: self.gpu.kind,
+            memory_bytes: Some(limits.max_buffer_size),
+            features: self.gpu.features.clone(),
+        }
+    }
+
+    fn supports(&self, op: &Op) -> Support {
+        match program::op_support(op) {
+            Ok(()) => Support::Yes,
+            Err(reason) => Support::No { reason },
+        }
+    }
+
+    fn alloc(&mut self, desc: &TensorDesc, usage: Usage) -> Result<BufferId, BackendError> {
+        self.gpu.check()?;
+        let len = desc.byte_size()?;
+        let size = (len + 4).div_ceil(16) * 16;
+        let max = self.gpu.limits.max_buffer_size;
+        if size > max {
+            return Err(BackendError::unsupported(
+                "alloc",
+                format!(
+                    "{usage:?} tensor {desc} of {len} bytes exceeds the adapter's max_buffer_size of {max} bytes"
+                ),
+            ));
+        }
+        let err = self.gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buf = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(&format!("{usage:?} {desc}")),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        if pollster::block_on(err.pop()).is_some() {
+            return Err(BackendError::OutOfMemory {
+                requested: size,
+                available: 0,
+            });
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.buffers.insert(
+            id,
+            Buffer {
+                desc: desc.clone(),
+                buf,
+                len,
+                size,
+            },
+        );
+        self.track(size);
+        self.gpu.check()?;
+        Ok(BufferId(id))
+    }
+
+    fn write(&mut self, buffer: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        self.gpu.check()?;
+        let b = self.buffer(buffer)?;
+        Self::range(b, buffer, offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        // Copies run in 4-byte words: an unaligned head or tail keeps the bytes around it.
+        let start = offset / 4 * 4;
+        let end = (offset + data.len() as u64).div_ceil(4) * 4;
+        let mut head = [0u8; 4];
+        let mut tail = [0u8; 4];
+        let buf = b.buf.clone();
+        if start != offset {
+            self.read_aligned(&buf, start, &mut head)?;
+        }
+        if end != offset + data.len() as u64 {
+            self.read_aligned(&buf, end - 4, &mut tail)?;
+        }
+        let data_end = offset + data.len() as u64;
+        let mut at = start;
+        while at < end {
+            let n = ((end - at) as usize).min(CHUNK_BYTES);
+            let (lo, hi) = (offset.max(at), data_end.min(at + n as u64));
+            let from_data = &data[(lo - offset) as usize..(hi - offset) as usize];
+            if lo == at && hi == at + n as u64 {
+                self.gpu.queue.write_buffer(&buf, at, from_data);
+            } else {
+                let mut chunk = vec![0u8; n];
+                chunk[(lo - at) as usize..(hi - at) as usize].copy_from_slice(from_data);
+                if at == start && start != offset {
+                    let k = (offset - start) as usize;
+                    chunk[..k].copy_from_slice(&head[..k]);
+                }
+                if at + n as u64 == end && end != data_end {
+                    let k = (data_end - (end - 4)) as usize;
+                    chunk[n - 4 + k..].copy_from_slice(&tail[k..]);
+                }
+                self.gpu.queue.write_buffer(&buf, at, &chunk);
+            }
+            // Flush each chunk, so staging memory stays at one chunk.
+            self.gpu.queue.submit([]);
+            at += n as u64;
+        }
+        self.gpu.check()
+    }
+
+    fn read(&mut self, buffer: BufferId, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        self.gpu.check()?;
+        let b = self.buffer(buffer)?;
+        Self::range(b, buffer, offset, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let buf = b.buf.clone();
+        let start = offset / 4 * 4;
+        let end = (offset + out.len() as u64).div_ceil(4) * 4;
+        let mut at = start;
+        while at < end {
+            let n = ((end - at) as usize).min(CHUNK_BYTES);
+            let mut words = vec![0u8; n];
+            self.read_aligned(&buf, at, &mut words)?;
+            // The part of [at, at + n) inside [offset, offset + len).
+            let lo = offset.max(at);
+            let hi = (offset + out.len() as u64).min(at + n as u64);
+            out[(lo - offset) as usize..(hi - offset) as usize]
+                .copy_from_slice(&words[(lo - at) as usize..(hi - at) as usize]);
+            at += n as u64;
+        }
+        self.gpu.check()
+    }
+
+    fn free(&mut self, buffer: BufferId) -> Result<(), BackendError> {
+        self.gpu.check()?;
+        if let Some((pid, _)) = self.programs.iter().find(|(_, p)| p.buffers.contains(&buffer)) {
+            return Err(BackendError::invalid(format!(
+                "buffer {} is used by program {pid}: release it first",
+                buffer.0
+            )));
+        }
+        let b = self
+            .buffers
+            .remove(&buffer.0)
+            .ok_or_else(|| unknown_buffer(buffer))?;
+        // wgpu keeps the memory until the submissions using it have finished.
+        b.buf.destroy();
+        self.in_use = self.in_use.saturating_sub(b.size);
+        Ok(())
+    }
+
+    fn compile(&mut self, graph: &tandem_backend_api::Graph) -> Result<ProgramId, BackendError> {
+        self.gpu.check()?;
+        let prog = self.build_program(graph)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.track(prog.bytes);
+        self.programs.insert(id, prog);
+        Ok(ProgramId(id))
+    }
+
+    fn execute(&mut self, program: ProgramId, args: &StepArgs<'_>) -> Result<Ticket, BackendError> {
+        self.gpu.check()?;
+        let prog = self.program(program)?;
+        args.validate(&prog.graph, prog.slots)?;
+        let mut words: Vec<u32> = Vec::with_capacity(3 * args.tokens.len() + args.select.len());
+        words.extend_from_slice(args.tokens);
+        words.extend_from_slice(args.positions);
+        words.extend_from_slice(args.slots);
+        words.extend_from_slice(args.select);
+        // Ordered after every earlier submission and before this step's.
+        self.gpu
+            .queue
+            .write_buffer(&prog.args, 0, bytemuck::cast_slice(&words));
+        let index = self.encode(prog)?;
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.tickets.push_back((ticket, index.clone()));
+        if self.tickets.len() > TICKETS_KEPT {
+            self.tickets.pop_front();
+        }
+        if let Some(p) = self.programs.get_mut(&program.0) {
+            p.last = Some(index);
+        }
+        Ok(Ticket(ticket))
+    }
+
+    fn wait(&mut self, ticket: Ticket) -> Result<(), BackendError> {
+        if ticket.0 == 0 || ticket.0 >= self.next_ticket {
+            return Err(BackendError::invalid(format!("unknown ticket {}", ticket.0)));
+        }
+        // The submission itself, or the oldest one remembered (which is later).
+        let index = self
+            .tickets
+            .iter()
+            .find(|(t, _)| *t >= ticket.0)
+            .map(|(_, i)| i.clone());
+        self.gpu.wait(index)
+    }
+
+    fn release(&mut self, program: ProgramId) -> Result<(), BackendError> {
+        self.program(program)?;
+        if let Some(p) = self.programs.remove(&program.0) {
+            self.in_use = self.in_use.saturating_sub(p.bytes);
+            p.arena.destroy();
+            p.params.destroy();
+        }
+        self.gpu.check()
+    }
+
+    fn profile(&mut self, program: ProgramId) -> Result<Vec<NodeTime>, BackendError> {
+        self.gpu.check()?;
+        let prog = self.program(program)?;
+        let (Some(t), Some(last)) = (&prog.timestamps, prog.last.clone()) else {
+            return Ok(Vec::new());
+        };
+        let n = prog.graph.nodes.len();
+        let mut raw = vec![0u8; (n + 1) * 8];
+        map_and_copy(&self.gpu, &t.readback, last, &mut raw)?;
+        let ts: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect();
+        let period = f64::from(self.gpu.queue.get_timestamp_period());
+        Ok(prog
+            .graph
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| NodeTime {
+                node: i,
+                op: node.op.name(),
+                seconds: ts[i + 1].saturating_sub(ts[i]) as f64 * period * 1e-9,
+            })
+            .collect())
+    }
+
+    fn memory(&mut self) -> Result<Option<MemoryUse>, BackendError> {
+        Ok(Some(MemoryUse {
+            in_use_bytes: self.in_use,
+            peak_bytes: self.peak,
+        }))
+    }
+}
+
+impl Drop for WgpuBackend {
+    fn drop(&mut self) {
+        let _ = self.gpu.wait(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernels::{Format, Kernel};
+    use tandem_backend_api::DType;
+
+    /// The backend on this machine's adapter with validation on; `None` (the test says so) where
+    /// there is none, except under CI, where lavapipe must be there.
+    fn backend() -> Option<WgpuBackend> {
+        let mut o = BackendOptions::default();
+        o.set("validation", "true");
+        match WgpuBackend::create(&o) {
+            Ok(b) => Some(b),
+            Err(e) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipping: no wgpu adapter here: {e}");
+                None
+            }
+            Err(e) => panic!("CI must run the wgpu backend (lavapipe): {e}"),
+        }
+    }
+
+    #[test]
+    fn every_kernel_compiles_for_every_format() {
+        let Some(mut b) = backend() else { return };
+        let formats = [
+            DType::F32,
+            DType::F16,
+            DType::Bf16,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+            DType::Q4K,
+            DType::Q6K,
+        ];
+        for kernel in Kernel::ALL {
+            let variants: Vec<Option<Format>> = if kernel.reads_format() {
+                formats
+                    .iter()
+                    .flat_map(|&d| [Format::for_rows(d, 256), Format::for_rows(d, 257)])
+                    .flatten()
+                    .map(Some)
+                    .collect()
+            } else {
+                vec![None]
+            };
+            for f in variants {
+                let overrides = if kernel == Kernel::MatVec { [8, 4] } else { [0, 0] };
+                b.pipelines
+                    .get(&b.gpu.device, (kernel, f, overrides))
+                    .unwrap_or_else(|e| panic!("{} {f:?}: {e}", kernel.name()));
+                b.gpu
+                    .check()
+                    .unwrap_or_else(|e| panic!("{} {f:?}: {e}", kernel.name()));
+            }
+        }
+    }
+
+    #[test]
+    fn unaligned_writes_and_reads_keep_the_bytes_around_them() {
+        let Some(mut b) = backend() else { return };
+        let id = b
+            .alloc(&TensorDesc::new(DType::Q4_0, [3, 32]), Usage::Weight)
+            .unwrap();
+        let all: Vec<u8> = (0..54u8).collect();
+        b.write(id, 0, &all).unwrap();
+        b.write(id, 5, &[200, 201, 202]).unwrap();
+        let mut back = vec![0u8; 54];
+        b.read(id, 0, &mut back).unwrap();
+        let mut want = all.clone();
+        want[5..8].copy_from_slice(&[200, 201, 202]);
+        assert_eq!(back, want);
+        let mut mid = [0u8; 3];
+        b.read(id, 6, &mut mid).unwrap();
+        assert_eq!(mid, [201, 202, 8]);
+        let e = b.read(id, 53, &mut [0u8; 2]).unwrap_err().to_string();
+        assert!(e.contains("run past its 54 bytes"), "{e}");
+    }
+}

@@ -6,9 +6,9 @@ use common::Install;
 
 #[test]
 fn lists_cpu_available_and_the_others_with_a_reason() {
-    // Not vulkan: whether it is available (and its device name) depends on the machine;
-    // json_output_reports_each_backend and vulkan_run.rs cover it.
-    let install = Install::new(&["cpu", "npu", "npu_emu", "wgpu"]);
+    // Not the GPU backends: whether they are available (and their device names) depends on the
+    // machine; json_output_reports_each_backend and gpu_run.rs cover them.
+    let install = Install::new(&["cpu", "npu", "npu_emu"]);
     let out = install.run(&["backends"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = install.stdout(&out);
@@ -34,7 +34,7 @@ fn regex_lite_replace_threads(s: &str) -> String {
 
 #[test]
 fn json_output_reports_each_backend() {
-    let install = Install::new(&["cpu", "vulkan"]);
+    let install = Install::new(&["cpu", "vulkan", "wgpu"]);
     let out = install.run(&["backends", "--json"]);
     assert!(out.status.success());
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
@@ -54,6 +54,25 @@ fn json_output_reports_each_backend() {
         assert!(
             vk["reason"].as_str().is_some_and(|r| r.contains("Vulkan")),
             "{vk}"
+        );
+    }
+    // wgpu: available on any adapter (lavapipe in CI, listed with its API and limits), else
+    // unavailable naming what it found.
+    let wgpu = backends
+        .iter()
+        .find(|b| b["name"] == "wgpu")
+        .expect("wgpu listed");
+    if wgpu["available"] == true {
+        let features = wgpu["info"]["features"].to_string();
+        assert!(features.contains("max_storage_binding="), "{wgpu}");
+    } else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run wgpu (lavapipe): {wgpu}"
+        );
+        assert!(
+            wgpu["reason"].as_str().is_some_and(|r| r.contains("adapter")),
+            "{wgpu}"
         );
     }
 }

@@ -118,8 +118,8 @@ pub fn backends_under_test() -> (Vec<UnderTest>, Box<dyn ComputeBackend>) {
     (out, reference)
 }
 
-/// The options a backend under test is created with: the Vulkan backend runs with the Khronos
-/// validation layer on, so that any validation message fails the suite.
+/// The options a backend under test is created with: the GPU backends (Vulkan, wgpu) run with
+/// the Khronos validation layer on, so that any validation message fails the suite.
 ///
 /// `TANDEM_CONFORMANCE_VALIDATION=0` leaves the layer off, for a machine whose layer is older
 /// than an extension the device uses (Debian bookworm's 1.3.239 rejects
@@ -128,7 +128,7 @@ pub fn backends_under_test() -> (Vec<UnderTest>, Box<dyn ComputeBackend>) {
 pub fn options_for(name: &str) -> tandem_backend_api::BackendOptions {
     let mut o = tandem_backend_api::BackendOptions::default();
     let off = std::env::var("TANDEM_CONFORMANCE_VALIDATION").is_ok_and(|v| v == "0");
-    if name == "vulkan" && !off {
+    if (name == "vulkan" || name == "wgpu") && !off {
         o.set("validation", "true");
     }
     o

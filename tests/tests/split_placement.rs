@@ -95,7 +95,7 @@ const CASES: [&str; 2] = [FIXTURE, "softcap"];
 const CONTEXT: usize = 64;
 /// Rows per prefill step: the 16-token sequences cross several chunk boundaries.
 const CHUNK: usize = 4;
-/// The Vulkan tolerance of vulkan_models.rs (and assert_last_logits): 1e-2 of the largest logit.
+/// The GPU tolerance of gpu_models.rs (and assert_last_logits): 1e-2 of the largest logit.
 const VULKAN_TOL: f64 = 1e-2;
 /// The CPU backend's tolerance against transformers (fixtures.rs, batched_decode.rs).
 const CPU_TOL: f64 = 1e-4;

@@ -1,8 +1,8 @@
-//! `engine backends` and `engine run --backend vulkan` end to end, on whatever Vulkan device is
-//! here (lavapipe in CI) with the validation layer on: the plugin is listed as available and
+//! `engine backends` and `engine run --backend vulkan|wgpu` end to end, on whatever GPU is here
+//! (lavapipe in CI) with the validation layers on: each GPU plugin is listed as available and
 //! greedy generation on a transformers fixture gives the reference tokens.
 //!
-//! Without a Vulkan device the test says so and passes, except under CI (`CI` set).
+//! Without a GPU the tests say so and pass, except under CI (`CI` set).
 
 mod common;
 
@@ -13,24 +13,34 @@ use serde_json::Value;
 
 #[test]
 fn engine_run_generates_on_vulkan() {
+    engine_run_generates_on("vulkan");
+}
+
+#[test]
+fn engine_run_generates_on_wgpu() {
+    engine_run_generates_on("wgpu");
+}
+
+fn engine_run_generates_on(backend: &str) {
     // Inherited by every engine the test starts.
     std::env::set_var("TANDEM_VULKAN_VALIDATION", "1");
-    let install = Install::new(&["cpu", "vulkan"]);
+    std::env::set_var("TANDEM_WGPU_VALIDATION", "1");
+    let install = Install::new(&["cpu", backend]);
     let out = install.run(&["backends", "--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let listed: Value = serde_json::from_str(&text).expect("backends JSON");
-    let vulkan = listed["backends"]
+    let listing = listed["backends"]
         .as_array()
-        .and_then(|a| a.iter().find(|b| b["name"] == "vulkan"))
+        .and_then(|a| a.iter().find(|b| b["name"] == backend))
         .cloned()
-        .unwrap_or_else(|| panic!("vulkan is not listed: {text}"));
-    if vulkan["available"] != true {
+        .unwrap_or_else(|| panic!("{backend} is not listed: {text}"));
+    if listing["available"] != true {
         assert!(
             std::env::var_os("CI").is_none(),
-            "CI must run the Vulkan backend (lavapipe): {vulkan}"
+            "CI must run the {backend} backend (lavapipe): {listing}"
         );
-        eprintln!("skipping: the Vulkan backend is unavailable here: {vulkan}");
+        eprintln!("skipping: the {backend} backend is unavailable here: {listing}");
         return;
     }
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/text-published");
@@ -55,7 +65,7 @@ fn engine_run_generates_on_vulkan() {
         "--max-tokens",
         &n,
         "--backend",
-        "vulkan",
+        backend,
         "--json",
     ]);
     assert!(
@@ -64,7 +74,7 @@ fn engine_run_generates_on_vulkan() {
         String::from_utf8_lossy(&out.stderr)
     );
     let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
-    assert_eq!(got["tokens"], g["generated"], "greedy continuation on vulkan");
+    assert_eq!(got["tokens"], g["generated"], "greedy continuation on {backend}");
 }
 
 #[test]

@@ -1,9 +1,9 @@
-//! Whole models on the Vulkan backend (validation layer on): the tiny transformers fixtures and
-//! the real default model (Gemma 3 270M, Q4_K_M: q8_0 embedding, q5_0/q8_0/q4_k/q6_k matrices)
-//! give logits within 1e-2 of the largest reference logit and the same greedy continuations as
-//! Hugging Face transformers.
+//! Whole models on the GPU backends, the raw Vulkan one and the portable wgpu one (validation
+//! layers on): the tiny transformers fixtures and the real default model (Gemma 3 270M, Q4_K_M:
+//! q8_0 embedding, q5_0/q8_0/q4_k/q6_k matrices) give logits within 1e-2 of the largest
+//! reference logit and the same greedy continuations as Hugging Face transformers.
 //!
-//! Without a Vulkan device, or without the default model, the tests say so and pass, except
+//! Without a GPU (or lavapipe), or without the default model, the tests say so and pass, except
 //! under CI (`CI` set), where both must be there.
 
 use std::path::{Path, PathBuf};
@@ -25,14 +25,14 @@ const FIXTURES: [&str; 5] = [
     "softcap",
 ];
 
-fn vulkan() -> Option<Box<dyn ComputeBackend>> {
-    match discover().create("vulkan", &options_for("vulkan")) {
+fn gpu(name: &str) -> Option<Box<dyn ComputeBackend>> {
+    match discover().create(name, &options_for(name)) {
         Ok(b) => Some(b),
         Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipping: the Vulkan backend is unavailable here: {e}");
+            eprintln!("skipping: the {name} backend is unavailable here: {e}");
             None
         }
-        Err(e) => panic!("CI must run the Vulkan backend (lavapipe): {e}"),
+        Err(e) => panic!("CI must run the {name} backend (lavapipe): {e}"),
     }
 }
 
@@ -77,7 +77,16 @@ fn greedy(session: &mut Session, stop: &[u32], g: &Value) {
 
 #[test]
 fn fixtures_match_transformers_on_vulkan() {
-    if vulkan().is_none() {
+    fixtures_match_transformers("vulkan");
+}
+
+#[test]
+fn fixtures_match_transformers_on_wgpu() {
+    fixtures_match_transformers("wgpu");
+}
+
+fn fixtures_match_transformers(backend: &str) {
+    if gpu(backend).is_none() {
         return;
     }
     for case in FIXTURES {
@@ -87,7 +96,7 @@ fn fixtures_match_transformers_on_vulkan() {
         let r: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
         // Chunks of 5 rows: prefill crosses chunk boundaries and the batched kernels run.
-        let (mut s, stop) = session(&dir, vulkan().expect("vulkan"), 5);
+        let (mut s, stop) = session(&dir, gpu(backend).expect(backend), 5);
         for seq in r["sequences"].as_array().unwrap() {
             let tokens = ids(&seq["tokens"]);
             let want: Vec<Vec<f64>> = serde_json::from_value(seq["logits"].clone()).unwrap();
@@ -105,7 +114,7 @@ fn fixtures_match_transformers_on_vulkan() {
                     .fold(0.0, f64::max);
                 assert!(
                     err <= 1e-2 * scale,
-                    "{case}: position {p}: error {err:e} > 1e-2 x {scale}"
+                    "{backend} {case}: position {p}: error {err:e} > 1e-2 x {scale}"
                 );
             }
         }
@@ -118,6 +127,15 @@ fn fixtures_match_transformers_on_vulkan() {
 
 #[test]
 fn the_default_model_matches_transformers_on_vulkan() {
+    the_default_model_matches_transformers("vulkan");
+}
+
+#[test]
+fn the_default_model_matches_transformers_on_wgpu() {
+    the_default_model_matches_transformers("wgpu");
+}
+
+fn the_default_model_matches_transformers(backend: &str) {
     let path = match default_model() {
         Ok(p) => p,
         Err(e) if std::env::var_os("CI").is_none() => {
@@ -126,7 +144,7 @@ fn the_default_model_matches_transformers_on_vulkan() {
         }
         Err(e) => panic!("CI must fetch the default model: {e}"),
     };
-    let Some(backend) = vulkan() else { return };
+    let Some(backend) = gpu(backend) else { return };
     let r: Value = serde_json::from_str(
         &std::fs::read_to_string(
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gemma3-270m/reference.json"),

@@ -1,0 +1,398 @@
+//! The adapter and device: choice across wgpu's backends (overridable by options), the limits
+//! and features read from the adapter, and the error sinks (wgpu's own validation errors, the
+//! Vulkan validation layer's messages when asked for, device loss) that every call checks.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tandem_backend_api::{BackendError, BackendOptions, DeviceKind};
+
+/// Environment variable choosing the adapter (an index into `engine backends`' listing order
+/// or a name substring), like the `adapter` option.
+pub const ADAPTER_VAR: &str = "TANDEM_WGPU_ADAPTER";
+/// Environment variable restricting wgpu's backends (`vulkan,metal,dx12,gl`).
+pub const BACKENDS_VAR: &str = "TANDEM_WGPU_BACKENDS";
+/// Environment variable turning on the graphics API's validation layer.
+pub const VALIDATION_VAR: &str = "TANDEM_WGPU_VALIDATION";
+
+/// What the options ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// An adapter index or a name substring.
+    pub adapter: Option<String>,
+    /// wgpu backends to consider.
+    pub backends: wgpu::Backends,
+    /// The API's validation layer, any message of which fails the next call.
+    pub validation: bool,
+    /// Per-node timestamps for `profile` (a timestamp query after every node).
+    pub profile: bool,
+}
+
+fn truthy(v: &str) -> bool {
+    matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
+}
+
+/// Parses a `backends` list, naming the entry it does not know.
+pub fn parse_backends(list: &str) -> Result<wgpu::Backends, BackendError> {
+    let mut b = wgpu::Backends::empty();
+    for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        b |= match name.to_ascii_lowercase().as_str() {
+            "vulkan" => wgpu::Backends::VULKAN,
+            "metal" => wgpu::Backends::METAL,
+            "dx12" => wgpu::Backends::DX12,
+            "gl" | "gles" | "opengl" => wgpu::Backends::GL,
+            other => {
+                return Err(BackendError::invalid(format!(
+                    "backend option 'backends': unknown wgpu backend '{other}' (vulkan, metal, dx12, gl)"
+                )))
+            }
+        };
+    }
+    if b.is_empty() {
+        return Err(BackendError::invalid(
+            "backend option 'backends': the list is empty (vulkan, metal, dx12, gl)",
+        ));
+    }
+    Ok(b)
+}
+
+impl Request {
+    /// Reads `[backend.wgpu]` options, then the environment.
+    pub fn from_options(options: &BackendOptions) -> Result<Self, BackendError> {
+        let adapter = options
+            .get("adapter")
+            .map(str::to_string)
+            .or_else(|| std::env::var(ADAPTER_VAR).ok())
+            .filter(|s| !s.is_empty());
+        let backends = match options
+            .get("backends")
+            .map(str::to_string)
+            .or_else(|| std::env::var(BACKENDS_VAR).ok())
+        {
+            Some(list) => parse_backends(&list)?,
+            None => {
+                wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12 | wgpu::Backends::GL
+            }
+        };
+        let validation = match options.get("validation") {
+            Some(v) => truthy(v),
+            None => std::env::var(VALIDATION_VAR).is_ok_and(|v| truthy(&v)),
+        };
+        let profile = match options.get("profile") {
+            Some(v) => truthy(v),
+            None => std::env::var("TANDEM_WGPU_PROFILE").is_ok_and(|v| truthy(&v)),
+        };
+        for key in options.entries.keys() {
+            if !["adapter", "backends", "validation", "profile"].contains(&key.as_str()) {
+                return Err(BackendError::invalid(format!(
+                    "backend option '{key}' is not a wgpu option (adapter, backends, validation, profile)"
+                )));
+            }
+        }
+        Ok(Request {
+            adapter,
+            backends,
+            validation,
+            profile,
+        })
+    }
+}
+
+/// Messages from the Vulkan validation layer, which wgpu-hal forwards to the `log` crate: this
+/// plugin's own copy of it (a cdylib links its own), so the host's logger is untouched.
+static LAYER_MESSAGES: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+
+struct LayerLog;
+
+impl log::Log for LayerLog {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Warn && m.target().starts_with("wgpu_hal")
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if !self.enabled(r.metadata()) {
+            return;
+        }
+        let text = r.args().to_string();
+        // The layer's own messages (not wgpu-hal's notes about the environment).
+        if text.contains("VALIDATION") || text.contains("VUID") {
+            if let Ok(mut v) = LAYER_MESSAGES.get_or_init(Default::default).lock() {
+                v.push(text);
+            }
+        }
+    }
+    fn flush(&self) {}
+}
+
+static LOGGER: LayerLog = LayerLog;
+
+/// The device and what was learnt about it.
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub name: String,
+    pub kind: DeviceKind,
+    pub features: Vec<String>,
+    pub limits: wgpu::Limits,
+    /// Timestamps inside compute passes are available and were asked for.
+    pub timestamps: bool,
+    errors: Arc<Mutex<Vec<String>>>,
+    lost: Arc<AtomicBool>,
+    lost_reason: Arc<Mutex<String>>,
+    validation: bool,
+}
+
+fn kind_of(t: wgpu::DeviceType) -> DeviceKind {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => DeviceKind::DiscreteGpu,
+        wgpu::DeviceType::IntegratedGpu => DeviceKind::IntegratedGpu,
+        wgpu::DeviceType::Cpu => DeviceKind::SoftwareGpu,
+        // A virtual GPU (a VM's) or an unknown kind: memory of its own, as far as we know.
+        _ => DeviceKind::DiscreteGpu,
+    }
+}
+
+/// Preference among adapters: discrete, integrated, virtual, other, software; Vulkan before
+/// the other APIs on the same device.
+fn rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
+    let t = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    let b = match info.backend {
+        wgpu::Backend::Vulkan => 0,
+        wgpu::Backend::Metal | wgpu::Backend::Dx12 => 1,
+        _ => 2,
+    };
+    (t, b)
+}
+
+fn describe(i: usize, info: &wgpu::AdapterInfo) -> String {
+    format!("{i}: {} ({:?}, {:?})", info.name, info.backend, info.device_type)
+}
+
+impl Gpu {
+    /// Chooses an adapter and opens a device on it, or says why none can run tandem's kernels.
+    pub fn open(req: &Request) -> Result<Gpu, BackendError> {
+        let mut flags = wgpu::InstanceFlags::empty();
+        if req.validation {
+            // Not DEBUG: its SPIR-V carries an OpSource of WGSL, which older layers (Debian
+            // bookworm's 1.3.239) reject as an invalid source language.
+            flags |= wgpu::InstanceFlags::VALIDATION;
+            // Only the first backend in a process installs the logger; the others share it.
+            let _ = log::set_logger(&LOGGER).map(|_| log::set_max_level(log::LevelFilter::Warn));
+        }
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: req.backends,
+            flags,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        // GL only when nothing else is there (or asked for alone): probing EGL is slow and
+        // prints to stderr on machines without a display.
+        let native = req.backends - wgpu::Backends::GL;
+        let mut adapters = if native.is_empty() {
+            Vec::new()
+        } else {
+            pollster::block_on(instance.enumerate_adapters(native))
+        };
+        if adapters.is_empty() && req.backends.contains(wgpu::Backends::GL) {
+            adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::GL));
+        }
+        if adapters.is_empty() {
+            return Err(BackendError::Unavailable {
+                reason: format!(
+                    "wgpu found no adapter among its backends {:?} (no Vulkan, Metal, DX12 or GL driver)",
+                    req.backends
+                ),
+            });
+        }
+        let infos: Vec<wgpu::AdapterInfo> = adapters.iter().map(|a| a.get_info()).collect();
+        let listing = infos
+            .iter()
+            .enumerate()
+            .map(|(i, a)| describe(i, a))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let chosen = match &req.adapter {
+            Some(want) => {
+                let by_index = want.parse::<usize>().ok().filter(|i| *i < adapters.len());
+                let by_name = || {
+                    infos
+                        .iter()
+                        .position(|a| a.name.to_lowercase().contains(&want.to_lowercase()))
+                };
+                by_index
+                    .or_else(by_name)
+                    .ok_or_else(|| BackendError::Unavailable {
+                        reason: format!("no wgpu adapter matches adapter = '{want}' (adapters: {listing})"),
+                    })?
+            }
+            None => (0..adapters.len())
+                .filter(|&i| compute_capable(&adapters[i]))
+                .min_by_key(|&i| rank(&infos[i]))
+                .ok_or_else(|| BackendError::Unavailable {
+                    reason: format!("no wgpu adapter runs compute shaders (adapters: {listing})"),
+                })?,
+        };
+        let adapter = &adapters[chosen];
+        let info = &infos[chosen];
+        if !compute_capable(adapter) {
+            return Err(BackendError::Unavailable {
+                reason: format!(
+                    "wgpu adapter {} cannot run compute shaders",
+                    describe(chosen, info)
+                ),
+            });
+        }
+        let offered = adapter.features();
+        let mut wanted = wgpu::Features::empty();
+        let timestamps = req.profile
+            && offered
+                .contains(wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
+        if timestamps {
+            wanted |= wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        }
+        // Everything the adapter offers: the weights need its largest buffers and bindings.
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("tandem"),
+            required_features: wanted,
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| BackendError::Unavailable {
+            reason: format!(
+                "wgpu adapter {}: cannot open a device: {e}",
+                describe(chosen, info)
+            ),
+        })?;
+        let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.to_string());
+            }
+        }));
+        let lost = Arc::new(AtomicBool::new(false));
+        let lost_reason: Arc<Mutex<String>> = Arc::default();
+        let (l, r) = (lost.clone(), lost_reason.clone());
+        device.set_device_lost_callback(move |reason, message| {
+            l.store(true, Ordering::SeqCst);
+            if let Ok(mut s) = r.lock() {
+                *s = format!("{reason:?}: {message}");
+            }
+        });
+        let limits = device.limits();
+        let mut features = vec![
+            format!("{:?}", info.backend).to_lowercase(),
+            format!("driver {} {}", info.driver, info.driver_info)
+                .trim()
+                .to_string(),
+            format!(
+                "max_storage_binding={}MiB",
+                limits.max_storage_buffer_binding_size >> 20
+            ),
+            format!("max_buffer={}MiB", limits.max_buffer_size >> 20),
+        ];
+        if timestamps {
+            features.push("timestamps".into());
+        }
+        if req.validation {
+            features.push("validation".into());
+        }
+        Ok(Gpu {
+            device,
+            queue,
+            name: info.name.clone(),
+            kind: kind_of(info.device_type),
+            features,
+            limits,
+            timestamps,
+            errors,
+            lost,
+            lost_reason,
+            validation: req.validation,
+        })
+    }
+
+    /// Fails once the device is lost, wgpu reported a validation error, or (with validation on)
+    /// the API's validation layer said anything.
+    pub fn check(&self) -> Result<(), BackendError> {
+        if self.lost.load(Ordering::SeqCst) {
+            let why = self.lost_reason.lock().map(|s| s.clone()).unwrap_or_default();
+            return Err(BackendError::DeviceLost {
+                device: format!("{} ({why})", self.name),
+            });
+        }
+        if let Some(e) = self.errors.lock().ok().and_then(|v| v.first().cloned()) {
+            return Err(BackendError::internal(format!("wgpu on {}: {e}", self.name)));
+        }
+        if self.validation {
+            if let Some(m) = LAYER_MESSAGES
+                .get()
+                .and_then(|m| m.lock().ok().and_then(|v| v.first().cloned()))
+            {
+                return Err(BackendError::internal(format!(
+                    "validation layer on {}: {m}",
+                    self.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for a submission (all work when `None`).
+    pub fn wait(&self, index: Option<wgpu::SubmissionIndex>) -> Result<(), BackendError> {
+        let poll = match index {
+            Some(i) => wgpu::PollType::Wait {
+                submission_index: Some(i),
+                timeout: None,
+            },
+            None => wgpu::PollType::wait_indefinitely(),
+        };
+        self.device.poll(poll).map_err(|e| match e {
+            wgpu::PollError::Timeout => BackendError::internal(format!("{}: wait timed out", self.name)),
+            e => BackendError::DeviceLost {
+                device: format!("{} ({e})", self.name),
+            },
+        })?;
+        self.check()
+    }
+}
+
+fn compute_capable(a: &wgpu::Adapter) -> bool {
+    a.get_downlevel_capabilities()
+        .flags
+        .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_lists_parse_and_name_what_is_wrong() {
+        assert_eq!(
+            parse_backends("vulkan, gl").unwrap(),
+            wgpu::Backends::VULKAN | wgpu::Backends::GL
+        );
+        let e = parse_backends("vulkan,glide").unwrap_err().to_string();
+        assert!(e.contains("'glide'") && e.contains("'backends'"), "{e}");
+        assert!(parse_backends(" , ").is_err());
+    }
+
+    #[test]
+    fn unknown_options_are_named() {
+        let mut o = BackendOptions::default();
+        o.set("adaptor", "0");
+        let e = Request::from_options(&o).unwrap_err().to_string();
+        assert!(e.contains("'adaptor'"), "{e}");
+        let mut o = BackendOptions::default();
+        o.set("backends", "gl").set("validation", "yes");
+        let r = Request::from_options(&o).unwrap();
+        assert_eq!(r.backends, wgpu::Backends::GL);
+        assert!(r.validation);
+    }
+}

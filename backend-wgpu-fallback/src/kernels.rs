@@ -1,0 +1,216 @@
+//! The WGSL kernels (`shaders/wgsl/`): each module is assembled from shared parts, a weight
+//! format's decoder where the kernel reads weights, and the kernel itself; pipelines are made
+//! once per (kernel, format, override constants) and kept.
+
+use std::collections::HashMap;
+
+use tandem_backend_api::{BackendError, DType};
+
+const COMMON: &str = include_str!("../../shaders/wgsl/common.wgsl");
+const WEIGHTS: &str = include_str!("../../shaders/wgsl/weights.wgsl");
+const MATMUL_COMMON: &str = include_str!("../../shaders/wgsl/matmul_common.wgsl");
+
+/// A kernel: its source and the bindings its entry point uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    Embed,
+    RmsNorm,
+    MatVec,
+    MatMulTiled,
+    Rope,
+    KvStore,
+    Attention,
+    AttentionCombine,
+    Eltwise,
+    SelectRows,
+}
+
+impl Kernel {
+    /// Every kernel.
+    #[cfg(test)]
+    pub const ALL: [Kernel; 10] = [
+        Kernel::Embed,
+        Kernel::RmsNorm,
+        Kernel::MatVec,
+        Kernel::MatMulTiled,
+        Kernel::Rope,
+        Kernel::KvStore,
+        Kernel::Attention,
+        Kernel::AttentionCombine,
+        Kernel::Eltwise,
+        Kernel::SelectRows,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Embed => "embed",
+            Kernel::RmsNorm => "rms_norm",
+            Kernel::MatVec => "matvec",
+            Kernel::MatMulTiled => "matmul_tiled",
+            Kernel::Rope => "rope",
+            Kernel::KvStore => "kv_store",
+            Kernel::Attention => "attention",
+            Kernel::AttentionCombine => "attention_combine",
+            Kernel::Eltwise => "eltwise",
+            Kernel::SelectRows => "select_rows",
+        }
+    }
+
+    fn source(self) -> &'static str {
+        match self {
+            Kernel::Embed => include_str!("../../shaders/wgsl/embed.wgsl"),
+            Kernel::RmsNorm => include_str!("../../shaders/wgsl/rms_norm.wgsl"),
+            Kernel::MatVec => include_str!("../../shaders/wgsl/matvec.wgsl"),
+            Kernel::MatMulTiled => include_str!("../../shaders/wgsl/matmul_tiled.wgsl"),
+            Kernel::Rope => include_str!("../../shaders/wgsl/rope.wgsl"),
+            Kernel::KvStore => include_str!("../../shaders/wgsl/kv_store.wgsl"),
+            Kernel::Attention => include_str!("../../shaders/wgsl/attention.wgsl"),
+            Kernel::AttentionCombine => include_str!("../../shaders/wgsl/attention_combine.wgsl"),
+            Kernel::Eltwise => include_str!("../../shaders/wgsl/eltwise.wgsl"),
+            Kernel::SelectRows => include_str!("../../shaders/wgsl/select_rows.wgsl"),
+        }
+    }
+
+    /// Whether the kernel decodes a weight format (binding 3 and a format's `load_unit`).
+    pub fn reads_format(self) -> bool {
+        matches!(self, Kernel::Embed | Kernel::MatVec | Kernel::MatMulTiled)
+    }
+
+    /// The bindings its entry point uses (see `common.wgsl`).
+    pub fn bindings(self) -> &'static [u32] {
+        match self {
+            Kernel::Embed => &[0, 1, 2, 3],
+            Kernel::RmsNorm | Kernel::MatVec | Kernel::MatMulTiled => &[0, 1, 3],
+            Kernel::Rope | Kernel::SelectRows => &[0, 1, 2],
+            Kernel::KvStore | Kernel::Attention => &[0, 1, 2, 4, 5],
+            Kernel::AttentionCombine | Kernel::Eltwise => &[0, 1],
+        }
+    }
+}
+
+/// A weight decoder (`shaders/wgsl/formats/`): a storage format, and for the float formats
+/// whether four values are read per unit (rows of a multiple of 4 values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Format {
+    pub dtype: DType,
+    pub wide: bool,
+}
+
+impl Format {
+    /// The decoder for `dtype` rows of `k` values, or `None` where there is none.
+    pub fn for_rows(dtype: DType, k: usize) -> Option<Format> {
+        let wide = matches!(dtype, DType::F32 | DType::F16 | DType::Bf16) && k.is_multiple_of(4);
+        format_source(dtype, wide).map(|_| Format { dtype, wide })
+    }
+
+    /// Values one call of `load_unit` decodes.
+    pub fn unit(self) -> usize {
+        match self.dtype {
+            DType::F32 | DType::F16 | DType::Bf16 => {
+                if self.wide {
+                    4
+                } else {
+                    1
+                }
+            }
+            _ => 32,
+        }
+    }
+}
+
+fn format_source(dtype: DType, wide: bool) -> Option<&'static str> {
+    Some(match (dtype, wide) {
+        (DType::F32, false) => include_str!("../../shaders/wgsl/formats/f32.wgsl"),
+        (DType::F32, true) => include_str!("../../shaders/wgsl/formats/f32x4.wgsl"),
+        (DType::F16, false) => include_str!("../../shaders/wgsl/formats/f16.wgsl"),
+        (DType::F16, true) => include_str!("../../shaders/wgsl/formats/f16x4.wgsl"),
+        (DType::Bf16, false) => include_str!("../../shaders/wgsl/formats/bf16.wgsl"),
+        (DType::Bf16, true) => include_str!("../../shaders/wgsl/formats/bf16x4.wgsl"),
+        (DType::Q4_0, _) => include_str!("../../shaders/wgsl/formats/q4_0.wgsl"),
+        (DType::Q4_1, _) => include_str!("../../shaders/wgsl/formats/q4_1.wgsl"),
+        (DType::Q5_0, _) => include_str!("../../shaders/wgsl/formats/q5_0.wgsl"),
+        (DType::Q5_1, _) => include_str!("../../shaders/wgsl/formats/q5_1.wgsl"),
+        (DType::Q8_0, _) => include_str!("../../shaders/wgsl/formats/q8_0.wgsl"),
+        (DType::Q4K, _) => include_str!("../../shaders/wgsl/formats/q4_k.wgsl"),
+        (DType::Q6K, _) => include_str!("../../shaders/wgsl/formats/q6_k.wgsl"),
+        _ => return None,
+    })
+}
+
+/// Whether the kernels decode weights stored in `dtype`.
+pub fn format_supported(dtype: DType) -> bool {
+    format_source(dtype, false).is_some()
+}
+
+/// The WGSL module of `kernel` (with `format`'s decoder where it reads one).
+pub fn module_source(kernel: Kernel, format: Option<Format>) -> Result<String, BackendError> {
+    let mut s = String::from(COMMON);
+    if kernel.reads_format() || kernel == Kernel::RmsNorm {
+        s.push_str(WEIGHTS);
+    }
+    if kernel.reads_format() {
+        let f = format.ok_or_else(|| {
+            BackendError::internal(format!("kernel {} needs a weight format", kernel.name()))
+        })?;
+        let src = format_source(f.dtype, f.wide)
+            .ok_or_else(|| BackendError::unsupported(kernel.name(), format!("no {} decoder", f.dtype)))?;
+        s.push_str(src);
+    }
+    if matches!(kernel, Kernel::MatVec | Kernel::MatMulTiled) {
+        s.push_str(MATMUL_COMMON);
+    }
+    s.push_str(kernel.source());
+    Ok(s)
+}
+
+/// The key of a pipeline: kernel, format, and the override constants (R and NC of matvec).
+pub type PipelineKey = (Kernel, Option<Format>, [u32; 2]);
+
+/// Pipelines made so far.
+#[derive(Default)]
+pub struct Pipelines {
+    map: HashMap<PipelineKey, wgpu::ComputePipeline>,
+}
+
+impl Pipelines {
+    /// The pipeline for `key`, made on first use. Shader errors surface through the device's
+    /// error sink, which the caller checks.
+    pub fn get(
+        &mut self,
+        device: &wgpu::Device,
+        key: PipelineKey,
+    ) -> Result<wgpu::ComputePipeline, BackendError> {
+        if let Some(p) = self.map.get(&key) {
+            return Ok(p.clone());
+        }
+        let (kernel, format, [r, nc]) = key;
+        let source = module_source(kernel, format)?;
+        let label = match format {
+            Some(f) => format!("{}_{}{}", kernel.name(), f.dtype, if f.wide { "x4" } else { "" }),
+            None => kernel.name().to_string(),
+        };
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let constants: Vec<(&str, f64)> = if kernel == Kernel::MatVec {
+            vec![("R", f64::from(r)), ("NC", f64::from(nc))]
+        } else {
+            Vec::new()
+        };
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &constants,
+                // Every kernel writes its workgroup memory before reading it.
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        self.map.insert(key, pipeline.clone());
+        Ok(pipeline)
+    }
+}

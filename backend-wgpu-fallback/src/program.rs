@@ -1,0 +1,797 @@
+//! Programs: a graph planned once (one arena for every value, the step-argument layout, one
+//! dispatch list with its parameters and bind groups made at compile) and encoded every step as
+//! one command encoder: the input copies, one compute pass, the output copies, one submit.
+
+use tandem_backend_api::plan::{check_buffers, plan_arena, value_rows};
+use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueId};
+
+use crate::kernels::{Format, Kernel, PipelineKey};
+use crate::WgpuBackend;
+
+/// Alignment of values in the arena (bytes).
+const ARENA_ALIGN: u64 = 256;
+
+/// Rows from which a matmul takes the tiled kernel instead of matvec.
+const TILED_ROWS: usize = 16;
+
+/// Bytes of each dispatch's parameter slot (the uniform-offset alignment WebGPU guarantees).
+const PARAM_SLOT: u64 = 256;
+
+/// A weight binding: buffer, byte offset and size of the bound range.
+#[derive(Debug, Clone, Copy)]
+struct WeightRange {
+    buffer: BufferId,
+    offset: u64,
+    size: u64,
+}
+
+/// One dispatch before its pipeline and bind group exist.
+struct Planned {
+    node: usize,
+    key: PipelineKey,
+    params: Vec<u32>,
+    weight: Option<WeightRange>,
+    caches: Option<(BufferId, BufferId)>,
+    groups: [u32; 3],
+}
+
+/// One dispatch, ready to encode.
+pub struct Dispatch {
+    pub node: usize,
+    pub pipeline: wgpu::ComputePipeline,
+    pub bind_group: wgpu::BindGroup,
+    pub groups: [u32; 3],
+}
+
+/// A copy between a buffer of the trait and the arena.
+pub struct Copy {
+    pub buffer: BufferId,
+    /// Byte offset in the arena.
+    pub arena_offset: u64,
+    pub size: u64,
+}
+
+/// Per-node timestamps (when the device has them and profiling was asked for).
+pub struct Timestamps {
+    pub set: wgpu::QuerySet,
+    pub resolve: wgpu::Buffer,
+    pub readback: wgpu::Buffer,
+}
+
+/// A compiled program.
+pub struct Program {
+    pub graph: Graph,
+    pub arena: wgpu::Buffer,
+    pub args: wgpu::Buffer,
+    pub params: wgpu::Buffer,
+    pub inputs: Vec<Copy>,
+    pub outputs: Vec<Copy>,
+    pub dispatches: Vec<Dispatch>,
+    pub timestamps: Option<Timestamps>,
+    /// Buffers the program reads or writes.
+    pub buffers: Vec<BufferId>,
+    /// Slot count of the smallest KV cache, when there is attention.
+    pub slots: Option<usize>,
+    /// Bytes of device memory the program holds.
+    pub bytes: u64,
+    /// The last submission, and whether its timestamps were resolved.
+    pub last: Option<wgpu::SubmissionIndex>,
+}
+
+fn div_up(a: usize, b: usize) -> u32 {
+    a.div_ceil(b).min(u32::MAX as usize) as u32
+}
+
+/// Workgroups for `groups` along x, spilling into y past the per-dimension limit.
+fn spread(groups: u32) -> [u32; 2] {
+    let gx = groups.clamp(1, 32768);
+    [gx, groups.div_ceil(gx).max(1)]
+}
+
+/// How many workgroups share one (row, head) of an attention: enough for some 1024 workgroups
+/// in flight, each taking at least 16 positions of the visible range (as the Vulkan backend).
+fn attention_splits(rows: usize, heads: usize, window: Option<usize>, capacity: usize) -> usize {
+    let want = 1024usize.div_ceil((rows * heads).max(1));
+    let visible = window.unwrap_or(capacity).min(capacity);
+    want.min(visible.div_ceil(16)).clamp(1, 64)
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Row ranges of a weight bound in chunks within the binding limit: each chunk starts at a
+/// multiple of the storage offset alignment. Errors name the tensor and the limit.
+pub fn weight_chunks(
+    what: &str,
+    rows: usize,
+    row_bytes: u64,
+    buffer_size: u64,
+    max_binding: u64,
+    offset_align: u64,
+) -> Result<Vec<(usize, usize, u64, u64)>, BackendError> {
+    let total = rows as u64 * row_bytes;
+    // The decoders may read the word after a row's last byte: bind 4 bytes past it.
+    let bind = |bytes: u64| (bytes + 4).div_ceil(4) * 4;
+    if bind(total) <= max_binding {
+        return Ok(vec![(0, rows, 0, bind(total).min(buffer_size))]);
+    }
+    let step = offset_align / gcd(row_bytes, offset_align).max(1);
+    let fit = max_binding.saturating_sub(8) / row_bytes.max(1);
+    let per = fit / step * step;
+    if per == 0 {
+        return Err(BackendError::unsupported(
+            what,
+            format!(
+                "one row of {row_bytes} bytes (bound {step} rows at a time for the {offset_align}-byte \
+                 offset alignment) exceeds the adapter's max_storage_buffer_binding_size of {max_binding} bytes"
+            ),
+        ));
+    }
+    let mut out = Vec::new();
+    let mut r0 = 0usize;
+    while r0 < rows {
+        let r1 = (r0 + per as usize).min(rows);
+        let offset = r0 as u64 * row_bytes;
+        let size = bind((r1 - r0) as u64 * row_bytes).min(buffer_size - offset);
+        out.push((r0, r1, offset, size));
+        r0 = r1;
+    }
+    Ok(out)
+}
+
+/// Support of one op by the kernels (independent of buffers, so `supports` and `compile` agree).
+pub fn op_support(op: &Op) -> Result<(), String> {
+    match op {
+        Op::Embed { table: w, .. } | Op::MatMul { weight: w, .. } => {
+            let d = w.desc.dtype;
+            if !crate::kernels::format_supported(d) {
+                return Err(format!(
+                    "weights in {d} are not implemented by the WGSL kernels (f32, f16, bf16, q4_0, q4_1, \
+                     q5_0, q5_1, q8_0, q4_k, q6_k are)"
+                ));
+            }
+            if let Op::MatMul { splits, .. } = op {
+                if splits.len() > 4 {
+                    return Err(format!("{} output splits (at most 4)", splits.len()));
+                }
+            }
+            Ok(())
+        }
+        Op::RmsNorm { weight, .. } => match weight.desc.dtype {
+            DType::F32 | DType::F16 | DType::Bf16 => Ok(()),
+            d => Err(format!("norm weights in {d} (f32, f16 or bf16 only)")),
+        },
+        Op::Attention {
+            head_dim,
+            kv_heads,
+            cache,
+            ..
+        } => {
+            if *head_dim > 512 {
+                return Err(format!("head_dim {head_dim} (at most 512)"));
+            }
+            if cache.dtype == DType::F16 && !(kv_heads * head_dim).is_multiple_of(2) {
+                return Err(format!(
+                    "an f16 KV cache of odd width {} (stored two values per 32-bit word)",
+                    kv_heads * head_dim
+                ));
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+impl WgpuBackend {
+    /// Validates, plans and builds `graph`.
+    pub(crate) fn build_program(&mut self, graph: &Graph) -> Result<Program, BackendError> {
+        let shapes = graph.infer_shapes()?;
+        for (i, node) in graph.nodes.iter().enumerate() {
+            if let Err(reason) = op_support(&node.op) {
+                return Err(BackendError::unsupported(
+                    node.op.name(),
+                    format!("node {i}: {reason}"),
+                ));
+            }
+        }
+        let used = check_buffers(graph, &shapes, |id| self.buffer(id).map(|b| b.desc.clone()))?;
+        let (mut offsets, mut arena_bytes) = plan_arena(graph, &shapes, ARENA_ALIGN);
+        // The values of Input nodes are copied into the arena before the pass.
+        for node in &graph.nodes {
+            if let Op::Input { .. } = node.op {
+                let v = node.outputs[0].0 as usize;
+                offsets[v] = Some(arena_bytes);
+                let bytes = (value_rows(graph, &shapes[v]) * shapes[v].cols * 4) as u64;
+                arena_bytes += bytes.max(4).div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
+            }
+        }
+        // Attention's per-split partials after the values.
+        let mut scratch_bytes = 0u64;
+        for node in &graph.nodes {
+            if let Op::Attention {
+                heads,
+                head_dim,
+                window,
+                cache,
+                ..
+            } = &node.op
+            {
+                let splits = attention_splits(graph.rows, *heads, *window, cache.capacity);
+                if splits > 1 {
+                    scratch_bytes =
+                        scratch_bytes.max((graph.rows * heads * splits * (head_dim + 2) * 4) as u64);
+                }
+            }
+        }
+        let scratch_at = arena_bytes;
+        arena_bytes += scratch_bytes;
+        let arena_bytes = arena_bytes.max(16);
+        let max_binding = self.gpu.limits.max_storage_buffer_binding_size;
+        if arena_bytes > max_binding || arena_bytes > self.gpu.limits.max_buffer_size {
+            return Err(BackendError::unsupported(
+                "compile",
+                format!(
+                    "graph '{}' needs an arena of {arena_bytes} bytes for its values, over the adapter's \
+                     max_storage_buffer_binding_size of {max_binding} bytes (fewer rows per step fit)",
+                    graph.name
+                ),
+            ));
+        }
+        let elem = |v: ValueId| -> Result<u32, BackendError> {
+            offsets[v.0 as usize]
+                .map(|o| (o / 4) as u32)
+                .ok_or_else(|| BackendError::internal(format!("value {} has no storage", v.0)))
+        };
+
+        // Step arguments (u32 words), then each rope's inverse frequencies.
+        let rows = graph.rows as u32;
+        let (tokens, positions, slots_at, select) = (0u32, rows, 2 * rows, 3 * rows);
+        let mut args_words = 3 * graph.rows + graph.selected_rows;
+        let mut tables: Vec<(usize, u32, Vec<f32>)> = Vec::new();
+        for (i, node) in graph.nodes.iter().enumerate() {
+            if let Op::Rope { head_dim, theta, .. } = &node.op {
+                let t: Vec<f32> = (0..head_dim / 2)
+                    .map(|d| 1.0 / theta.powf((2 * d) as f32 / *head_dim as f32))
+                    .collect();
+                let at = args_words as u32;
+                args_words += t.len();
+                tables.push((i, at, t));
+            }
+        }
+
+        let mut planned: Vec<Planned> = Vec::new();
+        let mut inputs = Vec::new();
+        let mut outputs = Vec::new();
+        let align = u64::from(self.gpu.limits.min_storage_buffer_offset_alignment);
+        for (i, node) in graph.nodes.iter().enumerate() {
+            let rows_of = |x: &ValueId| value_rows(graph, &shapes[x.0 as usize]);
+            match &node.op {
+                Op::Input { buffer, .. } => {
+                    let v = node.outputs[0];
+                    let s = shapes[v.0 as usize];
+                    inputs.push(Copy {
+                        buffer: *buffer,
+                        arena_offset: u64::from(elem(v)?) * 4,
+                        size: (value_rows(graph, &s) * s.cols * 4) as u64,
+                    });
+                }
+                Op::Output { x, buffer } => {
+                    let s = shapes[x.0 as usize];
+                    outputs.push(Copy {
+                        buffer: *buffer,
+                        arena_offset: u64::from(elem(*x)?) * 4,
+                        size: (value_rows(graph, &s) * s.cols * 4) as u64,
+                    });
+                }
+                Op::Embed { table, scale } => {
+                    let (vocab, cols) = (table.desc.shape[0], table.desc.shape[1]);
+                    let dt = table.desc.dtype;
+                    let format = Format::for_rows(dt, cols)
+                        .ok_or_else(|| BackendError::unsupported(node.op.name(), "no decoder"))?;
+                    let row_bytes = dt.row_bytes(cols).unwrap_or(0) as u64;
+                    let buf = self.buffer(table.buffer)?;
+                    let what = format!("embedding table {}", table.desc);
+                    for (r0, r1, offset, size) in
+                        weight_chunks(&what, vocab, row_bytes, buf.size, max_binding, align)?
+                    {
+                        planned.push(Planned {
+                            node: i,
+                            key: (Kernel::Embed, Some(format), [0, 0]),
+                            params: vec![
+                                elem(node.outputs[0])?,
+                                tokens,
+                                cols as u32,
+                                row_bytes as u32,
+                                r0 as u32,
+                                r1 as u32,
+                                scale.to_bits(),
+                            ],
+                            weight: Some(WeightRange {
+                                buffer: table.buffer,
+                                offset,
+                                size,
+                            }),
+                            caches: None,
+                            groups: [div_up(cols / format.unit(), 64), rows, 1],
+                        });
+                    }
+                }
+                Op::RmsNorm {
+                    x,
+                    weight,
+                    eps,
+                    weight_offset,
+                } => {
+                    let cols = shapes[x.0 as usize].cols;
+                    let group = weight.desc.numel();
+                    let wfmt = match weight.desc.dtype {
+                        DType::F32 => 0,
+                        DType::F16 => 1,
+                        _ => 2,
+                    };
+                    let buf = self.buffer(weight.buffer)?;
+                    planned.push(Planned {
+                        node: i,
+                        key: (Kernel::RmsNorm, None, [0, 0]),
+                        params: vec![
+                            elem(*x)?,
+                            elem(node.outputs[0])?,
+                            cols as u32,
+                            group as u32,
+                            eps.to_bits(),
+                            weight_offset.to_bits(),
+                            wfmt,
+                        ],
+                        weight: Some(WeightRange {
+                            buffer: weight.buffer,
+                            offset: 0,
+                            size: buf.size,
+                        }),
+                        caches: None,
+                        groups: [(cols / group) as u32, rows_of(x) as u32, 1],
+                    });
+                }
+                Op::MatMul { x, weight, splits } => {
+                    let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
+                    let dt = weight.desc.dtype;
+                    let format = Format::for_rows(dt, k)
+                        .ok_or_else(|| BackendError::unsupported(node.op.name(), "no decoder"))?;
+                    let row_bytes = dt.row_bytes(k).unwrap_or(0) as u64;
+                    let m = rows_of(x);
+                    let mut dsts = [0u32; 4];
+                    let mut ends = [n as u32; 3];
+                    let mut acc = 0usize;
+                    for (s, (width, out)) in splits.iter().zip(&node.outputs).enumerate() {
+                        dsts[s] = elem(*out)?;
+                        acc += width;
+                        if s < 3 {
+                            ends[s] = acc as u32;
+                        }
+                    }
+                    let buf = self.buffer(weight.buffer)?;
+                    let what = format!("weight {}", weight.desc);
+                    for (r0, r1, offset, size) in
+                        weight_chunks(&what, n, row_bytes, buf.size, max_binding, align)?
+                    {
+                        let count = r1 - r0;
+                        let params = vec![
+                            elem(*x)?,
+                            k as u32,
+                            m as u32,
+                            row_bytes as u32,
+                            r0 as u32,
+                            count as u32,
+                            n as u32,
+                            dsts[0],
+                            dsts[1],
+                            dsts[2],
+                            dsts[3],
+                            ends[0],
+                            ends[1],
+                            ends[2],
+                        ];
+                        let weight = Some(WeightRange {
+                            buffer: weight.buffer,
+                            offset,
+                            size,
+                        });
+                        if m >= TILED_ROWS {
+                            planned.push(Planned {
+                                node: i,
+                                key: (Kernel::MatMulTiled, Some(format), [0, 0]),
+                                params,
+                                weight,
+                                caches: None,
+                                groups: [div_up(count, 64), div_up(m, 64), 1],
+                            });
+                        } else {
+                            let r = m.next_power_of_two().min(8);
+                            let nc = if count >= 2048 {
+                                4
+                            } else if count >= 256 {
+                                2
+                            } else {
+                                1
+                            };
+                            let [gx, gy] = spread(div_up(count, nc));
+                            planned.push(Planned {
+                                node: i,
+                                key: (Kernel::MatVec, Some(format), [r as u32, nc as u32]),
+                                params,
+                                weight,
+                                caches: None,
+                                groups: [gx, gy, div_up(m, r)],
+                            });
+                        }
+                    }
+                }
+                Op::Rope {
+                    x, head_dim, factor, ..
+                } => {
+                    let cols = shapes[x.0 as usize].cols;
+                    let table = tables.iter().find(|t| t.0 == i).map_or(0, |t| t.1);
+                    planned.push(Planned {
+                        node: i,
+                        key: (Kernel::Rope, None, [0, 0]),
+                        params: vec![
+                            elem(*x)?,
+                            elem(node.outputs[0])?,
+                            positions,
+                            table,
+                            cols as u32,
+                            *head_dim as u32,
+                            factor.to_bits(),
+                        ],
+                        weight: None,
+                        caches: None,
+                        groups: [div_up(cols / 2, 64), rows_of(x) as u32, 1],
+                    });
+                }
+                Op::Attention {
+                    q,
+                    k,
+                    v,
+                    cache,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    scale,
+                    window,
+                    softcap,
+                } => {
+                    let f16 = u32::from(cache.dtype == DType::F16);
+                    let kv_cols = kv_heads * head_dim;
+                    let per_invocation = if f16 == 1 { 2 } else { 1 };
+                    planned.push(Planned {
+                        node: i,
+                        key: (Kernel::KvStore, None, [0, 0]),
+                        params: vec![
+                            elem(*k)?,
+                            elem(*v)?,
+                            positions,
+                            slots_at,
+                            kv_cols as u32,
+                            cache.capacity as u32,
+                            f16,
+                        ],
+                        weight: None,
+                        caches: Some((cache.k, cache.v)),
+                        groups: [div_up(kv_cols.div_ceil(per_invocation), 64), rows, 1],
+                    });
+                    let splits = attention_splits(graph.rows, *heads, *window, cache.capacity);
+                    let out = elem(node.outputs[0])?;
+                    let partial = (scratch_at / 4) as u32;
+                    planned.push(Planned {
+                        node: i,
+                        key: (Kernel::Attention, None, [0, 0]),
+                        params: vec![
+                            elem(*q)?,
+                            out,
+                            positions,
+                            slots_at,
+                            partial,
+                            *heads as u32,
+                            *kv_heads as u32,
+                            *head_dim as u32,
+                            cache.capacity as u32,
+                            scale.to_bits(),
+                            window.unwrap_or(0) as u32,
+                            softcap.unwrap_or(0.0).to_bits(),
+                            f16,
+                            splits as u32,
+                        ],
+                        weight: None,
+                        caches: Some((cache.k, cache.v)),
+                        groups: [*heads as u32, rows, splits as u32],
+                    });
+                    if splits > 1 {
+                        planned.push(Planned {
+                            node: i,
+                            key: (Kernel::AttentionCombine, None, [0, 0]),
+                            params: vec![partial, out, *heads as u32, *head_dim as u32, splits as u32],
+                            weight: None,
+                            caches: None,
+                            groups: [*heads as u32, rows, 1],
+                        });
+                    }
+                }
+                Op::GeGlu { gate: a, up: b } | Op::Add { a, b } => {
+                    let s = shapes[a.0 as usize];
+                    let n = value_rows(graph, &s) * s.cols;
+                    let op = u32::from(matches!(node.op, Op::GeGlu { .. }));
+                    let [gx, gy] = spread(div_up(n, 64));
+                    planned.push(Planned {
+                        node: i,
+                        key: (Kernel::Eltwise, None, [0, 0]),
+                        params: vec![elem(*a)?, elem(*b)?, elem(node.outputs[0])?, n as u32, op, 0],
+                        weight: None,
+                        caches: None,
+                        groups: [gx, gy, 1],
+                    });
+                }
+                Op::Softcap { x, cap } => {
+                    let s = shapes[x.0 as usize];
+                    let n = value_rows(graph, &s) * s.cols;
+                    let [gx, gy] = spread(div_up(n, 64));
+                    let a = elem(*x)?;
+                    planned.push(Planned {
+                        node: i,
+                        key: (Kernel::Eltwise, None, [0, 0]),
+                        params: vec![a, a, elem(node.outputs[0])?, n as u32, 2, cap.to_bits()],
+                        weight: None,
+                        caches: None,
+                        groups: [gx, gy, 1],
+                    });
+                }
+                Op::SelectRows { x } => {
+                    let cols = shapes[x.0 as usize].cols;
+                    planned.push(Planned {
+                        node: i,
+                        key: (Kernel::SelectRows, None, [0, 0]),
+                        params: vec![elem(*x)?, elem(node.outputs[0])?, select, cols as u32],
+                        weight: None,
+                        caches: None,
+                        groups: [div_up(cols, 64), graph.selected_rows as u32, 1],
+                    });
+                }
+            }
+        }
+
+        // Device objects: arena, arguments (with the rope tables), parameters.
+        let dev = &self.gpu.device;
+        let arena = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("program arena"),
+            size: arena_bytes,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let args_bytes = ((args_words * 4) as u64).max(16).div_ceil(4) * 4;
+        let args = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("step arguments"),
+            size: args_bytes,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        for (_, at, t) in &tables {
+            let bytes: &[u8] = bytemuck::cast_slice(t);
+            self.gpu.queue.write_buffer(&args, u64::from(*at) * 4, bytes);
+        }
+        let slot = PARAM_SLOT.max(u64::from(self.gpu.limits.min_uniform_buffer_offset_alignment));
+        let params = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dispatch parameters"),
+            size: (planned.len() as u64).max(1) * slot,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut all_params = vec![0u8; (planned.len() as u64 * slot) as usize];
+        for (j, p) in planned.iter().enumerate() {
+            let bytes: &[u8] = bytemuck::cast_slice(&p.params);
+            let at = j * slot as usize;
+            all_params[at..at + bytes.len()].copy_from_slice(bytes);
+        }
+        if !all_params.is_empty() {
+            self.gpu.queue.write_buffer(&params, 0, &all_params);
+        }
+
+        let mut dispatches = Vec::with_capacity(planned.len());
+        for (j, p) in planned.iter().enumerate() {
+            let pipeline = self.pipelines.get(&self.gpu.device, p.key)?;
+            let layout = pipeline.get_bind_group_layout(0);
+            let mut entries: Vec<wgpu::BindGroupEntry<'_>> = Vec::new();
+            for &b in p.key.0.bindings() {
+                let resource = match b {
+                    0 => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &params,
+                        offset: j as u64 * slot,
+                        size: wgpu::BufferSize::new(PARAM_SLOT.min(slot)),
+                    }),
+                    1 => arena.as_entire_binding(),
+                    2 => args.as_entire_binding(),
+                    3 => {
+                        let w = p
+                            .weight
+                            .ok_or_else(|| BackendError::internal("a weight kernel without a weight"))?;
+                        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &self.buffer(w.buffer)?.buf,
+                            offset: w.offset,
+                            size: wgpu::BufferSize::new(w.size),
+                        })
+                    }
+                    4 | 5 => {
+                        let (kc, vc) = p
+                            .caches
+                            .ok_or_else(|| BackendError::internal("an attention kernel without caches"))?;
+                        let id = if b == 4 { kc } else { vc };
+                        let buf = self.buffer(id)?;
+                        if buf.size > max_binding {
+                            return Err(BackendError::unsupported(
+                                node_name(graph, p.node),
+                                format!(
+                                    "KV cache {} of {} bytes exceeds the adapter's \
+                                     max_storage_buffer_binding_size of {max_binding} bytes",
+                                    buf.desc, buf.size
+                                ),
+                            ));
+                        }
+                        buf.buf.as_entire_binding()
+                    }
+                    _ => return Err(BackendError::internal(format!("binding {b}"))),
+                };
+                entries.push(wgpu::BindGroupEntry { binding: b, resource });
+            }
+            let bind_group = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &layout,
+                entries: &entries,
+            });
+            dispatches.push(Dispatch {
+                node: p.node,
+                pipeline,
+                bind_group,
+                groups: p.groups,
+            });
+        }
+        let timestamps = if self.gpu.timestamps {
+            let count = graph.nodes.len() as u32 + 1;
+            let bytes = u64::from(count) * 8;
+            Some(Timestamps {
+                set: dev.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("node timestamps"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count,
+                }),
+                resolve: dev.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("timestamp resolve"),
+                    size: bytes,
+                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                }),
+                readback: dev.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("timestamp readback"),
+                    size: bytes,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }),
+            })
+        } else {
+            None
+        };
+        self.gpu.check()?;
+        Ok(Program {
+            graph: graph.clone(),
+            bytes: arena_bytes + args_bytes + params.size(),
+            arena,
+            args,
+            params,
+            inputs,
+            outputs,
+            dispatches,
+            timestamps,
+            buffers: used.buffers,
+            slots: used.slots,
+            last: None,
+        })
+    }
+
+    /// Encodes and submits one step of `prog` (its arguments already written).
+    pub(crate) fn encode(&self, prog: &Program) -> Result<wgpu::SubmissionIndex, BackendError> {
+        let dev = &self.gpu.device;
+        let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        for c in &prog.inputs {
+            let src = &self.buffer(c.buffer)?.buf;
+            enc.copy_buffer_to_buffer(src, 0, &prog.arena, c.arena_offset, c.size);
+        }
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(&prog.graph.name),
+                timestamp_writes: None,
+            });
+            let nodes = prog.graph.nodes.len();
+            let mut d = 0usize;
+            if let Some(t) = &prog.timestamps {
+                pass.write_timestamp(&t.set, 0);
+            }
+            for node in 0..nodes {
+                while d < prog.dispatches.len() && prog.dispatches[d].node == node {
+                    let x = &prog.dispatches[d];
+                    pass.set_pipeline(&x.pipeline);
+                    pass.set_bind_group(0, &x.bind_group, &[]);
+                    pass.dispatch_workgroups(x.groups[0], x.groups[1], x.groups[2]);
+                    d += 1;
+                }
+                if let Some(t) = &prog.timestamps {
+                    pass.write_timestamp(&t.set, node as u32 + 1);
+                }
+            }
+        }
+        for c in &prog.outputs {
+            let dst = &self.buffer(c.buffer)?.buf;
+            enc.copy_buffer_to_buffer(&prog.arena, c.arena_offset, dst, 0, c.size);
+        }
+        if let Some(t) = &prog.timestamps {
+            let count = prog.graph.nodes.len() as u32 + 1;
+            enc.resolve_query_set(&t.set, 0..count, &t.resolve, 0);
+            enc.copy_buffer_to_buffer(&t.resolve, 0, &t.readback, 0, t.resolve.size());
+        }
+        let index = self.gpu.queue.submit([enc.finish()]);
+        self.gpu.check()?;
+        Ok(index)
+    }
+}
+
+fn node_name(graph: &Graph, i: usize) -> String {
+    graph.nodes.get(i).map_or_else(String::new, |n| n.op.name())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_weights_bind_in_aligned_chunks_within_the_limit() {
+        // The default model's q8_0 embedding: 262144 rows of 680 bytes, 178 MB, on lavapipe's
+        // 128 MiB bindings.
+        let rows = 262_144;
+        let rb = 680;
+        let size = rows as u64 * rb + 16;
+        let chunks = weight_chunks("t", rows, rb, size, 128 << 20, 256).unwrap();
+        assert_eq!(chunks.len(), 2);
+        assert_eq!(chunks[0].0, 0);
+        assert_eq!(chunks.last().unwrap().1, rows);
+        for w in chunks.windows(2) {
+            assert_eq!(w[0].1, w[1].0);
+        }
+        for (r0, r1, off, sz) in &chunks {
+            assert_eq!(off % 256, 0);
+            assert_eq!(*off, *r0 as u64 * rb);
+            assert!(*sz <= 128 << 20 && *sz >= (*r1 - *r0) as u64 * rb);
+            assert!(off + sz <= size);
+        }
+        // One chunk when it fits.
+        assert_eq!(
+            weight_chunks("t", 10, 680, 6816, 128 << 20, 256).unwrap().len(),
+            1
+        );
+        // A row larger than the limit is an error naming the limit and the tensor.
+        let e = weight_chunks("weight q8_0[1, 340000]", 1, 361_250, 361_266, 65_536, 256)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("max_storage_buffer_binding_size") && e.contains("q8_0[1, 340000]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn attention_splits_stay_in_range() {
+        assert_eq!(attention_splits(1, 4, None, 16), 1);
+        assert!(attention_splits(1, 4, None, 4096) > 1);
+        assert!(attention_splits(512, 8, None, 4096) == 1);
+        assert!(attention_splits(1, 1, Some(512), 32768) <= 32);
+    }
+}

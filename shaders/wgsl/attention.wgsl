@@ -1,0 +1,175 @@
+// Second half of Op::Attention, flash-decoding style: workgroup (h, r, split) attends query
+// head h of row r over split `split` of the cached positions lo..=p of the row's slot (the
+// splits divide that range evenly at run time), with an online softmax over chunks of 64
+// positions. Invocation j scores position j of a chunk; each invocation then owns output
+// dimensions tid, tid + 64, ... With one split the result is written directly; otherwise the
+// split's maximum, sum and unnormalised output go to the partials for attention_combine.
+struct Params {
+    q: u32,
+    dst: u32,
+    positions: u32,
+    slots: u32,
+    partial: u32,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    capacity: u32,
+    scale: f32,
+    window: u32,   // 0: none
+    softcap: f32,  // 0: none
+    f16: u32,
+    splits: u32,
+}
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> act: array<f32>;
+@group(0) @binding(2) var<storage, read> args: array<u32>;
+@group(0) @binding(4) var<storage, read_write> kc: array<u32>;
+@group(0) @binding(5) var<storage, read_write> vc: array<u32>;
+
+const MAX_HEAD_DIM: u32 = 512u;
+const PER_THREAD: u32 = 8u;
+const CHUNK: u32 = 64u;
+var<workgroup> qs: array<f32, 512>;
+var<workgroup> probs: array<f32, 64>;
+var<workgroup> red: array<f32, 64>;
+
+fn k_at(i: u32) -> f32 {
+    if (p.f16 != 0u) {
+        return unpack2x16float(kc[i >> 1u])[i & 1u];
+    }
+    return bitcast<f32>(kc[i]);
+}
+
+fn v_at(i: u32) -> f32 {
+    if (p.f16 != 0u) {
+        return unpack2x16float(vc[i >> 1u])[i & 1u];
+    }
+    return bitcast<f32>(vc[i]);
+}
+
+fn wg_max(tid: u32, v: f32) -> f32 {
+    red[tid] = v;
+    workgroupBarrier();
+    for (var stride = 32u; stride > 0u; stride = stride / 2u) {
+        if (tid < stride) {
+            red[tid] = max(red[tid], red[tid + stride]);
+        }
+        workgroupBarrier();
+    }
+    let m = red[0];
+    workgroupBarrier();
+    return m;
+}
+
+fn wg_sum(tid: u32, v: f32) -> f32 {
+    red[tid] = v;
+    workgroupBarrier();
+    for (var stride = 32u; stride > 0u; stride = stride / 2u) {
+        if (tid < stride) {
+            red[tid] += red[tid + stride];
+        }
+        workgroupBarrier();
+    }
+    let s = red[0];
+    workgroupBarrier();
+    return s;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let tid = lid.x;
+    let h = wid.x;
+    let r = wid.y;
+    let split = wid.z;
+    let hd = p.head_dim;
+    let g = h / (p.heads / p.kv_heads);
+    let kv_cols = p.kv_heads * hd;
+    let pos = args[p.positions + r];
+    let slot = args[p.slots + r];
+    var lo = 0u;
+    if (p.window != 0u && pos + 1u > p.window) {
+        lo = pos + 1u - p.window;
+    }
+    let total = pos - lo + 1u;
+    let per = (total + p.splits - 1u) / p.splits;
+    let first = min(split * per, total);
+    let n = min(first + per, total) - first;
+    let qrow = p.q + (r * p.heads + h) * hd;
+    for (var d = tid; d < hd; d += 64u) {
+        qs[d] = act[qrow + d];
+    }
+    workgroupBarrier();
+    var o: array<f32, 8>;
+    for (var i = 0u; i < PER_THREAD; i++) {
+        o[i] = 0.0;
+    }
+    var m = NEG_INF;
+    var l = 0.0;
+    for (var base = 0u; base < n; base += CHUNK) {
+        let count = min(CHUNK, n - base);
+        var s = NEG_INF;
+        if (tid < count) {
+            let row = slot * p.capacity + (lo + first + base + tid) % p.capacity;
+            let at = row * kv_cols + g * hd;
+            var dot = 0.0;
+            for (var d = 0u; d < hd; d++) {
+                dot += qs[d] * k_at(at + d);
+            }
+            s = dot * p.scale;
+            if (p.softcap != 0.0) {
+                s = p.softcap * tanh_safe(s / p.softcap);
+            }
+        }
+        let nm = max(m, wg_max(tid, s));
+        var e = 0.0;
+        if (tid < count) {
+            e = exp(s - nm);
+        }
+        probs[tid] = e;
+        let cs = wg_sum(tid, e);
+        let alpha = exp(m - nm);
+        l = l * alpha + cs;
+        for (var i = 0u; i < PER_THREAD; i++) {
+            o[i] *= alpha;
+        }
+        for (var jj = 0u; jj < count; jj++) {
+            let row = slot * p.capacity + (lo + first + base + jj) % p.capacity;
+            let at = row * kv_cols + g * hd;
+            let pj = probs[jj];
+            for (var i = 0u; i < PER_THREAD; i++) {
+                let d = tid + 64u * i;
+                if (d < hd) {
+                    o[i] += pj * v_at(at + d);
+                }
+            }
+        }
+        workgroupBarrier();
+        m = nm;
+    }
+    if (p.splits == 1u) {
+        let out_row = p.dst + (r * p.heads + h) * hd;
+        for (var i = 0u; i < PER_THREAD; i++) {
+            let d = tid + 64u * i;
+            if (d < hd) {
+                act[out_row + d] = o[i] / l;
+            }
+        }
+    } else {
+        // Partials: [rows][heads][splits][2 + head_dim]: max, sum, unnormalised output.
+        let at = p.partial + ((r * p.heads + h) * p.splits + split) * (hd + 2u);
+        if (tid == 0u) {
+            var mm = m;
+            if (n == 0u) {
+                mm = NEG_INF;
+            }
+            act[at] = mm;
+            act[at + 1u] = l;
+        }
+        for (var i = 0u; i < PER_THREAD; i++) {
+            let d = tid + 64u * i;
+            if (d < hd) {
+                act[at + 2u + d] = o[i];
+            }
+        }
+    }
+}

@@ -1,0 +1,6 @@
+// f16 weights, one value per unit (any k).
+const UNIT: u32 = 1u;
+var<private> wu: array<f32, 1>;
+fn load_unit(row: u32, u: u32) {
+    wu[0] = f16_at(row + 2u * u);
+}

@@ -1,0 +1,26 @@
+// Reading stored weight bytes as 32-bit words: WGSL has no 8- or 16-bit storage types, and the
+// block formats are only 2-byte aligned.
+@group(0) @binding(3) var<storage, read> wts: array<u32>;
+
+// The 16 bits at byte offset b (b even).
+fn ld16(b: u32) -> u32 {
+    return (wts[b >> 2u] >> ((b & 2u) * 8u)) & 0xFFFFu;
+}
+
+// The 32 bits at byte offset b (b even): one word, or two words funnelled.
+fn ld32(b: u32) -> u32 {
+    let i = b >> 2u;
+    if ((b & 2u) == 0u) {
+        return wts[i];
+    }
+    return (wts[i] >> 16u) | (wts[i + 1u] << 16u);
+}
+
+fn f16_at(b: u32) -> f32 {
+    return unpack2x16float(ld16(b)).x;
+}
+
+// A signed byte (bits 0..7 of v) as f32.
+fn sext8(v: u32) -> f32 {
+    return f32(extractBits(i32(v), 0u, 8u));
+}
