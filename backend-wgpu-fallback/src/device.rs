@@ -184,21 +184,24 @@ impl Gpu {
             // Only the first backend in a process installs the logger; the others share it.
             let _ = log::set_logger(&LOGGER).map(|_| log::set_max_level(log::LevelFilter::Warn));
         }
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
-            backends: req.backends,
-            flags,
-            ..wgpu::InstanceDescriptor::new_without_display_handle()
-        });
-        // GL only when nothing else is there (or asked for alone): probing EGL is slow and
-        // prints to stderr on machines without a display.
+        // GL only when nothing else is there (or asked for alone): an instance with GL sets up
+        // EGL, which is slow and prints to stderr on machines without a display.
+        let instance_for = |backends: wgpu::Backends| {
+            wgpu::Instance::new(wgpu::InstanceDescriptor {
+                backends,
+                flags,
+                ..wgpu::InstanceDescriptor::new_without_display_handle()
+            })
+        };
         let native = req.backends - wgpu::Backends::GL;
         let mut adapters = if native.is_empty() {
             Vec::new()
         } else {
-            pollster::block_on(instance.enumerate_adapters(native))
+            pollster::block_on(instance_for(native).enumerate_adapters(native))
         };
         if adapters.is_empty() && req.backends.contains(wgpu::Backends::GL) {
-            adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::GL));
+            adapters =
+                pollster::block_on(instance_for(wgpu::Backends::GL).enumerate_adapters(wgpu::Backends::GL));
         }
         if adapters.is_empty() {
             return Err(BackendError::Unavailable {

@@ -111,6 +111,59 @@ impl WgpuBackend {
         }
     }
 
+    /// Whether the op's tensors fit this adapter's limits: a weight within `max_buffer_size`
+    /// with each row within the binding limit, KV caches within the binding limit (the
+    /// placement then puts the node elsewhere, naming the limit and the tensor).
+    fn fits_limits(&self, op: &Op) -> Result<(), String> {
+        let l = &self.gpu.limits;
+        for w in op.weights() {
+            let bytes = w.desc.byte_size().map_err(|e| e.to_string())?;
+            if bytes + 16 > l.max_buffer_size {
+                return Err(format!(
+                    "weight {} of {bytes} bytes exceeds the adapter's max_buffer_size of {} bytes",
+                    w.desc, l.max_buffer_size
+                ));
+            }
+            let row = w
+                .desc
+                .dtype
+                .row_bytes(*w.desc.shape.last().unwrap_or(&1))
+                .unwrap_or(0) as u64;
+            let align = u64::from(l.min_storage_buffer_offset_alignment);
+            if let Op::Embed { .. } | Op::MatMul { .. } = op {
+                let rows = w.desc.shape.first().copied().unwrap_or(1);
+                program::weight_chunks(
+                    &w.desc.to_string(),
+                    rows,
+                    row,
+                    bytes + 16,
+                    l.max_storage_buffer_binding_size,
+                    align,
+                )
+                .map_err(|e| e.to_string())?;
+            }
+        }
+        if let Op::Attention {
+            cache,
+            kv_heads,
+            head_dim,
+            ..
+        } = op
+        {
+            let bytes =
+                (cache.slots * cache.capacity * kv_heads * head_dim * cache.dtype.row_bytes(1).unwrap_or(4))
+                    as u64;
+            if bytes > l.max_storage_buffer_binding_size {
+                return Err(format!(
+                    "a KV cache of {bytes} bytes ({} slots x {} positions) exceeds the adapter's \
+                     max_storage_buffer_binding_size of {} bytes",
+                    cache.slots, cache.capacity, l.max_storage_buffer_binding_size
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn track(&mut self, bytes: u64) {
         self.in_use += bytes;
         self.peak = self.peak.max(self.in_use);
@@ -195,7 +248,7 @@ impl ComputeBackend for WgpuBackend {
     }
 
     fn supports(&self, op: &Op) -> Support {
-        match program::op_support(op) {
+        match program::op_support(op).and_then(|()| self.fits_limits(op)) {
             Ok(()) => Support::Yes,
             Err(reason) => Support::No { reason },
         }
@@ -490,6 +543,38 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{} {f:?}: {e}", kernel.name()));
             }
         }
+    }
+
+    #[test]
+    fn ops_over_the_adapters_limits_are_declined_naming_limit_and_tensor() {
+        let Some(b) = backend() else { return };
+        let rows = (b.gpu.limits.max_buffer_size / 4 / 64 + 1) as usize;
+        let op = Op::MatMul {
+            x: tandem_backend_api::ValueId(0),
+            weight: tandem_backend_api::WeightRef {
+                buffer: BufferId::UNBOUND,
+                desc: TensorDesc::new(DType::F32, [rows, 64]),
+            },
+            splits: vec![rows],
+        };
+        match b.supports(&op) {
+            Support::No { reason } => {
+                assert!(
+                    reason.contains("max_buffer_size") && reason.contains(&format!("f32[{rows}, 64]")),
+                    "{reason}"
+                )
+            }
+            Support::Yes => panic!("a weight over max_buffer_size is supported"),
+        }
+        let small = Op::MatMul {
+            x: tandem_backend_api::ValueId(0),
+            weight: tandem_backend_api::WeightRef {
+                buffer: BufferId::UNBOUND,
+                desc: TensorDesc::new(DType::Q4K, [8, 256]),
+            },
+            splits: vec![8],
+        };
+        assert!(b.supports(&small).is_yes());
     }
 
     #[test]
