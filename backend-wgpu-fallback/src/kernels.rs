@@ -71,7 +71,7 @@ impl Kernel {
         }
     }
 
-    /// Whether the kernel decodes a weight format (binding 3 and a format's `load_unit`).
+    /// Whether the kernel decodes a weight format (binding 3 and a format's `load_group`).
     pub fn reads_format(self) -> bool {
         matches!(self, Kernel::Embed | Kernel::MatVec | Kernel::MatMulTiled)
     }
@@ -89,7 +89,8 @@ impl Kernel {
 }
 
 /// A weight decoder (`shaders/wgsl/formats/`): a storage format, and for the float formats
-/// whether four values are read per unit (rows of a multiple of 4 values).
+/// whether four values are read per group (rows of a multiple of 4 values; the block formats
+/// always decode groups of 4 neighbouring values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Format {
     pub dtype: DType,
@@ -103,8 +104,8 @@ impl Format {
         format_source(dtype, wide).map(|_| Format { dtype, wide })
     }
 
-    /// Values one call of `load_unit` decodes.
-    pub fn unit(self) -> usize {
+    /// Values one call of `load_group` decodes.
+    pub fn group(self) -> usize {
         match self.dtype {
             DType::F32 | DType::F16 | DType::Bf16 => {
                 if self.wide {
@@ -113,7 +114,7 @@ impl Format {
                     1
                 }
             }
-            _ => 32,
+            _ => 4,
         }
     }
 }
@@ -163,8 +164,9 @@ pub fn module_source(kernel: Kernel, format: Option<Format>) -> Result<String, B
     Ok(s)
 }
 
-/// The key of a pipeline: kernel, format, and the override constants (R and NC of matvec).
-pub type PipelineKey = (Kernel, Option<Format>, [u32; 2]);
+/// The key of a pipeline: kernel, format, and the override constant R of matvec (input rows
+/// per workgroup; 0 elsewhere).
+pub type PipelineKey = (Kernel, Option<Format>, u32);
 
 /// Pipelines made so far.
 #[derive(Default)]
@@ -183,7 +185,7 @@ impl Pipelines {
         if let Some(p) = self.map.get(&key) {
             return Ok(p.clone());
         }
-        let (kernel, format, [r, nc]) = key;
+        let (kernel, format, r) = key;
         let source = module_source(kernel, format)?;
         let label = match format {
             Some(f) => format!("{}_{}{}", kernel.name(), f.dtype, if f.wide { "x4" } else { "" }),
@@ -194,7 +196,7 @@ impl Pipelines {
             source: wgpu::ShaderSource::Wgsl(source.into()),
         });
         let constants: Vec<(&str, f64)> = if kernel == Kernel::MatVec {
-            vec![("R", f64::from(r)), ("NC", f64::from(nc))]
+            vec![("R", f64::from(r))]
         } else {
             Vec::new()
         };

@@ -472,6 +472,45 @@ impl ComputeBackend for WgpuBackend {
             .collect())
     }
 
+    /// A device-to-device `copy_buffer_to_buffer` of up to 256 MiB, timed on the host clock
+    /// from submit to completion (best of five, after one warm-up): wgpu has no timestamps
+    /// outside passes on every adapter. The submit and wait overhead (tens of microseconds)
+    /// makes the figure a slight underestimate.
+    fn copy_bandwidth(&mut self) -> Result<Option<f64>, BackendError> {
+        self.gpu.check()?;
+        let bytes = (256u64 << 20)
+            .min(self.gpu.limits.max_buffer_size / 4)
+            .max(1 << 20)
+            / 4
+            * 4;
+        let make = |label| {
+            self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        let (a, b) = (make("bandwidth source"), make("bandwidth destination"));
+        let mut best = f64::INFINITY;
+        for i in 0..6 {
+            let mut enc = self
+                .gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            enc.copy_buffer_to_buffer(&a, 0, &b, 0, bytes);
+            let start = std::time::Instant::now();
+            let index = self.gpu.queue.submit([enc.finish()]);
+            self.gpu.wait(Some(index))?;
+            if i > 0 {
+                best = best.min(start.elapsed().as_secs_f64());
+            }
+        }
+        a.destroy();
+        b.destroy();
+        Ok((best.is_finite() && best > 0.0).then(|| 2.0 * bytes as f64 / best))
+    }
+
     fn memory(&mut self) -> Result<Option<MemoryUse>, BackendError> {
         Ok(Some(MemoryUse {
             in_use_bytes: self.in_use,
@@ -534,7 +573,7 @@ mod tests {
                 vec![None]
             };
             for f in variants {
-                let overrides = if kernel == Kernel::MatVec { [8, 4] } else { [0, 0] };
+                let overrides = if kernel == Kernel::MatVec { 8 } else { 0 };
                 b.pipelines
                     .get(&b.gpu.device, (kernel, f, overrides))
                     .unwrap_or_else(|e| panic!("{} {f:?}: {e}", kernel.name()));
@@ -575,6 +614,14 @@ mod tests {
             splits: vec![8],
         };
         assert!(b.supports(&small).is_yes());
+    }
+
+    #[test]
+    fn copy_bandwidth_is_measured() {
+        let Some(mut b) = backend() else { return };
+        let bw = b.copy_bandwidth().unwrap().expect("a figure");
+        // Any real device copies faster than 10 MB/s and slower than 100 TB/s.
+        assert!(bw > 1e7 && bw < 1e14, "{bw}");
     }
 
     #[test]

@@ -301,7 +301,7 @@ impl WgpuBackend {
                     {
                         planned.push(Planned {
                             node: i,
-                            key: (Kernel::Embed, Some(format), [0, 0]),
+                            key: (Kernel::Embed, Some(format), 0),
                             params: vec![
                                 elem(node.outputs[0])?,
                                 tokens,
@@ -317,7 +317,7 @@ impl WgpuBackend {
                                 size,
                             }),
                             caches: None,
-                            groups: [div_up(cols / format.unit(), 64), rows, 1],
+                            groups: [div_up(cols / format.group(), 64), rows, 1],
                         });
                     }
                 }
@@ -337,7 +337,7 @@ impl WgpuBackend {
                     let buf = self.buffer(weight.buffer)?;
                     planned.push(Planned {
                         node: i,
-                        key: (Kernel::RmsNorm, None, [0, 0]),
+                        key: (Kernel::RmsNorm, None, 0),
                         params: vec![
                             elem(*x)?,
                             elem(node.outputs[0])?,
@@ -403,7 +403,7 @@ impl WgpuBackend {
                         if m >= TILED_ROWS {
                             planned.push(Planned {
                                 node: i,
-                                key: (Kernel::MatMulTiled, Some(format), [0, 0]),
+                                key: (Kernel::MatMulTiled, Some(format), 0),
                                 params,
                                 weight,
                                 caches: None,
@@ -411,17 +411,10 @@ impl WgpuBackend {
                             });
                         } else {
                             let r = m.next_power_of_two().min(8);
-                            let nc = if count >= 2048 {
-                                4
-                            } else if count >= 256 {
-                                2
-                            } else {
-                                1
-                            };
-                            let [gx, gy] = spread(div_up(count, nc));
+                            let [gx, gy] = spread(count as u32);
                             planned.push(Planned {
                                 node: i,
-                                key: (Kernel::MatVec, Some(format), [r as u32, nc as u32]),
+                                key: (Kernel::MatVec, Some(format), r as u32),
                                 params,
                                 weight,
                                 caches: None,
@@ -437,7 +430,7 @@ impl WgpuBackend {
                     let table = tables.iter().find(|t| t.0 == i).map_or(0, |t| t.1);
                     planned.push(Planned {
                         node: i,
-                        key: (Kernel::Rope, None, [0, 0]),
+                        key: (Kernel::Rope, None, 0),
                         params: vec![
                             elem(*x)?,
                             elem(node.outputs[0])?,
@@ -469,7 +462,7 @@ impl WgpuBackend {
                     let per_invocation = if f16 == 1 { 2 } else { 1 };
                     planned.push(Planned {
                         node: i,
-                        key: (Kernel::KvStore, None, [0, 0]),
+                        key: (Kernel::KvStore, None, 0),
                         params: vec![
                             elem(*k)?,
                             elem(*v)?,
@@ -488,7 +481,7 @@ impl WgpuBackend {
                     let partial = (scratch_at / 4) as u32;
                     planned.push(Planned {
                         node: i,
-                        key: (Kernel::Attention, None, [0, 0]),
+                        key: (Kernel::Attention, None, 0),
                         params: vec![
                             elem(*q)?,
                             out,
@@ -512,7 +505,7 @@ impl WgpuBackend {
                     if splits > 1 {
                         planned.push(Planned {
                             node: i,
-                            key: (Kernel::AttentionCombine, None, [0, 0]),
+                            key: (Kernel::AttentionCombine, None, 0),
                             params: vec![partial, out, *heads as u32, *head_dim as u32, splits as u32],
                             weight: None,
                             caches: None,
@@ -527,7 +520,7 @@ impl WgpuBackend {
                     let [gx, gy] = spread(div_up(n, 64));
                     planned.push(Planned {
                         node: i,
-                        key: (Kernel::Eltwise, None, [0, 0]),
+                        key: (Kernel::Eltwise, None, 0),
                         params: vec![elem(*a)?, elem(*b)?, elem(node.outputs[0])?, n as u32, op, 0],
                         weight: None,
                         caches: None,
@@ -541,7 +534,7 @@ impl WgpuBackend {
                     let a = elem(*x)?;
                     planned.push(Planned {
                         node: i,
-                        key: (Kernel::Eltwise, None, [0, 0]),
+                        key: (Kernel::Eltwise, None, 0),
                         params: vec![a, a, elem(node.outputs[0])?, n as u32, 2, cap.to_bits()],
                         weight: None,
                         caches: None,
@@ -552,7 +545,7 @@ impl WgpuBackend {
                     let cols = shapes[x.0 as usize].cols;
                     planned.push(Planned {
                         node: i,
-                        key: (Kernel::SelectRows, None, [0, 0]),
+                        key: (Kernel::SelectRows, None, 0),
                         params: vec![elem(*x)?, elem(node.outputs[0])?, select, cols as u32],
                         weight: None,
                         caches: None,

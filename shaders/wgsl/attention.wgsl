@@ -27,7 +27,6 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> vc: array<u32>;
 
 const MAX_HEAD_DIM: u32 = 512u;
-const PER_THREAD: u32 = 8u;
 const CHUNK: u32 = 64u;
 var<workgroup> qs: array<f32, 512>;
 var<workgroup> probs: array<f32, 64>;
@@ -45,6 +44,17 @@ fn v_at(i: u32) -> f32 {
         return unpack2x16float(vc[i >> 1u])[i & 1u];
     }
     return bitcast<f32>(vc[i]);
+}
+
+// Values d, d + 64, d + 128, d + 192 of a cached V row (0 past the head).
+fn v4(at: u32, d: u32, hd: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        if (d + 64u * i < hd) {
+            v[i] = v_at(at + d + 64u * i);
+        }
+    }
+    return v;
 }
 
 fn wg_max(tid: u32, v: f32) -> f32 {
@@ -99,10 +109,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         qs[d] = act[qrow + d];
     }
     workgroupBarrier();
-    var o: array<f32, 8>;
-    for (var i = 0u; i < PER_THREAD; i++) {
-        o[i] = 0.0;
-    }
+    // Output dimensions tid + 64 i: i < 4 in o_lo, the rest in o_hi.
+    var o_lo = vec4<f32>(0.0);
+    var o_hi = vec4<f32>(0.0);
     var m = NEG_INF;
     var l = 0.0;
     for (var base = 0u; base < n; base += CHUNK) {
@@ -111,8 +120,15 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         if (tid < count) {
             let row = slot * p.capacity + (lo + first + base + tid) % p.capacity;
             let at = row * kv_cols + g * hd;
-            var dot = 0.0;
-            for (var d = 0u; d < hd; d++) {
+            // Four independent sums, so that four loads are in flight at a time.
+            var d4 = vec4<f32>(0.0);
+            var d = 0u;
+            for (; d + 4u <= hd; d += 4u) {
+                d4 += vec4<f32>(qs[d], qs[d + 1u], qs[d + 2u], qs[d + 3u])
+                    * vec4<f32>(k_at(at + d), k_at(at + d + 1u), k_at(at + d + 2u), k_at(at + d + 3u));
+            }
+            var dot = d4.x + d4.y + d4.z + d4.w;
+            for (; d < hd; d++) {
                 dot += qs[d] * k_at(at + d);
             }
             s = dot * p.scale;
@@ -129,18 +145,15 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let cs = wg_sum(tid, e);
         let alpha = exp(m - nm);
         l = l * alpha + cs;
-        for (var i = 0u; i < PER_THREAD; i++) {
-            o[i] *= alpha;
-        }
+        o_lo *= alpha;
+        o_hi *= alpha;
         for (var jj = 0u; jj < count; jj++) {
             let row = slot * p.capacity + (lo + first + base + jj) % p.capacity;
             let at = row * kv_cols + g * hd;
             let pj = probs[jj];
-            for (var i = 0u; i < PER_THREAD; i++) {
-                let d = tid + 64u * i;
-                if (d < hd) {
-                    o[i] += pj * v_at(at + d);
-                }
+            o_lo += pj * v4(at, tid, hd);
+            if (hd > 256u) {
+                o_hi += pj * v4(at, tid + 256u, hd);
             }
         }
         workgroupBarrier();
@@ -148,10 +161,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     }
     if (p.splits == 1u) {
         let out_row = p.dst + (r * p.heads + h) * hd;
-        for (var i = 0u; i < PER_THREAD; i++) {
+        for (var i = 0u; i < 8u; i++) {
             let d = tid + 64u * i;
             if (d < hd) {
-                act[out_row + d] = o[i] / l;
+                act[out_row + d] = select(o_hi[i & 3u], o_lo[i & 3u], i < 4u) / l;
             }
         }
     } else {
@@ -165,10 +178,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             act[at] = mm;
             act[at + 1u] = l;
         }
-        for (var i = 0u; i < PER_THREAD; i++) {
+        for (var i = 0u; i < 8u; i++) {
             let d = tid + 64u * i;
             if (d < hd) {
-                act[at + 2u + d] = o[i];
+                act[at + 2u + d] = select(o_hi[i & 3u], o_lo[i & 3u], i < 4u);
             }
         }
     }

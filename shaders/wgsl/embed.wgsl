@@ -1,6 +1,6 @@
-// Op::Embed: out[r, :] = table[tokens[r], :] * scale, one invocation per unit of a row. A table
-// larger than the binding limit is bound in chunks of rows (row_lo .. row_hi); each chunk's
-// dispatch writes only the rows whose token falls in it.
+// Op::Embed: out[r, :] = table[tokens[r], :] * scale, one invocation per group (1 or 4 values)
+// of a row. A table larger than the binding limit is bound in chunks of rows (row_lo ..
+// row_hi); each chunk's dispatch writes only the rows whose token falls in it.
 struct Params {
     dst: u32,
     tokens: u32,
@@ -16,15 +16,18 @@ struct Params {
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let u = gid.x;
+    let g = gid.x;
     let r = wid.y;
     let tok = args[p.tokens + r];
-    if (u * UNIT >= p.cols || tok < p.row_lo || tok >= p.row_hi) {
+    if (g * GROUP >= p.cols || tok < p.row_lo || tok >= p.row_hi) {
         return;
     }
-    load_unit((tok - p.row_lo) * p.row_bytes, u);
-    let at = p.dst + r * p.cols + u * UNIT;
-    for (var i = 0u; i < UNIT; i++) {
-        act[at + i] = wu[i] * p.scale;
+    let w = load_group((tok - p.row_lo) * p.row_bytes, g) * p.scale;
+    let at = p.dst + r * p.cols + g * GROUP;
+    act[at] = w.x;
+    if (GROUP == 4u) {
+        act[at + 1u] = w.y;
+        act[at + 2u] = w.z;
+        act[at + 3u] = w.w;
     }
 }

@@ -1,10 +1,6 @@
-// f32 weights, four values per unit (k % 4 == 0).
-const UNIT: u32 = 4u;
-var<private> wu: array<f32, 4>;
-fn load_unit(row: u32, u: u32) {
-    let i = (row >> 2u) + 4u * u;
-    wu[0] = bitcast<f32>(wts[i]);
-    wu[1] = bitcast<f32>(wts[i + 1u]);
-    wu[2] = bitcast<f32>(wts[i + 2u]);
-    wu[3] = bitcast<f32>(wts[i + 3u]);
+// f32 weights, four values per group (k % 4 == 0).
+const GROUP: u32 = 4u;
+fn load_group(row: u32, g: u32) -> vec4<f32> {
+    let i = (row >> 2u) + 4u * g;
+    return bitcast<vec4<f32>>(vec4<u32>(wts[i], wts[i + 1u], wts[i + 2u], wts[i + 3u]));
 }

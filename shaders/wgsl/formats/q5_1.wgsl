@@ -1,19 +1,13 @@
 // q5_1: 24-byte blocks of 32: d, m (f16), qh, 16 bytes as q5_0; q d + m.
-const UNIT: u32 = 32u;
-var<private> wu: array<f32, 32>;
-fn load_unit(row: u32, u: u32) {
-    let b = row + u * 24u;
-    let dm = unpack2x16float(wts[b >> 2u]);
-    let qh = wts[(b >> 2u) + 1u];
-    for (var i = 0u; i < 4u; i++) {
-        let v = wts[(b >> 2u) + 2u + i];
-        for (var j = 0u; j < 4u; j++) {
-            let e = 4u * i + j;
-            let byte = (v >> (8u * j)) & 0xFFu;
-            let lo = (byte & 15u) | (((qh >> e) & 1u) << 4u);
-            let hi = (byte >> 4u) | (((qh >> (e + 16u)) & 1u) << 4u);
-            wu[e] = f32(lo) * dm.x + dm.y;
-            wu[e + 16u] = f32(hi) * dm.x + dm.y;
-        }
-    }
+const GROUP: u32 = 4u;
+fn load_group(row: u32, g: u32) -> vec4<f32> {
+    let b = (row >> 2u) + (g >> 3u) * 6u;
+    let i = g & 7u;
+    let dm = unpack2x16float(wts[b]);
+    let e0 = 4u * (i & 3u) + 16u * (i >> 2u);
+    let h = wts[b + 1u] >> e0;
+    let v = wts[b + 2u + (i & 3u)] >> (4u * (i >> 2u));
+    let lo = vec4<u32>(v, v >> 8u, v >> 16u, v >> 24u) & vec4<u32>(15u);
+    let hi = (vec4<u32>(h, h >> 1u, h >> 2u, h >> 3u) & vec4<u32>(1u)) << vec4<u32>(4u);
+    return vec4<f32>(lo | hi) * dm.x + dm.y;
 }

@@ -1,14 +1,8 @@
 // q8_0: 34-byte blocks of 32: d (f16), 32 signed bytes; q d.
-const UNIT: u32 = 32u;
-var<private> wu: array<f32, 32>;
-fn load_unit(row: u32, u: u32) {
-    let b = row + u * 34u;
-    let d = f16_at(b);
-    for (var i = 0u; i < 8u; i++) {
-        let v = ld32(b + 2u + 4u * i);
-        wu[4u * i] = sext8(v) * d;
-        wu[4u * i + 1u] = sext8(v >> 8u) * d;
-        wu[4u * i + 2u] = sext8(v >> 16u) * d;
-        wu[4u * i + 3u] = sext8(v >> 24u) * d;
-    }
+const GROUP: u32 = 4u;
+fn load_group(row: u32, g: u32) -> vec4<f32> {
+    let b = row + (g >> 3u) * 34u;
+    let v = i32(ld32(b + 2u + 4u * (g & 7u)));
+    let q = vec4<i32>(v << 24u, v << 16u, v << 8u, v) >> vec4<u32>(24u);
+    return vec4<f32>(q) * f16_at(b);
 }
