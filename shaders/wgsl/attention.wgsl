@@ -1,8 +1,8 @@
 // Second half of Op::Attention, flash-decoding style: workgroup (h, r, split) attends query
 // head h of row r over split `split` of the cached positions lo..=p of the row's slot (the
 // splits divide that range evenly at run time), with an online softmax over chunks of 64
-// positions. Invocation j scores position j of a chunk; each invocation then owns output
-// dimensions tid, tid + 64, ... With one split the result is written directly; otherwise the
+// positions. All invocations score each position of a chunk together; each invocation then owns
+// output dimensions tid, tid + 64, ... With one split the result is written directly; otherwise the
 // split's maximum, sum and unnormalised output go to the partials for attention_combine.
 struct Params {
     q: u32,
@@ -28,9 +28,9 @@ struct Params {
 
 const MAX_HEAD_DIM: u32 = 512u;
 const CHUNK: u32 = 64u;
-var<workgroup> qs: array<f32, 512>;
 var<workgroup> probs: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
+var<workgroup> sc: array<f32, 4160>; // [CHUNK][64 + 1]: partial scores
 
 fn k_at(i: u32) -> f32 {
     if (p.f16 != 0u) {
@@ -44,6 +44,17 @@ fn v_at(i: u32) -> f32 {
         return unpack2x16float(vc[i >> 1u])[i & 1u];
     }
     return bitcast<f32>(vc[i]);
+}
+
+// Values d .. d + 3 of a cached K row (0 past the head).
+fn k4(at: u32, d: u32, hd: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        if (d + i < hd) {
+            v[i] = k_at(at + d + i);
+        }
+    }
+    return v;
 }
 
 // Values d, d + 64, d + 128, d + 192 of a cached V row (0 past the head).
@@ -105,10 +116,17 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let first = min(split * per, total);
     let n = min(first + per, total) - first;
     let qrow = p.q + (r * p.heads + h) * hd;
-    for (var d = tid; d < hd; d += 64u) {
-        qs[d] = act[qrow + d];
+    // This invocation's query dimensions 4 tid .. and 256 + 4 tid .. (0 past the head).
+    var q_lo = vec4<f32>(0.0);
+    var q_hi = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        if (4u * tid + i < hd) {
+            q_lo[i] = act[qrow + 4u * tid + i];
+        }
+        if (256u + 4u * tid + i < hd) {
+            q_hi[i] = act[qrow + 256u + 4u * tid + i];
+        }
     }
-    workgroupBarrier();
     // Output dimensions tid + 64 i: i < 4 in o_lo, the rest in o_hi.
     var o_lo = vec4<f32>(0.0);
     var o_hi = vec4<f32>(0.0);
@@ -116,20 +134,25 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var l = 0.0;
     for (var base = 0u; base < n; base += CHUNK) {
         let count = min(CHUNK, n - base);
+        // Scores: all 64 invocations take part in every position's dot product (4 dimensions
+        // each, neighbouring invocations reading neighbouring values), writing their partial
+        // sums to sc[j][tid]; invocation j then adds up the 64 partials of position j. Each
+        // invocation's loads are independent of one another.
+        for (var j = 0u; j < count; j++) {
+            let row = slot * p.capacity + (lo + first + base + j) % p.capacity;
+            let at = row * kv_cols + g * hd;
+            var part = dot(q_lo, k4(at, 4u * tid, hd));
+            if (hd > 256u) {
+                part += dot(q_hi, k4(at, 4u * tid + 256u, hd));
+            }
+            sc[j * 65u + tid] = part;
+        }
+        workgroupBarrier();
         var s = NEG_INF;
         if (tid < count) {
-            let row = slot * p.capacity + (lo + first + base + tid) % p.capacity;
-            let at = row * kv_cols + g * hd;
-            // Four independent sums, so that four loads are in flight at a time.
-            var d4 = vec4<f32>(0.0);
-            var d = 0u;
-            for (; d + 4u <= hd; d += 4u) {
-                d4 += vec4<f32>(qs[d], qs[d + 1u], qs[d + 2u], qs[d + 3u])
-                    * vec4<f32>(k_at(at + d), k_at(at + d + 1u), k_at(at + d + 2u), k_at(at + d + 3u));
-            }
-            var dot = d4.x + d4.y + d4.z + d4.w;
-            for (; d < hd; d++) {
-                dot += qs[d] * k_at(at + d);
+            var dot = 0.0;
+            for (var t = 0u; t < 64u; t++) {
+                dot += sc[tid * 65u + t];
             }
             s = dot * p.scale;
             if (p.softcap != 0.0) {
