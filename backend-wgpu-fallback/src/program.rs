@@ -497,6 +497,9 @@ impl WgpuBackend {
                             softcap.unwrap_or(0.0).to_bits(),
                             f16,
                             splits as u32,
+                            // Cooperative scoring for single-row steps only: on the H100 it
+                            // raised batch-1 decode and lowered batch-8 decode and prefill.
+                            u32::from(graph.rows == 1),
                         ],
                         weight: None,
                         caches: Some((cache.k, cache.v)),

@@ -19,6 +19,7 @@ struct Params {
     softcap: f32,  // 0: none
     f16: u32,
     splits: u32,
+    coop: u32,     // 1: all invocations score each position together (decode); 0: one each
 }
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> act: array<f32>;
@@ -31,6 +32,7 @@ const CHUNK: u32 = 64u;
 var<workgroup> probs: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
 var<workgroup> sc: array<f32, 4160>; // [CHUNK][64 + 1]: partial scores
+var<workgroup> qs: array<f32, 512>;
 
 fn k_at(i: u32) -> f32 {
     if (p.f16 != 0u) {
@@ -46,26 +48,38 @@ fn v_at(i: u32) -> f32 {
     return bitcast<f32>(vc[i]);
 }
 
-// Values d .. d + 3 of a cached K row (0 past the head).
-fn k4(at: u32, d: u32, hd: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i++) {
-        if (d + i < hd) {
-            v[i] = k_at(at + d + i);
-        }
+// A query value, or 0 past the head.
+fn q_or0(qrow: u32, d: u32, hd: u32) -> f32 {
+    var v = 0.0;
+    if (d < hd) {
+        v = act[qrow + d];
     }
     return v;
 }
 
+// A cached value, or 0 past the head.
+fn k_or0(at: u32, d: u32, hd: u32) -> f32 {
+    return select(0.0, k_at(at + d), d < hd);
+}
+fn v_or0(at: u32, d: u32, hd: u32) -> f32 {
+    return select(0.0, v_at(at + d), d < hd);
+}
+
+// Values d .. d + 3 of a cached K row (0 past the head). Built whole, not by component in a
+// loop (a dynamically indexed vector can end up in memory).
+fn k4(at: u32, d: u32, hd: u32) -> vec4<f32> {
+    if (d + 4u <= hd) {
+        return vec4<f32>(k_at(at + d), k_at(at + d + 1u), k_at(at + d + 2u), k_at(at + d + 3u));
+    }
+    return vec4<f32>(k_or0(at, d, hd), k_or0(at, d + 1u, hd), k_or0(at, d + 2u, hd), k_or0(at, d + 3u, hd));
+}
+
 // Values d, d + 64, d + 128, d + 192 of a cached V row (0 past the head).
 fn v4(at: u32, d: u32, hd: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i++) {
-        if (d + 64u * i < hd) {
-            v[i] = v_at(at + d + 64u * i);
-        }
+    if (d + 192u < hd) {
+        return vec4<f32>(v_at(at + d), v_at(at + d + 64u), v_at(at + d + 128u), v_at(at + d + 192u));
     }
-    return v;
+    return vec4<f32>(v_or0(at, d, hd), v_or0(at, d + 64u, hd), v_or0(at, d + 128u, hd), v_or0(at, d + 192u, hd));
 }
 
 fn wg_max(tid: u32, v: f32) -> f32 {
@@ -117,16 +131,14 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let n = min(first + per, total) - first;
     let qrow = p.q + (r * p.heads + h) * hd;
     // This invocation's query dimensions 4 tid .. and 256 + 4 tid .. (0 past the head).
-    var q_lo = vec4<f32>(0.0);
-    var q_hi = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i++) {
-        if (4u * tid + i < hd) {
-            q_lo[i] = act[qrow + 4u * tid + i];
-        }
-        if (256u + 4u * tid + i < hd) {
-            q_hi[i] = act[qrow + 256u + 4u * tid + i];
-        }
+    let q_lo = vec4<f32>(q_or0(qrow, 4u * tid, hd), q_or0(qrow, 4u * tid + 1u, hd),
+                         q_or0(qrow, 4u * tid + 2u, hd), q_or0(qrow, 4u * tid + 3u, hd));
+    let q_hi = vec4<f32>(q_or0(qrow, 256u + 4u * tid, hd), q_or0(qrow, 257u + 4u * tid, hd),
+                         q_or0(qrow, 258u + 4u * tid, hd), q_or0(qrow, 259u + 4u * tid, hd));
+    for (var d = tid; d < hd; d += 64u) {
+        qs[d] = act[qrow + d];
     }
+    workgroupBarrier();
     // Output dimensions tid + 64 i: i < 4 in o_lo, the rest in o_hi.
     var o_lo = vec4<f32>(0.0);
     var o_hi = vec4<f32>(0.0);
@@ -134,27 +146,48 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var l = 0.0;
     for (var base = 0u; base < n; base += CHUNK) {
         let count = min(CHUNK, n - base);
-        // Scores: all 64 invocations take part in every position's dot product (4 dimensions
-        // each, neighbouring invocations reading neighbouring values), writing their partial
-        // sums to sc[j][tid]; invocation j then adds up the 64 partials of position j. Each
-        // invocation's loads are independent of one another.
-        for (var j = 0u; j < count; j++) {
-            let row = slot * p.capacity + (lo + first + base + j) % p.capacity;
-            let at = row * kv_cols + g * hd;
-            var part = dot(q_lo, k4(at, 4u * tid, hd));
-            if (hd > 256u) {
-                part += dot(q_hi, k4(at, 4u * tid + 256u, hd));
-            }
-            sc[j * 65u + tid] = part;
-        }
-        workgroupBarrier();
+        // Scores. With coop, all 64 invocations take part in every position's dot product (4
+        // dimensions each, neighbouring invocations reading neighbouring values), writing
+        // their partial sums to sc[j][tid]; invocation j then adds up the 64 partials of
+        // position j, and each invocation's loads are independent of one another.
         var s = NEG_INF;
-        if (tid < count) {
-            var dot = 0.0;
-            for (var t = 0u; t < 64u; t++) {
-                dot += sc[tid * 65u + t];
+        if (p.coop != 0u) {
+            for (var j = 0u; j < count; j++) {
+                let row = slot * p.capacity + (lo + first + base + j) % p.capacity;
+                let at = row * kv_cols + g * hd;
+                var part = dot(q_lo, k4(at, 4u * tid, hd));
+                if (hd > 256u) {
+                    part += dot(q_hi, k4(at, 4u * tid + 256u, hd));
+                }
+                sc[j * 65u + tid] = part;
             }
-            s = dot * p.scale;
+            workgroupBarrier();
+            if (tid < count) {
+                var dot = 0.0;
+                for (var t = 0u; t < 64u; t++) {
+                    dot += sc[tid * 65u + t];
+                }
+                s = dot;
+            }
+        } else if (tid < count) {
+            // One invocation per position, four sums in flight (many rows: every workgroup
+            // has its own row, and the device is full without sharing a position).
+            let row = slot * p.capacity + (lo + first + base + tid) % p.capacity;
+            let at = row * kv_cols + g * hd;
+            var d4 = vec4<f32>(0.0);
+            var d = 0u;
+            for (; d + 4u <= hd; d += 4u) {
+                d4 += vec4<f32>(qs[d], qs[d + 1u], qs[d + 2u], qs[d + 3u])
+                    * vec4<f32>(k_at(at + d), k_at(at + d + 1u), k_at(at + d + 2u), k_at(at + d + 3u));
+            }
+            var dot = d4.x + d4.y + d4.z + d4.w;
+            for (; d < hd; d++) {
+                dot += qs[d] * k_at(at + d);
+            }
+            s = dot;
+        }
+        if (tid < count) {
+            s = s * p.scale;
             if (p.softcap != 0.0) {
                 s = p.softcap * tanh_safe(s / p.softcap);
             }
