@@ -5,7 +5,67 @@
 use crate::error::BackendError;
 use crate::graph::{Graph, Op, RowCount, ValueShape};
 use crate::tensor::{BufferId, TensorDesc};
-use crate::DType;
+use crate::{DType, NodeTime};
+
+/// `a / b` rounded up, as a workgroup count (saturating at `u32::MAX`).
+pub fn div_up(a: usize, b: usize) -> u32 {
+    a.div_ceil(b).min(u32::MAX as usize) as u32
+}
+
+/// `groups` workgroups laid out along x, spilling into y past 32768 per dimension (kernels
+/// number them `x + y * num_x`).
+pub fn spread(groups: u32) -> [u32; 2] {
+    let gx = groups.clamp(1, 32768);
+    [gx, groups.div_ceil(gx).max(1)]
+}
+
+/// How many workgroups share one (row, head) of a split attention: enough for the device to have
+/// some 1024 workgroups in flight, each taking at least 16 positions of the visible range.
+pub fn attention_splits(rows: usize, heads: usize, window: Option<usize>, capacity: usize) -> usize {
+    let want = 1024usize.div_ceil((rows * heads).max(1));
+    let visible = window.unwrap_or(capacity).min(capacity);
+    want.min(visible.div_ceil(16)).clamp(1, 64)
+}
+
+/// Bytes of f32 scratch the split attentions of `graph` need for their partial results
+/// (`[rows][heads][splits][2 + head_dim]`: maximum, sum, unnormalised output), the largest of
+/// its attention nodes; 0 when none is split.
+pub fn attention_scratch_bytes(graph: &Graph) -> u64 {
+    graph
+        .nodes
+        .iter()
+        .filter_map(|node| match &node.op {
+            Op::Attention {
+                heads,
+                head_dim,
+                window,
+                cache,
+                ..
+            } => {
+                let splits = attention_splits(graph.rows, *heads, *window, cache.capacity);
+                (splits > 1).then(|| (graph.rows * heads * splits * (head_dim + 2) * 4) as u64)
+            }
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Per-node device times from `ticks`, a timestamp before the first node and one after each
+/// node, `ns_per_tick` nanoseconds apart (nodes past the ticks given are left out).
+pub fn node_times(graph: &Graph, ticks: &[u64], ns_per_tick: f64) -> Vec<NodeTime> {
+    graph
+        .nodes
+        .iter()
+        .zip(ticks.windows(2))
+        .enumerate()
+        .map(|(i, (node, t))| NodeTime {
+            node: i,
+            op: node.op.name(),
+            seconds: t[1].saturating_sub(t[0]) as f64 * ns_per_tick * 1e-9,
+        })
+        .collect()
+}
 
 /// What a compiled program uses, from [`check_buffers`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,7 +164,7 @@ pub fn value_rows(graph: &Graph, shape: &ValueShape) -> usize {
 
 /// Bytes a value of `shape` takes in the arena: its f32 elements, at least 4 bytes, rounded up
 /// to `align`.
-fn value_bytes(graph: &Graph, shape: &ValueShape, align: u64) -> u64 {
+pub fn value_bytes(graph: &Graph, shape: &ValueShape, align: u64) -> u64 {
     ((value_rows(graph, shape) * shape.cols * 4) as u64)
         .max(4)
         .div_ceil(align)
@@ -214,5 +274,21 @@ mod tests {
         assert_ne!(ob, oc);
         assert!(oa % 256 == 0 && ob % 256 == 0 && oc % 256 == 0);
         assert!((2 * 256..=3 * 256).contains(&size), "{size}");
+        // The timestamps after each node, as durations.
+        let times = node_times(&graph, &[10, 12, 15, 15, 20], 2.0);
+        assert_eq!(times.len(), 4);
+        assert_eq!(times[1].op, "rms_norm(f32)");
+        assert!((times[1].seconds - 6e-9).abs() < 1e-15 && times[2].seconds == 0.0);
+    }
+
+    #[test]
+    fn attention_splits_stay_in_range_and_size_their_scratch() {
+        assert_eq!(attention_splits(1, 4, None, 16), 1);
+        assert!(attention_splits(1, 4, None, 4096) > 1);
+        assert_eq!(attention_splits(512, 8, None, 4096), 1);
+        assert!(attention_splits(1, 1, Some(512), 32768) <= 32);
+        assert_eq!(spread(70_000), [32768, 3]);
+        assert_eq!(spread(0), [1, 1]);
+        assert_eq!(div_up(65, 64), 2);
     }
 }

@@ -602,17 +602,7 @@ impl ComputeBackend for VulkanBackend {
                 .get_query_pool_results(pool, 0, &mut ts, vk::QueryResultFlags::TYPE_64)
         };
         device::check("vkGetQueryPoolResults", &self.gpu.name, got)?;
-        Ok(prog
-            .graph
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| NodeTime {
-                node: i,
-                op: node.op.name(),
-                seconds: ts[i + 1].saturating_sub(ts[i]) as f64 * period * 1e-9,
-            })
-            .collect())
+        Ok(tandem_backend_api::plan::node_times(&prog.graph, &ts, period))
     }
 
     fn memory(&mut self) -> Result<Option<MemoryUse>, BackendError> {

@@ -123,23 +123,7 @@ pub struct Program {
     pub last_submit: u64,
 }
 
-fn div_up(a: usize, b: usize) -> u32 {
-    a.div_ceil(b).min(u32::MAX as usize) as u32
-}
-
-/// Workgroups for `groups` along x, spilling into y past the 65535 limit.
-fn spread(groups: u32) -> [u32; 2] {
-    let gx = groups.clamp(1, 32768);
-    [gx, groups.div_ceil(gx).max(1)]
-}
-
-/// How many workgroups share one (row, head) of an attention: enough for the device to have
-/// some 1024 workgroups in flight, each taking at least 16 positions of the visible range.
-pub fn attention_splits(rows: usize, heads: usize, window: Option<usize>, capacity: usize) -> usize {
-    let want = 1024usize.div_ceil((rows * heads).max(1));
-    let visible = window.unwrap_or(capacity).min(capacity);
-    want.min(visible.div_ceil(16)).clamp(1, 64)
-}
+use tandem_backend_api::plan::{attention_splits, div_up, spread};
 
 /// The weight-format name of kernel variants (`matmul_q4_k`).
 pub fn format_name(d: DType) -> &'static str {
@@ -230,23 +214,7 @@ impl VulkanBackend {
         } else {
             None
         };
-        let mut scratch_size = 0u64;
-        for node in &graph.nodes {
-            if let Op::Attention {
-                heads,
-                head_dim,
-                window,
-                cache,
-                ..
-            } = &node.op
-            {
-                let splits = attention_splits(graph.rows, *heads, *window, cache.capacity);
-                if splits > 1 {
-                    let size = (graph.rows * heads * splits * (head_dim + 2) * 4) as u64;
-                    scratch_size = scratch_size.max(size);
-                }
-            }
-        }
+        let scratch_size = tandem_backend_api::plan::attention_scratch_bytes(graph);
         let scratch = if scratch_size > 0 {
             match self
                 .memory

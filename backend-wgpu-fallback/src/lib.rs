@@ -459,17 +459,7 @@ impl ComputeBackend for WgpuBackend {
             .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
             .collect();
         let period = f64::from(self.gpu.queue.get_timestamp_period());
-        Ok(prog
-            .graph
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| NodeTime {
-                node: i,
-                op: node.op.name(),
-                seconds: ts[i + 1].saturating_sub(ts[i]) as f64 * period * 1e-9,
-            })
-            .collect())
+        Ok(tandem_backend_api::plan::node_times(&prog.graph, &ts, period))
     }
 
     /// A device-to-device `copy_buffer_to_buffer` of up to 256 MiB, timed on the host clock

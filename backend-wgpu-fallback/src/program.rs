@@ -2,7 +2,10 @@
 //! dispatch list with its parameters and bind groups made at compile) and encoded every step as
 //! one command encoder: the input copies, one compute pass, the output copies, one submit.
 
-use tandem_backend_api::plan::{check_buffers, plan_arena, value_rows};
+use tandem_backend_api::plan::{
+    attention_scratch_bytes, attention_splits, check_buffers, div_up, plan_arena, spread, value_bytes,
+    value_rows,
+};
 use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueId};
 
 use crate::kernels::{Format, Kernel, PipelineKey};
@@ -76,24 +79,6 @@ pub struct Program {
     pub bytes: u64,
     /// The last submission, and whether its timestamps were resolved.
     pub last: Option<wgpu::SubmissionIndex>,
-}
-
-fn div_up(a: usize, b: usize) -> u32 {
-    a.div_ceil(b).min(u32::MAX as usize) as u32
-}
-
-/// Workgroups for `groups` along x, spilling into y past the per-dimension limit.
-fn spread(groups: u32) -> [u32; 2] {
-    let gx = groups.clamp(1, 32768);
-    [gx, groups.div_ceil(gx).max(1)]
-}
-
-/// How many workgroups share one (row, head) of an attention: enough for some 1024 workgroups
-/// in flight, each taking at least 16 positions of the visible range (as the Vulkan backend).
-fn attention_splits(rows: usize, heads: usize, window: Option<usize>, capacity: usize) -> usize {
-    let want = 1024usize.div_ceil((rows * heads).max(1));
-    let visible = window.unwrap_or(capacity).min(capacity);
-    want.min(visible.div_ceil(16)).clamp(1, 64)
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -206,28 +191,11 @@ impl WgpuBackend {
             if let Op::Input { .. } = node.op {
                 let v = node.outputs[0].0 as usize;
                 offsets[v] = Some(arena_bytes);
-                let bytes = (value_rows(graph, &shapes[v]) * shapes[v].cols * 4) as u64;
-                arena_bytes += bytes.max(4).div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
+                arena_bytes += value_bytes(graph, &shapes[v], ARENA_ALIGN);
             }
         }
         // Attention's per-split partials after the values.
-        let mut scratch_bytes = 0u64;
-        for node in &graph.nodes {
-            if let Op::Attention {
-                heads,
-                head_dim,
-                window,
-                cache,
-                ..
-            } = &node.op
-            {
-                let splits = attention_splits(graph.rows, *heads, *window, cache.capacity);
-                if splits > 1 {
-                    scratch_bytes =
-                        scratch_bytes.max((graph.rows * heads * splits * (head_dim + 2) * 4) as u64);
-                }
-            }
-        }
+        let scratch_bytes = attention_scratch_bytes(graph);
         let scratch_at = arena_bytes;
         arena_bytes += scratch_bytes;
         let arena_bytes = arena_bytes.max(16);
@@ -781,13 +749,5 @@ mod tests {
             e.contains("max_storage_buffer_binding_size") && e.contains("q8_0[1, 340000]"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn attention_splits_stay_in_range() {
-        assert_eq!(attention_splits(1, 4, None, 16), 1);
-        assert!(attention_splits(1, 4, None, 4096) > 1);
-        assert!(attention_splits(512, 8, None, 4096) == 1);
-        assert!(attention_splits(1, 1, Some(512), 32768) <= 32);
     }
 }
