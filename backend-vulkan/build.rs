@@ -17,7 +17,7 @@ const FORMATS: [&str; 10] = [
 const PER_FORMAT: [&str; 5] = ["embed", "matmul", "matmul_tiled", "matvec", "matmul_coopmat"];
 
 /// Kernels built once.
-const PLAIN: [&str; 8] = [
+const PLAIN: [&str; 10] = [
     "rms_norm",
     "rope",
     "kv_store",
@@ -26,6 +26,8 @@ const PLAIN: [&str; 8] = [
     "eltwise",
     "select_rows",
     "copy",
+    "norm_add",
+    "norm_rope",
 ];
 
 fn main() {

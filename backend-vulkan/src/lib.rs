@@ -14,7 +14,10 @@
 //! Options (`[backend.vulkan]` in the config, or the environment): `device` /
 //! `TANDEM_VULKAN_DEVICE` (an index or a name substring), `validation` /
 //! `TANDEM_VULKAN_VALIDATION=1` (the Khronos validation layer; any warning or error it reports
-//! fails every later call).
+//! fails every later call), `profile` / `TANDEM_VULKAN_PROFILE=1` (timestamps after every node
+//! for `profile`, which serialise the program: off by default), `fuse` / `TANDEM_VULKAN_FUSE`
+//! (on by default: nodes fused into one kernel where `program::fuse` finds a pattern),
+//! `coopmat` / `TANDEM_VULKAN_COOPMAT` (the cooperative-matrix prefill kernels, on by default).
 
 mod device;
 mod memory;
@@ -61,6 +64,10 @@ pub struct VulkanBackend {
     buffers: HashMap<u64, Buffer>,
     programs: HashMap<u64, Program>,
     next_id: u64,
+    /// Timestamps after every node, for `profile` (option `profile`).
+    profile: bool,
+    /// Fuse nodes into one kernel where `program::fuse` finds a pattern (option `fuse`).
+    fuse: bool,
 }
 
 /// Whether an op is supported, and why not.
@@ -125,6 +132,18 @@ impl BackendPlugin for VulkanBackend {
             Some(v) => truthy(v),
             None => std::env::var("TANDEM_VULKAN_COOPMAT").map_or(true, |v| truthy(&v)),
         };
+        // `profile` / TANDEM_VULKAN_PROFILE=1: per-node timestamps (and a barrier after every
+        // node) for `profile`; off by default, as they cost speed.
+        let profile = match options.get("profile") {
+            Some(v) => truthy(v),
+            None => std::env::var("TANDEM_VULKAN_PROFILE").is_ok_and(|v| truthy(&v)),
+        };
+        // `fuse = false` / TANDEM_VULKAN_FUSE=0: every node its own kernel (side-by-side
+        // measurement and tests of the fused kernels).
+        let fuse = match options.get("fuse") {
+            Some(v) => truthy(v),
+            None => std::env::var("TANDEM_VULKAN_FUSE").map_or(true, |v| truthy(&v)),
+        };
         let gpu = Gpu::open(&DeviceRequest {
             device,
             validation,
@@ -149,6 +168,8 @@ impl BackendPlugin for VulkanBackend {
             buffers: HashMap::new(),
             programs: HashMap::new(),
             next_id: 1,
+            profile,
+            fuse,
         };
         let staging = b.memory.create(&b.gpu, STAGING_BYTES, Place::Host, "staging")?;
         b.staging = Some(staging);
@@ -593,7 +614,7 @@ impl ComputeBackend for VulkanBackend {
         if prog.last_submit == 0 || self.gpu.completed()? < prog.last_submit {
             return Ok(Vec::new());
         }
-        let n = prog.graph.nodes.len();
+        let n = prog.order.len();
         let mut ts = vec![0u64; n + 1];
         // SAFETY: the program's last submission, which wrote every query, has finished.
         let got = unsafe {
@@ -602,7 +623,19 @@ impl ComputeBackend for VulkanBackend {
                 .get_query_pool_results(pool, 0, &mut ts, vk::QueryResultFlags::TYPE_64)
         };
         device::check("vkGetQueryPoolResults", &self.gpu.name, got)?;
-        Ok(tandem_backend_api::plan::node_times(&prog.graph, &ts, period))
+        // Query k + 1 follows node order[k] (fused groups run out of graph order).
+        let mut times: Vec<NodeTime> = prog
+            .order
+            .iter()
+            .zip(ts.windows(2))
+            .map(|((node, op), t)| NodeTime {
+                node: *node,
+                op: op.clone(),
+                seconds: t[1].saturating_sub(t[0]) as f64 * period * 1e-9,
+            })
+            .collect();
+        times.sort_by_key(|t| t.node);
+        Ok(times)
     }
 
     fn memory(&mut self) -> Result<Option<MemoryUse>, BackendError> {

@@ -3,7 +3,7 @@
 //! one command encoder: the input copies, one compute pass, the output copies, one submit.
 
 use tandem_backend_api::plan::{
-    attention_scratch_bytes, attention_splits, check_buffers, div_up, plan_arena, spread, value_bytes,
+    attention_scratch_bytes, attention_splits, check_buffers, div_up, plan_arena_at, spread, value_bytes,
     value_rows,
 };
 use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueId};
@@ -185,7 +185,21 @@ impl WgpuBackend {
             }
         }
         let used = check_buffers(graph, &shapes, |id| self.buffer(id).map(|b| b.desc.clone()))?;
-        let (mut offsets, mut arena_bytes) = plan_arena(graph, &shapes, ARENA_ALIGN);
+        // Outputs are copied out after the pass: what they read stays live to the end.
+        let last = graph.nodes.len().saturating_sub(1);
+        let time: Vec<usize> = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                if matches!(n.op, Op::Output { .. }) {
+                    last
+                } else {
+                    i
+                }
+            })
+            .collect();
+        let (mut offsets, mut arena_bytes) = plan_arena_at(graph, &shapes, ARENA_ALIGN, &time);
         // The values of Input nodes are copied into the arena before the pass.
         for node in &graph.nodes {
             if let Op::Input { .. } = node.op {

@@ -19,6 +19,7 @@ fn schema() -> Value {
 fn bench(install: &Install, backend: &str) -> Value {
     let out = install.run(&[
         "bench",
+        "--profile",
         "--synthetic",
         "tiny",
         "--dtype",

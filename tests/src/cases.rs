@@ -515,6 +515,175 @@ fn attention(
     }
 }
 
+/// RmsNorm -> Add [-> RmsNorm] over whole rows (Gemma's post-norm, residual add and next
+/// pre-norm: a backend may run them as one kernel); every value is an output.
+fn norm_add_norm(dtype: DType, rows: usize, cols: usize, next: bool) -> Case {
+    let mut rng = Rng::new(11);
+    let a = rng.vec(rows * cols, 3.0);
+    let h = rng.vec(rows * cols, 2.0);
+    let w1 = rounded(dtype, &rng.vec(cols, 0.5));
+    let w2 = rounded(dtype, &rng.vec(cols, 0.5));
+    let eps = 1e-6f32;
+    let y1 = oracle::rms_norm(&f64s(&a), &f64s(&w1), eps as f64, 1.0);
+    let sum = oracle::add(&f64s(&h), &y1);
+    let mut expected = [y1, sum.clone()].concat();
+    if next {
+        expected.extend(oracle::rms_norm(&sum, &f64s(&w2), eps as f64, 0.0));
+    }
+    let mut step = StepData::rows(rows);
+    step.inputs = vec![a, h];
+    Case {
+        name: format!(
+            "rms_norm+add{} {dtype} rows={rows} cols={cols}",
+            if next { "+rms_norm" } else { "" }
+        ),
+        tol: 1e-5,
+        rows,
+        selected_rows: 0,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let a = c.input(cols, false)?;
+            let h = c.input(cols, false)?;
+            let weight = c.weight(dtype, &[cols], &w1)?;
+            let y1 = c.push1(Op::RmsNorm {
+                x: a,
+                weight,
+                eps,
+                weight_offset: 1.0,
+            });
+            let s = c.push1(Op::Add { a: h, b: y1 });
+            c.output(y1, rows * cols)?;
+            if next {
+                let weight = c.weight(dtype, &[cols], &w2)?;
+                let y2 = c.push1(Op::RmsNorm {
+                    x: s,
+                    weight,
+                    eps,
+                    weight_offset: 0.0,
+                });
+                c.output(s, rows * cols)?;
+                c.output(y2, rows * cols)
+            } else {
+                c.output(s, rows * cols)
+            }
+        }),
+        expected,
+    }
+}
+
+/// Per-head q and k norms, rope, then attention (Gemma's attention block: a backend may run each
+/// norm and rope as one kernel, and store K and V from it); outputs the attention and the roped K.
+fn qk_norm_rope_attention(
+    spec: AttentionSpec,
+    cache_dtype: DType,
+    capacity: usize,
+    steps: Vec<AttnStep>,
+) -> Case {
+    let rows = steps[0].0.len();
+    let hd = spec.head_dim;
+    let (qc, kvc) = (spec.heads * hd, spec.kv_heads * hd);
+    let (theta, factor, eps) = (10_000.0f32, 1.0f32, 1e-6f32);
+    let mut rng = Rng::new(12);
+    let wq = rounded(DType::Bf16, &rng.vec(hd, 0.5));
+    let wk = rounded(DType::Bf16, &rng.vec(hd, 0.5));
+    let mut hist = KvHistory::default();
+    let mut expected = Vec::new();
+    let mut data = Vec::new();
+    for (positions, slot_ids) in &steps {
+        let q = rng.vec(rows * qc, 2.0);
+        let k = rng.vec(rows * kvc, 2.0);
+        let v = rng.vec(rows * kvc, 1.0);
+        let qr = oracle::rope(
+            &oracle::rms_norm(&f64s(&q), &f64s(&wq), eps as f64, 1.0),
+            qc,
+            positions,
+            hd,
+            theta as f64,
+            factor as f64,
+        );
+        let kr = oracle::rope(
+            &oracle::rms_norm(&f64s(&k), &f64s(&wk), eps as f64, 1.0),
+            kvc,
+            positions,
+            hd,
+            theta as f64,
+            factor as f64,
+        );
+        let kr_cached: Vec<f64> = kr
+            .iter()
+            .map(|x| round_to(cache_dtype, *x as f32) as f64)
+            .collect();
+        let vr = f64s(&rounded(cache_dtype, &v));
+        expected.extend(oracle::attention(
+            &spec, &mut hist, &qr, &kr_cached, &vr, positions, slot_ids,
+        ));
+        expected.extend(kr);
+        data.push(StepData {
+            tokens: vec![0; rows],
+            positions: positions.clone(),
+            slots: slot_ids.clone(),
+            select: vec![],
+            inputs: vec![q, k, v],
+        });
+    }
+    let AttentionSpec {
+        heads,
+        kv_heads,
+        head_dim,
+        scale,
+        window,
+        softcap,
+    } = spec;
+    Case {
+        name: format!(
+            "qk_norm+rope+attention heads={heads}/{kv_heads} head_dim={head_dim} window={window:?} kv={cache_dtype} capacity={capacity} rows={rows}"
+        ),
+        // f16 keys: the oracle rounds its f64 roped keys, a backend its f32 ones.
+        tol: if cache_dtype == DType::F16 { 2e-3 } else { 1e-4 },
+        rows,
+        selected_rows: 0,
+        steps: data,
+        build: Box::new(move |c| {
+            let q = c.input(qc, false)?;
+            let k = c.input(kvc, false)?;
+            let v = c.input(kvc, false)?;
+            let cache = c.cache(cache_dtype, 2, capacity, kvc)?;
+            let normed_roped = |c: &mut Ctx<'_>, x: ValueId, w: &[f32]| -> Result<ValueId, BackendError> {
+                let weight = c.weight(DType::Bf16, &[head_dim], w)?;
+                let n = c.push1(Op::RmsNorm {
+                    x,
+                    weight,
+                    eps,
+                    weight_offset: 1.0,
+                });
+                Ok(c.push1(Op::Rope {
+                    x: n,
+                    head_dim,
+                    theta,
+                    factor,
+                }))
+            };
+            let qr = normed_roped(c, q, &wq)?;
+            let kr = normed_roped(c, k, &wk)?;
+            let o = c.push1(Op::Attention {
+                q: qr,
+                k: kr,
+                v,
+                cache,
+                heads,
+                kv_heads,
+                head_dim,
+                scale: scale as f32,
+                window,
+                softcap: softcap.map(|s| s as f32),
+            });
+            c.output(o, rows * qc)?;
+            c.output(kr, rows * kvc)
+        }),
+        expected,
+    }
+}
+
 fn elementwise(rows: usize, cols: usize) -> Vec<Case> {
     let mut rng = Rng::new(7);
     let a = rng.vec(rows * cols, 4.0);
@@ -693,6 +862,26 @@ pub fn all() -> Vec<Case> {
             (vec![2, 3, 1], vec![0, 0, 2]),
             (vec![2, 4, 2], vec![1, 0, 2]),
         ],
+    ));
+    // Chains a backend may fuse: whole-row norm, add, norm; per-head norms, rope and attention,
+    // prefill then decode, in two slots.
+    v.push(norm_add_norm(DType::F16, 3, 300, true));
+    v.push(norm_add_norm(DType::F32, 2, 45, false));
+    v.push(qk_norm_rope_attention(
+        spec(4, 2, 8, None, None),
+        DType::F32,
+        16,
+        vec![
+            ((0..2).collect(), vec![0, 0]),
+            (vec![2, 0], vec![0, 1]),
+            (vec![3, 1], vec![0, 1]),
+        ],
+    ));
+    v.push(qk_norm_rope_attention(
+        spec(2, 1, 64, Some(4), None),
+        DType::F16,
+        8,
+        (0..7).map(|p| (vec![p], vec![1])).collect(),
     ));
     v.extend(elementwise(3, 29));
     v.extend(elementwise(1, 1));

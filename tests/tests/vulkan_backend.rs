@@ -14,7 +14,11 @@ use tandem_backend_api::{
 use tandem_conformance::{assert_close, discover, options_for, Rng};
 
 fn vulkan() -> Option<Box<dyn ComputeBackend>> {
-    match discover().create("vulkan", &options_for("vulkan")) {
+    vulkan_with(options_for("vulkan"))
+}
+
+fn vulkan_with(options: tandem_backend_api::BackendOptions) -> Option<Box<dyn ComputeBackend>> {
+    match discover().create("vulkan", &options) {
         Ok(b) => Some(b),
         Err(e) if std::env::var_os("CI").is_none() => {
             eprintln!("skipping: the Vulkan backend is unavailable here: {e}");
@@ -292,7 +296,11 @@ fn more_than_the_device_holds_is_out_of_memory() {
 
 #[test]
 fn info_memory_profile_and_bandwidth() {
-    let Some(mut vk) = vulkan() else { return };
+    let mut options = options_for("vulkan");
+    options.set("profile", "true");
+    let Some(mut vk) = vulkan_with(options) else {
+        return;
+    };
     let info = vk.info();
     assert_eq!(info.name, "vulkan");
     assert!(

@@ -36,6 +36,10 @@ pub struct Args {
     /// Timed repetitions per batch size (after one warm-up).
     #[arg(long, default_value_t = 5)]
     repeat: usize,
+    /// Per-op device times on the GPU backends (timestamps after every node, which serialise the
+    /// GPU's work: a profiled run measures where time goes, not the speed).
+    #[arg(long)]
+    profile: bool,
     /// Print the JSON result (otherwise a table).
     #[arg(long)]
     json: bool,
@@ -93,18 +97,23 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         bar
     });
     let mut load_bar = LoadBar::default();
-    let result =
-        tandem_engine::bench::run::run(&ctx.search, &ctx.settings, &options, &mut |event| match event {
-            BenchEvent::Notice(n) => print_notice(n),
-            BenchEvent::WritingSynthetic(path) => eprintln!("writing {}", path.display()),
-            BenchEvent::Loading { done, total } => load_bar.update(done, total),
-            BenchEvent::Loaded => load_bar.finish(),
-            BenchEvent::Tokens(n) => {
-                if let Some(b) = &bar {
-                    b.inc(n);
-                }
+    let mut settings = ctx.settings.clone();
+    if args.profile {
+        for name in ["vulkan", "wgpu"] {
+            settings.set_backend_option(name, "profile", "true");
+        }
+    }
+    let result = tandem_engine::bench::run::run(&ctx.search, &settings, &options, &mut |event| match event {
+        BenchEvent::Notice(n) => print_notice(n),
+        BenchEvent::WritingSynthetic(path) => eprintln!("writing {}", path.display()),
+        BenchEvent::Loading { done, total } => load_bar.update(done, total),
+        BenchEvent::Loaded => load_bar.finish(),
+        BenchEvent::Tokens(n) => {
+            if let Some(b) = &bar {
+                b.inc(n);
             }
-        });
+        }
+    });
     load_bar.finish();
     if let Some(b) = bar {
         b.finish_and_clear();

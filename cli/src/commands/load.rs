@@ -24,8 +24,10 @@ pub struct ModelArgs {
     /// Longest sequence (prompt + generated) in tokens; default: the model's, at most 4096.
     #[arg(long)]
     pub context: Option<usize>,
-    /// Most prompt tokens processed in one step.
-    #[arg(long, default_value_t = 128)]
+    /// Most prompt tokens processed in one step (512: on the H100 a 512-token prompt prefilled
+    /// 2.4x faster on Vulkan in one step than in four of 128; `engine serve` interleaves other
+    /// streams' decode steps between chunks, so a smaller chunk lowers their latency).
+    #[arg(long, default_value_t = 512)]
     pub chunk: usize,
 }
 

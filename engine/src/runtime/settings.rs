@@ -216,6 +216,14 @@ impl Settings {
             .unwrap_or(false)
     }
 
+    /// Sets option `key` of backend `name`, over what the file says (`engine bench --profile`).
+    pub fn set_backend_option(&mut self, name: &str, key: &str, value: &str) {
+        self.backend
+            .entry(name.to_string())
+            .or_default()
+            .insert(key.to_string(), toml::Value::String(value.to_string()));
+    }
+
     /// The options for backend `name`.
     pub fn backend_options(&self, name: &str) -> BackendOptions {
         let mut o = BackendOptions::default();
@@ -256,6 +264,10 @@ mod tests {
         );
         assert_eq!(s.backend_options("cpu").get("threads"), Some("2"));
         assert_eq!(s.backend_options("vulkan").get("threads"), None);
+        let mut s = s;
+        s.set_backend_option("vulkan", "profile", "true");
+        assert_eq!(s.backend_options("vulkan").get("profile"), Some("true"));
+        assert_eq!(s.backend_options("cpu").get("threads"), Some("2"));
     }
 
     #[test]

@@ -1,0 +1,103 @@
+//! `Op::Attention`: the K/V store into the cache (unless a fused norm-rope group did it), the
+//! attention proper, split over the cached positions where the grid would be small, and the
+//! combination of the splits.
+
+use tandem_backend_api::plan::{attention_splits, div_up};
+use tandem_backend_api::{BackendError, DType, Op};
+
+use super::cmd::{Access, Cmd, Push};
+use super::{Ctx, WG};
+use crate::VulkanBackend;
+
+impl VulkanBackend {
+    /// The commands of attention node `node`.
+    pub(super) fn lower_attention(&self, ctx: &Ctx, node: usize) -> Result<Vec<Cmd>, BackendError> {
+        let n = &ctx.graph.nodes[node];
+        let Op::Attention {
+            q,
+            k,
+            v,
+            cache,
+            heads,
+            kv_heads,
+            head_dim,
+            scale,
+            window,
+            softcap,
+        } = &n.op
+        else {
+            return Err(BackendError::internal(format!("node {node} is not an attention")));
+        };
+        let kb = &self.buffer(cache.k)?.mem;
+        let vb = &self.buffer(cache.v)?.mem;
+        let (kc, vc) = (kb.address, vb.address);
+        let caches = [(kc, kc + kb.size), (vc, vc + vb.size)];
+        let f16 = u32::from(cache.dtype == DType::F16);
+        let kv_cols = kv_heads * head_dim;
+        let rows = ctx.graph.rows;
+        let mut cmds = Vec::new();
+        if !ctx.stored[node] {
+            cmds.push(Cmd::Dispatch {
+                kernel: "kv_store".into(),
+                spec: [0, 0],
+                push: Push::default()
+                    .u64(ctx.addr(*k)?)
+                    .u64(ctx.addr(*v)?)
+                    .u64(kc)
+                    .u64(vc)
+                    .u64(ctx.positions())
+                    .u64(ctx.slots())
+                    .u32(kv_cols as u32)
+                    .u32(cache.capacity as u32)
+                    .u32(f16)
+                    .0,
+                groups: [div_up(kv_cols, WG as usize), rows as u32, 1],
+                access: Access::new([ctx.span(*k)?, ctx.span(*v)?], caches),
+            });
+        }
+        let splits = attention_splits(rows, *heads, *window, cache.capacity);
+        let out = ctx.addr(n.outputs[0])?;
+        let out_span = ctx.span(n.outputs[0])?;
+        let reads = [ctx.span(*q)?, caches[0], caches[1]];
+        cmds.push(Cmd::Dispatch {
+            kernel: "attention".into(),
+            spec: [0, 0],
+            push: Push::default()
+                .u64(ctx.addr(*q)?)
+                .u64(kc)
+                .u64(vc)
+                .u64(out)
+                .u64(ctx.positions())
+                .u64(ctx.slots())
+                .u64(ctx.scratch.0)
+                .u32(*heads as u32)
+                .u32(*kv_heads as u32)
+                .u32(*head_dim as u32)
+                .u32(cache.capacity as u32)
+                .f32(*scale)
+                .u32(window.unwrap_or(0) as u32)
+                .f32(softcap.unwrap_or(0.0))
+                .u32(f16)
+                .u32(splits as u32)
+                .0,
+            groups: [*heads as u32, rows as u32, splits as u32],
+            access: Access::new(reads, [if splits > 1 { ctx.scratch } else { out_span }]),
+        });
+        if splits > 1 {
+            cmds.push(Cmd::Dispatch {
+                kernel: "attention_combine".into(),
+                spec: [0, 0],
+                push: Push::default()
+                    .u64(ctx.scratch.0)
+                    .u64(out)
+                    .u32(*heads as u32)
+                    .u32(*head_dim as u32)
+                    .u32(splits as u32)
+                    .0,
+                groups: [*heads as u32, rows as u32, 1],
+                access: Access::new([ctx.scratch], [out_span]),
+            });
+        }
+        Ok(cmds)
+    }
+}

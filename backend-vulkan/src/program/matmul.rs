@@ -1,0 +1,213 @@
+//! Which kernel runs a matmul, and why: the one place that decides it.
+
+use tandem_backend_api::plan::{div_up, spread};
+use tandem_backend_api::{BackendError, DType, ValueId, WeightRef};
+
+use super::cmd::{Access, Cmd, Push};
+use super::{format_name, Ctx};
+use crate::VulkanBackend;
+
+/// Rows from which a matmul takes the tiled matrix-matrix kernel instead of the matrix-vector
+/// one (block formats other than q4_k: at 32 rows on the H100 the tiled kernel took 5.5 ms per
+/// step for a 4B model's q8_0 logits, `matvec_q8_0` 14.4).
+const TILED_ROWS: usize = 16;
+
+/// The same for q4_k and the float formats: up to a tile's worth of rows (batched decode) their
+/// matrix-vector kernels, reading each weight once per 8 rows, beat the tiled kernel on the
+/// H100 (4B f16 at 32 rows: 41.7 ms of matmul per step against 86.6).
+const TILED_ROWS_WIDE: usize = 64;
+
+/// `matvec_<fmt>`'s weight rows per workgroup in split mode (block formats, one input row): the
+/// workgroup's 128 invocations split the k of 4 rows, which share each slot of x loaded; a 4B
+/// model's smallest matrix (2560 rows) still makes 640 workgroups. On the H100 (4B q4_k, one
+/// row) 4 rows took 2.58 ms of q4_k matmul per step, 2 rows 3.62, 8 rows 3.04.
+const MATVEC_COLS: usize = 4;
+
+/// `matvec_<fmt>`'s subgroup mode (float formats, and several input rows): each subgroup takes
+/// its own weight rows, two at a time.
+const MATVEC_SUBGROUP_ROWS: u32 = 256;
+
+/// Rows from which a matmul takes the cooperative-matrix kernel (`matmul_coopmat_<fmt>`) where
+/// the device has it (prefill).
+const COOPMAT_ROWS: usize = 64;
+
+/// `TANDEM_VULKAN_MATVEC_COLS` (1 to 16): a fixed `matvec_<fmt>` rows per workgroup, for tuning
+/// runs.
+fn matvec_cols_override() -> Option<usize> {
+    std::env::var("TANDEM_VULKAN_MATVEC_COLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|c| (1..=16).contains(c))
+}
+
+/// `TANDEM_VULKAN_TILED_ROWS`: a fixed row count from which matmuls take the tiled kernel, for
+/// tuning runs.
+fn tiled_rows_override() -> Option<usize> {
+    std::env::var("TANDEM_VULKAN_TILED_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
+/// The kernel a matmul of `rows` input rows over an `n x k` weight of format `dt` takes, and its
+/// specialisation constants and grid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Choice {
+    pub kernel: String,
+    pub spec: [u32; 2],
+    pub groups: [u32; 3],
+}
+
+/// Decode (few rows) takes a matrix-vector kernel, from TILED_ROWS(_WIDE) rows the tiled one,
+/// from COOPMAT_ROWS the cooperative-matrix one where the device has it:
+/// - float rows whose k is not a multiple of 16: `matmul_<fmt>`, one weight row per workgroup;
+/// - q4_k, several rows: `matvec_rows_q4_k`, 4 weight rows x 8 input rows per workgroup (at 32
+///   rows on the H100 28.9 ms of a 4B step against 36.0 for `matvec_q4_k`'s subgroup mode);
+/// - else `matvec_<fmt>`: split mode for block formats with one row, subgroup mode otherwise
+///   (f16 one row: 3.64 ms a 4B step against 3.99 in split mode), R = 1, 2, 4 or 8 input rows
+///   per workgroup.
+pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool) -> Choice {
+    let fmt = format_name(dt);
+    let float = matches!(dt, DType::F32 | DType::F16 | DType::Bf16);
+    let wide = float || dt == DType::Q4K;
+    let tiled_from = tiled_rows_override().unwrap_or(if wide { TILED_ROWS_WIDE } else { TILED_ROWS });
+    let r: u32 = if rows == 1 {
+        1
+    } else if rows <= 4 {
+        4
+    } else {
+        8
+    };
+    if rows >= COOPMAT_ROWS && coopmat {
+        // Prefill on cooperative matrices: 64 x 128 output tiles.
+        return Choice {
+            kernel: format!("matmul_coopmat_{fmt}"),
+            spec: [0, 0],
+            groups: [div_up(n, 128), div_up(rows, 64), 1],
+        };
+    }
+    if rows >= tiled_from {
+        return Choice {
+            kernel: format!("matmul_tiled_{fmt}"),
+            spec: [0, 0],
+            groups: [div_up(n, 64), div_up(rows, 64), 1],
+        };
+    }
+    if float && !k.is_multiple_of(16) {
+        let [gx, gy] = spread(n as u32);
+        return Choice {
+            kernel: format!("matmul_{fmt}"),
+            spec: [r, 1],
+            groups: [gx, gy, div_up(rows, r as usize)],
+        };
+    }
+    if dt == DType::Q4K && rows > 1 {
+        let [gx, gy] = spread(div_up(n, 4));
+        return Choice {
+            kernel: "matvec_rows_q4_k".into(),
+            spec: [r, 4],
+            groups: [gx, gy, div_up(rows, r as usize)],
+        };
+    }
+    // The ceil(rows / R) row slices of one weight block are neighbouring workgroups (its
+    // weights shared through the L2).
+    let r = rows.next_power_of_two().min(8);
+    let slices = rows.div_ceil(r);
+    let subgroup_mode = float || rows > 1;
+    // Subgroup mode: 8 rows per workgroup (2 per subgroup) where that leaves >= 1024
+    // workgroups, else 4 (one per subgroup).
+    let cols = if !subgroup_mode {
+        MATVEC_COLS
+    } else if div_up(n, 8) as usize * slices >= 1024 {
+        8
+    } else {
+        4
+    };
+    let cols = matvec_cols_override().unwrap_or(cols);
+    let mode = cols as u32 | if subgroup_mode { MATVEC_SUBGROUP_ROWS } else { 0 };
+    let [gx, gy] = spread(div_up(n, cols).saturating_mul(slices as u32));
+    Choice {
+        kernel: format!("matvec_{fmt}"),
+        spec: [r as u32, mode],
+        groups: [gx, gy, 1],
+    }
+}
+
+impl VulkanBackend {
+    /// An `Op::MatMul` node: `x` times the transposed weight, its columns split over `outputs`.
+    pub(super) fn lower_matmul(
+        &self,
+        ctx: &Ctx,
+        x: ValueId,
+        weight: &WeightRef,
+        splits: &[usize],
+        outputs: &[ValueId],
+    ) -> Result<Vec<Cmd>, BackendError> {
+        let w = self.buffer(weight.buffer)?;
+        let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
+        let rows = ctx.rows(x);
+        let dt = weight.desc.dtype;
+        let mut dsts = [0u64; 4];
+        let mut ends = [n as u32; 3];
+        let mut acc = 0usize;
+        let mut writes = Vec::with_capacity(outputs.len());
+        for (s, (width, out)) in splits.iter().zip(outputs).enumerate() {
+            dsts[s] = ctx.addr(*out)?;
+            writes.push(ctx.span(*out)?);
+            acc += width;
+            if s < 3 {
+                ends[s] = acc as u32;
+            }
+        }
+        let push = Push::default()
+            .u64(w.mem.address)
+            .u64(ctx.addr(x)?)
+            .u64(dsts[0])
+            .u64(dsts[1])
+            .u64(dsts[2])
+            .u64(dsts[3])
+            .u32(k as u32)
+            .u32(n as u32)
+            .u32(rows as u32)
+            .u32(dt.row_bytes(k).unwrap_or(0) as u32)
+            .u32(ends[0])
+            .u32(ends[1])
+            .u32(ends[2])
+            .0;
+        let c = choose(rows, n, k, dt, self.gpu.coopmat);
+        Ok(vec![Cmd::Dispatch {
+            kernel: c.kernel,
+            spec: c.spec,
+            push,
+            groups: c.groups,
+            access: Access::new([ctx.span(x)?], writes),
+        }])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_prefill_and_batches_take_their_kernels() {
+        // One row of a block format: split-mode matvec.
+        let c = choose(1, 2560, 2560, DType::Q4K, true);
+        assert_eq!(
+            (c.kernel.as_str(), c.spec),
+            ("matvec_q4_k", [1, MATVEC_COLS as u32])
+        );
+        // Batched q4_k decode: the rows kernel.
+        assert_eq!(choose(8, 2560, 2560, DType::Q4K, true).kernel, "matvec_rows_q4_k");
+        // Prefill: cooperative matrices where the device has them, else tiles.
+        assert_eq!(
+            choose(128, 2560, 2560, DType::Q8_0, true).kernel,
+            "matmul_coopmat_q8_0"
+        );
+        assert_eq!(
+            choose(128, 2560, 2560, DType::Q8_0, false).kernel,
+            "matmul_tiled_q8_0"
+        );
+        // Float rows of awkward k: one weight row per workgroup.
+        assert_eq!(choose(1, 100, 30, DType::F16, true).kernel, "matmul_f16");
+    }
+}

@@ -1,0 +1,328 @@
+//! Programs: a graph planned once (fusions, value arena, step-argument layout, one command list)
+//! and recorded into one command buffer that every `execute` resubmits.
+//!
+//! The pieces, in the order a graph goes through them:
+//! - `fuse`: which nodes run as one kernel;
+//! - `lower` (with `matmul` and `attention`): which kernel runs each group, with which push
+//!   constants and grid, and what memory it reads and writes;
+//! - `record`: the command buffer, with a barrier only where a command's memory overlaps what
+//!   ran since the last one, and timestamps only when profiling.
+
+mod attention;
+mod cmd;
+mod fuse;
+mod lower;
+mod matmul;
+mod record;
+
+use ash::vk;
+use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueId, ValueShape};
+
+use crate::memory::{GpuBuffer, Place};
+use crate::VulkanBackend;
+use cmd::Span;
+
+/// Alignment of values in the arena.
+const ARENA_ALIGN: u64 = 256;
+
+/// Threads per workgroup of the one-dimensional kernels.
+const WG: u32 = 64;
+
+/// Where the step arguments live in the program's argument buffer (byte offsets).
+#[derive(Debug, Clone, Copy)]
+pub struct ArgsLayout {
+    pub tokens: u64,
+    pub positions: u64,
+    pub slots: u64,
+    pub select: u64,
+}
+
+/// A compiled program.
+pub struct Program {
+    pub graph: Graph,
+    pub cmd: vk::CommandBuffer,
+    pub arena: Option<GpuBuffer>,
+    pub args: GpuBuffer,
+    /// Attention's per-split partial results, when an attention is split.
+    pub scratch: Option<GpuBuffer>,
+    pub layout: ArgsLayout,
+    pub queries: Option<vk::QueryPool>,
+    /// Buffers the program reads or writes.
+    pub buffers: Vec<BufferId>,
+    /// Slot count of the smallest KV cache, when there is attention.
+    pub slots: Option<usize>,
+    /// Timeline value of the last submission.
+    pub last_submit: u64,
+    /// The nodes, and the names their times go under, in the order their timestamps were
+    /// written (query `k + 1` follows `order[k]`), when profiling.
+    pub order: Vec<(usize, String)>,
+}
+
+/// Where a program's values and step arguments are, for lowering.
+pub(crate) struct Ctx<'a> {
+    pub graph: &'a Graph,
+    pub shapes: &'a [ValueShape],
+    /// Per value: (buffer, byte offset, device address).
+    values: Vec<Option<(vk::Buffer, u64, u64)>>,
+    /// Device address of the step arguments.
+    args: u64,
+    layout: ArgsLayout,
+    /// Device addresses of attention's partial results.
+    pub scratch: Span,
+    /// Per node: the device address of its rope table.
+    tables: Vec<Option<u64>>,
+    /// Attention nodes whose K/V store a fused group does.
+    pub stored: &'a [bool],
+}
+
+impl Ctx<'_> {
+    pub fn loc(&self, v: ValueId) -> Result<(vk::Buffer, u64, u64), BackendError> {
+        self.values
+            .get(v.0 as usize)
+            .copied()
+            .flatten()
+            .ok_or_else(|| BackendError::internal(format!("value {} has no storage", v.0)))
+    }
+    pub fn addr(&self, v: ValueId) -> Result<u64, BackendError> {
+        self.loc(v).map(|l| l.2)
+    }
+    /// Rows of a value.
+    pub fn rows(&self, v: ValueId) -> usize {
+        tandem_backend_api::plan::value_rows(self.graph, &self.shapes[v.0 as usize])
+    }
+    pub fn cols(&self, v: ValueId) -> usize {
+        self.shapes[v.0 as usize].cols
+    }
+    /// The device addresses a value's f32 elements occupy.
+    pub fn span(&self, v: ValueId) -> Result<Span, BackendError> {
+        let a = self.addr(v)?;
+        Ok((a, a + (self.rows(v) * self.cols(v) * 4) as u64))
+    }
+    pub fn tokens(&self) -> u64 {
+        self.args + self.layout.tokens
+    }
+    pub fn positions(&self) -> u64 {
+        self.args + self.layout.positions
+    }
+    pub fn slots(&self) -> u64 {
+        self.args + self.layout.slots
+    }
+    pub fn select(&self) -> u64 {
+        self.args + self.layout.select
+    }
+    pub fn rope_table(&self, node: usize) -> Result<u64, BackendError> {
+        self.tables
+            .get(node)
+            .copied()
+            .flatten()
+            .ok_or_else(|| BackendError::internal(format!("node {node} has no rope table")))
+    }
+}
+
+/// The weight-format name of kernel variants (`matmul_q4_k`).
+pub fn format_name(d: DType) -> &'static str {
+    d.name()
+}
+
+/// Whether the matmul/embed kernels decode this weight format.
+pub fn weight_format_supported(d: DType) -> bool {
+    crate::pipelines::Pipelines::has(&format!("matmul_{}", d.name()))
+}
+
+impl VulkanBackend {
+    /// Checks that every op is supported and the buffers a graph names; returns those it uses
+    /// and the smallest slot count.
+    fn check_buffers(
+        &self,
+        graph: &Graph,
+        shapes: &[ValueShape],
+    ) -> Result<(Vec<BufferId>, Option<usize>), BackendError> {
+        for (i, node) in graph.nodes.iter().enumerate() {
+            if let crate::SupportCheck::No(reason) = crate::op_support(&node.op) {
+                return Err(BackendError::unsupported(
+                    node.op.name(),
+                    format!("node {i}: {reason}"),
+                ));
+            }
+        }
+        let u = tandem_backend_api::plan::check_buffers(graph, shapes, |id| {
+            self.buffer(id).map(|b| b.desc.clone())
+        })?;
+        Ok((u.buffers, u.slots))
+    }
+
+    /// Validates, plans and records `graph`.
+    pub(crate) fn build_program(&mut self, graph: &Graph) -> Result<Program, BackendError> {
+        let shapes = graph.infer_shapes()?;
+        let (buffers, slots) = self.check_buffers(graph, &shapes)?;
+        let fusion = fuse::plan(graph, &shapes, self.fuse);
+        let (offsets, arena_size) =
+            tandem_backend_api::plan::plan_arena_at(graph, &shapes, ARENA_ALIGN, &fusion.time);
+
+        // Step arguments, then each rope's inverse frequencies.
+        let rows = graph.rows as u64;
+        let layout = ArgsLayout {
+            tokens: 0,
+            positions: rows * 4,
+            slots: rows * 8,
+            select: rows * 12,
+        };
+        let mut tables: Vec<(usize, Vec<f32>)> = Vec::new();
+        let mut args_size = rows * 12 + graph.selected_rows as u64 * 4;
+        for (i, node) in graph.nodes.iter().enumerate() {
+            if let Op::Rope { head_dim, theta, .. } = &node.op {
+                let half = head_dim / 2;
+                let t: Vec<f32> = (0..half)
+                    .map(|d| 1.0 / theta.powf((2 * d) as f32 / *head_dim as f32))
+                    .collect();
+                tables.push((i, t));
+            }
+        }
+        let mut table_at = Vec::new();
+        for (_, t) in &tables {
+            table_at.push(args_size);
+            args_size += t.len() as u64 * 4;
+        }
+        let mut args = self
+            .memory
+            .create(&self.gpu, args_size, Place::Host, "step arguments")?;
+        if let Some(m) = args.mapped() {
+            for ((_, t), at) in tables.iter().zip(&table_at) {
+                let bytes: &[u8] = bytemuck::cast_slice(t);
+                m[*at as usize..*at as usize + bytes.len()].copy_from_slice(bytes);
+            }
+        }
+        let arena = if arena_size > 0 {
+            match self
+                .memory
+                .create(&self.gpu, arena_size, Place::Device, "program arena")
+            {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    self.memory.destroy(&self.gpu, args);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        let scratch_size = tandem_backend_api::plan::attention_scratch_bytes(graph);
+        let scratch = if scratch_size > 0 {
+            match self
+                .memory
+                .create(&self.gpu, scratch_size, Place::Device, "attention partials")
+            {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    self.memory.destroy(&self.gpu, args);
+                    if let Some(a) = arena {
+                        self.memory.destroy(&self.gpu, a);
+                    }
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        let scratch_span = scratch
+            .as_ref()
+            .map_or((0, 0), |s| (s.address, s.address + s.size));
+        let result = self.lower_and_record(
+            graph,
+            &shapes,
+            &fusion,
+            &offsets,
+            arena.as_ref(),
+            &args,
+            scratch_span,
+            layout,
+            &tables,
+            &table_at,
+        );
+        match result {
+            Ok((cmd, queries, order)) => Ok(Program {
+                graph: graph.clone(),
+                cmd,
+                arena,
+                args,
+                scratch,
+                layout,
+                queries,
+                buffers,
+                slots,
+                last_submit: 0,
+                order,
+            }),
+            Err(e) => {
+                self.memory.destroy(&self.gpu, args);
+                for b in [arena, scratch].into_iter().flatten() {
+                    self.memory.destroy(&self.gpu, b);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Lowers every group of `fusion` to commands and records them.
+    #[allow(clippy::too_many_arguments)]
+    fn lower_and_record(
+        &mut self,
+        graph: &Graph,
+        shapes: &[ValueShape],
+        fusion: &fuse::Fusion,
+        offsets: &[Option<u64>],
+        arena: Option<&GpuBuffer>,
+        args: &GpuBuffer,
+        scratch: Span,
+        layout: ArgsLayout,
+        tables: &[(usize, Vec<f32>)],
+        table_at: &[u64],
+    ) -> Result<record::Recorded, BackendError> {
+        let mut values: Vec<Option<(vk::Buffer, u64, u64)>> = vec![None; shapes.len()];
+        for (v, o) in offsets.iter().enumerate() {
+            if let (Some(o), Some(ar)) = (o, arena) {
+                values[v] = Some((ar.buffer, *o, ar.address + o));
+            }
+        }
+        for node in &graph.nodes {
+            if let Op::Input { buffer, .. } = &node.op {
+                let b = self.buffer(*buffer)?;
+                values[node.outputs[0].0 as usize] = Some((b.mem.buffer, 0, b.mem.address));
+            }
+        }
+        let mut rope_tables = vec![None; graph.nodes.len()];
+        for ((node, _), at) in tables.iter().zip(table_at) {
+            rope_tables[*node] = Some(args.address + at);
+        }
+        let ctx = Ctx {
+            graph,
+            shapes,
+            values,
+            args: args.address,
+            layout,
+            scratch,
+            tables: rope_tables,
+            stored: &fusion.stored,
+        };
+        let mut groups = Vec::with_capacity(fusion.groups.len());
+        for g in &fusion.groups {
+            groups.push((g.nodes(), self.lower(&ctx, g)?));
+        }
+        self.record(&groups, graph)
+    }
+
+    /// Frees a program's Vulkan objects (its last submission must have finished).
+    pub(crate) fn destroy_program(&mut self, p: Program) {
+        // SAFETY: the caller waited for the program's last submission.
+        unsafe {
+            self.gpu.device.free_command_buffers(self.gpu.pool, &[p.cmd]);
+            if let Some(q) = p.queries {
+                self.gpu.device.destroy_query_pool(q, None);
+            }
+        }
+        self.memory.destroy(&self.gpu, p.args);
+        for b in [p.arena, p.scratch].into_iter().flatten() {
+            self.memory.destroy(&self.gpu, b);
+        }
+    }
+}

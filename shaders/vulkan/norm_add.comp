@@ -1,0 +1,80 @@
+// Fused RmsNorm -> Add [-> RmsNorm] (program/fuse.rs, NormAdd): per row,
+//   y1 = a * inv1 * (off1 + w1),  s = h + y1,  and when has_next, y2 = s * inv2 * (off2 + w2),
+// each rms over the whole row. Every value is written (later nodes may read any of them). One
+// workgroup per row; each invocation reads back only what it wrote itself, so the passes need no
+// barrier beyond the reductions'.
+layout(local_size_x = 256) in;
+
+layout(push_constant, scalar) uniform Params {
+    uint64_t a;
+    uint64_t w1;
+    uint64_t h;
+    uint64_t sum;
+    uint64_t y1;
+    uint64_t w2;
+    uint64_t y2;
+    uint cols;
+    float eps1;
+    float off1;
+    uint fmt1; // 0: f32, 1: f16, 2: bf16
+    float eps2;
+    float off2;
+    uint fmt2;
+    uint has_next;
+} p;
+
+shared float partial[64];
+
+float weight_at(uint64_t w, uint fmt, uint i) {
+    if (fmt == 0u) {
+        return F32s(w).v[i];
+    } else if (fmt == 1u) {
+        return unpackHalf2x16(uint(U16s(w).v[i])).x;
+    }
+    return uintBitsToFloat(uint(U16s(w).v[i]) << 16);
+}
+
+float wg_sum(float v) {
+    v = subgroupAdd(v);
+    if (subgroupElect()) {
+        partial[gl_SubgroupID] = v;
+    }
+    barrier();
+    float t = 0.0;
+    for (uint i = 0; i < gl_NumSubgroups; i++) {
+        t += partial[i];
+    }
+    barrier();
+    return t;
+}
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint64_t base = uint64_t(gl_WorkGroupID.x) * p.cols * 4;
+    F32s as = F32s(p.a + base);
+    F32s hs = F32s(p.h + base);
+    F32s ss = F32s(p.sum + base);
+    F32s y1s = F32s(p.y1 + base);
+    float sq = 0.0;
+    for (uint i = tid; i < p.cols; i += 256) {
+        float v = as.v[i];
+        sq += v * v;
+    }
+    float inv1 = 1.0 / sqrt(wg_sum(sq) / float(p.cols) + p.eps1);
+    float sq2 = 0.0;
+    for (uint i = tid; i < p.cols; i += 256) {
+        float y = as.v[i] * inv1 * (p.off1 + weight_at(p.w1, p.fmt1, i));
+        y1s.v[i] = y;
+        float s = hs.v[i] + y;
+        ss.v[i] = s;
+        sq2 += s * s;
+    }
+    if (p.has_next == 0u) {
+        return;
+    }
+    float inv2 = 1.0 / sqrt(wg_sum(sq2) / float(p.cols) + p.eps2);
+    F32s y2s = F32s(p.y2 + base);
+    for (uint i = tid; i < p.cols; i += 256) {
+        y2s.v[i] = ss.v[i] * inv2 * (p.off2 + weight_at(p.w2, p.fmt2, i));
+    }
+}
