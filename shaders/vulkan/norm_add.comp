@@ -1,9 +1,11 @@
 // Fused RmsNorm -> Add [-> RmsNorm] (program/fuse.rs, NormAdd): per row,
 //   y1 = a * inv1 * (off1 + w1),  s = h + y1,  and when has_next, y2 = s * inv2 * (off2 + w2),
 // each rms over the whole row. Every value is written (later nodes may read any of them). One
-// workgroup per row; each invocation reads back only what it wrote itself, so the passes need no
-// barrier beyond the reductions'.
-layout(local_size_x = 256) in;
+// workgroup of 512 per row; rows up to 6144 wide are held in registers (one memory round trip
+// per pass), wider ones re-read; each invocation reads back only what it wrote itself.
+#define WG 512
+#define PER 12
+layout(local_size_x = WG) in;
 
 layout(push_constant, scalar) uniform Params {
     uint64_t a;
@@ -23,7 +25,7 @@ layout(push_constant, scalar) uniform Params {
     uint has_next;
 } p;
 
-shared float partial[64];
+shared float partial[WG];
 
 float weight_at(uint64_t w, uint fmt, uint i) {
     if (fmt == 0u) {
@@ -55,14 +57,50 @@ void main() {
     F32s hs = F32s(p.h + base);
     F32s ss = F32s(p.sum + base);
     F32s y1s = F32s(p.y1 + base);
+    F32s y2s = F32s(p.y2 + base);
+    if (p.cols <= WG * PER) {
+        // The row in registers: PER values per invocation, loaded at once (unrolled, fixed trip
+        // count), so each pass costs one memory round trip.
+        float v[PER];
+        float sq = 0.0;
+        for (uint j = 0; j < PER; j++) {
+            uint i = tid + j * WG;
+            v[j] = i < p.cols ? as.v[i] : 0.0;
+            sq += v[j] * v[j];
+        }
+        float inv1 = 1.0 / sqrt(wg_sum(sq) / float(p.cols) + p.eps1);
+        float sq2 = 0.0;
+        for (uint j = 0; j < PER; j++) {
+            uint i = tid + j * WG;
+            if (i < p.cols) {
+                float y = v[j] * inv1 * (p.off1 + weight_at(p.w1, p.fmt1, i));
+                y1s.v[i] = y;
+                v[j] = hs.v[i] + y;
+                ss.v[i] = v[j];
+                sq2 += v[j] * v[j];
+            }
+        }
+        if (p.has_next == 0u) {
+            return;
+        }
+        float inv2 = 1.0 / sqrt(wg_sum(sq2) / float(p.cols) + p.eps2);
+        for (uint j = 0; j < PER; j++) {
+            uint i = tid + j * WG;
+            if (i < p.cols) {
+                y2s.v[i] = v[j] * inv2 * (p.off2 + weight_at(p.w2, p.fmt2, i));
+            }
+        }
+        return;
+    }
+    // Wider rows: each pass re-reads what it needs.
     float sq = 0.0;
-    for (uint i = tid; i < p.cols; i += 256) {
+    for (uint i = tid; i < p.cols; i += WG) {
         float v = as.v[i];
         sq += v * v;
     }
     float inv1 = 1.0 / sqrt(wg_sum(sq) / float(p.cols) + p.eps1);
     float sq2 = 0.0;
-    for (uint i = tid; i < p.cols; i += 256) {
+    for (uint i = tid; i < p.cols; i += WG) {
         float y = as.v[i] * inv1 * (p.off1 + weight_at(p.w1, p.fmt1, i));
         y1s.v[i] = y;
         float s = hs.v[i] + y;
@@ -73,8 +111,7 @@ void main() {
         return;
     }
     float inv2 = 1.0 / sqrt(wg_sum(sq2) / float(p.cols) + p.eps2);
-    F32s y2s = F32s(p.y2 + base);
-    for (uint i = tid; i < p.cols; i += 256) {
+    for (uint i = tid; i < p.cols; i += WG) {
         y2s.v[i] = ss.v[i] * inv2 * (p.off2 + weight_at(p.w2, p.fmt2, i));
     }
 }

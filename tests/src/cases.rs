@@ -867,6 +867,8 @@ pub fn all() -> Vec<Case> {
     // prefill then decode, in two slots.
     v.push(norm_add_norm(DType::F16, 3, 300, true));
     v.push(norm_add_norm(DType::F32, 2, 45, false));
+    // Wider than a backend may keep in registers.
+    v.push(norm_add_norm(DType::Bf16, 1, 6500, true));
     v.push(qk_norm_rope_attention(
         spec(4, 2, 8, None, None),
         DType::F32,
