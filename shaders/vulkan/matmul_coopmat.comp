@@ -1,8 +1,9 @@
 // Op::MatMul for many rows (prefill) on cooperative matrices (tensor cores): a 64 (input rows) x
 // 128 (weight rows) output tile per workgroup of 8 subgroups of 32 invocations, each subgroup
-// computing 32 x 32 outputs as 2 x 2 16x16 f32 accumulators. Per 32-wide slice of k the input
-// tile is converted f32 -> f16 and the weight tile dequantised to f16 into shared memory (one
-// decoding unit per weight row for block formats, as matmul_tiled), then multiplied with
+// computing 32 x 32 outputs as 2 x 2 16x16 f32 accumulators. Per 64-wide slice of k the input
+// tile is converted f32 -> f16 and the weight tile dequantised to f16 into shared memory (block
+// formats: each of the 256 invocations decodes one 32-value unit of one weight row), then
+// multiplied with
 // coopmat<float16_t, 16x16x16> -> f32. Results go through a per-subgroup 16x16 f32 slot in shared
 // memory to the split outputs. Needs a subgroup size of 32 (the host checks it).
 #extension GL_KHR_cooperative_matrix : require
@@ -29,9 +30,9 @@ layout(push_constant, scalar) uniform Params {
 
 #define BM 64
 #define BN 128
-#define BK 32
-// Row stride of the shared tiles in halves: BK + 8 (80 bytes, a multiple of 16, off the banks).
-#define SK 40
+#define BK 64
+// Row stride of the shared tiles in halves: BK + 8 (144 bytes, a multiple of 16, off the banks).
+#define SK 72
 
 layout(buffer_reference, scalar, buffer_reference_align = 8) buffer U2s { uvec2 v[]; };
 
@@ -114,17 +115,20 @@ void main() {
             ws[r * SK + c] = float16_t(clamp(v, -F16_MAX, F16_MAX));
         }
 #else
-        if (tid < BN) {
+        {
+            // BN rows x BK / UNIT units: every invocation decodes one unit (BK = 2 UNIT).
+            uint r = tid % BN;
+            uint u = tid / BN;
             float wv[UNIT];
-            if (n0 + tid < p.n) {
-                load_unit(p.w + uint64_t(n0 + tid) * p.row_bytes, k0 / UNIT, wv);
+            if (n0 + r < p.n && k0 + u * UNIT < p.k) {
+                load_unit(p.w + uint64_t(n0 + r) * p.row_bytes, k0 / UNIT + u, wv);
             } else {
                 for (uint i = 0; i < UNIT; i++) {
                     wv[i] = 0.0;
                 }
             }
             for (uint i = 0; i < UNIT; i++) {
-                ws[tid * SK + i] = float16_t(clamp(wv[i], -F16_MAX, F16_MAX));
+                ws[r * SK + u * UNIT + i] = float16_t(clamp(wv[i], -F16_MAX, F16_MAX));
             }
         }
 #endif

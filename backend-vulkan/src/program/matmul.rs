@@ -48,6 +48,15 @@ fn tiled_rows_override() -> Option<usize> {
         .and_then(|v| v.parse().ok())
 }
 
+/// `TANDEM_VULKAN_COOPMAT_ROWS`: a fixed row count from which matmuls take the
+/// cooperative-matrix kernel, for tuning runs (batched decode).
+fn coopmat_rows_override() -> Option<usize> {
+    std::env::var("TANDEM_VULKAN_COOPMAT_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|r| *r >= 1)
+}
+
 /// The kernel a matmul of `rows` input rows over an `n x k` weight of format `dt` takes, and its
 /// specialisation constants and grid.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,7 +86,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool) -> Choi
     } else {
         8
     };
-    if rows >= COOPMAT_ROWS && coopmat {
+    if rows >= coopmat_rows_override().unwrap_or(COOPMAT_ROWS) && coopmat {
         // Prefill on cooperative matrices: 64 x 128 output tiles.
         return Choice {
             kernel: format!("matmul_coopmat_{fmt}"),
