@@ -476,8 +476,10 @@ impl Gpu {
         if fp16 {
             features.push("fp16".into());
         }
+        // The device has integer dot products; no kernel uses them (the vendored glslang cannot
+        // compile GL_EXT_integer_dot_product), and the device is created without the feature.
         if has_ext(c"VK_KHR_shader_integer_dot_product") || props.api_version >= vk::API_VERSION_1_3 {
-            features.push("int8_dot".into());
+            features.push("int8_dot(unused)".into());
         }
         // The prefill kernel's shape: 16x16x16, f16 x f16 -> f32, subgroup scope, 32 lanes.
         let coopmat = want_coopmat
