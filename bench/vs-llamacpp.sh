@@ -12,7 +12,7 @@
 # and generation lengths at batch 1 (and BATCHES), and deletes the file. $OUT gets the JSON of both,
 # report.md with the ratios, and build.log.
 #
-# Parameters (environment): SHAPES (shape:dtype pairs), ENGINE (.devcarry/engine), PEER (.peer),
+# Parameters (environment): SHAPES (shape:dtype[:batches] triples), ENGINE (.devcarry/engine), PEER (.peer),
 # BATCHES (1: tandem's batch sizes, comma-separated), REPEAT (3), CHUNK (512: tandem's prefill
 # chunk, llama.cpp's default batch), WORK (/tmp/vs), OUT.
 set -uo pipefail
@@ -43,7 +43,8 @@ llama=/tmp/lcpp/build/bin/llama-bench
 peer_env=(env LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu)
 
 for pair in $SHAPES; do
-    shape=${pair%%:*}; dtype=${pair##*:}
+    IFS=: read -r shape dtype batches <<<"$pair"
+    batches=${batches:-$BATCHES}
     gguf="$WORK/$shape-$dtype.gguf"
     echo "== $shape $dtype"
     "$ENGINE" synth --shape "$shape" --dtype "$dtype" --out "$gguf" >/dev/null || { echo "synth failed"; continue; }
@@ -51,7 +52,7 @@ for pair in $SHAPES; do
     "${peer_env[@]}" "$llama" -m "$gguf" -p 512 -n 128 -fa 1 -ngl 99 -r 3 -o json \
         >"$OUT/llamacpp-$shape-$dtype.json" 2>>"$OUT/build.log" || echo "llama-bench failed on $shape $dtype"
     timeout 400 "$ENGINE" bench --model "$gguf" --backend vulkan --prompt-tokens 512 --gen-tokens 128 \
-        --batch "$BATCHES" --chunk "$CHUNK" --repeat "$REPEAT" --json >"$OUT/tandem-$shape-$dtype.json" \
+        --batch "$batches" --chunk "$CHUNK" --repeat "$REPEAT" --json >"$OUT/tandem-$shape-$dtype.json" \
         || echo "engine bench failed on $shape $dtype"
     rm -f "$gguf"
 done
