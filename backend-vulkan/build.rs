@@ -17,7 +17,7 @@ const FORMATS: [&str; 10] = [
 const PER_FORMAT: [&str; 5] = ["embed", "matmul", "matmul_tiled", "matvec", "matmul_coopmat"];
 
 /// Kernels built once.
-const PLAIN: [&str; 10] = [
+const PLAIN: [&str; 11] = [
     "rms_norm",
     "rope",
     "kv_store",
@@ -28,6 +28,8 @@ const PLAIN: [&str; 10] = [
     "copy",
     "norm_add",
     "norm_rope",
+    // q4_k, one input row (decode).
+    "matvec_q4k",
 ];
 
 fn main() {

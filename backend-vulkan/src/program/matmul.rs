@@ -57,6 +57,41 @@ fn coopmat_rows_override() -> Option<usize> {
         .filter(|r| *r >= 1)
 }
 
+/// `TANDEM_VULKAN_Q4K_MATVEC`: `old` sends one-row q4_k matmuls back to `matvec_q4_k`'s split
+/// mode; `<nr>x<warps>` (nr 1, 2 or 4; warps 1 to 8) fixes `matvec_q4k`'s shape, for tuning and
+/// test runs.
+fn q4k_matvec_override() -> Option<Option<(u32, u32)>> {
+    let v = std::env::var("TANDEM_VULKAN_Q4K_MATVEC").ok()?;
+    if v == "old" {
+        return Some(None);
+    }
+    let (nr, w) = v.split_once('x')?;
+    let (nr, w): (u32, u32) = (nr.parse().ok()?, w.parse().ok()?);
+    (matches!(nr, 1 | 2 | 4) && (1..=8).contains(&w)).then_some(Some((nr, w)))
+}
+
+/// `matvec_q4k`'s shape for `n` weight rows of `blocks` q4_k blocks: (NR, W). A workgroup of W
+/// subgroups of 32 covers 4 NR rows; the W subgroups split the blocks of each row.
+/// - NR (rows per lane group, sharing each load of x): 1 below 2048 rows (1B's 1152 rows still
+///   make 288 workgroups), 2 below 16384, else 4.
+/// - W: the fewest block trips per invocation with W <= 8 that keep >= 90% of the invocations
+///   busy (10 blocks: W = 5, two trips; 27: W = 7, four trips; 40: W = 8, five).
+pub fn q4k_matvec_shape(n: usize, blocks: usize) -> (u32, u32) {
+    let nr = if n < 2048 {
+        1
+    } else if n < 16384 {
+        2
+    } else {
+        4
+    };
+    let b = blocks.max(1);
+    let w = (1..=b)
+        .map(|t| (b.div_ceil(t), t))
+        .find(|&(w, t)| w <= 8 && 10 * b >= 9 * w * t)
+        .map_or(1, |(w, _)| w);
+    (nr, w as u32)
+}
+
 /// The kernel a matmul of `rows` input rows over an `n x k` weight of format `dt` takes, and its
 /// specialisation constants and grid.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +104,7 @@ pub struct Choice {
 /// Decode (few rows) takes a matrix-vector kernel, from TILED_ROWS(_WIDE) rows the tiled one,
 /// from COOPMAT_ROWS the cooperative-matrix one where the device has it:
 /// - float rows whose k is not a multiple of 16: `matmul_<fmt>`, one weight row per workgroup;
+/// - q4_k, one row: `matvec_q4k` (`TANDEM_VULKAN_Q4K_MATVEC=old`: split-mode `matvec_q4_k`);
 /// - q4_k, several rows: `matvec_rows_q4_k`, 4 weight rows x 8 input rows per workgroup (at 32
 ///   rows on the H100 28.9 ms of a 4B step against 36.0 for `matvec_q4_k`'s subgroup mode);
 /// - else `matvec_<fmt>`: split mode for block formats with one row, subgroup mode otherwise
@@ -108,6 +144,20 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool) -> Choi
             spec: [r, 1],
             groups: [gx, gy, div_up(rows, r as usize)],
         };
+    }
+    if dt == DType::Q4K && rows == 1 && k.is_multiple_of(256) {
+        let shape = match q4k_matvec_override() {
+            Some(forced) => forced,
+            None => Some(q4k_matvec_shape(n, k / 256)),
+        };
+        if let Some((nr, w)) = shape {
+            let [gx, gy] = spread(div_up(n, 4 * nr as usize));
+            return Choice {
+                kernel: "matvec_q4k".into(),
+                spec: [nr, 32 * w],
+                groups: [gx, gy, 1],
+            };
+        }
     }
     if dt == DType::Q4K && rows > 1 {
         let [gx, gy] = spread(div_up(n, 4));
@@ -199,11 +249,20 @@ mod tests {
 
     #[test]
     fn decode_prefill_and_batches_take_their_kernels() {
-        // One row of a block format: split-mode matvec.
+        // One row of q4_k: its own kernel, 8 rows x 5 subgroups per workgroup at k = 2560.
         let c = choose(1, 2560, 2560, DType::Q4K, true);
         assert_eq!(
+            (c.kernel.as_str(), c.spec, c.groups),
+            ("matvec_q4k", [2, 160], [320, 1, 1])
+        );
+        // 1B's FFN down (1152 x 6912): 4 rows x 7 subgroups.
+        let c = choose(1, 1152, 6912, DType::Q4K, true);
+        assert_eq!((c.spec, c.groups), ([1, 224], [288, 1, 1]));
+        // One row of another block format: split-mode matvec.
+        let c = choose(1, 2560, 2560, DType::Q8_0, true);
+        assert_eq!(
             (c.kernel.as_str(), c.spec),
-            ("matvec_q4_k", [1, MATVEC_COLS as u32])
+            ("matvec_q8_0", [1, MATVEC_COLS as u32])
         );
         // Batched q4_k decode: the rows kernel.
         assert_eq!(choose(8, 2560, 2560, DType::Q4K, true).kernel, "matvec_rows_q4_k");
@@ -218,5 +277,26 @@ mod tests {
         );
         // Float rows of awkward k: one weight row per workgroup.
         assert_eq!(choose(1, 100, 30, DType::F16, true).kernel, "matmul_f16");
+    }
+
+    #[test]
+    fn q4k_matvec_shapes_keep_invocations_busy() {
+        // (rows, blocks) -> (NR, W): Gemma 3 4B (k = 2048, 2560, 10240), 1B's and 27B's FFN down.
+        assert_eq!(q4k_matvec_shape(2560, 8), (2, 8));
+        assert_eq!(q4k_matvec_shape(4096, 10), (2, 5));
+        assert_eq!(q4k_matvec_shape(20480, 10), (4, 5));
+        assert_eq!(q4k_matvec_shape(2560, 40), (2, 8));
+        assert_eq!(q4k_matvec_shape(1152, 27), (1, 7));
+        assert_eq!(q4k_matvec_shape(5376, 84), (2, 8));
+        assert_eq!(q4k_matvec_shape(37, 1), (1, 1));
+        assert_eq!(q4k_matvec_shape(37, 9), (1, 5));
+        for b in 1..200 {
+            let (_, w) = q4k_matvec_shape(1, b);
+            let t = b.div_ceil(w as usize);
+            assert!(
+                (1..=8).contains(&w) && 10 * b >= 9 * w as usize * t,
+                "{b} blocks: {w}"
+            );
+        }
     }
 }
