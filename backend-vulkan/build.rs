@@ -22,6 +22,7 @@ const PLAIN: [&str; 11] = [
     "rope",
     "kv_store",
     "attention",
+    "attention_gqa",
     "attention_combine",
     "eltwise",
     "select_rows",

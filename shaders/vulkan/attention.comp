@@ -4,7 +4,9 @@
 // computes the scores of its share of a chunk's positions, its invocations splitting the head's
 // dimensions (coalesced reads of the cache, read in place); each invocation then owns
 // head_dim / 64 output dimensions. With one split the result is written directly; otherwise the
-// split's maximum, sum and unnormalised output go to `partial` for attention_combine.
+// split's unnormalised output goes to `part_o` ([rows][heads][splits][head_dim]) and its maximum
+// and sum to `part_ml` ([rows][heads][splits][2]) for attention_combine. The backend runs this
+// kernel only for head_dim > 256 (attention_gqa takes the rest).
 layout(local_size_x = 64) in;
 #define MAX_HEAD_DIM 512
 #define PER_THREAD (MAX_HEAD_DIM / 64)
@@ -17,7 +19,8 @@ layout(push_constant, scalar) uniform Params {
     uint64_t dst;
     uint64_t positions;
     uint64_t slots;
-    uint64_t partial;
+    uint64_t part_o;
+    uint64_t part_ml;
     uint heads;
     uint kv_heads;
     uint head_dim;
@@ -149,16 +152,16 @@ void main() {
         }
         return;
     }
-    // Partial: [rows][heads][splits][2 + head_dim]: max, sum, unnormalised output.
-    uint64_t at = ((uint64_t(r) * p.heads + h) * p.splits + split) * (hd + 2);
+    // Partial: unnormalised output, then maximum and sum.
+    uint64_t at = (uint64_t(r) * p.heads + h) * p.splits + split;
     if (tid == 0u) {
-        st_f32(p.partial, at, n == 0u ? -1.0 / 0.0 : m);
-        st_f32(p.partial, at + 1, l);
+        st_f32(p.part_ml, at * 2u, n == 0u ? -1.0 / 0.0 : m);
+        st_f32(p.part_ml, at * 2u + 1u, l);
     }
     for (uint i = 0; i < PER_THREAD; i++) {
         uint d = tid + 64 * i;
         if (d < hd) {
-            st_f32(p.partial, at + 2 + d, o[i]);
+            st_f32(p.part_o, at * hd + d, o[i]);
         }
     }
 }

@@ -1,6 +1,20 @@
 //! `Op::Attention`: the K/V store into the cache (unless a fused norm-rope group did it), the
 //! attention proper, split over the cached positions where the grid would be small, and the
 //! combination of the splits.
+//!
+//! The attention proper, for any number of rows (decode and prefill):
+//! - `attention_gqa` where `head_dim <= 256` (every Gemma 3): one workgroup of 128 per (KV head,
+//!   row, split) attends all `heads / kv_heads` query heads of that KV head (8 at a time), so each
+//!   cached K and V row is read once per group; scores of 4 positions per subgroup at once with
+//!   vec4 loads, values accumulated by (4 dimensions, every R-th position) invocations with their
+//!   own online softmax, merged at the end. Grid `[kv_heads, rows, splits]`.
+//! - `attention` otherwise (head_dim up to 512): one workgroup of 64 per (query head, row, split).
+//!   Grid `[heads, rows, splits]`.
+//!
+//! Both use [`attention_splits`] splits (what `attention_scratch_bytes` sizes the scratch for),
+//! and write split partials as `[rows][heads][splits][head_dim]` unnormalised outputs followed,
+//! in the same scratch buffer, by `[rows][heads][splits][2]` maxima and sums;
+//! `attention_combine` (one workgroup of 256 per (head, row, 64 dimensions)) merges them.
 
 use tandem_backend_api::plan::{attention_splits, div_up};
 use tandem_backend_api::{BackendError, DType, Op};
@@ -8,6 +22,9 @@ use tandem_backend_api::{BackendError, DType, Op};
 use super::cmd::{Access, Cmd, Push};
 use super::{Ctx, WG};
 use crate::VulkanBackend;
+
+/// `attention_gqa` takes heads of at most this size (its shared memory holds 8 heads' queries).
+const GQA_MAX_HEAD_DIM: usize = 256;
 
 impl VulkanBackend {
     /// The commands of attention node `node`.
@@ -59,8 +76,16 @@ impl VulkanBackend {
         let out = ctx.addr(n.outputs[0])?;
         let out_span = ctx.span(n.outputs[0])?;
         let reads = [ctx.span(*q)?, caches[0], caches[1]];
+        // Partials: outputs, then maxima and sums.
+        let part_o = ctx.scratch.0;
+        let part_ml = part_o + (rows * heads * splits * head_dim * 4) as u64;
+        let (kernel, wgs) = if *head_dim <= GQA_MAX_HEAD_DIM {
+            ("attention_gqa", *kv_heads)
+        } else {
+            ("attention", *heads)
+        };
         cmds.push(Cmd::Dispatch {
-            kernel: "attention".into(),
+            kernel: kernel.into(),
             spec: [0, 0],
             push: Push::default()
                 .u64(ctx.addr(*q)?)
@@ -69,7 +94,8 @@ impl VulkanBackend {
                 .u64(out)
                 .u64(ctx.positions())
                 .u64(ctx.slots())
-                .u64(ctx.scratch.0)
+                .u64(part_o)
+                .u64(part_ml)
                 .u32(*heads as u32)
                 .u32(*kv_heads as u32)
                 .u32(*head_dim as u32)
@@ -80,7 +106,7 @@ impl VulkanBackend {
                 .u32(f16)
                 .u32(splits as u32)
                 .0,
-            groups: [*heads as u32, rows as u32, splits as u32],
+            groups: [wgs as u32, rows as u32, splits as u32],
             access: Access::new(reads, [if splits > 1 { ctx.scratch } else { out_span }]),
         });
         if splits > 1 {
@@ -88,13 +114,14 @@ impl VulkanBackend {
                 kernel: "attention_combine".into(),
                 spec: [0, 0],
                 push: Push::default()
-                    .u64(ctx.scratch.0)
+                    .u64(part_o)
+                    .u64(part_ml)
                     .u64(out)
                     .u32(*heads as u32)
                     .u32(*head_dim as u32)
                     .u32(splits as u32)
                     .0,
-                groups: [*heads as u32, rows as u32, 1],
+                groups: [*heads as u32, rows as u32, div_up(*head_dim, 64)],
                 access: Access::new([ctx.scratch], [out_span]),
             });
         }
