@@ -17,7 +17,7 @@ const FORMATS: [&str; 10] = [
 const PER_FORMAT: [&str; 5] = ["embed", "matmul", "matmul_tiled", "matvec", "matmul_coopmat"];
 
 /// Kernels built once.
-const PLAIN: [&str; 11] = [
+const PLAIN: [&str; 12] = [
     "rms_norm",
     "rope",
     "kv_store",
