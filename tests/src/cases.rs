@@ -849,6 +849,19 @@ pub fn all() -> Vec<Case> {
         6,
         vec![((0..4).collect(), vec![0; 4]), ((4..8).collect(), vec![0; 4])],
     ));
+    // A prefill longer than a backend's decode-attention kernel takes (Vulkan: 32 rows), GQA,
+    // window shorter than the chunk, in two chunks.
+    v.push(attention(
+        "long-prefill",
+        spec(4, 2, 16, Some(24), None),
+        DType::F16,
+        1,
+        64,
+        vec![
+            ((0..40).collect(), vec![0; 40]),
+            ((40..80).collect(), vec![0; 40]),
+        ],
+    ));
     // Several sequences in one step, at different positions, f16 cache, soft-capped scores.
     v.push(attention(
         "batched",
