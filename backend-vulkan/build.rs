@@ -14,10 +14,17 @@ const FORMATS: [&str; 10] = [
 ];
 
 /// Kernels built once per weight format.
-const PER_FORMAT: [&str; 5] = ["embed", "matmul", "matmul_tiled", "matvec", "matmul_coopmat"];
+const PER_FORMAT: [&str; 6] = [
+    "embed",
+    "matmul",
+    "matmul_tiled",
+    "matvec",
+    "matmul_coopmat",
+    "matmul_cm2",
+];
 
 /// Kernels built once.
-const PLAIN: [&str; 12] = [
+const PLAIN: [&str; 13] = [
     "rms_norm",
     "rope",
     "kv_store",
@@ -29,6 +36,8 @@ const PLAIN: [&str; 12] = [
     "copy",
     "norm_add",
     "norm_rope",
+    // matmul_cm2's f16 input.
+    "to_f16",
     // q4_k, one input row (decode).
     "matvec_q4k",
 ];
@@ -43,15 +52,18 @@ fn main() {
     };
     let common = read("common.glsl");
     let compiler = glslang::Compiler::acquire().expect("glslang compiler");
-    let options = glslang::CompilerOptions {
+    let target = |version, spirv_version| glslang::CompilerOptions {
         source_language: glslang::SourceLanguage::GLSL,
         target: glslang::Target::Vulkan {
-            version: glslang::VulkanVersion::Vulkan1_2,
-            spirv_version: glslang::SpirvVersion::SPIRV1_5,
+            version,
+            spirv_version,
         },
         version_profile: None,
         messages: glslang::ShaderMessage::DEFAULT,
     };
+    let options = target(glslang::VulkanVersion::Vulkan1_2, glslang::SpirvVersion::SPIRV1_5);
+    // GL_NV_cooperative_matrix2 needs SPIR-V 1.6 (the backend takes it only on Vulkan 1.3).
+    let options_1_3 = target(glslang::VulkanVersion::Vulkan1_3, glslang::SpirvVersion::SPIRV1_6);
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let mut table = String::from(
         "/// Every kernel variant: name and SPIR-V words.\npub static KERNELS: &[(&str, &[u8])] = &[\n",
@@ -65,9 +77,13 @@ fn main() {
         let source = format!("#version 460\n{defines}{common}\n#line 1 1\n{body}");
         let src = glslang::ShaderSource::from(source);
         let no_defines: Option<&[(&str, Option<&str>)]> = None;
-        let input =
-            glslang::ShaderInput::new(&src, glslang::ShaderStage::Compute, &options, no_defines, None)
-                .unwrap_or_else(|e| panic!("{kernel} ({format:?}): {e}"));
+        let opts = if kernel == "matmul_cm2" {
+            &options_1_3
+        } else {
+            &options
+        };
+        let input = glslang::ShaderInput::new(&src, glslang::ShaderStage::Compute, opts, no_defines, None)
+            .unwrap_or_else(|e| panic!("{kernel} ({format:?}): {e}"));
         let shader = compiler
             .create_shader(input)
             .unwrap_or_else(|e| panic!("{kernel} ({format:?}): {e}"));

@@ -22,6 +22,8 @@ pub struct DeviceRequest {
     pub validation: bool,
     /// Whether cooperative-matrix (tensor core) kernels may be used where the device has them.
     pub coopmat: bool,
+    /// Whether the NV cooperative-matrix-2 matmul may be used where the device has it.
+    pub coopmat2: bool,
 }
 
 /// Validation messages (warnings and errors) collected by the debug messenger.
@@ -37,6 +39,7 @@ struct Opened {
     host_memory_bytes: u64,
     features: Vec<String>,
     coopmat: bool,
+    coopmat2: bool,
     timestamp_period: Option<f64>,
     timeline: vk::Semaphore,
     pool: vk::CommandPool,
@@ -63,6 +66,11 @@ pub struct Gpu {
     /// shape, subgroups of 32, shaderFloat16 and the Vulkan memory model, and the caller did not
     /// turn it off. The extension and features are enabled only then.
     pub coopmat: bool,
+    /// Whether the workgroup-scope prefill kernel (`matmul_cm2_<fmt>`) can run: `coopmat`, and
+    /// the device has VK_NV_cooperative_matrix2 with workgroup-scope matrices, flexible
+    /// dimensions, tensor addressing and block loads, and an f16 x f16 -> f32 workgroup shape
+    /// for 256 invocations. Enabled only then.
+    pub coopmat2: bool,
     /// Nanoseconds per timestamp tick; `None` when the queue has no timestamps.
     pub timestamp_period: Option<f64>,
     /// The queue's timeline: every submission signals the next value.
@@ -298,7 +306,7 @@ impl Gpu {
                 return Err(e);
             }
         };
-        match Self::open_device(&entry, &instance, physical, &props, req.coopmat) {
+        match Self::open_device(&entry, &instance, physical, &props, req) {
             Ok(o) => Ok(Gpu {
                 _entry: entry,
                 instance,
@@ -313,6 +321,7 @@ impl Gpu {
                 host_memory_bytes: o.host_memory_bytes,
                 features: o.features,
                 coopmat: o.coopmat,
+                coopmat2: o.coopmat2,
                 timestamp_period: o.timestamp_period,
                 timeline: o.timeline,
                 submitted: 0,
@@ -410,7 +419,7 @@ impl Gpu {
         instance: &ash::Instance,
         physical: vk::PhysicalDevice,
         props: &vk::PhysicalDeviceProperties,
-        want_coopmat: bool,
+        req: &DeviceRequest,
     ) -> Result<Opened, BackendError> {
         let name = device_name(props);
         // SAFETY: plain queries of a device of this instance.
@@ -482,7 +491,7 @@ impl Gpu {
             features.push("int8_dot(unused)".into());
         }
         // The prefill kernel's shape: 16x16x16, f16 x f16 -> f32, subgroup scope, 32 lanes.
-        let coopmat = want_coopmat
+        let coopmat = req.coopmat
             && has_ext(c"VK_KHR_cooperative_matrix")
             && fp16
             && v12f.vulkan_memory_model == vk::TRUE
@@ -490,6 +499,14 @@ impl Gpu {
             && coopmat_f16_shape(entry, instance, physical);
         if coopmat {
             features.push("cooperative_matrix".into());
+        }
+        let coopmat2 = coopmat
+            && req.coopmat2
+            && props.api_version >= vk::API_VERSION_1_3
+            && has_ext(c"VK_NV_cooperative_matrix2")
+            && coopmat2::supported(entry, instance, physical);
+        if coopmat2 {
+            features.push("cooperative_matrix2".into());
         }
         if has_ext(c"VK_EXT_subgroup_size_control") || props.api_version >= vk::API_VERSION_1_3 {
             features.push("subgroup_size_control".into());
@@ -519,9 +536,13 @@ impl Gpu {
             .vulkan_memory_model(coopmat);
         let mut en_coopmat =
             vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
+        let mut en_coopmat2 = coopmat2::Features::enabled();
         let mut device_exts = Vec::new();
         if coopmat {
             device_exts.push(ash::khr::cooperative_matrix::NAME.as_ptr());
+        }
+        if coopmat2 {
+            device_exts.push(coopmat2::NAME.as_ptr());
         }
         let core = vk::PhysicalDeviceFeatures::default()
             .shader_int16(true)
@@ -537,9 +558,15 @@ impl Gpu {
         } else {
             create
         };
+        let create = if coopmat2 {
+            create.push_next(&mut en_coopmat2)
+        } else {
+            create
+        };
         // SAFETY: the create info and its chain live on this frame; every feature enabled was
         // checked present by `missing_features` (the cooperative-matrix extension, its feature,
-        // shaderFloat16 and vulkanMemoryModel only when `coopmat` found them).
+        // shaderFloat16 and vulkanMemoryModel only when `coopmat` found them; the NV
+        // cooperative-matrix-2 extension and features only when `coopmat2::supported` did).
         let device = match unsafe { instance.create_device(physical, &create, None) } {
             Ok(d) => d,
             Err(e) => {
@@ -587,6 +614,7 @@ impl Gpu {
             memory_bytes,
             features,
             coopmat,
+            coopmat2,
             timestamp_period,
             timeline,
             pool,
@@ -685,4 +713,155 @@ fn coopmat_f16_shape(entry: &ash::Entry, instance: &ash::Instance, physical: vk:
             && s.result_type == vk::ComponentTypeKHR::FLOAT32
             && s.scope == vk::ScopeKHR::SUBGROUP
     })
+}
+
+/// VK_NV_cooperative_matrix2, which ash 0.38 (Vulkan 1.3.281) predates: its feature struct and
+/// shape query, spelled out from the Vulkan registry.
+mod coopmat2 {
+    use std::ffi::{c_void, CStr};
+
+    use ash::vk;
+
+    /// The extension's name.
+    pub const NAME: &CStr = c"VK_NV_cooperative_matrix2";
+
+    const FEATURES: vk::StructureType = vk::StructureType::from_raw(1_000_593_000);
+    const FLEXIBLE_PROPERTIES: vk::StructureType = vk::StructureType::from_raw(1_000_593_001);
+
+    /// VkPhysicalDeviceCooperativeMatrix2FeaturesNV.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy)]
+    pub struct Features {
+        s_type: vk::StructureType,
+        p_next: *mut c_void,
+        workgroup_scope: vk::Bool32,
+        flexible_dimensions: vk::Bool32,
+        reductions: vk::Bool32,
+        conversions: vk::Bool32,
+        per_element_operations: vk::Bool32,
+        tensor_addressing: vk::Bool32,
+        block_loads: vk::Bool32,
+    }
+
+    // SAFETY: `Features` is laid out as the registry's struct, starting with sType and pNext,
+    // and the registry lists it as extending both.
+    unsafe impl vk::ExtendsPhysicalDeviceFeatures2 for Features {}
+    // SAFETY: as above.
+    unsafe impl vk::ExtendsDeviceCreateInfo for Features {}
+
+    impl Features {
+        fn empty() -> Self {
+            Self {
+                s_type: FEATURES,
+                p_next: std::ptr::null_mut(),
+                workgroup_scope: vk::FALSE,
+                flexible_dimensions: vk::FALSE,
+                reductions: vk::FALSE,
+                conversions: vk::FALSE,
+                per_element_operations: vk::FALSE,
+                tensor_addressing: vk::FALSE,
+                block_loads: vk::FALSE,
+            }
+        }
+
+        /// The features `matmul_cm2.comp` uses.
+        pub fn enabled() -> Self {
+            Self {
+                workgroup_scope: vk::TRUE,
+                flexible_dimensions: vk::TRUE,
+                tensor_addressing: vk::TRUE,
+                block_loads: vk::TRUE,
+                ..Self::empty()
+            }
+        }
+    }
+
+    /// VkCooperativeMatrixFlexibleDimensionsPropertiesNV.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy)]
+    struct FlexibleShape {
+        s_type: vk::StructureType,
+        p_next: *mut c_void,
+        m_granularity: u32,
+        n_granularity: u32,
+        k_granularity: u32,
+        a_type: vk::ComponentTypeKHR,
+        b_type: vk::ComponentTypeKHR,
+        c_type: vk::ComponentTypeKHR,
+        result_type: vk::ComponentTypeKHR,
+        saturating_accumulation: vk::Bool32,
+        scope: vk::ScopeKHR,
+        workgroup_invocations: u32,
+    }
+
+    type GetFlexibleShapes =
+        unsafe extern "system" fn(vk::PhysicalDevice, *mut u32, *mut FlexibleShape) -> vk::Result;
+
+    /// Whether `physical` (which lists the extension) has the features `matmul_cm2.comp` uses
+    /// and an f16 x f16 -> f32 workgroup-scope shape for 256 invocations whose granularity
+    /// divides its tiles (32).
+    pub fn supported(entry: &ash::Entry, instance: &ash::Instance, physical: vk::PhysicalDevice) -> bool {
+        let mut f = Features::empty();
+        let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut f);
+        // SAFETY: a plain query of a device of this instance; the chained struct lives here.
+        unsafe { instance.get_physical_device_features2(physical, &mut f2) };
+        let want = Features::enabled();
+        if [
+            (f.workgroup_scope, want.workgroup_scope),
+            (f.flexible_dimensions, want.flexible_dimensions),
+            (f.tensor_addressing, want.tensor_addressing),
+            (f.block_loads, want.block_loads),
+        ]
+        .iter()
+        .any(|(have, need)| *need == vk::TRUE && *have != vk::TRUE)
+        {
+            return false;
+        }
+        let name = c"vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV";
+        // SAFETY: the instance is valid and the name is NUL-terminated.
+        let Some(raw) = (unsafe { entry.get_instance_proc_addr(instance.handle(), name.as_ptr()) }) else {
+            return false;
+        };
+        // SAFETY: the loader returned this entry point for this name, whose signature the
+        // registry gives as `GetFlexibleShapes`.
+        let query: GetFlexibleShapes = unsafe { std::mem::transmute(raw) };
+        let mut count = 0u32;
+        // SAFETY: a count query (null array).
+        if unsafe { query(physical, &mut count, std::ptr::null_mut()) } != vk::Result::SUCCESS {
+            return false;
+        }
+        let blank = FlexibleShape {
+            s_type: FLEXIBLE_PROPERTIES,
+            p_next: std::ptr::null_mut(),
+            m_granularity: 0,
+            n_granularity: 0,
+            k_granularity: 0,
+            a_type: vk::ComponentTypeKHR::FLOAT16,
+            b_type: vk::ComponentTypeKHR::FLOAT16,
+            c_type: vk::ComponentTypeKHR::FLOAT16,
+            result_type: vk::ComponentTypeKHR::FLOAT16,
+            saturating_accumulation: vk::FALSE,
+            scope: vk::ScopeKHR::SUBGROUP,
+            workgroup_invocations: 0,
+        };
+        let mut shapes = vec![blank; count as usize];
+        // SAFETY: `shapes` holds `count` initialised structs with sType set; the driver writes
+        // at most `count` of them.
+        let r = unsafe { query(physical, &mut count, shapes.as_mut_ptr()) };
+        if r != vk::Result::SUCCESS && r != vk::Result::INCOMPLETE {
+            return false;
+        }
+        shapes.truncate(count as usize);
+        shapes.iter().any(|s| {
+            s.scope == vk::ScopeKHR::WORKGROUP
+                && s.workgroup_invocations == 256
+                && s.a_type == vk::ComponentTypeKHR::FLOAT16
+                && s.b_type == vk::ComponentTypeKHR::FLOAT16
+                && s.c_type == vk::ComponentTypeKHR::FLOAT32
+                && s.result_type == vk::ComponentTypeKHR::FLOAT32
+                && [s.m_granularity, s.n_granularity, s.k_granularity]
+                    .iter()
+                    .all(|g| *g > 0 && 32 % g == 0)
+        })
+    }
 }

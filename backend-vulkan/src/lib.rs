@@ -17,7 +17,9 @@
 //! fails every later call), `profile` / `TANDEM_VULKAN_PROFILE=1` (timestamps after every node
 //! for `profile`, which serialise the program: off by default), `fuse` / `TANDEM_VULKAN_FUSE`
 //! (on by default: nodes fused into one kernel where `program::fuse` finds a pattern),
-//! `coopmat` / `TANDEM_VULKAN_COOPMAT` (the cooperative-matrix prefill kernels, on by default).
+//! `coopmat` / `TANDEM_VULKAN_COOPMAT` (the cooperative-matrix prefill kernels, on by default),
+//! `coopmat2` / `TANDEM_VULKAN_COOPMAT2` (of those, the workgroup-scope NV cooperative-matrix-2
+//! matmul where the device has it, on by default).
 
 mod device;
 mod memory;
@@ -132,6 +134,12 @@ impl BackendPlugin for VulkanBackend {
             Some(v) => truthy(v),
             None => std::env::var("TANDEM_VULKAN_COOPMAT").map_or(true, |v| truthy(&v)),
         };
+        // `coopmat2 = false` / TANDEM_VULKAN_COOPMAT2=0: the subgroup-scope cooperative-matrix
+        // kernel even where the device has VK_NV_cooperative_matrix2.
+        let coopmat2 = match options.get("coopmat2") {
+            Some(v) => truthy(v),
+            None => std::env::var("TANDEM_VULKAN_COOPMAT2").map_or(true, |v| truthy(&v)),
+        };
         // `profile` / TANDEM_VULKAN_PROFILE=1: per-node timestamps (and a barrier after every
         // node) for `profile`; off by default, as they cost speed.
         let profile = match options.get("profile") {
@@ -148,6 +156,7 @@ impl BackendPlugin for VulkanBackend {
             device,
             validation,
             coopmat,
+            coopmat2,
         })?;
         let memory = Memory::new(&gpu)?;
         let pipelines = Pipelines::new(&gpu)?;

@@ -91,7 +91,20 @@ fn run_format(
     bytes: &[u8],
     x: &[f32],
 ) -> Result<Vec<f32>, BackendError> {
-    let n = 37usize;
+    run_split_format(be, d, rows, k, bytes, x, &[20, 10, 7])
+}
+
+/// As [`run_format`], with the weight's rows split over outputs of `splits` columns.
+fn run_split_format(
+    be: &mut dyn ComputeBackend,
+    d: DType,
+    rows: usize,
+    k: usize,
+    bytes: &[u8],
+    x: &[f32],
+    splits: &[usize],
+) -> Result<Vec<f32>, BackendError> {
+    let n: usize = splits.iter().sum();
     let desc = TensorDesc::new(d, [n, k]);
     let w = be.alloc(&desc, Usage::Weight)?;
     be.write(w, 0, bytes)?;
@@ -101,7 +114,7 @@ fn run_format(
         0,
         &x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(),
     )?;
-    let splits = vec![20usize, 10, 7];
+    let splits = splits.to_vec();
     let outs: Vec<_> = splits
         .iter()
         .map(|c| be.alloc(&TensorDesc::new(DType::F32, [rows, *c]), Usage::Activation))
@@ -219,6 +232,48 @@ fn every_weight_format_matches_the_cpu_reference() {
             }
         }
         std::env::remove_var("TANDEM_VULKAN_MATVEC_COLS");
+    }
+}
+
+/// Prefill-sized matmuls whose outputs split at multiples of 128 columns: where the device has
+/// NV cooperative matrix 2, `matmul_cm2` stores each 128-column tile into its own output (on
+/// lavapipe, the tiled kernel runs).
+#[test]
+fn prefill_matmuls_split_at_tile_boundaries_match_the_cpu_reference() {
+    let Some(mut vk) = vulkan() else { return };
+    let mut reference = cpu();
+    let mut rng = Rng::new(17);
+    let coopmat = vk.info().features.iter().any(|f| f == "cooperative_matrix");
+    let tol = if coopmat { 5e-3 } else { 1e-5 };
+    let splits = [128usize, 256, 64];
+    for d in [
+        DType::F16,
+        DType::Bf16,
+        DType::Q4_0,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::Q6K,
+    ] {
+        let k = if matches!(d, DType::F16 | DType::Bf16) {
+            200
+        } else {
+            512
+        };
+        let bytes = weight_bytes(&mut rng, d, splits.iter().sum(), k);
+        for rows in [64usize, 130] {
+            let x = rng.vec(rows * k, 1.0);
+            let want = run_split_format(reference.as_mut(), d, rows, k, &bytes, &x, &splits).unwrap();
+            let got = run_split_format(vk.as_mut(), d, rows, k, &bytes, &x, &splits)
+                .unwrap_or_else(|e| panic!("{d} with {rows} rows, k = {k} on vulkan: {e}"));
+            let want: Vec<f64> = want.iter().map(|v| *v as f64).collect();
+            assert_close(
+                &format!("matmul {d} x{rows} k={k} splits={splits:?}"),
+                "vulkan vs cpu",
+                &got,
+                &want,
+                tol,
+            );
+        }
     }
 }
 

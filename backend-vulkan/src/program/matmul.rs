@@ -4,7 +4,7 @@ use tandem_backend_api::plan::{div_up, spread};
 use tandem_backend_api::{BackendError, DType, ValueId, WeightRef};
 
 use super::cmd::{Access, Cmd, Push};
-use super::{format_name, Ctx};
+use super::{format_name, Ctx, WG};
 use crate::VulkanBackend;
 
 /// Rows from which a matmul takes the tiled matrix-matrix kernel instead of the matrix-vector
@@ -57,6 +57,51 @@ fn coopmat_rows_override() -> Option<usize> {
         .filter(|r| *r >= 1)
 }
 
+/// `matmul_cm2_<fmt>`'s weight rows per tile: every split boundary must be a multiple of it.
+pub const CM2_BM: usize = 128;
+
+/// `matmul_cm2_<fmt>`'s weight rows per tile: [`CM2_BM`], or `TANDEM_VULKAN_CM2_BM` (64, 128 or
+/// 256) for tuning runs.
+fn cm2_bm() -> usize {
+    std::env::var("TANDEM_VULKAN_CM2_BM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|b| matches!(b, 64 | 128 | 256))
+        .unwrap_or(CM2_BM)
+}
+
+/// `TANDEM_VULKAN_CM2_ROWS`: a fixed row count from which matmuls take `matmul_cm2_<fmt>` where
+/// the device has it, for tuning runs (batched decode).
+fn cm2_rows_override() -> Option<usize> {
+    std::env::var("TANDEM_VULKAN_CM2_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|r| *r >= 1)
+}
+
+/// `matmul_cm2_<fmt>`'s input rows per tile: 128, or the rows rounded up to 32 below that.
+/// `TANDEM_VULKAN_CM2_BN` (32, 64, 96, ... 256) fixes it, for tuning runs.
+fn cm2_bn(rows: usize) -> usize {
+    std::env::var("TANDEM_VULKAN_CM2_BN")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|b| (32..=256).contains(b) && b.is_multiple_of(32))
+        .unwrap_or_else(|| rows.next_multiple_of(32).min(128))
+}
+
+/// `matmul_cm2`'s MODE bits (see the kernel) for weights of format `dt`. On the H100 (4B, 512
+/// rows): f16 weights, loaded without a decode function, ran fastest with every load clamped
+/// (6,559 tok/s prefill against 3,735 unclamped); decoded formats unclamped where the tile is
+/// inside the matrices, k 64 at a time (q4_k 5,027 against 3,737 clamped, 4,569 at k 32).
+/// `TANDEM_VULKAN_CM2_MODE` (0 to 7) fixes it, for tuning runs.
+fn cm2_mode(dt: DType) -> u32 {
+    std::env::var("TANDEM_VULKAN_CM2_MODE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|m| *m <= 7)
+        .unwrap_or(if dt == DType::F16 { 1 } else { 2 })
+}
+
 /// `TANDEM_VULKAN_Q4K_MATVEC`: `old` sends one-row q4_k matmuls back to `matvec_q4_k`'s split
 /// mode; `<nr>x<warps>` (nr 1, 2 or 4; warps 1 to 8) fixes `matvec_q4k`'s shape, for tuning and
 /// test runs.
@@ -102,7 +147,9 @@ pub struct Choice {
 }
 
 /// Decode (few rows) takes a matrix-vector kernel, from TILED_ROWS(_WIDE) rows the tiled one,
-/// from COOPMAT_ROWS the cooperative-matrix one where the device has it:
+/// from COOPMAT_ROWS the cooperative-matrix one where the device has it: `matmul_cm2_<fmt>`
+/// where `cm2` says the device has NV cooperative matrix 2 and the node suits it (split
+/// boundaries multiples of [`CM2_BM`], 16-byte aligned addresses), else `matmul_coopmat_<fmt>`.
 /// - float rows whose k is not a multiple of 16: `matmul_<fmt>`, one weight row per workgroup;
 /// - q4_k, one row: `matvec_q4k` (`TANDEM_VULKAN_Q4K_MATVEC=old`: split-mode `matvec_q4_k`);
 /// - q4_k, several rows: `matvec_rows_q4_k`, 4 weight rows x 8 input rows per workgroup (at 32
@@ -110,7 +157,7 @@ pub struct Choice {
 /// - else `matvec_<fmt>`: split mode for block formats with one row, subgroup mode otherwise
 ///   (f16 one row: 3.64 ms a 4B step against 3.99 in split mode), R = 1, 2, 4 or 8 input rows
 ///   per workgroup.
-pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool) -> Choice {
+pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool, cm2: bool) -> Choice {
     let fmt = format_name(dt);
     let float = matches!(dt, DType::F32 | DType::F16 | DType::Bf16);
     let wide = float || dt == DType::Q4K;
@@ -122,6 +169,14 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool) -> Choi
     } else {
         8
     };
+    if cm2 && coopmat && rows >= cm2_rows_override().unwrap_or(COOPMAT_ROWS) {
+        let (bm, bn) = (cm2_bm(), cm2_bn(rows));
+        return Choice {
+            kernel: format!("matmul_cm2_{fmt}"),
+            spec: [bm as u32, bn as u32 | cm2_mode(dt) << 16],
+            groups: [div_up(n, bm), div_up(rows, bn), 1],
+        };
+    }
     if rows >= coopmat_rows_override().unwrap_or(COOPMAT_ROWS) && coopmat {
         // Prefill on cooperative matrices: 64 x 128 output tiles.
         return Choice {
@@ -191,6 +246,23 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool) -> Choi
     }
 }
 
+/// Bytes of scratch `matmul_cm2`'s f16 inputs need in `graph` (0 without cooperative matrix 2):
+/// the largest rows x k of its matmuls, rounded up to 16.
+pub fn cm2_scratch_bytes(graph: &tandem_backend_api::Graph, coopmat2: bool) -> u64 {
+    if !coopmat2 {
+        return 0;
+    }
+    graph
+        .nodes
+        .iter()
+        .filter_map(|node| match &node.op {
+            tandem_backend_api::Op::MatMul { weight, .. } => Some(graph.rows * weight.desc.shape[1] * 2),
+            _ => None,
+        })
+        .max()
+        .map_or(0, |b| b.next_multiple_of(16) as u64)
+}
+
 impl VulkanBackend {
     /// An `Op::MatMul` node: `x` times the transposed weight, its columns split over `outputs`.
     pub(super) fn lower_matmul(
@@ -217,9 +289,40 @@ impl VulkanBackend {
                 ends[s] = acc as u32;
             }
         }
+        // NV cooperative matrix 2: each tile stores into one split output, and the tensor
+        // loads and stores need 16-byte aligned bases.
+        let aligned = |a: u64| a.is_multiple_of(16);
+        let cm2 = self.gpu.coopmat2
+            && ends
+                .iter()
+                .all(|e| (*e as usize).is_multiple_of(cm2_bm()) || *e as usize == n)
+            && aligned(w.mem.address)
+            && dsts[..outputs.len()].iter().all(|d| aligned(*d));
+        let c = choose(rows, n, k, dt, self.gpu.coopmat, cm2);
+        let mut cmds = Vec::with_capacity(2);
+        let mut input = (ctx.addr(x)?, ctx.span(x)?);
+        if c.kernel.starts_with("matmul_cm2") {
+            // matmul_cm2 reads its input as f16, converted into the scratch buffer first.
+            let x16 = (ctx.scratch.0, ctx.scratch.0 + (rows * k * 2) as u64);
+            if x16.1 > ctx.scratch.1 {
+                return Err(BackendError::internal(format!(
+                    "matmul_cm2's f16 input ({rows} x {k}) does not fit the program's scratch"
+                )));
+            }
+            let count = rows * k;
+            let [gx, gy] = spread(div_up(count, 4 * WG as usize));
+            cmds.push(Cmd::Dispatch {
+                kernel: "to_f16".into(),
+                spec: [0, 0],
+                push: Push::default().u64(input.0).u64(x16.0).u32(count as u32).0,
+                groups: [gx, gy, 1],
+                access: Access::new([input.1], [x16]),
+            });
+            input = (x16.0, x16);
+        }
         let push = Push::default()
             .u64(w.mem.address)
-            .u64(ctx.addr(x)?)
+            .u64(input.0)
             .u64(dsts[0])
             .u64(dsts[1])
             .u64(dsts[2])
@@ -232,14 +335,14 @@ impl VulkanBackend {
             .u32(ends[1])
             .u32(ends[2])
             .0;
-        let c = choose(rows, n, k, dt, self.gpu.coopmat);
-        Ok(vec![Cmd::Dispatch {
+        cmds.push(Cmd::Dispatch {
             kernel: c.kernel,
             spec: c.spec,
             push,
             groups: c.groups,
-            access: Access::new([ctx.span(x)?], writes),
-        }])
+            access: Access::new([input.1], writes),
+        });
+        Ok(cmds)
     }
 }
 
@@ -250,33 +353,53 @@ mod tests {
     #[test]
     fn decode_prefill_and_batches_take_their_kernels() {
         // One row of q4_k: its own kernel, 8 rows x 5 subgroups per workgroup at k = 2560.
-        let c = choose(1, 2560, 2560, DType::Q4K, true);
+        let c = choose(1, 2560, 2560, DType::Q4K, true, false);
         assert_eq!(
             (c.kernel.as_str(), c.spec, c.groups),
             ("matvec_q4k", [2, 160], [320, 1, 1])
         );
         // 1B's FFN down (1152 x 6912): 4 rows x 7 subgroups.
-        let c = choose(1, 1152, 6912, DType::Q4K, true);
+        let c = choose(1, 1152, 6912, DType::Q4K, true, true);
         assert_eq!((c.spec, c.groups), ([1, 224], [288, 1, 1]));
         // One row of another block format: split-mode matvec.
-        let c = choose(1, 2560, 2560, DType::Q8_0, true);
+        let c = choose(1, 2560, 2560, DType::Q8_0, true, true);
         assert_eq!(
             (c.kernel.as_str(), c.spec),
             ("matvec_q8_0", [1, MATVEC_COLS as u32])
         );
         // Batched q4_k decode: the rows kernel.
-        assert_eq!(choose(8, 2560, 2560, DType::Q4K, true).kernel, "matvec_rows_q4_k");
+        assert_eq!(
+            choose(8, 2560, 2560, DType::Q4K, true, false).kernel,
+            "matvec_rows_q4_k"
+        );
         // Prefill: cooperative matrices where the device has them, else tiles.
         assert_eq!(
-            choose(128, 2560, 2560, DType::Q8_0, true).kernel,
+            choose(128, 2560, 2560, DType::Q8_0, true, false).kernel,
             "matmul_coopmat_q8_0"
         );
         assert_eq!(
-            choose(128, 2560, 2560, DType::Q8_0, false).kernel,
+            choose(128, 2560, 2560, DType::Q8_0, false, true).kernel,
             "matmul_tiled_q8_0"
         );
         // Float rows of awkward k: one weight row per workgroup.
-        assert_eq!(choose(1, 100, 30, DType::F16, true).kernel, "matmul_f16");
+        assert_eq!(choose(1, 100, 30, DType::F16, true, false).kernel, "matmul_f16");
+        // NV cooperative matrix 2 where the node suits it: 128 weight rows x up to 128 rows.
+        if std::env::var_os("TANDEM_VULKAN_CM2_BN").is_none()
+            && std::env::var_os("TANDEM_VULKAN_CM2_ROWS").is_none()
+        {
+            let c = choose(512, 2560, 2560, DType::Q4K, true, true);
+            assert_eq!(c.kernel, "matmul_cm2_q4_k");
+            assert_eq!((c.spec, c.groups), ([128, 128 | 2 << 16], [20, 4, 1]));
+            assert_eq!(
+                choose(70, 2560, 2560, DType::Q4K, true, true).spec,
+                [128, 96 | 2 << 16]
+            );
+            // Not without cooperative matrices at all.
+            assert_eq!(
+                choose(512, 2560, 2560, DType::Q4K, false, true).kernel,
+                "matmul_tiled_q4_k"
+            );
+        }
     }
 
     #[test]

@@ -67,7 +67,8 @@ pub(crate) struct Ctx<'a> {
     /// Device address of the step arguments.
     args: u64,
     layout: ArgsLayout,
-    /// Device addresses of attention's partial results.
+    /// Device addresses of the scratch buffer: attention's partial results, matmul_cm2's f16
+    /// inputs.
     pub scratch: Span,
     /// Per node: the device address of its rope table.
     tables: Vec<Option<u64>>,
@@ -206,11 +207,13 @@ impl VulkanBackend {
         } else {
             None
         };
-        let scratch_size = tandem_backend_api::plan::attention_scratch_bytes(graph);
+        // Attention's split partials, and matmul_cm2's f16 inputs (never live at once).
+        let scratch_size = tandem_backend_api::plan::attention_scratch_bytes(graph)
+            .max(matmul::cm2_scratch_bytes(graph, self.gpu.coopmat2));
         let scratch = if scratch_size > 0 {
             match self
                 .memory
-                .create(&self.gpu, scratch_size, Place::Device, "attention partials")
+                .create(&self.gpu, scratch_size, Place::Device, "program scratch")
             {
                 Ok(a) => Some(a),
                 Err(e) => {

@@ -1,0 +1,240 @@
+// Op::MatMul for many rows (prefill, batched decode) on NV cooperative-matrix-2 workgroup-scope
+// matrices: the driver stages the tiles through shared memory and pipelines the loads, the
+// kernel only says what to multiply. One workgroup of 256 computes a BM (weight rows = output
+// columns) x BN (input rows) tile of the transposed output: A = a BM x BK slice of the weight,
+// dequantised element by element by `decode_w` as the driver loads it; B = a BK x BN slice of
+// the transposed input, which the host converted to f16 beforehand (`to_f16`); f32
+// accumulation. The tile is stored
+// transposed into the one split output it lies in (the host takes this kernel only where every
+// split boundary is a multiple of BM and every address is 16-byte aligned); out-of-range rows and
+// columns are clamped to zero on load and dropped on store.
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_NV_cooperative_matrix2 : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_control_flow_attributes : require
+
+layout(local_size_x = 256) in;
+
+// Weight rows of the workgroup's tile (a multiple of 32); input rows (a multiple of 32) in the
+// low 16 bits of SPEC1, and in its high bits MODE: bit 0 clamps every load (else only the
+// tiles not wholly inside the matrices, or all where k is not a multiple of BK), bit 1 takes k
+// 64 at a time (else 32, one sub-block of the 32-wide and 256-wide block formats), bit 2
+// unrolls 8 slices (else 4).
+layout(constant_id = 0) const uint BM = 128;
+layout(constant_id = 1) const uint SPEC1 = 128;
+const uint BN = SPEC1 & 0xFFFFu;
+const uint MODE = SPEC1 >> 16;
+const uint BK = (MODE & 2u) != 0u ? 64u : 32u;
+// Slices per unrolled trip: bit 2 of MODE 8 (a 256-wide block at BK 32), else 4.
+const uint UNROLL = (MODE & 4u) != 0u ? 8u : 4u;
+
+layout(push_constant, scalar) uniform Params {
+    uint64_t w;
+    uint64_t x;
+    uint64_t dst0;
+    uint64_t dst1;
+    uint64_t dst2;
+    uint64_t dst3;
+    uint k;
+    uint n;
+    uint rows;
+    uint row_bytes;
+    uint end0;
+    uint end1;
+    uint end2;
+} p;
+
+// f16's largest finite value: inputs and weights beyond it are clamped, not made infinite.
+#define F16_MAX 65504.0
+
+layout(buffer_reference, scalar, buffer_reference_align = 16) buffer H16s { float16_t v[]; };
+
+// The weight format's block as `decode_w` sees it (BS elements in HALVES 16-bit or WORDS 32-bit
+// words) and one
+// element of it: `at[1]` is the element's index in its block.
+#if defined(WFMT_F16)
+#define BS 1
+#elif defined(WFMT_F32)
+#define BS 1
+layout(buffer_reference, scalar, buffer_reference_align = 4) buffer WBlock { float v; };
+float welem(const in WBlock b, uint i) { return b.v; }
+#else
+#if defined(WFMT_BF16)
+#define BS 1
+#define HALVES 1
+#elif defined(WFMT_Q4_0)
+#define BS 32
+#define HALVES 9
+#elif defined(WFMT_Q4_1)
+#define BS 32
+#define HALVES 10
+#elif defined(WFMT_Q5_0)
+#define BS 32
+#define HALVES 11
+#elif defined(WFMT_Q5_1)
+#define BS 32
+#define HALVES 12
+#elif defined(WFMT_Q8_0)
+#define BS 32
+#define HALVES 17
+#elif defined(WFMT_Q4_K)
+#define BS 256
+#define WORDS 36
+#elif defined(WFMT_Q6_K)
+#define BS 256
+#define HALVES 105
+#endif
+#if defined(WORDS)
+// 144-byte blocks from a 16-byte aligned base: read 32 bits at a time.
+layout(buffer_reference, scalar, buffer_reference_align = 4) buffer WBlock { uint v[WORDS]; };
+#else
+layout(buffer_reference, scalar, buffer_reference_align = 2) buffer WBlock { uint16_t v[HALVES]; };
+uint byte_at(const in WBlock b, uint j) { return (uint(b.v[j >> 1]) >> (8u * (j & 1u))) & 0xFFu; }
+float half_at(const in WBlock b, uint j) { return unpackHalf2x16(uint(b.v[j >> 1])).x; }
+#endif
+float welem(const in WBlock b, uint i) {
+#if defined(WFMT_BF16)
+    return uintBitsToFloat(uint(b.v[0]) << 16);
+#elif defined(WFMT_Q4_0)
+    // d, 16 bytes: element j low nibble of byte j, j + 16 high nibble; (q - 8) d.
+    uint q = (byte_at(b, 2 + (i & 15u)) >> (4u * (i >> 4))) & 15u;
+    return float(int(q) - 8) * half_at(b, 0);
+#elif defined(WFMT_Q4_1)
+    // d, m, 16 bytes as q4_0; q d + m.
+    uint q = (byte_at(b, 4 + (i & 15u)) >> (4u * (i >> 4))) & 15u;
+    return float(q) * half_at(b, 0) + half_at(b, 2);
+#elif defined(WFMT_Q5_0)
+    // d, qh (bit j: bit 4 of element j), 16 bytes as q4_0; (q - 16) d.
+    uint qh = uint(b.v[1]) | (uint(b.v[2]) << 16);
+    uint q = ((byte_at(b, 6 + (i & 15u)) >> (4u * (i >> 4))) & 15u) | (((qh >> i) & 1u) << 4);
+    return float(int(q) - 16) * half_at(b, 0);
+#elif defined(WFMT_Q5_1)
+    // d, m, qh, 16 bytes; q d + m.
+    uint qh = uint(b.v[2]) | (uint(b.v[3]) << 16);
+    uint q = ((byte_at(b, 8 + (i & 15u)) >> (4u * (i >> 4))) & 15u) | (((qh >> i) & 1u) << 4);
+    return float(q) * half_at(b, 0) + half_at(b, 2);
+#elif defined(WFMT_Q8_0)
+    // d, 32 int8; q d.
+    return sext8(byte_at(b, 2 + i)) * half_at(b, 0);
+#elif defined(WFMT_Q4_K)
+    // Words: d and dmin, 3 of 6-bit scales and mins, 32 of nibbles (8 words per 64 elements,
+    // low nibbles first): sub-block s = i / 32; d scale q - dmin min.
+    uint s = i >> 5;
+    vec2 dm = unpackHalf2x16(b.v[0]);
+    uint sc;
+    uint mn;
+    if (s < 4u) {
+        sc = (b.v[1] >> (8u * s)) & 63u;
+        mn = (b.v[2] >> (8u * s)) & 63u;
+    } else {
+        uint t = 8u * (s - 4u);
+        uint lo = b.v[3] >> t;
+        sc = (lo & 15u) | (((b.v[1] >> (t + 6u)) & 3u) << 4);
+        mn = ((lo >> 4) & 15u) | (((b.v[2] >> (t + 6u)) & 3u) << 4);
+    }
+    uint l = i & 31u;
+    uint q = (b.v[4 + 8 * (s >> 1) + (l >> 2)] >> (8u * (l & 3u) + 4u * (s & 1u))) & 15u;
+    return dm.x * float(sc) * float(q) - dm.y * float(mn);
+#elif defined(WFMT_Q6_K)
+    // 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, d: unit u = i / 32 is
+    // quarter s = u % 4 of half h = u / 4; element l of it as in common.glsl's load_unit.
+    uint u = i >> 5;
+    uint h = (u >> 2) & 1u;
+    uint s = u & 3u;
+    uint l = i & 31u;
+    uint lo = (byte_at(b, 64 * h + 32 * (s & 1u) + l) >> (4u * (s >> 1))) & 15u;
+    uint hi = (byte_at(b, 128 + 32 * h + l) >> (2u * s)) & 3u;
+    float scale = sext8(byte_at(b, 192 + 8 * h + 2 * s + (l >> 4)));
+    return half_at(b, 208) * scale * float(int(lo | (hi << 4)) - 32);
+#endif
+}
+#endif
+
+#if !defined(WFMT_F16)
+float16_t decode_w(const in WBlock b, const in uint block[2], const in uint at[2]) {
+    return float16_t(clamp(welem(b, at[1]), -F16_MAX, F16_MAX));
+}
+#define DECODE_W , decode_w
+#else
+#define DECODE_W
+#endif
+
+// One slice: A from the weight through layout LW, B from the f16 input through LX (transposed),
+// multiplied into acc.
+#if defined(WFMT_F16)
+#define LOAD_W(LW, K) coopMatLoadTensorNV(a, H16s(p.w).v, 0, sliceTensorLayoutNV(LW, n0, BM, K, BK))
+#else
+#define LOAD_W(LW, K) coopMatLoadTensorNV(a, U16s(p.w).v, 0, sliceTensorLayoutNV(LW, n0, BM, K, BK) DECODE_W)
+#endif
+#define STEP(LW, LX, K) \
+    LOAD_W(LW, K); \
+    coopMatLoadTensorNV(b, H16s(p.x).v, 0, sliceTensorLayoutNV(LX, m0, BN, K, BK), tr); \
+    acc = coopMatMulAdd(a, b, acc)
+
+void main() {
+    uint n0 = gl_WorkGroupID.x * BM;
+    uint m0 = gl_WorkGroupID.y * BN;
+    // The split output holding this tile's columns.
+    uint64_t dst;
+    uint c0;
+    uint width;
+    if (n0 < p.end0) {
+        dst = p.dst0; c0 = 0; width = p.end0;
+    } else if (n0 < p.end1) {
+        dst = p.dst1; c0 = p.end0; width = p.end1 - p.end0;
+    } else if (n0 < p.end2) {
+        dst = p.dst2; c0 = p.end1; width = p.end2 - p.end1;
+    } else {
+        dst = p.dst3; c0 = p.end2; width = p.n - p.end2;
+    }
+
+    tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> tw =
+        createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
+    tensorLayoutNV<2> uw = createTensorLayoutNV(2);
+#if BS > 1
+    tw = setTensorLayoutBlockSizeNV(tw, 1, BS);
+    uw = setTensorLayoutBlockSizeNV(uw, 1, BS);
+#endif
+    tw = setTensorLayoutDimensionNV(tw, p.n, p.k);
+    uw = setTensorLayoutDimensionNV(uw, p.n, p.k);
+    tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> tx =
+        createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
+    tx = setTensorLayoutDimensionNV(tx, p.rows, p.k);
+    tensorLayoutNV<2> ux = createTensorLayoutNV(2);
+    ux = setTensorLayoutDimensionNV(ux, p.rows, p.k);
+    tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> td =
+        createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
+    td = setTensorLayoutDimensionNV(td, p.rows, width);
+    // Rows <-> columns: the input and the output are read and written transposed.
+    tensorViewNV<2, false, 1, 0> tr = createTensorViewNV(2, false, 1, 0);
+    bool interior = (MODE & 1u) == 0u && n0 + BM <= p.n && m0 + BN <= p.rows && p.k % BK == 0u;
+
+    coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc =
+        coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
+    coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;
+    coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;
+    // UNROLL slices per trip, so that the driver can overlap one slice's loads with the
+    // previous one's multiply; then the rest one at a time.
+    uint k0 = 0;
+    if (interior) {
+        for (; k0 + UNROLL * BK <= p.k; k0 += UNROLL * BK) {
+            [[unroll]] for (uint j = 0; j < UNROLL; j++) {
+                STEP(uw, ux, k0 + j * BK);
+            }
+        }
+        for (; k0 < p.k; k0 += BK) {
+            STEP(uw, ux, k0);
+        }
+    } else {
+        for (; k0 + UNROLL * BK <= p.k; k0 += UNROLL * BK) {
+            [[unroll]] for (uint j = 0; j < UNROLL; j++) {
+                STEP(tw, tx, k0 + j * BK);
+            }
+        }
+        for (; k0 < p.k; k0 += BK) {
+            STEP(tw, tx, k0);
+        }
+    }
+    coopMatStoreTensorNV(acc, F32s(dst).v, 0, sliceTensorLayoutNV(td, m0, BN, n0 - c0, BM), tr);
+}
