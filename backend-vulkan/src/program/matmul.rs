@@ -70,6 +70,11 @@ fn cm2_bm() -> usize {
         .unwrap_or(CM2_BM)
 }
 
+/// Rows from which a matmul takes `matmul_cm2_<fmt>` where the device has it: batched decode of
+/// 32 sequences too (H100, 4B q4_k at 32 rows: 554 tok/s against 506 with `matvec_rows_q4_k`;
+/// at 16 rows 168 against 428).
+const CM2_ROWS: usize = 32;
+
 /// `TANDEM_VULKAN_CM2_ROWS`: a fixed row count from which matmuls take `matmul_cm2_<fmt>` where
 /// the device has it, for tuning runs (batched decode).
 fn cm2_rows_override() -> Option<usize> {
@@ -91,15 +96,16 @@ fn cm2_bn(rows: usize) -> usize {
 
 /// `matmul_cm2`'s MODE bits (see the kernel) for weights of format `dt`. On the H100 (4B, 512
 /// rows): f16 weights, loaded without a decode function, ran fastest with every load clamped
-/// (6,559 tok/s prefill against 3,735 unclamped); decoded formats unclamped where the tile is
-/// inside the matrices, k 64 at a time (q4_k 5,027 against 3,737 clamped, 4,569 at k 32).
+/// and k 64 at a time (7,571 tok/s prefill; 3,735 unclamped); decoded formats unclamped where
+/// the tile is inside the matrices, k 64 at a time (q4_k 5,027 against 3,737 clamped, 4,569 at
+/// k 32).
 /// `TANDEM_VULKAN_CM2_MODE` (0 to 7) fixes it, for tuning runs.
 fn cm2_mode(dt: DType) -> u32 {
     std::env::var("TANDEM_VULKAN_CM2_MODE")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|m| *m <= 7)
-        .unwrap_or(if dt == DType::F16 { 1 } else { 2 })
+        .unwrap_or(if dt == DType::F16 { 3 } else { 2 })
 }
 
 /// `TANDEM_VULKAN_Q4K_MATVEC`: `old` sends one-row q4_k matmuls back to `matvec_q4_k`'s split
@@ -169,7 +175,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool, cm2: bo
     } else {
         8
     };
-    if cm2 && coopmat && rows >= cm2_rows_override().unwrap_or(COOPMAT_ROWS) {
+    if cm2 && coopmat && rows >= cm2_rows_override().unwrap_or(CM2_ROWS) {
         let (bm, bn) = (cm2_bm(), cm2_bn(rows));
         return Choice {
             kernel: format!("matmul_cm2_{fmt}"),
