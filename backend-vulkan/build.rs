@@ -14,13 +14,14 @@ const FORMATS: [&str; 10] = [
 ];
 
 /// Kernels built once per weight format.
-const PER_FORMAT: [&str; 6] = [
+const PER_FORMAT: [&str; 7] = [
     "embed",
     "matmul",
     "matmul_tiled",
     "matvec",
     "matmul_coopmat",
     "matmul_cm2",
+    "dequant_f16",
 ];
 
 /// Kernels built once.

@@ -849,7 +849,7 @@ pub fn all() -> Vec<Case> {
         6,
         vec![((0..4).collect(), vec![0; 4]), ((4..8).collect(), vec![0; 4])],
     ));
-    // A prefill longer than a backend's decode-attention kernel takes (Vulkan: 8 rows), GQA,
+    // A prefill longer than a backend's decode-attention kernel takes (Vulkan: 1 row), GQA,
     // window shorter than the chunk, in two chunks.
     v.push(attention(
         "long-prefill",

@@ -3,7 +3,7 @@
 //! combination of the splits.
 //!
 //! The attention proper:
-//! - `attention_gqa` for decode of up to [`GQA_MAX_ROWS`] rows where `head_dim <= 256` (every
+//! - `attention_gqa` for one-row decode ([`GQA_MAX_ROWS`]) where `head_dim <= 256` (every
 //!   Gemma 3): one workgroup of 128 per (KV head,
 //!   row, split) attends all `heads / kv_heads` query heads of that KV head (8 at a time), so each
 //!   cached K and V row is read once per group; scores of 4 positions per subgroup at once with
@@ -31,9 +31,11 @@ use crate::VulkanBackend;
 /// `attention_gqa` takes heads of at most this size (its shared memory holds 8 heads' queries).
 const GQA_MAX_HEAD_DIM: usize = 256;
 
-/// Rows up to which attention takes `attention_gqa` (decode, batched decode of a few
-/// sequences). H100, 4B q4_k at 32 rows: 603 tok/s with `attention` against 554.
-const GQA_MAX_ROWS: usize = 8;
+/// Rows up to which attention takes `attention_gqa` (single-sequence decode). H100, decode
+/// tok/s with `attention_gqa` against `attention`: 1 row 207 against 194 (4B q4_k), 329
+/// against 279 (1B); batched, 4 rows 305 against 335, 8 rows 395 against 422, 16 rows 438
+/// against 468, 32 rows 554 against 603 (4B).
+const GQA_MAX_ROWS: usize = 1;
 
 /// Whether an attention of `rows` rows and heads of `head_dim` takes `attention_gqa`.
 fn use_gqa(rows: usize, head_dim: usize) -> bool {
