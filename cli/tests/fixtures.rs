@@ -58,6 +58,11 @@ fn json_run(install: &Install, args: &[&str]) -> Value {
 }
 
 fn check_logits(install: &Install, case: &str, extra: &[&str]) {
+    check_logits_within(install, case, extra, 1e-4);
+}
+
+/// As [`check_logits`], within `tol` of the largest reference logit.
+fn check_logits_within(install: &Install, case: &str, extra: &[&str], tol: f64) {
     let r = reference(case);
     let dir = fixture(case);
     for seq in r["sequences"].as_array().expect("sequences") {
@@ -82,8 +87,8 @@ fn check_logits(install: &Install, case: &str, extra: &[&str]) {
             assert_eq!(g.len(), w.len(), "{case}: vocabulary at position {p}");
             let err = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
             assert!(
-                err <= 1e-4 * scale,
-                "{case} {extra:?}: position {p}: error {err:e} > 1e-4 x {scale}"
+                err <= tol * scale,
+                "{case} {extra:?}: position {p}: error {err:e} > {tol:e} x {scale}"
             );
             assert_eq!(argmax(g), argmax(w), "{case} {extra:?}: argmax at position {p}");
         }
@@ -96,6 +101,24 @@ fn logits_match_transformers_on_every_fixture() {
     for case in CASES {
         check_logits(&install, case, &[]);
     }
+}
+
+#[test]
+fn f16_kv_caches_stay_close_to_transformers() {
+    // Keys and values rounded to f16 (11-bit significands) as they are stored.
+    let install = Install::new(&["cpu"]);
+    check_logits_within(
+        &install,
+        "text-published",
+        &["--kv-cache", "f16", "--chunk", "3"],
+        1e-2,
+    );
+    let out = install.run(&["logits", "--kv-cache", "bf16", "--tokens", "2,5"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--kv-cache must be f32 or f16, not 'bf16'"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -38,6 +38,7 @@ fn two_sequences_decoded_in_one_step_match_the_reference() {
             slots: 2,
             context: 64,
             max_step_rows: 4,
+            dtype: tandem_backend_api::DType::F32,
         };
         let model =
             Gemma3Model::load(config, &ckpt, backend.as_mut(), shape, &mut |_: u64, _: u64| {}).unwrap();

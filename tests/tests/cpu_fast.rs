@@ -36,6 +36,7 @@ fn session(path: &std::path::Path, kernels: &str) -> Session {
         slots: 1,
         context: 128,
         max_step_rows: 64,
+        dtype: tandem_backend_api::DType::F32,
     };
     let model = Gemma3Model::load(
         files.config,

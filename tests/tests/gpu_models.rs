@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use tandem_backend_api::ComputeBackend;
+use tandem_backend_api::{ComputeBackend, DType};
 use tandem_conformance::ids;
 use tandem_conformance::{discover, options_for};
 use tandem_engine::model::files::{default_model, open_model};
@@ -44,6 +44,7 @@ fn session(path: &Path, backend: Box<dyn ComputeBackend>, max_step_rows: usize) 
         slots: 1,
         context: 128,
         max_step_rows,
+        dtype: DType::F32,
     };
     let model = Gemma3Model::load(
         files.config,

@@ -49,6 +49,7 @@ fn real_model_matches_transformers() {
         slots: 1,
         context: 128,
         max_step_rows: 64,
+        dtype: tandem_backend_api::DType::F32,
     };
     let model = Gemma3Model::load(
         files.config,

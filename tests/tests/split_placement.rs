@@ -152,6 +152,7 @@ fn options(case: &str, backend: &str, chunk: usize) -> ModelOptions {
         backend: backend.to_string(),
         context: Some(CONTEXT),
         chunk,
+        kv_cache: Default::default(),
     }
 }
 
@@ -696,6 +697,7 @@ fn the_default_model_split_matches_transformers() {
         backend: "cpu+cpu".into(),
         context: Some(128),
         chunk: 64,
+        kv_cache: Default::default(),
     };
     let mut loaded = load(
         &search(),

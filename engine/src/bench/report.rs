@@ -107,6 +107,9 @@ pub struct BenchSettings {
     pub warmup: u32,
     /// The batch sizes asked for.
     pub batch: Vec<u32>,
+    /// The KV caches' element type (`f32`, `f16`); absent in results from before the option.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<String>,
 }
 
 /// The limits a run measured, to put its speeds in proportion.

@@ -141,6 +141,8 @@ pub fn run(
     let mut header = None;
     let mut units: Option<Vec<String>> = None;
     let mut flops_peak = None;
+    // The KV caches' element type the sessions got (`--kv-cache`, resolved).
+    let mut kv_cache = String::new();
     let mut copy_bw: Option<(f64, String)> = None;
     for &batch in batches {
         // Notices and progress come through two callbacks that take turns, never nested.
@@ -166,6 +168,7 @@ pub fn run(
         let (peak, peak_src) = flops_peak.clone().unwrap_or((0.0, String::new()));
         let cfg = loaded.session.model().config.clone();
         let weight_bytes = loaded.session.model().weight_bytes;
+        kv_cache = loaded.session.model().cache_shape.dtype.to_string();
         let info = loaded.session.backend().info();
         let vocab = cfg.vocab_size as u32;
         let mut rng = 0x9E37_79B9_7F4A_7C15u64;
@@ -337,7 +340,7 @@ pub fn run(
         "model": { "name": model_name, "source": source, "dtype": if synthetic { args.dtype.clone() } else { "gguf".into() },
                    "params": params, "weight_bytes": weight_bytes, "synthetic": synthetic },
         "settings": { "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens, "repeat": args.repeat,
-                      "warmup": 1, "batch": batches },
+                      "warmup": 1, "batch": batches, "kv_cache": kv_cache },
         "limits": { "copy_bandwidth_bytes_per_s": copy_bw, "copy_bandwidth_source": copy_src,
                     "peak_flops": peak, "peak_flops_source": peak_src },
         "runs": runs,

@@ -79,6 +79,8 @@ pub struct CacheShape {
     pub context: usize,
     /// Most rows one step may hold (prefill chunk).
     pub max_step_rows: usize,
+    /// The caches' element type: f32 or f16.
+    pub dtype: DType,
 }
 
 /// The model on a backend.
@@ -256,7 +258,7 @@ impl Gemma3Model {
                     .context
                     .min(c.sliding_window + cache_shape.max_step_rows.saturating_sub(1)),
             };
-            let cdesc = TensorDesc::new(DType::F32, [cache_shape.slots, capacity, kvd]);
+            let cdesc = TensorDesc::new(cache_shape.dtype, [cache_shape.slots, capacity, kvd]);
             let k = p.add(
                 cdesc.clone(),
                 Usage::KvCache,
@@ -272,7 +274,7 @@ impl Gemma3Model {
             let cache = KvCacheRef {
                 k,
                 v,
-                dtype: DType::F32,
+                dtype: cache_shape.dtype,
                 slots: cache_shape.slots,
                 capacity,
             };
