@@ -1,7 +1,7 @@
 //! Which kernel runs a matmul, and why: the one place that decides it.
 
-use tandem_backend_api::plan::{div_up, spread};
-use tandem_backend_api::{BackendError, DType, ValueId, WeightRef};
+use tandem_backend_api::plan::{div_up, spread, value_rows};
+use tandem_backend_api::{BackendError, DType, ValueId, ValueShape, WeightRef};
 
 use super::cmd::{Access, Cmd, Push};
 use super::{format_name, Ctx, WG};
@@ -273,8 +273,10 @@ fn cm2_input_bytes(rows: usize, k: usize) -> u64 {
 }
 
 /// Bytes of scratch `matmul_cm2` needs in `graph` (0 without cooperative matrix 2): the largest
-/// f16 input of its matmuls, plus the f16 weight where it dequantises one first.
-pub fn cm2_scratch_bytes(graph: &tandem_backend_api::Graph, coopmat2: bool) -> u64 {
+/// f16 input of the matmuls with enough rows to take it, plus the f16 weight where one is
+/// dequantised first. Matmuls of fewer rows (the logits of a prefill, over its selected rows)
+/// count for nothing: the tied embedding alone would be 1.3 GB of f16 on a 4B model.
+pub fn cm2_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueShape], coopmat2: bool) -> u64 {
     if !coopmat2 {
         return 0;
     }
@@ -282,14 +284,18 @@ pub fn cm2_scratch_bytes(graph: &tandem_backend_api::Graph, coopmat2: bool) -> u
         .nodes
         .iter()
         .filter_map(|node| match &node.op {
-            tandem_backend_api::Op::MatMul { weight, .. } => {
+            tandem_backend_api::Op::MatMul { x, weight, .. } => {
+                let rows = value_rows(graph, shapes.get(x.0 as usize)?);
+                if rows < cm2_rows_override().unwrap_or(CM2_ROWS) {
+                    return None;
+                }
                 let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
-                let w16 = if cm2_dequant(weight.desc.dtype, graph.rows) {
+                let w16 = if cm2_dequant(weight.desc.dtype, rows) {
                     n * k * 2
                 } else {
                     0
                 };
-                Some(cm2_input_bytes(graph.rows, k) + w16 as u64)
+                Some(cm2_input_bytes(rows, k) + w16 as u64)
             }
             _ => None,
         })
