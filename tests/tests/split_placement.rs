@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 use tandem_conformance::{discover, ids, options_for, plugin_dirs};
-use tandem_engine::runtime::load::{load, plan, Loaded, ModelOptions, Planned};
+use tandem_engine::runtime::load::{load, plan, KvCacheType, Loaded, ModelOptions, Planned};
 use tandem_engine::runtime::notice::Notice;
 use tandem_engine::runtime::placement_report::PlacementReport;
 use tandem_engine::runtime::plugins::PluginSearch;
@@ -496,6 +496,53 @@ fn kv_handoff_between_phases_is_what_the_report_predicts() {
     }
 }
 
+#[test]
+fn f16_kv_caches_are_handed_over_at_two_bytes_a_value() {
+    // Prefill attention on the emulated NPU, decode all on the CPU: every layer's f16 cache
+    // crosses at its own width (not f32's), and the decoded logits still follow transformers.
+    let placement = "[placement.prefill]\nattention = [\"npu-emu\", \"cpu\"]\nffn = [\"cpu\"]\ndefault = [\"cpu\"]\n[placement.decode]\nattention = [\"cpu\"]\nffn = [\"cpu\"]\ndefault = [\"cpu\"]\n";
+    let mut opts = options(FIXTURE, "auto", CHUNK);
+    opts.kv_cache = KvCacheType::F16;
+    let planned = plan(&search(), &settings(placement), &opts, 1, &mut |_| {})
+        .unwrap_or_else(|e| panic!("planning with f16 caches: {e}"));
+    let c = planned.model.config.clone();
+    let rep = planned.report();
+    drop(planned);
+    let row = (c.num_key_value_heads * c.head_dim * 2) as u64;
+    assert_eq!(rep.kv_handoff_layers, c.num_hidden_layers);
+    assert_eq!(
+        rep.kv_handoff_bytes_per_token,
+        2 * row * c.num_hidden_layers as u64
+    );
+
+    let loaded = load(
+        &search(),
+        &settings(placement),
+        &opts,
+        1,
+        &mut |_| {},
+        &mut |_: u64, _: u64| {},
+    );
+    let mut loaded = loaded.unwrap_or_else(|e| panic!("loading with f16 caches: {e}"));
+    assert_eq!(loaded.session.unit_names(), ["npu-emu", "cpu"]);
+    let r = reference(FIXTURE);
+    let tokens = ids(&r["sequences"][0]["tokens"]);
+    let want: Vec<Vec<f64>> = serde_json::from_value(r["sequences"][0]["logits"].clone()).unwrap();
+    let s = &mut loaded.session;
+    let p = 3usize;
+    s.prefill(0, &tokens[..p], false).unwrap();
+    for (i, &t) in tokens.iter().enumerate().skip(p).take(6) {
+        let got = s.step(&[t], &[0], &[0]).unwrap();
+        // The fixtures' f16-cache tolerance (cli/tests/fixtures.rs).
+        assert_row(&format!("f16 caches: position {i}"), got, &want[i], 1e-2);
+    }
+    assert_eq!(
+        s.moved_bytes().1,
+        rep.kv_handoff_bytes_per_token * p as u64,
+        "the prompt's cached rows, handed over once"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // d. No allocation per decode step.
 
@@ -708,7 +755,7 @@ fn the_default_model_split_matches_transformers() {
         &mut |_: u64, _: u64| {},
     )
     .unwrap();
-    assert_eq!(loaded.session.unit_names(), ["cpu#2", "cpu"]);
+    assert_eq!(loaded.session.unit_names(), ["npu-emu", "cpu"]);
     tandem_conformance::assert_last_logits(&mut loaded.session, &r, 1e-3);
     let stop = loaded.tokenizer.stop_ids().to_vec();
     for g in r["greedy"].as_array().unwrap() {

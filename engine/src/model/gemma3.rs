@@ -214,6 +214,12 @@ impl Planner<'_> {
 }
 
 impl Gemma3Model {
+    /// Bytes of one cached row (one token's keys, or its values, of one layer) in the KV caches'
+    /// element type: what a hand-over of cached rows between units copies per token.
+    pub fn kv_row_bytes(&self) -> usize {
+        self.config.num_key_value_heads * self.config.head_dim * self.cache_shape.dtype.block_bytes()
+    }
+
     /// Describes every weight and KV cache the model needs, with planned ids
     /// ([`PLANNED_ID_BASE`] up) and without touching a backend: what placement binds. The
     /// stored tensors are checked (names, shapes, dtypes) but not read.

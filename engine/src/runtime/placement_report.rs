@@ -206,8 +206,7 @@ impl PlacementReport {
         let split = |phase| SplitPlan::new(graph, &assignment.units(phase), &shapes);
         let (prefill, decode) = (split(Phase::Prefill), split(Phase::Decode));
         let chunk = chunk.max(1);
-        let c = &model.config;
-        let row = (c.num_key_value_heads * c.head_dim * 4) as u64;
+        let row = model.kv_row_bytes() as u64;
         let (ap, ad) = (
             attention_units(graph, &assignment.units(Phase::Prefill)),
             attention_units(graph, &assignment.units(Phase::Decode)),

@@ -137,8 +137,7 @@ impl Session {
             if unit[0] == unit[1] {
                 return None;
             }
-            let c = &model.config;
-            let row = c.num_key_value_heads * c.head_dim * 4;
+            let row = model.kv_row_bytes();
             let most = model
                 .layers
                 .iter()
@@ -319,7 +318,7 @@ impl Session {
         let Some(kv) = self.kv.as_mut() else {
             return Ok(());
         };
-        let row = self.model.config.num_key_value_heads * self.model.config.head_dim * 4;
+        let row = self.model.kv_row_bytes();
         for (l, layer) in self.model.layers.iter().enumerate() {
             let target = kv.unit[phase_index(phase)][l];
             for &s in &self.slots {
