@@ -25,13 +25,14 @@ const PER_FORMAT: [&str; 7] = [
 ];
 
 /// Kernels built once.
-const PLAIN: [&str; 13] = [
+const PLAIN: [&str; 14] = [
     "rms_norm",
     "rope",
     "kv_store",
     "attention",
     "attention_gqa",
     "attention_combine",
+    "attention_tiled",
     "eltwise",
     "select_rows",
     "copy",

@@ -30,6 +30,8 @@ layout(push_constant, scalar) uniform Params {
     float softcap; // 0: none
     uint f16;
     uint splits;
+    uint rows;
+    uint skip_block; // nonzero: leave the one-slot blocks of this many rows (attention_tiled's)
 } p;
 
 shared float qs[MAX_HEAD_DIM];
@@ -76,6 +78,9 @@ void main() {
     uint h = gl_WorkGroupID.x;
     uint r = gl_WorkGroupID.y;
     uint split = gl_WorkGroupID.z;
+    if (p.skip_block != 0u && one_slot_block(p.slots, r, p.rows, p.skip_block)) {
+        return;
+    }
     uint hd = p.head_dim;
     uint g = h / (p.heads / p.kv_heads);
     uint kv_cols = p.kv_heads * hd;

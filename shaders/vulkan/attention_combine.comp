@@ -14,9 +14,13 @@ layout(push_constant, scalar) uniform Params {
     uint64_t part_o;
     uint64_t part_ml;
     uint64_t dst;
+    uint64_t slots;
     uint heads;
     uint head_dim;
     uint splits; // <= NT
+    uint rows;
+    uint block;         // nonzero: merge only the rows of blocks of this many rows that ...
+    uint take_one_slot; // ... belong to one slot (attention_tiled's), or (0) to several
 } p;
 
 shared float w[NT];
@@ -28,6 +32,9 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint h = gl_WorkGroupID.x;
     uint r = gl_WorkGroupID.y;
+    if (p.block != 0u && one_slot_block(p.slots, r, p.rows, p.block) != (p.take_one_slot != 0u)) {
+        return;
+    }
     uint hd = p.head_dim;
     uint S = p.splits;
     uint64_t base = (uint64_t(r) * p.heads + h) * S;

@@ -38,6 +38,20 @@ void st_f32(uint64_t addr, uint64_t i, float v) { F32s(addr + i * 4).v[0] = v; }
 uint ld_u16(uint64_t addr, uint64_t i) { return uint(U16s(addr + i * 2).v[0]); }
 void st_u16(uint64_t addr, uint64_t i, uint v) { U16s(addr + i * 2).v[0] = uint16_t(v); }
 
+// Whether every row of the block of `br` rows holding row r (of `rows`) belongs to one slot:
+// the blocks attention_tiled takes, which `attention` and `attention_combine` then skip.
+bool one_slot_block(uint64_t slots, uint r, uint rows, uint br) {
+    uint r0 = r - r % br;
+    uint end = min(r0 + br, rows);
+    uint first = U32s(slots).v[r0];
+    for (uint i = r0 + 1u; i < end; i++) {
+        if (U32s(slots).v[i] != first) {
+            return false;
+        }
+    }
+    return true;
+}
+
 // tanh that saturates instead of overflowing.
 float tanh_safe(float x) {
     float e = exp(-2.0 * abs(x));

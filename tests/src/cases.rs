@@ -862,6 +862,36 @@ pub fn all() -> Vec<Case> {
             ((40..80).collect(), vec![0; 40]),
         ],
     ));
+    // Prefill blocks (Vulkan's tiled kernel: 32 rows) of one slot and of two: 20 rows of each of
+    // two sequences per step, a head of 72 (two 64-wide chunks, the second partial), GQA,
+    // soft-capped scores over a full-context cache.
+    v.push(attention(
+        "two-sequence-prefill",
+        spec(4, 2, 72, None, Some(20.0)),
+        DType::F32,
+        2,
+        48,
+        vec![
+            (
+                (0..20).chain(0..20).collect(),
+                [vec![0; 20], vec![1; 20]].concat(),
+            ),
+            (
+                (20..40).chain(20..40).collect(),
+                [vec![1; 20], vec![0; 20]].concat(),
+            ),
+        ],
+    ));
+    // Enough heads and rows that Vulkan's tiled kernel takes each block's key tiles in one
+    // workgroup (64 heads x 16 blocks of 32 rows), with a window shorter than the step.
+    v.push(attention(
+        "wide-prefill",
+        spec(64, 8, 8, Some(100), None),
+        DType::F16,
+        1,
+        611,
+        vec![((0..512).collect(), vec![0; 512])],
+    ));
     // Several sequences in one step, at different positions, f16 cache, soft-capped scores.
     v.push(attention(
         "batched",

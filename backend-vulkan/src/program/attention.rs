@@ -9,20 +9,29 @@
 //!   cached K and V row is read once per group; scores of 4 positions per subgroup at once with
 //!   vec4 loads, values accumulated by (4 dimensions, every R-th position) invocations with their
 //!   own online softmax, merged at the end. Grid `[kv_heads, rows, splits]`.
-//! - `attention` otherwise (prefill, and head_dim up to 512): one workgroup of 64 per (query
-//!   head, row, split). Grid `[heads, rows, splits]`. On the H100 it beats `attention_gqa` in
+//! - `attention_tiled` first for steps of at least [`TILED_MIN_ROWS`] rows where `head_dim <=
+//!   256` (prefill chunks): one workgroup of 256 per (query head, block of [`TILED_ROWS`] rows)
+//!   whose rows all belong to one slot; K and V tiles of 32 positions are loaded once into
+//!   shared memory for the block's rows (flash attention, f32 arithmetic). Grid
+//!   `[heads, rows / 32, 1]`. Blocks of several slots (batched decode) exit at once.
+//! - `attention` otherwise (and after `attention_tiled`, on exactly the blocks it left, told by
+//!   `skip_block`): one workgroup of 64 per (query head, row, split), reading the cached rows
+//!   once per query row. Grid `[heads, rows, splits]`. On the H100 it beats `attention_gqa` in
 //!   prefill (4B q4_k, 512 rows: 31.6 ms of attention against 76.0), where `attention_gqa` wins
 //!   decode (0.88 ms a step against 1.98).
 //!
-//! `TANDEM_VULKAN_ATTENTION=gqa|plain` forces one kernel (where the head fits), for tuning runs.
+//! `TANDEM_VULKAN_ATTENTION=gqa|plain|tiled` forces one kernel (where the head fits), for tuning
+//! runs (`tiled` at every row count, decode included).
 //!
-//! Both use [`attention_splits`] splits (what `attention_scratch_bytes` sizes the scratch for),
-//! and write split partials as `[rows][heads][splits][head_dim]` unnormalised outputs followed,
-//! in the same scratch buffer, by `[rows][heads][splits][2]` maxima and sums;
-//! `attention_combine` (one workgroup of 256 per (head, row, 64 dimensions)) merges them.
+//! `attention` and `attention_gqa` use [`attention_splits`] splits, `attention_tiled`
+//! [`tiled_splits`] (of each block's key tiles); each writes its split partials as
+//! `[rows][heads][splits][head_dim]` unnormalised outputs followed by `[rows][heads][splits][2]`
+//! maxima and sums, the tiled kernel's after the others' in the scratch buffer
+//! ([`scratch_bytes`]); `attention_combine` (one workgroup of 256 per (head, row, 64
+//! dimensions)) merges them, once for each kernel's rows.
 
 use tandem_backend_api::plan::{attention_splits, div_up};
-use tandem_backend_api::{BackendError, DType, Op};
+use tandem_backend_api::{BackendError, DType, Graph, Op};
 
 use super::cmd::{Access, Cmd, Push};
 use super::{Ctx, WG};
@@ -37,6 +46,92 @@ const GQA_MAX_HEAD_DIM: usize = 256;
 /// against 468, 32 rows 554 against 603 (4B).
 const GQA_MAX_ROWS: usize = 1;
 
+/// `attention_tiled`'s block of query rows (its `BR`).
+const TILED_ROWS: usize = 32;
+
+/// `attention_tiled`'s largest head (its `MAX_HEAD_DIM`).
+const TILED_MAX_HEAD_DIM: usize = 256;
+
+/// Rows from which attention runs `attention_tiled` first (then `attention` on the blocks of
+/// several slots only): prefill chunks. Below, `attention` alone.
+const TILED_MIN_ROWS: usize = 16;
+
+/// Workgroups `attention_tiled` aims for: its blocks times their splits.
+const TILED_TARGET_GROUPS: usize = 1024;
+
+/// Most splits of a block's key tiles.
+const TILED_MAX_SPLITS: usize = 16;
+
+/// How many workgroups share the key tiles of one (head, block of rows) in `attention_tiled`:
+/// enough for some [`TILED_TARGET_GROUPS`] workgroups (a block sees at most as many tiles as
+/// it has positions before it, so the first blocks leave most splits empty).
+/// `TANDEM_VULKAN_TILED_SPLITS=n` forces n (1 to 64), for tuning runs.
+fn tiled_splits(rows: usize, heads: usize) -> usize {
+    if let Some(n) = std::env::var("TANDEM_VULKAN_TILED_SPLITS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        return n.clamp(1, 64);
+    }
+    let groups = heads * rows.div_ceil(TILED_ROWS);
+    TILED_TARGET_GROUPS
+        .div_ceil(groups.max(1))
+        .clamp(1, TILED_MAX_SPLITS)
+}
+
+/// Bytes of split partials (`[rows][heads][splits][head_dim + 2]` f32) for `splits`.
+fn partial_bytes(rows: usize, heads: usize, head_dim: usize, splits: usize) -> u64 {
+    if splits > 1 {
+        (rows * heads * splits * (head_dim + 2) * 4) as u64
+    } else {
+        0
+    }
+}
+
+/// Bytes of scratch the attention nodes of `graph` need for their split partials: the largest
+/// node's, the plain kernels' and `attention_tiled`'s side by side.
+pub(super) fn scratch_bytes(graph: &Graph) -> u64 {
+    let rows = graph.rows;
+    graph
+        .nodes
+        .iter()
+        .filter_map(|node| match &node.op {
+            Op::Attention {
+                heads,
+                head_dim,
+                window,
+                cache,
+                ..
+            } => {
+                let plain = attention_splits(rows, *heads, *window, cache.capacity);
+                let tiled = if use_tiled(rows, *head_dim) {
+                    tiled_splits(rows, *heads)
+                } else {
+                    1
+                };
+                Some(
+                    partial_bytes(rows, *heads, *head_dim, plain)
+                        + partial_bytes(rows, *heads, *head_dim, tiled),
+                )
+            }
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Whether an attention of `rows` rows and heads of `head_dim` runs `attention_tiled` first.
+fn use_tiled(rows: usize, head_dim: usize) -> bool {
+    if head_dim > TILED_MAX_HEAD_DIM {
+        return false;
+    }
+    match std::env::var("TANDEM_VULKAN_ATTENTION").as_deref() {
+        Ok("gqa" | "plain") => false,
+        Ok("tiled") => true,
+        _ => rows >= TILED_MIN_ROWS,
+    }
+}
+
 /// Whether an attention of `rows` rows and heads of `head_dim` takes `attention_gqa`.
 fn use_gqa(rows: usize, head_dim: usize) -> bool {
     if head_dim > GQA_MAX_HEAD_DIM {
@@ -44,7 +139,7 @@ fn use_gqa(rows: usize, head_dim: usize) -> bool {
     }
     match std::env::var("TANDEM_VULKAN_ATTENTION").as_deref() {
         Ok("gqa") => true,
-        Ok("plain") => false,
+        Ok("plain" | "tiled") => false,
         _ => rows <= GQA_MAX_ROWS,
     }
 }
@@ -99,26 +194,23 @@ impl VulkanBackend {
         let out = ctx.addr(n.outputs[0])?;
         let out_span = ctx.span(n.outputs[0])?;
         let reads = [ctx.span(*q)?, caches[0], caches[1]];
-        // Partials: outputs, then maxima and sums.
+        // Partials: outputs, then maxima and sums; the tiled kernel's after the others'.
         let part_o = ctx.scratch.0;
         let part_ml = part_o + (rows * heads * splits * head_dim * 4) as u64;
-        let (kernel, wgs) = if use_gqa(rows, *head_dim) {
-            ("attention_gqa", *kv_heads)
-        } else {
-            ("attention", *heads)
-        };
-        cmds.push(Cmd::Dispatch {
-            kernel: kernel.into(),
-            spec: [0, 0],
-            push: Push::default()
+        let tiled = use_tiled(rows, *head_dim);
+        let tsplits = if tiled { tiled_splits(rows, *heads) } else { 1 };
+        let tpart_o = part_o + partial_bytes(rows, *heads, *head_dim, splits);
+        let tpart_ml = tpart_o + (rows * heads * tsplits * head_dim * 4) as u64;
+        let push = |part: (u64, u64), splits: usize, skip_block: usize| -> Result<Vec<u8>, BackendError> {
+            Ok(Push::default()
                 .u64(ctx.addr(*q)?)
                 .u64(kc)
                 .u64(vc)
                 .u64(out)
                 .u64(ctx.positions())
                 .u64(ctx.slots())
-                .u64(part_o)
-                .u64(part_ml)
+                .u64(part.0)
+                .u64(part.1)
                 .u32(*heads as u32)
                 .u32(*kv_heads as u32)
                 .u32(*head_dim as u32)
@@ -128,25 +220,58 @@ impl VulkanBackend {
                 .f32(softcap.unwrap_or(0.0))
                 .u32(f16)
                 .u32(splits as u32)
+                .u32(rows as u32)
+                .u32(skip_block as u32)
+                .0)
+        };
+        // `block` 0: every row; else the rows of one-slot blocks (`one_slot`) or of the others.
+        let combine = |part: (u64, u64), splits: usize, block: usize, one_slot: bool| Cmd::Dispatch {
+            kernel: "attention_combine".into(),
+            spec: [0, 0],
+            push: Push::default()
+                .u64(part.0)
+                .u64(part.1)
+                .u64(out)
+                .u64(ctx.slots())
+                .u32(*heads as u32)
+                .u32(*head_dim as u32)
+                .u32(splits as u32)
+                .u32(rows as u32)
+                .u32(block as u32)
+                .u32(u32::from(one_slot))
                 .0,
+            groups: [*heads as u32, rows as u32, div_up(*head_dim, 64)],
+            access: Access::new([ctx.scratch], [out_span]),
+        };
+        // With `attention_tiled`, the blocks of one slot are its; `attention` (and the
+        // combination of its splits) takes the rest, both writing disjoint rows of the output.
+        let skip_block = if tiled { TILED_ROWS } else { 0 };
+        if tiled {
+            cmds.push(Cmd::Dispatch {
+                kernel: "attention_tiled".into(),
+                spec: [0, 0],
+                push: push((tpart_o, tpart_ml), tsplits, 0)?,
+                groups: [*heads as u32, div_up(rows, TILED_ROWS), tsplits as u32],
+                access: Access::new(reads, [if tsplits > 1 { ctx.scratch } else { out_span }]),
+            });
+            if tsplits > 1 {
+                cmds.push(combine((tpart_o, tpart_ml), tsplits, TILED_ROWS, true));
+            }
+        }
+        let (kernel, wgs) = if use_gqa(rows, *head_dim) {
+            ("attention_gqa", *kv_heads)
+        } else {
+            ("attention", *heads)
+        };
+        cmds.push(Cmd::Dispatch {
+            kernel: kernel.into(),
+            spec: [0, 0],
+            push: push((part_o, part_ml), splits, skip_block)?,
             groups: [wgs as u32, rows as u32, splits as u32],
             access: Access::new(reads, [if splits > 1 { ctx.scratch } else { out_span }]),
         });
         if splits > 1 {
-            cmds.push(Cmd::Dispatch {
-                kernel: "attention_combine".into(),
-                spec: [0, 0],
-                push: Push::default()
-                    .u64(part_o)
-                    .u64(part_ml)
-                    .u64(out)
-                    .u32(*heads as u32)
-                    .u32(*head_dim as u32)
-                    .u32(splits as u32)
-                    .0,
-                groups: [*heads as u32, rows as u32, div_up(*head_dim, 64)],
-                access: Access::new([ctx.scratch], [out_span]),
-            });
+            cmds.push(combine((part_o, part_ml), splits, skip_block, false));
         }
         Ok(cmds)
     }
@@ -157,7 +282,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn decode_takes_the_grouped_kernel_and_prefill_the_plain_one() {
+    fn decode_takes_the_grouped_kernel_and_prefill_the_tiled_one() {
         if std::env::var_os("TANDEM_VULKAN_ATTENTION").is_some() {
             return;
         }
@@ -165,5 +290,8 @@ mod tests {
         assert!(use_gqa(GQA_MAX_ROWS, 64));
         assert!(!use_gqa(GQA_MAX_ROWS + 1, 64));
         assert!(!use_gqa(1, 512));
+        assert!(use_tiled(TILED_MIN_ROWS, 256));
+        assert!(!use_tiled(TILED_MIN_ROWS - 1, 256));
+        assert!(!use_tiled(512, 512));
     }
 }

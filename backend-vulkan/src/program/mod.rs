@@ -208,8 +208,8 @@ impl VulkanBackend {
             None
         };
         // Attention's split partials, and matmul_cm2's f16 inputs (never live at once).
-        let scratch_size = tandem_backend_api::plan::attention_scratch_bytes(graph)
-            .max(matmul::cm2_scratch_bytes(graph, &shapes, self.gpu.coopmat2));
+        let scratch_size =
+            attention::scratch_bytes(graph).max(matmul::cm2_scratch_bytes(graph, &shapes, self.gpu.coopmat2));
         let scratch = if scratch_size > 0 {
             match self
                 .memory
