@@ -755,7 +755,7 @@ fn the_default_model_split_matches_transformers() {
         &mut |_: u64, _: u64| {},
     )
     .unwrap();
-    assert_eq!(loaded.session.unit_names(), ["npu-emu", "cpu"]);
+    assert_eq!(loaded.session.unit_names(), ["cpu#2", "cpu"]);
     tandem_conformance::assert_last_logits(&mut loaded.session, &r, 1e-3);
     let stop = loaded.tokenizer.stop_ids().to_vec();
     for g in r["greedy"].as_array().unwrap() {
