@@ -27,6 +27,16 @@ pub fn attention_splits(rows: usize, heads: usize, window: Option<usize>, capaci
     want.min(visible.div_ceil(16)).clamp(1, 64)
 }
 
+/// Bytes of the f32 partial results (`[rows][heads][splits][2 + head_dim]`: maximum, sum,
+/// unnormalised output) of an attention of `rows` rows split `splits` ways; 0 when unsplit.
+pub fn attention_partial_bytes(rows: usize, heads: usize, head_dim: usize, splits: usize) -> u64 {
+    if splits > 1 {
+        (rows * heads * splits * (head_dim + 2) * 4) as u64
+    } else {
+        0
+    }
+}
+
 /// Bytes of f32 scratch the split attentions of `graph` need for their partial results
 /// (`[rows][heads][splits][2 + head_dim]`: maximum, sum, unnormalised output), the largest of
 /// its attention nodes; 0 when none is split.
@@ -43,7 +53,7 @@ pub fn attention_scratch_bytes(graph: &Graph) -> u64 {
                 ..
             } => {
                 let splits = attention_splits(graph.rows, *heads, *window, cache.capacity);
-                (splits > 1).then(|| (graph.rows * heads * splits * (head_dim + 2) * 4) as u64)
+                (splits > 1).then(|| attention_partial_bytes(graph.rows, *heads, *head_dim, splits))
             }
             _ => None,
         })

@@ -159,16 +159,21 @@ fn options(case: &str, backend: &str, chunk: usize) -> ModelOptions {
 /// Loads fixture `case` as `--backend backend` with `placement` in the config; also returns
 /// the notices.
 fn load_case(case: &str, backend: &str, placement: &str, chunk: usize) -> (Loaded, Vec<Notice>) {
+    load_options(&options(case, backend, chunk), placement)
+}
+
+/// Loads as `opts` say, with `placement` in the config; also returns the notices.
+fn load_options(opts: &ModelOptions, placement: &str) -> (Loaded, Vec<Notice>) {
     let mut notices = Vec::new();
     let loaded = load(
         &search(),
         &settings(placement),
-        &options(case, backend, chunk),
+        opts,
         1,
         &mut |n| notices.push(n),
         &mut |_: u64, _: u64| {},
     )
-    .unwrap_or_else(|e| panic!("loading {case} as --backend {backend} with {placement:?}: {e}"));
+    .unwrap_or_else(|e| panic!("loading {opts:?} with {placement:?}: {e}"));
     (loaded, notices)
 }
 
@@ -179,14 +184,13 @@ fn load_with(backend: &str, placement: &str, chunk: usize) -> (Loaded, Vec<Notic
 
 /// Plans [`FIXTURE`] as [`load_with`] would load it.
 fn plan_with(backend: &str, placement: &str, chunk: usize) -> Planned {
-    plan(
-        &search(),
-        &settings(placement),
-        &options(FIXTURE, backend, chunk),
-        1,
-        &mut |_| {},
-    )
-    .unwrap_or_else(|e| panic!("planning --backend {backend} with {placement:?}: {e}"))
+    plan_options(&options(FIXTURE, backend, chunk), placement)
+}
+
+/// Plans as [`load_options`] would load.
+fn plan_options(opts: &ModelOptions, placement: &str) -> Planned {
+    plan(&search(), &settings(placement), opts, 1, &mut |_| {})
+        .unwrap_or_else(|e| panic!("planning {opts:?} with {placement:?}: {e}"))
 }
 
 fn report(backend: &str, placement: &str, chunk: usize) -> PlacementReport {
@@ -503,8 +507,7 @@ fn f16_kv_caches_are_handed_over_at_two_bytes_a_value() {
     let placement = "[placement.prefill]\nattention = [\"npu-emu\", \"cpu\"]\nffn = [\"cpu\"]\ndefault = [\"cpu\"]\n[placement.decode]\nattention = [\"cpu\"]\nffn = [\"cpu\"]\ndefault = [\"cpu\"]\n";
     let mut opts = options(FIXTURE, "auto", CHUNK);
     opts.kv_cache = KvCacheType::F16;
-    let planned = plan(&search(), &settings(placement), &opts, 1, &mut |_| {})
-        .unwrap_or_else(|e| panic!("planning with f16 caches: {e}"));
+    let planned = plan_options(&opts, placement);
     let c = planned.model.config.clone();
     let rep = planned.report();
     drop(planned);
@@ -515,15 +518,7 @@ fn f16_kv_caches_are_handed_over_at_two_bytes_a_value() {
         2 * row * c.num_hidden_layers as u64
     );
 
-    let loaded = load(
-        &search(),
-        &settings(placement),
-        &opts,
-        1,
-        &mut |_| {},
-        &mut |_: u64, _: u64| {},
-    );
-    let mut loaded = loaded.unwrap_or_else(|e| panic!("loading with f16 caches: {e}"));
+    let (mut loaded, _) = load_options(&opts, placement);
     assert_eq!(loaded.session.unit_names(), ["npu-emu", "cpu"]);
     let r = reference(FIXTURE);
     let tokens = ids(&r["sequences"][0]["tokens"]);

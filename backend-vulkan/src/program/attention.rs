@@ -30,7 +30,7 @@
 //! ([`scratch_bytes`]); `attention_combine` (one workgroup of 256 per (head, row, 64
 //! dimensions)) merges them, once for each kernel's rows.
 
-use tandem_backend_api::plan::{attention_splits, div_up};
+use tandem_backend_api::plan::{attention_partial_bytes as partial_bytes, attention_splits, div_up};
 use tandem_backend_api::{BackendError, DType, Graph, Op};
 
 use super::cmd::{Access, Cmd, Push};
@@ -77,15 +77,6 @@ fn tiled_splits(rows: usize, heads: usize) -> usize {
     TILED_TARGET_GROUPS
         .div_ceil(groups.max(1))
         .clamp(1, TILED_MAX_SPLITS)
-}
-
-/// Bytes of split partials (`[rows][heads][splits][head_dim + 2]` f32) for `splits`.
-fn partial_bytes(rows: usize, heads: usize, head_dim: usize, splits: usize) -> u64 {
-    if splits > 1 {
-        (rows * heads * splits * (head_dim + 2) * 4) as u64
-    } else {
-        0
-    }
 }
 
 /// Bytes of scratch the attention nodes of `graph` need for their split partials: the largest
