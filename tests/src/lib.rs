@@ -257,3 +257,67 @@ pub fn assert_last_logits(
         );
     }
 }
+
+/// `backend` (named `name`) running the whole model of `config` and `weights`, with caches of
+/// `shape`: loaded through the engine's one load path, as a placement of one unit.
+pub fn session_on(
+    name: &str,
+    backend: Box<dyn ComputeBackend>,
+    config: tandem_engine::checkpoint::config::Gemma3Config,
+    weights: &dyn tandem_engine::checkpoint::source::WeightSource,
+    shape: tandem_engine::model::CacheShape,
+) -> tandem_engine::runtime::session::Session {
+    use tandem_engine::runtime::placement::Placement;
+    use tandem_engine::runtime::planned::Planned;
+    let placement = Placement::single(name.to_string(), backend, format!("test on {name}"));
+    Planned::new(placement, config, weights, shape)
+        .and_then(|p| {
+            p.load(
+                weights,
+                std::path::Path::new("test"),
+                &mut |_| {},
+                &mut |_: u64, _: u64| {},
+            )
+        })
+        .unwrap_or_else(|e| panic!("loading on {name}: {e}"))
+}
+
+/// Collects the ids a generation sends.
+struct Ids<'a>(&'a mut Vec<u32>);
+
+impl tandem_engine::runtime::sequence::EventSink for Ids<'_> {
+    fn send(&mut self, event: tandem_engine::runtime::sequence::Event) -> bool {
+        if let tandem_engine::runtime::sequence::Event::Token { id, .. } = event {
+            self.0.push(id);
+        }
+        true
+    }
+
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+/// The greedy continuation of `prompt` in slot 0 (reset first): at most `n` tokens, ending at
+/// one of `tokenizer`'s stop tokens, through the engine's generation loop (what `engine run`
+/// and `engine serve` step).
+pub fn greedy_ids(
+    session: &mut tandem_engine::runtime::session::Session,
+    tokenizer: &tandem_engine::tokenizer::Tokenizer,
+    prompt: &[u32],
+    n: usize,
+) -> Vec<u32> {
+    use tandem_engine::runtime::sequence::{generate, Request};
+    let mut got = Vec::new();
+    let request = Request {
+        prompt: prompt.to_vec(),
+        max_tokens: n,
+        sampling: tandem_engine::runtime::sampler::SamplerConfig::greedy(),
+        stop: Vec::new(),
+        sink: Box::new(Ids(&mut got)),
+        arrived: std::time::Instant::now(),
+    };
+    generate(session, tokenizer, request, 0, false)
+        .unwrap_or_else(|e| panic!("greedy continuation of {prompt:?}: {e}"));
+    got
+}

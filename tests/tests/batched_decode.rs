@@ -4,8 +4,7 @@
 use std::path::PathBuf;
 
 use tandem_engine::checkpoint::hf::open_hf_dir;
-use tandem_engine::model::{CacheShape, Gemma3Model};
-use tandem_engine::runtime::session::Session;
+use tandem_engine::model::CacheShape;
 
 fn fixture(case: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -30,7 +29,7 @@ fn two_sequences_decoded_in_one_step_match_the_reference() {
             .map(|s| serde_json::from_value(s["logits"].clone()).unwrap())
             .collect();
 
-        let mut backend = tandem_conformance::discover()
+        let backend = tandem_conformance::discover()
             .create("cpu", &Default::default())
             .unwrap();
         let (config, ckpt) = open_hf_dir(&dir).unwrap();
@@ -40,10 +39,8 @@ fn two_sequences_decoded_in_one_step_match_the_reference() {
             max_step_rows: 4,
             dtype: tandem_backend_api::DType::F32,
         };
-        let model =
-            Gemma3Model::load(config, &ckpt, backend.as_mut(), shape, &mut |_: u64, _: u64| {}).unwrap();
-        let vocab = model.config.vocab_size;
-        let mut session = Session::new(backend, model);
+        let vocab = config.vocab_size;
+        let mut session = tandem_conformance::session_on("cpu", backend, config, &ckpt, shape);
 
         // Prefill all but the last token of each sequence, sequence 1 with a shorter history
         // so the two rows of the joint step sit at different positions.

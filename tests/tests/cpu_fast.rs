@@ -14,9 +14,9 @@ use std::path::PathBuf;
 use serde_json::Value;
 use tandem_backend_api::BackendOptions;
 use tandem_engine::model::files::{default_model, open_model};
-use tandem_engine::model::{CacheShape, Gemma3Model};
-use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
+use tandem_engine::model::CacheShape;
 use tandem_engine::runtime::session::Session;
+use tandem_engine::tokenizer::Tokenizer;
 
 fn reference() -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gemma3-270m/reference.json");
@@ -31,34 +31,18 @@ fn session(path: &std::path::Path, kernels: &str) -> Session {
     let files = open_model(Some(path)).unwrap();
     let mut options = BackendOptions::default();
     options.set("kernels", kernels);
-    let mut backend = tandem_conformance::discover().create("cpu", &options).unwrap();
+    let backend = tandem_conformance::discover().create("cpu", &options).unwrap();
     let shape = CacheShape {
         slots: 1,
         context: 128,
         max_step_rows: 64,
         dtype: tandem_backend_api::DType::F32,
     };
-    let model = Gemma3Model::load(
-        files.config,
-        files.weights.as_ref(),
-        backend.as_mut(),
-        shape,
-        &mut |_: u64, _: u64| {},
-    )
-    .unwrap();
-    Session::new(backend, model)
+    tandem_conformance::session_on("cpu", backend, files.config, files.weights.as_ref(), shape)
 }
 
-fn greedy(s: &mut Session, prompt: &[u32], n: usize, stop: &[u32]) -> Vec<u32> {
-    let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
-    let mut got = Vec::new();
-    s.reset(0);
-    s.generate(prompt, n, &mut sampler, stop, false, |t| {
-        got.push(t);
-        Ok(())
-    })
-    .unwrap();
-    got
+fn greedy(s: &mut Session, prompt: &[u32], n: usize, tokenizer: &Tokenizer) -> Vec<u32> {
+    tandem_conformance::greedy_ids(s, tokenizer, prompt, n)
 }
 
 #[test]
@@ -72,7 +56,7 @@ fn fast_kernels_match_the_reference_kernels_on_the_real_model() {
         Err(e) => panic!("CI must fetch the default model: {e}"),
     };
     let r = reference();
-    let stop = open_model(Some(&path)).unwrap().tokenizer.stop_ids().to_vec();
+    let tokenizer = open_model(Some(&path)).unwrap().tokenizer;
     let mut oracle = session(&path, "reference");
     let mut fast = session(&path, "fast");
     let mut worst = 0f64;
@@ -80,8 +64,8 @@ fn fast_kernels_match_the_reference_kernels_on_the_real_model() {
     for g in r["greedy"].as_array().unwrap() {
         let prompt = ids(&g["prompt_ids"]);
         let n = g["max_new_tokens"].as_u64().unwrap() as usize;
-        let want = greedy(&mut oracle, &prompt, n, &stop);
-        let got = greedy(&mut fast, &prompt, n, &stop);
+        let want = greedy(&mut oracle, &prompt, n, &tokenizer);
+        let got = greedy(&mut fast, &prompt, n, &tokenizer);
         if got != want {
             failures.push(format!(
                 "greedy continuation of {:?}: {got:?}, reference {want:?}",

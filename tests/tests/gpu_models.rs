@@ -13,9 +13,9 @@ use tandem_backend_api::{ComputeBackend, DType};
 use tandem_conformance::ids;
 use tandem_conformance::{discover, options_for};
 use tandem_engine::model::files::{default_model, open_model};
-use tandem_engine::model::{CacheShape, Gemma3Model};
-use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
+use tandem_engine::model::CacheShape;
 use tandem_engine::runtime::session::Session;
+use tandem_engine::tokenizer::Tokenizer;
 
 const FIXTURES: [&str; 5] = [
     "text-published",
@@ -36,28 +36,24 @@ fn gpu(name: &str) -> Option<Box<dyn ComputeBackend>> {
     }
 }
 
-fn session(path: &Path, backend: Box<dyn ComputeBackend>, max_step_rows: usize) -> (Session, Vec<u32>) {
+fn session(
+    path: &Path,
+    name: &str,
+    backend: Box<dyn ComputeBackend>,
+    max_step_rows: usize,
+) -> (Session, Tokenizer) {
     let files = open_model(Some(path)).unwrap();
-    let stop = files.tokenizer.stop_ids().to_vec();
-    let mut backend = backend;
     let shape = CacheShape {
         slots: 1,
         context: 128,
         max_step_rows,
         dtype: DType::F32,
     };
-    let model = Gemma3Model::load(
-        files.config,
-        files.weights.as_ref(),
-        backend.as_mut(),
-        shape,
-        &mut |_: u64, _: u64| {},
-    )
-    .unwrap();
-    (Session::new(backend, model), stop)
+    let session = tandem_conformance::session_on(name, backend, files.config, files.weights.as_ref(), shape);
+    (session, files.tokenizer)
 }
 
-fn greedy(session: &mut Session, stop: &[u32], g: &Value) {
+fn greedy(session: &mut Session, tokenizer: &Tokenizer, g: &Value) {
     // The fixtures name the prompt's ids `prompt`, the real model's reference `prompt_ids`.
     let prompt = if g["prompt_ids"].is_array() {
         ids(&g["prompt_ids"])
@@ -65,14 +61,7 @@ fn greedy(session: &mut Session, stop: &[u32], g: &Value) {
         ids(&g["prompt"])
     };
     let n = g["max_new_tokens"].as_u64().unwrap() as usize;
-    let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
-    let mut got = Vec::new();
-    session
-        .generate(&prompt, n, &mut sampler, stop, false, |t| {
-            got.push(t);
-            Ok(())
-        })
-        .unwrap();
+    let got = tandem_conformance::greedy_ids(session, tokenizer, &prompt, n);
     assert_eq!(got, ids(&g["generated"]), "greedy continuation of {prompt:?}");
 }
 
@@ -97,7 +86,7 @@ fn fixtures_match_transformers(backend: &str) {
         let r: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
         // Chunks of 5 rows: prefill crosses chunk boundaries and the batched kernels run.
-        let (mut s, stop) = session(&dir, gpu(backend).expect(backend), 5);
+        let (mut s, tokenizer) = session(&dir, backend, gpu(backend).expect(backend), 5);
         for seq in r["sequences"].as_array().unwrap() {
             let tokens = ids(&seq["tokens"]);
             let want: Vec<Vec<f64>> = serde_json::from_value(seq["logits"].clone()).unwrap();
@@ -121,7 +110,7 @@ fn fixtures_match_transformers(backend: &str) {
         }
         for g in r["greedy"].as_array().unwrap() {
             s.reset(0);
-            greedy(&mut s, &stop, g);
+            greedy(&mut s, &tokenizer, g);
         }
     }
 }
@@ -136,7 +125,7 @@ fn the_default_model_matches_transformers_on_wgpu() {
     the_default_model_matches_transformers("wgpu");
 }
 
-fn the_default_model_matches_transformers(backend: &str) {
+fn the_default_model_matches_transformers(name: &str) {
     let path = match default_model() {
         Ok(p) => p,
         Err(e) if std::env::var_os("CI").is_none() => {
@@ -145,7 +134,7 @@ fn the_default_model_matches_transformers(backend: &str) {
         }
         Err(e) => panic!("CI must fetch the default model: {e}"),
     };
-    let Some(backend) = gpu(backend) else { return };
+    let Some(backend) = gpu(name) else { return };
     let r: Value = serde_json::from_str(
         &std::fs::read_to_string(
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gemma3-270m/reference.json"),
@@ -153,10 +142,10 @@ fn the_default_model_matches_transformers(backend: &str) {
         .unwrap(),
     )
     .unwrap();
-    let (mut s, stop) = session(&path, backend, 64);
+    let (mut s, tokenizer) = session(&path, name, backend, 64);
     tandem_conformance::assert_last_logits(&mut s, &r, 1e-2);
     for g in r["greedy"].as_array().unwrap() {
         s.reset(0);
-        greedy(&mut s, &stop, g);
+        greedy(&mut s, &tokenizer, g);
     }
 }

@@ -8,7 +8,6 @@ use serde_json::Value;
 use tandem_conformance::{discover, ids, options_for, plugin_dirs};
 use tandem_engine::runtime::load::{load, Loaded, ModelOptions};
 use tandem_engine::runtime::plugins::PluginSearch;
-use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
 use tandem_engine::runtime::settings::Settings;
 
 const CASES: [&str; 5] = [
@@ -61,19 +60,10 @@ fn load_model(model: PathBuf, backend: &str, context: usize, chunk: usize) -> Lo
 
 /// Greedy continuations of every entry of `reference["greedy"]` (prompt ids under `key`).
 fn greedy(loaded: &mut Loaded, reference: &Value, key: &str, what: &str) {
-    let stop = loaded.tokenizer.stop_ids().to_vec();
     for g in reference["greedy"].as_array().expect("greedy") {
         let n = g["max_new_tokens"].as_u64().unwrap() as usize;
         let prompt = ids(&g[key]);
-        let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
-        let mut got = Vec::new();
-        loaded
-            .session
-            .generate(&prompt, n, &mut sampler, &stop, false, |t| {
-                got.push(t);
-                Ok(())
-            })
-            .unwrap();
+        let got = tandem_conformance::greedy_ids(&mut loaded.session, &loaded.tokenizer, &prompt, n);
         assert_eq!(
             got,
             ids(&g["generated"]),

@@ -11,9 +11,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 use tandem_conformance::ids;
 use tandem_engine::model::files::{default_model, open_model};
-use tandem_engine::model::{CacheShape, Gemma3Model};
-use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
-use tandem_engine::runtime::session::Session;
+use tandem_engine::model::CacheShape;
 
 fn reference() -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gemma3-270m/reference.json");
@@ -42,7 +40,7 @@ fn real_model_matches_transformers() {
         );
     }
 
-    let mut backend = tandem_conformance::discover()
+    let backend = tandem_conformance::discover()
         .create("cpu", &Default::default())
         .unwrap();
     let shape = CacheShape {
@@ -51,30 +49,14 @@ fn real_model_matches_transformers() {
         max_step_rows: 64,
         dtype: tandem_backend_api::DType::F32,
     };
-    let model = Gemma3Model::load(
-        files.config,
-        files.weights.as_ref(),
-        backend.as_mut(),
-        shape,
-        &mut |_: u64, _: u64| {},
-    )
-    .unwrap();
-    let mut session = Session::new(backend, model);
+    let mut session =
+        tandem_conformance::session_on("cpu", backend, files.config, files.weights.as_ref(), shape);
 
     tandem_conformance::assert_last_logits(&mut session, &r, 1e-3);
-
-    let stop = files.tokenizer.stop_ids().to_vec();
     for g in r["greedy"].as_array().unwrap() {
         let prompt = ids(&g["prompt_ids"]);
         let n = g["max_new_tokens"].as_u64().unwrap() as usize;
-        let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
-        let mut got = Vec::new();
-        session
-            .generate(&prompt, n, &mut sampler, &stop, false, |t| {
-                got.push(t);
-                Ok(())
-            })
-            .unwrap();
+        let got = tandem_conformance::greedy_ids(&mut session, &files.tokenizer, &prompt, n);
         assert_eq!(
             got,
             ids(&g["generated"]),

@@ -22,7 +22,6 @@ use tandem_engine::runtime::load::{load, plan, KvCacheType, Loaded, ModelOptions
 use tandem_engine::runtime::notice::Notice;
 use tandem_engine::runtime::placement_report::PlacementReport;
 use tandem_engine::runtime::plugins::PluginSearch;
-use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
 use tandem_engine::runtime::session::Session;
 use tandem_engine::runtime::settings::Settings;
 
@@ -260,7 +259,6 @@ fn assert_sequences(label: &str, session: &mut Session, r: &Value, prefilled: us
 
 /// Greedy continuations of the reference prompts that fit the context.
 fn greedy(loaded: &mut Loaded, r: &Value) -> Vec<Vec<u32>> {
-    let stop = loaded.tokenizer.stop_ids().to_vec();
     let mut out = Vec::new();
     for g in r["greedy"].as_array().unwrap() {
         let prompt = ids(&g["prompt"]);
@@ -268,15 +266,7 @@ fn greedy(loaded: &mut Loaded, r: &Value) -> Vec<Vec<u32>> {
         if prompt.len() + n > CONTEXT {
             continue;
         }
-        let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
-        let mut got = Vec::new();
-        loaded
-            .session
-            .generate(&prompt, n, &mut sampler, &stop, false, |t| {
-                got.push(t);
-                Ok(())
-            })
-            .unwrap();
+        let got = tandem_conformance::greedy_ids(&mut loaded.session, &loaded.tokenizer, &prompt, n);
         out.push(got);
     }
     out
@@ -657,7 +647,7 @@ fn calibration_measures_each_candidate_and_caches_the_choice() {
     let k = key(&model, &["cpu=host".to_string()], &cands);
     let mut notes = Vec::new();
     let (first, from_cache) = calibrate(
-        &search(),
+        &search().discover(),
         &settings(""),
         &opts,
         &cands,
@@ -683,7 +673,7 @@ fn calibration_measures_each_candidate_and_caches_the_choice() {
     assert!(describe(&first, None).starts_with(&format!("auto chose {} by measurement", first.choice)));
     // The same key again: from the cache, identical figures.
     let (again, from_cache) = calibrate(
-        &search(),
+        &search().discover(),
         &settings(""),
         &opts,
         &cands,
@@ -704,9 +694,15 @@ fn calibration_measures_each_candidate_and_caches_the_choice() {
     // A placement that cannot run is left out with a note; the others still decide.
     let bad = vec!["cpu".to_string(), "npu".to_string()];
     let mut notes = Vec::new();
-    let (c, _) = calibrate(&search(), &settings(""), &opts, &bad, "other", None, &mut |n| {
-        notes.push(n)
-    })
+    let (c, _) = calibrate(
+        &search().discover(),
+        &settings(""),
+        &opts,
+        &bad,
+        "other",
+        None,
+        &mut |n| notes.push(n),
+    )
     .unwrap();
     assert_eq!(c.choice, "cpu");
     assert_eq!(notes.len(), 1, "{notes:?}");
@@ -752,18 +748,10 @@ fn the_default_model_split_matches_transformers() {
     .unwrap();
     assert_eq!(loaded.session.unit_names(), ["cpu#2", "cpu"]);
     tandem_conformance::assert_last_logits(&mut loaded.session, &r, 1e-3);
-    let stop = loaded.tokenizer.stop_ids().to_vec();
     for g in r["greedy"].as_array().unwrap() {
         let n = g["max_new_tokens"].as_u64().unwrap() as usize;
-        let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
-        let mut got = Vec::new();
-        loaded
-            .session
-            .generate(&ids(&g["prompt_ids"]), n, &mut sampler, &stop, false, |t| {
-                got.push(t);
-                Ok(())
-            })
-            .unwrap();
+        let got =
+            tandem_conformance::greedy_ids(&mut loaded.session, &loaded.tokenizer, &ids(&g["prompt_ids"]), n);
         assert_eq!(got, ids(&g["generated"]), "greedy continuation");
     }
     assert!(loaded.session.moved_bytes().0 > 0);

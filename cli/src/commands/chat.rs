@@ -3,9 +3,10 @@
 
 use std::io::{BufRead, Write};
 
-use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
+use tandem_engine::runtime::sampler::SamplerConfig;
 use tandem_engine::tokenizer::chat::{ChatTemplate, Message, Role};
 
+use super::generate::{self, Ask};
 use super::load::{load, ModelArgs};
 use crate::Context;
 
@@ -33,11 +34,11 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let mut loaded = load(ctx, &args.model, 1)?;
     let tk = &loaded.tokenizer;
     let template = ChatTemplate::new(tk.chat_template(), tk.bos_token(), tk.eos_token())?;
-    let mut sampler = Sampler::new(SamplerConfig {
+    let sampling = SamplerConfig {
         temperature: args.temperature,
         seed: args.seed,
         ..Default::default()
-    })?;
+    };
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
         messages.push(Message::new(Role::System, s.clone()));
@@ -45,9 +46,9 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     // Token ids currently in the cache (slot 0).
     let mut cached: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
-    let mut out = std::io::stdout().lock();
-    write!(out, "> ")?;
-    out.flush()?;
+    let mut stdout = std::io::stdout();
+    write!(stdout, "> ")?;
+    stdout.flush()?;
     for line in stdin.lock().lines() {
         let line = line?;
         let text = line.trim();
@@ -55,8 +56,8 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             break;
         }
         if text.is_empty() {
-            write!(out, "> ")?;
-            out.flush()?;
+            write!(stdout, "> ")?;
+            stdout.flush()?;
             continue;
         }
         messages.push(Message::new(Role::User, text.to_string()));
@@ -65,15 +66,22 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
         let keep = common > 0 && common < ids.len() && loaded.session.truncate(0, common);
         let feed = if keep { &ids[common..] } else { &ids[..] };
-        let (reply, _) = loaded.stream(feed, args.max_tokens, &mut sampler, keep, &mut out)?;
+        let ask = Ask {
+            prompt: feed.to_vec(),
+            max_tokens: args.max_tokens,
+            sampling,
+            stop: &[],
+            keep,
+        };
+        let reply = generate::run(&mut loaded, ask, Some(&mut stdout))?.ids;
         // The cache now holds the fed tokens and the reply except its last (stop) token.
         cached = if keep { ids[..common].to_vec() } else { Vec::new() };
         cached.extend_from_slice(feed);
         cached.extend_from_slice(&reply[..reply.len().saturating_sub(1)]);
         let reply_text = loaded.tokenizer.decode(&reply, true)?;
         messages.push(Message::new(Role::Assistant, reply_text));
-        write!(out, "> ")?;
-        out.flush()?;
+        write!(stdout, "> ")?;
+        stdout.flush()?;
     }
     Ok(())
 }

@@ -36,6 +36,7 @@ pub struct ModelArgs {
 
 fn parse_kv_cache(s: &str) -> Result<KvCacheType, String> {
     s.parse()
+        .map_err(|_| format!("--kv-cache must be f32 or f16, not '{s}'"))
 }
 
 impl ModelArgs {

@@ -3,6 +3,7 @@
 pub mod backends;
 pub mod bench;
 pub mod chat;
+pub mod generate;
 pub mod load;
 pub mod loadgen;
 pub mod logits;

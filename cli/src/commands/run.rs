@@ -3,8 +3,9 @@
 use std::io::Write;
 
 use anyhow::bail;
-use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
+use tandem_engine::runtime::sampler::SamplerConfig;
 
+use super::generate::{self, Ask};
 use super::load::{load, parse_tokens, ModelArgs};
 use crate::Context;
 
@@ -40,6 +41,9 @@ pub struct Args {
     /// Random seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Stop before this text (repeatable); the text is cut there, as `engine serve` cuts it.
+    #[arg(long)]
+    stop: Vec<String>,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -55,42 +59,38 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         repetition_penalty: args.repeat_penalty,
         seed: args.seed,
     };
-    let mut sampler = Sampler::new(sampler_cfg)?;
     let mut loaded = load(ctx, &args.model, 1)?;
     let prompt = match (&args.prompt, &args.tokens) {
         (Some(p), None) => loaded.tokenizer.encode(p, true)?,
         (None, Some(t)) => parse_tokens(t)?,
         _ => bail!("give --prompt TEXT or --tokens IDS"),
     };
-    let mut out = std::io::stdout().lock();
+    if !args.stop.is_empty() && !loaded.tokenizer.has_vocabulary() {
+        bail!("--stop needs a tokenizer, and this model has none (no tokenizer.json)");
+    }
     // Without a vocabulary (a model directory without tokenizer.json) there is no text: the
     // ids are printed instead.
     let text_out = loaded.tokenizer.has_vocabulary();
-    let (generated, stats) = if args.json || !text_out {
-        let stop = loaded.tokenizer.stop_ids().to_vec();
-        let mut ids = Vec::new();
-        let stats = loaded
-            .session
-            .generate(&prompt, args.max_tokens, &mut sampler, &stop, false, |t| {
-                ids.push(t);
-                Ok(())
-            })?;
-        (ids, stats)
-    } else {
-        loaded.stream(&prompt, args.max_tokens, &mut sampler, false, &mut out)?
+    let mut stdout = std::io::stdout();
+    let ask = Ask {
+        prompt: prompt.clone(),
+        max_tokens: args.max_tokens,
+        sampling: sampler_cfg,
+        stop: &args.stop,
+        keep: false,
     };
+    let streaming = !args.json && text_out;
+    let g = generate::run(&mut loaded, ask, streaming.then_some(&mut stdout as _))?;
+    let mut out = stdout.lock();
     if !args.json && !text_out {
-        let ids: Vec<String> = generated.iter().map(u32::to_string).collect();
+        let ids: Vec<String> = g.ids.iter().map(u32::to_string).collect();
         writeln!(out, "{}", ids.join(","))?;
     }
+    let stats = g.stats;
     if args.json {
-        let text = if text_out {
-            Some(loaded.tokenizer.decode(&generated, true)?)
-        } else {
-            None
-        };
+        let text = text_out.then_some(g.text);
         let doc = serde_json::json!({
-            "tokens": generated,
+            "tokens": g.ids,
             "text": text,
             "finish_reason": stats.finish_reason,
             "prompt_tokens": prompt,

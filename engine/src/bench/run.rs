@@ -18,7 +18,7 @@ use crate::checkpoint::synth::{write_synthetic_gguf, SynthDtype, SynthShape};
 use crate::model::files::cache_dir;
 use crate::runtime::load::{load, ModelOptions};
 use crate::runtime::notice::Notice;
-use crate::runtime::placement::{choose_backend, plugin_name};
+use crate::runtime::placement::{choose_from, discover, plugin_name};
 use crate::runtime::plugins::PluginSearch;
 use crate::runtime::settings::Settings;
 
@@ -160,9 +160,9 @@ pub fn run(
             // Measured on the backend itself, through the trait (its own memory and threads).
             // The unit that computes the logits, as the session chose it (one unit unless split).
             let name = loaded.session.backend().info().name;
-            let mut probe = choose_backend(search, settings, plugin_name(&name), &mut |n| {
-                events(BenchEvent::Notice(n))
-            })?;
+            let mut notice = |n| events(BenchEvent::Notice(n));
+            let discovery = discover(search, &mut notice);
+            let mut probe = choose_from(&discovery, settings, plugin_name(&name), &mut notice)?;
             flops_peak = Some(peak_flops(probe.as_mut())?);
         }
         let (peak, peak_src) = flops_peak.clone().unwrap_or((0.0, String::new()));

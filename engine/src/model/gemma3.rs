@@ -1,5 +1,6 @@
-//! The Gemma 3 text model on a backend: weights uploaded once (Q|K|V and gate|up fused into one
-//! matrix each), KV caches sized at load, and the step graph built once per shape.
+//! The Gemma 3 text model: every weight and KV cache planned under an id of its own (Q|K|V and
+//! gate|up fused into one matrix each, caches sized at load), uploaded to the units that read
+//! them ([`Gemma3Model::upload`]), and the step graph over those planned ids.
 
 use std::collections::HashMap;
 
@@ -83,7 +84,7 @@ pub struct CacheShape {
     pub dtype: DType,
 }
 
-/// The model on a backend.
+/// The model, planned: what its tensors are and how its step graph reads them.
 #[derive(Debug)]
 pub struct Gemma3Model {
     /// Hyper-parameters.
@@ -98,9 +99,7 @@ pub struct Gemma3Model {
     pub cache_shape: CacheShape,
     /// Every tensor the model needs, by the id its graph names.
     tensors: Vec<ModelTensor>,
-    /// The buffers [`Gemma3Model::load`] allocated (freed by `free`); empty for a planned model.
-    buffers: Vec<BufferId>,
-    /// Weight bytes of the whole model (uploaded, for a loaded one).
+    /// Weight bytes of the whole model.
     pub weight_bytes: u64,
     /// Added to stored norm weights (1 for Hugging Face checkpoints, 0 for GGUF).
     pub norm_offset: f32,
@@ -119,7 +118,7 @@ impl<F: FnMut(u64, u64)> LoadProgress for F {
 }
 
 /// The first id [`Gemma3Model::plan`] gives out: far above any id a backend issues, so that a
-/// graph over planned ids can be told from one over a backend's ids.
+/// planned id is never mistaken for a backend's buffer.
 pub const PLANNED_ID_BASE: u64 = 1 << 48;
 
 /// One tensor the model needs on a backend, described before any backend holds it.
@@ -311,29 +310,9 @@ impl Gemma3Model {
             layers,
             cache_shape,
             tensors: p.tensors,
-            buffers: Vec::new(),
             weight_bytes,
             norm_offset: source.norm_offset(),
         })
-    }
-
-    /// Uploads the weights of `source` to `backend` and allocates KV caches: the whole model on
-    /// one backend, its graph naming that backend's buffers.
-    pub fn load(
-        config: Gemma3Config,
-        source: &dyn WeightSource,
-        backend: &mut dyn ComputeBackend,
-        cache_shape: CacheShape,
-        progress: &mut dyn LoadProgress,
-    ) -> Result<Self, ModelError> {
-        let mut model = Self::plan(config, source, cache_shape)?;
-        let all: Vec<BufferId> = model.tensors.iter().map(|t| t.id).collect();
-        let total = source.total_bytes();
-        let mut done = 0;
-        let map = model.upload(&all, source, backend, &mut done, total, progress)?;
-        model.rebind(&map);
-        model.buffers = map.into_values().collect();
-        Ok(model)
     }
 
     /// The tensors [`Gemma3Model::plan`] described, by planned id.
@@ -384,44 +363,6 @@ impl Gemma3Model {
                 Err(e)
             }
         }
-    }
-
-    /// Replaces every planned id in the model's weights and caches by its buffer in `map`.
-    fn rebind(&mut self, map: &HashMap<BufferId, BufferId>) {
-        let bind = |b: &mut BufferId| {
-            if let Some(&to) = map.get(b) {
-                *b = to;
-            }
-        };
-        bind(&mut self.embed.buffer);
-        bind(&mut self.final_norm.buffer);
-        for l in &mut self.layers {
-            for w in l.qkv.iter_mut().chain(l.gate_up.iter_mut()).chain([
-                &mut l.o,
-                &mut l.down,
-                &mut l.input_norm,
-                &mut l.q_norm,
-                &mut l.k_norm,
-                &mut l.post_attention_norm,
-                &mut l.pre_ffn_norm,
-                &mut l.post_ffn_norm,
-            ]) {
-                bind(&mut w.buffer);
-            }
-            bind(&mut l.cache.k);
-            bind(&mut l.cache.v);
-        }
-        for t in &mut self.tensors {
-            bind(&mut t.id);
-        }
-    }
-
-    /// Frees every buffer (programs using them must be released first).
-    pub fn free(self, backend: &mut dyn ComputeBackend) -> Result<(), BackendError> {
-        for b in self.buffers {
-            backend.free(b)?;
-        }
-        Ok(())
     }
 
     /// The step graph for `rows` rows, keeping `selected` rows for the logits, which it writes

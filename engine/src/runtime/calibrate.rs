@@ -8,9 +8,11 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::load::{load, LoadError, ModelOptions};
 use super::notice::Notice;
-use super::plugins::PluginSearch;
+use super::placement::Placement;
+use super::planned::{load_placed, LoadError, ModelOptions};
+use super::plugins::Discovery;
+use super::session::{Session, SessionError};
 use super::settings::Settings;
 
 /// Prompt tokens of the measured prefill.
@@ -101,7 +103,7 @@ fn store(cache: &Path, calibration: &Calibration) {
 
 /// Measures one placement of `options.model`.
 fn measure(
-    search: &PluginSearch,
+    discovery: &Discovery,
     settings: &Settings,
     options: &ModelOptions,
     placement: &str,
@@ -112,13 +114,14 @@ fn measure(
         chunk: PREFILL_TOKENS,
         ..options.clone()
     };
-    let mut loaded = load(search, settings, &opts, 1, &mut |_| {}, &mut |_: u64, _: u64| {})?;
+    let chosen = Placement::decide(discovery, settings, placement, &mut |_| {})?;
+    let mut loaded = load_placed(chosen, &opts, 1, 1, &mut |_| {}, &mut |_: u64, _: u64| {})?;
     let s = &mut loaded.session;
     let vocab = s.model().config.vocab_size as u32;
     let prompt: Vec<u32> = (0..PREFILL_TOKENS as u32)
         .map(|i| (3 + i * 7919) % vocab.max(1))
         .collect();
-    let run = |s: &mut super::session::Session| -> Result<(f64, f64), LoadError> {
+    let run = |s: &mut Session| -> Result<(f64, f64), LoadError> {
         s.reset(0);
         let t = Instant::now();
         s.prefill(0, &prompt, false).map_err(session_err)?;
@@ -142,7 +145,7 @@ fn measure(
     })
 }
 
-fn session_err(e: super::session::SessionError) -> LoadError {
+fn session_err(e: SessionError) -> LoadError {
     LoadError::Calibration(e.to_string())
 }
 
@@ -150,7 +153,7 @@ fn session_err(e: super::session::SessionError) -> LoadError {
 /// `cache` under `key`) and returns them with the fastest decode's placement. A candidate that
 /// fails to load or run is left out with a note.
 pub fn calibrate(
-    search: &PluginSearch,
+    discovery: &Discovery,
     settings: &Settings,
     options: &ModelOptions,
     candidates: &[String],
@@ -163,7 +166,7 @@ pub fn calibrate(
     }
     let mut figures = Vec::new();
     for c in candidates {
-        match measure(search, settings, options, c) {
+        match measure(discovery, settings, options, c) {
             Ok(m) => figures.push(m),
             Err(e) => notices(Notice::Note(format!("calibration: {c} left out: {e}"))),
         }

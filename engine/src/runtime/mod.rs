@@ -1,14 +1,26 @@
-//! The run time: backend plugins ([`plugins`]), the config file ([`settings`]), which backend runs
-//! the model ([`placement`]), loading a model onto it ([`load`]), generation state ([`session`])
-//! and token choice ([`sampler`]).
+//! The run time, in the order a request meets it:
+//! - [`plugins`] finds the backend plugins, [`settings`] reads `tandem.toml`;
+//! - [`placement`] turns `--backend` and `[placement]` into preference lists and units, and puts
+//!   every node of the step graph on one; [`placement_report`] says what that costs;
+//! - [`load`] decides the placement (with [`calibrate`] measuring for `auto`), then [`planned`]
+//!   uploads the model onto its units: the one load path, one backend being a split of one;
+//! - [`split`] is the split scheduler: the step's programs per unit, the copies between units,
+//!   micro-batches, the KV hand-off between phases;
+//! - [`session`] holds the model on its units and the KV cache slots, and runs steps;
+//! - [`sequence`] is the generation loop (`run`, `chat` and `serve` alike): [`sampler`] picks
+//!   tokens, [`stop`] finds stop strings;
+//! - [`notice`] carries warnings and notes for the user.
 
 pub mod calibrate;
 pub mod load;
 pub mod notice;
 pub mod placement;
 pub mod placement_report;
+pub mod planned;
 pub mod plugins;
 pub mod sampler;
-pub mod schedule;
+pub mod sequence;
 pub mod session;
 pub mod settings;
+pub mod split;
+pub mod stop;

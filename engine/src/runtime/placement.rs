@@ -8,6 +8,7 @@ use tandem_backend_api::{ComputeBackend, DeviceKind, Graph, Support};
 use super::notice::Notice;
 use super::plugins::{Discovery, PluginLookupError, PluginSearch};
 use super::settings::{PhaseLists, Settings};
+use super::split::Phase;
 use crate::model::Part;
 
 /// The built-in `auto` order.
@@ -27,19 +28,6 @@ pub enum PlacementError {
     Spec(#[from] SpecError),
 }
 
-/// Creates the backend named `name` (`cpu`, `vulkan`, ..., or `auto`) from the plugins `search`
-/// finds, with the options `settings` gives it. Plugins that fail to load and the reasons `auto`
-/// passed a candidate over go to `notices`.
-pub fn choose_backend(
-    search: &PluginSearch,
-    settings: &Settings,
-    name: &str,
-    notices: &mut dyn FnMut(Notice),
-) -> Result<Box<dyn ComputeBackend>, PlacementError> {
-    let discovery = discover(search, notices);
-    choose_from(&discovery, settings, name, notices)
-}
-
 /// Finds the plugins, telling `notices` of every file that failed to load.
 pub fn discover(search: &PluginSearch, notices: &mut dyn FnMut(Notice)) -> Discovery {
     let discovery = search.discover();
@@ -49,7 +37,9 @@ pub fn discover(search: &PluginSearch, notices: &mut dyn FnMut(Notice)) -> Disco
     discovery
 }
 
-/// [`choose_backend`] among plugins already found.
+/// Creates the one backend `name` names (`cpu`, `vulkan`, ..., or `auto`: the first available of
+/// the configured `[placement] default` list, else of [`AUTO_ORDER`]) among the plugins found.
+/// The reasons `auto` passed a candidate over go to `notices`.
 pub fn choose_from(
     discovery: &Discovery,
     settings: &Settings,
@@ -100,29 +90,6 @@ pub fn choose_from(
         return Ok(b);
     }
     Err(PlacementError::NoneAvailable(reasons.join("; ")))
-}
-
-/// The two phases of generation, which may run on different units.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Prompt processing (several rows of one sequence per step).
-    Prefill,
-    /// Generation (one row per sequence per step).
-    Decode,
-}
-
-impl Phase {
-    /// Both, prefill first.
-    pub const ALL: [Phase; 2] = [Phase::Prefill, Phase::Decode];
-
-    /// Its name in `[placement.NAME]`.
-    pub fn key(self) -> &'static str {
-        match self {
-            Phase::Prefill => "prefill",
-            Phase::Decode => "decode",
-        }
-    }
 }
 
 /// The backend names tandem ships plugins for (others may be found as plugins).
@@ -230,7 +197,7 @@ pub enum SpecError {
 
 impl PlacementSpec {
     /// The split `flag` (`--backend`) and `settings` ask for, or `None` when the whole model runs
-    /// on one backend chosen by [`choose_backend`]: a single name, or `auto` without part or
+    /// on one backend chosen by [`choose_from`]: a single name, or `auto` without part or
     /// phase lists in the config. `known` are the backend names available as plugins here.
     pub fn resolve(
         flag: &str,
@@ -339,6 +306,47 @@ impl PlacementSpec {
             }
         }
         out
+    }
+}
+
+/// A decided placement: the preference lists, and every unit they name (created, or why it is
+/// unavailable). One backend is a placement of one unit ([`Placement::single`]).
+pub struct Placement {
+    /// The preference lists.
+    pub spec: PlacementSpec,
+    /// Every unit the lists name, in order of first mention.
+    pub candidates: Vec<(String, Candidate)>,
+}
+
+impl Placement {
+    /// Everything on `backend`, named `name`; `origin` says where the choice came from.
+    pub fn single(name: String, backend: Box<dyn ComputeBackend>, origin: String) -> Placement {
+        Placement {
+            spec: PlacementSpec::single(&name, origin),
+            candidates: vec![(name, Candidate::Ready(backend))],
+        }
+    }
+
+    /// The placement `backend` (a name, `A+B` or `auto` without measurement) and the config's
+    /// `[placement]` ask for, with its units created from the plugins found.
+    pub fn decide(
+        discovery: &Discovery,
+        settings: &Settings,
+        backend: &str,
+        notices: &mut dyn FnMut(Notice),
+    ) -> Result<Placement, PlacementError> {
+        let known: Vec<String> = discovery.plugins.iter().map(|p| p.name().to_string()).collect();
+        match PlacementSpec::resolve(backend, settings, &known)? {
+            None => {
+                let b = choose_from(discovery, settings, backend, notices)?;
+                let name = b.info().name;
+                Ok(Placement::single(name, b, format!("--backend {backend}")))
+            }
+            Some(spec) => {
+                let candidates = open_candidates(&spec, discovery, settings)?;
+                Ok(Placement { spec, candidates })
+            }
+        }
     }
 }
 
@@ -478,18 +486,6 @@ pub fn assign(
     let decode = per_phase.pop().unwrap_or_default();
     let prefill = per_phase.pop().unwrap_or_default();
     Ok(Assignment { prefill, decode })
-}
-
-/// The unit of each layer's attention node, in layer order, given the unit of every node of
-/// `graph`: where that layer's KV cache is written.
-pub fn attention_units(graph: &Graph, units: &[usize]) -> Vec<usize> {
-    graph
-        .nodes
-        .iter()
-        .zip(units)
-        .filter(|(n, _)| matches!(n.op, tandem_backend_api::Op::Attention { .. }))
-        .map(|(_, &u)| u)
-        .collect()
 }
 
 /// The notes a placement owes its user: one per backend passed over (unavailable, or refusing

@@ -8,8 +8,9 @@ use std::collections::BTreeSet;
 use serde::Serialize;
 use tandem_backend_api::{BufferId, Graph, Op, Usage};
 
-use super::placement::{attention_units, Assignment, Candidate, NodeChoice, Phase, PlacementSpec};
-use super::schedule::SplitPlan;
+use super::placement::{Assignment, Candidate, NodeChoice, PlacementSpec};
+use super::split::plan::SplitPlan;
+use super::split::{attention_units, Phase};
 use crate::model::{Gemma3Model, Part};
 
 /// One unit the placement considered.

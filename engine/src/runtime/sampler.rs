@@ -57,31 +57,31 @@ impl SamplerConfig {
         }
     }
 
-    /// Checks the ranges; the error names the flag and the accepted range.
+    /// Checks the ranges; the error names the setting and the accepted range.
     pub fn validate(&self) -> Result<(), SamplerError> {
-        let invalid = |flag, value, expected| {
+        let invalid = |setting, value, expected| {
             Err(SamplerError::Invalid {
-                flag,
+                setting,
                 value,
                 expected,
             })
         };
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return invalid(
-                "--temperature",
+                "temperature",
                 self.temperature,
                 "0 (greedy) or a positive finite number",
             );
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return invalid("--top-p", self.top_p, "a number in (0, 1]; 1 turns it off");
+            return invalid("top_p", self.top_p, "a number in (0, 1]; 1 turns it off");
         }
         if !(self.min_p >= 0.0 && self.min_p < 1.0) {
-            return invalid("--min-p", self.min_p, "a number in [0, 1); 0 turns it off");
+            return invalid("min_p", self.min_p, "a number in [0, 1); 0 turns it off");
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
             return invalid(
-                "--repetition-penalty",
+                "repetition_penalty",
                 self.repetition_penalty,
                 "a positive finite number; 1 turns it off",
             );
@@ -94,10 +94,10 @@ impl SamplerConfig {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SamplerError {
     /// A setting is out of range.
-    #[error("invalid {flag} {value}: expected {expected}")]
+    #[error("invalid {setting} {value}: expected {expected}")]
     Invalid {
-        /// The command-line flag (`--temperature`).
-        flag: &'static str,
+        /// The setting, as the request field names it (`temperature`, `top_p`).
+        setting: &'static str,
         /// The value given.
         value: f32,
         /// The accepted range.
@@ -505,61 +505,61 @@ mod tests {
     }
 
     #[test]
-    fn validation_names_the_flag() {
+    fn validation_names_the_setting() {
         let cases = [
             (
                 SamplerConfig {
                     temperature: -0.5,
                     ..SamplerConfig::default()
                 },
-                "--temperature",
+                "temperature",
             ),
             (
                 SamplerConfig {
                     temperature: f32::NAN,
                     ..SamplerConfig::default()
                 },
-                "--temperature",
+                "temperature",
             ),
             (
                 SamplerConfig {
                     top_p: 0.0,
                     ..SamplerConfig::default()
                 },
-                "--top-p",
+                "top_p",
             ),
             (
                 SamplerConfig {
                     top_p: 1.5,
                     ..SamplerConfig::default()
                 },
-                "--top-p",
+                "top_p",
             ),
             (
                 SamplerConfig {
                     min_p: 1.0,
                     ..SamplerConfig::default()
                 },
-                "--min-p",
+                "min_p",
             ),
             (
                 SamplerConfig {
                     min_p: -0.1,
                     ..SamplerConfig::default()
                 },
-                "--min-p",
+                "min_p",
             ),
             (
                 SamplerConfig {
                     repetition_penalty: 0.0,
                     ..SamplerConfig::default()
                 },
-                "--repetition-penalty",
+                "repetition_penalty",
             ),
         ];
-        for (c, flag) in cases {
+        for (c, setting) in cases {
             let err = Sampler::new(c).unwrap_err().to_string();
-            assert!(err.contains(flag), "{err}");
+            assert!(err.contains(setting), "{err}");
         }
         assert!(SamplerConfig::default().validate().is_ok());
         assert!(SamplerConfig::greedy().validate().is_ok());

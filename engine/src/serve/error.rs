@@ -1,8 +1,8 @@
-//! Why the scheduler refuses a request.
+//! Why the server refuses a request.
 
-use crate::runtime::sampler::SamplerError;
+use crate::runtime::sequence::RequestError;
 
-/// A request the scheduler does not take. [`SubmitError::param`] names the request field at
+/// A request the server does not take. [`SubmitError::param`] names the request field at
 /// fault, for OpenAI's error shape.
 #[derive(Debug, thiserror::Error)]
 pub enum SubmitError {
@@ -15,36 +15,9 @@ pub enum SubmitError {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
-    /// The prompt has no tokens.
-    #[error("the prompt is empty")]
-    EmptyPrompt,
-    /// The prompt leaves no room for a generated token.
-    #[error("the prompt has {tokens} tokens; the context holds {context} (prompt and generated tokens together), so it leaves no room to generate")]
-    PromptTooLong {
-        /// Prompt tokens.
-        tokens: usize,
-        /// The server's context.
-        context: usize,
-    },
-    /// A prompt token id outside the model's vocabulary.
-    #[error("token id {id} is outside the vocabulary of {vocab}")]
-    TokenOutOfRange {
-        /// The id.
-        id: u32,
-        /// Vocabulary size.
-        vocab: usize,
-    },
-    /// `max_tokens` is 0 or more than the context.
-    #[error("max_tokens must be between 1 and the context ({context}), got {value}")]
-    MaxTokens {
-        /// The value asked for.
-        value: u64,
-        /// The server's context.
-        context: usize,
-    },
-    /// A sampling setting out of range.
+    /// The request itself is invalid (its prompt, budget or sampling).
     #[error(transparent)]
-    Sampling(#[from] SamplerError),
+    Request(#[from] RequestError),
 }
 
 impl SubmitError {
@@ -52,16 +25,7 @@ impl SubmitError {
     pub fn param(&self) -> Option<&'static str> {
         match self {
             SubmitError::QueueFull { .. } | SubmitError::ShuttingDown => None,
-            SubmitError::EmptyPrompt
-            | SubmitError::PromptTooLong { .. }
-            | SubmitError::TokenOutOfRange { .. } => Some("prompt"),
-            SubmitError::MaxTokens { .. } => Some("max_tokens"),
-            SubmitError::Sampling(SamplerError::Invalid { flag, .. }) => Some(match *flag {
-                "--temperature" => "temperature",
-                "--top-p" => "top_p",
-                "--min-p" => "min_p",
-                _ => "repetition_penalty",
-            }),
+            SubmitError::Request(e) => Some(e.field()),
         }
     }
 

@@ -5,7 +5,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tandem_engine::runtime::sampler::SamplerConfig;
-use tandem_engine::runtime::session::FinishReason;
+use tandem_engine::serve::FinishReason;
 use tandem_engine::tokenizer::chat::{Message, Role};
 
 use super::error::ApiError;

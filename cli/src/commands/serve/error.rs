@@ -4,7 +4,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use tandem_engine::serve::SubmitError;
+use tandem_engine::serve::{RequestError, SubmitError};
 
 /// An error answer.
 #[derive(Debug)]
@@ -68,7 +68,7 @@ impl From<SubmitError> for ApiError {
             return a;
         }
         let mut a = ApiError::invalid(e.to_string(), e.param());
-        if let SubmitError::PromptTooLong { .. } = e {
+        if let SubmitError::Request(RequestError::PromptTooLong { .. }) = e {
             a.code = Some("context_length_exceeded");
         }
         a

@@ -3,7 +3,7 @@
 //! The HTTP stack is tokio with axum: axum is tokio's own web framework, built on hyper and the
 //! tower middleware ecosystem, all maintained by the tokio project; it gives routing, body
 //! limits, server-sent events and graceful shutdown without a framework of our own. The
-//! batching itself is in the engine (`tandem_engine::serve`): one scheduler thread owns the
+//! batching itself is in the engine (`tandem_engine::serve`): one batcher thread owns the
 //! session, and the HTTP handlers only submit requests and forward its events.
 //!
 //! - [`api`]: OpenAI's request fields and response documents.
@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use tandem_engine::serve::{self, Handle, SchedulerOptions};
+use tandem_engine::serve::{self, BatcherOptions, Handle};
 use tandem_engine::tokenizer::chat::ChatTemplate;
 
 use super::load::{load, ModelArgs};
@@ -71,14 +71,14 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     } else {
         None
     };
-    let (handle, scheduler) = serve::start(
+    let (handle, batcher) = serve::start(
         loaded.session,
         tokenizer.clone(),
-        SchedulerOptions {
+        BatcherOptions {
             queue: args.queue as usize,
         },
     )
-    .context("starting the scheduler thread")?;
+    .context("starting the batcher thread")?;
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -117,8 +117,8 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     });
     handle.shut_down();
     drop(handle);
-    if scheduler.join().is_err() {
-        anyhow::bail!("the scheduler thread panicked");
+    if batcher.join().is_err() {
+        anyhow::bail!("the batcher thread panicked");
     }
     served?;
     eprintln!("stopped");

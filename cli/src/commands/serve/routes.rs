@@ -229,7 +229,8 @@ async fn generate(
     common: api::Common,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
-    let max_tokens = st.handle.check(&prompt, max_tokens)?;
+    // Checked, with the prompt and the sampling, once: by `Handle::submit`.
+    let max_tokens = usize::try_from(max_tokens).unwrap_or(usize::MAX);
     if !common.stop.is_empty() && !st.tokenizer.has_vocabulary() {
         return Err(ApiError::invalid(
             "stop strings need a tokenizer, and this model has none",

@@ -1,5 +1,6 @@
-//! Continuous batching: one thread owns the [`Session`] and the sampling, and runs steps until
-//! every request is done.
+//! Continuous batching: one thread (the batcher) owns the [`Session`] and the sampling, and runs
+//! steps until every request is done. Each request is a [`Sequence`], the same generation loop
+//! `engine run` steps alone ([`sequence::generate`]); only the stepping differs.
 //!
 //! Each turn of its loop:
 //! 1. takes waiting requests into free KV cache slots (a slot is reset before reuse);
@@ -23,61 +24,58 @@ use std::time::Duration;
 
 use super::error::SubmitError;
 use super::metrics::{Metrics, Outcome};
-use super::request::{Event, Request};
-use super::sequence::Sequence;
-use crate::runtime::placement::Phase;
 use crate::runtime::sampler::Sampler;
+use crate::runtime::sequence::{self, Event, FinishReason, Latency, Limits, Request, Sequence};
 use crate::runtime::session::Session;
+use crate::runtime::split::Phase;
 use crate::tokenizer::Tokenizer;
 
-/// How the scheduler queues work.
+/// How the batcher queues work.
 #[derive(Debug, Clone, Copy)]
-pub struct SchedulerOptions {
+pub struct BatcherOptions {
     /// Requests that may wait for a slot (at least 1); beyond it [`Handle::submit`] answers
     /// [`SubmitError::QueueFull`].
     pub queue: usize,
 }
 
-/// What the scheduler and its handles share.
+/// What the batcher and its handles share.
 struct Shared {
     metrics: Metrics,
-    /// No new requests; the scheduler exits once the running and queued ones are done.
+    /// No new requests; the batcher exits once the running and queued ones are done.
     draining: AtomicBool,
     /// Stop every request now.
     cancel: AtomicBool,
-    context: usize,
-    vocab: usize,
+    limits: Limits,
     slots: usize,
 }
 
-/// The HTTP layer's side of the scheduler: submits requests, reads the metrics. Cheap to clone.
+/// The HTTP layer's side of the batcher: submits requests, reads the metrics. Cheap to clone.
 #[derive(Clone)]
 pub struct Handle {
-    tx: SyncSender<Request>,
+    tx: SyncSender<(Request<'static>, Sampler)>,
     shared: Arc<Shared>,
 }
 
-/// How long an idle scheduler waits for a request before looking at its flags again.
+/// How long an idle batcher waits for a request before looking at its flags again.
 const IDLE_POLL: Duration = Duration::from_millis(20);
 
-/// Starts the scheduler thread on `session` (one KV cache slot per parallel sequence).
+/// Starts the batcher thread on `session` (one KV cache slot per parallel sequence).
 pub fn start(
     session: Session,
     tokenizer: Arc<Tokenizer>,
-    options: SchedulerOptions,
+    options: BatcherOptions,
 ) -> std::io::Result<(Handle, JoinHandle<()>)> {
     let (tx, rx) = sync_channel(options.queue.max(1));
     let shared = Arc::new(Shared {
         metrics: Metrics::default(),
         draining: AtomicBool::new(false),
         cancel: AtomicBool::new(false),
-        context: session.context(),
-        vocab: session.model().config.vocab_size,
+        limits: Limits::of(&session),
         slots: session.slots(),
     });
     let thread_shared = shared.clone();
     let thread = std::thread::Builder::new()
-        .name("tandem-scheduler".into())
+        .name("tandem-batcher".into())
         .spawn(move || run(session, &tokenizer, rx, &thread_shared))?;
     Ok((Handle { tx, shared }, thread))
 }
@@ -90,7 +88,7 @@ impl Handle {
 
     /// The context: prompt and generated tokens of one request together.
     pub fn context(&self) -> usize {
-        self.shared.context
+        self.shared.limits.context
     }
 
     /// Requests generated at once.
@@ -98,45 +96,17 @@ impl Handle {
         self.shared.slots
     }
 
-    /// Checks a request's prompt and token budget without submitting it.
-    pub fn check(&self, prompt: &[u32], max_tokens: u64) -> Result<usize, SubmitError> {
-        let context = self.shared.context;
-        if prompt.is_empty() {
-            return Err(SubmitError::EmptyPrompt);
-        }
-        if let Some(&id) = prompt.iter().find(|&&t| t as usize >= self.shared.vocab) {
-            return Err(SubmitError::TokenOutOfRange {
-                id,
-                vocab: self.shared.vocab,
-            });
-        }
-        if prompt.len() >= context {
-            return Err(SubmitError::PromptTooLong {
-                tokens: prompt.len(),
-                context,
-            });
-        }
-        match usize::try_from(max_tokens) {
-            Ok(n) if n >= 1 && n <= context => Ok(n),
-            _ => Err(SubmitError::MaxTokens {
-                value: max_tokens,
-                context,
-            }),
-        }
-    }
-
     /// Queues `request`: it starts at the next step with a free slot. Refused when the queue is
-    /// full, the server is shutting down, or the request is invalid ([`Handle::check`], the
-    /// sampling ranges).
-    pub fn submit(&self, request: Request) -> Result<(), SubmitError> {
+    /// full, the server is shutting down, or the request is invalid ([`Request::check`]: the
+    /// one check of a request on the serve path).
+    pub fn submit(&self, request: Request<'static>) -> Result<(), SubmitError> {
         if self.shared.draining.load(Ordering::SeqCst) {
             return Err(SubmitError::ShuttingDown);
         }
-        self.check(&request.prompt, request.max_tokens as u64)?;
-        request.sampling.validate()?;
+        let sampler = request.check(self.shared.limits, 0)?;
         let metrics = &self.shared.metrics;
         metrics.queued.fetch_add(1, Ordering::SeqCst);
-        match self.tx.try_send(request) {
+        match self.tx.try_send((request, sampler)) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => {
                 let queued = metrics.queued.fetch_sub(1, Ordering::SeqCst) - 1;
@@ -150,7 +120,7 @@ impl Handle {
         }
     }
 
-    /// Stops taking requests; the scheduler finishes the running and queued ones, then exits.
+    /// Stops taking requests; the batcher finishes the running and queued ones, then exits.
     pub fn shut_down(&self) {
         self.shared.draining.store(true, Ordering::SeqCst);
     }
@@ -162,8 +132,13 @@ impl Handle {
     }
 }
 
-/// The scheduler's loop; returns when it is shut down and idle, or every handle is gone.
-fn run(mut session: Session, tokenizer: &Tokenizer, rx: Receiver<Request>, shared: &Shared) {
+/// The batcher's loop; returns when it is shut down and idle, or every handle is gone.
+fn run(
+    mut session: Session,
+    tokenizer: &Tokenizer,
+    rx: Receiver<(Request<'static>, Sampler)>,
+    shared: &Shared,
+) {
     let metrics = &shared.metrics;
     let vocab = session.model().config.vocab_size;
     let chunk = session.chunk();
@@ -185,7 +160,7 @@ fn run(mut session: Session, tokenizer: &Tokenizer, rx: Receiver<Request>, share
             } else {
                 rx.try_recv()
             };
-            let request = match got {
+            let (mut request, sampler) = match got {
                 Ok(r) => r,
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
@@ -195,29 +170,17 @@ fn run(mut session: Session, tokenizer: &Tokenizer, rx: Receiver<Request>, share
             };
             metrics.queued.fetch_sub(1, Ordering::SeqCst);
             if cancel || request.sink.is_closed() {
-                let mut request = request;
                 request.sink.send(Event::Failed {
                     message: "the server is shutting down".into(),
                 });
                 metrics.finished(Outcome::Cancelled);
                 continue;
             }
-            match Sampler::new(request.sampling) {
-                Ok(sampler) => {
-                    free.pop();
-                    session.reset(slot as usize);
-                    let s = Sequence::new(request, sampler, slot, tokenizer);
-                    metrics.prompt(s.prompt_len());
-                    seqs.push(s);
-                }
-                Err(e) => {
-                    let mut request = request;
-                    request.sink.send(Event::Failed {
-                        message: e.to_string(),
-                    });
-                    metrics.finished(Outcome::Error);
-                }
-            }
+            free.pop();
+            session.reset(slot as usize);
+            let s = Sequence::new(request, sampler, slot, tokenizer);
+            metrics.prompt(s.prompt_len());
+            seqs.push(s);
         }
         // 2. Clients that have gone (or everything, when cancelled).
         seqs.retain_mut(|s| {
@@ -254,7 +217,7 @@ fn run(mut session: Session, tokenizer: &Tokenizer, rx: Receiver<Request>, share
                     s.fed(n);
                     if !s.prefilling() {
                         let at_limit = session.at_context_limit(s.slot as usize);
-                        if let Some(o) = s.accept(&mut logits, at_limit, metrics) {
+                        if let Some(o) = accept(s, &mut logits, at_limit, metrics) {
                             ended.push((i, o));
                         }
                     }
@@ -289,7 +252,7 @@ fn run(mut session: Session, tokenizer: &Tokenizer, rx: Receiver<Request>, share
                     for (r, &i) in rows.iter().enumerate() {
                         let s = &mut seqs[i];
                         let at_limit = session.at_context_limit(s.slot as usize);
-                        if let Some(o) = s.accept(&mut logits[r * vocab..(r + 1) * vocab], at_limit, metrics)
+                        if let Some(o) = accept(s, &mut logits[r * vocab..(r + 1) * vocab], at_limit, metrics)
                         {
                             ended.push((i, o));
                         }
@@ -312,4 +275,19 @@ fn run(mut session: Session, tokenizer: &Tokenizer, rx: Receiver<Request>, share
         }
         metrics.running.store(seqs.len(), Ordering::SeqCst);
     }
+}
+
+/// [`Sequence::accept`], counted in the metrics.
+fn accept(s: &mut Sequence<'_>, logits: &mut [f32], at_limit: bool, metrics: &Metrics) -> Option<Outcome> {
+    let (outcome, latency) = s.accept(logits, at_limit);
+    metrics.generated();
+    match latency {
+        Latency::First(d) => metrics.ttft.observe(d),
+        Latency::Between(d) => metrics.itl.observe(d),
+    }
+    outcome.map(|o| match o {
+        sequence::Outcome::Finished(FinishReason::Stop) => Outcome::Stop,
+        sequence::Outcome::Finished(FinishReason::Length) => Outcome::Length,
+        sequence::Outcome::Cancelled => Outcome::Cancelled,
+    })
 }

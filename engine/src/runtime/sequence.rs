@@ -1,0 +1,503 @@
+//! The generation loop, once for `engine run`, `chat` and `serve`: a [`Request`] (prompt ids, token
+//! budget, sampling, stop strings, an [`EventSink`]) is checked once at the engine's edge
+//! ([`Request::check`]), then becomes a [`Sequence`] in one KV cache slot. A sequence feeds its
+//! prompt in chunks, samples each token with its own seeded sampler, streams the text that became
+//! final and ends at a stop token, a stop string, its budget or the context, the same way whoever
+//! steps it:
+//! - [`generate`] steps one sequence alone (`run`, `chat`);
+//! - `serve::batcher` steps many together, one prompt chunk and one decode row each per turn.
+
+use std::time::Instant;
+
+use super::sampler::{Sampler, SamplerConfig, SamplerError};
+use super::session::{Session, SessionError};
+use super::split::Phase;
+use super::stop::StopMatcher;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// One generation: a prompt of token ids, how much to generate and how to sample it.
+pub struct Request<'s> {
+    /// The prompt (already tokenized, chat template applied).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate; generation also stops at the context.
+    pub max_tokens: usize,
+    /// Sampling, with this request's own seed.
+    pub sampling: SamplerConfig,
+    /// Stop strings: generation ends before the first one the text contains (the text is cut
+    /// there). Empty strings are ignored. Needs a tokenizer.
+    pub stop: Vec<String>,
+    /// Where the events go.
+    pub sink: Box<dyn EventSink + 's>,
+    /// When the request arrived (time to first token is counted from here).
+    pub arrived: Instant,
+}
+
+/// What a request hears, in order: one [`Event::Token`] per generated token, then one
+/// [`Event::Done`] or [`Event::Failed`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A generated token and the text that became final with it (often one piece, sometimes
+    /// empty: an incomplete character, a special token, or text held back because it may begin
+    /// a stop string).
+    Token {
+        /// The token id.
+        id: u32,
+        /// Text released with it.
+        text: String,
+    },
+    /// Generation ended.
+    Done {
+        /// Text released at the end (held back until now).
+        text: String,
+        /// Why it ended.
+        finish_reason: FinishReason,
+        /// Tokens in the prompt.
+        prompt_tokens: usize,
+        /// Tokens generated (a stop token included).
+        completion_tokens: usize,
+    },
+    /// The model failed while running this request.
+    Failed {
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Where a request's events go: standard output for `engine run`, the HTTP layer's channel for
+/// `engine serve`. The loop never waits on it.
+pub trait EventSink: Send {
+    /// Delivers one event; `false` when the receiver has gone (a client disconnected, an output
+    /// that cannot be written), which ends the request.
+    fn send(&mut self, event: Event) -> bool;
+
+    /// Whether the receiver has gone, checked before each step (a request still in its prompt
+    /// sends nothing, so this is how its cancellation is seen).
+    fn is_closed(&self) -> bool;
+}
+
+/// Why generation ended: OpenAI's `finish_reason` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// A stop token (or a stop string) was generated.
+    Stop,
+    /// The token budget (`max_tokens`) or the context ran out.
+    Length,
+}
+
+impl FinishReason {
+    /// `"stop"` or `"length"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// How a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// It finished, for this reason.
+    Finished(FinishReason),
+    /// Its receiver went away.
+    Cancelled,
+}
+
+/// Timing of one generation.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct GenerationStats {
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+    /// Seconds spent on the prompt (to the first token's logits).
+    pub prefill_seconds: f64,
+    /// Seconds from the first sampled token to the end.
+    pub decode_seconds: f64,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+}
+
+/// A request the engine does not take: the prompt, the token budget or a sampling setting.
+/// [`RequestError::field`] names the request field at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// The prompt has no tokens.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// The prompt leaves no room for a generated token.
+    #[error("the prompt has {tokens} tokens; the context holds {context} (prompt and generated tokens together), so it leaves no room to generate")]
+    PromptTooLong {
+        /// Prompt tokens (with those already cached, when a prompt continues a sequence).
+        tokens: usize,
+        /// The context.
+        context: usize,
+    },
+    /// A prompt token id outside the model's vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange {
+        /// The id.
+        id: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// `max_tokens` is 0 or more than the context.
+    #[error("max_tokens must be between 1 and the context ({context}), got {value}")]
+    MaxTokens {
+        /// The value asked for.
+        value: u64,
+        /// The context.
+        context: usize,
+    },
+    /// A sampling setting out of range.
+    #[error(transparent)]
+    Sampling(#[from] SamplerError),
+}
+
+impl RequestError {
+    /// The request field at fault: `prompt`, `max_tokens`, or the sampling setting's name.
+    pub fn field(&self) -> &'static str {
+        match self {
+            RequestError::EmptyPrompt
+            | RequestError::PromptTooLong { .. }
+            | RequestError::TokenOutOfRange { .. } => "prompt",
+            RequestError::MaxTokens { .. } => "max_tokens",
+            RequestError::Sampling(SamplerError::Invalid { setting, .. }) => setting,
+        }
+    }
+}
+
+/// What a request is checked against: the model's vocabulary and the session's context.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// The context: prompt and generated tokens of one sequence together.
+    pub context: usize,
+}
+
+impl Limits {
+    /// The limits of `session`.
+    pub fn of(session: &Session) -> Limits {
+        Limits {
+            vocab: session.model().config.vocab_size,
+            context: session.context(),
+        }
+    }
+}
+
+impl Request<'_> {
+    /// Checks the prompt (continuing `cached` tokens already in the slot), the token budget and
+    /// the sampling settings; returns the request's sampler. The one place a request is checked.
+    pub fn check(&self, limits: Limits, cached: usize) -> Result<Sampler, RequestError> {
+        let context = limits.context;
+        if self.prompt.is_empty() {
+            return Err(RequestError::EmptyPrompt);
+        }
+        if let Some(&id) = self.prompt.iter().find(|&&t| t as usize >= limits.vocab) {
+            return Err(RequestError::TokenOutOfRange {
+                id,
+                vocab: limits.vocab,
+            });
+        }
+        let tokens = cached + self.prompt.len();
+        if tokens >= context {
+            return Err(RequestError::PromptTooLong { tokens, context });
+        }
+        if self.max_tokens == 0 || self.max_tokens > context {
+            return Err(RequestError::MaxTokens {
+                value: self.max_tokens as u64,
+                context,
+            });
+        }
+        Ok(Sampler::new(self.sampling)?)
+    }
+}
+
+/// A running request in a KV cache slot.
+pub struct Sequence<'t> {
+    /// Its KV cache slot.
+    pub slot: u32,
+    prompt: Vec<u32>,
+    /// Prompt tokens already in the cache.
+    fed: usize,
+    /// The last sampled token, to feed at the next decode step.
+    pub next: Option<u32>,
+    /// Prompt and generated ids: what a repetition penalty looks at.
+    history: Vec<u32>,
+    sampler: Sampler,
+    max_tokens: usize,
+    generated: usize,
+    /// Text of the generated ids (`None` without a tokenizer vocabulary).
+    decoder: Option<StreamDecoder<'t>>,
+    stop: StopMatcher,
+    stop_ids: &'t [u32],
+    sink: Box<dyn EventSink + 't>,
+    arrived: Instant,
+    /// When the first token's logits were ready, and when the last token was sent.
+    first_logits: Option<Instant>,
+    last_token: Option<Instant>,
+    finish: Option<FinishReason>,
+}
+
+/// The time since the last token (or since arrival, for the first): for the serve metrics.
+#[derive(Debug, Clone, Copy)]
+pub enum Latency {
+    /// Time to the first token, from the request's arrival.
+    First(std::time::Duration),
+    /// Time between this token and the one before.
+    Between(std::time::Duration),
+}
+
+impl<'t> Sequence<'t> {
+    /// Starts `request` in `slot`, sampling with `sampler` (from [`Request::check`]).
+    pub fn new(request: Request<'t>, sampler: Sampler, slot: u32, tokenizer: &'t Tokenizer) -> Self {
+        Sequence {
+            slot,
+            history: request.prompt.clone(),
+            sampler,
+            max_tokens: request.max_tokens,
+            generated: 0,
+            decoder: tokenizer.has_vocabulary().then(|| tokenizer.stream_decoder(true)),
+            stop: StopMatcher::new(&request.stop),
+            stop_ids: tokenizer.stop_ids(),
+            sink: request.sink,
+            arrived: request.arrived,
+            first_logits: None,
+            last_token: None,
+            finish: None,
+            prompt: request.prompt,
+            fed: 0,
+            next: None,
+        }
+    }
+
+    /// Tokens in the prompt.
+    pub fn prompt_len(&self) -> usize {
+        self.prompt.len()
+    }
+
+    /// Whether part of the prompt is still to be fed.
+    pub fn prefilling(&self) -> bool {
+        self.fed < self.prompt.len()
+    }
+
+    /// The next piece of the prompt, at most `chunk` tokens.
+    pub fn next_chunk(&self, chunk: usize) -> &[u32] {
+        let end = (self.fed + chunk).min(self.prompt.len());
+        &self.prompt[self.fed..end]
+    }
+
+    /// Records that `n` more prompt tokens are in the cache.
+    pub fn fed(&mut self, n: usize) {
+        self.fed += n;
+    }
+
+    /// Whether the receiver has gone.
+    pub fn is_closed(&self) -> bool {
+        self.sink.is_closed()
+    }
+
+    /// Tells the receiver the request failed.
+    pub fn fail(&mut self, message: String) {
+        self.sink.send(Event::Failed { message });
+    }
+
+    /// Samples the next token from this sequence's `logits` and sends it; `at_limit`: the
+    /// context has no room for another token ([`Session::at_context_limit`]). Returns how the
+    /// request ended, or `None` if it goes on (with [`Sequence::next`] set), and the latency of
+    /// this token.
+    pub fn accept(&mut self, logits: &mut [f32], at_limit: bool) -> (Option<Outcome>, Latency) {
+        let now = Instant::now();
+        self.first_logits.get_or_insert(now);
+        let id = self.sampler.sample(logits, &self.history);
+        self.history.push(id);
+        self.generated += 1;
+        let now = Instant::now();
+        let latency = match self.last_token {
+            None => Latency::First(now - self.arrived),
+            Some(prev) => Latency::Between(now - prev),
+        };
+        self.last_token = Some(now);
+        // An id the tokenizer does not know (the embedding may have more rows) adds no text.
+        let piece = self
+            .decoder
+            .as_mut()
+            .and_then(|d| d.push(id).ok().flatten())
+            .unwrap_or_default();
+        let released = self.stop.push(&piece);
+        let mut finish = if self.stop_ids.contains(&id) || released.stopped {
+            Some(FinishReason::Stop)
+        } else if self.generated >= self.max_tokens || at_limit {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        if !self.sink.send(Event::Token {
+            id,
+            text: released.text,
+        }) {
+            return (Some(Outcome::Cancelled), latency);
+        }
+        let Some(reason) = finish.as_mut() else {
+            self.next = Some(id);
+            return (None, latency);
+        };
+        let mut text = String::new();
+        if !released.stopped {
+            let tail = self
+                .decoder
+                .as_mut()
+                .and_then(|d| d.finish().ok().flatten())
+                .unwrap_or_default();
+            let r = self.stop.push(&tail);
+            text = r.text;
+            if r.stopped {
+                *reason = FinishReason::Stop;
+            } else {
+                text.push_str(&self.stop.finish());
+            }
+        }
+        self.finish = Some(*reason);
+        let done = Event::Done {
+            text,
+            finish_reason: *reason,
+            prompt_tokens: self.prompt.len(),
+            completion_tokens: self.generated,
+        };
+        if !self.sink.send(done) {
+            return (Some(Outcome::Cancelled), latency);
+        }
+        (Some(Outcome::Finished(*reason)), latency)
+    }
+
+    /// Its timing so far.
+    pub fn stats(&self) -> GenerationStats {
+        let end = self.last_token.unwrap_or_else(Instant::now);
+        let first = self.first_logits.unwrap_or(end);
+        GenerationStats {
+            prompt_tokens: self.prompt.len(),
+            generated_tokens: self.generated,
+            prefill_seconds: (first - self.arrived).as_secs_f64(),
+            decode_seconds: (end - first).as_secs_f64(),
+            finish_reason: self.finish.unwrap_or(FinishReason::Length),
+        }
+    }
+}
+
+/// Why [`generate`] stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// The request was refused.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The session failed.
+    #[error(transparent)]
+    Session(#[from] SessionError),
+}
+
+/// Runs `request` alone in `slot` of `session` (continuing the slot's cached sequence when
+/// `keep`, else resetting it first): prompt chunks, then one decode step per token, until the
+/// sequence ends. Returns its timing; a receiver that went away ends it early, without error.
+pub fn generate(
+    session: &mut Session,
+    tokenizer: &Tokenizer,
+    request: Request<'_>,
+    slot: u32,
+    keep: bool,
+) -> Result<GenerationStats, GenerateError> {
+    if !keep {
+        session.reset(slot as usize);
+    }
+    let sampler = request.check(Limits::of(session), session.len(slot as usize))?;
+    let mut seq = Sequence::new(request, sampler, slot, tokenizer);
+    let chunk = session.chunk();
+    let slots = vec![slot; chunk];
+    let mut logits = Vec::new();
+    loop {
+        let step = if seq.prefilling() {
+            let piece = seq.next_chunk(chunk);
+            let n = piece.len();
+            let r = session.step_in(Phase::Prefill, piece, &slots[..n], &[n as u32 - 1]);
+            if r.is_ok() {
+                seq.fed(n);
+            }
+            r
+        } else if let Some(t) = seq.next.take() {
+            session.step(&[t], &[slot], &[0])
+        } else {
+            break;
+        };
+        match step {
+            Ok(l) => {
+                logits.clear();
+                logits.extend_from_slice(l);
+            }
+            Err(e) => {
+                seq.fail(e.to_string());
+                return Err(e.into());
+            }
+        }
+        if seq.prefilling() {
+            continue;
+        }
+        let at_limit = session.at_context_limit(slot as usize);
+        if let (Some(_), _) = seq.accept(&mut logits, at_limit) {
+            break;
+        }
+    }
+    Ok(seq.stats())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nowhere;
+
+    impl EventSink for Nowhere {
+        fn send(&mut self, _: Event) -> bool {
+            true
+        }
+
+        fn is_closed(&self) -> bool {
+            false
+        }
+    }
+
+    fn request(prompt: Vec<u32>, max_tokens: usize) -> Request<'static> {
+        Request {
+            prompt,
+            max_tokens,
+            sampling: SamplerConfig::greedy(),
+            stop: Vec::new(),
+            sink: Box::new(Nowhere),
+            arrived: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn a_request_is_checked_against_the_vocabulary_the_context_and_its_budget() {
+        let limits = Limits {
+            vocab: 10,
+            context: 8,
+        };
+        let field = |r: Request<'_>, cached| r.check(limits, cached).map(|_| ()).map_err(|e| e.field());
+        assert_eq!(field(request(vec![1, 2], 4), 0), Ok(()));
+        assert_eq!(field(request(vec![], 4), 0), Err("prompt"));
+        assert_eq!(field(request(vec![1, 10], 4), 0), Err("prompt"));
+        assert_eq!(field(request(vec![1; 7], 4), 0), Ok(()));
+        assert_eq!(field(request(vec![1; 8], 4), 0), Err("prompt"));
+        assert_eq!(
+            field(request(vec![1; 4], 4), 4),
+            Err("prompt"),
+            "cached tokens count"
+        );
+        assert_eq!(field(request(vec![1], 0), 0), Err("max_tokens"));
+        assert_eq!(field(request(vec![1], 9), 0), Err("max_tokens"));
+        let mut hot = request(vec![1], 4);
+        hot.sampling.temperature = -1.0;
+        assert_eq!(field(hot, 0), Err("temperature"));
+    }
+}

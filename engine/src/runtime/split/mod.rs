@@ -1,0 +1,433 @@
+//! The split scheduler: runs the model's step graph on the units a placement chose, one unit or
+//! several. One backend is simply a split of one unit.
+//!
+//! How to use it:
+//! 1. Place the step graph of one row (`Gemma3Model::step_graph_parts(1, 1, UNBOUND)`): a unit
+//!    index per node position, per [`Phase`] (`runtime::placement::assign`).
+//! 2. Give each [`Unit`] the planned tensors its nodes read (`Gemma3Model::upload` fills
+//!    [`Unit::map`]), then [`SplitScheduler::new`] with the units, the placement and that graph.
+//! 3. Call [`SplitScheduler::run`] for every step. The first step of each shape (phase, rows,
+//!    selected rows, micro-batches) builds the model's step graph for that shape once, splits it
+//!    where the unit changes ([`plan::SplitPlan`]), allocates the boundary buffers and compiles
+//!    one program per segment ([`program::Scheduled`]); every later step of that shape replays
+//!    them, copying boundary values between units and handing KV caches over ([`kv`]) as needed.
+//!
+//! **What ties the placement to the graph**: node positions. A step graph of any shape has the
+//! same nodes in the same order as the one-row graph the placement was made on (only row counts
+//! differ), so node `i` of every shape runs where node `i` of that graph was placed. The scheduler
+//! checks it when it builds a shape (same node count, same op at every position) and refuses a
+//! graph that differs.
+//!
+//! **Micro-batches**: a decode step of several sequences on a split that changes unit within a
+//! decode step may be cut into up to [`MAX_MICRO_BATCHES`] pieces, pipelined so that one unit
+//! works on one piece while another unit works on the next
+//! ([`SplitScheduler::set_micro_batches`]).
+
+mod kv;
+pub mod plan;
+pub mod program;
+
+use std::collections::HashMap;
+
+use tandem_backend_api::{BackendError, BufferId, ComputeBackend, Graph, NodeTime, Op, StepArgs, Ticket};
+
+use self::kv::KvHandoff;
+use self::program::Scheduled;
+use crate::model::Gemma3Model;
+
+/// The two phases of generation, which may run on different units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Prompt processing (several rows of one sequence per step).
+    Prefill,
+    /// Generation (one row per sequence per step).
+    Decode,
+}
+
+impl Phase {
+    /// Both, prefill first.
+    pub const ALL: [Phase; 2] = [Phase::Prefill, Phase::Decode];
+
+    /// Its name in `[placement.NAME]`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Phase::Prefill => "prefill",
+            Phase::Decode => "decode",
+        }
+    }
+
+    /// 0 for prefill, 1 for decode: its index in per-phase arrays.
+    pub fn index(self) -> usize {
+        match self {
+            Phase::Prefill => 0,
+            Phase::Decode => 1,
+        }
+    }
+}
+
+/// One compute unit: a backend, and where it holds the model's planned tensors.
+pub struct Unit {
+    /// Its instance name (`cpu`, `vulkan`, `vulkan#2`).
+    pub name: String,
+    /// The backend.
+    pub backend: Box<dyn ComputeBackend>,
+    /// Planned id -> this backend's buffer, for every tensor the unit's nodes read.
+    pub map: HashMap<BufferId, BufferId>,
+}
+
+impl Unit {
+    /// This unit's buffer for the planned tensor `b`, which `op` reads.
+    fn bind(&self, b: BufferId, op: &Op) -> Result<BufferId, ScheduleError> {
+        self.map.get(&b).copied().ok_or_else(|| ScheduleError {
+            context: format!("binding {} on {}", op.name(), self.name),
+            error: BackendError::invalid(format!("the unit holds no buffer for planned tensor {}", b.0)),
+        })
+    }
+}
+
+/// A backend failure while building or running a step.
+#[derive(Debug, thiserror::Error)]
+#[error("{context}: {error}")]
+pub struct ScheduleError {
+    /// What was being done, naming the unit.
+    pub context: String,
+    /// The backend's error.
+    pub error: BackendError,
+}
+
+fn err(context: impl Into<String>) -> impl FnOnce(BackendError) -> ScheduleError {
+    let context = context.into();
+    move |error| ScheduleError { context, error }
+}
+
+/// [`err`] with the context `"{what} {unit}"` formatted only on failure: a step allocates nothing.
+fn step_err<'a>(what: &'a str, unit: &'a str) -> impl FnOnce(BackendError) -> ScheduleError + 'a {
+    move |error| ScheduleError {
+        context: format!("{what} {unit}"),
+        error,
+    }
+}
+
+fn invalid(context: &str, message: String) -> ScheduleError {
+    ScheduleError {
+        context: context.to_string(),
+        error: BackendError::invalid(message),
+    }
+}
+
+/// The most micro-batches [`SplitScheduler::set_micro_batches`] takes.
+pub const MAX_MICRO_BATCHES: usize = 4;
+
+/// One step shape: what a compiled set of programs serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct StepKey {
+    phase: Phase,
+    rows: usize,
+    selected: usize,
+    micro_batches: usize,
+}
+
+/// The units, the placement of every node per phase, and the programs compiled so far.
+pub struct SplitScheduler {
+    units: Vec<Unit>,
+    /// Per phase (prefill, decode), the unit of every node, by node position.
+    placement: [Vec<usize>; 2],
+    /// The op of every node position of the graph the placement was made on.
+    ops: Vec<String>,
+    kv: Option<KvHandoff>,
+    programs: HashMap<StepKey, Vec<Scheduled>>,
+    micro_batches: usize,
+    /// `0, 1, 2, ...`: the select rows of a micro-batch (grown, never shrunk).
+    iota: Vec<u32>,
+    last: Option<StepKey>,
+}
+
+/// The unit of each layer's attention node, in layer order, given the unit of every node of
+/// `graph`: where that layer's KV cache is written.
+pub fn attention_units(graph: &Graph, units: &[usize]) -> Vec<usize> {
+    graph
+        .nodes
+        .iter()
+        .zip(units)
+        .filter(|(n, _)| matches!(n.op, Op::Attention { .. }))
+        .map(|(_, &u)| u)
+        .collect()
+}
+
+impl SplitScheduler {
+    /// A scheduler over `units`, running node `i` of every step of phase `p` on unit
+    /// `placement[p.index()][i]`, where `graph` is the step graph the placement was made on.
+    pub fn new(
+        units: Vec<Unit>,
+        placement: [Vec<usize>; 2],
+        graph: &Graph,
+        model: &Gemma3Model,
+    ) -> Result<SplitScheduler, ScheduleError> {
+        let context = "checking the placement";
+        if units.is_empty() {
+            return Err(invalid(context, "no unit".into()));
+        }
+        for (phase, p) in Phase::ALL.iter().zip(&placement) {
+            if p.len() != graph.nodes.len() {
+                return Err(invalid(
+                    context,
+                    format!(
+                        "{} places {} nodes of a {}-node graph",
+                        phase.key(),
+                        p.len(),
+                        graph.nodes.len()
+                    ),
+                ));
+            }
+            if let Some(&u) = p.iter().find(|&&u| u >= units.len()) {
+                return Err(invalid(
+                    context,
+                    format!("{} names unit {u} of {}", phase.key(), units.len()),
+                ));
+            }
+        }
+        let kv = KvHandoff::new(model, [0, 1].map(|ph| attention_units(graph, &placement[ph])));
+        Ok(SplitScheduler {
+            units,
+            ops: graph.nodes.iter().map(|n| n.op.name()).collect(),
+            placement,
+            kv,
+            programs: HashMap::new(),
+            micro_batches: 1,
+            iota: Vec::new(),
+            last: None,
+        })
+    }
+
+    /// Sets how many micro-batches a split decode step of several sequences (every row
+    /// selected) is cut into, at most [`MAX_MICRO_BATCHES`]: while one unit runs a part of one
+    /// micro-batch, the other unit runs the next part of another. 1 (the default) runs each step
+    /// whole.
+    pub fn set_micro_batches(&mut self, n: usize) {
+        self.micro_batches = n.clamp(1, MAX_MICRO_BATCHES);
+    }
+
+    /// The units, in unit order.
+    pub fn units(&self) -> &[Unit] {
+        &self.units
+    }
+
+    /// The unit of the last node of a decode step: where the logits are computed.
+    pub fn main_unit(&self) -> usize {
+        self.placement[1].last().copied().unwrap_or(0)
+    }
+
+    /// The backend that computes the logits.
+    pub fn main_backend(&mut self) -> &mut dyn ComputeBackend {
+        let u = self.main_unit();
+        self.units[u].backend.as_mut()
+    }
+
+    /// Micro-batches the last step ran in (1: whole; 0: no step yet).
+    pub fn last_step_micro_batches(&self) -> usize {
+        self.last.map_or(0, |k| k.micro_batches)
+    }
+
+    /// Bytes moved between units so far: boundary values through the host, and KV caches
+    /// handed from one phase's unit to the other's.
+    pub fn moved_bytes(&self) -> (u64, u64) {
+        (
+            self.programs.values().flatten().map(Scheduled::moved_bytes).sum(),
+            self.kv.as_ref().map_or(0, |k| k.moved),
+        )
+    }
+
+    /// Per-node device time of the last step, where the backends measure it (empty otherwise).
+    pub fn profile_last_step(&mut self) -> Result<Vec<NodeTime>, ScheduleError> {
+        match self.last.and_then(|k| self.programs.get(&k)?.first()) {
+            Some(p) => p.profile(&mut self.units),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The phase whose placement a step runs with: decode when both phases place alike (one
+    /// set of programs serves both).
+    fn phase_key(&self, phase: Phase) -> Phase {
+        if self.placement[0] != self.placement[1] {
+            phase
+        } else {
+            Phase::Decode
+        }
+    }
+
+    /// The micro-batches a step of `rows` rows selecting `select` runs as: their row bounds.
+    fn micro_bounds(
+        &self,
+        phase: Phase,
+        rows: usize,
+        select: &[u32],
+    ) -> ([usize; MAX_MICRO_BATCHES + 1], usize) {
+        let mut bounds = [0; MAX_MICRO_BATCHES + 1];
+        let split_decode = self.placement[1].windows(2).any(|w| w[0] != w[1]);
+        let all_rows = select.len() == rows && select.iter().enumerate().all(|(i, &r)| r as usize == i);
+        let m = if phase == Phase::Decode && split_decode && all_rows {
+            self.micro_batches.min(rows)
+        } else {
+            1
+        };
+        for (j, b) in bounds.iter_mut().enumerate().take(m + 1) {
+            *b = rows * j / m;
+        }
+        (bounds, m)
+    }
+
+    /// Builds (once per shape) the programs of `key`, one per micro-batch.
+    fn programs_for(
+        &mut self,
+        model: &Gemma3Model,
+        key: StepKey,
+        bounds: &[usize],
+    ) -> Result<(), ScheduleError> {
+        if self.programs.contains_key(&key) {
+            return Ok(());
+        }
+        let vocab = model.config.vocab_size;
+        let mut graphs: Vec<((usize, usize), Graph)> = Vec::new();
+        let mut schedules = Vec::new();
+        for w in bounds.windows(2) {
+            // A micro-batch selects all its rows; a whole step selects `selected`.
+            let shape = if bounds.len() > 2 {
+                (w[1] - w[0], w[1] - w[0])
+            } else {
+                (key.rows, key.selected)
+            };
+            if !graphs.iter().any(|(s, _)| *s == shape) {
+                let graph = model.step_graph(shape.0, shape.1, BufferId::UNBOUND);
+                self.check_positions(&graph)?;
+                graphs.push((shape, graph));
+            }
+            let Some((_, graph)) = graphs.iter().find(|(s, _)| *s == shape) else {
+                continue;
+            };
+            match Scheduled::build(&mut self.units, graph, &self.placement[key.phase.index()], vocab) {
+                Ok(s) => schedules.push(s),
+                Err(e) => {
+                    for mut s in schedules {
+                        s.release(&mut self.units);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        self.programs.insert(key, schedules);
+        Ok(())
+    }
+
+    /// Checks that `graph` has the node positions the placement was made on.
+    fn check_positions(&self, graph: &Graph) -> Result<(), ScheduleError> {
+        let context = format!("placing {}", graph.name);
+        if graph.nodes.len() != self.ops.len() {
+            return Err(invalid(
+                &context,
+                format!(
+                    "{} nodes where the placement has {}",
+                    graph.nodes.len(),
+                    self.ops.len()
+                ),
+            ));
+        }
+        for (i, (node, op)) in graph.nodes.iter().zip(&self.ops).enumerate() {
+            let name = node.op.name();
+            if name != *op {
+                return Err(invalid(
+                    &context,
+                    format!("node {i} is {name} where the placement has {op}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one step of `phase` on `model`'s graph: `args` (rows of `slots`, whose sequences held
+    /// `lengths[slot]` tokens before it), writing the logits of the selected rows to `logits`
+    /// (`selected * vocab` little-endian f32).
+    pub fn run(
+        &mut self,
+        model: &Gemma3Model,
+        phase: Phase,
+        args: &StepArgs<'_>,
+        lengths: &[usize],
+        logits: &mut [u8],
+    ) -> Result<(), ScheduleError> {
+        let (rows, selected) = (args.tokens.len(), args.select.len());
+        let vocab = model.config.vocab_size;
+        let phase = self.phase_key(phase);
+        let (bounds, m) = self.micro_bounds(phase, rows, args.select);
+        let key = StepKey {
+            phase,
+            rows,
+            selected,
+            micro_batches: m,
+        };
+        let bounds = &bounds[..=m];
+        self.programs_for(model, key, bounds)?;
+        if let Some(kv) = self.kv.as_mut() {
+            kv.hand_over(phase, model, &mut self.units, args.slots, lengths)?;
+        }
+        if self.iota.len() < rows {
+            self.iota.extend(self.iota.len() as u32..rows as u32);
+        }
+        let Some(schedules) = self.programs.get_mut(&key) else {
+            return Err(invalid("running a step", "its programs were not built".into()));
+        };
+        let units = &mut self.units;
+        let iota = &self.iota;
+        // The step arguments of micro-batch `j` (of the whole step when there is one).
+        let part = |j: usize| {
+            if m == 1 {
+                return *args;
+            }
+            let (a, b) = (bounds[j], bounds[j + 1]);
+            StepArgs {
+                tokens: &args.tokens[a..b],
+                positions: &args.positions[a..b],
+                slots: &args.slots[a..b],
+                select: &iota[..b - a],
+            }
+        };
+        if m == 1 {
+            schedules[0].run(units, args)?;
+        } else {
+            // Each unit alternates micro-batches: after micro-batch j's part i finishes on its
+            // unit, its part i + 1 is submitted to the next unit, which works on it while the
+            // first unit goes on with micro-batch j + 1's part i.
+            let parts = schedules[0].len();
+            let mut tickets = [Ticket(0); MAX_MICRO_BATCHES];
+            for (j, t) in tickets.iter_mut().enumerate().take(m) {
+                *t = schedules[j].submit(0, units, &part(j))?;
+            }
+            for i in 0..parts {
+                for (j, t) in tickets.iter_mut().enumerate().take(m) {
+                    schedules[j].finish(i, *t, units)?;
+                    if i + 1 < parts {
+                        *t = schedules[j].submit(i + 1, units, &part(j))?;
+                    }
+                }
+            }
+        }
+        self.last = Some(key);
+        for (j, s) in schedules.iter().enumerate() {
+            let (a, b) = if m == 1 {
+                (0, selected)
+            } else {
+                (bounds[j], bounds[j + 1])
+            };
+            s.read_logits(units, &mut logits[a * vocab * 4..b * vocab * 4])?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SplitScheduler {
+    fn drop(&mut self) {
+        for p in self.programs.values_mut().flatten() {
+            p.release(&mut self.units);
+        }
+    }
+}
