@@ -9,7 +9,7 @@ use std::path::Path;
 
 use common::Install;
 use serde_json::Value;
-use tandem_engine::bench::report::{load_result, validate_against_schema};
+use tandem_cli::report::{load_result, validate_against_schema};
 
 fn schema() -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/bench-schema.json");

@@ -1,7 +1,7 @@
 //! `engine bench`: prefill and decode speed per batch size, time to first token, per-token
 //! latency, peak memory, and the achieved fractions of the copy bandwidth and matrix-product
 //! peak that the same run measures (`tandem_engine::bench::run`), printed as a table or JSON.
-//! `--report DIR RESULT.json...` renders saved results. The JSON follows
+//! `--report DIR RESULT.json...` renders saved results (`tandem_cli::report`). The JSON follows
 //! `docs/bench-schema.json` (`tandem-bench/1`).
 
 use std::io::{IsTerminal, Write};
@@ -62,9 +62,9 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         let results = args
             .results
             .iter()
-            .map(|p| tandem_engine::bench::report::load_result(p))
+            .map(|p| tandem_cli::report::load_result(p))
             .collect::<Result<Vec<_>, _>>()?;
-        let files = tandem_engine::bench::report::write_report(&results, dir)?;
+        let files = tandem_cli::report::write_report(&results, dir)?;
         for f in [&files.markdown, &files.tokens_per_s_svg, &files.roofline_svg] {
             println!("wrote {}", f.display());
         }

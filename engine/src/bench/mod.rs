@@ -1,9 +1,9 @@
 //! Benchmarks: [`run`] measures a model's prefill and decode speed on a backend against the limits
-//! the same run measures ([`limits`]) and writes the `tandem-bench/1` result; [`report`] reads
-//! results (tandem's and peers') back and renders markdown and charts.
+//! the same run measures ([`limits`]) and writes the `tandem-bench/1` result, whose data types are
+//! [`results`]. Reading results back and rendering them is the command line's (`tandem_cli::report`).
 
 pub mod error;
 pub mod limits;
 pub mod machine;
-pub mod report;
+pub mod results;
 pub mod run;

@@ -12,7 +12,7 @@ use tandem_backend_api::DeviceKind;
 use super::error::BenchError;
 use super::limits::{host_copy_bandwidth, peak_flops};
 use super::machine::{cpu_name, now_rfc3339, peak_rss};
-use super::report::{OpTime, StepProfile};
+use super::results::{OpTime, StepProfile};
 use crate::checkpoint::config::LayerType;
 use crate::checkpoint::synth::{write_synthetic_gguf, SynthDtype, SynthShape};
 use crate::model::files::cache_dir;

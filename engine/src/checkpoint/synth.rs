@@ -765,8 +765,9 @@ impl RowJob {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::gguf::value::{GgufArray, GgufValue};
+    use crate::checkpoint::gguf::writer::ggml_type_id;
     use crate::checkpoint::gguf::writer::test_reader::{parse, Parsed};
-    use crate::checkpoint::gguf::writer::{ggml_type_id, MetaArray, MetaValue};
 
     fn write_tiny(dtype: SynthDtype, threads: usize) -> (SynthReport, Vec<u8>, Vec<(u64, u64)>) {
         let dir = tempfile::tempdir().unwrap();
@@ -787,7 +788,7 @@ mod tests {
 
     fn u32_of(p: &Parsed, key: &str) -> u32 {
         match p.get(key) {
-            Some(MetaValue::U32(v)) => *v,
+            Some(GgufValue::U32(v)) => *v,
             other => panic!("{key}: {other:?}"),
         }
     }
@@ -816,7 +817,7 @@ mod tests {
         assert_eq!(report.bytes, bytes.len() as u64);
         let p = parse(&bytes).unwrap();
         assert_eq!(p.version, 3);
-        assert_eq!(p.get("general.architecture"), Some(&MetaValue::from("gemma3")));
+        assert_eq!(p.get("general.architecture"), Some(&GgufValue::from("gemma3")));
         assert_eq!(u32_of(&p, "gemma3.embedding_length"), 256);
         assert_eq!(u32_of(&p, "gemma3.block_count"), 2);
         assert_eq!(u32_of(&p, "gemma3.feed_forward_length"), 512);
@@ -830,16 +831,16 @@ mod tests {
         assert_eq!(u32_of(&p, "general.file_type"), 7);
         assert_eq!(
             p.get("gemma3.attention.layer_norm_rms_epsilon"),
-            Some(&MetaValue::F32(1e-6))
+            Some(&GgufValue::F32(1e-6))
         );
-        assert_eq!(p.get("gemma3.rope.freq_base"), Some(&MetaValue::F32(1e6)));
+        assert_eq!(p.get("gemma3.rope.freq_base"), Some(&GgufValue::F32(1e6)));
         assert_eq!(p.get("gemma3.rope.scaling.type"), None);
-        assert_eq!(p.get("tokenizer.ggml.model"), Some(&MetaValue::from("llama")));
+        assert_eq!(p.get("tokenizer.ggml.model"), Some(&GgufValue::from("llama")));
         assert_eq!(
             p.get("tokenizer.ggml.add_bos_token"),
-            Some(&MetaValue::Bool(true))
+            Some(&GgufValue::Bool(true))
         );
-        let Some(MetaValue::Array(MetaArray::String(tokens))) = p.get("tokenizer.ggml.tokens") else {
+        let Some(GgufValue::Array(GgufArray::String(tokens))) = p.get("tokenizer.ggml.tokens") else {
             panic!("no token list");
         };
         assert_eq!(tokens.len(), 512);
@@ -849,14 +850,14 @@ mod tests {
         assert_eq!(tokens[238], "<0x00>");
         assert_eq!(tokens[248], "<0x0A>");
         assert_eq!(tokens[493], "<0xFF>");
-        let Some(MetaValue::Array(MetaArray::I32(types))) = p.get("tokenizer.ggml.token_type") else {
+        let Some(GgufValue::Array(GgufArray::I32(types))) = p.get("tokenizer.ggml.token_type") else {
             panic!("no token types");
         };
         assert_eq!(
             (types[1], types[106], types[107], types[300], types[511]),
             (3, 3, 4, 6, 1)
         );
-        let Some(MetaValue::Array(MetaArray::F32(scores))) = p.get("tokenizer.ggml.scores") else {
+        let Some(GgufValue::Array(GgufArray::F32(scores))) = p.get("tokenizer.ggml.scores") else {
             panic!("no scores");
         };
         assert_eq!((scores[2], scores[300], scores[495]), (-1000.0, 0.0, -1.0));
@@ -1001,14 +1002,14 @@ mod tests {
         let p = parse(&bytes).unwrap();
         assert_eq!(
             p.get("gemma3.rope.scaling.type"),
-            Some(&MetaValue::from("linear"))
+            Some(&GgufValue::from("linear"))
         );
-        assert_eq!(p.get("gemma3.rope.scaling.factor"), Some(&MetaValue::F32(8.0)));
+        assert_eq!(p.get("gemma3.rope.scaling.factor"), Some(&GgufValue::F32(8.0)));
         assert_eq!(u32_of(&p, "gemma3.context_length"), 131_072);
         assert_eq!(u32_of(&p, "gemma3.attention.sliding_window"), 1024);
         assert_eq!(u32_of(&p, "gemma3.attention.head_count_kv"), 4);
         assert_eq!(u32_of(&p, "general.file_type"), 32);
-        let Some(MetaValue::Array(tokens)) = p.get("tokenizer.ggml.tokens") else {
+        let Some(GgufValue::Array(tokens)) = p.get("tokenizer.ggml.tokens") else {
             panic!("no token list");
         };
         assert_eq!(tokens.len(), 262_208);

@@ -24,8 +24,10 @@ use memmap2::Mmap;
 use tandem_backend_api::quant::{dequantize_row, QuantError};
 use tandem_backend_api::{DType, TensorDesc};
 
+pub use super::value::{GgufArray, GgufValue, GgufValueType};
+
 /// The four bytes every GGUF file starts with.
-const MAGIC: [u8; 4] = *b"GGUF";
+pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 /// The metadata key that sets the data alignment.
 pub const ALIGNMENT_KEY: &str = "general.alignment";
 /// The alignment when `general.alignment` is absent.
@@ -41,263 +43,6 @@ pub const MAX_ARRAY_DEPTH: usize = 8;
 /// (8), a dimension count (4), a type (4) and an offset (8).
 const MIN_METADATA_ENTRY_BYTES: u64 = 8 + 4 + 1;
 const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8;
-
-/// The type of a metadata value, with its GGUF id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GgufValueType {
-    /// `u8` (id 0).
-    U8,
-    /// `i8` (id 1).
-    I8,
-    /// `u16` (id 2).
-    U16,
-    /// `i16` (id 3).
-    I16,
-    /// `u32` (id 4).
-    U32,
-    /// `i32` (id 5).
-    I32,
-    /// `f32` (id 6).
-    F32,
-    /// `bool`, one byte 0 or 1 (id 7).
-    Bool,
-    /// A UTF-8 string (id 8).
-    String,
-    /// An array of values of one type (id 9).
-    Array,
-    /// `u64` (id 10).
-    U64,
-    /// `i64` (id 11).
-    I64,
-    /// `f64` (id 12).
-    F64,
-}
-
-impl GgufValueType {
-    /// The type with GGUF id `id`, if there is one.
-    pub const fn from_id(id: u32) -> Option<Self> {
-        Some(match id {
-            0 => Self::U8,
-            1 => Self::I8,
-            2 => Self::U16,
-            3 => Self::I16,
-            4 => Self::U32,
-            5 => Self::I32,
-            6 => Self::F32,
-            7 => Self::Bool,
-            8 => Self::String,
-            9 => Self::Array,
-            10 => Self::U64,
-            11 => Self::I64,
-            12 => Self::F64,
-            _ => return None,
-        })
-    }
-
-    /// The GGUF id of this type.
-    pub const fn id(self) -> u32 {
-        match self {
-            Self::U8 => 0,
-            Self::I8 => 1,
-            Self::U16 => 2,
-            Self::I16 => 3,
-            Self::U32 => 4,
-            Self::I32 => 5,
-            Self::F32 => 6,
-            Self::Bool => 7,
-            Self::String => 8,
-            Self::Array => 9,
-            Self::U64 => 10,
-            Self::I64 => 11,
-            Self::F64 => 12,
-        }
-    }
-
-    /// The lower-case name used in messages (`u32`, `string`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::U8 => "u8",
-            Self::I8 => "i8",
-            Self::U16 => "u16",
-            Self::I16 => "i16",
-            Self::U32 => "u32",
-            Self::I32 => "i32",
-            Self::F32 => "f32",
-            Self::Bool => "bool",
-            Self::String => "string",
-            Self::Array => "array",
-            Self::U64 => "u64",
-            Self::I64 => "i64",
-            Self::F64 => "f64",
-        }
-    }
-
-    /// The fewest bytes one value of this type takes in a file (an empty string or array for
-    /// those).
-    const fn min_encoded_len(self) -> u64 {
-        match self {
-            Self::U8 | Self::I8 | Self::Bool => 1,
-            Self::U16 | Self::I16 => 2,
-            Self::U32 | Self::I32 | Self::F32 => 4,
-            Self::U64 | Self::I64 | Self::F64 | Self::String => 8,
-            Self::Array => 4 + 8,
-        }
-    }
-}
-
-impl fmt::Display for GgufValueType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// A metadata value.
-#[derive(Debug, Clone, PartialEq)]
-pub enum GgufValue {
-    /// A `u8`.
-    U8(u8),
-    /// An `i8`.
-    I8(i8),
-    /// A `u16`.
-    U16(u16),
-    /// An `i16`.
-    I16(i16),
-    /// A `u32`.
-    U32(u32),
-    /// An `i32`.
-    I32(i32),
-    /// An `f32`.
-    F32(f32),
-    /// A `bool`.
-    Bool(bool),
-    /// A string.
-    String(String),
-    /// An array.
-    Array(GgufArray),
-    /// A `u64`.
-    U64(u64),
-    /// An `i64`.
-    I64(i64),
-    /// An `f64`.
-    F64(f64),
-}
-
-impl GgufValue {
-    /// The value's type.
-    pub fn value_type(&self) -> GgufValueType {
-        match self {
-            Self::U8(_) => GgufValueType::U8,
-            Self::I8(_) => GgufValueType::I8,
-            Self::U16(_) => GgufValueType::U16,
-            Self::I16(_) => GgufValueType::I16,
-            Self::U32(_) => GgufValueType::U32,
-            Self::I32(_) => GgufValueType::I32,
-            Self::F32(_) => GgufValueType::F32,
-            Self::Bool(_) => GgufValueType::Bool,
-            Self::String(_) => GgufValueType::String,
-            Self::Array(_) => GgufValueType::Array,
-            Self::U64(_) => GgufValueType::U64,
-            Self::I64(_) => GgufValueType::I64,
-            Self::F64(_) => GgufValueType::F64,
-        }
-    }
-
-    /// The type as messages name it: `u32`, `string`, `array of f32`, `array of array of u8`.
-    pub fn type_description(&self) -> String {
-        match self {
-            Self::Array(a) => a.type_description(),
-            other => other.value_type().name().to_owned(),
-        }
-    }
-}
-
-/// A metadata array: elements of one type, stored unboxed.
-#[derive(Debug, Clone, PartialEq)]
-pub enum GgufArray {
-    /// `u8` elements.
-    U8(Vec<u8>),
-    /// `i8` elements.
-    I8(Vec<i8>),
-    /// `u16` elements.
-    U16(Vec<u16>),
-    /// `i16` elements.
-    I16(Vec<i16>),
-    /// `u32` elements.
-    U32(Vec<u32>),
-    /// `i32` elements.
-    I32(Vec<i32>),
-    /// `f32` elements.
-    F32(Vec<f32>),
-    /// `bool` elements.
-    Bool(Vec<bool>),
-    /// String elements.
-    String(Vec<String>),
-    /// Array elements (each may have its own element type).
-    Array(Vec<GgufArray>),
-    /// `u64` elements.
-    U64(Vec<u64>),
-    /// `i64` elements.
-    I64(Vec<i64>),
-    /// `f64` elements.
-    F64(Vec<f64>),
-}
-
-impl GgufArray {
-    /// The type of the elements.
-    pub fn element_type(&self) -> GgufValueType {
-        match self {
-            Self::U8(_) => GgufValueType::U8,
-            Self::I8(_) => GgufValueType::I8,
-            Self::U16(_) => GgufValueType::U16,
-            Self::I16(_) => GgufValueType::I16,
-            Self::U32(_) => GgufValueType::U32,
-            Self::I32(_) => GgufValueType::I32,
-            Self::F32(_) => GgufValueType::F32,
-            Self::Bool(_) => GgufValueType::Bool,
-            Self::String(_) => GgufValueType::String,
-            Self::Array(_) => GgufValueType::Array,
-            Self::U64(_) => GgufValueType::U64,
-            Self::I64(_) => GgufValueType::I64,
-            Self::F64(_) => GgufValueType::F64,
-        }
-    }
-
-    /// The number of elements.
-    pub fn len(&self) -> usize {
-        match self {
-            Self::U8(v) => v.len(),
-            Self::I8(v) => v.len(),
-            Self::U16(v) => v.len(),
-            Self::I16(v) => v.len(),
-            Self::U32(v) => v.len(),
-            Self::I32(v) => v.len(),
-            Self::F32(v) => v.len(),
-            Self::Bool(v) => v.len(),
-            Self::String(v) => v.len(),
-            Self::Array(v) => v.len(),
-            Self::U64(v) => v.len(),
-            Self::I64(v) => v.len(),
-            Self::F64(v) => v.len(),
-        }
-    }
-
-    /// Whether the array has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// `array of <element type>`, as messages name it (the inner arrays of an array of arrays
-    /// are described by the first one).
-    pub fn type_description(&self) -> String {
-        match self {
-            Self::Array(inner) => match inner.first() {
-                Some(first) => format!("array of {}", first.type_description()),
-                None => "array of array".to_owned(),
-            },
-            other => format!("array of {}", other.element_type()),
-        }
-    }
-}
 
 /// The storage type of ggml type id `id` (`enum ggml_type`), for the types tandem reads.
 pub const fn dtype_from_ggml(id: u32) -> Option<DType> {
@@ -1184,7 +929,7 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, GgufError> {
     let mut r = Reader { path, bytes, pos: 0 };
 
     let magic: [u8; 4] = r.fixed(&Part::Header)?;
-    if magic != MAGIC {
+    if magic != GGUF_MAGIC {
         return Err(GgufError::BadMagic {
             path: path.to_path_buf(),
             found: magic,
@@ -1377,6 +1122,7 @@ fn check_tensor(
 
 #[cfg(test)]
 mod tests {
+    use super::super::value::encode_string;
     use super::*;
 
     /// A minimal GGUF writer for tests: metadata and tensors (raw bytes under any type id and
@@ -1429,14 +1175,14 @@ mod tests {
             b.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
             b.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
             for (key, value) in &self.metadata {
-                put_str(&mut b, key);
+                encode_string(key, &mut b);
                 b.extend_from_slice(&value.value_type().id().to_le_bytes());
-                put_value(&mut b, value);
+                value.encode(&mut b);
             }
             let mut offset = 0u64;
             let mut type_at = Vec::new();
             for (name, dims, type_id, data) in &self.tensors {
-                put_str(&mut b, name);
+                encode_string(name, &mut b);
                 b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
                 for d in dims {
                     b.extend_from_slice(&d.to_le_bytes());
@@ -1463,52 +1209,6 @@ mod tests {
     fn pad(b: &mut Vec<u8>, alignment: u64) {
         while !(b.len() as u64).is_multiple_of(alignment) {
             b.push(0);
-        }
-    }
-
-    fn put_str(b: &mut Vec<u8>, s: &str) {
-        b.extend_from_slice(&(s.len() as u64).to_le_bytes());
-        b.extend_from_slice(s.as_bytes());
-    }
-
-    fn put_value(b: &mut Vec<u8>, v: &GgufValue) {
-        match v {
-            GgufValue::U8(x) => b.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::I8(x) => b.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::U16(x) => b.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::I16(x) => b.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::U32(x) => b.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::I32(x) => b.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::F32(x) => b.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::Bool(x) => b.push(u8::from(*x)),
-            GgufValue::String(s) => put_str(b, s),
-            GgufValue::Array(a) => put_array(b, a),
-            GgufValue::U64(x) => b.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::I64(x) => b.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::F64(x) => b.extend_from_slice(&x.to_le_bytes()),
-        }
-    }
-
-    fn put_array(b: &mut Vec<u8>, a: &GgufArray) {
-        b.extend_from_slice(&a.element_type().id().to_le_bytes());
-        b.extend_from_slice(&(a.len() as u64).to_le_bytes());
-        let values: Vec<GgufValue> = match a {
-            GgufArray::U8(v) => v.iter().map(|&x| GgufValue::U8(x)).collect(),
-            GgufArray::I8(v) => v.iter().map(|&x| GgufValue::I8(x)).collect(),
-            GgufArray::U16(v) => v.iter().map(|&x| GgufValue::U16(x)).collect(),
-            GgufArray::I16(v) => v.iter().map(|&x| GgufValue::I16(x)).collect(),
-            GgufArray::U32(v) => v.iter().map(|&x| GgufValue::U32(x)).collect(),
-            GgufArray::I32(v) => v.iter().map(|&x| GgufValue::I32(x)).collect(),
-            GgufArray::F32(v) => v.iter().map(|&x| GgufValue::F32(x)).collect(),
-            GgufArray::Bool(v) => v.iter().map(|&x| GgufValue::Bool(x)).collect(),
-            GgufArray::String(v) => v.iter().map(|x| GgufValue::String(x.clone())).collect(),
-            GgufArray::Array(v) => v.iter().map(|x| GgufValue::Array(x.clone())).collect(),
-            GgufArray::U64(v) => v.iter().map(|&x| GgufValue::U64(x)).collect(),
-            GgufArray::I64(v) => v.iter().map(|&x| GgufValue::I64(x)).collect(),
-            GgufArray::F64(v) => v.iter().map(|&x| GgufValue::F64(x)).collect(),
-        };
-        for v in &values {
-            put_value(b, v);
         }
     }
 
@@ -1934,7 +1634,7 @@ mod tests {
             b.extend_from_slice(&3u32.to_le_bytes());
             b.extend_from_slice(&0u64.to_le_bytes());
             b.extend_from_slice(&1u64.to_le_bytes());
-            put_str(&mut b, "tokenizer.ggml.scores");
+            encode_string("tokenizer.ggml.scores", &mut b);
             b.extend_from_slice(&GgufValueType::Array.id().to_le_bytes());
             b.extend_from_slice(&GgufValueType::F32.id().to_le_bytes());
             b.extend_from_slice(&len.to_le_bytes());

@@ -20,38 +20,18 @@ use std::path::{Path, PathBuf};
 
 use tandem_backend_api::DType;
 
-/// The four bytes every GGUF file starts with.
-pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
+use super::value::encode_string;
+pub use super::value::{GgufArray, GgufValue};
+
+pub use super::reader::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS};
+
 /// The format version this writer produces.
 pub const GGUF_VERSION: u32 = 3;
-/// The metadata key that sets the data alignment.
-pub const ALIGNMENT_KEY: &str = "general.alignment";
-/// The alignment when `general.alignment` is absent.
-pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// Tensor names must be shorter than this many bytes (ggml's `GGML_MAX_NAME`, which counts the
 /// terminating NUL).
 pub const MAX_TENSOR_NAME_BYTES: usize = 64;
-/// ggml tensors have at most this many dimensions (`GGML_MAX_DIMS`).
-pub const MAX_DIMS: usize = 4;
 
 const WRITE_BUFFER_BYTES: usize = 1 << 20;
-
-/// GGUF metadata value type ids.
-mod value_type {
-    pub const U8: u32 = 0;
-    pub const I8: u32 = 1;
-    pub const U16: u32 = 2;
-    pub const I16: u32 = 3;
-    pub const U32: u32 = 4;
-    pub const I32: u32 = 5;
-    pub const F32: u32 = 6;
-    pub const BOOL: u32 = 7;
-    pub const STRING: u32 = 8;
-    pub const ARRAY: u32 = 9;
-    pub const U64: u32 = 10;
-    pub const I64: u32 = 11;
-    pub const F64: u32 = 12;
-}
 
 /// ggml's type id for `dtype` (`enum ggml_type`), as GGUF tensor infos store it.
 pub const fn ggml_type_id(dtype: DType) -> u32 {
@@ -66,216 +46,6 @@ pub const fn ggml_type_id(dtype: DType) -> u32 {
     }
     // Every DType is in the table (a unit test checks it).
     u32::MAX
-}
-
-/// One metadata value.
-#[derive(Debug, Clone, PartialEq)]
-pub enum MetaValue {
-    /// `uint8`.
-    U8(u8),
-    /// `int8`.
-    I8(i8),
-    /// `uint16`.
-    U16(u16),
-    /// `int16`.
-    I16(i16),
-    /// `uint32`.
-    U32(u32),
-    /// `int32`.
-    I32(i32),
-    /// `float32`.
-    F32(f32),
-    /// `bool` (one byte, 0 or 1).
-    Bool(bool),
-    /// `string`.
-    String(String),
-    /// `array` of one element type.
-    Array(MetaArray),
-    /// `uint64`.
-    U64(u64),
-    /// `int64`.
-    I64(i64),
-    /// `float64`.
-    F64(f64),
-}
-
-/// A metadata array: its elements, all of one type.
-///
-/// Arrays of arrays follow the GGUF specification (each element a full array with its own element
-/// type and count); gguf-py reads them, ggml's C reader does not.
-#[derive(Debug, Clone, PartialEq)]
-pub enum MetaArray {
-    /// `uint8` elements.
-    U8(Vec<u8>),
-    /// `int8` elements.
-    I8(Vec<i8>),
-    /// `uint16` elements.
-    U16(Vec<u16>),
-    /// `int16` elements.
-    I16(Vec<i16>),
-    /// `uint32` elements.
-    U32(Vec<u32>),
-    /// `int32` elements.
-    I32(Vec<i32>),
-    /// `float32` elements.
-    F32(Vec<f32>),
-    /// `bool` elements.
-    Bool(Vec<bool>),
-    /// `string` elements.
-    String(Vec<String>),
-    /// `array` elements.
-    Array(Vec<MetaArray>),
-    /// `uint64` elements.
-    U64(Vec<u64>),
-    /// `int64` elements.
-    I64(Vec<i64>),
-    /// `float64` elements.
-    F64(Vec<f64>),
-}
-
-macro_rules! meta_from {
-    ($($t:ty => $variant:ident),* $(,)?) => {$(
-        impl From<$t> for MetaValue {
-            fn from(v: $t) -> Self {
-                MetaValue::$variant(v)
-            }
-        }
-        impl From<Vec<$t>> for MetaValue {
-            fn from(v: Vec<$t>) -> Self {
-                MetaValue::Array(MetaArray::$variant(v))
-            }
-        }
-    )*};
-}
-
-meta_from!(
-    u8 => U8, i8 => I8, u16 => U16, i16 => I16, u32 => U32, i32 => I32, f32 => F32, bool => Bool,
-    String => String, u64 => U64, i64 => I64, f64 => F64,
-);
-
-impl From<&str> for MetaValue {
-    fn from(v: &str) -> Self {
-        MetaValue::String(v.to_owned())
-    }
-}
-
-impl From<MetaArray> for MetaValue {
-    fn from(v: MetaArray) -> Self {
-        MetaValue::Array(v)
-    }
-}
-
-impl MetaValue {
-    /// The GGUF value type id.
-    pub fn type_id(&self) -> u32 {
-        match self {
-            MetaValue::U8(_) => value_type::U8,
-            MetaValue::I8(_) => value_type::I8,
-            MetaValue::U16(_) => value_type::U16,
-            MetaValue::I16(_) => value_type::I16,
-            MetaValue::U32(_) => value_type::U32,
-            MetaValue::I32(_) => value_type::I32,
-            MetaValue::F32(_) => value_type::F32,
-            MetaValue::Bool(_) => value_type::BOOL,
-            MetaValue::String(_) => value_type::STRING,
-            MetaValue::Array(_) => value_type::ARRAY,
-            MetaValue::U64(_) => value_type::U64,
-            MetaValue::I64(_) => value_type::I64,
-            MetaValue::F64(_) => value_type::F64,
-        }
-    }
-
-    fn encode(&self, out: &mut Vec<u8>) {
-        match self {
-            MetaValue::U8(v) => out.push(*v),
-            MetaValue::I8(v) => out.extend_from_slice(&v.to_le_bytes()),
-            MetaValue::U16(v) => out.extend_from_slice(&v.to_le_bytes()),
-            MetaValue::I16(v) => out.extend_from_slice(&v.to_le_bytes()),
-            MetaValue::U32(v) => out.extend_from_slice(&v.to_le_bytes()),
-            MetaValue::I32(v) => out.extend_from_slice(&v.to_le_bytes()),
-            MetaValue::F32(v) => out.extend_from_slice(&v.to_le_bytes()),
-            MetaValue::Bool(v) => out.push(u8::from(*v)),
-            MetaValue::String(v) => encode_string(v, out),
-            MetaValue::Array(v) => v.encode(out),
-            MetaValue::U64(v) => out.extend_from_slice(&v.to_le_bytes()),
-            MetaValue::I64(v) => out.extend_from_slice(&v.to_le_bytes()),
-            MetaValue::F64(v) => out.extend_from_slice(&v.to_le_bytes()),
-        }
-    }
-}
-
-impl MetaArray {
-    /// The GGUF value type id of the elements.
-    pub fn element_type_id(&self) -> u32 {
-        match self {
-            MetaArray::U8(_) => value_type::U8,
-            MetaArray::I8(_) => value_type::I8,
-            MetaArray::U16(_) => value_type::U16,
-            MetaArray::I16(_) => value_type::I16,
-            MetaArray::U32(_) => value_type::U32,
-            MetaArray::I32(_) => value_type::I32,
-            MetaArray::F32(_) => value_type::F32,
-            MetaArray::Bool(_) => value_type::BOOL,
-            MetaArray::String(_) => value_type::STRING,
-            MetaArray::Array(_) => value_type::ARRAY,
-            MetaArray::U64(_) => value_type::U64,
-            MetaArray::I64(_) => value_type::I64,
-            MetaArray::F64(_) => value_type::F64,
-        }
-    }
-
-    /// The number of elements.
-    pub fn len(&self) -> usize {
-        match self {
-            MetaArray::U8(v) => v.len(),
-            MetaArray::I8(v) => v.len(),
-            MetaArray::U16(v) => v.len(),
-            MetaArray::I16(v) => v.len(),
-            MetaArray::U32(v) => v.len(),
-            MetaArray::I32(v) => v.len(),
-            MetaArray::F32(v) => v.len(),
-            MetaArray::Bool(v) => v.len(),
-            MetaArray::String(v) => v.len(),
-            MetaArray::Array(v) => v.len(),
-            MetaArray::U64(v) => v.len(),
-            MetaArray::I64(v) => v.len(),
-            MetaArray::F64(v) => v.len(),
-        }
-    }
-
-    /// Whether the array has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Element type, count, elements.
-    fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.element_type_id().to_le_bytes());
-        out.extend_from_slice(&(self.len() as u64).to_le_bytes());
-        fn each<T: Copy>(out: &mut Vec<u8>, items: &[T], f: impl Fn(T, &mut Vec<u8>)) {
-            items.iter().for_each(|&v| f(v, out));
-        }
-        match self {
-            MetaArray::U8(v) => out.extend_from_slice(v),
-            MetaArray::I8(v) => each(out, v, |x, o| o.extend_from_slice(&x.to_le_bytes())),
-            MetaArray::U16(v) => each(out, v, |x, o| o.extend_from_slice(&x.to_le_bytes())),
-            MetaArray::I16(v) => each(out, v, |x, o| o.extend_from_slice(&x.to_le_bytes())),
-            MetaArray::U32(v) => each(out, v, |x, o| o.extend_from_slice(&x.to_le_bytes())),
-            MetaArray::I32(v) => each(out, v, |x, o| o.extend_from_slice(&x.to_le_bytes())),
-            MetaArray::F32(v) => each(out, v, |x, o| o.extend_from_slice(&x.to_le_bytes())),
-            MetaArray::Bool(v) => each(out, v, |x, o| o.push(u8::from(x))),
-            MetaArray::String(v) => v.iter().for_each(|s| encode_string(s, out)),
-            MetaArray::Array(v) => v.iter().for_each(|a| a.encode(out)),
-            MetaArray::U64(v) => each(out, v, |x, o| o.extend_from_slice(&x.to_le_bytes())),
-            MetaArray::I64(v) => each(out, v, |x, o| o.extend_from_slice(&x.to_le_bytes())),
-            MetaArray::F64(v) => each(out, v, |x, o| o.extend_from_slice(&x.to_le_bytes())),
-        }
-    }
-}
-
-fn encode_string(s: &str, out: &mut Vec<u8>) {
-    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
-    out.extend_from_slice(s.as_bytes());
 }
 
 /// What a tensor is: its name, its dimensions (ggml order, innermost first: a `[rows, cols]`
@@ -455,7 +225,7 @@ impl TensorSink<'_> {
 /// Describes a GGUF file (metadata and tensor infos), then writes it.
 #[derive(Debug, Clone, Default)]
 pub struct GgufWriter {
-    metadata: Vec<(String, MetaValue)>,
+    metadata: Vec<(String, GgufValue)>,
     keys: HashSet<String>,
     tensors: Vec<TensorSpec>,
     names: HashSet<String>,
@@ -473,7 +243,7 @@ impl GgufWriter {
     pub fn add_metadata(
         &mut self,
         key: impl Into<String>,
-        value: impl Into<MetaValue>,
+        value: impl Into<GgufValue>,
     ) -> Result<(), GgufWriteError> {
         let key = key.into();
         let value = value.into();
@@ -482,7 +252,7 @@ impl GgufWriter {
         }
         if key == ALIGNMENT_KEY {
             match value {
-                MetaValue::U32(a) if a.is_power_of_two() => self.alignment = Some(u64::from(a)),
+                GgufValue::U32(a) if a.is_power_of_two() => self.alignment = Some(u64::from(a)),
                 ref other => {
                     return Err(GgufWriteError::BadAlignment {
                         value: format!("{other:?}"),
@@ -569,7 +339,7 @@ impl GgufWriter {
         out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
         for (key, value) in &self.metadata {
             encode_string(key, &mut out);
-            out.extend_from_slice(&value.type_id().to_le_bytes());
+            out.extend_from_slice(&value.value_type().id().to_le_bytes());
             value.encode(&mut out);
         }
         for (t, offset) in self.tensors.iter().zip(offsets) {
@@ -678,19 +448,20 @@ fn padded(n: u64, align: u64) -> u64 {
 /// A minimal GGUF reader for tests: parses a whole file from memory, checking the layout.
 #[cfg(test)]
 pub(crate) mod test_reader {
+    use super::super::value::GgufValueType;
     use super::*;
 
     /// A parsed file.
     pub(crate) struct Parsed {
         pub version: u32,
-        pub metadata: Vec<(String, MetaValue)>,
+        pub metadata: Vec<(String, GgufValue)>,
         /// Name, dims, ggml type id, offset in the data section.
         pub tensors: Vec<(String, Vec<u64>, u32, u64)>,
         pub data_start: usize,
     }
 
     impl Parsed {
-        pub(crate) fn get(&self, key: &str) -> Option<&MetaValue> {
+        pub(crate) fn get(&self, key: &str) -> Option<&GgufValue> {
             self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
         }
     }
@@ -723,38 +494,39 @@ pub(crate) mod test_reader {
             let n = self.u64()? as usize;
             String::from_utf8(self.take(n)?.to_vec()).map_err(|e| e.to_string())
         }
-        fn value(&mut self, ty: u32) -> Result<MetaValue, String> {
+        fn value(&mut self, id: u32) -> Result<GgufValue, String> {
+            let ty = GgufValueType::from_id(id).ok_or_else(|| format!("value type {id}"))?;
             Ok(match ty {
-                value_type::U8 => MetaValue::U8(self.arr::<1>()?[0]),
-                value_type::I8 => MetaValue::I8(i8::from_le_bytes(self.arr()?)),
-                value_type::U16 => MetaValue::U16(u16::from_le_bytes(self.arr()?)),
-                value_type::I16 => MetaValue::I16(i16::from_le_bytes(self.arr()?)),
-                value_type::U32 => MetaValue::U32(self.u32()?),
-                value_type::I32 => MetaValue::I32(i32::from_le_bytes(self.arr()?)),
-                value_type::F32 => MetaValue::F32(f32::from_le_bytes(self.arr()?)),
-                value_type::BOOL => match self.arr::<1>()?[0] {
-                    b @ (0 | 1) => MetaValue::Bool(b == 1),
+                GgufValueType::U8 => GgufValue::U8(self.arr::<1>()?[0]),
+                GgufValueType::I8 => GgufValue::I8(i8::from_le_bytes(self.arr()?)),
+                GgufValueType::U16 => GgufValue::U16(u16::from_le_bytes(self.arr()?)),
+                GgufValueType::I16 => GgufValue::I16(i16::from_le_bytes(self.arr()?)),
+                GgufValueType::U32 => GgufValue::U32(self.u32()?),
+                GgufValueType::I32 => GgufValue::I32(i32::from_le_bytes(self.arr()?)),
+                GgufValueType::F32 => GgufValue::F32(f32::from_le_bytes(self.arr()?)),
+                GgufValueType::Bool => match self.arr::<1>()?[0] {
+                    b @ (0 | 1) => GgufValue::Bool(b == 1),
                     b => return Err(format!("bool byte {b}")),
                 },
-                value_type::STRING => MetaValue::String(self.string()?),
-                value_type::ARRAY => MetaValue::Array(self.array()?),
-                value_type::U64 => MetaValue::U64(self.u64()?),
-                value_type::I64 => MetaValue::I64(i64::from_le_bytes(self.arr()?)),
-                value_type::F64 => MetaValue::F64(f64::from_le_bytes(self.arr()?)),
-                other => return Err(format!("value type {other}")),
+                GgufValueType::String => GgufValue::String(self.string()?),
+                GgufValueType::Array => GgufValue::Array(self.array()?),
+                GgufValueType::U64 => GgufValue::U64(self.u64()?),
+                GgufValueType::I64 => GgufValue::I64(i64::from_le_bytes(self.arr()?)),
+                GgufValueType::F64 => GgufValue::F64(f64::from_le_bytes(self.arr()?)),
             })
         }
-        fn array(&mut self) -> Result<MetaArray, String> {
-            let ty = self.u32()?;
+        fn array(&mut self) -> Result<GgufArray, String> {
+            let id = self.u32()?;
+            let ty = GgufValueType::from_id(id).ok_or_else(|| format!("array element type {id}"))?;
             let n = self.u64()? as usize;
-            let items = (0..n).map(|_| self.value(ty)).collect::<Result<Vec<_>, _>>()?;
+            let items = (0..n).map(|_| self.value(id)).collect::<Result<Vec<_>, _>>()?;
             macro_rules! collect {
                 ($variant:ident) => {
-                    MetaArray::$variant(
+                    GgufArray::$variant(
                         items
                             .into_iter()
                             .map(|v| match v {
-                                MetaValue::$variant(x) => x,
+                                GgufValue::$variant(x) => x,
                                 _ => unreachable!("read as the array's element type"),
                             })
                             .collect(),
@@ -762,28 +534,27 @@ pub(crate) mod test_reader {
                 };
             }
             Ok(match ty {
-                value_type::U8 => collect!(U8),
-                value_type::I8 => collect!(I8),
-                value_type::U16 => collect!(U16),
-                value_type::I16 => collect!(I16),
-                value_type::U32 => collect!(U32),
-                value_type::I32 => collect!(I32),
-                value_type::F32 => collect!(F32),
-                value_type::BOOL => collect!(Bool),
-                value_type::STRING => collect!(String),
-                value_type::ARRAY => MetaArray::Array(
+                GgufValueType::U8 => collect!(U8),
+                GgufValueType::I8 => collect!(I8),
+                GgufValueType::U16 => collect!(U16),
+                GgufValueType::I16 => collect!(I16),
+                GgufValueType::U32 => collect!(U32),
+                GgufValueType::I32 => collect!(I32),
+                GgufValueType::F32 => collect!(F32),
+                GgufValueType::Bool => collect!(Bool),
+                GgufValueType::String => collect!(String),
+                GgufValueType::Array => GgufArray::Array(
                     items
                         .into_iter()
                         .map(|v| match v {
-                            MetaValue::Array(x) => x,
+                            GgufValue::Array(x) => x,
                             _ => unreachable!("read as the array's element type"),
                         })
                         .collect(),
                 ),
-                value_type::U64 => collect!(U64),
-                value_type::I64 => collect!(I64),
-                value_type::F64 => collect!(F64),
-                other => return Err(format!("array element type {other}")),
+                GgufValueType::U64 => collect!(U64),
+                GgufValueType::I64 => collect!(I64),
+                GgufValueType::F64 => collect!(F64),
             })
         }
     }
@@ -814,7 +585,7 @@ pub(crate) mod test_reader {
             tensors.push((name, dims, ty, offset));
         }
         let align = match metadata.iter().find(|(k, _)| k == ALIGNMENT_KEY) {
-            Some((_, MetaValue::U32(a))) => u64::from(*a),
+            Some((_, GgufValue::U32(a))) => u64::from(*a),
             Some(_) => return Err("bad alignment type".into()),
             None => DEFAULT_ALIGNMENT,
         };
@@ -853,20 +624,20 @@ mod tests {
     use super::test_reader::parse;
     use super::*;
 
-    fn every_value_type() -> Vec<(&'static str, MetaValue)> {
+    fn every_value_type() -> Vec<(&'static str, GgufValue)> {
         vec![
-            ("t.u8", MetaValue::U8(200)),
-            ("t.i8", MetaValue::I8(-100)),
-            ("t.u16", MetaValue::U16(60_000)),
-            ("t.i16", MetaValue::I16(-30_000)),
-            ("t.u32", MetaValue::U32(4_000_000_000)),
-            ("t.i32", MetaValue::I32(-2_000_000_000)),
-            ("t.f32", MetaValue::F32(1e-6)),
-            ("t.bool", MetaValue::Bool(true)),
-            ("t.string", MetaValue::from("gemma3 ▁ü")),
-            ("t.u64", MetaValue::U64(u64::MAX - 1)),
-            ("t.i64", MetaValue::I64(i64::MIN + 1)),
-            ("t.f64", MetaValue::F64(-2.5e300)),
+            ("t.u8", GgufValue::U8(200)),
+            ("t.i8", GgufValue::I8(-100)),
+            ("t.u16", GgufValue::U16(60_000)),
+            ("t.i16", GgufValue::I16(-30_000)),
+            ("t.u32", GgufValue::U32(4_000_000_000)),
+            ("t.i32", GgufValue::I32(-2_000_000_000)),
+            ("t.f32", GgufValue::F32(1e-6)),
+            ("t.bool", GgufValue::Bool(true)),
+            ("t.string", GgufValue::from("gemma3 ▁ü")),
+            ("t.u64", GgufValue::U64(u64::MAX - 1)),
+            ("t.i64", GgufValue::I64(i64::MIN + 1)),
+            ("t.f64", GgufValue::F64(-2.5e300)),
             ("t.a.u8", vec![1u8, 2, 3].into()),
             ("t.a.i8", vec![-1i8, 0, 1].into()),
             ("t.a.u16", vec![1u16, 65_535].into()),
@@ -882,12 +653,12 @@ mod tests {
             ("t.a.u64", vec![u64::MAX].into()),
             ("t.a.i64", vec![i64::MIN].into()),
             ("t.a.f64", vec![0.5f64].into()),
-            ("t.a.empty", MetaArray::F32(vec![]).into()),
+            ("t.a.empty", GgufArray::F32(vec![]).into()),
             (
                 "t.a.array",
-                MetaArray::Array(vec![
-                    MetaArray::I32(vec![1, 2]),
-                    MetaArray::String(vec!["x".into()]),
+                GgufArray::Array(vec![
+                    GgufArray::I32(vec![1, 2]),
+                    GgufArray::String(vec!["x".into()]),
                 ])
                 .into(),
             ),
@@ -938,7 +709,7 @@ mod tests {
         assert_eq!(parsed.version, 3);
         assert_eq!(
             parsed.get("general.architecture"),
-            Some(&MetaValue::from("gemma3"))
+            Some(&GgufValue::from("gemma3"))
         );
         let expected = every_value_type();
         assert_eq!(parsed.metadata.len(), expected.len() + 1);

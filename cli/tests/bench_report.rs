@@ -3,9 +3,10 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use tandem_engine::bench::report::{
-    bench_schema, load_result, validate_against_schema, write_report, BenchResult, ReportError, SCHEMA_ID,
+use tandem_cli::report::{
+    bench_schema, load_result, markdown, series_label, validate_against_schema, write_report, ReportError,
 };
+use tandem_engine::bench::results::{BenchResult, OpTime, SCHEMA_ID};
 
 fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -190,10 +191,10 @@ fn the_report_renders() {
         assert_well_formed(&svg);
         for r in &results {
             assert!(
-                svg.contains(&r.series_label()),
+                svg.contains(&series_label(r)),
                 "{} lacks {}",
                 path.display(),
-                r.series_label()
+                series_label(r)
             );
         }
     }
@@ -252,7 +253,7 @@ fn a_profile_validates_renders_and_is_checked() {
         doc,
         "round trip"
     );
-    let md = tandem_engine::bench::report::markdown(&[result]);
+    let md = markdown(&[result]);
     assert!(md.contains("## Where the device time goes"), "{md}");
     assert!(md.contains("| decode | attention | 18 | 0.200 | 66.7% |"), "{md}");
 
@@ -266,7 +267,7 @@ fn a_profile_validates_renders_and_is_checked() {
 
 #[test]
 fn node_times_sum_by_op_most_time_first() {
-    let ops = tandem_engine::bench::report::OpTime::by_op([
+    let ops = OpTime::by_op([
         ("matmul(q8_0)", 1.0),
         ("add", 0.5),
         ("matmul(q8_0)", 2.0),
@@ -284,7 +285,7 @@ fn node_times_sum_by_op_most_time_first() {
 fn tandem_runs_are_set_against_a_peer_on_the_same_machine() {
     let mut ours = sample_doc(SAMPLES[0]);
     let peer = sample_doc(SAMPLES[1]);
-    let md_apart = tandem_engine::bench::report::markdown(&[
+    let md_apart = markdown(&[
         serde_json::from_value(ours.clone()).expect("ours"),
         serde_json::from_value(peer.clone()).expect("peer"),
     ]);
@@ -296,7 +297,7 @@ fn tandem_runs_are_set_against_a_peer_on_the_same_machine() {
     ours["machine"] = peer["machine"].clone();
     let ours_r: BenchResult = serde_json::from_value(ours.clone()).expect("ours");
     let peer_r: BenchResult = serde_json::from_value(peer).expect("peer");
-    let md = tandem_engine::bench::report::markdown(&[ours_r.clone(), peer_r.clone()]);
+    let md = markdown(&[ours_r.clone(), peer_r.clone()]);
     assert!(md.contains("## Against the peer's limits"), "{md}");
     let run = &ours_r.runs[0];
     let share = run.prefill_flops_fraction * ours_r.limits.peak_flops / peer_r.limits.peak_flops;

@@ -1,0 +1,201 @@
+//! Benchmark results (`tandem-bench/1`): the data `engine bench` measures.
+//!
+//! `engine bench --json` and the peer (`bench/peer_torch.py`) write one [`BenchResult`] each, in
+//! the schema `docs/bench-schema.json` documents. Reading results back, checking them against the
+//! schema and rendering them (markdown, charts) is the command line's business
+//! (`tandem_cli::report`).
+
+use serde::{Deserialize, Serialize};
+use tandem_backend_api::DeviceKind;
+
+/// The schema name and version every result carries in its `schema` field.
+pub const SCHEMA_ID: &str = "tandem-bench/1";
+
+/// One benchmark result: one tool on one backend and one model, at one or more batch sizes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchResult {
+    /// Always [`SCHEMA_ID`].
+    pub schema: String,
+    /// What was measured: `tandem`, `transformers-eager` or `transformers-compile`.
+    pub tool: String,
+    /// When the run started, RFC 3339 in UTC.
+    pub date: String,
+    /// The machine the run measured.
+    pub machine: Machine,
+    /// The backend the model ran on.
+    pub backend: BackendDesc,
+    /// The model that ran.
+    pub model: ModelDesc,
+    /// What was asked of the run.
+    pub settings: BenchSettings,
+    /// The hardware limits measured in the same run.
+    pub limits: Limits,
+    /// One entry per batch size that ran.
+    pub runs: Vec<BatchRun>,
+}
+
+/// The machine a result was measured on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Machine {
+    /// The host name.
+    pub host: String,
+    /// The CPU model.
+    pub cpu: String,
+    /// Logical CPUs available to the process.
+    pub cores: u32,
+    /// The operating system (`linux`).
+    pub os: String,
+    /// The GPU's name, where the run used or saw one.
+    pub gpu: Option<String>,
+}
+
+/// The backend a result ran on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendDesc {
+    /// tandem's plugin name (`cpu`, `vulkan`), or the peer's device type (`cuda`).
+    pub name: String,
+    /// The device as the user would recognise it.
+    pub device: String,
+    /// The kind of device.
+    pub kind: DeviceKind,
+}
+
+/// The model a result ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelDesc {
+    /// The shape's name (`gemma3-270m`).
+    pub name: String,
+    /// A file path, or `synthetic:SHAPE`.
+    pub source: String,
+    /// The stored weight format (`q4_k`, `bf16`).
+    pub dtype: String,
+    /// Parameters, embeddings included.
+    pub params: u64,
+    /// Bytes of weights as stored on the backend.
+    pub weight_bytes: u64,
+    /// True when the weights are random.
+    pub synthetic: bool,
+}
+
+/// What was asked of a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BenchSettings {
+    /// Prompt tokens per sequence.
+    pub prompt_tokens: u32,
+    /// Tokens generated per sequence.
+    pub gen_tokens: u32,
+    /// Timed repeats per batch size.
+    pub repeat: u32,
+    /// Untimed runs before the timed ones.
+    pub warmup: u32,
+    /// The batch sizes asked for.
+    pub batch: Vec<u32>,
+    /// The KV caches' element type (`f32`, `f16`); absent in results from before the option.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<String>,
+}
+
+/// The limits a run measured, to put its speeds in proportion.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Bytes read plus bytes written per second by a large copy in the backend's memory.
+    pub copy_bandwidth_bytes_per_s: f64,
+    /// How the copy bandwidth was measured.
+    pub copy_bandwidth_source: String,
+    /// The best FLOP/s of a large dense matrix product on the backend.
+    pub peak_flops: f64,
+    /// How the peak was measured.
+    pub peak_flops_source: String,
+}
+
+/// The median, minimum and maximum over the timed repeats.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Spread {
+    /// The median.
+    pub median: f64,
+    /// The smallest value.
+    pub min: f64,
+    /// The largest value.
+    pub max: f64,
+}
+
+/// Percentiles over every timed decode step.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Percentiles {
+    /// The 50th percentile.
+    pub p50: f64,
+    /// The 90th percentile.
+    pub p90: f64,
+    /// The 99th percentile.
+    pub p99: f64,
+}
+
+/// The measurements at one batch size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchRun {
+    /// Sequences run together.
+    pub batch: u32,
+    /// Prompt tokens per second, summed over the batch.
+    pub prefill_tokens_per_s: Spread,
+    /// Generated tokens per second, summed over the batch.
+    pub decode_tokens_per_s: Spread,
+    /// Time to first token, milliseconds.
+    pub ttft_ms: Spread,
+    /// Milliseconds per decode step.
+    pub token_latency_ms: Percentiles,
+    /// Bytes one decode step reads: weights plus KV cache.
+    pub decode_bytes_per_step: u64,
+    /// Achieved decode bandwidth as a fraction of the measured copy bandwidth.
+    pub decode_bandwidth_fraction: f64,
+    /// Achieved prefill FLOP/s as a fraction of the measured peak.
+    pub prefill_flops_fraction: f64,
+    /// Peak resident host memory, bytes.
+    pub peak_rss_bytes: u64,
+    /// Peak device memory, bytes, where the backend can tell.
+    pub device_memory_bytes: Option<u64>,
+    /// Device time per op kind, where the backend measures it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<StepProfile>,
+}
+
+/// Device time per op kind of one prefill chunk and one decode step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepProfile {
+    /// The last prefill chunk's op kinds, most time first.
+    pub prefill: Vec<OpTime>,
+    /// The last decode step's op kinds, most time first.
+    pub decode: Vec<OpTime>,
+}
+
+/// The device time of every node of one op kind in one step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpTime {
+    /// The op's short name (`matmul(q4_k)`).
+    pub op: String,
+    /// Nodes of this kind.
+    pub nodes: u32,
+    /// Their summed device time, seconds.
+    pub seconds: f64,
+}
+
+impl OpTime {
+    /// Sums node times by op name, most time first.
+    pub fn by_op<'a>(nodes: impl IntoIterator<Item = (&'a str, f64)>) -> Vec<OpTime> {
+        let mut out: Vec<OpTime> = Vec::new();
+        for (op, seconds) in nodes {
+            match out.iter_mut().find(|o| o.op == op) {
+                Some(o) => {
+                    o.nodes += 1;
+                    o.seconds += seconds;
+                }
+                None => out.push(OpTime {
+                    op: op.to_string(),
+                    nodes: 1,
+                    seconds,
+                }),
+            }
+        }
+        out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        out
+    }
+}
