@@ -599,6 +599,11 @@ impl GraphBuilder {
 
 /// What changes from one execution of a program to the next. Row `r` of the step is token
 /// `tokens[r]` at position `positions[r]` of the sequence in KV-cache slot `slots[r]`.
+///
+/// Valid arguments have one token, position and slot per step row and `selected_rows` select
+/// indices below the step's rows; slots below every KV cache's slot count, token ids below every
+/// embedding's vocabulary, and every position a row attends to still in its cache's ring.
+/// Backends check this in `execute` with [`crate::kit::step::StepShape`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepArgs<'a> {
     /// Token ids, one per step row.
@@ -609,85 +614,6 @@ pub struct StepArgs<'a> {
     pub slots: &'a [u32],
     /// Rows kept by [`Op::SelectRows`], `Graph::selected_rows` of them.
     pub select: &'a [u32],
-}
-
-impl StepArgs<'_> {
-    /// Checks lengths against the graph, selected rows against the step's rows, when the graph
-    /// has KV caches slots against the smallest cache's slot count, token ids against every
-    /// embedding's vocabulary, and that every position a row attends to is still in its ring.
-    /// Every backend calls this in `execute`.
-    pub fn validate(&self, graph: &Graph, slots: Option<usize>) -> Result<(), BackendError> {
-        let n = graph.rows;
-        for (name, len) in [
-            ("tokens", self.tokens.len()),
-            ("positions", self.positions.len()),
-            ("slots", self.slots.len()),
-        ] {
-            if len != n {
-                return Err(BackendError::invalid(format!(
-                    "step {name}: {len} given, graph '{}' has {n} rows",
-                    graph.name
-                )));
-            }
-        }
-        if self.select.len() != graph.selected_rows {
-            return Err(BackendError::invalid(format!(
-                "step select: {} given, graph '{}' selects {}",
-                self.select.len(),
-                graph.name,
-                graph.selected_rows
-            )));
-        }
-        if let Some(r) = self.select.iter().find(|&&r| r as usize >= n) {
-            return Err(BackendError::invalid(format!(
-                "step select: row {r} out of range 0..{n}"
-            )));
-        }
-        if let Some(limit) = slots {
-            if let Some(s) = self.slots.iter().find(|&&s| s as usize >= limit) {
-                return Err(BackendError::invalid(format!(
-                    "step slots: slot {s} out of range 0..{limit}"
-                )));
-            }
-        }
-        for node in &graph.nodes {
-            match &node.op {
-                Op::Embed { table, .. } => {
-                    let vocab = table.desc.shape[0];
-                    if let Some(t) = self.tokens.iter().find(|&&t| t as usize >= vocab) {
-                        return Err(BackendError::invalid(format!(
-                            "token id {t} is outside the vocabulary of {vocab}"
-                        )));
-                    }
-                }
-                Op::Attention { cache, window, .. } => {
-                    // Every position a row attends to must still be in the ring after this
-                    // step's rows are stored.
-                    for slot in 0..cache.slots as u32 {
-                        let pos = || {
-                            self.slots
-                                .iter()
-                                .zip(self.positions)
-                                .filter(move |(s, _)| **s == slot)
-                                .map(|(_, p)| *p)
-                        };
-                        let (Some(min), Some(max)) = (pos().min(), pos().max()) else {
-                            continue;
-                        };
-                        let lo = window.map_or(0, |w| (min + 1).saturating_sub(w as u32));
-                        if (max - lo) as usize >= cache.capacity {
-                            return Err(BackendError::invalid(format!(
-                                "slot {slot}: positions {lo}..={max} do not fit the KV cache's {} positions",
-                                cache.capacity
-                            )));
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

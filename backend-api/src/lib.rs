@@ -5,6 +5,9 @@
 //! A backend works at graph level: the engine builds a [`Graph`] of [`Op`]s once per shape,
 //! the backend compiles it once ([`ComputeBackend::compile`]) and replays it every step
 //! ([`ComputeBackend::execute`]) with small [`StepArgs`].
+//!
+//! The crate root is the contract. [`kit`] holds what backend authors share besides it: buffer
+//! and program tables, step-argument checks, GPU planning helpers and the block decoders.
 
 #![warn(missing_docs)]
 
@@ -12,9 +15,8 @@ mod backend;
 mod dtype;
 mod error;
 mod graph;
-pub mod plan;
+pub mod kit;
 pub mod plugin;
-pub mod quant;
 mod tensor;
 
 pub use backend::{

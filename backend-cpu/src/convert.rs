@@ -9,7 +9,7 @@ use tandem_backend_api::DType;
 /// at compile that rows are whole blocks and `bytes` is exactly one row, so the decoder cannot
 /// fail here; if it did, the row reads as zeros rather than as stale data.
 pub fn decode_row(dtype: DType, bytes: &[u8], out: &mut [f32]) {
-    if tandem_backend_api::quant::dequantize_row(dtype, bytes, out).is_err() {
+    if tandem_backend_api::kit::quant::dequantize_row(dtype, bytes, out).is_err() {
         debug_assert!(false, "decode_row({dtype}) on a malformed row");
         out.fill(0.0);
     }

@@ -14,11 +14,10 @@ mod fast;
 pub mod kernels;
 pub mod weight;
 
-use std::collections::HashMap;
-
+use tandem_backend_api::kit::{check_buffers, Buffers, Compiled, Programs, StepShape, Tickets};
 use tandem_backend_api::{
-    BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, DType, DeviceKind,
-    Graph, Op, ProgramId, RowCount, StepArgs, Support, TensorDesc, Ticket, Usage, ValueShape, WeightRef,
+    BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, DeviceKind, Graph,
+    Op, ProgramId, RowCount, StepArgs, Support, TensorDesc, Ticket, Usage, ValueShape, WeightRef,
 };
 
 use kernels::AttentionShape;
@@ -51,20 +50,15 @@ struct Program {
     scratch: Vec<f32>,
     /// Decoded norm weights (largest group).
     norm_weight: Vec<f32>,
-    /// Buffers the program reads or writes; they cannot be freed while it lives.
-    buffers: Vec<BufferId>,
-    /// Slot count of the smallest KV cache, when there is attention.
-    slots: Option<usize>,
 }
 
 /// The CPU backend.
 pub struct CpuBackend {
     pool: std::sync::Arc<rayon::ThreadPool>,
     threads: usize,
-    buffers: HashMap<u64, Buffer>,
-    programs: HashMap<u64, Program>,
-    next_id: u64,
-    executions: u64,
+    buffers: Buffers<Buffer>,
+    programs: Programs<Program>,
+    tickets: Tickets,
     /// Backend option `kernels`: `"fast"` (the default) takes matmuls on the formats `fast`
     /// covers through 16-bit quantized activations; `"reference"` keeps every op on the plain
     /// `kernels` (the oracle).
@@ -99,10 +93,9 @@ impl BackendPlugin for CpuBackend {
         Ok(CpuBackend {
             pool: std::sync::Arc::new(pool),
             threads,
-            buffers: HashMap::new(),
-            programs: HashMap::new(),
-            next_id: 1,
-            executions: 0,
+            buffers: Buffers::new(),
+            programs: Programs::new(),
+            tickets: Tickets::new(),
             fast_kernels,
         })
     }
@@ -110,13 +103,9 @@ impl BackendPlugin for CpuBackend {
 
 tandem_backend_api::export_backend!(CpuBackend);
 
-fn unknown_buffer(id: BufferId) -> BackendError {
-    BackendError::invalid(format!("unknown buffer {}", id.0))
-}
-
 impl CpuBackend {
     fn buffer(&self, id: BufferId) -> Result<&Buffer, BackendError> {
-        self.buffers.get(&id.0).ok_or_else(|| unknown_buffer(id))
+        self.buffers.get(id)
     }
 
     fn range(
@@ -136,84 +125,21 @@ impl CpuBackend {
         })
     }
 
-    /// Checks that a weight reference matches its buffer.
-    fn check_weight(&self, w: &WeightRef, node: usize) -> Result<(), BackendError> {
-        let buf = self.buffer(w.buffer)?;
-        if buf.desc != w.desc {
-            return Err(BackendError::invalid(format!(
-                "node {node}: weight buffer {} holds {}, the graph says {}",
-                w.buffer.0, buf.desc, w.desc
-            )));
-        }
-        Ok(())
-    }
-
-    /// Checks an f32 activation buffer holds at least `elems` values.
-    fn check_activation(&self, id: BufferId, elems: usize, node: usize) -> Result<(), BackendError> {
-        let buf = self.buffer(id)?;
-        if buf.desc.dtype != DType::F32 || buf.desc.numel() < elems {
-            return Err(BackendError::invalid(format!(
-                "node {node}: buffer {} ({}) cannot hold {elems} f32 values",
-                id.0, buf.desc
-            )));
-        }
-        Ok(())
-    }
-
-    fn plan(&self, graph: &Graph) -> Result<Program, BackendError> {
+    /// The program for `graph` and the buffers it uses.
+    fn plan(&self, graph: &Graph) -> Result<(Program, Vec<BufferId>), BackendError> {
         let shapes = graph.infer_shapes()?;
         let rows_of = |s: &ValueShape| match s.rows {
             RowCount::Step => graph.rows,
             RowCount::Selected => graph.selected_rows,
         };
-        let mut buffers = Vec::new();
-        let mut slots: Option<usize> = None;
+        let buffers = check_buffers(graph, &shapes, |id| self.buffer(id).map(|b| b.desc.clone()))?;
         let (mut scratch, mut norm) = (0usize, 0usize);
-        for (i, node) in graph.nodes.iter().enumerate() {
-            for w in node.op.weights() {
-                self.check_weight(w, i)?;
-                buffers.push(w.buffer);
-            }
+        for node in &graph.nodes {
             match &node.op {
-                Op::Input { buffer, cols, .. } => {
-                    self.check_activation(*buffer, rows_of(&shapes[node.outputs[0].0 as usize]) * cols, i)?;
-                    buffers.push(*buffer);
-                }
-                Op::Output { x, buffer } => {
-                    let s = shapes[x.0 as usize];
-                    self.check_activation(*buffer, rows_of(&s) * s.cols, i)?;
-                    buffers.push(*buffer);
-                }
                 Op::MatMul { x, weight, .. } => {
                     scratch = scratch.max(weight.desc.shape[0] * rows_of(&shapes[x.0 as usize]));
                 }
                 Op::RmsNorm { weight, .. } => norm = norm.max(weight.desc.numel()),
-                Op::Attention {
-                    cache,
-                    kv_heads,
-                    head_dim,
-                    ..
-                } => {
-                    let want =
-                        TensorDesc::new(cache.dtype, [cache.slots, cache.capacity, kv_heads * head_dim]);
-                    for id in [cache.k, cache.v] {
-                        let buf = self.buffer(id)?;
-                        if buf.desc != want {
-                            return Err(BackendError::invalid(format!(
-                                "node {i}: KV cache buffer {} holds {}, attention needs {want}",
-                                id.0, buf.desc
-                            )));
-                        }
-                        buffers.push(id);
-                    }
-                    if cache.k == cache.v {
-                        return Err(BackendError::invalid(format!(
-                            "node {i}: keys and values share buffer {}",
-                            cache.k.0
-                        )));
-                    }
-                    slots = Some(slots.map_or(cache.slots, |s| s.min(cache.slots)));
-                }
                 _ => {}
             }
         }
@@ -244,17 +170,14 @@ impl CpuBackend {
             self.pool.broadcast(|_| attention::reserve(capacity));
         }
         let values = shapes.iter().map(|s| vec![0f32; rows_of(s) * s.cols]).collect();
-        buffers.sort();
-        buffers.dedup();
-        Ok(Program {
+        let program = Program {
             graph: graph.clone(),
             shapes,
             values,
             scratch: vec![0f32; scratch],
             norm_weight: vec![0f32; norm],
-            buffers,
-            slots,
-        })
+        };
+        Ok((program, buffers))
     }
 
     fn run(&mut self, prog: &mut Program, args: &StepArgs<'_>) -> Result<(), BackendError> {
@@ -265,10 +188,7 @@ impl CpuBackend {
                 // Output: the only node defining no value.
                 if let Op::Output { x, buffer } = &node.op {
                     let src: &[u8] = bytemuck::cast_slice(&values[x.0 as usize]);
-                    let buf = self
-                        .buffers
-                        .get_mut(&buffer.0)
-                        .ok_or_else(|| unknown_buffer(*buffer))?;
+                    let buf = self.buffers.get_mut(*buffer)?;
                     buf.bytes_mut()[..src.len()].copy_from_slice(src);
                 }
                 continue;
@@ -348,51 +268,39 @@ impl CpuBackend {
                         softcap: *softcap,
                         cache_dtype: cache.dtype,
                     };
-                    let mut kbuf = self
-                        .buffers
-                        .remove(&cache.k.0)
-                        .ok_or_else(|| unknown_buffer(cache.k))?;
-                    let vbuf = self.buffers.get_mut(&cache.v.0);
-                    let result = match vbuf {
-                        None => Err(unknown_buffer(cache.v)),
-                        Some(vbuf) => {
-                            kernels::kv_append(
-                                &shape,
-                                v(k),
-                                v(vv),
-                                args.positions,
-                                args.slots,
-                                kbuf.bytes_mut(),
-                                vbuf.bytes_mut(),
-                            );
-                            let fast = self.fast_kernels
-                                && attention::attend(
-                                    &self.pool,
-                                    &shape,
-                                    v(q),
-                                    args.positions,
-                                    args.slots,
-                                    kbuf.bytes(),
-                                    vbuf.bytes(),
-                                    &mut out,
-                                );
-                            if !fast {
-                                kernels::attend(
-                                    &self.pool,
-                                    &shape,
-                                    v(q),
-                                    args.positions,
-                                    args.slots,
-                                    kbuf.bytes(),
-                                    vbuf.bytes(),
-                                    &mut out,
-                                );
-                            }
-                            Ok(())
-                        }
-                    };
-                    self.buffers.insert(cache.k.0, kbuf);
-                    result?;
+                    let (kbuf, vbuf) = self.buffers.pair_mut(cache.k, cache.v)?;
+                    kernels::kv_append(
+                        &shape,
+                        v(k),
+                        v(vv),
+                        args.positions,
+                        args.slots,
+                        kbuf.bytes_mut(),
+                        vbuf.bytes_mut(),
+                    );
+                    let fast = self.fast_kernels
+                        && attention::attend(
+                            &self.pool,
+                            &shape,
+                            v(q),
+                            args.positions,
+                            args.slots,
+                            kbuf.bytes(),
+                            vbuf.bytes(),
+                            &mut out,
+                        );
+                    if !fast {
+                        kernels::attend(
+                            &self.pool,
+                            &shape,
+                            v(q),
+                            args.positions,
+                            args.slots,
+                            kbuf.bytes(),
+                            vbuf.bytes(),
+                            &mut out,
+                        );
+                    }
                 }
                 Op::GeGlu { gate, up } => kernels::geglu(v(gate), v(up), &mut out),
                 Op::Add { a, b } => kernels::add(v(a), v(b), &mut out),
@@ -457,25 +365,16 @@ impl ComputeBackend for CpuBackend {
                 available: 0,
             })?;
         words.resize(len.div_ceil(4), 0u32);
-        let id = self.next_id;
-        self.next_id += 1;
-        self.buffers.insert(
-            id,
-            Buffer {
-                desc: desc.clone(),
-                usage,
-                words,
-                len,
-            },
-        );
-        Ok(BufferId(id))
+        Ok(self.buffers.insert(Buffer {
+            desc: desc.clone(),
+            usage,
+            words,
+            len,
+        }))
     }
 
     fn write(&mut self, buffer: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
-        let buf = self
-            .buffers
-            .get_mut(&buffer.0)
-            .ok_or_else(|| unknown_buffer(buffer))?;
+        let buf = self.buffers.get_mut(buffer)?;
         let r = Self::range(buf, buffer, offset, data.len())?;
         buf.bytes_mut()[r].copy_from_slice(data);
         Ok(())
@@ -489,16 +388,7 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn free(&mut self, buffer: BufferId) -> Result<(), BackendError> {
-        if let Some((pid, _)) = self.programs.iter().find(|(_, p)| p.buffers.contains(&buffer)) {
-            return Err(BackendError::invalid(format!(
-                "buffer {} is used by program {pid}: release it first",
-                buffer.0
-            )));
-        }
-        let buf = self
-            .buffers
-            .remove(&buffer.0)
-            .ok_or_else(|| unknown_buffer(buffer))?;
+        let buf = self.buffers.free(buffer, &self.programs)?;
         debug_assert!(matches!(
             buf.usage,
             Usage::Weight | Usage::KvCache | Usage::Activation
@@ -507,44 +397,32 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn compile(&mut self, graph: &Graph) -> Result<ProgramId, BackendError> {
-        let prog = self.plan(graph)?;
-        let id = self.next_id;
-        self.next_id += 1;
-        self.programs.insert(id, prog);
-        Ok(ProgramId(id))
+        let (prog, buffers) = self.plan(graph)?;
+        Ok(self.programs.insert(prog, buffers, StepShape::of(graph)))
     }
 
     fn execute(&mut self, program: ProgramId, args: &StepArgs<'_>) -> Result<Ticket, BackendError> {
-        let mut prog = self
-            .programs
-            .remove(&program.0)
-            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", program.0)))?;
+        let mut prog: Compiled<Program> = self.programs.take(program)?;
         // The whole step on one pool thread: the kernels' parallel loops then split work through
         // the workers' own queues instead of handing each loop into the pool from outside
         // (rayon's injector allocates a block per 63 jobs handed in).
         let pool = std::sync::Arc::clone(&self.pool);
         let result = pool.install(|| {
-            args.validate(&prog.graph, prog.slots)
-                .and_then(|()| self.run(&mut prog, args))
+            prog.step()
+                .check(args)
+                .and_then(|()| self.run(&mut prog.program, args))
         });
-        self.programs.insert(program.0, prog);
+        self.programs.put_back(prog);
         result?;
-        self.executions += 1;
-        Ok(Ticket(self.executions))
+        Ok(self.tickets.issue())
     }
 
     fn wait(&mut self, ticket: Ticket) -> Result<(), BackendError> {
         // Executions finish before `execute` returns.
-        if ticket.0 == 0 || ticket.0 > self.executions {
-            return Err(BackendError::invalid(format!("unknown ticket {}", ticket.0)));
-        }
-        Ok(())
+        self.tickets.check(ticket)
     }
 
     fn release(&mut self, program: ProgramId) -> Result<(), BackendError> {
-        self.programs
-            .remove(&program.0)
-            .map(|_| ())
-            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", program.0)))
+        self.programs.release(program).map(|_| ())
     }
 }

@@ -26,9 +26,8 @@ mod memory;
 mod pipelines;
 mod program;
 
-use std::collections::HashMap;
-
 use ash::vk;
+use tandem_backend_api::kit::{check_ticket, Buffers, Programs, StepShape};
 use tandem_backend_api::{
     BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, DType, MemoryUse,
     NodeTime, Op, ProgramId, StepArgs, Support, TensorDesc, Ticket, Usage,
@@ -63,9 +62,8 @@ pub struct VulkanBackend {
     pipelines: Pipelines,
     staging: Option<GpuBuffer>,
     transfer_cb: vk::CommandBuffer,
-    buffers: HashMap<u64, Buffer>,
-    programs: HashMap<u64, Program>,
-    next_id: u64,
+    buffers: Buffers<Buffer>,
+    programs: Programs<Program>,
     /// Timestamps after every node, for `profile` (option `profile`).
     profile: bool,
     /// Fuse nodes into one kernel where `program::fuse` finds a pattern (option `fuse`).
@@ -105,10 +103,6 @@ pub(crate) fn op_support(op: &Op) -> SupportCheck {
         }
         _ => SupportCheck::Yes,
     }
-}
-
-fn unknown_buffer(id: BufferId) -> BackendError {
-    BackendError::invalid(format!("unknown buffer {}", id.0))
 }
 
 fn truthy(v: &str) -> bool {
@@ -174,9 +168,8 @@ impl BackendPlugin for VulkanBackend {
             pipelines,
             staging: None,
             transfer_cb,
-            buffers: HashMap::new(),
-            programs: HashMap::new(),
-            next_id: 1,
+            buffers: Buffers::new(),
+            programs: Programs::new(),
             profile,
             fuse,
         };
@@ -190,10 +183,6 @@ impl BackendPlugin for VulkanBackend {
 tandem_backend_api::export_backend!(VulkanBackend);
 
 impl VulkanBackend {
-    fn buffer(&self, id: BufferId) -> Result<&Buffer, BackendError> {
-        self.buffers.get(&id.0).ok_or_else(|| unknown_buffer(id))
-    }
-
     /// Fails once the validation layer has said anything.
     fn validation(&self) -> Result<(), BackendError> {
         match self.gpu.validation_error() {
@@ -264,15 +253,8 @@ impl VulkanBackend {
 
     /// Waits for the submissions using buffer `id`.
     fn wait_buffer(&self, id: BufferId) -> Result<(), BackendError> {
-        let b = self.buffer(id)?;
+        let b = self.buffers.get(id)?;
         self.gpu.wait_for(b.last_use)
-    }
-
-    /// Finds a program or says it is unknown.
-    fn program(&self, id: ProgramId) -> Result<&Program, BackendError> {
-        self.programs
-            .get(&id.0)
-            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", id.0)))
     }
 
     /// Measures a device-to-device copy of `bytes`, in seconds (best of a few).
@@ -410,43 +392,33 @@ impl ComputeBackend for VulkanBackend {
                 },
                 e => e,
             })?;
-        let id = self.next_id;
-        self.next_id += 1;
-        self.buffers.insert(
-            id,
-            Buffer {
-                desc: desc.clone(),
-                mem,
-                len,
-                last_use: 0,
-            },
-        );
         if place == Place::Device {
-            let buf = self.buffers[&id].mem.buffer;
+            let buf = mem.buffer;
             let filled = self.transfer(|dev, cb| {
                 // SAFETY: recording into the transfer command buffer; the buffer is ours.
                 unsafe { dev.cmd_fill_buffer(cb, buf, 0, vk::WHOLE_SIZE, 0) };
             });
             if let Err(e) = filled {
-                if let Some(b) = self.buffers.remove(&id) {
-                    self.memory.destroy(&self.gpu, b.mem);
-                }
+                self.memory.destroy(&self.gpu, mem);
                 return Err(e);
             }
         }
+        let id = self.buffers.insert(Buffer {
+            desc: desc.clone(),
+            mem,
+            len,
+            last_use: 0,
+        });
         self.validation()?;
-        Ok(BufferId(id))
+        Ok(id)
     }
 
     fn write(&mut self, buffer: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         self.validation()?;
-        let b = self.buffer(buffer)?;
+        let b = self.buffers.get(buffer)?;
         Self::range(b, buffer, offset, data.len())?;
         self.wait_buffer(buffer)?;
-        let b = self
-            .buffers
-            .get_mut(&buffer.0)
-            .ok_or_else(|| unknown_buffer(buffer))?;
+        let b = self.buffers.get_mut(buffer)?;
         if b.mem.place == Place::Host {
             let m = b
                 .mem
@@ -485,13 +457,10 @@ impl ComputeBackend for VulkanBackend {
 
     fn read(&mut self, buffer: BufferId, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
         self.validation()?;
-        let b = self.buffer(buffer)?;
+        let b = self.buffers.get(buffer)?;
         Self::range(b, buffer, offset, out.len())?;
         self.wait_buffer(buffer)?;
-        let b = self
-            .buffers
-            .get_mut(&buffer.0)
-            .ok_or_else(|| unknown_buffer(buffer))?;
+        let b = self.buffers.get_mut(buffer)?;
         if b.mem.place == Place::Host {
             let m = b
                 .mem
@@ -533,41 +502,27 @@ impl ComputeBackend for VulkanBackend {
 
     fn free(&mut self, buffer: BufferId) -> Result<(), BackendError> {
         self.validation()?;
-        if let Some((pid, _)) = self.programs.iter().find(|(_, p)| p.buffers.contains(&buffer)) {
-            return Err(BackendError::invalid(format!(
-                "buffer {} is used by program {pid}: release it first",
-                buffer.0
-            )));
-        }
+        self.programs.check_unused(buffer)?;
         self.wait_buffer(buffer)?;
-        let b = self
-            .buffers
-            .remove(&buffer.0)
-            .ok_or_else(|| unknown_buffer(buffer))?;
+        let b = self.buffers.free(buffer, &self.programs)?;
         self.memory.destroy(&self.gpu, b.mem);
         Ok(())
     }
 
     fn compile(&mut self, graph: &tandem_backend_api::Graph) -> Result<ProgramId, BackendError> {
         self.validation()?;
-        let prog = self.build_program(graph)?;
-        let id = self.next_id;
-        self.next_id += 1;
-        self.programs.insert(id, prog);
+        let (prog, buffers) = self.build_program(graph)?;
+        let id = self.programs.insert(prog, buffers, StepShape::of(graph));
         self.validation()?;
-        Ok(ProgramId(id))
+        Ok(id)
     }
 
     fn execute(&mut self, program: ProgramId, args: &StepArgs<'_>) -> Result<Ticket, BackendError> {
         self.validation()?;
-        let prog = self.program(program)?;
-        args.validate(&prog.graph, prog.slots)?;
+        let c = self.programs.for_step(program, args)?;
         // The previous submission may still read the argument buffer.
-        self.gpu.wait_for(prog.last_submit)?;
-        let prog = self
-            .programs
-            .get_mut(&program.0)
-            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", program.0)))?;
+        self.gpu.wait_for(c.program.last_submit)?;
+        let prog = &mut c.program;
         let l = prog.layout;
         let m = prog
             .args
@@ -582,15 +537,10 @@ impl ComputeBackend for VulkanBackend {
             let bytes: &[u8] = bytemuck::cast_slice(vals);
             m[at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
         }
-        let cmd = prog.cmd;
-        let value = self.gpu.submit(cmd)?;
-        let prog = self
-            .programs
-            .get_mut(&program.0)
-            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", program.0)))?;
+        let value = self.gpu.submit(prog.cmd)?;
         prog.last_submit = value;
-        for id in &prog.buffers {
-            if let Some(b) = self.buffers.get_mut(&id.0) {
+        for id in c.buffers() {
+            if let Ok(b) = self.buffers.get_mut(*id) {
                 b.last_use = value;
             }
         }
@@ -598,25 +548,22 @@ impl ComputeBackend for VulkanBackend {
     }
 
     fn wait(&mut self, ticket: Ticket) -> Result<(), BackendError> {
-        if ticket.0 == 0 || ticket.0 > self.gpu.submitted {
-            return Err(BackendError::invalid(format!("unknown ticket {}", ticket.0)));
-        }
+        check_ticket(ticket, self.gpu.submitted)?;
         self.gpu.wait_for(ticket.0)?;
         self.validation()
     }
 
     fn release(&mut self, program: ProgramId) -> Result<(), BackendError> {
-        let last = self.program(program)?.last_submit;
+        let last = self.programs.get(program)?.program.last_submit;
         self.gpu.wait_for(last)?;
-        if let Some(p) = self.programs.remove(&program.0) {
-            self.destroy_program(p);
-        }
+        let p = self.programs.release(program)?;
+        self.destroy_program(p);
         self.validation()
     }
 
     fn profile(&mut self, program: ProgramId) -> Result<Vec<NodeTime>, BackendError> {
         self.validation()?;
-        let prog = self.program(program)?;
+        let prog = &self.programs.get(program)?.program;
         let (Some(pool), Some(period)) = (prog.queries, self.gpu.timestamp_period) else {
             return Ok(Vec::new());
         };
@@ -667,11 +614,11 @@ impl Drop for VulkanBackend {
         unsafe {
             let _ = self.gpu.device.device_wait_idle();
         }
-        let programs: Vec<Program> = self.programs.drain().map(|(_, p)| p).collect();
+        let programs: Vec<Program> = self.programs.drain().collect();
         for p in programs {
             self.destroy_program(p);
         }
-        let buffers: Vec<Buffer> = self.buffers.drain().map(|(_, b)| b).collect();
+        let buffers: Vec<Buffer> = self.buffers.drain().collect();
         for b in buffers {
             self.memory.destroy(&self.gpu, b.mem);
         }

@@ -22,8 +22,9 @@ mod device;
 mod kernels;
 mod program;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
+use tandem_backend_api::kit::{Buffers, Programs, StepShape, Tickets};
 use tandem_backend_api::{
     BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, MemoryUse, NodeTime,
     Op, ProgramId, StepArgs, Support, TensorDesc, Ticket, Usage,
@@ -53,18 +54,14 @@ pub(crate) struct Buffer {
 pub struct WgpuBackend {
     gpu: Gpu,
     pipelines: Pipelines,
-    buffers: HashMap<u64, Buffer>,
-    programs: HashMap<u64, Program>,
-    tickets: VecDeque<(u64, wgpu::SubmissionIndex)>,
-    next_ticket: u64,
-    next_id: u64,
+    buffers: Buffers<Buffer>,
+    programs: Programs<Program>,
+    tickets: Tickets,
+    /// The last submissions, by ticket.
+    submissions: VecDeque<(u64, wgpu::SubmissionIndex)>,
     readback: Option<wgpu::Buffer>,
     in_use: u64,
     peak: u64,
-}
-
-fn unknown_buffer(id: BufferId) -> BackendError {
-    BackendError::invalid(format!("unknown buffer {}", id.0))
 }
 
 impl BackendPlugin for WgpuBackend {
@@ -76,11 +73,10 @@ impl BackendPlugin for WgpuBackend {
         Ok(WgpuBackend {
             gpu,
             pipelines: Pipelines::default(),
-            buffers: HashMap::new(),
-            programs: HashMap::new(),
-            tickets: VecDeque::new(),
-            next_ticket: 1,
-            next_id: 1,
+            buffers: Buffers::new(),
+            programs: Programs::new(),
+            tickets: Tickets::new(),
+            submissions: VecDeque::new(),
             readback: None,
             in_use: 0,
             peak: 0,
@@ -91,16 +87,6 @@ impl BackendPlugin for WgpuBackend {
 tandem_backend_api::export_backend!(WgpuBackend);
 
 impl WgpuBackend {
-    pub(crate) fn buffer(&self, id: BufferId) -> Result<&Buffer, BackendError> {
-        self.buffers.get(&id.0).ok_or_else(|| unknown_buffer(id))
-    }
-
-    fn program(&self, id: ProgramId) -> Result<&Program, BackendError> {
-        self.programs
-            .get(&id.0)
-            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", id.0)))
-    }
-
     fn range(buf: &Buffer, id: BufferId, offset: u64, len: usize) -> Result<(), BackendError> {
         match offset.checked_add(len as u64) {
             Some(end) if end <= buf.len => Ok(()),
@@ -280,25 +266,20 @@ impl ComputeBackend for WgpuBackend {
                 available: 0,
             });
         }
-        let id = self.next_id;
-        self.next_id += 1;
-        self.buffers.insert(
-            id,
-            Buffer {
-                desc: desc.clone(),
-                buf,
-                len,
-                size,
-            },
-        );
+        let id = self.buffers.insert(Buffer {
+            desc: desc.clone(),
+            buf,
+            len,
+            size,
+        });
         self.track(size);
         self.gpu.check()?;
-        Ok(BufferId(id))
+        Ok(id)
     }
 
     fn write(&mut self, buffer: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         self.gpu.check()?;
-        let b = self.buffer(buffer)?;
+        let b = self.buffers.get(buffer)?;
         Self::range(b, buffer, offset, data.len())?;
         if data.is_empty() {
             return Ok(());
@@ -345,7 +326,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn read(&mut self, buffer: BufferId, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
         self.gpu.check()?;
-        let b = self.buffer(buffer)?;
+        let b = self.buffers.get(buffer)?;
         Self::range(b, buffer, offset, out.len())?;
         if out.is_empty() {
             return Ok(());
@@ -370,16 +351,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn free(&mut self, buffer: BufferId) -> Result<(), BackendError> {
         self.gpu.check()?;
-        if let Some((pid, _)) = self.programs.iter().find(|(_, p)| p.buffers.contains(&buffer)) {
-            return Err(BackendError::invalid(format!(
-                "buffer {} is used by program {pid}: release it first",
-                buffer.0
-            )));
-        }
-        let b = self
-            .buffers
-            .remove(&buffer.0)
-            .ok_or_else(|| unknown_buffer(buffer))?;
+        let b = self.buffers.free(buffer, &self.programs)?;
         // wgpu keeps the memory until the submissions using it have finished.
         b.buf.destroy();
         self.in_use = self.in_use.saturating_sub(b.size);
@@ -388,18 +360,16 @@ impl ComputeBackend for WgpuBackend {
 
     fn compile(&mut self, graph: &tandem_backend_api::Graph) -> Result<ProgramId, BackendError> {
         self.gpu.check()?;
-        let prog = self.build_program(graph)?;
-        let id = self.next_id;
-        self.next_id += 1;
+        let (prog, buffers) = self.build_program(graph)?;
         self.track(prog.bytes);
-        self.programs.insert(id, prog);
-        Ok(ProgramId(id))
+        Ok(self.programs.insert(prog, buffers, StepShape::of(graph)))
     }
 
     fn execute(&mut self, program: ProgramId, args: &StepArgs<'_>) -> Result<Ticket, BackendError> {
         self.gpu.check()?;
-        let prog = self.program(program)?;
-        args.validate(&prog.graph, prog.slots)?;
+        let c = self.programs.get(program)?;
+        c.step().check(args)?;
+        let prog = &c.program;
         let mut words: Vec<u32> = Vec::with_capacity(3 * args.tokens.len() + args.select.len());
         words.extend_from_slice(args.tokens);
         words.extend_from_slice(args.positions);
@@ -410,25 +380,20 @@ impl ComputeBackend for WgpuBackend {
             .queue
             .write_buffer(&prog.args, 0, bytemuck::cast_slice(&words));
         let index = self.encode(prog)?;
-        let ticket = self.next_ticket;
-        self.next_ticket += 1;
-        self.tickets.push_back((ticket, index.clone()));
-        if self.tickets.len() > TICKETS_KEPT {
-            self.tickets.pop_front();
+        let ticket = self.tickets.issue();
+        self.submissions.push_back((ticket.0, index.clone()));
+        if self.submissions.len() > TICKETS_KEPT {
+            self.submissions.pop_front();
         }
-        if let Some(p) = self.programs.get_mut(&program.0) {
-            p.last = Some(index);
-        }
-        Ok(Ticket(ticket))
+        self.programs.get_mut(program)?.program.last = Some(index);
+        Ok(ticket)
     }
 
     fn wait(&mut self, ticket: Ticket) -> Result<(), BackendError> {
-        if ticket.0 == 0 || ticket.0 >= self.next_ticket {
-            return Err(BackendError::invalid(format!("unknown ticket {}", ticket.0)));
-        }
+        self.tickets.check(ticket)?;
         // The submission itself, or the oldest one remembered (which is later).
         let index = self
-            .tickets
+            .submissions
             .iter()
             .find(|(t, _)| *t >= ticket.0)
             .map(|(_, i)| i.clone());
@@ -436,18 +401,16 @@ impl ComputeBackend for WgpuBackend {
     }
 
     fn release(&mut self, program: ProgramId) -> Result<(), BackendError> {
-        self.program(program)?;
-        if let Some(p) = self.programs.remove(&program.0) {
-            self.in_use = self.in_use.saturating_sub(p.bytes);
-            p.arena.destroy();
-            p.params.destroy();
-        }
+        let p = self.programs.release(program)?;
+        self.in_use = self.in_use.saturating_sub(p.bytes);
+        p.arena.destroy();
+        p.params.destroy();
         self.gpu.check()
     }
 
     fn profile(&mut self, program: ProgramId) -> Result<Vec<NodeTime>, BackendError> {
         self.gpu.check()?;
-        let prog = self.program(program)?;
+        let prog = &self.programs.get(program)?.program;
         let (Some(t), Some(last)) = (&prog.timestamps, prog.last.clone()) else {
             return Ok(Vec::new());
         };
@@ -459,7 +422,11 @@ impl ComputeBackend for WgpuBackend {
             .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
             .collect();
         let period = f64::from(self.gpu.queue.get_timestamp_period());
-        Ok(tandem_backend_api::plan::node_times(&prog.graph, &ts, period))
+        Ok(tandem_backend_api::kit::plan::node_times(
+            &prog.graph,
+            &ts,
+            period,
+        ))
     }
 
     /// A device-to-device `copy_buffer_to_buffer` of up to 256 MiB, timed on the host clock

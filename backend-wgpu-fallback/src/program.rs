@@ -2,9 +2,9 @@
 //! dispatch list with its parameters and bind groups made at compile) and encoded every step as
 //! one command encoder: the input copies, one compute pass, the output copies, one submit.
 
-use tandem_backend_api::plan::{
-    attention_scratch_bytes, attention_splits, check_buffers, div_up, plan_arena_at, spread, value_bytes,
-    value_rows,
+use tandem_backend_api::kit::check_buffers;
+use tandem_backend_api::kit::plan::{
+    attention_scratch_bytes, attention_splits, div_up, plan_arena_at, spread, value_bytes, value_rows,
 };
 use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueId};
 
@@ -71,10 +71,6 @@ pub struct Program {
     pub outputs: Vec<Copy>,
     pub dispatches: Vec<Dispatch>,
     pub timestamps: Option<Timestamps>,
-    /// Buffers the program reads or writes.
-    pub buffers: Vec<BufferId>,
-    /// Slot count of the smallest KV cache, when there is attention.
-    pub slots: Option<usize>,
     /// Bytes of device memory the program holds.
     pub bytes: u64,
     /// The last submission, and whether its timestamps were resolved.
@@ -173,8 +169,8 @@ pub fn op_support(op: &Op) -> Result<(), String> {
 }
 
 impl WgpuBackend {
-    /// Validates, plans and builds `graph`.
-    pub(crate) fn build_program(&mut self, graph: &Graph) -> Result<Program, BackendError> {
+    /// Validates, plans and builds `graph`; returns the program and the buffers it uses.
+    pub(crate) fn build_program(&mut self, graph: &Graph) -> Result<(Program, Vec<BufferId>), BackendError> {
         let shapes = graph.infer_shapes()?;
         for (i, node) in graph.nodes.iter().enumerate() {
             if let Err(reason) = op_support(&node.op) {
@@ -184,7 +180,7 @@ impl WgpuBackend {
                 ));
             }
         }
-        let used = check_buffers(graph, &shapes, |id| self.buffer(id).map(|b| b.desc.clone()))?;
+        let used = check_buffers(graph, &shapes, |id| self.buffers.get(id).map(|b| b.desc.clone()))?;
         // Outputs are copied out after the pass: what they read stays live to the end.
         let last = graph.nodes.len().saturating_sub(1);
         let time: Vec<usize> = graph
@@ -276,7 +272,7 @@ impl WgpuBackend {
                     let format = Format::for_rows(dt, cols)
                         .ok_or_else(|| BackendError::unsupported(node.op.name(), "no decoder"))?;
                     let row_bytes = dt.row_bytes(cols).unwrap_or(0) as u64;
-                    let buf = self.buffer(table.buffer)?;
+                    let buf = self.buffers.get(table.buffer)?;
                     let what = format!("embedding table {}", table.desc);
                     for (r0, r1, offset, size) in
                         weight_chunks(&what, vocab, row_bytes, buf.size, max_binding, align)?
@@ -316,7 +312,7 @@ impl WgpuBackend {
                         DType::F16 => 1,
                         _ => 2,
                     };
-                    let buf = self.buffer(weight.buffer)?;
+                    let buf = self.buffers.get(weight.buffer)?;
                     planned.push(Planned {
                         node: i,
                         key: (Kernel::RmsNorm, None, 0),
@@ -355,7 +351,7 @@ impl WgpuBackend {
                             ends[s] = acc as u32;
                         }
                     }
-                    let buf = self.buffer(weight.buffer)?;
+                    let buf = self.buffers.get(weight.buffer)?;
                     let what = format!("weight {}", weight.desc);
                     for (r0, r1, offset, size) in
                         weight_chunks(&what, n, row_bytes, buf.size, max_binding, align)?
@@ -595,7 +591,7 @@ impl WgpuBackend {
                             .weight
                             .ok_or_else(|| BackendError::internal("a weight kernel without a weight"))?;
                         wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: &self.buffer(w.buffer)?.buf,
+                            buffer: &self.buffers.get(w.buffer)?.buf,
                             offset: w.offset,
                             size: wgpu::BufferSize::new(w.size),
                         })
@@ -605,7 +601,7 @@ impl WgpuBackend {
                             .caches
                             .ok_or_else(|| BackendError::internal("an attention kernel without caches"))?;
                         let id = if b == 4 { kc } else { vc };
-                        let buf = self.buffer(id)?;
+                        let buf = self.buffers.get(id)?;
                         if buf.size > max_binding {
                             return Err(BackendError::unsupported(
                                 node_name(graph, p.node),
@@ -660,7 +656,7 @@ impl WgpuBackend {
             None
         };
         self.gpu.check()?;
-        Ok(Program {
+        let program = Program {
             graph: graph.clone(),
             bytes: arena_bytes + args_bytes + params.size(),
             arena,
@@ -670,10 +666,9 @@ impl WgpuBackend {
             outputs,
             dispatches,
             timestamps,
-            buffers: used.buffers,
-            slots: used.slots,
             last: None,
-        })
+        };
+        Ok((program, used))
     }
 
     /// Encodes and submits one step of `prog` (its arguments already written).
@@ -681,7 +676,7 @@ impl WgpuBackend {
         let dev = &self.gpu.device;
         let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         for c in &prog.inputs {
-            let src = &self.buffer(c.buffer)?.buf;
+            let src = &self.buffers.get(c.buffer)?.buf;
             enc.copy_buffer_to_buffer(src, 0, &prog.arena, c.arena_offset, c.size);
         }
         {
@@ -708,7 +703,7 @@ impl WgpuBackend {
             }
         }
         for c in &prog.outputs {
-            let dst = &self.buffer(c.buffer)?.buf;
+            let dst = &self.buffers.get(c.buffer)?.buf;
             enc.copy_buffer_to_buffer(&prog.arena, c.arena_offset, dst, 0, c.size);
         }
         if let Some(t) = &prog.timestamps {

@@ -356,7 +356,7 @@ fn quantized_weight(dtype: DType, n: usize, k: usize, rng: &mut Rng) -> (Vec<u8>
     }
     let mut vals = vec![0f32; n * k];
     for (row, out) in bytes.chunks_exact(row_bytes).zip(vals.chunks_exact_mut(k)) {
-        tandem_backend_api::quant::dequantize_row(dtype, row, out).expect("whole blocks");
+        tandem_backend_api::kit::quant::dequantize_row(dtype, row, out).expect("whole blocks");
     }
     (bytes, vals)
 }

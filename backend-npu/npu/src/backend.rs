@@ -7,10 +7,10 @@
 //! by the host in the dtype the graph declares (f32 or f16) and converted on the way, so a
 //! cache handed to another backend loses the bits bf16 lacks, which the kernels never saw.
 
-use std::collections::HashMap;
 use std::marker::PhantomData;
 
 use half::f16;
+use tandem_backend_api::kit::{named_buffers, Buffers, Compiled, Programs, StepShape, Tickets};
 use tandem_backend_api::{
     BackendError, BackendInfo, BackendOptions, BufferId, ComputeBackend, DType, DeviceKind, Graph, MemoryUse,
     NodeTime, Op, ProgramId, RowCount, StepArgs, Support, TensorDesc, Ticket, Usage,
@@ -35,17 +35,15 @@ enum Buffer {
 struct Program {
     graph: Graph,
     shapes: Vec<KernelShape>,
-    slots: Option<usize>,
     last: Vec<NodeTime>,
 }
 
 /// The NPU backend of flavour `F`.
 pub struct NpuBackend<F: Flavor> {
     exec: Box<dyn Executor>,
-    buffers: HashMap<u64, Buffer>,
-    programs: HashMap<u64, Program>,
-    next_id: u64,
-    executions: u64,
+    buffers: Buffers<Buffer>,
+    programs: Programs<Program>,
+    tickets: Tickets,
     peak: u64,
     flavor: PhantomData<F>,
 }
@@ -55,25 +53,18 @@ impl<F: Flavor> NpuBackend<F> {
     pub fn with_executor(exec: Box<dyn Executor>) -> Self {
         NpuBackend {
             exec,
-            buffers: HashMap::new(),
-            programs: HashMap::new(),
-            next_id: 1,
-            executions: 0,
+            buffers: Buffers::new(),
+            programs: Programs::new(),
+            tickets: Tickets::new(),
             peak: 0,
             flavor: PhantomData,
         }
     }
 
-    fn id(&mut self) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        id
-    }
-
     fn host_bytes(&self) -> u64 {
         self.buffers
-            .values()
-            .map(|b| match b {
+            .iter()
+            .map(|(_, b)| match b {
                 Buffer::Host { bytes, .. } => bytes.len() as u64,
                 Buffer::Kv { .. } => 0,
             })
@@ -82,9 +73,7 @@ impl<F: Flavor> NpuBackend<F> {
     }
 
     fn buffer(&self, id: BufferId) -> Result<&Buffer, BackendError> {
-        self.buffers
-            .get(&id.0)
-            .ok_or_else(|| BackendError::invalid(format!("unknown buffer {}", id.0)))
+        self.buffers.get(id)
     }
 
     /// Checks one node at compile time: the op is one this backend runs, its buffers exist
@@ -182,8 +171,8 @@ impl<F: Flavor> NpuBackend<F> {
                         .iter()
                         .flat_map(|v| v.to_le_bytes())
                         .collect();
-                    match self.buffers.get_mut(&buffer.0) {
-                        Some(Buffer::Host { bytes, .. }) if bytes.len() >= data.len() => {
+                    match self.buffers.get_mut(*buffer) {
+                        Ok(Buffer::Host { bytes, .. }) if bytes.len() >= data.len() => {
                             bytes[..data.len()].copy_from_slice(&data)
                         }
                         _ => return Err(BackendError::internal("output buffer changed")),
@@ -316,17 +305,16 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
                 Buffer::Host { bytes: vec![0; len] }
             }
         };
-        let id = self.id();
-        self.buffers.insert(id, buffer);
+        let id = self.buffers.insert(buffer);
         self.peak = self.peak.max(self.host_bytes());
-        Ok(BufferId(id))
+        Ok(id)
     }
 
     fn write(&mut self, buffer: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         let offset = usize::try_from(offset).map_err(|_| BackendError::invalid("offset out of range"))?;
         match self.buffer(buffer)? {
             Buffer::Host { .. } => {
-                let Some(Buffer::Host { bytes, .. }) = self.buffers.get_mut(&buffer.0) else {
+                let Ok(Buffer::Host { bytes, .. }) = self.buffers.get_mut(buffer) else {
                     return Err(BackendError::internal("buffer vanished"));
                 };
                 let r = span(offset, data.len(), bytes.len())?;
@@ -389,29 +377,15 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
     }
 
     fn free(&mut self, buffer: BufferId) -> Result<(), BackendError> {
-        let in_use = self.programs.iter().find(|(_, p)| {
-            p.graph
-                .nodes
-                .iter()
-                .any(|n| n.op.clone().buffers_mut().into_iter().any(|b| *b == buffer))
-        });
-        if let Some((id, _)) = in_use {
-            return Err(BackendError::invalid(format!(
-                "buffer {} is used by program {id}: release the program first",
-                buffer.0
-            )));
-        }
-        match self.buffers.remove(&buffer.0) {
-            Some(Buffer::Kv { kv, .. }) => self.exec.free_kv(kv),
-            Some(Buffer::Host { .. }) => Ok(()),
-            None => Err(BackendError::invalid(format!("unknown buffer {}", buffer.0))),
+        match self.buffers.free(buffer, &self.programs)? {
+            Buffer::Kv { kv, .. } => self.exec.free_kv(kv),
+            Buffer::Host { .. } => Ok(()),
         }
     }
 
     fn compile(&mut self, graph: &Graph) -> Result<ProgramId, BackendError> {
         let value_shapes = graph.infer_shapes()?;
         let mut shapes = Vec::new();
-        let mut slots: Option<usize> = None;
         for node in &graph.nodes {
             let cols = match &node.op {
                 Op::Input { cols, .. } => *cols,
@@ -428,57 +402,39 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
             if let Some(shape) = self.check_node(graph, &node.op, cols)? {
                 shapes.push(shape);
             }
-            if let Op::Attention { cache, .. } = &node.op {
-                slots = Some(slots.map_or(cache.slots, |s| s.min(cache.slots)));
-            }
         }
-        let id = self.id();
-        self.programs.insert(
-            id,
-            Program {
-                graph: graph.clone(),
-                shapes,
-                slots,
-                last: Vec::new(),
-            },
-        );
-        Ok(ProgramId(id))
+        let program = Program {
+            graph: graph.clone(),
+            shapes,
+            last: Vec::new(),
+        };
+        Ok(self
+            .programs
+            .insert(program, named_buffers(graph), StepShape::of(graph)))
     }
 
     fn execute(&mut self, program: ProgramId, args: &StepArgs<'_>) -> Result<Ticket, BackendError> {
-        let mut prog = self
-            .programs
-            .remove(&program.0)
-            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", program.0)))?;
-        let result = args
-            .validate(&prog.graph, prog.slots)
-            .and_then(|()| self.run(&mut prog, args));
-        self.programs.insert(program.0, prog);
+        let mut prog: Compiled<Program> = self.programs.take(program)?;
+        let result = prog
+            .step()
+            .check(args)
+            .and_then(|()| self.run(&mut prog.program, args));
+        self.programs.put_back(prog);
         result?;
-        self.executions += 1;
-        Ok(Ticket(self.executions))
+        Ok(self.tickets.issue())
     }
 
     fn wait(&mut self, ticket: Ticket) -> Result<(), BackendError> {
         // Dispatches are waited for inside `execute`.
-        if ticket.0 == 0 || ticket.0 > self.executions {
-            return Err(BackendError::invalid(format!("unknown ticket {}", ticket.0)));
-        }
-        Ok(())
+        self.tickets.check(ticket)
     }
 
     fn release(&mut self, program: ProgramId) -> Result<(), BackendError> {
-        self.programs
-            .remove(&program.0)
-            .map(|_| ())
-            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", program.0)))
+        self.programs.release(program).map(|_| ())
     }
 
     fn profile(&mut self, program: ProgramId) -> Result<Vec<NodeTime>, BackendError> {
-        self.programs
-            .get(&program.0)
-            .map(|p| p.last.clone())
-            .ok_or_else(|| BackendError::invalid(format!("unknown program {}", program.0)))
+        self.programs.get(program).map(|p| p.program.last.clone())
     }
 
     fn memory(&mut self) -> Result<Option<MemoryUse>, BackendError> {

@@ -30,7 +30,7 @@
 //! ([`scratch_bytes`]); `attention_combine` (one workgroup of 256 per (head, row, 64
 //! dimensions)) merges them, once for each kernel's rows.
 
-use tandem_backend_api::plan::{attention_partial_bytes as partial_bytes, attention_splits, div_up};
+use tandem_backend_api::kit::plan::{attention_partial_bytes as partial_bytes, attention_splits, div_up};
 use tandem_backend_api::{BackendError, DType, Graph, Op};
 
 use super::cmd::{Access, Cmd, Push};
@@ -154,8 +154,8 @@ impl VulkanBackend {
         else {
             return Err(BackendError::internal(format!("node {node} is not an attention")));
         };
-        let kb = &self.buffer(cache.k)?.mem;
-        let vb = &self.buffer(cache.v)?.mem;
+        let kb = &self.buffers.get(cache.k)?.mem;
+        let vb = &self.buffers.get(cache.v)?.mem;
         let (kc, vc) = (kb.address, vb.address);
         let caches = [(kc, kc + kb.size), (vc, vc + vb.size)];
         let f16 = u32::from(cache.dtype == DType::F16);

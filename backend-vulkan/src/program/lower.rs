@@ -1,7 +1,7 @@
 //! Lowering: the commands of each group, every op but matmul and attention (their own modules),
 //! and the fused groups of `fuse`.
 
-use tandem_backend_api::plan::{div_up, spread};
+use tandem_backend_api::kit::plan::{div_up, spread};
 use tandem_backend_api::{BackendError, DType, Op, ValueId, WeightRef};
 
 use super::cmd::{Access, Cmd, Push};
@@ -43,7 +43,7 @@ impl VulkanBackend {
             }
             Op::Attention { .. } => return self.lower_attention(ctx, i),
             Op::Embed { table, scale } => {
-                let t = self.buffer(table.buffer)?;
+                let t = self.buffers.get(table.buffer)?;
                 let cols = table.desc.shape[1];
                 let dt = table.desc.dtype;
                 let row_bytes = dt.row_bytes(cols).unwrap_or(0) as u32;
@@ -69,7 +69,7 @@ impl VulkanBackend {
                 eps,
                 weight_offset,
             } => {
-                let w = self.buffer(weight.buffer)?;
+                let w = self.buffers.get(weight.buffer)?;
                 let cols = ctx.cols(*x);
                 let group = weight.desc.numel();
                 Cmd::Dispatch {
@@ -168,7 +168,7 @@ impl VulkanBackend {
                     return Ok(vec![]);
                 }
                 let (src, src_offset, _) = ctx.loc(*x)?;
-                let dst = &self.buffer(*buffer)?.mem;
+                let dst = &self.buffers.get(*buffer)?.mem;
                 Cmd::Copy {
                     src,
                     src_offset,
@@ -215,7 +215,7 @@ impl VulkanBackend {
             return Err(BackendError::internal(format!("node {add} is not an add")));
         };
         let h = if *l == y1 { *r } else { *l };
-        let w1b = self.buffer(w1.buffer)?.mem.address;
+        let w1b = self.buffers.get(w1.buffer)?.mem.address;
         let mut reads = vec![ctx.span(a)?, ctx.span(h)?];
         let mut writes = vec![ctx.span(y1)?, ctx.span(s)?];
         let (w2b, eps2, off2, fmt2, y2) = match next {
@@ -223,7 +223,7 @@ impl VulkanBackend {
                 let (_, w2, eps2, off2, y2) = Self::norm_parts(ctx, k)?;
                 writes.push(ctx.span(y2)?);
                 (
-                    self.buffer(w2.buffer)?.mem.address,
+                    self.buffers.get(w2.buffer)?.mem.address,
                     eps2,
                     off2,
                     norm_format(w2.desc.dtype),
@@ -283,8 +283,8 @@ impl VulkanBackend {
             let Op::Attention { v, cache, .. } = &ctx.graph.nodes[a].op else {
                 return Err(BackendError::internal(format!("node {a} is not an attention")));
             };
-            let kb = &self.buffer(cache.k)?.mem;
-            let vb = &self.buffer(cache.v)?.mem;
+            let kb = &self.buffers.get(cache.k)?.mem;
+            let vb = &self.buffers.get(cache.v)?.mem;
             kc = kb.address;
             vc = vb.address;
             v_addr = ctx.addr(*v)?;
@@ -299,7 +299,7 @@ impl VulkanBackend {
             spec: [0, 0],
             push: Push::default()
                 .u64(ctx.addr(x)?)
-                .u64(self.buffer(w.buffer)?.mem.address)
+                .u64(self.buffers.get(w.buffer)?.mem.address)
                 .u64(ctx.addr(y)?)
                 .u64(ctx.addr(dst)?)
                 .u64(ctx.positions())

@@ -1,6 +1,6 @@
 //! Which kernel runs a matmul, and why: the one place that decides it.
 
-use tandem_backend_api::plan::{div_up, spread, value_rows};
+use tandem_backend_api::kit::plan::{div_up, spread, value_rows};
 use tandem_backend_api::{BackendError, DType, ValueId, ValueShape, WeightRef};
 
 use super::cmd::{Access, Cmd, Push};
@@ -313,7 +313,7 @@ impl VulkanBackend {
         splits: &[usize],
         outputs: &[ValueId],
     ) -> Result<Vec<Cmd>, BackendError> {
-        let w = self.buffer(weight.buffer)?;
+        let w = self.buffers.get(weight.buffer)?;
         let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
         let rows = ctx.rows(x);
         let dt = weight.desc.dtype;

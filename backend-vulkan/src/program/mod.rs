@@ -39,7 +39,6 @@ pub struct ArgsLayout {
 
 /// A compiled program.
 pub struct Program {
-    pub graph: Graph,
     pub cmd: vk::CommandBuffer,
     pub arena: Option<GpuBuffer>,
     pub args: GpuBuffer,
@@ -47,10 +46,6 @@ pub struct Program {
     pub scratch: Option<GpuBuffer>,
     pub layout: ArgsLayout,
     pub queries: Option<vk::QueryPool>,
-    /// Buffers the program reads or writes.
-    pub buffers: Vec<BufferId>,
-    /// Slot count of the smallest KV cache, when there is attention.
-    pub slots: Option<usize>,
     /// Timeline value of the last submission.
     pub last_submit: u64,
     /// The nodes, and the names their times go under, in the order their timestamps were
@@ -89,7 +84,7 @@ impl Ctx<'_> {
     }
     /// Rows of a value.
     pub fn rows(&self, v: ValueId) -> usize {
-        tandem_backend_api::plan::value_rows(self.graph, &self.shapes[v.0 as usize])
+        tandem_backend_api::kit::plan::value_rows(self.graph, &self.shapes[v.0 as usize])
     }
     pub fn cols(&self, v: ValueId) -> usize {
         self.shapes[v.0 as usize].cols
@@ -131,13 +126,8 @@ pub fn weight_format_supported(d: DType) -> bool {
 }
 
 impl VulkanBackend {
-    /// Checks that every op is supported and the buffers a graph names; returns those it uses
-    /// and the smallest slot count.
-    fn check_buffers(
-        &self,
-        graph: &Graph,
-        shapes: &[ValueShape],
-    ) -> Result<(Vec<BufferId>, Option<usize>), BackendError> {
+    /// Checks that every op is supported and the buffers a graph names; returns those it uses.
+    fn check_buffers(&self, graph: &Graph, shapes: &[ValueShape]) -> Result<Vec<BufferId>, BackendError> {
         for (i, node) in graph.nodes.iter().enumerate() {
             if let crate::SupportCheck::No(reason) = crate::op_support(&node.op) {
                 return Err(BackendError::unsupported(
@@ -146,19 +136,18 @@ impl VulkanBackend {
                 ));
             }
         }
-        let u = tandem_backend_api::plan::check_buffers(graph, shapes, |id| {
-            self.buffer(id).map(|b| b.desc.clone())
-        })?;
-        Ok((u.buffers, u.slots))
+        tandem_backend_api::kit::check_buffers(graph, shapes, |id| {
+            self.buffers.get(id).map(|b| b.desc.clone())
+        })
     }
 
-    /// Validates, plans and records `graph`.
-    pub(crate) fn build_program(&mut self, graph: &Graph) -> Result<Program, BackendError> {
+    /// Validates, plans and records `graph`; returns the program and the buffers it uses.
+    pub(crate) fn build_program(&mut self, graph: &Graph) -> Result<(Program, Vec<BufferId>), BackendError> {
         let shapes = graph.infer_shapes()?;
-        let (buffers, slots) = self.check_buffers(graph, &shapes)?;
+        let buffers = self.check_buffers(graph, &shapes)?;
         let fusion = fuse::plan(graph, &shapes, self.fuse);
         let (offsets, arena_size) =
-            tandem_backend_api::plan::plan_arena_at(graph, &shapes, ARENA_ALIGN, &fusion.time);
+            tandem_backend_api::kit::plan::plan_arena_at(graph, &shapes, ARENA_ALIGN, &fusion.time);
 
         // Step arguments, then each rope's inverse frequencies.
         let rows = graph.rows as u64;
@@ -243,19 +232,19 @@ impl VulkanBackend {
             &table_at,
         );
         match result {
-            Ok((cmd, queries, order)) => Ok(Program {
-                graph: graph.clone(),
-                cmd,
-                arena,
-                args,
-                scratch,
-                layout,
-                queries,
+            Ok((cmd, queries, order)) => Ok((
+                Program {
+                    cmd,
+                    arena,
+                    args,
+                    scratch,
+                    layout,
+                    queries,
+                    last_submit: 0,
+                    order,
+                },
                 buffers,
-                slots,
-                last_submit: 0,
-                order,
-            }),
+            )),
             Err(e) => {
                 self.memory.destroy(&self.gpu, args);
                 for b in [arena, scratch].into_iter().flatten() {
@@ -289,7 +278,7 @@ impl VulkanBackend {
         }
         for node in &graph.nodes {
             if let Op::Input { buffer, .. } = &node.op {
-                let b = self.buffer(*buffer)?;
+                let b = self.buffers.get(*buffer)?;
                 values[node.outputs[0].0 as usize] = Some((b.mem.buffer, 0, b.mem.address));
             }
         }

@@ -21,7 +21,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use tandem_backend_api::quant::{dequantize_row, QuantError};
+use tandem_backend_api::kit::quant::{dequantize_row, QuantError};
 use tandem_backend_api::{DType, TensorDesc};
 
 pub use super::value::{GgufArray, GgufValue, GgufValueType};

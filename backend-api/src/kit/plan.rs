@@ -1,11 +1,9 @@
-//! Planning a program, shared by the GPU backends: the buffers a graph names checked against what
-//! they hold, and every value of a graph in one arena, first fit over the space of values freed
-//! after their last use.
+//! Planning a program, shared by the GPU backends: workgroup counts, attention splits and their
+//! scratch, per-node times from timestamps, and every value of a graph in one arena, first fit
+//! over the space of values freed after their last use.
 
-use crate::error::BackendError;
 use crate::graph::{Graph, Op, RowCount, ValueShape};
-use crate::tensor::{BufferId, TensorDesc};
-use crate::{DType, NodeTime};
+use crate::NodeTime;
 
 /// `a / b` rounded up, as a workgroup count (saturating at `u32::MAX`).
 pub fn div_up(a: usize, b: usize) -> u32 {
@@ -75,93 +73,6 @@ pub fn node_times(graph: &Graph, ticks: &[u64], ns_per_tick: f64) -> Vec<NodeTim
             seconds: t[1].saturating_sub(t[0]) as f64 * ns_per_tick * 1e-9,
         })
         .collect()
-}
-
-/// What a compiled program uses, from [`check_buffers`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BufferUse {
-    /// Every buffer the graph reads or writes, sorted, once each.
-    pub buffers: Vec<BufferId>,
-    /// The smallest slot count of the graph's KV caches, when it has attention.
-    pub slots: Option<usize>,
-}
-
-/// Checks every buffer a graph names against what it holds (`desc_of` looks a buffer up, and
-/// fails for an unknown id): weights hold the graph's description, input and output buffers
-/// enough f32 values, KV caches `[slots, capacity, kv_heads * head_dim]` of the cache's dtype in
-/// two distinct buffers. Errors name the node and the buffer.
-pub fn check_buffers(
-    graph: &Graph,
-    shapes: &[ValueShape],
-    desc_of: impl Fn(BufferId) -> Result<TensorDesc, BackendError>,
-) -> Result<BufferUse, BackendError> {
-    let mut used = Vec::new();
-    let mut slots: Option<usize> = None;
-    for (i, node) in graph.nodes.iter().enumerate() {
-        for w in node.op.weights() {
-            let held = desc_of(w.buffer)?;
-            if held != w.desc {
-                return Err(BackendError::invalid(format!(
-                    "node {i}: weight buffer {} holds {held}, the graph says {}",
-                    w.buffer.0, w.desc
-                )));
-            }
-            used.push(w.buffer);
-        }
-        let act = |id: BufferId, elems: usize| -> Result<(), BackendError> {
-            let held = desc_of(id)?;
-            if held.dtype != DType::F32 || held.numel() < elems {
-                return Err(BackendError::invalid(format!(
-                    "node {i}: buffer {} ({held}) cannot hold {elems} f32 values",
-                    id.0
-                )));
-            }
-            Ok(())
-        };
-        match &node.op {
-            Op::Input { buffer, cols, .. } => {
-                act(
-                    *buffer,
-                    value_rows(graph, &shapes[node.outputs[0].0 as usize]) * cols,
-                )?;
-                used.push(*buffer);
-            }
-            Op::Output { x, buffer } => {
-                let s = shapes[x.0 as usize];
-                act(*buffer, value_rows(graph, &s) * s.cols)?;
-                used.push(*buffer);
-            }
-            Op::Attention {
-                cache,
-                kv_heads,
-                head_dim,
-                ..
-            } => {
-                let want = TensorDesc::new(cache.dtype, [cache.slots, cache.capacity, kv_heads * head_dim]);
-                for id in [cache.k, cache.v] {
-                    let held = desc_of(id)?;
-                    if held != want {
-                        return Err(BackendError::invalid(format!(
-                            "node {i}: KV cache buffer {} holds {held}, attention needs {want}",
-                            id.0
-                        )));
-                    }
-                    used.push(id);
-                }
-                if cache.k == cache.v {
-                    return Err(BackendError::invalid(format!(
-                        "node {i}: keys and values share buffer {}",
-                        cache.k.0
-                    )));
-                }
-                slots = Some(slots.map_or(cache.slots, |s| s.min(cache.slots)));
-            }
-            _ => {}
-        }
-    }
-    used.sort();
-    used.dedup();
-    Ok(BufferUse { buffers: used, slots })
 }
 
 /// The number of rows a value of `shape` has in `graph`.

@@ -330,8 +330,8 @@ mod tests {
     macro_rules! vectors {
         ($name:literal) => {
             (
-                &include_bytes!(concat!("../tests/data/quant/", $name, ".blocks"))[..],
-                &include_bytes!(concat!("../tests/data/quant/", $name, ".f32"))[..],
+                &include_bytes!(concat!("../../tests/data/quant/", $name, ".blocks"))[..],
+                &include_bytes!(concat!("../../tests/data/quant/", $name, ".f32"))[..],
             )
         };
     }
