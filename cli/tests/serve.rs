@@ -555,6 +555,70 @@ fn the_context_limit_ends_with_length_keeping_the_text_in_serve_and_run() {
     assert_eq!(run["finish_reason"], "length");
 }
 
+/// `engine run --json` with `flags` and `--tokens 2,17,5,9,11,30` on the fixture.
+fn run_json(install: &Install, flags: &[&str]) -> Value {
+    let model = text_published();
+    let mut args = vec![
+        "run",
+        "--model",
+        &model,
+        "--backend",
+        "cpu",
+        "--tokens",
+        "2,17,5,9,11,30",
+        "--json",
+    ];
+    args.extend_from_slice(flags);
+    let out = install.run(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn run_and_serve_share_one_loop_sampled_with_a_seed_and_cut_at_a_stop_string() {
+    let install = Install::new(&["cpu"]);
+    let server = Server::start(
+        &install.path().join("engine"),
+        &["--model", &text_published(), "--backend", "cpu"],
+    );
+    let sampled = [
+        "--temperature",
+        "0.9",
+        "--top-p",
+        "0.9",
+        "--top-k",
+        "0",
+        "--seed",
+        "11",
+        "--max-tokens",
+        "24",
+    ];
+    let doc = json!({"prompt": [2, 17, 5, 9, 11, 30], "max_tokens": 24, "temperature": 0.9,
+        "top_p": 0.9, "seed": 11});
+    let (free, _) = whole(&server.addr, &doc);
+    let run = run_json(&install, &sampled);
+    assert_eq!(ids(&run["tokens"]), free.ids, "sampled ids");
+    assert_eq!(run["text"].as_str().unwrap(), free.text, "sampled text");
+    // A stop string from the middle of that text: both cut there, with `stop`.
+    let chars: Vec<char> = free.text.chars().collect();
+    assert!(chars.len() >= 6, "too little text to cut: {:?}", free.text);
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let mut cut_doc = doc.clone();
+    cut_doc["stop"] = json!([stop]);
+    let (cut, _) = whole(&server.addr, &cut_doc);
+    assert_eq!(cut.finish, "stop");
+    assert!(
+        !cut.text.contains(&stop) && cut.ids.len() < free.ids.len(),
+        "{cut:?}"
+    );
+    let mut flags = sampled.to_vec();
+    flags.extend(["--stop", &stop]);
+    let run = run_json(&install, &flags);
+    assert_eq!(ids(&run["tokens"]), cut.ids, "ids cut at {stop:?}");
+    assert_eq!(run["text"].as_str().unwrap(), cut.text, "text cut at {stop:?}");
+    assert_eq!(run["finish_reason"], "stop");
+}
+
 #[test]
 fn a_model_without_a_tokenizer_serves_token_ids() {
     let install = Install::new(&["cpu"]);
