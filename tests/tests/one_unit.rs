@@ -156,8 +156,7 @@ fn every_step_shape_has_the_node_positions_the_placement_was_made_on() {
             &[0],
             &mut logits,
         )
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(
         e.to_string().contains("holds no buffer for planned tensor"),
         "{e}"
