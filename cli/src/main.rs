@@ -6,8 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tandem_engine::runtime::plugins::PluginSearch;
-use tandem_engine::runtime::settings::Settings;
+use tandem_engine::{PluginSearch, Settings};
 
 /// tandem: Gemma 3 inference on CPUs, GPUs and NPUs.
 #[derive(Debug, Parser)]

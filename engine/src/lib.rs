@@ -12,6 +12,21 @@
 //! - [`serve`]: many requests sharing one session (continuous batching), the metrics; the HTTP
 //!   layer is in the CLI.
 
+/// What a front end (the CLI, a server) needs to load a model and generate, in one place: the
+/// modules below stay reachable for the rest (bench, serve, chat templates, file formats).
+pub use checkpoint::synth::{write_synthetic_gguf, SynthDtype, SynthShape};
+pub use model::files::{open_model, DEFAULT_MODEL_FILE};
+pub use runtime::load::{load, plan, KvCacheType, LoadError, Loaded, ModelOptions, Planned};
+pub use runtime::notice::Notice;
+pub use runtime::plugins::{report as backend_report, PluginSearch};
+pub use runtime::sampler::SamplerConfig;
+pub use runtime::sequence::{
+    generate, Event, EventSink, FinishReason, GenerateError, GenerationStats, Request, RequestError,
+};
+pub use runtime::session::{Session, SessionError};
+pub use runtime::settings::Settings;
+pub use tokenizer::Tokenizer;
+
 pub mod bench;
 pub mod checkpoint;
 pub mod model;

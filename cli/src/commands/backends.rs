@@ -15,8 +15,7 @@ pub struct Args {
 /// Runs the command.
 pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let discovery = ctx.search.discover();
-    let reports =
-        tandem_engine::runtime::plugins::report(&discovery, |name| ctx.settings.backend_options(name));
+    let reports = tandem_engine::backend_report(&discovery, |name| ctx.settings.backend_options(name));
     let mut out = std::io::stdout().lock();
     if args.json {
         let doc = serde_json::json!({

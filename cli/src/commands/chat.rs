@@ -3,8 +3,8 @@
 
 use std::io::{BufRead, Write};
 
-use tandem_engine::runtime::sampler::SamplerConfig;
 use tandem_engine::tokenizer::chat::{ChatTemplate, Message, Role};
+use tandem_engine::SamplerConfig;
 
 use super::generate::{self, Ask};
 use super::load::{load, ModelArgs};

@@ -5,12 +5,10 @@
 use std::io::Write;
 use std::time::Instant;
 
-use tandem_engine::runtime::load::Loaded;
-use tandem_engine::runtime::sampler::SamplerConfig;
-use tandem_engine::runtime::sequence::{
-    generate, Event, EventSink, FinishReason, GenerateError, GenerationStats, Request, RequestError,
+use tandem_engine::{
+    generate, Event, EventSink, FinishReason, GenerateError, GenerationStats, Loaded, Request, RequestError,
+    SamplerConfig, SessionError,
 };
-use tandem_engine::runtime::session::SessionError;
 
 /// What one generation asks for.
 pub struct Ask<'a> {

@@ -5,8 +5,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use tandem_engine::runtime::load::{self, KvCacheType, Loaded, ModelOptions};
-use tandem_engine::runtime::notice::Notice;
+use tandem_engine::{KvCacheType, Loaded, ModelOptions, Notice};
 
 use crate::Context;
 
@@ -89,7 +88,7 @@ impl LoadBar {
 /// Loads `--model` onto the chosen backend, with a progress bar on a terminal.
 pub fn load(ctx: &Context, args: &ModelArgs, slots: usize) -> anyhow::Result<Loaded> {
     let mut bar = LoadBar::default();
-    let loaded = load::load(
+    let loaded = tandem_engine::load(
         &ctx.search,
         &ctx.settings,
         &args.options(),

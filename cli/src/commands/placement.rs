@@ -4,7 +4,7 @@
 
 use std::io::Write;
 
-use tandem_engine::runtime::load::plan;
+use tandem_engine::plan;
 
 use super::load::{print_notice, ModelArgs};
 use crate::Context;

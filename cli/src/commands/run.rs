@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use anyhow::bail;
-use tandem_engine::runtime::sampler::SamplerConfig;
+use tandem_engine::SamplerConfig;
 
 use super::generate::{self, Ask};
 use super::load::{load, parse_tokens, ModelArgs};

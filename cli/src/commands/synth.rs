@@ -4,7 +4,7 @@
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
-use tandem_engine::checkpoint::synth::{write_synthetic_gguf, SynthDtype, SynthShape};
+use tandem_engine::{write_synthetic_gguf, SynthDtype, SynthShape};
 
 use crate::Context;
 

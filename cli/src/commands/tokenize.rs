@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use tandem_engine::model::files::open_model;
+use tandem_engine::open_model;
 
 use crate::Context;
 

@@ -4,9 +4,9 @@
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use tandem_engine::runtime::sampler::SamplerConfig;
 use tandem_engine::serve::FinishReason;
 use tandem_engine::tokenizer::chat::{Message, Role};
+use tandem_engine::SamplerConfig;
 
 use super::error::ApiError;
 

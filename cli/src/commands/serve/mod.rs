@@ -163,7 +163,7 @@ fn model_name(args: &ModelArgs) -> String {
     let path = args
         .model
         .clone()
-        .unwrap_or_else(|| tandem_engine::model::files::DEFAULT_MODEL_FILE.into());
+        .unwrap_or_else(|| tandem_engine::DEFAULT_MODEL_FILE.into());
     path.file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into())

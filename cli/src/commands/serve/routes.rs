@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 use tandem_engine::serve::{Event, EventSink, Handle, Request};
 use tandem_engine::tokenizer::chat::ChatTemplate;
-use tandem_engine::tokenizer::Tokenizer;
+use tandem_engine::Tokenizer;
 use tokio::sync::mpsc;
 
 use super::api::{self, Header, Kind, Prompt};
