@@ -9,11 +9,11 @@ use tandem_backend_api::DeviceKind;
 use super::calibrate;
 use super::notice::Notice;
 use super::placement::{discover, Placement, AUTO_ORDER};
-use super::planned::{cache_shape, load_placed};
+use super::planned::{load_placed, plan_placed};
 pub use super::planned::{KvCacheType, LoadError, Loaded, ModelOptions, Planned};
 use super::plugins::{Discovery, PluginSearch};
 use super::settings::Settings;
-use crate::model::files::{cache_dir, open_model};
+use crate::model::files::cache_dir;
 use crate::model::LoadProgress;
 
 /// The placement `options.backend` and `settings` ask for, its units created: `auto` replaced
@@ -42,9 +42,7 @@ pub fn plan(
     notices: &mut dyn FnMut(Notice),
 ) -> Result<Planned, LoadError> {
     let (options, placement) = decide(search, settings, options, notices)?;
-    let files = open_model(options.model.as_deref())?;
-    let shape = cache_shape(&options, files.config.max_position_embeddings, slots)?;
-    Planned::new(placement, files.config, files.weights.as_ref(), shape)
+    Ok(plan_placed(placement, &options, slots)?.0)
 }
 
 /// Loads `options.model` onto the units `options.backend` and `settings` name (one backend, or

@@ -17,7 +17,7 @@ use super::session::Session;
 use super::split::{Phase, ScheduleError, SplitScheduler, Unit};
 use crate::checkpoint::config::Gemma3Config;
 use crate::checkpoint::source::WeightSource;
-use crate::model::files::open_model;
+use crate::model::files::{open_model, ModelFiles};
 use crate::model::{CacheShape, Gemma3Model, LoadProgress, ModelError, Part};
 use crate::tokenizer::Tokenizer;
 
@@ -271,8 +271,21 @@ impl Planned {
     }
 }
 
-/// Opens `options.model`, places it by `placement` with caches for `slots` sequences, and loads
-/// it: the path every command takes once its placement is decided.
+/// Opens `options.model` and places it by `placement` with caches for `slots` sequences; returns
+/// the plan with the model's files (their weights not yet read).
+pub fn plan_placed(
+    placement: Placement,
+    options: &ModelOptions,
+    slots: usize,
+) -> Result<(Planned, ModelFiles), LoadError> {
+    let files = open_model(options.model.as_deref())?;
+    let shape = cache_shape(options, files.config.max_position_embeddings, slots)?;
+    let planned = Planned::new(placement, files.config.clone(), files.weights.as_ref(), shape)?;
+    Ok((planned, files))
+}
+
+/// [`plan_placed`], then the upload: the path every command takes once its placement is
+/// decided.
 pub fn load_placed(
     placement: Placement,
     options: &ModelOptions,
@@ -281,9 +294,7 @@ pub fn load_placed(
     notices: &mut dyn FnMut(Notice),
     progress: &mut dyn LoadProgress,
 ) -> Result<Loaded, LoadError> {
-    let files = open_model(options.model.as_deref())?;
-    let shape = cache_shape(options, files.config.max_position_embeddings, slots)?;
-    let planned = Planned::new(placement, files.config, files.weights.as_ref(), shape)?;
+    let (planned, files) = plan_placed(placement, options, slots)?;
     let mut session = planned.load(files.weights.as_ref(), &files.path, notices, progress)?;
     session.set_micro_batches(micro_batches);
     Ok(Loaded {

@@ -297,15 +297,11 @@ impl SplitScheduler {
             } else {
                 (key.rows, key.selected)
             };
-            if !graphs.iter().any(|(s, _)| *s == shape) {
-                let graph = model.step_graph(shape.0, shape.1, BufferId::UNBOUND);
-                self.check_positions(&graph)?;
-                graphs.push((shape, graph));
-            }
-            let Some((_, graph)) = graphs.iter().find(|(s, _)| *s == shape) else {
-                continue;
-            };
-            match Scheduled::build(&mut self.units, graph, &self.placement[key.phase.index()], vocab) {
+            let built = self.graph_index(model, &mut graphs, shape).and_then(|i| {
+                let placement = &self.placement[key.phase.index()];
+                Scheduled::build(&mut self.units, &graphs[i].1, placement, vocab)
+            });
+            match built {
                 Ok(s) => schedules.push(s),
                 Err(e) => {
                     for mut s in schedules {
@@ -317,6 +313,23 @@ impl SplitScheduler {
         }
         self.programs.insert(key, schedules);
         Ok(())
+    }
+
+    /// The index in `graphs` of the step graph of `shape` (rows, selected rows), built and checked
+    /// against the placement the first time.
+    fn graph_index(
+        &self,
+        model: &Gemma3Model,
+        graphs: &mut Vec<((usize, usize), Graph)>,
+        shape: (usize, usize),
+    ) -> Result<usize, ScheduleError> {
+        if let Some(i) = graphs.iter().position(|(s, _)| *s == shape) {
+            return Ok(i);
+        }
+        let graph = model.step_graph(shape.0, shape.1, BufferId::UNBOUND);
+        self.check_positions(&graph)?;
+        graphs.push((shape, graph));
+        Ok(graphs.len() - 1)
     }
 
     /// Checks that `graph` has the node positions the placement was made on.
