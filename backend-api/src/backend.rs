@@ -121,6 +121,72 @@ impl BackendOptions {
             }),
         }
     }
+
+    /// The value of `key` as a size in bytes ([`parse_bytes`]); an error names the key.
+    pub fn bytes(&self, key: &str) -> Result<Option<u64>, BackendError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => parse_bytes(v)
+                .map(Some)
+                .map_err(|e| BackendError::invalid(format!("backend option '{key}': {e}"))),
+        }
+    }
+
+    /// The memory a backend may use on a device of `device_bytes`: [`MEMORY_LIMIT`] when set
+    /// (an error when it is larger than the device), else the device's.
+    pub fn memory_budget(&self, device_bytes: u64) -> Result<u64, BackendError> {
+        match self.bytes(MEMORY_LIMIT)? {
+            None => Ok(device_bytes),
+            Some(limit) if limit > device_bytes => Err(BackendError::invalid(format!(
+                "backend option '{MEMORY_LIMIT}': {limit} bytes ({:.2} GiB) is more than the device's {device_bytes} bytes ({:.2} GiB)",
+                limit as f64 / GIB,
+                device_bytes as f64 / GIB
+            ))),
+            Some(limit) => Ok(limit),
+        }
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The option every device backend honours: the most bytes of device memory it may allocate
+/// (`[backend.NAME] memory_limit = "8GiB"`). [`BackendInfo::memory_bytes`] reports the smaller
+/// of it and the device's memory, and `alloc` refuses what would pass it.
+pub const MEMORY_LIMIT: &str = "memory_limit";
+
+/// Parses a size in bytes: a whole number with an optional unit, `B`, `KiB`, `MiB`, `GiB`,
+/// `TiB` (powers of 1024) or `KB`, `MB`, `GB`, `TB` (powers of 1000), case-insensitive, spaces
+/// allowed before the unit (`8GiB`, `512 MiB`, `1.5GiB`, `1000000`). The error says what is wrong.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = (t[..split].trim(), t[split..].trim());
+    let scale: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => {
+            return Err(format!(
+                "'{text}': unknown unit '{unit}' (expected B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
+            ))
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}': expected a size such as 8GiB or 512MiB"))?;
+    let bytes = value * scale as f64;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+        return Err(format!("'{text}': a size must be at least 1 byte"));
+    }
+    Ok(bytes as u64)
 }
 
 /// A compute backend: buffers, and programs compiled once from a [`Graph`] and executed many
@@ -207,5 +273,39 @@ mod tests {
         assert_eq!(o.parse::<usize>("missing").unwrap(), None);
         let err = o.parse::<usize>("device").unwrap_err().to_string();
         assert!(err.contains("'device'") && err.contains("'x'"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        assert_eq!(parse_bytes("8GiB"), Ok(8 << 30));
+        assert_eq!(parse_bytes(" 512 MiB "), Ok(512 << 20));
+        assert_eq!(parse_bytes("1.5gib"), Ok(3 << 29));
+        assert_eq!(parse_bytes("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        for bad in ["", "GiB", "8 parsecs", "0", "-1GiB", "1.2.3G"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
+        assert!(parse_bytes("8 parsecs").unwrap_err().contains("parsecs"));
+    }
+
+    #[test]
+    fn the_budget_is_the_limit_but_never_more_than_the_device() {
+        let mut o = BackendOptions::default();
+        assert_eq!(o.memory_budget(1 << 30).unwrap(), 1 << 30);
+        o.set(MEMORY_LIMIT, "512MiB");
+        assert_eq!(o.memory_budget(1 << 30).unwrap(), 512 << 20);
+        o.set(MEMORY_LIMIT, "2GiB");
+        let e = o.memory_budget(1 << 30).unwrap_err().to_string();
+        assert!(
+            e.contains("memory_limit") && e.contains("2.00 GiB") && e.contains("1.00 GiB"),
+            "{e}"
+        );
+        o.set(MEMORY_LIMIT, "lots");
+        assert!(o.memory_budget(1 << 30).unwrap_err().to_string().contains("lots"));
     }
 }

@@ -20,8 +20,8 @@ pub mod plugin;
 mod tensor;
 
 pub use backend::{
-    BackendInfo, BackendOptions, BackendPlugin, ComputeBackend, DeviceKind, MemoryUse, NodeTime, ProgramId,
-    Support, Ticket,
+    parse_bytes, BackendInfo, BackendOptions, BackendPlugin, ComputeBackend, DeviceKind, MemoryUse, NodeTime,
+    ProgramId, Support, Ticket, MEMORY_LIMIT,
 };
 pub use dtype::DType;
 pub use error::BackendError;
