@@ -46,6 +46,7 @@ fn load_model(model: PathBuf, backend: &str, context: usize, chunk: usize) -> Lo
         context: Some(context),
         chunk,
         kv_cache: Default::default(),
+        gpu_layers: None,
     };
     load(
         &PluginSearch::only(&plugin_dirs()),

@@ -107,10 +107,11 @@ fn one_unit_through_the_split_scheduler_equals_the_unsplit_graph_bit_for_bit() {
 fn every_step_shape_has_the_node_positions_the_placement_was_made_on() {
     let (config, ckpt) = open_hf_dir(&fixture("text-newer")).unwrap();
     let model = Gemma3Model::plan(config, &ckpt, shape()).unwrap();
-    let (one, parts) = model.step_graph_parts(1, 1, BufferId::UNBOUND);
+    let (one, parts, regions) = model.step_graph_parts(1, 1, BufferId::UNBOUND);
     for (rows, selected) in [(8, 1), (8, 8), (3, 2)] {
-        let (g, p) = model.step_graph_parts(rows, selected, BufferId::UNBOUND);
+        let (g, p, r) = model.step_graph_parts(rows, selected, BufferId::UNBOUND);
         assert_eq!(p, parts, "parts of {rows}x{selected}");
+        assert_eq!(r, regions, "regions of {rows}x{selected}");
         let ops = |g: &tandem_backend_api::Graph| g.nodes.iter().map(|n| n.op.name()).collect::<Vec<_>>();
         assert_eq!(ops(&g), ops(&one), "ops of {rows}x{selected}");
     }

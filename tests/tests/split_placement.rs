@@ -134,25 +134,49 @@ fn vulkan_available() -> bool {
 /// `placement` (a tandem.toml fragment) read through `Settings::load`, with the Vulkan backend's
 /// validation layer on as the rest of the suite runs it (`options_for`).
 fn settings(placement: &str) -> Settings {
-    let mut text = String::new();
+    let mut text = placement.to_string();
     if options_for("vulkan").get("validation") == Some("true") {
-        text.push_str("[backend.vulkan]\nvalidation = true\n");
+        let table = "[backend.vulkan]\n";
+        text = match text.contains(table) {
+            true => text.replacen(table, "[backend.vulkan]\nvalidation = true\n", 1),
+            false => format!("{table}validation = true\n{text}"),
+        };
     }
-    text.push_str(placement);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tandem.toml");
     std::fs::write(&path, text).unwrap();
     Settings::load(&path).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// `backend` as `--backend` takes it, or with ` --gpu-layers N` after it.
 fn options(case: &str, backend: &str, chunk: usize) -> ModelOptions {
+    let (backend, gpu_layers) = match backend.split_once(" --gpu-layers ") {
+        Some((b, n)) => (b, Some(n.parse().unwrap())),
+        None => (backend, None),
+    };
     ModelOptions {
         model: Some(fixture(case)),
         backend: backend.to_string(),
         context: Some(CONTEXT),
         chunk,
         kv_cache: Default::default(),
+        gpu_layers,
     }
+}
+
+/// `[placement.layers]` putting the first half of `case`'s layers on `first` and the rest on
+/// `second` (the head on the faster, the embedding with layer 0).
+fn halves(case: &str, first: &str, second: &str) -> String {
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(case).join("config.json")).unwrap()).unwrap();
+    let c = &config.get("text_config").unwrap_or(&config);
+    let n = c["num_hidden_layers"].as_u64().unwrap();
+    let h = n / 2;
+    format!(
+        "[placement.layers]\n\"{first}\" = \"0-{}\"\n\"{second}\" = \"{h}-{}\"\n",
+        h - 1,
+        n - 1
+    )
 }
 
 /// Loads fixture `case` as `--backend backend` with `placement` in the config; also returns
@@ -345,6 +369,164 @@ fn vulkan_splits_match_cpu_and_transformers() {
             check_placement(case, label, backend, placement, units, VULKAN_TOL);
         }
     }
+}
+
+/// Whole layers per unit (`[placement.layers]`, `--gpu-layers`) give the single CPU backend's
+/// greedy continuations and transformers' logits, prefilled and decoded.
+#[test]
+fn layer_splits_match_cpu_and_transformers() {
+    for case in CASES {
+        let placement = halves(case, "cpu", "cpu#2");
+        check_placement(
+            case,
+            "layers cpu/cpu",
+            "auto",
+            &placement,
+            &["cpu", "cpu#2"],
+            CPU_TOL,
+        );
+    }
+    if !vulkan_available() {
+        return;
+    }
+    for case in CASES {
+        let cases = [
+            (
+                "layers cpu/vulkan",
+                "auto",
+                halves(case, "cpu", "vulkan"),
+                ["cpu", "vulkan"],
+            ),
+            (
+                "layers vulkan/cpu",
+                "auto",
+                halves(case, "vulkan", "cpu"),
+                ["cpu", "vulkan"],
+            ),
+            (
+                "--gpu-layers 1",
+                "vulkan --gpu-layers 1",
+                String::new(),
+                ["vulkan", "cpu"],
+            ),
+        ];
+        for (label, backend, placement, units) in &cases {
+            check_placement(case, label, backend, placement, units, VULKAN_TOL);
+        }
+    }
+}
+
+/// A layer split crosses once per direction per step: the hidden state at the cut, and back to
+/// the head's unit; the report says so, and names what runs where.
+#[test]
+fn a_layer_split_crosses_at_the_cut_only() {
+    let placement = halves(FIXTURE, "cpu", "cpu#2");
+    let r = report("auto", &placement, CHUNK);
+    assert_eq!(
+        r.programs_per_step,
+        (3, 3),
+        "embedding and layers 0-2, layers 3-5, head"
+    );
+    let hidden = plan_with("auto", &placement, CHUNK).model.config.hidden_size as u64;
+    assert_eq!(
+        r.decode_bytes_per_token,
+        2 * hidden * 4,
+        "the hidden state there and back"
+    );
+    assert_eq!(
+        r.layers.as_deref(),
+        Some("cpu: layers 0-2, embedding, head; cpu#2: layers 3-5")
+    );
+    assert!(r.text().contains("layers: cpu: layers 0-2"), "{}", r.text());
+}
+
+/// Layer rules and budgets the model cannot take are errors naming the flag or the key and
+/// the sizes, before anything is uploaded.
+#[test]
+fn bad_layer_rules_and_budgets_are_named() {
+    let err = |backend: &str, placement: &str| match plan(
+        &search(),
+        &settings(placement),
+        &options(FIXTURE, backend, CHUNK),
+        1,
+        &mut |_| {},
+    ) {
+        Ok(_) => panic!("{backend} with {placement:?} planned"),
+        Err(e) => e.to_string(),
+    };
+    let e = err("auto", "[placement.layers]\ncpu = \"0-2\"\n\"cpu#2\" = \"3-9\"\n");
+    assert!(e.contains("cpu#2 = \"3-9\": the model has layers 0-5"), "{e}");
+    let e = err("auto", "[placement.layers]\ncpu = \"0-3\"\n\"cpu#2\" = \"3-5\"\n");
+    assert!(e.contains("layer 3 is in both cpu's and cpu#2's"), "{e}");
+    let e = err("auto", "[placement.layers]\ncpu = \"0-1\"\n\"cpu#2\" = \"4-5\"\n");
+    assert!(e.contains("layers 2-3 are on no unit"), "{e}");
+    let e = err("cpu --gpu-layers 2", "");
+    assert!(e.contains("--gpu-layers 2") && e.contains("GPU backend"), "{e}");
+    let e = err("cpu+cpu --gpu-layers 2", "");
+    assert!(e.contains("--gpu-layers 2") && e.contains("one backend"), "{e}");
+    let e = err("auto --gpu-layers 2", "[placement]\nffn = [\"cpu\"]\n");
+    assert!(e.contains("--gpu-layers 2") && e.contains("[placement]"), "{e}");
+    // A budget too small for the model (the CPU reports the host's memory, capped by the option).
+    let e = err("cpu", "[backend.cpu]\nmemory_limit = \"64KiB\"\n");
+    assert!(
+        e.contains("does not fit cpu") && e.contains("memory_limit = \"64KiB\"") && e.contains("weights"),
+        "{e}"
+    );
+    if vulkan_available() {
+        let e = err("vulkan --gpu-layers 7", "");
+        assert!(e.contains("--gpu-layers 7: the model has 6 layers"), "{e}");
+    }
+}
+
+/// Under `--backend auto`, a model larger than its unit's budget is split by layers: as many as
+/// fit stay there, the rest go to the CPU, and a note says so. Named explicitly, the same unit
+/// is an error that names the `--gpu-layers` that would fit.
+#[test]
+fn a_budget_splits_by_layers_under_auto_and_is_named_otherwise() {
+    if !vulkan_available() {
+        return;
+    }
+    let whole = plan_with("vulkan", "", CHUNK).report();
+    let need = whole.units[0].need_bytes();
+    // Room for about half the model on Vulkan.
+    let limit = need / 2 + whole.units[0].activation_bytes / 2;
+    // auto's own order passes over lavapipe (a software GPU): name the order.
+    let placement = format!(
+        "[backend.vulkan]\nmemory_limit = \"{limit}\"\n[placement]\ndefault = [\"vulkan\", \"cpu\"]\n"
+    );
+    let e = match plan(
+        &search(),
+        &settings(&placement),
+        &options(FIXTURE, "vulkan", CHUNK),
+        1,
+        &mut |_| {},
+    ) {
+        Ok(_) => panic!("vulkan over its budget planned"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("does not fit vulkan") && e.contains("--gpu-layers "),
+        "{e}"
+    );
+    let mut notices = Vec::new();
+    let planned = plan(
+        &search(),
+        &settings(&placement),
+        &options(FIXTURE, "auto", CHUNK),
+        1,
+        &mut |n| notices.push(n),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let r = planned.report();
+    let layers = r.layers.clone().unwrap_or_default();
+    assert!(layers.starts_with("vulkan: layers 0-"), "{layers}");
+    assert!(r.units.iter().all(|u| !u.over_budget()), "{}", r.text());
+    assert!(
+        notices
+            .iter()
+            .any(|n| matches!(n, Notice::Note(m) if m.contains("layers fit there"))),
+        "{notices:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -541,8 +723,9 @@ fn decode_steps_of_a_split_allocate_nothing() {
     let tokens = ids(&reference(FIXTURE)["sequences"][0]["tokens"]);
     let steps = 20;
     let mut counts = Vec::new();
-    for backend in ["cpu", "cpu+cpu"] {
-        let (mut loaded, _) = load_with(backend, "", CHUNK);
+    let layers = halves(FIXTURE, "cpu", "cpu#2");
+    for (backend, placement) in [("cpu", ""), ("cpu+cpu", ""), ("auto", layers.as_str())] {
+        let (mut loaded, _) = load_with(backend, placement, CHUNK);
         let s = &mut loaded.session;
         let logits = s.prefill(0, &tokens[..CHUNK], false).unwrap();
         let mut next = argmax(&logits);
@@ -562,8 +745,11 @@ fn decode_steps_of_a_split_allocate_nothing() {
             "{backend}: a token id"
         );
         assert_eq!(s.len(0), CHUNK + 3 + steps, "{backend}: cached tokens");
-        if backend == "cpu+cpu" {
-            assert!(s.moved_bytes().0 > 0, "cpu+cpu copies between its units");
+        if backend != "cpu" {
+            assert!(
+                s.moved_bytes().0 > 0,
+                "{backend} {placement}: copies between its units"
+            );
         }
         counts.push((backend, allocations));
     }
@@ -582,11 +768,20 @@ fn decode_steps_of_a_split_allocate_nothing() {
 fn micro_batches_give_the_logits_of_whole_steps() {
     let tokens = ids(&reference(FIXTURE)["sequences"][0]["tokens"]);
     let batch = 3usize;
+    for layers in ["", halves(FIXTURE, "cpu", "cpu#2").as_str()] {
+        micro_batches_match(&tokens, batch, layers);
+    }
+}
+
+/// [`micro_batches_give_the_logits_of_whole_steps`] on `cpu+cpu`, or on a layer split where
+/// `layers` (a `[placement.layers]` table) says.
+fn micro_batches_match(tokens: &[u32], batch: usize, layers: &str) {
+    let backend = if layers.is_empty() { "cpu+cpu" } else { "auto" };
     let load_batched = |placement: &str| {
         load(
             &search(),
-            &settings(placement),
-            &options(FIXTURE, "cpu+cpu", CHUNK),
+            &settings(&format!("{placement}{layers}")),
+            &options(FIXTURE, backend, CHUNK),
             batch,
             &mut |_| {},
             &mut |_: u64, _: u64| {},
@@ -736,6 +931,7 @@ fn the_default_model_split_matches_transformers() {
         context: Some(128),
         chunk: 64,
         kv_cache: Default::default(),
+        gpu_layers: None,
     };
     let mut loaded = load(
         &search(),

@@ -31,6 +31,11 @@ pub struct ModelArgs {
     /// KV cache element type: f32, or f16 (half the cache memory; no faster on the H100).
     #[arg(long, default_value = "f32", value_parser = parse_kv_cache)]
     pub kv_cache: KvCacheType,
+    /// Layers 0..N on the backend chosen (a GPU) with the embedding and the output head, the
+    /// rest on the CPU: llama.cpp's -ngl, counted from the first layer. At most the model's
+    /// layer count.
+    #[arg(long, value_name = "N")]
+    pub gpu_layers: Option<usize>,
 }
 
 fn parse_kv_cache(s: &str) -> Result<KvCacheType, String> {
@@ -47,6 +52,7 @@ impl ModelArgs {
             context: self.context,
             chunk: self.chunk,
             kv_cache: self.kv_cache,
+            gpu_layers: self.gpu_layers,
         }
     }
 }

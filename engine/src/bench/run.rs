@@ -321,7 +321,10 @@ pub fn run(
                 + 3 * cfg.hidden_size * cfg.intermediate_size) as u64);
     let mut backend_doc = json!({ "name": info.name, "device": info.device, "kind": info.kind });
     if let Some(units) = units.filter(|u| u.len() > 1) {
-        backend_doc["placement"] = json!(args.model.backend);
+        backend_doc["placement"] = json!(match args.model.gpu_layers {
+            Some(n) => format!("{} --gpu-layers {n}", args.model.backend),
+            None => args.model.backend.clone(),
+        });
         backend_doc["units"] = json!(units);
     }
     let doc = json!({

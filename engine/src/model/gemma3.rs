@@ -44,6 +44,19 @@ impl Part {
     }
 }
 
+/// The stretch of the model a node belongs to: what layer placement (`[placement.layers]`,
+/// `--gpu-layers`) puts on a unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Region {
+    /// The token embedding lookup.
+    Embedding,
+    /// Decoder layer `n`: from its input norm to the residual add after its feed-forward network.
+    Layer(usize),
+    /// The output head: the selected rows, the final norm, the logits and their soft cap.
+    Head,
+}
+
 /// One decoder layer's weights on the backend.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
@@ -372,8 +385,13 @@ impl Gemma3Model {
     }
 
     /// [`Gemma3Model::step_graph`], with the part of the model each node belongs to (what the
-    /// placement's preference lists are keyed by).
-    pub fn step_graph_parts(&self, rows: usize, selected: usize, logits: BufferId) -> (Graph, Vec<Part>) {
+    /// placement's preference lists are keyed by) and its region (what layer placement places).
+    pub fn step_graph_parts(
+        &self,
+        rows: usize,
+        selected: usize,
+        logits: BufferId,
+    ) -> (Graph, Vec<Part>, Vec<Region>) {
         let c = &self.config;
         let (heads, kv_heads, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let eps = c.rms_norm_eps;
@@ -412,10 +430,14 @@ impl Gemma3Model {
         // The part of every node pushed since the last call.
         let mut parts: Vec<Part> = Vec::new();
         let mut mark = |g: &GraphBuilder, part: Part| parts.resize(g.node_count(), part);
+        // The region of every node pushed since the last call.
+        let mut regions: Vec<Region> = Vec::new();
+        let mut region = |g: &GraphBuilder, r: Region| regions.resize(g.node_count(), r);
         let mut h = g.push1(Op::Embed {
             table: self.embed.clone(),
             scale: (c.hidden_size as f32).sqrt(),
         });
+        region(&g, Region::Embedding);
         for (l, w) in self.layers.iter().enumerate() {
             let kind = c.layer_types[l];
             let rope = c.rope(kind);
@@ -476,6 +498,7 @@ impl Gemma3Model {
             mark(&g, Part::Ffn);
             let f = norm(&mut g, f, &w.post_ffn_norm);
             h = g.push1(Op::Add { a: h, b: f });
+            region(&g, Region::Layer(l));
         }
         let hs = g.push1(Op::SelectRows { x: h });
         let hn = norm(&mut g, hs, &self.final_norm);
@@ -492,6 +515,7 @@ impl Gemma3Model {
             buffer: logits,
         });
         mark(&g, Part::Other);
-        (g.finish(), parts)
+        region(&g, Region::Head);
+        (g.finish(), parts, regions)
     }
 }

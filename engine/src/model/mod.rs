@@ -7,4 +7,4 @@ pub mod files;
 pub mod gemma3;
 
 pub use error::ModelError;
-pub use gemma3::{CacheShape, Gemma3Model, LayerWeights, LoadProgress, ModelTensor, Part};
+pub use gemma3::{CacheShape, Gemma3Model, LayerWeights, LoadProgress, ModelTensor, Part, Region};

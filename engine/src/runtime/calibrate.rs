@@ -114,7 +114,7 @@ fn measure(
         chunk: PREFILL_TOKENS,
         ..options.clone()
     };
-    let chosen = Placement::decide(discovery, settings, placement, &mut |_| {})?;
+    let chosen = Placement::decide(discovery, settings, placement, None, &mut |_| {})?;
     let mut loaded = load_placed(chosen, &opts, 1, 1, &mut |_| {}, &mut |_: u64, _: u64| {})?;
     let s = &mut loaded.session;
     let vocab = s.model().config.vocab_size as u32;

@@ -6,34 +6,58 @@
 
 use tandem_backend_api::DeviceKind;
 
-use super::calibrate;
 use super::notice::Notice;
 use super::placement::{discover, Placement, AUTO_ORDER};
-use super::planned::{load_placed, plan_placed};
+use super::placement_report::gib;
+use super::planned::{load_planned, plan_placed};
 pub use super::planned::{KvCacheType, LoadError, Loaded, ModelOptions, Planned};
 use super::plugins::{Discovery, PluginSearch};
 use super::settings::Settings;
+use super::{budget, calibrate};
 use crate::model::files::cache_dir;
+use crate::model::files::ModelFiles;
 use crate::model::LoadProgress;
 
 /// The placement `options.backend` and `settings` ask for, its units created: `auto` replaced
 /// by the placement that measured fastest where it may measure ([`measured_auto`]); returns the
 /// options as resolved.
 pub fn decide(
-    search: &PluginSearch,
+    discovery: &Discovery,
     settings: &Settings,
     options: &ModelOptions,
     notices: &mut dyn FnMut(Notice),
 ) -> Result<(ModelOptions, Placement), LoadError> {
-    let discovery = discover(search, notices);
-    let options = measured_auto(&discovery, settings, options, notices)?.unwrap_or_else(|| options.clone());
-    let placement = Placement::decide(&discovery, settings, &options.backend, notices)?;
+    let options = measured_auto(discovery, settings, options, notices)?.unwrap_or_else(|| options.clone());
+    let placement = Placement::decide(discovery, settings, &options.backend, options.gpu_layers, notices)?;
     Ok((options, placement))
 }
 
+/// Decides the placement, plans the model on it and checks every unit's memory budget
+/// ([`budget::fit`]: under plain `auto`, a model too large for its unit is split by layers).
+fn plan_files(
+    search: &PluginSearch,
+    settings: &Settings,
+    options: &ModelOptions,
+    slots: usize,
+    notices: &mut dyn FnMut(Notice),
+) -> Result<(Planned, ModelFiles), LoadError> {
+    let discovery = discover(search, notices);
+    let (resolved, placement) = decide(&discovery, settings, options, notices)?;
+    let (planned, files) = plan_placed(placement, &resolved, slots)?;
+    let may_split = plain_auto(settings, options);
+    let planned = budget::fit(planned, &discovery, settings, may_split, notices)?;
+    Ok((planned, files))
+}
+
+/// `--backend auto` with neither `[placement]` lists nor `--gpu-layers`: what may split a model
+/// by layers to fit it.
+fn plain_auto(settings: &Settings, options: &ModelOptions) -> bool {
+    options.backend == "auto" && options.gpu_layers.is_none() && !settings.placement.splits()
+}
+
 /// Places `options.model` on the units `options.backend` and `settings` name, without uploading:
-/// every node of the step graph on the first unit of its list that is available and runs it.
-/// Returns it with the model file or directory's path.
+/// every node of the step graph on the first unit of its list that is available and runs it,
+/// within every unit's memory budget.
 pub fn plan(
     search: &PluginSearch,
     settings: &Settings,
@@ -41,8 +65,7 @@ pub fn plan(
     slots: usize,
     notices: &mut dyn FnMut(Notice),
 ) -> Result<Planned, LoadError> {
-    let (options, placement) = decide(search, settings, options, notices)?;
-    Ok(plan_placed(placement, &options, slots)?.0)
+    Ok(plan_files(search, settings, options, slots, notices)?.0)
 }
 
 /// Loads `options.model` onto the units `options.backend` and `settings` name (one backend, or
@@ -56,9 +79,9 @@ pub fn load(
     notices: &mut dyn FnMut(Notice),
     progress: &mut dyn LoadProgress,
 ) -> Result<Loaded, LoadError> {
-    let (options, placement) = decide(search, settings, options, notices)?;
+    let (planned, files) = plan_files(search, settings, options, slots, notices)?;
     let micro_batches = settings.placement.micro_batches.unwrap_or(1);
-    load_placed(placement, &options, slots, micro_batches, notices, progress)
+    load_planned(planned, files, micro_batches, notices, progress)
 }
 
 /// For `auto` without `[placement]` lists, when two or more hardware backends are available:
@@ -71,7 +94,7 @@ fn measured_auto(
     notices: &mut dyn FnMut(Notice),
 ) -> Result<Option<ModelOptions>, LoadError> {
     let p = &settings.placement;
-    if options.backend != "auto" || p.default.is_some() || p.splits() {
+    if !plain_auto(settings, options) || p.default.is_some() {
         return Ok(None);
     }
     let mut names = Vec::new();
@@ -86,6 +109,19 @@ fn measured_auto(
         }
     }
     if names.len() < 2 {
+        return Ok(None);
+    }
+    // Calibration measures whole placements: a model too large for the fastest unit is split by
+    // layers to fit it instead ([`budget::fit`]), unmeasured.
+    let fastest = Placement::decide(discovery, settings, &names[0], None, &mut |_| {})?;
+    let (planned, _) = plan_placed(fastest, options, 1)?;
+    if let Some(u) = planned.report().units.iter().find(|u| u.over_budget()) {
+        notices(Notice::Note(format!(
+            "auto does not calibrate: the model does not fit {} whole ({} needed, {} allowed)",
+            u.name,
+            gib(u.need_bytes()),
+            gib(u.budget_bytes.unwrap_or(0))
+        )));
         return Ok(None);
     }
     let model = match &options.model {

@@ -1,7 +1,9 @@
 //! The run time, in the order a request meets it:
 //! - [`plugins`] finds the backend plugins, [`settings`] reads `tandem.toml`;
 //! - [`placement`] turns `--backend` and `[placement]` into preference lists and units, and puts
-//!   every node of the step graph on one; [`placement_report`] says what that costs;
+//!   every node of the step graph on one ([`layers`] places whole layers: `--gpu-layers`,
+//!   `[placement.layers]`); [`budget`] checks what each unit holds against its memory, and fits
+//!   layers to it; [`placement_report`] says what that costs;
 //! - [`load`] decides the placement (with [`calibrate`] measuring for `auto`), then [`planned`]
 //!   uploads the model onto its units: the one load path, one backend being a split of one;
 //! - [`split`] is the split scheduler: the step's programs per unit, the copies between units,
@@ -11,7 +13,9 @@
 //!   tokens, [`stop`] finds stop strings;
 //! - [`notice`] carries warnings and notes for the user.
 
+pub mod budget;
 pub mod calibrate;
+pub mod layers;
 pub mod load;
 pub mod notice;
 pub mod placement;

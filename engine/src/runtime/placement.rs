@@ -5,11 +5,12 @@
 
 use tandem_backend_api::{ComputeBackend, DeviceKind, Graph, Support};
 
+use super::layers::{LayerError, LayerRule, RegionUnits};
 use super::notice::Notice;
 use super::plugins::{Discovery, PluginLookupError, PluginSearch};
 use super::settings::{PhaseLists, Settings};
 use super::split::Phase;
-use crate::model::Part;
+use crate::model::{Part, Region};
 
 /// The built-in `auto` order.
 pub const AUTO_ORDER: [&str; 3] = ["vulkan", "wgpu", "cpu"];
@@ -127,6 +128,9 @@ pub struct PlacementSpec {
     pub decode: PartLists,
     /// Where the lists came from (`--backend cpu+vulkan`, `the config's [placement]`).
     pub origin: String,
+    /// Whole layers per unit (`--gpu-layers`, `[placement.layers]`), tried before each node's
+    /// part list (which then only serves ops the layer's unit refuses).
+    pub layers: Option<LayerRule>,
 }
 
 impl PlacementSpec {
@@ -142,6 +146,7 @@ impl PlacementSpec {
             prefill: lists.clone(),
             decode: lists,
             origin,
+            layers: None,
         }
     }
 }
@@ -179,6 +184,17 @@ pub enum SpecError {
         /// Why it is unavailable.
         reason: String,
     },
+    /// A layer rule the model cannot take.
+    #[error(transparent)]
+    Layers(#[from] LayerError),
+    /// `--gpu-layers` with something it cannot combine with.
+    #[error("--gpu-layers {count}: {why}")]
+    GpuLayers {
+        /// The count asked for.
+        count: usize,
+        /// Why not.
+        why: String,
+    },
     /// No backend in a node's list runs it.
     #[error("no backend can run node {node} ({op}, {part} part, {phase}): {reasons}")]
     Unplaceable {
@@ -199,12 +215,34 @@ impl PlacementSpec {
     /// The split `flag` (`--backend`) and `settings` ask for, or `None` when the whole model runs
     /// on one backend chosen by [`choose_from`]: a single name, or `auto` without part or
     /// phase lists in the config. `known` are the backend names available as plugins here.
+    ///
+    /// `gpu_layers` (`--gpu-layers N`) takes one backend or `auto` without `[placement]` lists:
+    /// the split it asks for is made once the backend is chosen ([`Placement::decide`]).
     pub fn resolve(
         flag: &str,
         settings: &Settings,
         known: &[String],
+        gpu_layers: Option<usize>,
     ) -> Result<Option<PlacementSpec>, SpecError> {
+        if let Some(count) = gpu_layers {
+            let why = if flag.contains('+') {
+                Some(format!(
+                    "it takes one backend (--backend vulkan), not the split {flag}"
+                ))
+            } else if flag == "auto" && settings.placement.splits() {
+                Some(
+                    "the config's [placement] lists already place the model: use one or the other"
+                        .to_string(),
+                )
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(SpecError::GpuLayers { count, why });
+            }
+        }
         let check = |origin: &str, name: &str| -> Result<(), SpecError> {
+            let name = plugin_name(name);
             if KNOWN_BACKENDS.contains(&name) || known.iter().any(|k| k == name) {
                 return Ok(());
             }
@@ -245,6 +283,7 @@ impl PlacementSpec {
                         prefill: lists.clone(),
                         decode: lists,
                         origin,
+                        layers: None,
                     }));
                 }
                 _ => return Err(SpecError::Form(flag.to_string())),
@@ -255,7 +294,20 @@ impl PlacementSpec {
             return Ok(None);
         }
         let origin = "the config's [placement]".to_string();
-        let builtin: Vec<String> = AUTO_ORDER.iter().map(|s| s.to_string()).collect();
+        // With layer ranges, a node's part list only serves ops its layer's unit refuses: by
+        // default the layer units themselves, then the built-in order.
+        let builtin: Vec<String> = match &p.layers {
+            Some(l) => {
+                let mut v: Vec<String> = l.units.iter().map(|(n, _)| n.clone()).collect();
+                for n in AUTO_ORDER {
+                    if !v.iter().any(|x| x == n) {
+                        v.push(n.to_string());
+                    }
+                }
+                v
+            }
+            None => AUTO_ORDER.iter().map(|s| s.to_string()).collect(),
+        };
         let phase_lists = |phase: Option<&PhaseLists>| -> PartLists {
             let pick = |own: Option<&Vec<String>>, shared: Option<&Vec<String>>, fallback: &Vec<String>| {
                 own.or(shared).unwrap_or(fallback).clone()
@@ -279,6 +331,7 @@ impl PlacementSpec {
             prefill: phase_lists(p.prefill.as_ref()),
             decode: phase_lists(p.decode.as_ref()),
             origin,
+            layers: p.layers.clone().map(LayerRule::Ranges),
         };
         for name in spec.names() {
             check(&format!("{} (placement list)", spec.origin), &name)?;
@@ -294,9 +347,9 @@ impl PlacementSpec {
         }
     }
 
-    /// Every instance name the lists mention, in order of first mention.
+    /// Every instance name the layer rule and the lists mention, in order of first mention.
     pub fn names(&self) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
+        let mut out: Vec<String> = self.layers.as_ref().map(LayerRule::names).unwrap_or_default();
         for phase in Phase::ALL {
             let l = self.lists(phase);
             for n in l.attention.iter().chain(&l.ffn).chain(&l.default) {
@@ -329,24 +382,81 @@ impl Placement {
 
     /// The placement `backend` (a name, `A+B` or `auto` without measurement) and the config's
     /// `[placement]` ask for, with its units created from the plugins found.
+    ///
+    /// `gpu_layers` (`--gpu-layers N`) puts layers `0..N` on the backend chosen (a GPU) and the
+    /// rest on the CPU.
     pub fn decide(
         discovery: &Discovery,
         settings: &Settings,
         backend: &str,
+        gpu_layers: Option<usize>,
         notices: &mut dyn FnMut(Notice),
     ) -> Result<Placement, PlacementError> {
         let known: Vec<String> = discovery.plugins.iter().map(|p| p.name().to_string()).collect();
-        match PlacementSpec::resolve(backend, settings, &known)? {
+        match PlacementSpec::resolve(backend, settings, &known, gpu_layers)? {
             None => {
                 let b = choose_from(discovery, settings, backend, notices)?;
                 let name = b.info().name;
-                Ok(Placement::single(name, b, format!("--backend {backend}")))
+                let single = Placement::single(name, b, format!("--backend {backend}"));
+                match gpu_layers {
+                    None => Ok(single),
+                    Some(count) => single.with_first_layers(count, discovery, settings),
+                }
             }
             Some(spec) => {
                 let candidates = open_candidates(&spec, discovery, settings)?;
                 Ok(Placement { spec, candidates })
             }
         }
+    }
+}
+
+impl Placement {
+    /// This placement of one unit with only its first `count` layers (and the embedding and
+    /// head) kept there, the rest on the CPU: `--gpu-layers`, or a budget's fit. An error when
+    /// the unit is the CPU itself or no CPU backend is available.
+    pub fn with_first_layers(
+        mut self,
+        count: usize,
+        discovery: &Discovery,
+        settings: &Settings,
+    ) -> Result<Placement, PlacementError> {
+        let gpu_err = |why: String| PlacementError::Spec(SpecError::GpuLayers { count, why });
+        let Some((name, Candidate::Ready(b))) = self.candidates.first() else {
+            return Err(gpu_err("no backend was chosen".into()));
+        };
+        if self.candidates.len() != 1 || self.spec.layers.is_some() {
+            return Err(gpu_err("it takes a placement of one backend".into()));
+        }
+        if b.info().kind == DeviceKind::Cpu {
+            return Err(gpu_err(format!(
+                "the backend is {name}, on the CPU already: name a GPU backend (--backend vulkan)"
+            )));
+        }
+        let rest = "cpu".to_string();
+        let cpu = discovery
+            .create(&rest, &settings.backend_options(&rest))
+            .map_err(|e| gpu_err(format!("the other layers need the cpu backend: {e}")))?;
+        self.spec.origin = format!("{} --gpu-layers {count}", self.spec.origin);
+        self.spec.layers = Some(LayerRule::First {
+            unit: name.clone(),
+            count,
+            rest: rest.clone(),
+        });
+        self.candidates.push((rest, Candidate::Ready(cpu)));
+        Ok(self)
+    }
+}
+
+/// How fast a kind of device usually is, for defaults (lower is faster): a discrete GPU, an
+/// integrated GPU, an NPU, a software GPU, the CPU.
+pub fn speed_rank(kind: DeviceKind) -> u8 {
+    match kind {
+        DeviceKind::DiscreteGpu => 0,
+        DeviceKind::IntegratedGpu => 1,
+        DeviceKind::Npu => 2,
+        DeviceKind::SoftwareGpu => 3,
+        DeviceKind::Cpu => 4,
     }
 }
 
@@ -427,14 +537,42 @@ impl Assignment {
     }
 }
 
-/// Places every node of `graph` (whose parts are `parts`) on the first candidate of its part's
-/// list that is available and `supports` it, in each phase.
+/// The unit of every region under `spec`'s layer rule, for a graph whose nodes' regions are
+/// `regions`; `None` without a rule.
+pub fn region_units(
+    regions: &[Region],
+    spec: &PlacementSpec,
+    candidates: &[(String, Candidate)],
+) -> Result<Option<RegionUnits>, SpecError> {
+    let Some(rule) = &spec.layers else {
+        return Ok(None);
+    };
+    let layers = regions
+        .iter()
+        .filter_map(|r| match r {
+            Region::Layer(l) => Some(l + 1),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    let rank = |name: &str| match candidates.iter().find(|(n, _)| n == name) {
+        Some((_, Candidate::Ready(b))) => speed_rank(b.info().kind),
+        _ => u8::MAX,
+    };
+    Ok(Some(rule.resolve(layers, &rank)?))
+}
+
+/// Places every node of `graph` (whose parts are `parts` and regions `regions`) on the first
+/// candidate that is available and `supports` it, in each phase: its region's unit under the
+/// spec's layer rule, if any, then its part's list.
 pub fn assign(
     graph: &Graph,
     parts: &[Part],
+    regions: &[Region],
     spec: &PlacementSpec,
     candidates: &[(String, Candidate)],
 ) -> Result<Assignment, SpecError> {
+    let by_region = region_units(regions, spec, candidates)?;
     let mut per_phase = Vec::new();
     for phase in Phase::ALL {
         let lists = spec.lists(phase);
@@ -443,7 +581,16 @@ pub fn assign(
             let part = parts.get(i).copied().unwrap_or(Part::Other);
             let mut passed_over = Vec::new();
             let mut chosen = None;
-            for name in lists.get(part) {
+            let layer_unit = match (&by_region, regions.get(i)) {
+                (Some(u), Some(&r)) => Some(u.of(r).to_string()),
+                _ => None,
+            };
+            let mut tried: Vec<&String> = Vec::new();
+            for name in layer_unit.iter().chain(lists.get(part)) {
+                if tried.contains(&name) {
+                    continue;
+                }
+                tried.push(name);
                 let Some(unit) = candidates.iter().position(|(n, _)| n == name) else {
                     continue;
                 };

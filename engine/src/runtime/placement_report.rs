@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use serde::Serialize;
-use tandem_backend_api::{BufferId, Graph, Op, Usage};
+use tandem_backend_api::{BufferId, DeviceKind, Graph, Op, RowCount, Usage, ValueShape};
 
 use super::placement::{Assignment, Candidate, NodeChoice, PlacementSpec};
 use super::split::plan::SplitPlan;
@@ -28,6 +28,60 @@ pub struct UnitReport {
     pub weight_bytes: u64,
     /// KV-cache bytes allocated on it.
     pub kv_cache_bytes: u64,
+    /// An estimate of its activation memory (see [`activation_estimate`]): 0 when it runs
+    /// nothing.
+    pub activation_bytes: u64,
+    /// The most it may hold ([`tandem_backend_api::BackendInfo::memory_bytes`]: the device's
+    /// memory, or `[backend.NAME] memory_limit`), when the backend says.
+    pub budget_bytes: Option<u64>,
+}
+
+impl UnitReport {
+    /// Weights, KV caches and activations together.
+    pub fn need_bytes(&self) -> u64 {
+        self.weight_bytes + self.kv_cache_bytes + self.activation_bytes
+    }
+
+    /// Whether it runs nodes and needs more than its budget.
+    pub fn over_budget(&self) -> bool {
+        self.nodes != (0, 0) && self.budget_bytes.is_some_and(|b| self.need_bytes() > b)
+    }
+}
+
+/// Bytes kept free on a device unit beyond the estimate, for staging and the driver's own use.
+pub const DEVICE_RESERVE_BYTES: u64 = 64 << 20;
+
+/// An estimate of the activation memory a unit needs to run `nodes` of `graph` (with value
+/// shapes `shapes`) at `rows` rows per step and `selected` kept rows: four times its largest
+/// value (a layer's live set is at most its residual, the normed input and the widest
+/// projection's output and the one derived from it), plus [`DEVICE_RESERVE_BYTES`] on a device
+/// unit. An estimate, not what the backend will allocate: each backend plans its own arena.
+pub fn activation_estimate(
+    graph: &Graph,
+    shapes: &[ValueShape],
+    nodes: impl Iterator<Item = usize>,
+    rows: usize,
+    selected: usize,
+    device: bool,
+) -> u64 {
+    let mut largest = 0u64;
+    let mut any = false;
+    for i in nodes {
+        any = true;
+        for v in &graph.nodes[i].outputs {
+            if let Some(shape) = shapes.get(v.0 as usize) {
+                let r = match shape.rows {
+                    RowCount::Step => rows,
+                    RowCount::Selected => selected,
+                };
+                largest = largest.max((r * shape.cols * 4) as u64);
+            }
+        }
+    }
+    if !any {
+        return 0;
+    }
+    4 * largest + if device { DEVICE_RESERVE_BYTES } else { 0 }
 }
 
 /// Where one node runs in one phase.
@@ -76,6 +130,9 @@ pub struct PlacementReport {
     pub nodes: Vec<NodeReport>,
     /// Weights held by two units or more.
     pub shared_weights: Vec<SharedWeight>,
+    /// What runs where under a layer rule (`vulkan: layers 0-12, embedding, head; cpu: layers
+    /// 13-25`); `None` without one.
+    pub layers: Option<String>,
     /// Programs per step (prefill, decode).
     pub programs_per_step: (usize, usize),
     /// Activation bytes copied between units through the host per decode token.
@@ -135,11 +192,20 @@ impl PlacementReport {
         let held: Vec<Vec<BufferId>> = (0..candidates.len())
             .map(|u| unit_tensors(graph, assignment, u))
             .collect();
+        let shapes = graph.infer_shapes().unwrap_or_default();
+        let selected = model.cache_shape.slots.max(1);
         let units = candidates
             .iter()
             .enumerate()
             .map(|(u, (name, c))| {
                 let count = |phase| assignment.phase(phase).iter().filter(|c| c.unit == u).count();
+                let info = match c {
+                    Candidate::Ready(b) => Some(b.info()),
+                    Candidate::Unavailable(_) => None,
+                };
+                let runs = (0..graph.nodes.len())
+                    .filter(|&i| assignment.prefill[i].unit == u || assignment.decode[i].unit == u);
+                let device = info.as_ref().is_some_and(|i| i.kind != DeviceKind::Cpu);
                 UnitReport {
                     name: name.clone(),
                     device: match c {
@@ -153,6 +219,15 @@ impl PlacementReport {
                     nodes: (count(Phase::Prefill), count(Phase::Decode)),
                     weight_bytes: held[u].iter().map(|&id| tensor_bytes(id, Usage::Weight)).sum(),
                     kv_cache_bytes: held[u].iter().map(|&id| tensor_bytes(id, Usage::KvCache)).sum(),
+                    activation_bytes: activation_estimate(
+                        graph,
+                        &shapes,
+                        runs,
+                        chunk.max(1),
+                        selected,
+                        device,
+                    ),
+                    budget_bytes: info.and_then(|i| i.memory_bytes),
                 }
             })
             .collect();
@@ -203,7 +278,6 @@ impl PlacementReport {
             .collect();
         // The graph's structure does not depend on its row count: one split per phase serves
         // every step shape.
-        let shapes = graph.infer_shapes().unwrap_or_default();
         let split = |phase| SplitPlan::new(graph, &assignment.units(phase), &shapes);
         let (prefill, decode) = (split(Phase::Prefill), split(Phase::Decode));
         let chunk = chunk.max(1);
@@ -218,6 +292,7 @@ impl PlacementReport {
             units,
             nodes,
             shared_weights,
+            layers: None,
             programs_per_step: (prefill.segments.len(), decode.segments.len()),
             decode_bytes_per_token: decode.host_bytes(1, 1),
             prefill_chunk: chunk,
@@ -264,6 +339,9 @@ impl PlacementReport {
         use std::fmt::Write as _;
         let mut o = String::new();
         let _ = writeln!(o, "placement from {}: {}", self.origin, self.summary());
+        if let Some(l) = &self.layers {
+            let _ = writeln!(o, "layers: {l}");
+        }
         let _ = writeln!(o, "units:");
         for u in &self.units {
             match (&u.device, &u.unavailable) {
@@ -281,6 +359,24 @@ impl PlacementReport {
                         u.weight_bytes,
                         u.kv_cache_bytes
                     );
+                    if u.nodes != (0, 0) {
+                        let budget = u.budget_bytes.map_or_else(
+                            || "no stated budget".to_string(),
+                            |b| {
+                                let verdict = if u.over_budget() { "does not fit" } else { "fits" };
+                                format!("{verdict} its budget of {}", gib(b))
+                            },
+                        );
+                        let _ = writeln!(
+                            o,
+                            "  {:<10} memory: needs {} (weights {}, KV cache {}, activations about {}); {budget}",
+                            "",
+                            gib(u.need_bytes()),
+                            gib(u.weight_bytes),
+                            gib(u.kv_cache_bytes),
+                            gib(u.activation_bytes),
+                        );
+                    }
                 }
             }
         }
@@ -345,5 +441,14 @@ impl PlacementReport {
             );
         }
         o
+    }
+}
+
+/// `1.25 GiB`, `300.0 MiB`.
+pub fn gib(bytes: u64) -> String {
+    if bytes >= 1 << 30 {
+        format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
     }
 }

@@ -11,14 +11,16 @@ use std::path::PathBuf;
 use tandem_backend_api::{BufferId, DType, Graph};
 
 use super::notice::Notice;
-use super::placement::{assign, fallback_notes, Assignment, Candidate, Placement, PlacementError, SpecError};
+use super::placement::{
+    assign, fallback_notes, region_units, Assignment, Candidate, Placement, PlacementError, SpecError,
+};
 use super::placement_report::{unit_tensors, PlacementReport};
 use super::session::Session;
 use super::split::{Phase, ScheduleError, SplitScheduler, Unit};
 use crate::checkpoint::config::Gemma3Config;
 use crate::checkpoint::source::WeightSource;
 use crate::model::files::{open_model, ModelFiles};
-use crate::model::{CacheShape, Gemma3Model, LoadProgress, ModelError, Part};
+use crate::model::{CacheShape, Gemma3Model, LoadProgress, ModelError, Part, Region};
 use crate::tokenizer::Tokenizer;
 
 /// What to load and how to size it.
@@ -34,6 +36,8 @@ pub struct ModelOptions {
     pub chunk: usize,
     /// The KV caches' element type.
     pub kv_cache: KvCacheType,
+    /// `--gpu-layers N`: layers `0..N` on the backend chosen, the rest on the CPU.
+    pub gpu_layers: Option<usize>,
 }
 
 /// The KV caches' element type.
@@ -97,6 +101,9 @@ pub enum LoadError {
         #[source]
         source: Box<ModelError>,
     },
+    /// A unit cannot hold what the placement gives it.
+    #[error(transparent)]
+    Budget(Box<super::budget::BudgetError>),
     /// The units could not be set up to run the placed graph.
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
@@ -153,6 +160,8 @@ pub struct Planned {
     pub graph: Graph,
     /// The part of each node of `graph`.
     pub parts: Vec<Part>,
+    /// The region (embedding, layer, head) of each node of `graph`.
+    pub regions: Vec<Region>,
     /// The unit of every node, per phase (indices into `placement.candidates`).
     pub assignment: Assignment,
 }
@@ -167,20 +176,40 @@ impl Planned {
         shape: CacheShape,
     ) -> Result<Planned, LoadError> {
         let model = Gemma3Model::plan(config, weights, shape)?;
-        let (graph, parts) = model.step_graph_parts(1, 1, BufferId::UNBOUND);
-        let assignment = assign(&graph, &parts, &placement.spec, &placement.candidates)?;
+        let (graph, parts, regions) = model.step_graph_parts(1, 1, BufferId::UNBOUND);
+        Planned::place(placement, model, graph, parts, regions)
+    }
+
+    /// Places every node of `graph` (the model's one-row step graph, with its nodes' `parts` and
+    /// `regions`) by `placement`.
+    pub fn place(
+        placement: Placement,
+        model: Gemma3Model,
+        graph: Graph,
+        parts: Vec<Part>,
+        regions: Vec<Region>,
+    ) -> Result<Planned, LoadError> {
+        let assignment = assign(&graph, &parts, &regions, &placement.spec, &placement.candidates)?;
         Ok(Planned {
             placement,
             model,
             graph,
             parts,
+            regions,
             assignment,
         })
     }
 
+    /// This plan, placed again with its first `count` layers on its first unit (a placement made
+    /// by [`Placement::with_first_layers`]).
+    pub fn with_gpu_layers(mut self, count: usize) -> Result<Planned, LoadError> {
+        super::budget::set_first_layers(&mut self.placement, count);
+        Planned::place(self.placement, self.model, self.graph, self.parts, self.regions)
+    }
+
     /// The placement report, for prefill steps of the cache's step size.
     pub fn report(&self) -> PlacementReport {
-        PlacementReport::new(
+        let mut report = PlacementReport::new(
             &self.model,
             &self.placement.spec,
             &self.placement.candidates,
@@ -188,7 +217,12 @@ impl Planned {
             &self.parts,
             &self.assignment,
             self.model.cache_shape.max_step_rows,
-        )
+        );
+        report.layers = region_units(&self.regions, &self.placement.spec, &self.placement.candidates)
+            .ok()
+            .flatten()
+            .map(|u| u.describe());
+        report
     }
 
     /// Uploads to each unit that runs nodes the tensors its nodes read (once), from `weights`
@@ -207,10 +241,10 @@ impl Planned {
         }
         let report = self.report();
         if report.is_split() {
+            let what = report.layers.clone().unwrap_or_else(|| report.summary());
             notices(Notice::Note(format!(
-                "placement ({}): {}",
-                self.placement.spec.origin,
-                report.summary()
+                "placement ({}): {what}",
+                self.placement.spec.origin
             )));
         }
         let Planned {
@@ -295,6 +329,17 @@ pub fn load_placed(
     progress: &mut dyn LoadProgress,
 ) -> Result<Loaded, LoadError> {
     let (planned, files) = plan_placed(placement, options, slots)?;
+    load_planned(planned, files, micro_batches, notices, progress)
+}
+
+/// Uploads `planned` from `files` and sets the session's micro-batches.
+pub fn load_planned(
+    planned: Planned,
+    files: ModelFiles,
+    micro_batches: usize,
+    notices: &mut dyn FnMut(Notice),
+    progress: &mut dyn LoadProgress,
+) -> Result<Loaded, LoadError> {
     let mut session = planned.load(files.weights.as_ref(), &files.path, notices, progress)?;
     session.set_micro_batches(micro_batches);
     Ok(Loaded {

@@ -12,8 +12,17 @@
 //! [placement.prefill]          # per phase, overriding the lists above
 //! attention = ["npu", "vulkan"]
 //!
+//! [placement.layers]           # whole layers per unit (with `--backend auto`)
+//! vulkan = "0-17"
+//! cpu = "18-25"
+//! head = "vulkan"              # optional: the output head's unit (default: the fastest named)
+//! embedding = "vulkan"         # optional: the embedding's unit (default: layer 0's)
+//!
 //! [backend.cpu]
 //! threads = 2
+//!
+//! [backend.vulkan]
+//! memory_limit = "8GiB"        # the most device memory tandem may use there
 //!
 //! [backend.npu]
 //! strict = true                # a missing NPU is an error, not a fallback
@@ -62,6 +71,63 @@ pub struct PlacementSettings {
     pub micro_batches: Option<usize>,
     /// `[placement.decode]`: lists for generating tokens.
     pub decode: Option<PhaseLists>,
+    /// `[placement.layers]`: whole decoder layers per unit.
+    #[serde(default, deserialize_with = "layer_table")]
+    pub layers: Option<LayerSettings>,
+}
+
+/// `[placement.layers]`: which unit runs which decoder layers (`vulkan = "0-17"`, `cpu =
+/// "18-25"`, several ranges as `"0-3,8-11"`), and optionally the units of the embedding and the
+/// output head.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LayerSettings {
+    /// Per unit (an instance name: `vulkan`, `vulkan#2`), its inclusive layer ranges, in key order.
+    pub units: Vec<(String, Vec<(usize, usize)>)>,
+    /// `embedding = "NAME"`: the embedding lookup's unit; default: layer 0's.
+    pub embedding: Option<String>,
+    /// `head = "NAME"`: the output head's unit; default: the fastest kind of device named.
+    pub head: Option<String>,
+}
+
+/// Parses `"0-17"`, `"5"` or `"0-3, 8-11"` into inclusive ranges.
+pub fn parse_layer_ranges(text: &str) -> Result<Vec<(usize, usize)>, String> {
+    let mut out = Vec::new();
+    for piece in text.split(',') {
+        let piece = piece.trim();
+        let bad = || format!("'{text}': expected layer ranges such as \"0-17\" or \"0-3,8-11\"");
+        let (a, b) = match piece.split_once('-') {
+            Some((a, b)) => (a.trim(), b.trim()),
+            None => (piece, piece),
+        };
+        let (a, b): (usize, usize) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+        if a > b {
+            return Err(format!("'{text}': the range {a}-{b} runs backwards"));
+        }
+        out.push((a, b));
+    }
+    Ok(out)
+}
+
+fn layer_table<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<LayerSettings>, D::Error> {
+    let table = BTreeMap::<String, String>::deserialize(d)?;
+    let mut out = LayerSettings::default();
+    for (key, value) in table {
+        match key.as_str() {
+            "embedding" => out.embedding = Some(value),
+            "head" => out.head = Some(value),
+            _ => {
+                let ranges = parse_layer_ranges(&value)
+                    .map_err(|e| serde::de::Error::custom(format!("placement.layers.{key}: {e}")))?;
+                out.units.push((key, ranges));
+            }
+        }
+    }
+    if out.units.is_empty() {
+        return Err(serde::de::Error::custom(
+            "placement.layers names no unit: write e.g. vulkan = \"0-17\" and cpu = \"18-25\"",
+        ));
+    }
+    Ok(Some(out))
 }
 
 /// `[placement.prefill]` or `[placement.decode]`: the same keys as `[placement]`.
@@ -82,7 +148,11 @@ pub struct PhaseLists {
 impl PlacementSettings {
     /// Whether any list names a part or a phase (beyond `default`): a split placement.
     pub fn splits(&self) -> bool {
-        self.attention.is_some() || self.ffn.is_some() || self.prefill.is_some() || self.decode.is_some()
+        self.attention.is_some()
+            || self.ffn.is_some()
+            || self.prefill.is_some()
+            || self.decode.is_some()
+            || self.layers.is_some()
     }
 }
 
@@ -134,6 +204,16 @@ pub enum SettingsError {
         path: PathBuf,
         /// The backend table.
         backend: String,
+    },
+    /// A value that does not parse.
+    #[error("{path}: {key}: {message}")]
+    Value {
+        /// The file.
+        path: PathBuf,
+        /// The key (`backend.vulkan.memory_limit`).
+        key: String,
+        /// What is wrong.
+        message: String,
     },
     /// A backend option has a value that is not a string, number or boolean.
     #[error("{path}: backend.{backend}.{key}: expected a string, number or boolean")]
@@ -187,6 +267,19 @@ impl Settings {
                     path: path.to_path_buf(),
                     backend: backend.clone(),
                 });
+            }
+            if let Some(v) = table.get(tandem_backend_api::MEMORY_LIMIT) {
+                let text = match v {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                if let Err(message) = tandem_backend_api::parse_bytes(&text) {
+                    return Err(SettingsError::Value {
+                        path: path.to_path_buf(),
+                        key: format!("backend.{backend}.{}", tandem_backend_api::MEMORY_LIMIT),
+                        message,
+                    });
+                }
             }
             for (key, v) in table {
                 if !matches!(
@@ -319,6 +412,41 @@ mod tests {
         let (_d, p) = write("[backend.npu]\nstrict = \"yes\"\n");
         let e = Settings::load(&p).unwrap_err().to_string();
         assert!(e.contains("backend.npu.strict"), "{e}");
+    }
+
+    #[test]
+    fn layer_ranges_and_memory_limits_are_read_and_bad_ones_named() {
+        let (_d, p) = write(
+            "[placement.layers]\nvulkan = \"0-17\"\ncpu = \"18-20, 22-25\"\nhead = \"vulkan\"\n[backend.vulkan]\nmemory_limit = \"8GiB\"\n",
+        );
+        let s = Settings::load(&p).unwrap();
+        assert!(s.placement.splits());
+        let l = s.placement.layers.clone().unwrap();
+        assert_eq!(
+            l.units,
+            vec![
+                ("cpu".to_string(), vec![(18, 20), (22, 25)]),
+                ("vulkan".to_string(), vec![(0, 17)])
+            ]
+        );
+        assert_eq!((l.head.as_deref(), l.embedding), (Some("vulkan"), None));
+        assert_eq!(
+            s.backend_options("vulkan").bytes("memory_limit").unwrap(),
+            Some(8 << 30)
+        );
+        for (text, want) in [
+            ("[placement.layers]\ncpu = \"5-2\"\n", "backwards"),
+            ("[placement.layers]\ncpu = \"all\"\n", "placement.layers.cpu"),
+            ("[placement.layers]\nhead = \"cpu\"\n", "names no unit"),
+            (
+                "[backend.vulkan]\nmemory_limit = \"8 parsecs\"\n",
+                "backend.vulkan.memory_limit",
+            ),
+        ] {
+            let (_d, p) = write(text);
+            let e = Settings::load(&p).unwrap_err().to_string();
+            assert!(e.contains("tandem.toml") && e.contains(want), "{text}: {e}");
+        }
     }
 
     #[test]

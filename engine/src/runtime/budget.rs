@@ -1,0 +1,180 @@
+//! Memory budgets: each unit may hold what its backend says it may use
+//! ([`tandem_backend_api::BackendInfo::memory_bytes`]: the device's memory, or less under
+//! `[backend.NAME] memory_limit`). [`fit`] checks a planned placement against them before
+//! anything is uploaded; under `--backend auto`, a model that does not fit its one unit is split
+//! by layers, as many on that unit as fit, the rest on the CPU. A model that fits nowhere is an
+//! error naming the sizes, never an allocation failure halfway through a load.
+
+use super::layers::LayerRule;
+use super::notice::Notice;
+use super::placement::{region_units, Candidate, Placement};
+use super::placement_report::{gib, UnitReport};
+use super::planned::{LoadError, Planned};
+use super::plugins::Discovery;
+use super::settings::Settings;
+
+/// A unit that cannot hold what the placement gives it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the model does not fit {unit}: it needs {} there (weights {}, KV cache {}, activations about {}) and {unit} may use {} ({source_of_budget}); {hint}",
+    gib(*need), gib(*weights), gib(*kv_cache), gib(*activations), gib(*budget)
+)]
+pub struct BudgetError {
+    /// The unit's instance name.
+    pub unit: String,
+    /// Bytes it would need.
+    pub need: u64,
+    /// Of which weights.
+    pub weights: u64,
+    /// Of which KV caches.
+    pub kv_cache: u64,
+    /// Of which activations (an estimate).
+    pub activations: u64,
+    /// Bytes it may use.
+    pub budget: u64,
+    /// Where that budget comes from.
+    pub source_of_budget: String,
+    /// What to do about it.
+    pub hint: String,
+}
+
+fn budget_source(settings: &Settings, unit: &str) -> String {
+    let plugin = super::placement::plugin_name(unit);
+    match settings
+        .backend_options(plugin)
+        .get(tandem_backend_api::MEMORY_LIMIT)
+    {
+        Some(v) => format!("[backend.{plugin}] memory_limit = \"{v}\""),
+        None => "the device's memory".to_string(),
+    }
+}
+
+fn over(u: &UnitReport, settings: &Settings, hint: String) -> BudgetError {
+    BudgetError {
+        unit: u.name.clone(),
+        need: u.need_bytes(),
+        weights: u.weight_bytes,
+        kv_cache: u.kv_cache_bytes,
+        activations: u.activation_bytes,
+        budget: u.budget_bytes.unwrap_or(0),
+        source_of_budget: budget_source(settings, &u.name),
+        hint,
+    }
+}
+
+/// The first unit of `planned` over its budget, if any.
+fn first_over(planned: &Planned) -> Option<UnitReport> {
+    planned.report().units.into_iter().find(UnitReport::over_budget)
+}
+
+/// Checks `planned` against every unit's budget. When the placement is one unit that the model
+/// does not fit and `may_split` (`--backend auto`), splits it by layers instead: the most
+/// layers that fit stay there, the rest go to the CPU, and `notices` hears how and why.
+pub fn fit(
+    planned: Planned,
+    discovery: &Discovery,
+    settings: &Settings,
+    may_split: bool,
+    notices: &mut dyn FnMut(Notice),
+) -> Result<Planned, LoadError> {
+    let Some(whole) = first_over(&planned) else {
+        return Ok(planned);
+    };
+    let single = planned.placement.candidates.len() == 1 && planned.placement.spec.layers.is_none();
+    let layers = planned.model.layers.len();
+    if !single {
+        let hint = match &planned.placement.spec.layers {
+            Some(LayerRule::First { count, .. }) => {
+                format!("lower --gpu-layers ({count} now), raise the budget or shorten --context")
+            }
+            Some(LayerRule::Ranges(_)) => {
+                "move layers off it in [placement.layers], raise the budget or shorten --context".to_string()
+            }
+            None => "raise the budget, shorten --context, or place by layers (--gpu-layers N)".to_string(),
+        };
+        return Err(over(&whole, settings, hint).into());
+    }
+    let is_cpu = matches!(
+        planned.placement.candidates.first(),
+        Some((_, Candidate::Ready(b))) if b.info().kind == tandem_backend_api::DeviceKind::Cpu
+    );
+    if is_cpu {
+        return Err(over(&whole, settings, "raise the budget or shorten --context".into()).into());
+    }
+    // The most layers that fit on the unit, the rest on the CPU (more layers never need less).
+    let Planned {
+        placement,
+        model,
+        graph,
+        parts,
+        regions,
+        ..
+    } = planned;
+    let origin = placement.spec.origin.clone();
+    let split = placement.with_first_layers(layers, discovery, settings)?;
+    let mut planned = Planned::place(split, model, graph, parts, regions)?;
+    let (mut lo, mut hi) = (0usize, layers);
+    let mut best: Option<usize> = None;
+    while lo <= hi {
+        let mid = (lo + hi) / 2;
+        planned = planned.with_gpu_layers(mid)?;
+        if planned.report().units.first().is_some_and(|u| !u.over_budget()) {
+            best = Some(mid);
+            lo = mid + 1;
+        } else if mid == 0 {
+            break;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let count = match best {
+        Some(n) if n > 0 => n,
+        _ => {
+            let hint = "it cannot hold even the embedding, the output head and one layer: raise the budget, or run --backend cpu".to_string();
+            return Err(over(&whole, settings, hint).into());
+        }
+    };
+    if !may_split {
+        let hint = format!(
+            "--gpu-layers {count} keeps {count} of {layers} layers there and runs the rest on the CPU (--backend auto does that by itself)"
+        );
+        return Err(over(&whole, settings, hint).into());
+    }
+    planned = planned.with_gpu_layers(count)?;
+    if let Some(u) = first_over(&planned) {
+        let hint = format!(
+            "with {count} of {layers} layers on {} the rest do not fit there",
+            whole.name
+        );
+        return Err(over(&u, settings, hint).into());
+    }
+    let placed = region_units(
+        &planned.regions,
+        &planned.placement.spec,
+        &planned.placement.candidates,
+    )?
+    .map(|u| u.describe())
+    .unwrap_or_default();
+    notices(Notice::Note(format!(
+        "{origin}: the model needs {} on {} whole, which may use {} ({}); {count} of {layers} layers fit there, like --gpu-layers {count}: {placed}",
+        gib(whole.need_bytes()),
+        whole.name,
+        gib(whole.budget_bytes.unwrap_or(0)),
+        budget_source(settings, &whole.name),
+    )));
+    Ok(planned)
+}
+
+impl From<BudgetError> for LoadError {
+    fn from(e: BudgetError) -> Self {
+        LoadError::Budget(Box::new(e))
+    }
+}
+
+/// The placement with `count` first layers on its first unit (for [`Placement::with_first_layers`]
+/// placements only).
+pub(super) fn set_first_layers(placement: &mut Placement, count: usize) {
+    if let Some(LayerRule::First { count: c, .. }) = &mut placement.spec.layers {
+        *c = count;
+    }
+}
