@@ -407,21 +407,25 @@ impl SplitScheduler {
         if m == 1 {
             schedules[0].run(units, args)?;
         } else {
-            // Each unit alternates micro-batches: after micro-batch j's part i finishes on its
-            // unit, its part i + 1 is submitted to the next unit, which works on it while the
-            // first unit goes on with micro-batch j + 1's part i.
+            // Every micro-batch's first part is queued at once; then each micro-batch in turn is
+            // carried through its parts, a part submitted as soon as its inputs are in place, and
+            // only the last parts are waited for at the end. A unit whose `execute` runs the work
+            // before returning (the CPU) thus works on micro-batch j while the device units run
+            // what they were given of micro-batches j - 1 (their later parts) and j + 1 (their
+            // first parts): nothing waits for a whole part of every micro-batch to finish.
             let parts = schedules[0].len();
             let mut tickets = [Ticket(0); MAX_MICRO_BATCHES];
             for (j, t) in tickets.iter_mut().enumerate().take(m) {
                 *t = schedules[j].submit(0, units, &part(j))?;
             }
-            for i in 0..parts {
-                for (j, t) in tickets.iter_mut().enumerate().take(m) {
+            for (j, t) in tickets.iter_mut().enumerate().take(m) {
+                for i in 0..parts - 1 {
                     schedules[j].finish(i, *t, units)?;
-                    if i + 1 < parts {
-                        *t = schedules[j].submit(i + 1, units, &part(j))?;
-                    }
+                    *t = schedules[j].submit(i + 1, units, &part(j))?;
                 }
+            }
+            for (j, t) in tickets.iter().enumerate().take(m) {
+                schedules[j].finish(parts - 1, *t, units)?;
             }
         }
         self.last = Some(key);
