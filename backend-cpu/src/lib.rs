@@ -7,6 +7,10 @@
 //!
 //! Programs are validated and planned at `compile` (value storage allocated once); `execute`
 //! runs synchronously and allocates nothing but per-task scratch.
+//!
+//! Memory: the buffers `alloc` makes (weights, KV caches, activations) count against a budget,
+//! the host's `MemTotal` or the smaller backend option `memory_limit`; `alloc` refuses what
+//! would pass it. Program storage made at `compile` is not counted.
 
 pub mod attention;
 mod convert;
@@ -14,10 +18,13 @@ mod fast;
 pub mod kernels;
 pub mod weight;
 
-use tandem_backend_api::kit::{check_buffers, Buffers, Compiled, Programs, StepShape, Tickets};
+use tandem_backend_api::kit::{
+    check_buffers, host_memory_bytes, Buffers, Compiled, Programs, StepShape, Tickets,
+};
 use tandem_backend_api::{
     BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, DeviceKind, Graph,
     Op, ProgramId, RowCount, StepArgs, Support, TensorDesc, Ticket, Usage, ValueShape, WeightRef,
+    MEMORY_LIMIT,
 };
 
 use kernels::AttentionShape;
@@ -32,6 +39,11 @@ struct Buffer {
 }
 
 impl Buffer {
+    /// The bytes it holds, as counted against the memory budget.
+    fn held(&self) -> u64 {
+        self.words.len() as u64 * 4
+    }
+
     fn bytes(&self) -> &[u8] {
         &bytemuck::cast_slice(&self.words)[..self.len]
     }
@@ -63,6 +75,11 @@ pub struct CpuBackend {
     /// covers through 16-bit quantized activations; `"reference"` keeps every op on the plain
     /// `kernels` (the oracle).
     fast_kernels: bool,
+    /// The most bytes `alloc` may hold: the host's memory or the smaller `memory_limit`; `None`
+    /// where the host's memory is unknown and no limit was set.
+    memory_budget: Option<u64>,
+    /// Bytes held by the buffers `alloc` made.
+    in_use: u64,
 }
 
 impl BackendPlugin for CpuBackend {
@@ -85,6 +102,11 @@ impl BackendPlugin for CpuBackend {
                 )))
             }
         };
+        // The host's memory is the device's; where it cannot be read, only the option bounds.
+        let memory_budget = match host_memory_bytes() {
+            Some(total) => Some(options.memory_budget(total)?),
+            None => options.bytes(MEMORY_LIMIT)?,
+        };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("tandem-cpu-{i}"))
@@ -97,6 +119,8 @@ impl BackendPlugin for CpuBackend {
             programs: Programs::new(),
             tickets: Tickets::new(),
             fast_kernels,
+            memory_budget,
+            in_use: 0,
         })
     }
 }
@@ -104,6 +128,12 @@ impl BackendPlugin for CpuBackend {
 tandem_backend_api::export_backend!(CpuBackend);
 
 impl CpuBackend {
+    /// Bytes `alloc` may still hold (`u64::MAX` without a budget).
+    fn available(&self) -> u64 {
+        self.memory_budget
+            .map_or(u64::MAX, |b| b.saturating_sub(self.in_use))
+    }
+
     fn buffer(&self, id: BufferId) -> Result<&Buffer, BackendError> {
         self.buffers.get(id)
     }
@@ -338,7 +368,7 @@ impl ComputeBackend for CpuBackend {
             name: Self::NAME.to_string(),
             device: format!("host CPU ({} {})", std::env::consts::ARCH, std::env::consts::OS),
             kind: DeviceKind::Cpu,
-            memory_bytes: None,
+            memory_bytes: self.memory_budget,
             features: vec![
                 format!("threads={}", self.threads),
                 format!("kernels={}", if self.fast_kernels { "fast" } else { "reference" }),
@@ -353,24 +383,36 @@ impl ComputeBackend for CpuBackend {
 
     fn alloc(&mut self, desc: &TensorDesc, usage: Usage) -> Result<BufferId, BackendError> {
         let bytes = desc.byte_size()?;
-        let len = usize::try_from(bytes).map_err(|_| BackendError::OutOfMemory {
+        // Whole 4-byte words are held; more than the budget has left is refused up front.
+        let available = self.available();
+        if bytes.div_ceil(4).saturating_mul(4) > available {
+            return Err(BackendError::OutOfMemory {
+                requested: bytes,
+                available,
+            });
+        }
+        let out_of_memory = || BackendError::OutOfMemory {
             requested: bytes,
-            available: 0,
-        })?;
+            available: if self.memory_budget.is_some() {
+                available
+            } else {
+                0
+            },
+        };
+        let len = usize::try_from(bytes).map_err(|_| out_of_memory())?;
         let mut words = Vec::new();
         words
             .try_reserve_exact(len.div_ceil(4))
-            .map_err(|_| BackendError::OutOfMemory {
-                requested: bytes,
-                available: 0,
-            })?;
+            .map_err(|_| out_of_memory())?;
         words.resize(len.div_ceil(4), 0u32);
-        Ok(self.buffers.insert(Buffer {
+        let buf = Buffer {
             desc: desc.clone(),
             usage,
             words,
             len,
-        }))
+        };
+        self.in_use += buf.held();
+        Ok(self.buffers.insert(buf))
     }
 
     fn write(&mut self, buffer: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
@@ -389,6 +431,7 @@ impl ComputeBackend for CpuBackend {
 
     fn free(&mut self, buffer: BufferId) -> Result<(), BackendError> {
         let buf = self.buffers.free(buffer, &self.programs)?;
+        self.in_use = self.in_use.saturating_sub(buf.held());
         debug_assert!(matches!(
             buf.usage,
             Usage::Weight | Usage::KvCache | Usage::Activation
@@ -424,5 +467,61 @@ impl ComputeBackend for CpuBackend {
 
     fn release(&mut self, program: ProgramId) -> Result<(), BackendError> {
         self.programs.release(program).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_backend_api::DType;
+
+    fn with_limit(limit: &str) -> Result<CpuBackend, BackendError> {
+        let mut o = BackendOptions::default();
+        o.set(MEMORY_LIMIT, limit).set("threads", "1");
+        CpuBackend::create(&o)
+    }
+
+    #[test]
+    fn memory_limit_bounds_what_alloc_holds() {
+        let mut b = with_limit("1MiB").expect("a 1 MiB budget");
+        assert_eq!(b.info().memory_bytes, Some(1 << 20));
+        let w = b
+            .alloc(&TensorDesc::new(DType::F32, [3 << 16]), Usage::Weight)
+            .expect("768 KiB within 1 MiB");
+        let err = b
+            .alloc(&TensorDesc::new(DType::F32, [1 << 17]), Usage::KvCache)
+            .expect_err("512 KiB more: past 1 MiB");
+        assert_eq!(
+            err,
+            BackendError::OutOfMemory {
+                requested: 512 << 10,
+                available: 256 << 10
+            }
+        );
+        // Freeing gives the bytes back: the whole budget fits again.
+        b.free(w).unwrap();
+        let a = b
+            .alloc(&TensorDesc::new(DType::F32, [1 << 18]), Usage::Activation)
+            .expect("the whole budget once free");
+        b.free(a).unwrap();
+    }
+
+    #[test]
+    fn a_memory_limit_past_the_hosts_memory_fails_creation() {
+        match host_memory_bytes() {
+            Some(total) => {
+                let err = with_limit(&(total + 1).to_string())
+                    .err()
+                    .expect("a limit past the host's memory");
+                assert!(err.to_string().contains("memory_limit"), "{err}");
+                // Without the option, the host's memory is the budget.
+                let b = CpuBackend::create(&BackendOptions::default()).unwrap();
+                assert_eq!(b.info().memory_bytes, Some(total));
+            }
+            // No figure to check against: the option alone bounds.
+            None => assert_eq!(with_limit("1GiB").unwrap().info().memory_bytes, Some(1 << 30)),
+        }
+        let err = with_limit("lots").err().expect("not a size");
+        assert!(err.to_string().contains("memory_limit"), "{err}");
     }
 }

@@ -19,7 +19,10 @@
 //! (on by default: nodes fused into one kernel where `program::fuse` finds a pattern),
 //! `coopmat` / `TANDEM_VULKAN_COOPMAT` (the cooperative-matrix prefill kernels, on by default),
 //! `coopmat2` / `TANDEM_VULKAN_COOPMAT2` (of those, the workgroup-scope NV cooperative-matrix-2
-//! matmul where the device has it, on by default).
+//! matmul where the device has it, on by default), `memory_limit` (the most device-local memory
+//! the backend may hold, `8GiB`: at most the device-local heap, which is the budget without it;
+//! `info().memory_bytes` reports the budget, and buffers and program arenas past it are
+//! `OutOfMemory`).
 
 mod device;
 mod memory;
@@ -30,7 +33,7 @@ use ash::vk;
 use tandem_backend_api::kit::{check_ticket, Buffers, Programs, StepShape};
 use tandem_backend_api::{
     BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, DType, MemoryUse,
-    NodeTime, Op, ProgramId, StepArgs, Support, TensorDesc, Ticket, Usage,
+    NodeTime, Op, ProgramId, StepArgs, Support, TensorDesc, Ticket, Usage, MEMORY_LIMIT,
 };
 
 use device::{DeviceRequest, Gpu};
@@ -146,13 +149,18 @@ impl BackendPlugin for VulkanBackend {
             Some(v) => truthy(v),
             None => std::env::var("TANDEM_VULKAN_FUSE").map_or(true, |v| truthy(&v)),
         };
-        let gpu = Gpu::open(&DeviceRequest {
+        let mut gpu = Gpu::open(&DeviceRequest {
             device,
             validation,
             coopmat,
             coopmat2,
         })?;
-        let memory = Memory::new(&gpu)?;
+        // The device-local heap, or the smaller `memory_limit` (an error when it is larger).
+        let budget = options.memory_budget(gpu.memory_bytes)?;
+        if options.get(MEMORY_LIMIT).is_some() {
+            gpu.features.push(format!("memory_limit={budget}"));
+        }
+        let memory = Memory::new(&gpu, budget)?;
         let pipelines = Pipelines::new(&gpu)?;
         let alloc = vk::CommandBufferAllocateInfo::default()
             .command_pool(gpu.pool)
@@ -349,7 +357,7 @@ impl ComputeBackend for VulkanBackend {
             name: Self::NAME.to_string(),
             device: self.gpu.name.clone(),
             kind: self.gpu.kind,
-            memory_bytes: Some(self.gpu.memory_bytes),
+            memory_bytes: Some(self.memory.budget),
             features: self.gpu.features.clone(),
         }
     }
@@ -368,14 +376,17 @@ impl ComputeBackend for VulkanBackend {
             Usage::Weight | Usage::KvCache => Place::Device,
             Usage::Activation => Place::Host,
         };
-        let heap = match place {
-            Place::Device => self.gpu.memory_bytes,
-            Place::Host => self.gpu.host_memory_bytes,
+        // Device memory past what the budget has left, or host memory past the heap, is refused
+        // before Vulkan is asked.
+        let (bound, available) = match place {
+            Place::Device => (self.memory.budget, self.memory.device_available()),
+            Place::Host => {
+                let heap = self.gpu.host_memory_bytes;
+                let host_in_use = self.memory.in_use.saturating_sub(self.memory.device_in_use);
+                (heap, heap.saturating_sub(host_in_use))
+            }
         };
-        // More than the heap can ever hold (or, for device memory, than is left of it) is
-        // refused before Vulkan is asked.
-        let available = heap.saturating_sub(self.memory.in_use);
-        if len > heap || (place == Place::Device && len > available) {
+        if len > bound || (place == Place::Device && len > available) {
             return Err(BackendError::OutOfMemory {
                 requested: len,
                 available,
@@ -388,7 +399,7 @@ impl ComputeBackend for VulkanBackend {
             .map_err(|e| match e {
                 BackendError::OutOfMemory { .. } => BackendError::OutOfMemory {
                     requested: len,
-                    available: self.gpu.memory_bytes.saturating_sub(self.memory.in_use),
+                    available,
                 },
                 e => e,
             })?;
@@ -603,7 +614,14 @@ impl ComputeBackend for VulkanBackend {
 
     fn copy_bandwidth(&mut self) -> Result<Option<f64>, BackendError> {
         self.validation()?;
-        let bytes = (256u64 << 20).min(self.gpu.memory_bytes / 16).max(1 << 20);
+        // Two buffers within what the budget has left (an error where not even 2 MiB is).
+        let budget = self.memory.budget;
+        let bytes = (256u64 << 20)
+            .min(budget / 16)
+            .min(self.memory.device_available() / 2)
+            .max(1 << 20)
+            / 16
+            * 16;
         Ok(self.time_copy(bytes)?.map(|s| 2.0 * bytes as f64 / s))
     }
 }
@@ -633,5 +651,96 @@ impl Drop for VulkanBackend {
         }
         self.pipelines.destroy(&self.gpu);
         self.memory.shut_down();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The backend on this machine's Vulkan device (lavapipe here) with validation on and
+    /// `memory_limit` set; `None` (the test says so) where there is no device, except under CI.
+    fn with_limit(limit: &str) -> Option<Result<VulkanBackend, BackendError>> {
+        let mut o = BackendOptions::default();
+        o.set("validation", "true").set(MEMORY_LIMIT, limit);
+        match VulkanBackend::create(&o) {
+            Err(BackendError::Unavailable { reason }) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipping: no Vulkan device here: {reason}");
+                None
+            }
+            Err(BackendError::Unavailable { reason }) => {
+                panic!("CI must run the Vulkan backend (lavapipe): {reason}")
+            }
+            r => Some(r),
+        }
+    }
+
+    #[test]
+    fn memory_limit_bounds_device_memory() {
+        let Some(b) = with_limit("1MiB") else { return };
+        let mut b = b.expect("a 1 MiB budget");
+        let info = b.info();
+        assert_eq!(info.memory_bytes, Some(1 << 20));
+        assert!(
+            info.features.contains(&"memory_limit=1048576".to_string()),
+            "{info:?}"
+        );
+        let w = b
+            .alloc(&TensorDesc::new(DType::F32, [3 << 16]), Usage::Weight)
+            .expect("768 KiB within 1 MiB");
+        b.write(w, 0, &[1u8; 64]).unwrap();
+        let err = b
+            .alloc(&TensorDesc::new(DType::F32, [1 << 17]), Usage::KvCache)
+            .expect_err("512 KiB more: past 1 MiB");
+        assert_eq!(
+            err,
+            BackendError::OutOfMemory {
+                requested: 512 << 10,
+                available: 256 << 10
+            }
+        );
+        // Host-visible activations are not device memory: the budget does not bound them.
+        let a = b
+            .alloc(&TensorDesc::new(DType::F32, [1 << 18]), Usage::Activation)
+            .expect("a 1 MiB activation");
+        b.free(a).unwrap();
+        b.free(w).unwrap();
+        // A program's arena is device memory too: with the budget full, compiling is refused.
+        let table = TensorDesc::new(DType::F32, [4, 16]);
+        let t = b.alloc(&table, Usage::Weight).unwrap();
+        let out = b
+            .alloc(&TensorDesc::new(DType::F32, [1, 16]), Usage::Activation)
+            .unwrap();
+        let fill = b
+            .alloc(&TensorDesc::new(DType::F32, [(1 << 18) - 64]), Usage::KvCache)
+            .expect("the rest of the budget");
+        let mut g = tandem_backend_api::GraphBuilder::new("embed", 1, 0);
+        let e = g.push1(Op::Embed {
+            table: tandem_backend_api::WeightRef {
+                buffer: t,
+                desc: table,
+            },
+            scale: 1.0,
+        });
+        g.push(Op::Output { x: e, buffer: out });
+        let graph = g.finish();
+        let err = b.compile(&graph).expect_err("no budget left for an arena");
+        assert!(
+            matches!(err, BackendError::OutOfMemory { available: 0, .. }),
+            "{err}"
+        );
+        b.free(fill).unwrap();
+        let p = b.compile(&graph).expect("room for the arena once freed");
+        b.release(p).unwrap();
+    }
+
+    #[test]
+    fn a_memory_limit_past_the_device_fails_creation() {
+        let Some(r) = with_limit("1000TiB") else { return };
+        let err = r.err().expect("1000 TiB is more than any device-local heap");
+        assert!(
+            matches!(err, BackendError::InvalidArgument { .. }) && err.to_string().contains("memory_limit"),
+            "{err}"
+        );
     }
 }

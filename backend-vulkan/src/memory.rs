@@ -1,6 +1,8 @@
 //! Buffers and their memory, suballocated by gpu-allocator: device-local for weights, KV caches
 //! and program arenas, host-visible for step arguments, graph inputs/outputs and staging. Every
-//! buffer is addressed by the kernels through its device address.
+//! buffer is addressed by the kernels through its device address. Device-local buffers count
+//! against the backend's budget (the device-local heap, or the smaller option `memory_limit`):
+//! one that would pass it is refused before Vulkan is asked.
 
 use ash::vk;
 use gpu_allocator::vulkan::{
@@ -45,6 +47,10 @@ pub struct Memory {
     allocator: Option<Allocator>,
     pub in_use: u64,
     pub peak: u64,
+    /// The most device-local bytes the backend may hold.
+    pub budget: u64,
+    /// Device-local bytes held now (part of `in_use`).
+    pub device_in_use: u64,
 }
 
 fn alloc_err(device: &str, size: u64, e: gpu_allocator::AllocationError) -> BackendError {
@@ -58,7 +64,7 @@ fn alloc_err(device: &str, size: u64, e: gpu_allocator::AllocationError) -> Back
 }
 
 impl Memory {
-    pub fn new(gpu: &Gpu) -> Result<Memory, BackendError> {
+    pub fn new(gpu: &Gpu, budget: u64) -> Result<Memory, BackendError> {
         let allocator = Allocator::new(&AllocatorCreateDesc {
             instance: gpu.instance.clone(),
             device: gpu.device.clone(),
@@ -72,11 +78,19 @@ impl Memory {
             allocator: Some(allocator),
             in_use: 0,
             peak: 0,
+            budget,
+            device_in_use: 0,
         })
     }
 
+    /// Device-local bytes the budget has left.
+    pub fn device_available(&self) -> u64 {
+        self.budget.saturating_sub(self.device_in_use)
+    }
+
     /// A buffer of at least `size` bytes (rounded up to 4, at least 4) usable as storage,
-    /// transfer source and destination, with a device address.
+    /// transfer source and destination, with a device address. A device-local one past the
+    /// budget is `OutOfMemory`.
     pub fn create(
         &mut self,
         gpu: &Gpu,
@@ -84,7 +98,13 @@ impl Memory {
         place: Place,
         name: &str,
     ) -> Result<GpuBuffer, BackendError> {
-        let size = size.max(4).div_ceil(4) * 4;
+        let size = size.max(4).div_ceil(4).saturating_mul(4);
+        if place == Place::Device && size > self.device_available() {
+            return Err(BackendError::OutOfMemory {
+                requested: size,
+                available: self.device_available(),
+            });
+        }
         let allocator = self
             .allocator
             .as_mut()
@@ -156,6 +176,9 @@ impl Memory {
             }
         }
         self.in_use += size;
+        if place == Place::Device {
+            self.device_in_use += size;
+        }
         self.peak = self.peak.max(self.in_use);
         Ok(b)
     }
@@ -168,6 +191,9 @@ impl Memory {
             let _ = allocator.free(a);
         }
         self.in_use = self.in_use.saturating_sub(b.size);
+        if b.place == Place::Device {
+            self.device_in_use = self.device_in_use.saturating_sub(b.size);
+        }
     }
 
     /// Drops the allocator (before the device goes).

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use tandem_backend_api::{BackendError, BackendOptions, DeviceKind};
+use tandem_backend_api::{BackendError, BackendOptions, DeviceKind, MEMORY_LIMIT};
 
 /// Environment variable choosing the adapter (an index into `engine backends`' listing order
 /// or a name substring), like the `adapter` option.
@@ -82,10 +82,15 @@ impl Request {
             Some(v) => truthy(v),
             None => std::env::var("TANDEM_WGPU_PROFILE").is_ok_and(|v| truthy(&v)),
         };
+        // `memory_limit` is checked against the adapter's limits by the backend, once they are
+        // known; a malformed size is refused here, before any adapter is opened.
+        options.bytes(MEMORY_LIMIT)?;
+        let known = ["adapter", "backends", "validation", "profile", MEMORY_LIMIT];
         for key in options.entries.keys() {
-            if !["adapter", "backends", "validation", "profile"].contains(&key.as_str()) {
+            if !known.contains(&key.as_str()) {
                 return Err(BackendError::invalid(format!(
-                    "backend option '{key}' is not a wgpu option (adapter, backends, validation, profile)"
+                    "backend option '{key}' is not a wgpu option (adapter, backends, validation, profile, \
+                     {MEMORY_LIMIT})"
                 )));
             }
         }
@@ -393,7 +398,12 @@ mod tests {
         let e = Request::from_options(&o).unwrap_err().to_string();
         assert!(e.contains("'adaptor'"), "{e}");
         let mut o = BackendOptions::default();
-        o.set("backends", "gl").set("validation", "yes");
+        o.set("backends", "gl")
+            .set("validation", "yes")
+            .set(MEMORY_LIMIT, "lots");
+        let e = Request::from_options(&o).unwrap_err().to_string();
+        assert!(e.contains("'memory_limit'") && e.contains("'lots'"), "{e}");
+        o.set(MEMORY_LIMIT, "1GiB");
         let r = Request::from_options(&o).unwrap();
         assert_eq!(r.backends, wgpu::Backends::GL);
         assert!(r.validation);

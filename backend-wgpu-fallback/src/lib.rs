@@ -16,7 +16,14 @@
 //! `TANDEM_WGPU_ADAPTER` (an index or a name substring), `backends` / `TANDEM_WGPU_BACKENDS`
 //! (`vulkan,metal,dx12,gl`), `validation` / `TANDEM_WGPU_VALIDATION=1` (the API's validation
 //! layer; any message fails the next call), `profile` / `TANDEM_WGPU_PROFILE=1` (per-node
-//! timestamps for `profile`, where the adapter has timestamps inside passes).
+//! timestamps for `profile`, where the adapter has timestamps inside passes), `memory_limit`
+//! (the most device memory the backend may hold, `8GiB`; see below).
+//!
+//! Memory: wgpu tells no heap size, so the device figure `info().memory_bytes` reports is the
+//! adapter's `max_buffer_size`, and a `memory_limit` larger than it fails creation. With the
+//! option set, `info().memory_bytes` is the limit and buffers, program arenas and the bandwidth
+//! measurement's buffers past it are `OutOfMemory`. Without it nothing bounds the total but the
+//! driver: `max_buffer_size` bounds one buffer, not all of them (on Mesa it is 2 GiB).
 
 mod device;
 mod kernels;
@@ -27,7 +34,7 @@ use std::collections::VecDeque;
 use tandem_backend_api::kit::{Buffers, Programs, StepShape, Tickets};
 use tandem_backend_api::{
     BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, MemoryUse, NodeTime,
-    Op, ProgramId, StepArgs, Support, TensorDesc, Ticket, Usage,
+    Op, ProgramId, StepArgs, Support, TensorDesc, Ticket, Usage, MEMORY_LIMIT,
 };
 
 use device::{Gpu, Request};
@@ -62,6 +69,9 @@ pub struct WgpuBackend {
     readback: Option<wgpu::Buffer>,
     in_use: u64,
     peak: u64,
+    /// Option `memory_limit` (at most `max_buffer_size`): the most bytes buffers and programs
+    /// may hold; `None` without the option.
+    memory_limit: Option<u64>,
 }
 
 impl BackendPlugin for WgpuBackend {
@@ -69,7 +79,14 @@ impl BackendPlugin for WgpuBackend {
 
     fn create(options: &BackendOptions) -> Result<Self, BackendError> {
         let req = Request::from_options(options)?;
-        let gpu = Gpu::open(&req)?;
+        let mut gpu = Gpu::open(&req)?;
+        // `max_buffer_size` is the device figure (wgpu tells no heap size); the limit may not
+        // pass it, and without the option it bounds one buffer only (`alloc`).
+        let budget = options.memory_budget(gpu.limits.max_buffer_size)?;
+        let memory_limit = options.get(MEMORY_LIMIT).is_some().then_some(budget);
+        if let Some(limit) = memory_limit {
+            gpu.features.push(format!("memory_limit={limit}"));
+        }
         Ok(WgpuBackend {
             gpu,
             pipelines: Pipelines::default(),
@@ -80,6 +97,7 @@ impl BackendPlugin for WgpuBackend {
             readback: None,
             in_use: 0,
             peak: 0,
+            memory_limit,
         })
     }
 }
@@ -148,6 +166,17 @@ impl WgpuBackend {
             }
         }
         Ok(())
+    }
+
+    /// `OutOfMemory` where `bytes` more would pass `memory_limit`.
+    fn within_limit(&self, bytes: u64) -> Result<(), BackendError> {
+        match self.memory_limit {
+            Some(limit) if bytes > limit.saturating_sub(self.in_use) => Err(BackendError::OutOfMemory {
+                requested: bytes,
+                available: limit.saturating_sub(self.in_use),
+            }),
+            _ => Ok(()),
+        }
     }
 
     fn track(&mut self, bytes: u64) {
@@ -228,7 +257,7 @@ impl ComputeBackend for WgpuBackend {
             name: Self::NAME.to_string(),
             device: self.gpu.name.clone(),
             kind: self.gpu.kind,
-            memory_bytes: Some(limits.max_buffer_size),
+            memory_bytes: Some(self.memory_limit.unwrap_or(limits.max_buffer_size)),
             features: self.gpu.features.clone(),
         }
     }
@@ -243,7 +272,7 @@ impl ComputeBackend for WgpuBackend {
     fn alloc(&mut self, desc: &TensorDesc, usage: Usage) -> Result<BufferId, BackendError> {
         self.gpu.check()?;
         let len = desc.byte_size()?;
-        let size = (len + 4).div_ceil(16) * 16;
+        let size = len.saturating_add(4).div_ceil(16).saturating_mul(16);
         let max = self.gpu.limits.max_buffer_size;
         if size > max {
             return Err(BackendError::unsupported(
@@ -253,6 +282,7 @@ impl ComputeBackend for WgpuBackend {
                 ),
             ));
         }
+        self.within_limit(size)?;
         let err = self.gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let buf = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(&format!("{usage:?} {desc}")),
@@ -361,6 +391,12 @@ impl ComputeBackend for WgpuBackend {
     fn compile(&mut self, graph: &tandem_backend_api::Graph) -> Result<ProgramId, BackendError> {
         self.gpu.check()?;
         let (prog, buffers) = self.build_program(graph)?;
+        if let Err(e) = self.within_limit(prog.bytes) {
+            prog.arena.destroy();
+            prog.params.destroy();
+            prog.args.destroy();
+            return Err(e);
+        }
         self.track(prog.bytes);
         Ok(self.programs.insert(prog, buffers, StepShape::of(graph)))
     }
@@ -435,11 +471,16 @@ impl ComputeBackend for WgpuBackend {
     /// makes the figure a slight underestimate.
     fn copy_bandwidth(&mut self) -> Result<Option<f64>, BackendError> {
         self.gpu.check()?;
-        let bytes = (256u64 << 20)
+        let mut bytes = (256u64 << 20)
             .min(self.gpu.limits.max_buffer_size / 4)
-            .max(1 << 20)
-            / 4
-            * 4;
+            .max(1 << 20);
+        if let Some(limit) = self.memory_limit {
+            // Two buffers within what the limit has left (an error where not even 2 MiB is).
+            let left = limit.saturating_sub(self.in_use);
+            bytes = bytes.min(limit / 16).min(left / 2).max(1 << 20);
+            self.within_limit(2 * bytes)?;
+        }
+        let bytes = bytes / 4 * 4;
         let make = |label| {
             self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
@@ -571,6 +612,79 @@ mod tests {
             splits: vec![8],
         };
         assert!(b.supports(&small).is_yes());
+    }
+
+    /// The backend with validation on and `memory_limit` set; `None` as in `backend`.
+    fn with_limit(limit: &str) -> Option<Result<WgpuBackend, BackendError>> {
+        let mut o = BackendOptions::default();
+        o.set("validation", "true").set(MEMORY_LIMIT, limit);
+        match WgpuBackend::create(&o) {
+            Err(BackendError::Unavailable { reason }) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipping: no wgpu adapter here: {reason}");
+                None
+            }
+            Err(BackendError::Unavailable { reason }) => {
+                panic!("CI must run the wgpu backend (lavapipe): {reason}")
+            }
+            r => Some(r),
+        }
+    }
+
+    #[test]
+    fn memory_limit_bounds_buffers() {
+        let Some(b) = with_limit("1MiB") else { return };
+        let mut b = b.expect("a 1 MiB budget");
+        assert_eq!(b.info().memory_bytes, Some(1 << 20));
+        // Buffers hold their bytes plus 4, rounded up to 16.
+        let w = b
+            .alloc(&TensorDesc::new(DType::F32, [3 << 16]), Usage::Weight)
+            .expect("768 KiB within 1 MiB");
+        let held = (3 << 18) + 16;
+        let err = b
+            .alloc(&TensorDesc::new(DType::F32, [1 << 17]), Usage::KvCache)
+            .expect_err("512 KiB more: past 1 MiB");
+        assert_eq!(
+            err,
+            BackendError::OutOfMemory {
+                requested: (1 << 19) + 16,
+                available: (1 << 20) - held
+            }
+        );
+        b.free(w).unwrap();
+        // A program's arena counts too: with the budget full, compiling is refused.
+        let table = TensorDesc::new(DType::F32, [4, 16]);
+        let t = b.alloc(&table, Usage::Weight).unwrap();
+        let out = b
+            .alloc(&TensorDesc::new(DType::F32, [1, 16]), Usage::Activation)
+            .unwrap();
+        let left = (1 << 20) - 272 - 80;
+        let fill = b
+            .alloc(&TensorDesc::new(DType::F32, [(left - 4) / 4]), Usage::KvCache)
+            .expect("the rest of the budget");
+        let mut g = tandem_backend_api::GraphBuilder::new("embed", 1, 0);
+        let e = g.push1(Op::Embed {
+            table: tandem_backend_api::WeightRef {
+                buffer: t,
+                desc: table,
+            },
+            scale: 1.0,
+        });
+        g.push(Op::Output { x: e, buffer: out });
+        let graph = g.finish();
+        let err = b.compile(&graph).expect_err("no budget left for an arena");
+        assert!(
+            matches!(err, BackendError::OutOfMemory { available: 0, .. }),
+            "{err}"
+        );
+        b.free(fill).unwrap();
+        let p = b.compile(&graph).expect("room for the arena once freed");
+        b.release(p).unwrap();
+        // Past max_buffer_size (at most 2^52 bytes on any adapter): creation fails.
+        let Some(r) = with_limit("16000000TiB") else {
+            return;
+        };
+        let err = r.err().expect("a limit past the device");
+        assert!(err.to_string().contains("memory_limit"), "{err}");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use tandem_backend_api::{
     BackendError, ComputeBackend, DType, DeviceKind, GraphBuilder, Op, StepArgs, Support, TensorDesc, Usage,
     WeightRef,
 };
-use tandem_conformance::{assert_close, backends_under_test, cases, tolerance_floor};
+use tandem_conformance::{assert_close, backends_under_test, cases, options_for, tolerance_floor};
 
 #[test]
 fn every_case_matches_the_oracle_and_the_cpu_reference() {
@@ -405,4 +405,57 @@ fn attention_positions_past_the_cache_are_errors() {
         let err = be.execute(p, &bad_slot).unwrap_err().to_string();
         assert!(err.contains("slot 1"), "{}: {err}", b.name);
     }
+}
+
+/// Every plugin that loads here honours `memory_limit`: it reports the limit as its memory,
+/// allocates within it, refuses past it with `OutOfMemory`, and refuses a limit larger than its
+/// device. KV caches in f16: device memory on every backend, two bytes an element on all.
+#[test]
+fn every_backend_honours_memory_limit() {
+    let found = tandem_conformance::discover();
+    let mut tested = Vec::new();
+    for lib in &found.plugins {
+        let mut o = options_for(lib.name());
+        o.set(tandem_backend_api::MEMORY_LIMIT, "1MiB");
+        let mut be = match lib.create(&o) {
+            Ok(b) => b,
+            Err(BackendError::Unavailable { reason }) => {
+                eprintln!("memory_limit: skipping {}: {reason}", lib.name());
+                continue;
+            }
+            Err(e) => panic!("{} with memory_limit = 1MiB: {e}", lib.name()),
+        };
+        let name = lib.name();
+        assert_eq!(be.info().memory_bytes, Some(1 << 20), "{name}");
+        let cache = |n: usize| TensorDesc::new(DType::F16, [n]);
+        let k = be
+            .alloc(&cache(3 << 17), Usage::KvCache)
+            .unwrap_or_else(|e| panic!("{name}: 768 KiB within 1 MiB: {e}"));
+        let err = be
+            .alloc(&cache(1 << 18), Usage::KvCache)
+            .expect_err(&format!("{name}: 512 KiB more than 1 MiB allows"));
+        assert!(matches!(err, BackendError::OutOfMemory { .. }), "{name}: {err}");
+        be.free(k).unwrap();
+        let k = be
+            .alloc(&cache(1 << 18), Usage::KvCache)
+            .unwrap_or_else(|e| panic!("{name}: 512 KiB once freed: {e}"));
+        be.free(k).unwrap();
+        drop(be);
+        // More than any device holds (u64 bytes end near 16 EiB), where the backend knows its
+        // device's memory (the CPU does not where /proc/meminfo cannot be read).
+        let knows = lib
+            .create(&options_for(name))
+            .is_ok_and(|b| b.info().memory_bytes.is_some());
+        if knows {
+            o.set(tandem_backend_api::MEMORY_LIMIT, "16000000TiB");
+            let err = lib
+                .create(&o)
+                .err()
+                .unwrap_or_else(|| panic!("{name}: a limit past the device"));
+            assert!(err.to_string().contains("memory_limit"), "{name}: {err}");
+        }
+        tested.push(name.to_string());
+    }
+    eprintln!("memory_limit: tested {tested:?}");
+    assert!(tested.iter().any(|n| n == "cpu"), "{tested:?}");
 }

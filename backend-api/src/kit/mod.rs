@@ -29,14 +29,18 @@
 //!   (`buffer 7 is used by program 3: release it first`) and hands back the buffer to destroy.
 //! - `release`: `programs.release(id)?` hands back the program to destroy.
 //!
-//! [`quant`] decodes ggml's block formats (reference decoders, for CPU kernels and tests).
+//! [`quant`] decodes ggml's block formats (reference decoders, for CPU kernels and tests);
+//! [`host::host_memory_bytes`] is the device figure of backends that keep buffers in host
+//! memory, for their [`crate::MEMORY_LIMIT`] budget.
 
 pub mod buffers;
+pub mod host;
 pub mod plan;
 pub mod programs;
 pub mod quant;
 pub mod step;
 
 pub use buffers::{check_buffers, named_buffers, unknown_buffer, Buffers};
+pub use host::host_memory_bytes;
 pub use programs::{check_ticket, unknown_program, Compiled, Programs, Tickets};
 pub use step::StepShape;

@@ -6,14 +6,20 @@
 //! caches live in the executor, in bf16, the kernels' type: a cache buffer is read and written
 //! by the host in the dtype the graph declares (f32 or f16) and converted on the way, so a
 //! cache handed to another backend loses the bits bf16 lacks, which the kernels never saw.
+//!
+//! Memory: both live in the host's DRAM, so the device figure is the host's `MemTotal`; the
+//! option `memory_limit` lowers the budget (`info().memory_bytes`), and `alloc` refuses a buffer
+//! that would take the bytes held (host buffers, caches, the executor's staging) past it.
 
 use std::marker::PhantomData;
 
 use half::f16;
-use tandem_backend_api::kit::{named_buffers, Buffers, Compiled, Programs, StepShape, Tickets};
+use tandem_backend_api::kit::{
+    host_memory_bytes, named_buffers, Buffers, Compiled, Programs, StepShape, Tickets,
+};
 use tandem_backend_api::{
     BackendError, BackendInfo, BackendOptions, BufferId, ComputeBackend, DType, DeviceKind, Graph, MemoryUse,
-    NodeTime, Op, ProgramId, RowCount, StepArgs, Support, TensorDesc, Ticket, Usage,
+    NodeTime, Op, ProgramId, RowCount, StepArgs, Support, TensorDesc, Ticket, Usage, MEMORY_LIMIT,
 };
 
 use crate::contract::{bf16_round, bf16_to_f32, kernel_shape, AttnParams, KernelShape};
@@ -45,11 +51,14 @@ pub struct NpuBackend<F: Flavor> {
     programs: Programs<Program>,
     tickets: Tickets,
     peak: u64,
+    /// The most bytes the backend may hold: the host's memory or the smaller `memory_limit`;
+    /// `None` where the host's memory is unknown and no limit was set.
+    memory_budget: Option<u64>,
     flavor: PhantomData<F>,
 }
 
 impl<F: Flavor> NpuBackend<F> {
-    /// A backend over `exec`.
+    /// A backend over `exec`, with no memory budget.
     pub fn with_executor(exec: Box<dyn Executor>) -> Self {
         NpuBackend {
             exec,
@@ -57,8 +66,23 @@ impl<F: Flavor> NpuBackend<F> {
             programs: Programs::new(),
             tickets: Tickets::new(),
             peak: 0,
+            memory_budget: None,
             flavor: PhantomData,
         }
+    }
+
+    /// A backend over `exec` whose budget is the host's memory, or the smaller `memory_limit`
+    /// of `options` (an error when it is larger; only the limit where the host's memory cannot
+    /// be read).
+    pub fn with_budget(exec: Box<dyn Executor>, options: &BackendOptions) -> Result<Self, BackendError> {
+        let memory_budget = match host_memory_bytes() {
+            Some(total) => Some(options.memory_budget(total)?),
+            None => options.bytes(MEMORY_LIMIT)?,
+        };
+        Ok(NpuBackend {
+            memory_budget,
+            ..NpuBackend::with_executor(exec)
+        })
     }
 
     fn host_bytes(&self) -> u64 {
@@ -273,7 +297,7 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
             name: F::NAME.to_string(),
             device: self.exec.device(),
             kind: DeviceKind::Npu,
-            memory_bytes: None,
+            memory_bytes: self.memory_budget,
             features: self.exec.features(),
         }
     }
@@ -290,6 +314,20 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
 
     fn alloc(&mut self, desc: &TensorDesc, usage: Usage) -> Result<BufferId, BackendError> {
         let bytes = desc.byte_size()?;
+        if let Some(budget) = self.memory_budget {
+            // What the buffer will hold: a cache keeps bf16 elements whatever its dtype.
+            let held = match usage {
+                Usage::KvCache => (desc.numel() as u64).saturating_mul(2),
+                Usage::Activation | Usage::Weight => bytes,
+            };
+            let available = budget.saturating_sub(self.host_bytes());
+            if held > available {
+                return Err(BackendError::OutOfMemory {
+                    requested: held,
+                    available,
+                });
+            }
+        }
         let buffer = match usage {
             Usage::KvCache => {
                 kv_elem(desc.dtype)?;
@@ -449,6 +487,65 @@ impl<F: Flavor> tandem_backend_api::BackendPlugin for NpuBackend<F> {
     const NAME: &'static str = F::NAME;
 
     fn create(options: &BackendOptions) -> Result<Self, BackendError> {
-        Ok(NpuBackend::with_executor(F::executor(options)?))
+        // A malformed limit is refused before the device is opened.
+        options.bytes(MEMORY_LIMIT)?;
+        NpuBackend::with_budget(F::executor(options)?, options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tandem_backend_api::BackendPlugin;
+
+    use super::*;
+    use crate::NpuEmu;
+
+    fn with_limit(limit: &str) -> Result<NpuEmu, BackendError> {
+        let mut o = BackendOptions::default();
+        o.set(MEMORY_LIMIT, limit);
+        NpuEmu::create(&o)
+    }
+
+    #[test]
+    fn memory_limit_bounds_host_buffers_and_caches() {
+        let mut b = with_limit("1MiB").expect("a 1 MiB budget");
+        assert_eq!(b.info().memory_bytes, Some(1 << 20));
+        let a = b
+            .alloc(&TensorDesc::new(DType::F32, [1 << 17]), Usage::Activation)
+            .expect("512 KiB within 1 MiB");
+        // An f32 cache holds bf16: 2 bytes an element.
+        let k = b
+            .alloc(&TensorDesc::new(DType::F32, [1, 1 << 16, 2]), Usage::KvCache)
+            .expect("256 KiB of cache within 1 MiB");
+        let err = b
+            .alloc(&TensorDesc::new(DType::F32, [1 << 17]), Usage::Activation)
+            .expect_err("512 KiB more: past 1 MiB");
+        assert_eq!(
+            err,
+            BackendError::OutOfMemory {
+                requested: 512 << 10,
+                available: 256 << 10
+            }
+        );
+        b.free(k).unwrap();
+        b.free(a).unwrap();
+        let a = b
+            .alloc(&TensorDesc::new(DType::F32, [1 << 18]), Usage::Activation)
+            .expect("the whole budget once free");
+        b.free(a).unwrap();
+    }
+
+    #[test]
+    fn a_memory_limit_past_the_hosts_memory_fails_creation() {
+        if let Some(total) = host_memory_bytes() {
+            let err = with_limit(&(total + 1).to_string())
+                .err()
+                .expect("a limit past the host's memory");
+            assert!(err.to_string().contains("memory_limit"), "{err}");
+            let b = NpuEmu::create(&BackendOptions::default()).unwrap();
+            assert_eq!(b.info().memory_bytes, Some(total));
+        }
+        let err = with_limit("lots").err().expect("not a size");
+        assert!(err.to_string().contains("memory_limit"), "{err}");
     }
 }
