@@ -141,6 +141,10 @@ pub fn fit(
         return Err(over(&whole, settings, hint).into());
     }
     planned = planned.with_gpu_layers(count)?;
+    planned.placement.spec.origin = format!(
+        "{origin}, fit to {}'s memory like --gpu-layers {count}",
+        whole.name
+    );
     if let Some(u) = first_over(&planned) {
         let hint = format!(
             "with {count} of {layers} layers on {} the rest do not fit there",
