@@ -122,6 +122,7 @@ fn placement_text_names_both_cpu_instances() {
     let out = ok(&install, &args);
     assert_eq!(stderr(&out), "", "engine placement prints no notice here");
     let mut text = install.stdout(&out);
+    assert!(text.contains("memory: needs "), "{text}");
     assert!(
         text.starts_with(
             "placement from --backend cpu+cpu: attention on cpu#2, ffn on cpu, default on cpu\n"
@@ -136,6 +137,18 @@ fn placement_text_names_both_cpu_instances() {
         assert!(!device.is_empty());
         text = text.replace(device, "[CPU DEVICE]");
     }
+    // The budget is the host's memory: machine-dependent too.
+    let mut redacted = String::new();
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find("its budget of ") {
+        let start = at + "its budget of ".len();
+        let end = rest[start..].find('\n').map_or(rest.len(), |e| start + e);
+        redacted.push_str(&rest[..start]);
+        redacted.push_str("[HOST MEMORY]");
+        rest = &rest[end..];
+    }
+    redacted.push_str(rest);
+    let text = redacted;
     assert!(
         text.contains("\n  cpu#2      [CPU DEVICE]: 42 prefill / 42 decode nodes"),
         "{text}"
@@ -250,7 +263,9 @@ fn assert_fails(install: &Install, config: Option<&str>, backend: &str, names: &
         if let Some(c) = config {
             args.extend_from_slice(&["--config", c]);
         }
-        args.extend_from_slice(&[command, "--backend", backend, "--model", &model]);
+        args.extend_from_slice(&[command, "--model", &model, "--backend"]);
+        // `backend` may carry more flags after the name (`cpu --gpu-layers 2`).
+        args.extend(backend.split(' '));
         if command == "run" {
             args.extend_from_slice(&["--tokens", &tokens, "--max-tokens", "1"]);
         }
@@ -332,4 +347,80 @@ fn attention_nowhere_available_names_the_op_and_the_reason() {
         "auto",
         &["no backend can run", &node, "npu: ", "unavailable"],
     );
+}
+
+/// `[placement.layers]` runs whole layers per unit: the same greedy ids as one CPU, a note
+/// naming the layers, and `engine placement` saying what runs where.
+#[test]
+fn layer_ranges_run_and_are_reported() {
+    let install = Install::new(&["cpu", "npu"]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = config(
+        dir.path(),
+        "layers.toml",
+        "[placement.layers]\ncpu = \"0-2\"\n\"cpu#2\" = \"3-5\"\n",
+    );
+    let (want, _) = run_tokens(&install, &["--backend", "cpu"]);
+    let (got, err) = run_tokens(&install, &["--config", &cfg]);
+    assert_eq!(got, want, "layer split against one CPU");
+    assert!(
+        err.contains(
+            "note: placement (the config's [placement]): cpu: layers 0-2, embedding, head; cpu#2: layers 3-5"
+        ),
+        "{err}"
+    );
+    let model = model();
+    let out = ok(
+        &install,
+        &[
+            "--config",
+            &cfg,
+            "placement",
+            "--model",
+            &model,
+            "--context",
+            "64",
+        ],
+    );
+    let text = install.stdout(&out);
+    assert!(
+        text.contains("\nlayers: cpu: layers 0-2, embedding, head; cpu#2: layers 3-5\n"),
+        "{text}"
+    );
+    assert!(text.contains("programs per step: 3 prefill, 3 decode"), "{text}");
+}
+
+/// Layer rules and budgets that cannot be met fail before loading, naming the flag or key.
+#[test]
+fn bad_layer_rules_and_budgets_are_clean_errors() {
+    let install = Install::new(&["cpu", "npu"]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    assert_fails(
+        &install,
+        None,
+        "cpu --gpu-layers 2",
+        &["--gpu-layers 2", "GPU backend"],
+    );
+    let cases: [(&str, &[&str]); 4] = [
+        (
+            "[placement.layers]\ncpu = \"0-9\"\n",
+            &["cpu = \"0-9\"", "layers 0-5"],
+        ),
+        (
+            "[placement.layers]\ncpu = \"0-3\"\n",
+            &["layers 4-5 are on no unit"],
+        ),
+        (
+            "[placement.layers]\ncpu = \"two\"\n",
+            &["placement.layers.cpu", "'two'"],
+        ),
+        (
+            "[backend.cpu]\nmemory_limit = \"64KiB\"\n",
+            &["does not fit cpu", "memory_limit = \"64KiB\"", "weights"],
+        ),
+    ];
+    for (i, (text, names)) in cases.into_iter().enumerate() {
+        let cfg = config(dir.path(), &format!("bad{i}.toml"), text);
+        assert_fails(&install, Some(&cfg), "auto", names);
+    }
 }
