@@ -19,11 +19,12 @@
 //! timestamps for `profile`, where the adapter has timestamps inside passes), `memory_limit`
 //! (the most device memory the backend may hold, `8GiB`; see below).
 //!
-//! Memory: wgpu tells no heap size, so the device figure `info().memory_bytes` reports is the
-//! adapter's `max_buffer_size`, and a `memory_limit` larger than it fails creation. With the
-//! option set, `info().memory_bytes` is the limit and buffers, program arenas and the bandwidth
-//! measurement's buffers past it are `OutOfMemory`. Without it nothing bounds the total but the
-//! driver: `max_buffer_size` bounds one buffer, not all of them (on Mesa it is 2 GiB).
+//! Memory: wgpu tells no heap size, so without `memory_limit` `info().memory_bytes` is `None`
+//! (unknown: the engine's budget check passes the unit by) and nothing bounds the total but the
+//! driver (`max_buffer_size` bounds one buffer, not all of them; on Mesa it is 2 GiB). With the
+//! option set, `info().memory_bytes` is the limit, taken as written (there is no device figure to
+//! check it against), and buffers, program arenas and the bandwidth measurement's buffers past it
+//! are `OutOfMemory`.
 
 mod device;
 mod kernels;
@@ -69,8 +70,8 @@ pub struct WgpuBackend {
     readback: Option<wgpu::Buffer>,
     in_use: u64,
     peak: u64,
-    /// Option `memory_limit` (at most `max_buffer_size`): the most bytes buffers and programs
-    /// may hold; `None` without the option.
+    /// Option `memory_limit`: the most bytes buffers and programs may hold; `None` without the
+    /// option.
     memory_limit: Option<u64>,
 }
 
@@ -80,10 +81,9 @@ impl BackendPlugin for WgpuBackend {
     fn create(options: &BackendOptions) -> Result<Self, BackendError> {
         let req = Request::from_options(options)?;
         let mut gpu = Gpu::open(&req)?;
-        // `max_buffer_size` is the device figure (wgpu tells no heap size); the limit may not
-        // pass it, and without the option it bounds one buffer only (`alloc`).
-        let budget = options.memory_budget(gpu.limits.max_buffer_size)?;
-        let memory_limit = options.get(MEMORY_LIMIT).is_some().then_some(budget);
+        // wgpu tells no heap size: the limit is taken as written; without it `max_buffer_size`
+        // bounds one buffer only (`alloc`).
+        let memory_limit = options.bytes(MEMORY_LIMIT)?;
         if let Some(limit) = memory_limit {
             gpu.features.push(format!("memory_limit={limit}"));
         }
@@ -252,12 +252,11 @@ fn map_and_copy(
 
 impl ComputeBackend for WgpuBackend {
     fn info(&self) -> BackendInfo {
-        let limits = &self.gpu.limits;
         BackendInfo {
             name: Self::NAME.to_string(),
             device: self.gpu.name.clone(),
             kind: self.gpu.kind,
-            memory_bytes: Some(self.memory_limit.unwrap_or(limits.max_buffer_size)),
+            memory_bytes: self.memory_limit,
             features: self.gpu.features.clone(),
         }
     }
@@ -679,11 +678,16 @@ mod tests {
         b.free(fill).unwrap();
         let p = b.compile(&graph).expect("room for the arena once freed");
         b.release(p).unwrap();
-        // Past max_buffer_size (at most 2^52 bytes on any adapter): creation fails.
+        // wgpu knows no heap size: a limit is taken as written, a malformed one refused.
         let Some(r) = with_limit("16000000TiB") else {
             return;
         };
-        let err = r.err().expect("a limit past the device");
+        let b = r.expect("a large limit is accepted");
+        assert_eq!(b.info().memory_bytes, Some(16_000_000u64 << 40));
+        let Some(r) = with_limit("lots") else {
+            return;
+        };
+        let err = r.err().expect("a malformed limit");
         assert!(err.to_string().contains("memory_limit"), "{err}");
     }
 

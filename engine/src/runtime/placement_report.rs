@@ -444,11 +444,15 @@ impl PlacementReport {
     }
 }
 
-/// `1.25 GiB`, `300.0 MiB`.
+/// `1.25 GiB`, `300.0 MiB`, `64.0 KiB`, `0 B`.
 pub fn gib(bytes: u64) -> String {
     if bytes >= 1 << 30 {
         format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
-    } else {
+    } else if bytes >= 1 << 20 {
         format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    } else if bytes > 0 {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    } else {
+        "0 B".to_string()
     }
 }
