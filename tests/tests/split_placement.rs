@@ -906,8 +906,9 @@ fn calibration_measures_each_candidate_and_caches_the_choice() {
 // ---------------------------------------------------------------------------------------------
 // g. The default model, split.
 
-/// The real default model split across two CPU instances: the last logits within the CPU
-/// tolerance of transformers', and transformers' greedy continuations.
+/// The real default model split across two CPU instances (attention apart, and by layers): the
+/// last logits within the CPU tolerance of transformers', and transformers' greedy
+/// continuations.
 #[test]
 fn the_default_model_split_matches_transformers() {
     let path = match tandem_engine::model::files::default_model() {
@@ -925,30 +926,45 @@ fn the_default_model_split_matches_transformers() {
         .unwrap(),
     )
     .unwrap();
-    let opts = ModelOptions {
-        model: Some(path),
-        backend: "cpu+cpu".into(),
-        context: Some(128),
-        chunk: 64,
-        kv_cache: Default::default(),
-        gpu_layers: None,
-    };
-    let mut loaded = load(
-        &search(),
-        &settings(""),
-        &opts,
-        1,
-        &mut |_| {},
-        &mut |_: u64, _: u64| {},
-    )
-    .unwrap();
-    assert_eq!(loaded.session.unit_names(), ["cpu#2", "cpu"]);
-    tandem_conformance::assert_last_logits(&mut loaded.session, &r, 1e-3);
-    for g in r["greedy"].as_array().unwrap() {
-        let n = g["max_new_tokens"].as_u64().unwrap() as usize;
-        let got =
-            tandem_conformance::greedy_ids(&mut loaded.session, &loaded.tokenizer, &ids(&g["prompt_ids"]), n);
-        assert_eq!(got, ids(&g["generated"]), "greedy continuation");
+    // The attention split, and half the layers on each of two CPU instances.
+    let layers = "[placement.layers]\ncpu = \"0-8\"\n\"cpu#2\" = \"9-17\"\n";
+    for (backend, placement, units) in [
+        ("cpu+cpu", "", ["cpu#2", "cpu"]),
+        ("auto", layers, ["cpu", "cpu#2"]),
+    ] {
+        let opts = ModelOptions {
+            model: Some(path.clone()),
+            backend: backend.into(),
+            context: Some(128),
+            chunk: 64,
+            kv_cache: Default::default(),
+            gpu_layers: None,
+        };
+        let mut loaded = load(
+            &search(),
+            &settings(placement),
+            &opts,
+            1,
+            &mut |_| {},
+            &mut |_: u64, _: u64| {},
+        )
+        .unwrap();
+        assert_eq!(loaded.session.unit_names(), units);
+        tandem_conformance::assert_last_logits(&mut loaded.session, &r, 1e-3);
+        for g in r["greedy"].as_array().unwrap() {
+            let n = g["max_new_tokens"].as_u64().unwrap() as usize;
+            let got = tandem_conformance::greedy_ids(
+                &mut loaded.session,
+                &loaded.tokenizer,
+                &ids(&g["prompt_ids"]),
+                n,
+            );
+            assert_eq!(
+                got,
+                ids(&g["generated"]),
+                "{backend} {placement}: greedy continuation"
+            );
+        }
+        assert!(loaded.session.moved_bytes().0 > 0);
     }
-    assert!(loaded.session.moved_bytes().0 > 0);
 }
