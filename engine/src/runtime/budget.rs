@@ -7,7 +7,7 @@
 
 use super::layers::LayerRule;
 use super::notice::Notice;
-use super::placement::{region_units, Candidate, Placement};
+use super::placement::{region_units, Candidate};
 use super::placement_report::{gib, UnitReport};
 use super::planned::{LoadError, Planned};
 use super::plugins::Discovery;
@@ -172,13 +172,5 @@ pub fn fit(
 impl From<BudgetError> for LoadError {
     fn from(e: BudgetError) -> Self {
         LoadError::Budget(Box::new(e))
-    }
-}
-
-/// The placement with `count` first layers on its first unit (for [`Placement::with_first_layers`]
-/// placements only).
-pub(super) fn set_first_layers(placement: &mut Placement, count: usize) {
-    if let Some(LayerRule::First { count: c, .. }) = &mut placement.spec.layers {
-        *c = count;
     }
 }

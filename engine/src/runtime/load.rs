@@ -99,21 +99,24 @@ fn measured_auto(
     }
     let mut names = Vec::new();
     let mut devices = Vec::new();
+    // The first hardware backend of auto's order, kept for the fit check below.
+    let mut fastest = None;
     for name in AUTO_ORDER {
         if let Ok(b) = discovery.create(name, &settings.backend_options(name)) {
             let info = b.info();
             if info.kind != DeviceKind::SoftwareGpu {
                 names.push(name.to_string());
                 devices.push(format!("{name}={}", info.device));
+                fastest.get_or_insert(b);
             }
         }
     }
-    if names.len() < 2 {
+    let Some(fastest) = fastest.filter(|_| names.len() >= 2) else {
         return Ok(None);
-    }
+    };
     // Calibration measures whole placements: a model too large for the fastest unit is split by
     // layers to fit it instead ([`budget::fit`]), unmeasured.
-    let fastest = Placement::decide(discovery, settings, &names[0], None, &mut |_| {})?;
+    let fastest = Placement::single(names[0].clone(), fastest, "--backend auto".to_string());
     let (planned, _) = plan_placed(fastest, options, 1)?;
     if let Some(u) = planned.report().units.iter().find(|u| u.over_budget()) {
         notices(Notice::Note(format!(

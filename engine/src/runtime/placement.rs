@@ -446,6 +446,14 @@ impl Placement {
         self.candidates.push((rest, Candidate::Ready(cpu)));
         Ok(self)
     }
+
+    /// Moves the cut of a [`Placement::with_first_layers`] placement: its first `count` layers on
+    /// its first unit (nothing changes on another placement).
+    pub fn set_first_layers(&mut self, count: usize) {
+        if let Some(LayerRule::First { count: c, .. }) = &mut self.spec.layers {
+            *c = count;
+        }
+    }
 }
 
 /// How fast a kind of device usually is, for defaults (lower is faster): a discrete GPU, an

@@ -203,7 +203,7 @@ impl Planned {
     /// This plan, placed again with its first `count` layers on its first unit (a placement made
     /// by [`Placement::with_first_layers`]).
     pub fn with_gpu_layers(mut self, count: usize) -> Result<Planned, LoadError> {
-        super::budget::set_first_layers(&mut self.placement, count);
+        self.placement.set_first_layers(count);
         Planned::place(self.placement, self.model, self.graph, self.parts, self.regions)
     }
 
