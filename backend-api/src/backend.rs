@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::boundary::{SharedTimeline, TimelineId};
 use crate::error::BackendError;
 use crate::graph::{Graph, Op, StepArgs};
 use crate::tensor::{BufferId, TensorDesc, Usage};
@@ -248,6 +249,61 @@ pub trait ComputeBackend: Send {
     /// measures a host copy instead).
     fn copy_bandwidth(&mut self) -> Result<Option<f64>, BackendError> {
         Ok(None)
+    }
+
+    /// Makes the host memory `ptr..ptr + len` a buffer for a tensor of `desc` (device-side
+    /// boundaries, see [`crate::boundary`]): programs read and write it in place, and so do
+    /// other backends that imported the same region. Backends that cannot return
+    /// [`BackendError::Unsupported`] (the default), and the caller copies through the host.
+    ///
+    /// # Safety
+    /// `ptr` must be aligned to [`crate::HOST_IMPORT_ALIGN`], `len` a multiple of it and at
+    /// least `desc`'s size, and the region valid for reads and writes, not freed and not
+    /// accessed through Rust references, until this backend has freed the returned buffer
+    /// ([`ComputeBackend::free`]).
+    unsafe fn import_host(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        desc: &TensorDesc,
+    ) -> Result<BufferId, BackendError> {
+        let _ = (ptr, len, desc);
+        Err(BackendError::unsupported(
+            "import_host",
+            format!("{} cannot use host memory it did not allocate", self.info().name),
+        ))
+    }
+
+    /// Exports the timeline that this backend's tickets count on, for another backend to wait
+    /// on with [`ComputeBackend::execute_after`]; `None` (the default) where the backend has
+    /// none to share.
+    fn export_timeline(&mut self) -> Result<Option<SharedTimeline>, BackendError> {
+        Ok(None)
+    }
+
+    /// Imports another backend's exported timeline; `None` (the default) where this backend
+    /// cannot wait on it (another driver or device, a handle kind it does not know).
+    fn import_timeline(&mut self, timeline: &SharedTimeline) -> Result<Option<TimelineId>, BackendError> {
+        let _ = timeline;
+        Ok(None)
+    }
+
+    /// [`ComputeBackend::execute`], with the device starting the work only once every imported
+    /// timeline of `waits` has reached its ticket: the host does not wait. The default runs
+    /// `execute` when there is nothing to wait for and refuses otherwise.
+    fn execute_after(
+        &mut self,
+        program: ProgramId,
+        args: &StepArgs<'_>,
+        waits: &[(TimelineId, Ticket)],
+    ) -> Result<Ticket, BackendError> {
+        if waits.is_empty() {
+            return self.execute(program, args);
+        }
+        Err(BackendError::unsupported(
+            "execute_after",
+            format!("{} cannot wait on another backend's timeline", self.info().name),
+        ))
     }
 }
 

@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+pub mod boundary;
 mod dtype;
 mod error;
 mod graph;
@@ -23,6 +24,7 @@ pub use backend::{
     parse_bytes, BackendInfo, BackendOptions, BackendPlugin, ComputeBackend, DeviceKind, MemoryUse, NodeTime,
     ProgramId, Support, Ticket, MEMORY_LIMIT,
 };
+pub use boundary::{SharedTimeline, TimelineId, HOST_IMPORT_ALIGN};
 pub use dtype::DType;
 pub use error::BackendError;
 pub use graph::{

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 pub const PLUGIN_MAGIC: [u8; 8] = *b"TANDEMBK";
 
 /// The version of this C layout (descriptor and function table).
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// The symbol every plugin exports: `extern "C" fn() -> *const PluginDescriptor`.
 pub const ENTRY_SYMBOL: &str = "tandem_backend_plugin";
@@ -123,6 +123,16 @@ pub struct FfiStepArgs {
     pub n_select: usize,
 }
 
+/// One wait of `execute_after`: an imported timeline and the ticket it must reach.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FfiWait {
+    /// The imported timeline's id.
+    pub timeline: u64,
+    /// The ticket (timeline value) to wait for.
+    pub ticket: u64,
+}
+
 /// Status returned by every table function: success.
 pub const STATUS_OK: i32 = 0;
 /// Status returned by every table function: failure; the error is in the `err` out-parameter
@@ -213,6 +223,36 @@ pub struct PluginVTable {
     pub memory: unsafe extern "C" fn(handle: Handle, out: *mut FfiBytes, err: *mut FfiBytes) -> i32,
     /// Measures a device copy; writes the JSON `Option<f64>` (bytes per second) to `out`.
     pub copy_bandwidth: unsafe extern "C" fn(handle: Handle, out: *mut FfiBytes, err: *mut FfiBytes) -> i32,
+    /// Makes host memory a buffer for a JSON `TensorDesc` (ABI 3).
+    pub import_host: unsafe extern "C" fn(
+        handle: Handle,
+        ptr: *mut u8,
+        len: usize,
+        desc_json: *const u8,
+        desc_len: usize,
+        out_id: *mut u64,
+        err: *mut FfiBytes,
+    ) -> i32,
+    /// Writes the JSON `Option<SharedTimeline>` to `out` (ABI 3).
+    pub export_timeline: unsafe extern "C" fn(handle: Handle, out: *mut FfiBytes, err: *mut FfiBytes) -> i32,
+    /// Reads a JSON `SharedTimeline`, writes the JSON `Option<TimelineId>` (ABI 3).
+    pub import_timeline: unsafe extern "C" fn(
+        handle: Handle,
+        timeline_json: *const u8,
+        timeline_len: usize,
+        out: *mut FfiBytes,
+        err: *mut FfiBytes,
+    ) -> i32,
+    /// Executes a program once `n_waits` timelines have reached their tickets (ABI 3).
+    pub execute_after: unsafe extern "C" fn(
+        handle: Handle,
+        program: u64,
+        args: *const FfiStepArgs,
+        waits: *const FfiWait,
+        n_waits: usize,
+        out_ticket: *mut u64,
+        err: *mut FfiBytes,
+    ) -> i32,
     /// Gives back bytes the plugin allocated.
     pub free_bytes: unsafe extern "C" fn(bytes: FfiBytes),
 }

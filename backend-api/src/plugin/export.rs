@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 
 use super::abi::*;
 use crate::backend::{BackendOptions, BackendPlugin, ProgramId, Ticket};
+use crate::boundary::{SharedTimeline, TimelineId};
 use crate::error::BackendError;
 use crate::graph::{Graph, Op, StepArgs};
 use crate::tensor::{BufferId, TensorDesc};
@@ -42,6 +43,10 @@ pub const fn descriptor<T: BackendPlugin>() -> PluginDescriptor {
             profile: profile::<T>,
             memory: memory::<T>,
             copy_bandwidth: copy_bandwidth::<T>,
+            import_host: import_host::<T>,
+            export_timeline: export_timeline::<T>,
+            import_timeline: import_timeline::<T>,
+            execute_after: execute_after::<T>,
             free_bytes,
         },
     }
@@ -363,6 +368,24 @@ unsafe extern "C" fn compile<T: BackendPlugin>(
     }
 }
 
+/// The step arguments behind `args`.
+///
+/// # Safety
+/// `args` is non-null and points to a live `FfiStepArgs` whose arrays the host keeps alive for
+/// the returned lifetime.
+unsafe fn step_in<'a>(args: *const FfiStepArgs) -> StepArgs<'a> {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        let a = &*args;
+        StepArgs {
+            tokens: u32s_in(a.tokens, a.n_tokens),
+            positions: u32s_in(a.positions, a.n_positions),
+            slots: u32s_in(a.slots, a.n_slots),
+            select: u32s_in(a.select, a.n_select),
+        }
+    }
+}
+
 unsafe extern "C" fn execute<T: BackendPlugin>(
     handle: Handle,
     program: u64,
@@ -374,17 +397,8 @@ unsafe extern "C" fn execute<T: BackendPlugin>(
         // SAFETY: `err` is null or valid for a write.
         return unsafe { fail(err, &BackendError::invalid("execute: null step arguments")) };
     }
-    // SAFETY: non-null `args` points to a live `FfiStepArgs` whose arrays the host keeps alive
-    // for the duration of the call.
-    let step = unsafe {
-        let a = &*args;
-        StepArgs {
-            tokens: u32s_in(a.tokens, a.n_tokens),
-            positions: u32s_in(a.positions, a.n_positions),
-            slots: u32s_in(a.slots, a.n_slots),
-            select: u32s_in(a.select, a.n_select),
-        }
-    };
+    // SAFETY: non-null `args`, kept alive by the host for the call.
+    let step = unsafe { step_in(args) };
     // SAFETY: handle/err/out_ticket validity is the host's promise.
     unsafe {
         call::<T, _>(
@@ -451,6 +465,117 @@ unsafe extern "C" fn copy_bandwidth<T: BackendPlugin>(
             err,
             |b| json_out(&b.copy_bandwidth()?),
             |v| out.write(into_ffi(v)),
+        )
+    }
+}
+
+unsafe extern "C" fn import_host<T: BackendPlugin>(
+    handle: Handle,
+    ptr: *mut u8,
+    len: usize,
+    desc_json: *const u8,
+    desc_len: usize,
+    out_id: *mut u64,
+    err: *mut FfiBytes,
+) -> i32 {
+    // SAFETY: the host passes a live slice of `desc_len` bytes.
+    let bytes = unsafe { bytes_in(desc_json, desc_len) };
+    // SAFETY: handle/err/out_id validity is the host's promise; the region's is the promise of
+    // `ComputeBackend::import_host`, which the host made to call this.
+    unsafe {
+        call::<T, _>(
+            handle,
+            "import_host",
+            err,
+            |b| {
+                let desc: TensorDesc = json_in(bytes, "tensor description")?;
+                b.import_host(ptr, len, &desc)
+            },
+            |id| out_id.write(id.0),
+        )
+    }
+}
+
+unsafe extern "C" fn export_timeline<T: BackendPlugin>(
+    handle: Handle,
+    out: *mut FfiBytes,
+    err: *mut FfiBytes,
+) -> i32 {
+    // SAFETY: handle/err validity is the host's promise; `out` is valid for a write.
+    unsafe {
+        call::<T, _>(
+            handle,
+            "export_timeline",
+            err,
+            |b| json_out(&b.export_timeline()?),
+            |v| out.write(into_ffi(v)),
+        )
+    }
+}
+
+unsafe extern "C" fn import_timeline<T: BackendPlugin>(
+    handle: Handle,
+    timeline_json: *const u8,
+    timeline_len: usize,
+    out: *mut FfiBytes,
+    err: *mut FfiBytes,
+) -> i32 {
+    // SAFETY: the host passes a live slice of `timeline_len` bytes.
+    let bytes = unsafe { bytes_in(timeline_json, timeline_len) };
+    // SAFETY: handle/err/out validity is the host's promise.
+    unsafe {
+        call::<T, _>(
+            handle,
+            "import_timeline",
+            err,
+            |b| {
+                let t: SharedTimeline = json_in(bytes, "shared timeline")?;
+                json_out(&b.import_timeline(&t)?)
+            },
+            |v| out.write(into_ffi(v)),
+        )
+    }
+}
+
+unsafe extern "C" fn execute_after<T: BackendPlugin>(
+    handle: Handle,
+    program: u64,
+    args: *const FfiStepArgs,
+    waits: *const FfiWait,
+    n_waits: usize,
+    out_ticket: *mut u64,
+    err: *mut FfiBytes,
+) -> i32 {
+    if args.is_null() || (waits.is_null() && n_waits > 0) {
+        // SAFETY: `err` is null or valid for a write.
+        return unsafe { fail(err, &BackendError::invalid("execute_after: null arguments")) };
+    }
+    // SAFETY: non-null `args`, kept alive by the host for the call.
+    let step = unsafe { step_in(args) };
+    let waits: &[FfiWait] = if n_waits == 0 {
+        &[]
+    } else {
+        // SAFETY: the host passes a live array of `n_waits` waits.
+        unsafe { std::slice::from_raw_parts(waits, n_waits) }
+    };
+    // At most a handful of waits (one per other unit): a small fixed array, no allocation.
+    let mut pairs = [(TimelineId(0), Ticket(0)); 8];
+    if waits.len() > pairs.len() {
+        // SAFETY: `err` is null or valid for a write.
+        return unsafe { fail(err, &BackendError::invalid("execute_after: more than 8 waits")) };
+    }
+    for (p, w) in pairs.iter_mut().zip(waits) {
+        *p = (TimelineId(w.timeline), Ticket(w.ticket));
+    }
+    let pairs = &pairs[..waits.len()];
+    // SAFETY: handle/err/out_ticket validity is the host's promise.
+    unsafe {
+        call::<T, _>(
+            handle,
+            "execute_after",
+            err,
+            |b| b.execute_after(ProgramId(program), &step, pairs),
+            |t| out_ticket.write(t.0),
         )
     }
 }

@@ -8,6 +8,7 @@ use super::abi::*;
 use crate::backend::{
     BackendInfo, BackendOptions, ComputeBackend, MemoryUse, NodeTime, ProgramId, Support, Ticket,
 };
+use crate::boundary::{SharedTimeline, TimelineId};
 use crate::error::BackendError;
 use crate::graph::{Graph, Op, StepArgs};
 use crate::tensor::{BufferId, TensorDesc, Usage};
@@ -314,6 +315,20 @@ fn encode<V: serde::Serialize>(v: &V) -> Result<Vec<u8>, BackendError> {
     serde_json::to_vec(v).map_err(|e| BackendError::internal(format!("cannot encode an argument: {e}")))
 }
 
+/// `args` as pointers and lengths (valid while `args` is).
+fn ffi_args(args: &StepArgs<'_>) -> FfiStepArgs {
+    FfiStepArgs {
+        tokens: args.tokens.as_ptr(),
+        n_tokens: args.tokens.len(),
+        positions: args.positions.as_ptr(),
+        n_positions: args.positions.len(),
+        slots: args.slots.as_ptr(),
+        n_slots: args.slots.len(),
+        select: args.select.as_ptr(),
+        n_select: args.select.len(),
+    }
+}
+
 impl ComputeBackend for PluginBackend {
     fn info(&self) -> BackendInfo {
         // SAFETY: live handle; out/err point to locals.
@@ -386,16 +401,7 @@ impl ComputeBackend for PluginBackend {
     }
 
     fn execute(&mut self, program: ProgramId, args: &StepArgs<'_>) -> Result<Ticket, BackendError> {
-        let ffi = FfiStepArgs {
-            tokens: args.tokens.as_ptr(),
-            n_tokens: args.tokens.len(),
-            positions: args.positions.as_ptr(),
-            n_positions: args.positions.len(),
-            slots: args.slots.as_ptr(),
-            n_slots: args.slots.len(),
-            select: args.select.as_ptr(),
-            n_select: args.select.len(),
-        };
+        let ffi = ffi_args(args);
         let mut ticket = 0u64;
         // SAFETY: live handle; `ffi` and the slices it points to outlive the call.
         self.unit_call("execute", |t, h, err| unsafe {
@@ -434,6 +440,64 @@ impl ComputeBackend for PluginBackend {
             (t.copy_bandwidth)(h, out, err)
         })?;
         self.decode(&reply, "copy_bandwidth")
+    }
+
+    unsafe fn import_host(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        desc: &TensorDesc,
+    ) -> Result<BufferId, BackendError> {
+        let json = encode(desc)?;
+        let mut id = 0u64;
+        // SAFETY: live handle; `json` and `id` outlive the call; the region's validity is our
+        // caller's promise, passed on unchanged.
+        self.unit_call("import_host", |t, h, err| unsafe {
+            (t.import_host)(h, ptr, len, json.as_ptr(), json.len(), &mut id, err)
+        })?;
+        Ok(BufferId(id))
+    }
+
+    fn export_timeline(&mut self) -> Result<Option<SharedTimeline>, BackendError> {
+        // SAFETY: live handle; out/err point to locals.
+        let reply = self.json_call("export_timeline", |t, h, out, err| unsafe {
+            (t.export_timeline)(h, out, err)
+        })?;
+        self.decode(&reply, "export_timeline")
+    }
+
+    fn import_timeline(&mut self, timeline: &SharedTimeline) -> Result<Option<TimelineId>, BackendError> {
+        let json = encode(timeline)?;
+        // SAFETY: live handle; `json` outlives the call; out/err point to locals.
+        let reply = self.json_call("import_timeline", |t, h, out, err| unsafe {
+            (t.import_timeline)(h, json.as_ptr(), json.len(), out, err)
+        })?;
+        self.decode(&reply, "import_timeline")
+    }
+
+    fn execute_after(
+        &mut self,
+        program: ProgramId,
+        args: &StepArgs<'_>,
+        waits: &[(TimelineId, Ticket)],
+    ) -> Result<Ticket, BackendError> {
+        let ffi = ffi_args(args);
+        let mut buf = [FfiWait { timeline: 0, ticket: 0 }; 8];
+        if waits.len() > buf.len() {
+            return Err(BackendError::invalid("execute_after: more than 8 waits"));
+        }
+        for (b, (t, k)) in buf.iter_mut().zip(waits) {
+            *b = FfiWait {
+                timeline: t.0,
+                ticket: k.0,
+            };
+        }
+        let mut ticket = 0u64;
+        // SAFETY: live handle; `ffi`, the slices it points to and `buf` outlive the call.
+        self.unit_call("execute_after", |t, h, err| unsafe {
+            (t.execute_after)(h, program.0, &ffi, buf.as_ptr(), waits.len(), &mut ticket, err)
+        })?;
+        Ok(Ticket(ticket))
     }
 }
 
