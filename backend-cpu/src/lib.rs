@@ -10,7 +10,8 @@
 //!
 //! Memory: the buffers `alloc` makes (weights, KV caches, activations) count against a budget,
 //! the host's `MemTotal` or the smaller backend option `memory_limit`; `alloc` refuses what
-//! would pass it. Program storage made at `compile` is not counted.
+//! would pass it. Program storage made at `compile` and host memory imported with `import_host`
+//! (the engine's, shared with another backend at a split's boundary) are not counted.
 
 pub mod attention;
 mod convert;
@@ -24,7 +25,7 @@ use tandem_backend_api::kit::{
 use tandem_backend_api::{
     BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, DeviceKind, Graph,
     Op, ProgramId, RowCount, StepArgs, Support, TensorDesc, Ticket, Usage, ValueShape, WeightRef,
-    MEMORY_LIMIT,
+    HOST_IMPORT_ALIGN, MEMORY_LIMIT,
 };
 
 use kernels::AttentionShape;
@@ -34,22 +35,55 @@ use weight::WeightView;
 struct Buffer {
     desc: TensorDesc,
     usage: Usage,
-    words: Vec<u32>,
+    storage: Storage,
     len: usize,
 }
+
+/// Where a buffer's bytes are.
+enum Storage {
+    /// Allocated by `alloc`, counted against the budget.
+    Owned(Vec<u32>),
+    /// Host memory of the engine's, imported by `import_host` (not counted).
+    Imported(Region),
+}
+
+/// A region passed to `import_host`: `len` bytes at `ptr`, aligned to `HOST_IMPORT_ALIGN`.
+struct Region {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the region is plain host memory that `import_host`'s caller keeps valid and does not
+// touch through Rust references until the buffer is freed; the backend (and with it the region)
+// is used by one thread at a time (`ComputeBackend` takes `&mut self`).
+unsafe impl Send for Region {}
 
 impl Buffer {
     /// The bytes it holds, as counted against the memory budget.
     fn held(&self) -> u64 {
-        self.words.len() as u64 * 4
+        match &self.storage {
+            Storage::Owned(words) => words.len() as u64 * 4,
+            Storage::Imported(_) => 0,
+        }
     }
 
     fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.words)[..self.len]
+        match &self.storage {
+            Storage::Owned(words) => &bytemuck::cast_slice(words)[..self.len],
+            // SAFETY: `import_host`'s contract: the region is valid for reads of `r.len` bytes
+            // and no Rust reference aliases it while the buffer exists; `self.len <= r.len`.
+            Storage::Imported(r) => unsafe { &std::slice::from_raw_parts(r.ptr.as_ptr(), r.len)[..self.len] },
+        }
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+        match &mut self.storage {
+            Storage::Owned(words) => &mut bytemuck::cast_slice_mut(words)[..self.len],
+            // SAFETY: as in `bytes`, for writes; `&mut self` makes this the only view.
+            Storage::Imported(r) => unsafe {
+                &mut std::slice::from_raw_parts_mut(r.ptr.as_ptr(), r.len)[..self.len]
+            },
+        }
     }
 }
 
@@ -408,11 +442,39 @@ impl ComputeBackend for CpuBackend {
         let buf = Buffer {
             desc: desc.clone(),
             usage,
-            words,
+            storage: Storage::Owned(words),
             len,
         };
         self.in_use += buf.held();
         Ok(self.buffers.insert(buf))
+    }
+
+    unsafe fn import_host(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        desc: &TensorDesc,
+    ) -> Result<BufferId, BackendError> {
+        let bytes = desc.byte_size()?;
+        let ptr = std::ptr::NonNull::new(ptr)
+            .ok_or_else(|| BackendError::invalid("import_host: a null pointer"))?;
+        if ptr.as_ptr() as usize % HOST_IMPORT_ALIGN != 0 || len % HOST_IMPORT_ALIGN != 0 {
+            return Err(BackendError::invalid(format!(
+                "import_host: the region ({len} bytes at {:p}) is not aligned to {HOST_IMPORT_ALIGN} bytes",
+                ptr.as_ptr()
+            )));
+        }
+        if (len as u64) < bytes {
+            return Err(BackendError::invalid(format!(
+                "import_host: {len} bytes cannot hold {desc} ({bytes} bytes)"
+            )));
+        }
+        Ok(self.buffers.insert(Buffer {
+            desc: desc.clone(),
+            usage: Usage::Activation,
+            storage: Storage::Imported(Region { ptr, len }),
+            len: bytes as usize,
+        }))
     }
 
     fn write(&mut self, buffer: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
@@ -479,6 +541,68 @@ mod tests {
         let mut o = BackendOptions::default();
         o.set(MEMORY_LIMIT, limit).set("threads", "1");
         CpuBackend::create(&o)
+    }
+
+    #[test]
+    fn imported_host_memory_is_read_and_written_in_place() {
+        use std::alloc::{alloc_zeroed, dealloc, Layout};
+        use tandem_backend_api::GraphBuilder;
+        let mut b = with_limit("1MiB").unwrap();
+        let layout = Layout::from_size_align(HOST_IMPORT_ALIGN, HOST_IMPORT_ALIGN).unwrap();
+        // SAFETY: a non-zero layout; both regions are freed below, after the buffers.
+        let (a, c) = unsafe { (alloc_zeroed(layout), alloc_zeroed(layout)) };
+        let desc = TensorDesc::new(DType::F32, [2, 3]);
+        // SAFETY: aligned regions of HOST_IMPORT_ALIGN bytes, untouched until freed below.
+        let (ia, ic) = unsafe {
+            (
+                b.import_host(a, HOST_IMPORT_ALIGN, &desc).unwrap(),
+                b.import_host(c, HOST_IMPORT_ALIGN, &desc).unwrap(),
+            )
+        };
+        let x: Vec<f32> = (1..=6).map(|v| v as f32).collect();
+        b.write(ia, 0, bytemuck::cast_slice(&x)).unwrap();
+        let mut g = GraphBuilder::new("double", 2, 2);
+        let v = g.push1(Op::Input {
+            buffer: ia,
+            cols: 3,
+            selected: false,
+        });
+        let y = g.push1(Op::Add { a: v, b: v });
+        g.push(Op::Output { x: y, buffer: ic });
+        let p = b.compile(&g.finish()).unwrap();
+        let t = b
+            .execute(
+                p,
+                &StepArgs {
+                    tokens: &[0, 0],
+                    positions: &[0, 1],
+                    slots: &[0, 0],
+                    select: &[0, 1],
+                },
+            )
+            .unwrap();
+        b.wait(t).unwrap();
+        // SAFETY: the program has finished; the region holds 6 f32 written by it.
+        let out = unsafe { std::slice::from_raw_parts(c as *const f32, 6) }.to_vec();
+        assert_eq!(out, x.iter().map(|v| v * 2.0).collect::<Vec<_>>());
+        // Imported memory is not the backend's: it does not count against its limit.
+        assert_eq!(b.in_use, 0);
+        // Misaligned or too short: an error, not a panic.
+        // SAFETY: rejected before the region is used.
+        let e = unsafe { b.import_host(a.wrapping_add(4), HOST_IMPORT_ALIGN, &desc) };
+        assert!(e.unwrap_err().to_string().contains("aligned"));
+        let big = TensorDesc::new(DType::F32, [HOST_IMPORT_ALIGN, 1]);
+        // SAFETY: rejected before the region is used.
+        let e = unsafe { b.import_host(a, HOST_IMPORT_ALIGN, &big) };
+        assert!(e.unwrap_err().to_string().contains("cannot hold"));
+        b.release(p).unwrap();
+        b.free(ia).unwrap();
+        b.free(ic).unwrap();
+        // SAFETY: allocated above with `layout`; the backend no longer holds them.
+        unsafe {
+            dealloc(a, layout);
+            dealloc(c, layout);
+        }
     }
 
     #[test]

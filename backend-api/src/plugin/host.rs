@@ -482,7 +482,10 @@ impl ComputeBackend for PluginBackend {
         waits: &[(TimelineId, Ticket)],
     ) -> Result<Ticket, BackendError> {
         let ffi = ffi_args(args);
-        let mut buf = [FfiWait { timeline: 0, ticket: 0 }; 8];
+        let mut buf = [FfiWait {
+            timeline: 0,
+            ticket: 0,
+        }; 8];
         if waits.len() > buf.len() {
             return Err(BackendError::invalid("execute_after: more than 8 waits"));
         }

@@ -81,7 +81,11 @@ pub fn load(
 ) -> Result<Loaded, LoadError> {
     let (planned, files) = plan_files(search, settings, options, slots, notices)?;
     let micro_batches = settings.placement.micro_batches.unwrap_or(1);
-    load_planned(planned, files, micro_batches, notices, progress)
+    let mut loaded = load_planned(planned, files, micro_batches, notices, progress)?;
+    loaded
+        .session
+        .set_boundaries(settings.placement.boundaries.unwrap_or_default());
+    Ok(loaded)
 }
 
 /// For `auto` without `[placement]` lists, when two or more hardware backends are available:

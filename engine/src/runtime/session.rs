@@ -4,7 +4,8 @@
 
 use tandem_backend_api::{BackendError, ComputeBackend, NodeTime, StepArgs};
 
-use super::split::{Phase, ScheduleError, SplitScheduler};
+use super::split::program::BoundaryCounts;
+use super::split::{BoundaryMode, Phase, ScheduleError, SplitScheduler};
 use crate::model::Gemma3Model;
 
 /// What went wrong while running the model.
@@ -103,6 +104,17 @@ impl Session {
     /// ([`SplitScheduler::set_micro_batches`]).
     pub fn set_micro_batches(&mut self, n: usize) {
         self.scheduler.set_micro_batches(n);
+    }
+
+    /// Sets how values cross between the units of a split
+    /// ([`SplitScheduler::set_boundaries`]).
+    pub fn set_boundaries(&mut self, mode: BoundaryMode) {
+        self.scheduler.set_boundaries(mode);
+    }
+
+    /// What the last step's boundaries did ([`SplitScheduler::boundary_counts`]).
+    pub fn boundary_counts(&self) -> BoundaryCounts {
+        self.scheduler.boundary_counts()
     }
 
     /// The units' instance names, in unit order.

@@ -34,6 +34,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use tandem_backend_api::BackendOptions;
 
+use super::split::BoundaryMode;
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -69,6 +71,9 @@ pub struct PlacementSettings {
     /// Micro-batches a split decode step of several sequences is pipelined in (1 to 4; 1: none).
     #[serde(default, deserialize_with = "micro_batches")]
     pub micro_batches: Option<usize>,
+    /// How values cross between units of a split: `"device"` (the default: shared memory and
+    /// device waits where both units allow them) or `"host"` (always wait and copy on the host).
+    pub boundaries: Option<BoundaryMode>,
     /// `[placement.decode]`: lists for generating tokens.
     pub decode: Option<PhaseLists>,
     /// `[placement.layers]`: whole decoder layers per unit.

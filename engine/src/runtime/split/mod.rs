@@ -18,21 +18,29 @@
 //! checks it when it builds a shape (same node count, same op at every position) and refuses a
 //! graph that differs.
 //!
+//! **Boundaries**: where both units allow it, a value crossing between units lives in host
+//! memory both imported (no copy) and the consumer's device waits for the producer's ticket (no
+//! host wait); elsewhere the host waits and copies ([`program`]). [`BoundaryMode::Host`] forces
+//! the host path everywhere.
+//!
 //! **Micro-batches**: a decode step of several sequences on a split that changes unit within a
 //! decode step may be cut into up to [`MAX_MICRO_BATCHES`] pieces, pipelined so that one unit
 //! works on one piece while another unit works on the next
 //! ([`SplitScheduler::set_micro_batches`]).
 
+#[cfg(test)]
+mod fake;
 mod kv;
 pub mod plan;
 pub mod program;
+mod shared;
 
 use std::collections::HashMap;
 
-use tandem_backend_api::{BackendError, BufferId, ComputeBackend, Graph, NodeTime, Op, StepArgs, Ticket};
+use tandem_backend_api::{BackendError, BufferId, ComputeBackend, Graph, NodeTime, Op, StepArgs, TimelineId};
 
 use self::kv::KvHandoff;
-use self::program::Scheduled;
+use self::program::{Boundaries, BoundaryCounts, Scheduled};
 use crate::model::Gemma3Model;
 
 /// The two phases of generation, which may run on different units.
@@ -119,6 +127,27 @@ fn invalid(context: &str, message: String) -> ScheduleError {
 /// The most micro-batches [`SplitScheduler::set_micro_batches`] takes.
 pub const MAX_MICRO_BATCHES: usize = 4;
 
+/// How values cross between units.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundaryMode {
+    /// Shared host memory and device waits where both units allow them, the host elsewhere.
+    #[default]
+    Device,
+    /// Always through the host: wait for the producer, copy, then submit the consumer.
+    Host,
+}
+
+impl BoundaryMode {
+    /// Its name in `[placement] boundaries`.
+    pub fn key(self) -> &'static str {
+        match self {
+            BoundaryMode::Device => "device",
+            BoundaryMode::Host => "host",
+        }
+    }
+}
+
 /// One step shape: what a compiled set of programs serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct StepKey {
@@ -141,6 +170,10 @@ pub struct SplitScheduler {
     /// `0, 1, 2, ...`: the select rows of a micro-batch (grown, never shrunk).
     iota: Vec<u32>,
     last: Option<StepKey>,
+    mode: BoundaryMode,
+    /// `timelines[consumer][producer]`: the producer's timeline imported by the consumer, once
+    /// asked (on the first build with device boundaries).
+    timelines: Option<Vec<Vec<Option<TimelineId>>>>,
 }
 
 /// The unit of each layer's attention node, in layer order, given the unit of every node of
@@ -197,7 +230,79 @@ impl SplitScheduler {
             micro_batches: 1,
             iota: Vec::new(),
             last: None,
+            mode: BoundaryMode::Device,
+            timelines: None,
         })
+    }
+
+    /// Sets how values cross between units (programs built so far are released and rebuilt on
+    /// the next step).
+    pub fn set_boundaries(&mut self, mode: BoundaryMode) {
+        if mode != self.mode {
+            self.mode = mode;
+            for p in self.programs.values_mut().flatten() {
+                p.release(&mut self.units);
+            }
+            self.programs.clear();
+            self.last = None;
+        }
+    }
+
+    /// How values cross between units.
+    pub fn boundaries(&self) -> BoundaryMode {
+        self.mode
+    }
+
+    /// What the last step's boundaries did (all zero on one unit or before a step).
+    pub fn boundary_counts(&self) -> BoundaryCounts {
+        let Some(s) = self.last.and_then(|k| self.programs.get(&k)) else {
+            return BoundaryCounts::default();
+        };
+        s.iter().fold(BoundaryCounts::default(), |a, p| {
+            let c = p.boundary_counts();
+            BoundaryCounts {
+                shared_values: a.shared_values + c.shared_values,
+                copied_values: a.copied_values + c.copied_values,
+                device_waits: a.device_waits + c.device_waits,
+                host_waits: a.host_waits + c.host_waits,
+            }
+        })
+    }
+
+    /// Every unit's timeline imported by every other unit that can wait on it (asked once).
+    fn share_timelines(&mut self) -> Result<(), ScheduleError> {
+        if self.timelines.is_some() {
+            return Ok(());
+        }
+        let n = self.units.len();
+        let mut t = vec![vec![None; n]; n];
+        for p in 0..n {
+            let exported = self.units[p]
+                .backend
+                .export_timeline()
+                .map_err(err(format!("exporting the timeline of {}", self.units[p].name)))?;
+            let Some(shared) = exported else { continue };
+            let mut result = Ok(());
+            for (c, row) in t.iter_mut().enumerate().filter(|(c, _)| *c != p) {
+                match self.units[c].backend.import_timeline(&shared) {
+                    Ok(id) => row[p] = id,
+                    Err(e) => {
+                        result = Err(ScheduleError {
+                            context: format!(
+                                "importing the timeline of {} into {}",
+                                self.units[p].name, self.units[c].name
+                            ),
+                            error: e,
+                        });
+                        break;
+                    }
+                }
+            }
+            shared::close(shared);
+            result?;
+        }
+        self.timelines = Some(t);
+        Ok(())
     }
 
     /// Sets how many micro-batches a split decode step of several sequences (every row
@@ -287,6 +392,20 @@ impl SplitScheduler {
         if self.programs.contains_key(&key) {
             return Ok(());
         }
+        if self.mode == BoundaryMode::Device && self.units.len() > 1 {
+            self.share_timelines()?;
+        }
+        let boundaries = match (&self.mode, &self.timelines) {
+            (BoundaryMode::Device, Some(t)) => Boundaries {
+                share_memory: true,
+                timelines: t,
+            },
+            (BoundaryMode::Device, None) => Boundaries {
+                share_memory: true,
+                timelines: &[],
+            },
+            (BoundaryMode::Host, _) => Boundaries::HOST,
+        };
         let vocab = model.config.vocab_size;
         let mut graphs: Vec<((usize, usize), Graph)> = Vec::new();
         let mut schedules = Vec::new();
@@ -299,7 +418,7 @@ impl SplitScheduler {
             };
             let built = self.graph_index(model, &mut graphs, shape).and_then(|i| {
                 let placement = &self.placement[key.phase.index()];
-                Scheduled::build(&mut self.units, &graphs[i].1, placement, vocab)
+                Scheduled::build(&mut self.units, &graphs[i].1, placement, vocab, &boundaries)
             });
             match built {
                 Ok(s) => schedules.push(s),
@@ -414,18 +533,17 @@ impl SplitScheduler {
             // what they were given of micro-batches j - 1 (their later parts) and j + 1 (their
             // first parts): nothing waits for a whole part of every micro-batch to finish.
             let parts = schedules[0].len();
-            let mut tickets = [Ticket(0); MAX_MICRO_BATCHES];
-            for (j, t) in tickets.iter_mut().enumerate().take(m) {
-                *t = schedules[j].submit(0, units, &part(j))?;
+            for (j, s) in schedules.iter_mut().enumerate().take(m) {
+                s.submit(0, units, &part(j))?;
             }
-            for (j, t) in tickets.iter_mut().enumerate().take(m) {
+            for (j, s) in schedules.iter_mut().enumerate().take(m) {
                 for i in 0..parts - 1 {
-                    schedules[j].finish(i, *t, units)?;
-                    *t = schedules[j].submit(i + 1, units, &part(j))?;
+                    s.finish(i, units)?;
+                    s.submit(i + 1, units, &part(j))?;
                 }
             }
-            for (j, t) in tickets.iter().enumerate().take(m) {
-                schedules[j].finish(parts - 1, *t, units)?;
+            for s in schedules.iter_mut().take(m) {
+                s.settle(units)?;
             }
         }
         self.last = Some(key);
