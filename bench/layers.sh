@@ -31,6 +31,10 @@
 #        $OUT/gemma3-27b-run.stderr (the note saying how it was split);
 #     3. llama-bench -ngl N, tandem bench (that config, --backend auto), llama-bench -ngl N+1:
 #        PROMPT_27B prompt tokens, GEN_27B generated, REPEAT_27B repeats.
+#   HOST_BOUNDARIES=1 adds, to parts 1b/4b, the vulkan/vulkan#2 and --gpu-layers N runs again with
+#     `[placement] boundaries = "host"` (labels tandem-vv-host, tandem-ngl<N>-host; the greedy
+#     check too): device-side boundaries against the host path, in the same call. VV_MB_BATCHES
+#     adds vulkan/vulkan#2 runs with `micro_batches = 2` at those batches (tandem-vv-b<B>-mb2).
 #   The GGUF of each shape is deleted at the end of its part.
 # Every engine and llama-bench call runs under `timeout` (STEP_TIMEOUT, and never past BUDGET_S
 # seconds from the start: a step with too little time left is skipped and says so), so the run
@@ -58,6 +62,9 @@
 #                                  minutes)
 #   NGL_1B, NGL_4B    N                                                 (13, 17)
 #   LLAMA_PLUS1       1: also llama-bench -ngl N+1                      (1)
+#   LLAMA_RUNS        0: no llama.cpp build or runs (tandem only)       (1)
+#   HOST_BOUNDARIES   1: also the host-boundary runs (see above)        (0)
+#   VV_MB_BATCHES     batches of vulkan/vulkan#2 micro_batches=2 runs   (empty: none)
 #   PROMPT_27B, GEN_27B, REPEAT_27B, LIMIT_27B   (64, 16, 1, 8GiB)
 #   NGL_27B           N when neither the placement nor the note says it (empty)
 #   LLAMA_BENCH       the llama-bench binary                            (/tmp/lcpp/build/bin/llama-bench)
@@ -82,6 +89,9 @@ MB_R=${MB_REPEAT:-$R}
 NGL_1B=${NGL_1B:-13}
 NGL_4B=${NGL_4B:-17}
 LLAMA_PLUS1=${LLAMA_PLUS1:-1}
+LLAMA_RUNS=${LLAMA_RUNS:-1}
+HOST_BOUNDARIES=${HOST_BOUNDARIES:-0}
+VV_MB_BATCHES=${VV_MB_BATCHES:-}
 P27=${PROMPT_27B:-64}
 G27=${GEN_27B:-16}
 R27=${REPEAT_27B:-1}
@@ -93,7 +103,7 @@ W=${WORK:-/tmp/tandem-layers}
 OUT=${OUT:-$PWD/layers-out}
 J=$W/json
 PARTS=${PARTS//small/1b 4b}
-COMMAND="PARTS=\"$PARTS\" PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R VULKAN_BATCHES=$VULKAN_BATCHES MB_BATCHES_1B=\"$MB_BATCHES_1B\" MB_BATCHES_4B=\"$MB_BATCHES_4B\" MB_PROMPT_TOKENS=$MB_P MB_GEN_TOKENS=$MB_G MB_REPEAT=$MB_R NGL_1B=$NGL_1B NGL_4B=$NGL_4B PROMPT_27B=$P27 GEN_27B=$G27 REPEAT_27B=$R27 LIMIT_27B=$LIMIT_27B bash bench/layers.sh"
+COMMAND="PARTS=\"$PARTS\" PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R VULKAN_BATCHES=$VULKAN_BATCHES MB_BATCHES_1B=\"$MB_BATCHES_1B\" MB_BATCHES_4B=\"$MB_BATCHES_4B\" MB_PROMPT_TOKENS=$MB_P MB_GEN_TOKENS=$MB_G MB_REPEAT=$MB_R NGL_1B=$NGL_1B NGL_4B=$NGL_4B LLAMA_RUNS=$LLAMA_RUNS HOST_BOUNDARIES=$HOST_BOUNDARIES VV_MB_BATCHES=\"$VV_MB_BATCHES\" PROMPT_27B=$P27 GEN_27B=$G27 REPEAT_27B=$R27 LIMIT_27B=$LIMIT_27B bash bench/layers.sh"
 PROMPT_IDS=2,1000,2000,3000,4000
 rm -rf "$J"
 mkdir -p "$W" "$J" "$OUT"
@@ -220,6 +230,12 @@ small() {
     greedy "vulkan" --backend vulkan
     greedy "vulkan --gpu-layers $N" --backend vulkan --gpu-layers "$N"
     greedy "vulkan+vulkan#2 layers" --config "$vv" --backend auto
+    if [ "$HOST_BOUNDARIES" = 1 ]; then
+        vvh=$W/vvh-$shape.toml
+        printf '[placement]\nboundaries = "host"\n' | cat - "$vv" >"$vvh"
+        printf '[placement]\nboundaries = "host"\n' >"$W/host.toml"
+        greedy "vulkan+vulkan#2 layers, host boundaries" --config "$vvh" --backend auto
+    fi
     python3 - "$W/greedy.tsv" >"$J/$shape-greedy.json" <<'PY'
 import json, sys
 ids = {}
@@ -245,6 +261,14 @@ PY
     llama "llama-ngl99" 99 "$P" "$G" "$R"
     tandem "tandem-vulkan" --backend vulkan --prompt-tokens "$P" --gen-tokens "$G" --batch "$VULKAN_BATCHES" --repeat "$R"
     tandem "tandem-vv" --config "$vv" --backend auto --prompt-tokens "$P" --gen-tokens "$G" --batch "$VULKAN_BATCHES" --repeat "$R"
+    if [ "$HOST_BOUNDARIES" = 1 ]; then
+        tandem "tandem-vv-host" --config "$vvh" --backend auto --prompt-tokens "$P" --gen-tokens "$G" --batch "$VULKAN_BATCHES" --repeat "$R"
+        tandem "tandem-ngl$N-host" --config "$W/host.toml" --backend vulkan --gpu-layers "$N" --prompt-tokens "$P" --gen-tokens "$G" --batch 1 --repeat "$R"
+    fi
+    for b in $VV_MB_BATCHES; do
+        printf '[placement]\nmicro_batches = 2\n' | cat - "$vv" >"$W/vv-mb2.toml"
+        tandem "tandem-vv-b$b-mb2" --config "$W/vv-mb2.toml" --backend auto --prompt-tokens "$MB_P" --gen-tokens "$MB_G" --batch "$b" --repeat "$MB_R"
+    done
     for b in $mbs; do
         for m in 1 2; do
             printf '[placement]\nmicro_batches = %d\n' "$m" >"$W/mb$m.toml"
@@ -334,7 +358,10 @@ chmod +x "$E" 2>/dev/null
 # llama.cpp's llama-bench (build only); without it the tandem runs still go on.
 s=$(date +%s)
 LLAMA=${LLAMA_BENCH:-/tmp/lcpp/build/bin/llama-bench}
-if OUTDIR=$W/peer TARGETS=llama-bench MODELS="" bash "$PEER/build-and-bench.sh"; then
+if [ "$LLAMA_RUNS" != 1 ]; then
+    echo "LLAMA_RUNS=$LLAMA_RUNS: tandem only"
+    LLAMA=
+elif OUTDIR=$W/peer TARGETS=llama-bench MODELS="" bash "$PEER/build-and-bench.sh"; then
     echo "llama-bench ready in $(($(date +%s) - s)) s"
 else
     echo "llama.cpp did not build ($W/peer/build.log): tandem only"

@@ -206,6 +206,33 @@ def small_section(name, shape):
     t.add(f"llama.cpp -ngl {n} / llama.cpp -ngl 99", 1, llama_run(shape, f"llama-ngl{n}"), llama_run(shape, "llama-ngl99"))
     for b in vv_batches(shape):
         t.add("vulkan+vulkan#2 layers / vulkan", b, tandem_run(shape, "tandem-vv", b), tandem_run(shape, "tandem-vulkan", b))
+    host = "tandem-vv-host" in shape["tandem"]
+    if host:
+        for b in vv_batches(shape):
+            t.add(
+                "vulkan+vulkan#2 layers, host boundaries / vulkan",
+                b,
+                tandem_run(shape, "tandem-vv-host", b),
+                tandem_run(shape, "tandem-vulkan", b),
+            )
+            t.add(
+                "vulkan+vulkan#2 layers: device / host boundaries",
+                b,
+                tandem_run(shape, "tandem-vv", b),
+                tandem_run(shape, "tandem-vv-host", b),
+            )
+    if f"{ngl}-host" in shape["tandem"]:
+        t.add(
+            f"--gpu-layers {n}: device / host boundaries",
+            1,
+            tandem_run(shape, ngl, 1),
+            tandem_run(shape, f"{ngl}-host", 1),
+        )
+    for label in sorted(shape["tandem"]):
+        m = re.match(r"tandem-vv-b(\d+)-mb2$", label)
+        if m:
+            b = int(m[1])
+            t.add("vulkan+vulkan#2 layers: micro_batches 2 / 1", b, tandem_run(shape, label, b), tandem_run(shape, "tandem-vv", b))
     for b in mb_batches(shape, n):
         t.add(
             f"micro_batches 2 / micro_batches 1 (--gpu-layers {n})",
@@ -218,7 +245,27 @@ def small_section(name, shape):
     out.append(greedy_line(shape))
     if meta.get("vv_config"):
         out.append(f"\nvulkan+vulkan#2 layers: `{meta['vv_config'].strip()}` with `--backend auto`.")
+    if host:
+        out.append(boundary_cost(shape))
     return out
+
+
+def boundary_cost(shape):
+    """The cost of one boundary at batch 1 decode: (1/vv - 1/vulkan) per step over the two
+    crossings of a layer split (there and back), for device and host boundaries."""
+    _, v, _ = tandem_run(shape, "tandem-vulkan", 1)
+    parts = []
+    for label, what in (("tandem-vv", "device"), ("tandem-vv-host", "host")):
+        _, d, _ = tandem_run(shape, label, 1)
+        if v and d:
+            parts.append(f"{what} boundaries {(1 / d - 1 / v) / 2 * 1e6:.0f} µs")
+    if not parts:
+        return ""
+    return (
+        "\nCost per boundary at batch 1 decode, `(1/vv - 1/vulkan) / 2` (two crossings per token): "
+        + "; ".join(parts)
+        + "."
+    )
 
 
 def big_section(name, shape):

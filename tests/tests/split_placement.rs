@@ -386,6 +386,15 @@ fn layer_splits_match_cpu_and_transformers() {
             CPU_TOL,
         );
     }
+    // The host path forced: every boundary waited for and copied by the host.
+    check_placement(
+        FIXTURE,
+        "layers cpu/cpu, host boundaries",
+        "auto",
+        &format!("{HOST_BOUNDARIES}{}", halves(FIXTURE, "cpu", "cpu#2")),
+        &["cpu", "cpu#2"],
+        CPU_TOL,
+    );
     if !vulkan_available() {
         return;
     }
@@ -413,6 +422,72 @@ fn layer_splits_match_cpu_and_transformers() {
         for (label, backend, placement, units) in &cases {
             check_placement(case, label, backend, placement, units, VULKAN_TOL);
         }
+    }
+    check_placement(
+        FIXTURE,
+        "layers vulkan/cpu, host boundaries",
+        "auto",
+        &format!("{HOST_BOUNDARIES}{}", halves(FIXTURE, "vulkan", "cpu")),
+        &["cpu", "vulkan"],
+        VULKAN_TOL,
+    );
+}
+
+/// `[placement] boundaries = "host"`: the host path, whatever the units could share.
+const HOST_BOUNDARIES: &str = "[placement]\nboundaries = \"host\"\n";
+
+/// Device-side boundaries where the units allow them: on a CPU layer split the hidden state
+/// lives in host memory both units imported, so nothing is copied (the CPU has no timeline to
+/// wait on: the host hands over); forcing the host path copies it there and back every step,
+/// and both give the same logits, bit for bit. With Vulkan on one side, Vulkan imports host
+/// memory where the device has VK_EXT_external_memory_host (lavapipe does).
+#[test]
+fn device_boundaries_share_what_the_host_path_copies() {
+    let tokens = ids(&reference(FIXTURE)["sequences"][0]["tokens"]);
+    let mut pairs = vec![("cpu", "cpu#2")];
+    if vulkan_available() {
+        pairs.push(("vulkan", "cpu"));
+    }
+    for (first, second) in pairs {
+        let layers = halves(FIXTURE, first, second);
+        let hidden = plan_with("auto", &layers, CHUNK).model.config.hidden_size as u64;
+        let mut logits = Vec::new();
+        for host in [false, true] {
+            let placement = if host {
+                format!("{HOST_BOUNDARIES}{layers}")
+            } else {
+                layers.clone()
+            };
+            let (mut loaded, _) = load_with("auto", &placement, CHUNK);
+            let s = &mut loaded.session;
+            s.prefill(0, &tokens[..CHUNK], false).unwrap();
+            let mut got = Vec::new();
+            for (i, &t) in tokens[CHUNK..CHUNK + 3].iter().enumerate() {
+                got.extend_from_slice(s.step(&[t], &[0], &[0]).unwrap());
+                let c = s.boundary_counts();
+                let label = format!("{first}/{second}, host {host}, step {i}");
+                assert_eq!(c.shared_values + c.copied_values, 2, "{label}: {c:?}");
+                if host {
+                    assert_eq!((c.shared_values, c.device_waits), (0, 0), "{label}: {c:?}");
+                    assert_eq!(c.host_waits, 2, "{label}: {c:?}");
+                } else if first == "cpu" {
+                    assert_eq!((c.shared_values, c.copied_values), (2, 0), "{label}: {c:?}");
+                }
+            }
+            let moved = s.moved_bytes().0;
+            let copied = s.boundary_counts().copied_values as u64;
+            // The prefill chunk and the three decode steps, each value copied once.
+            assert_eq!(
+                moved,
+                copied * hidden * 4 * (CHUNK as u64 + 3),
+                "{first}/{second}, host {host}"
+            );
+            logits.push(got);
+        }
+        assert!(
+            logits[0] == logits[1],
+            "{first}/{second}: device and host boundaries differ"
+        );
     }
 }
 
@@ -554,7 +629,8 @@ fn host_copies_are_what_the_report_predicts() {
         (0, 0)
     );
 
-    let (mut loaded, _) = load_with("cpu+cpu", "", chunk);
+    // The host path forced (device-side boundaries share these values instead of copying).
+    let (mut loaded, _) = load_with("cpu+cpu", HOST_BOUNDARIES, chunk);
     let tokens = ids(&reference(FIXTURE)["sequences"][0]["tokens"]);
     let s = &mut loaded.session;
     s.prefill(0, &tokens[..chunk], false).unwrap();

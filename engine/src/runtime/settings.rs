@@ -395,6 +395,21 @@ mod tests {
     }
 
     #[test]
+    fn boundaries_are_device_or_host() {
+        let (_d, p) = write("[placement]\nboundaries = \"host\"\n");
+        let s = Settings::load(&p).unwrap();
+        assert_eq!(s.placement.boundaries, Some(BoundaryMode::Host));
+        // Not a split by itself: it only says how a split's boundaries go.
+        assert!(!s.placement.splits());
+        let (_d, p) = write("[placement]\nboundaries = \"pigeon\"\n");
+        let e = Settings::load(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("pigeon") && e.contains("device") && e.contains("host"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn empty_list_unknown_phase_key_and_bad_strict_are_named() {
         let (_d, p) = write("[placement]\n\nattention = []\n");
         let e = Settings::load(&p).unwrap_err().to_string();
