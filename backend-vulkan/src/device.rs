@@ -2,13 +2,22 @@
 //! integrated, then virtual, then CPU, unless the caller names one), checking the features the
 //! kernels need, the validation layer's messenger, one compute queue and its timeline semaphore.
 //!
+//! Device-side boundaries (see `tandem_backend_api::boundary`): where the device lists them,
+//! `VK_EXT_external_memory_host` (host memory imported as buffers, `memory::Memory::import`) and
+//! `VK_KHR_external_semaphore_fd` (the queue's timeline exported as an opaque fd, and other
+//! devices' timelines imported to wait on) are enabled.
+//!
 //! Every `unsafe` block here is a Vulkan call on handles this module created and still owns.
 
 use std::ffi::{c_void, CStr};
+use std::os::fd::{AsRawFd, BorrowedFd, IntoRawFd};
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
-use tandem_backend_api::{BackendError, DeviceKind};
+use tandem_backend_api::boundary::VULKAN_OPAQUE_FD;
+use tandem_backend_api::{BackendError, DeviceKind, SharedTimeline, TimelineId};
+
+use crate::memory::BUFFER_USAGE;
 
 /// The validation layer's name.
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
@@ -29,6 +38,17 @@ pub struct DeviceRequest {
 /// Validation messages (warnings and errors) collected by the debug messenger.
 pub type Messages = Arc<Mutex<Vec<String>>>;
 
+/// Importing host memory as buffers (`VK_EXT_external_memory_host`, enabled).
+pub struct HostImport {
+    /// `minImportedHostPointerAlignment`: the pointer and size of an import are multiples of it.
+    pub alignment: u64,
+    /// The extension's entry points.
+    pub fns: ash::ext::external_memory_host::Device,
+}
+
+/// The timeline semaphores' handle type for sharing between devices.
+const OPAQUE_FD: vk::ExternalSemaphoreHandleTypeFlags = vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD;
+
 /// What `open_device` makes.
 struct Opened {
     device: ash::Device,
@@ -43,6 +63,11 @@ struct Opened {
     timestamp_period: Option<f64>,
     timeline: vk::Semaphore,
     pool: vk::CommandPool,
+    shared: Option<vk::Semaphore>,
+    memory_types: Vec<vk::MemoryPropertyFlags>,
+    host_import: Option<HostImport>,
+    semaphore_fd: Option<ash::khr::external_semaphore_fd::Device>,
+    device_id: String,
 }
 
 /// An open device with one compute queue.
@@ -78,6 +103,26 @@ pub struct Gpu {
     /// The last value a submission will signal.
     pub submitted: u64,
     pub pool: vk::CommandPool,
+    /// The property flags of each memory type, by index.
+    pub memory_types: Vec<vk::MemoryPropertyFlags>,
+    /// Host memory import, where the device has `VK_EXT_external_memory_host`.
+    pub host_import: Option<HostImport>,
+    /// `VK_KHR_external_semaphore_fd`'s entry points, where the device can export and import
+    /// timeline semaphores as opaque fds (then `shared` exists).
+    pub semaphore_fd: Option<ash::khr::external_semaphore_fd::Device>,
+    /// The timeline `export_timeline` shares, where the device can: created exportable, and
+    /// signalled to the same value as `timeline` by every submission, so its values are the
+    /// tickets too. It is a twin rather than `timeline` itself because the validation layer
+    /// stops tracking a semaphore once it is exported as an opaque fd (its payload may then
+    /// change outside the process's view), and would then never see this queue's submissions
+    /// finish: every resubmitted command buffer would be reported still in use.
+    shared: Option<vk::Semaphore>,
+    /// `hex(driverUUID)/hex(deviceUUID)`: only a device with the same one can import
+    /// `timeline` ([`SharedTimeline::device`]).
+    pub device_id: String,
+    /// Other devices' timelines imported by `import_timeline`, indexed by [`TimelineId`];
+    /// destroyed with the device.
+    imported: Vec<vk::Semaphore>,
 }
 
 /// A Vulkan error of `what` on `device` as a backend error.
@@ -326,6 +371,12 @@ impl Gpu {
                 timeline: o.timeline,
                 submitted: 0,
                 pool: o.pool,
+                memory_types: o.memory_types,
+                host_import: o.host_import,
+                semaphore_fd: o.semaphore_fd,
+                shared: o.shared,
+                device_id: o.device_id,
+                imported: Vec::new(),
             }),
             Err(e) => {
                 // SAFETY: the messenger and instance are ours and unused from here on.
@@ -453,12 +504,26 @@ impl Gpu {
             .push_next(&mut v11f)
             .push_next(&mut v12f);
         let mut sub = vk::PhysicalDeviceSubgroupProperties::default();
-        let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut sub);
-        // SAFETY: as above.
+        let mut ids = vk::PhysicalDeviceIDProperties::default();
+        let mut p2 = vk::PhysicalDeviceProperties2::default()
+            .push_next(&mut sub)
+            .push_next(&mut ids);
+        // SAFETY: as above (VkPhysicalDeviceIDProperties is core 1.1; the device has 1.2).
         unsafe {
             instance.get_physical_device_features2(physical, &mut f2);
             instance.get_physical_device_properties2(physical, &mut p2);
         }
+        let device_id = format!("{}/{}", hex(&ids.driver_uuid), hex(&ids.device_uuid));
+        let host_import_alignment = (has_ext(ash::ext::external_memory_host::NAME)
+            && host_import_supported(instance, physical))
+        .then(|| host_import_alignment(instance, physical))
+        .flatten();
+        let timeline_fd =
+            has_ext(ash::khr::external_semaphore_fd::NAME) && timeline_fd_supported(instance, physical);
+        let memory_types: Vec<vk::MemoryPropertyFlags> = mem.memory_types[..mem.memory_type_count as usize]
+            .iter()
+            .map(|t| t.property_flags)
+            .collect();
         let fp16 = v12f.shader_float16 == vk::TRUE;
         let memory_bytes: u64 = mem.memory_heaps[..mem.memory_heap_count as usize]
             .iter()
@@ -514,6 +579,12 @@ impl Gpu {
         if timestamp_period.is_some() {
             features.push("timestamps".into());
         }
+        if host_import_alignment.is_some() {
+            features.push("external_memory_host".into());
+        }
+        if timeline_fd {
+            features.push("timeline_export".into());
+        }
         let kind = match props.device_type {
             vk::PhysicalDeviceType::DISCRETE_GPU => DeviceKind::DiscreteGpu,
             vk::PhysicalDeviceType::INTEGRATED_GPU => DeviceKind::IntegratedGpu,
@@ -544,6 +615,14 @@ impl Gpu {
         if coopmat2 {
             device_exts.push(coopmat2::NAME.as_ptr());
         }
+        // Both need VK_KHR_external_memory / VK_KHR_external_semaphore, core since 1.1 (the
+        // instance asks for 1.2 or 1.3, and `missing_features` required a 1.2 device).
+        if host_import_alignment.is_some() {
+            device_exts.push(ash::ext::external_memory_host::NAME.as_ptr());
+        }
+        if timeline_fd {
+            device_exts.push(ash::khr::external_semaphore_fd::NAME.as_ptr());
+        }
         let core = vk::PhysicalDeviceFeatures::default()
             .shader_int16(true)
             .shader_int64(true);
@@ -566,7 +645,9 @@ impl Gpu {
         // SAFETY: the create info and its chain live on this frame; every feature enabled was
         // checked present by `missing_features` (the cooperative-matrix extension, its feature,
         // shaderFloat16 and vulkanMemoryModel only when `coopmat` found them; the NV
-        // cooperative-matrix-2 extension and features only when `coopmat2::supported` did).
+        // cooperative-matrix-2 extension and features only when `coopmat2::supported` did;
+        // the external memory host and semaphore fd extensions only where the device lists
+        // them).
         let device = match unsafe { instance.create_device(physical, &create, None) } {
             Ok(d) => d,
             Err(e) => {
@@ -605,7 +686,46 @@ impl Gpu {
                 )));
             }
         };
+        // The exportable twin of `timeline` (see `Gpu::shared`), where VK_KHR_external_semaphore_fd
+        // is enabled (`timeline_fd_supported` found OPAQUE_FD timelines exportable).
+        let shared = if timeline_fd {
+            let mut tl = vk::SemaphoreTypeCreateInfo::default()
+                .semaphore_type(vk::SemaphoreType::TIMELINE)
+                .initial_value(0);
+            let mut export = vk::ExportSemaphoreCreateInfo::default().handle_types(OPAQUE_FD);
+            let info = vk::SemaphoreCreateInfo::default()
+                .push_next(&mut tl)
+                .push_next(&mut export);
+            // SAFETY: the device is valid and enabled the extension; the chain lives here.
+            match unsafe { device.create_semaphore(&info, None) } {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    // SAFETY: the pool and semaphore are the device's only objects.
+                    unsafe {
+                        device.destroy_command_pool(pool, None);
+                        device.destroy_semaphore(timeline, None);
+                        device.destroy_device(None);
+                    }
+                    return Err(BackendError::internal(format!(
+                        "cannot create an exportable timeline on Vulkan device '{name}': {e}"
+                    )));
+                }
+            }
+        } else {
+            None
+        };
+        let host_import = host_import_alignment.map(|alignment| HostImport {
+            alignment,
+            fns: ash::ext::external_memory_host::Device::new(instance, &device),
+        });
+        let semaphore_fd =
+            timeline_fd.then(|| ash::khr::external_semaphore_fd::Device::new(instance, &device));
         Ok(Opened {
+            shared,
+            memory_types,
+            host_import,
+            semaphore_fd,
+            device_id,
             device,
             host_memory_bytes,
             queue,
@@ -648,25 +768,187 @@ impl Gpu {
         })
     }
 
-    /// Submits `cb`, signalling the next timeline value, which it returns.
-    pub fn submit(&mut self, cb: vk::CommandBuffer) -> Result<u64, BackendError> {
+    /// Submits `cb`, signalling the next timeline value (on `timeline` and `shared`), which it
+    /// returns. The device starts it only once each timeline semaphore of `waits` has reached
+    /// its value (every stage waits).
+    pub fn submit(
+        &mut self,
+        cb: vk::CommandBuffer,
+        waits: &[(vk::Semaphore, u64)],
+    ) -> Result<u64, BackendError> {
         let value = self.submitted + 1;
         let cbs = [cb];
-        let sems = [self.timeline];
-        let vals = [value];
-        let mut tl = vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&vals);
+        let both_sems = [self.timeline, self.shared.unwrap_or_default()];
+        let both_vals = [value, value];
+        let n = if self.shared.is_some() { 2 } else { 1 };
+        let (sems, vals) = (&both_sems[..n], &both_vals[..n]);
+        let wait_sems: Vec<vk::Semaphore> = waits.iter().map(|w| w.0).collect();
+        let wait_vals: Vec<u64> = waits.iter().map(|w| w.1).collect();
+        let wait_stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; waits.len()];
+        let mut tl = vk::TimelineSemaphoreSubmitInfo::default()
+            .wait_semaphore_values(&wait_vals)
+            .signal_semaphore_values(vals);
         let submit = vk::SubmitInfo::default()
+            .wait_semaphores(&wait_sems)
+            .wait_dst_stage_mask(&wait_stages)
             .command_buffers(&cbs)
-            .signal_semaphores(&sems)
+            .signal_semaphores(sems)
             .push_next(&mut tl);
         // SAFETY: `cb` is a recorded command buffer of this device's pool that is not pending
-        // (callers wait for its previous submission), and the queue is used from this thread.
+        // (callers wait for its previous submission), the queue is used from this thread,
+        // every wait and signal semaphore is a timeline semaphore of this device (ours or
+        // imported), with as many values as semaphores, and `value` is above every value this
+        // queue signalled before on `timeline` and `shared`.
         check("vkQueueSubmit", &self.name, unsafe {
             self.device.queue_submit(self.queue, &[submit], vk::Fence::null())
         })?;
         self.submitted = value;
         Ok(value)
     }
+
+    /// The queue's timeline (`shared`, whose values are the tickets) as an opaque fd that the
+    /// caller owns, with its kind and this device's [`Gpu::device_id`]; `None` where the device
+    /// cannot export it.
+    pub fn export_timeline(&self) -> Result<Option<SharedTimeline>, BackendError> {
+        let (Some(fns), Some(shared)) = (&self.semaphore_fd, self.shared) else {
+            return Ok(None);
+        };
+        let info = vk::SemaphoreGetFdInfoKHR::default()
+            .semaphore(shared)
+            .handle_type(OPAQUE_FD);
+        // SAFETY: `shared` was created with VkExportSemaphoreCreateInfo(OPAQUE_FD), which the
+        // device reported exportable; the new fd is the caller's.
+        let fd = map("vkGetSemaphoreFdKHR", &self.name, unsafe {
+            fns.get_semaphore_fd(&info)
+        })?;
+        Ok(Some(SharedTimeline {
+            fd,
+            kind: VULKAN_OPAQUE_FD.into(),
+            device: self.device_id.clone(),
+        }))
+    }
+
+    /// Imports another device's exported timeline (a duplicate of its fd; the caller keeps
+    /// `t.fd`) as a timeline semaphore this queue can wait on; `None` where this device cannot
+    /// import it (no `VK_KHR_external_semaphore_fd`, another kind, another driver or device).
+    pub fn import_timeline(&mut self, t: &SharedTimeline) -> Result<Option<TimelineId>, BackendError> {
+        let Some(fns) = &self.semaphore_fd else {
+            return Ok(None);
+        };
+        if t.kind != VULKAN_OPAQUE_FD || t.device != self.device_id {
+            return Ok(None);
+        }
+        if t.fd < 0 {
+            return Err(BackendError::invalid(format!(
+                "import_timeline: fd {} is not a file descriptor",
+                t.fd
+            )));
+        }
+        // SAFETY: `t.fd` is not -1 (checked above) and, by `SharedTimeline`'s contract, an fd
+        // its exporter's caller keeps open for this call; the borrow ends with the statement,
+        // and a closed fd makes the duplication fail (EBADF), not undefined behaviour.
+        let dup = unsafe { BorrowedFd::borrow_raw(t.fd) }
+            .try_clone_to_owned()
+            .map_err(|e| {
+                BackendError::invalid(format!("import_timeline: cannot duplicate fd {}: {e}", t.fd))
+            })?;
+        let mut ty = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(vk::SemaphoreType::TIMELINE)
+            .initial_value(0);
+        let info = vk::SemaphoreCreateInfo::default().push_next(&mut ty);
+        // SAFETY: a valid create info on our device (timelineSemaphore is enabled).
+        let sem = map("vkCreateSemaphore", &self.name, unsafe {
+            self.device.create_semaphore(&info, None)
+        })?;
+        let import = vk::ImportSemaphoreFdInfoKHR::default()
+            .semaphore(sem)
+            .handle_type(OPAQUE_FD)
+            .fd(dup.as_raw_fd());
+        // SAFETY: `sem` is a new, unused timeline semaphore of this device, like the exported
+        // one (same driver and device, checked above); the fd is ours (the duplicate). On
+        // success Vulkan owns the fd; on failure it does not, and `dup` closes it.
+        match unsafe { fns.import_semaphore_fd(&import) } {
+            Ok(()) => {
+                let _ = dup.into_raw_fd();
+            }
+            Err(e) => {
+                // SAFETY: the semaphore is ours and unused.
+                unsafe { self.device.destroy_semaphore(sem, None) };
+                return Err(match e {
+                    vk::Result::ERROR_INVALID_EXTERNAL_HANDLE => BackendError::invalid(format!(
+                        "import_timeline: fd {} is not a timeline of {}",
+                        t.fd, self.name
+                    )),
+                    e => vk_err("vkImportSemaphoreFdKHR", &self.name, e),
+                });
+            }
+        }
+        self.imported.push(sem);
+        Ok(Some(TimelineId(self.imported.len() as u64 - 1)))
+    }
+
+    /// The semaphore of an imported timeline; an error names an id `import_timeline` never
+    /// returned.
+    pub fn imported_timeline(&self, id: TimelineId) -> Result<vk::Semaphore, BackendError> {
+        usize::try_from(id.0)
+            .ok()
+            .and_then(|i| self.imported.get(i).copied())
+            .ok_or_else(|| {
+                BackendError::invalid(format!(
+                    "timeline {} was not imported by this backend ({} imported)",
+                    id.0,
+                    self.imported.len()
+                ))
+            })
+    }
+}
+
+/// Lowercase hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `physical` can import host allocations as buffers of [`BUFFER_USAGE`].
+fn host_import_supported(instance: &ash::Instance, physical: vk::PhysicalDevice) -> bool {
+    let info = vk::PhysicalDeviceExternalBufferInfo::default()
+        .usage(BUFFER_USAGE)
+        .handle_type(vk::ExternalMemoryHandleTypeFlags::HOST_ALLOCATION_EXT);
+    let mut out = vk::ExternalBufferProperties::default();
+    // SAFETY: a plain query (core 1.1) of a device of this instance, which lists
+    // VK_EXT_external_memory_host; `out` lives on this frame.
+    unsafe { instance.get_physical_device_external_buffer_properties(physical, &info, &mut out) };
+    out.external_memory_properties
+        .external_memory_features
+        .contains(vk::ExternalMemoryFeatureFlags::IMPORTABLE)
+}
+
+/// `minImportedHostPointerAlignment` of `physical` (which lists VK_EXT_external_memory_host);
+/// `None` when it is not a power of two.
+fn host_import_alignment(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Option<u64> {
+    let mut host = vk::PhysicalDeviceExternalMemoryHostPropertiesEXT::default();
+    let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut host);
+    // SAFETY: a plain query of a device of this instance that has the extension; the chained
+    // struct lives on this frame.
+    unsafe { instance.get_physical_device_properties2(physical, &mut p2) };
+    let a = host.min_imported_host_pointer_alignment;
+    a.is_power_of_two().then_some(a)
+}
+
+/// Whether `physical` (which lists VK_KHR_external_semaphore_fd) can export and import timeline
+/// semaphores as opaque fds.
+fn timeline_fd_supported(instance: &ash::Instance, physical: vk::PhysicalDevice) -> bool {
+    let mut ty = vk::SemaphoreTypeCreateInfo::default()
+        .semaphore_type(vk::SemaphoreType::TIMELINE)
+        .initial_value(0);
+    let info = vk::PhysicalDeviceExternalSemaphoreInfo::default()
+        .handle_type(OPAQUE_FD)
+        .push_next(&mut ty);
+    let mut out = vk::ExternalSemaphoreProperties::default();
+    // SAFETY: a plain query (core 1.1) of a device of this instance; the chain lives here.
+    unsafe { instance.get_physical_device_external_semaphore_properties(physical, &info, &mut out) };
+    out.external_semaphore_features.contains(
+        vk::ExternalSemaphoreFeatureFlags::EXPORTABLE | vk::ExternalSemaphoreFeatureFlags::IMPORTABLE,
+    ) && out.compatible_handle_types.contains(OPAQUE_FD)
 }
 
 impl Drop for Gpu {
@@ -674,11 +956,17 @@ impl Drop for Gpu {
         // SAFETY: tearing down: every object created from the device has been destroyed by
         // its owner (the backend drops its buffers, programs and pipelines first), so waiting
         // for the device and destroying the pool, semaphore, device, messenger and instance in
-        // that order is valid.
+        // that order is valid (imported timelines first: the idle queue no longer waits on them).
         unsafe {
             let _ = self.device.device_wait_idle();
+            for s in self.imported.drain(..) {
+                self.device.destroy_semaphore(s, None);
+            }
             self.device.destroy_command_pool(self.pool, None);
             self.device.destroy_semaphore(self.timeline, None);
+            if let Some(s) = self.shared.take() {
+                self.device.destroy_semaphore(s, None);
+            }
             self.device.destroy_device(None);
             if let Some((du, m)) = &self.debug {
                 du.destroy_debug_utils_messenger(*m, None);

@@ -23,6 +23,12 @@
 //! the backend may hold, `8GiB`: at most the device-local heap, which is the budget without it;
 //! `info().memory_bytes` reports the budget, and buffers and program arenas past it are
 //! `OutOfMemory`).
+//!
+//! Device-side boundaries (`tandem_backend_api::boundary`): `import_host` makes the caller's
+//! host memory a buffer where the device has `VK_EXT_external_memory_host` (feature
+//! `external_memory_host`), and `export_timeline` / `import_timeline` / `execute_after` let one
+//! Vulkan device's queue wait on another's timeline on the device where it has
+//! `VK_KHR_external_semaphore_fd` with exportable timelines (feature `timeline_export`).
 
 mod device;
 mod memory;
@@ -33,7 +39,8 @@ use ash::vk;
 use tandem_backend_api::kit::{check_ticket, Buffers, Programs, StepShape};
 use tandem_backend_api::{
     BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, DType, MemoryUse,
-    NodeTime, Op, ProgramId, StepArgs, Support, TensorDesc, Ticket, Usage, MEMORY_LIMIT,
+    NodeTime, Op, ProgramId, SharedTimeline, StepArgs, Support, TensorDesc, Ticket, TimelineId, Usage,
+    MEMORY_LIMIT,
 };
 
 use device::{DeviceRequest, Gpu};
@@ -255,8 +262,45 @@ impl VulkanBackend {
                 .and_then(|_| dev.end_command_buffer(cb))
         };
         device::check("recording a transfer", &self.gpu.name, recorded)?;
-        let v = self.gpu.submit(cb)?;
+        let v = self.gpu.submit(cb, &[])?;
         self.gpu.wait_for(v)
+    }
+
+    /// Runs `program` on `args` (see `execute`), the device starting only once every timeline
+    /// semaphore of `waits` has reached its value.
+    fn submit_program(
+        &mut self,
+        program: ProgramId,
+        args: &StepArgs<'_>,
+        waits: &[(vk::Semaphore, u64)],
+    ) -> Result<Ticket, BackendError> {
+        self.validation()?;
+        let c = self.programs.for_step(program, args)?;
+        // The previous submission may still read the argument buffer.
+        self.gpu.wait_for(c.program.last_submit)?;
+        let prog = &mut c.program;
+        let l = prog.layout;
+        let m = prog
+            .args
+            .mapped()
+            .ok_or_else(|| BackendError::internal("argument buffer not mapped"))?;
+        for (at, vals) in [
+            (l.tokens, args.tokens),
+            (l.positions, args.positions),
+            (l.slots, args.slots),
+            (l.select, args.select),
+        ] {
+            let bytes: &[u8] = bytemuck::cast_slice(vals);
+            m[at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
+        }
+        let value = self.gpu.submit(prog.cmd, waits)?;
+        prog.last_submit = value;
+        for id in c.buffers() {
+            if let Ok(b) = self.buffers.get_mut(*id) {
+                b.last_use = value;
+            }
+        }
+        Ok(Ticket(value))
     }
 
     /// Waits for the submissions using buffer `id`.
@@ -529,33 +573,7 @@ impl ComputeBackend for VulkanBackend {
     }
 
     fn execute(&mut self, program: ProgramId, args: &StepArgs<'_>) -> Result<Ticket, BackendError> {
-        self.validation()?;
-        let c = self.programs.for_step(program, args)?;
-        // The previous submission may still read the argument buffer.
-        self.gpu.wait_for(c.program.last_submit)?;
-        let prog = &mut c.program;
-        let l = prog.layout;
-        let m = prog
-            .args
-            .mapped()
-            .ok_or_else(|| BackendError::internal("argument buffer not mapped"))?;
-        for (at, vals) in [
-            (l.tokens, args.tokens),
-            (l.positions, args.positions),
-            (l.slots, args.slots),
-            (l.select, args.select),
-        ] {
-            let bytes: &[u8] = bytemuck::cast_slice(vals);
-            m[at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
-        }
-        let value = self.gpu.submit(prog.cmd)?;
-        prog.last_submit = value;
-        for id in c.buffers() {
-            if let Ok(b) = self.buffers.get_mut(*id) {
-                b.last_use = value;
-            }
-        }
-        Ok(Ticket(value))
+        self.submit_program(program, args, &[])
     }
 
     fn wait(&mut self, ticket: Ticket) -> Result<(), BackendError> {
@@ -624,6 +642,86 @@ impl ComputeBackend for VulkanBackend {
             * 16;
         Ok(self.time_copy(bytes)?.map(|s| 2.0 * bytes as f64 / s))
     }
+
+    /// Imports the host region as a buffer through `VK_EXT_external_memory_host`: the buffer's
+    /// memory is the region itself (host-visible, ideally coherent), so programs, `read` and
+    /// `write` use it in place, and programs end with a barrier to host reads that makes their
+    /// writes visible there. `Unsupported` where the device lacks the extension;
+    /// `InvalidArgument` for a null, misaligned (to the device's
+    /// `minImportedHostPointerAlignment`) or too short region.
+    unsafe fn import_host(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        desc: &TensorDesc,
+    ) -> Result<BufferId, BackendError> {
+        self.validation()?;
+        let Some(align) = self.gpu.host_import.as_ref().map(|h| h.alignment) else {
+            return Err(BackendError::unsupported(
+                "import_host",
+                format!("{} lacks VK_EXT_external_memory_host", self.gpu.name),
+            ));
+        };
+        let need = desc.byte_size()?;
+        if ptr.is_null() {
+            return Err(BackendError::invalid("import_host: the pointer is null"));
+        }
+        let len64 = len as u64;
+        if !(ptr as usize as u64).is_multiple_of(align) || !len64.is_multiple_of(align) || len == 0 {
+            return Err(BackendError::invalid(format!(
+                "import_host: {len} bytes at {ptr:p}: {} imports only regions whose start and \
+                 size are non-zero multiples of {align} bytes",
+                self.gpu.name
+            )));
+        }
+        if len64 < need {
+            return Err(BackendError::invalid(format!(
+                "import_host: {len} bytes are too few for {desc} ({need} bytes)"
+            )));
+        }
+        // SAFETY: `ptr` is non-null and, with `len`, aligned as the device asks (checked
+        // above); this function's contract makes the caller keep the region valid and untouched
+        // through Rust references until the buffer is freed, which destroys it.
+        let mem = unsafe { self.memory.import(&self.gpu, ptr, len64) }?;
+        let id = self.buffers.insert(Buffer {
+            desc: desc.clone(),
+            mem,
+            len: need,
+            last_use: 0,
+        });
+        self.validation()?;
+        Ok(id)
+    }
+
+    fn export_timeline(&mut self) -> Result<Option<SharedTimeline>, BackendError> {
+        self.validation()?;
+        self.gpu.export_timeline()
+    }
+
+    fn import_timeline(&mut self, timeline: &SharedTimeline) -> Result<Option<TimelineId>, BackendError> {
+        self.validation()?;
+        let id = self.gpu.import_timeline(timeline)?;
+        self.validation()?;
+        Ok(id)
+    }
+
+    /// `execute`, with the submission waiting (all commands) on each imported timeline for its
+    /// ticket's value, on the device: the host does not wait. An id `import_timeline` did not
+    /// return is `InvalidArgument`. A ticket the other backend never submits leaves this queue
+    /// waiting: then `wait`, `read`, `write` and `free` of what the program uses, the program's
+    /// next `execute`, and dropping the backend block until it does.
+    fn execute_after(
+        &mut self,
+        program: ProgramId,
+        args: &StepArgs<'_>,
+        waits: &[(TimelineId, Ticket)],
+    ) -> Result<Ticket, BackendError> {
+        let waits = waits
+            .iter()
+            .map(|(id, t)| Ok((self.gpu.imported_timeline(*id)?, t.0)))
+            .collect::<Result<Vec<_>, BackendError>>()?;
+        self.submit_program(program, args, &waits)
+    }
 }
 
 impl Drop for VulkanBackend {
@@ -663,7 +761,19 @@ mod tests {
     fn with_limit(limit: &str) -> Option<Result<VulkanBackend, BackendError>> {
         let mut o = BackendOptions::default();
         o.set("validation", "true").set(MEMORY_LIMIT, limit);
-        match VulkanBackend::create(&o) {
+        open(&o)
+    }
+
+    /// The backend with validation on and no other option, as `with_limit`.
+    fn backend() -> Option<VulkanBackend> {
+        let mut o = BackendOptions::default();
+        o.set("validation", "true");
+        open(&o).map(|r| r.expect("the Vulkan backend with validation"))
+    }
+
+    /// The backend with `o`; `None` (the test says so) where there is no device, except under CI.
+    fn open(o: &BackendOptions) -> Option<Result<VulkanBackend, BackendError>> {
+        match VulkanBackend::create(o) {
             Err(BackendError::Unavailable { reason }) if std::env::var_os("CI").is_none() => {
                 eprintln!("skipping: no Vulkan device here: {reason}");
                 None
@@ -742,5 +852,303 @@ mod tests {
             matches!(err, BackendError::InvalidArgument { .. }) && err.to_string().contains("memory_limit"),
             "{err}"
         );
+    }
+
+    /// A zeroed host region of `HOST_IMPORT_ALIGN`-aligned size, read and written through its
+    /// raw pointer only (never a Rust reference while a backend has it imported).
+    struct Region {
+        ptr: *mut u8,
+        layout: std::alloc::Layout,
+    }
+
+    impl Region {
+        fn new(len: usize) -> Region {
+            let layout = std::alloc::Layout::from_size_align(len, tandem_backend_api::HOST_IMPORT_ALIGN)
+                .expect("a valid layout");
+            // SAFETY: the layout has a non-zero size.
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            assert!(!ptr.is_null(), "allocating {len} bytes");
+            Region { ptr, layout }
+        }
+
+        /// The first `n` f32s, copied out through the pointer.
+        fn f32s(&self, n: usize) -> Vec<f32> {
+            assert!(n * 4 <= self.layout.size());
+            let mut out = vec![0f32; n];
+            // SAFETY: `n * 4` bytes of the region, copied into a vector of their own; no
+            // device work that writes the region is pending when the tests call this.
+            unsafe { std::ptr::copy_nonoverlapping(self.ptr as *const f32, out.as_mut_ptr(), n) };
+            out
+        }
+
+        /// Copies `v` to the start of the region through the pointer.
+        fn set_f32s(&self, v: &[f32]) {
+            assert!(v.len() * 4 <= self.layout.size());
+            // SAFETY: as in `f32s`, the other way.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr as *mut f32, v.len()) };
+        }
+    }
+
+    impl Drop for Region {
+        fn drop(&mut self) {
+            // SAFETY: allocated in `new` with this layout; every backend that imported it has
+            // freed the buffer (or been dropped) by now: tests declare regions before backends.
+            unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+        }
+    }
+
+    fn le_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn from_le(b: &[u8]) -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    /// `out = x + x` for a `[rows, cols]` f32 `input`: `Input`, `Add`, `Output`.
+    fn doubling(input: BufferId, out: BufferId, rows: usize, cols: usize) -> tandem_backend_api::Graph {
+        let mut g = tandem_backend_api::GraphBuilder::new("double", rows, 0);
+        let x = g.push1(Op::Input {
+            buffer: input,
+            cols,
+            selected: false,
+        });
+        let y = g.push1(Op::Add { a: x, b: x });
+        g.push(Op::Output { x: y, buffer: out });
+        g.finish()
+    }
+
+    /// Step arguments for a graph of `rows` rows with no embedding or attention.
+    fn zeros(rows: usize) -> Vec<u32> {
+        vec![0u32; rows]
+    }
+
+    fn step(z: &[u32]) -> StepArgs<'_> {
+        StepArgs {
+            tokens: z,
+            positions: z,
+            slots: z,
+            select: &[],
+        }
+    }
+
+    #[test]
+    fn imported_host_memory_is_a_buffer_in_place() {
+        use tandem_backend_api::HOST_IMPORT_ALIGN;
+        let (ra, rc) = (Region::new(HOST_IMPORT_ALIGN), Region::new(HOST_IMPORT_ALIGN));
+        let Some(mut b) = backend() else { return };
+        let desc = TensorDesc::new(DType::F32, [4, 8]);
+        if !b.info().features.iter().any(|f| f == "external_memory_host") {
+            // SAFETY: the region is valid and aligned; the import is refused anyway.
+            let err = unsafe { b.import_host(ra.ptr, HOST_IMPORT_ALIGN, &desc) }.expect_err("no extension");
+            assert!(matches!(err, BackendError::Unsupported { .. }), "{err}");
+            eprintln!("{} lacks VK_EXT_external_memory_host", b.info().device);
+            return;
+        }
+        let before = b.memory().unwrap().unwrap();
+        // SAFETY: both regions are aligned, HOST_IMPORT_ALIGN long, live until after the
+        // buffers are freed (or the backend dropped), and touched only through raw pointers.
+        let a = unsafe { b.import_host(ra.ptr, HOST_IMPORT_ALIGN, &desc) }.expect("import a");
+        // SAFETY: as above.
+        let c = unsafe { b.import_host(rc.ptr, HOST_IMPORT_ALIGN, &desc) }.expect("import c");
+        let during = b.memory().unwrap().unwrap();
+        assert_eq!(
+            during.in_use_bytes,
+            before.in_use_bytes + 2 * HOST_IMPORT_ALIGN as u64
+        );
+
+        // Written through the backend, seen through the pointer.
+        let vals: Vec<f32> = (0..32).map(|i| i as f32 * 0.5 - 3.0).collect();
+        b.write(a, 0, &le_bytes(&vals)).unwrap();
+        assert_eq!(ra.f32s(32), vals);
+        // Written through the pointer, read through the backend.
+        let other: Vec<f32> = (0..32).map(|i| i as f32 + 1.0).collect();
+        ra.set_f32s(&other);
+        let mut out = vec![0u8; 128];
+        b.read(a, 0, &mut out).unwrap();
+        assert_eq!(from_le(&out), other);
+        // Out of the tensor's bytes, though inside the region: refused as for any buffer.
+        assert!(b.read(a, 64, &mut out).is_err());
+
+        // A program reads one imported buffer and writes the other, in place.
+        let p = b.compile(&doubling(a, c, 4, 8)).expect("compile");
+        let z = zeros(4);
+        let t = b.execute(p, &step(&z)).expect("execute");
+        b.wait(t).unwrap();
+        let doubled: Vec<f32> = other.iter().map(|v| v * 2.0).collect();
+        assert_eq!(rc.f32s(32), doubled);
+        b.release(p).unwrap();
+        b.free(a).unwrap();
+        b.free(c).unwrap();
+        assert_eq!(b.memory().unwrap().unwrap().in_use_bytes, before.in_use_bytes);
+    }
+
+    #[test]
+    fn bad_host_regions_are_refused() {
+        use tandem_backend_api::HOST_IMPORT_ALIGN;
+        let r = Region::new(2 * HOST_IMPORT_ALIGN);
+        let Some(mut b) = backend() else { return };
+        if !b.info().features.iter().any(|f| f == "external_memory_host") {
+            return; // `imported_host_memory_is_a_buffer_in_place` checks the refusal.
+        }
+        let desc = TensorDesc::new(DType::F32, [4, 8]);
+        let long = TensorDesc::new(DType::F32, [HOST_IMPORT_ALIGN]);
+        let cases: [(*mut u8, usize, &TensorDesc, &str); 5] = [
+            (
+                r.ptr.wrapping_add(64),
+                HOST_IMPORT_ALIGN,
+                &desc,
+                "misaligned pointer",
+            ),
+            (r.ptr, 100, &desc, "misaligned length"),
+            (r.ptr, 0, &desc, "empty region"),
+            (r.ptr, HOST_IMPORT_ALIGN, &long, "region shorter than the tensor"),
+            (std::ptr::null_mut(), HOST_IMPORT_ALIGN, &desc, "null pointer"),
+        ];
+        for (ptr, len, d, what) in cases {
+            // SAFETY: every range lies inside the region, which outlives the backend (or is
+            // null); each import is refused before Vulkan sees the pointer.
+            match unsafe { b.import_host(ptr, len, d) } {
+                Err(BackendError::InvalidArgument { what: w }) => eprintln!("{what}: {w}"),
+                other => panic!("{what}: expected InvalidArgument, got {other:?}"),
+            }
+        }
+        // Still usable afterwards.
+        // SAFETY: as above, a valid import.
+        let ok = unsafe { b.import_host(r.ptr, 2 * HOST_IMPORT_ALIGN, &desc) }.expect("a good region");
+        b.free(ok).unwrap();
+    }
+
+    #[test]
+    fn execute_after_runs_like_execute_and_refuses_unknown_timelines() {
+        let Some(mut b) = backend() else { return };
+        let desc = TensorDesc::new(DType::F32, [2, 8]);
+        let x = b.alloc(&desc, Usage::Activation).unwrap();
+        let y = b.alloc(&desc, Usage::Activation).unwrap();
+        let vals: Vec<f32> = (0..16).map(|i| i as f32 - 5.0).collect();
+        b.write(x, 0, &le_bytes(&vals)).unwrap();
+        let p = b.compile(&doubling(x, y, 2, 8)).unwrap();
+        let z = zeros(2);
+        let err = b
+            .execute_after(p, &step(&z), &[(TimelineId(7), Ticket(1))])
+            .expect_err("timeline 7 was never imported");
+        assert!(
+            matches!(err, BackendError::InvalidArgument { .. }) && err.to_string().contains("timeline 7"),
+            "{err}"
+        );
+        let t = b.execute_after(p, &step(&z), &[]).expect("no waits: execute");
+        b.wait(t).unwrap();
+        let mut out = vec![0u8; 64];
+        b.read(y, 0, &mut out).unwrap();
+        assert_eq!(from_le(&out), vals.iter().map(|v| v * 2.0).collect::<Vec<_>>());
+        b.release(p).unwrap();
+        b.free(x).unwrap();
+        b.free(y).unwrap();
+    }
+
+    #[test]
+    fn a_timeline_is_shared_where_the_device_can() {
+        use tandem_backend_api::boundary::VULKAN_OPAQUE_FD;
+        use tandem_backend_api::HOST_IMPORT_ALIGN;
+        // Regions before backends: dropped after them.
+        let (rx, rs, ry) = (
+            Region::new(HOST_IMPORT_ALIGN),
+            Region::new(HOST_IMPORT_ALIGN),
+            Region::new(HOST_IMPORT_ALIGN),
+        );
+        let Some(mut a) = backend() else { return };
+        let Some(mut b) = backend() else { return };
+        let made_up = |device: &str, kind: &str| SharedTimeline {
+            fd: 0,
+            kind: kind.into(),
+            device: device.into(),
+        };
+        let Some(shared) = a.export_timeline().expect("export") else {
+            assert!(!a.info().features.iter().any(|f| f == "timeline_export"));
+            assert_eq!(
+                b.import_timeline(&made_up("00/00", VULKAN_OPAQUE_FD)).unwrap(),
+                None
+            );
+            eprintln!("{} cannot export timelines", a.info().device);
+            return;
+        };
+        assert!(a.info().features.iter().any(|f| f == "timeline_export"));
+        assert_eq!(shared.kind, VULKAN_OPAQUE_FD);
+        // Another device, another kind: not importable.
+        assert_eq!(
+            b.import_timeline(&made_up("00/00", VULKAN_OPAQUE_FD)).unwrap(),
+            None
+        );
+        assert_eq!(
+            b.import_timeline(&made_up(&shared.device, "dma_fence")).unwrap(),
+            None
+        );
+        let id = b
+            .import_timeline(&shared)
+            .expect("import")
+            .expect("same driver and device");
+        // SAFETY: the fd is ours (exported for us); b imported a duplicate.
+        drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(shared.fd) });
+
+        let desc = TensorDesc::new(DType::F32, [4, 8]);
+        let vals: Vec<f32> = (0..32).map(|i| i as f32 * 0.25).collect();
+        let quadrupled: Vec<f32> = vals.iter().map(|v| v * 4.0).collect();
+        let z = zeros(4);
+        if a.info().features.iter().any(|f| f == "external_memory_host") {
+            // a doubles x into the shared region s; b doubles s into y once a's ticket is
+            // reached. b is submitted first, waiting on a ticket a has not submitted yet.
+            // SAFETY: the regions are aligned, long enough, outlive both backends and are
+            // touched only through raw pointers.
+            let (ax, as_, bs, by) = unsafe {
+                (
+                    a.import_host(rx.ptr, HOST_IMPORT_ALIGN, &desc).unwrap(),
+                    a.import_host(rs.ptr, HOST_IMPORT_ALIGN, &desc).unwrap(),
+                    b.import_host(rs.ptr, HOST_IMPORT_ALIGN, &desc).unwrap(),
+                    b.import_host(ry.ptr, HOST_IMPORT_ALIGN, &desc).unwrap(),
+                )
+            };
+            rx.set_f32s(&vals);
+            let pa = a.compile(&doubling(ax, as_, 4, 8)).unwrap();
+            let pb = b.compile(&doubling(bs, by, 4, 8)).unwrap();
+            // A first run of a tells the ticket the next one gets.
+            let first = a.execute(pa, &step(&z)).unwrap();
+            a.wait(first).unwrap();
+            rs.set_f32s(&[0.0; 32]);
+            let next = Ticket(first.0 + 1);
+            let tb = b.execute_after(pb, &step(&z), &[(id, next)]).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            assert_eq!(ry.f32s(32), vec![0.0; 32], "b ran before a's ticket");
+            let ta = a.execute(pa, &step(&z)).unwrap();
+            assert_eq!(ta, next);
+            b.wait(tb).unwrap();
+            assert_eq!(ry.f32s(32), quadrupled);
+            a.wait(ta).unwrap();
+            a.release(pa).unwrap();
+            b.release(pb).unwrap();
+            for id in [ax, as_] {
+                a.free(id).unwrap();
+            }
+            for id in [bs, by] {
+                b.free(id).unwrap();
+            }
+        } else {
+            // Without shared memory: b's own program, submitted after a's ticket.
+            let x = b.alloc(&desc, Usage::Activation).unwrap();
+            let y = b.alloc(&desc, Usage::Activation).unwrap();
+            b.write(x, 0, &le_bytes(&vals)).unwrap();
+            let pb = b.compile(&doubling(x, y, 4, 8)).unwrap();
+            let ax = a.alloc(&desc, Usage::Activation).unwrap();
+            let ay = a.alloc(&desc, Usage::Activation).unwrap();
+            let pa = a.compile(&doubling(ax, ay, 4, 8)).unwrap();
+            let ta = a.execute(pa, &step(&z)).unwrap();
+            let tb = b.execute_after(pb, &step(&z), &[(id, ta)]).unwrap();
+            b.wait(tb).unwrap();
+            let mut out = vec![0u8; 128];
+            b.read(y, 0, &mut out).unwrap();
+            assert_eq!(from_le(&out), vals.iter().map(|v| v * 2.0).collect::<Vec<_>>());
+            a.wait(ta).unwrap();
+        }
     }
 }
