@@ -120,7 +120,12 @@ class Table:
         self.rows = []
 
     def add(self, name, batch, ours, peer):
-        """ours, peer: (prefill, decode, lengths)."""
+        """ours, peer: (prefill, decode, lengths). Runs of different lengths are not compared
+        (their ratio reads `–`); a row with no result on either side is left out."""
+        if all(v is None for v in (ours[0], ours[1], peer[0], peer[1])):
+            return
+        if ours[2] and peer[2] and ours[2] != peer[2]:
+            ours, peer = (ours[0], ours[1], ours[2]), (None, None, peer[2])
         self.rows.append(
             f"| {name} | {batch} | {lengths_cell(ours[2], peer[2])} | {pair(ours[0], peer[0])} | {pair(ours[1], peer[1])} |"
         )

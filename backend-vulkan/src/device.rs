@@ -125,6 +125,9 @@ pub struct Gpu {
     imported: Vec<vk::Semaphore>,
 }
 
+/// The most timelines one submission waits on.
+pub const MAX_WAITS: usize = 8;
+
 /// A Vulkan error of `what` on `device` as a backend error.
 pub fn vk_err(what: &str, device: &str, e: vk::Result) -> BackendError {
     match e {
@@ -782,15 +785,26 @@ impl Gpu {
         let both_vals = [value, value];
         let n = if self.shared.is_some() { 2 } else { 1 };
         let (sems, vals) = (&both_sems[..n], &both_vals[..n]);
-        let wait_sems: Vec<vk::Semaphore> = waits.iter().map(|w| w.0).collect();
-        let wait_vals: Vec<u64> = waits.iter().map(|w| w.1).collect();
-        let wait_stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; waits.len()];
+        // Fixed arrays: a step's submission allocates nothing.
+        if waits.len() > MAX_WAITS {
+            return Err(BackendError::invalid(format!(
+                "a submission may wait on at most {MAX_WAITS} timelines, not {}",
+                waits.len()
+            )));
+        }
+        let nw = waits.len();
+        let mut wait_sems = [vk::Semaphore::null(); MAX_WAITS];
+        let mut wait_vals = [0u64; MAX_WAITS];
+        for (i, w) in waits.iter().enumerate() {
+            (wait_sems[i], wait_vals[i]) = *w;
+        }
+        let wait_stages = [vk::PipelineStageFlags::ALL_COMMANDS; MAX_WAITS];
         let mut tl = vk::TimelineSemaphoreSubmitInfo::default()
-            .wait_semaphore_values(&wait_vals)
+            .wait_semaphore_values(&wait_vals[..nw])
             .signal_semaphore_values(vals);
         let submit = vk::SubmitInfo::default()
-            .wait_semaphores(&wait_sems)
-            .wait_dst_stage_mask(&wait_stages)
+            .wait_semaphores(&wait_sems[..nw])
+            .wait_dst_stage_mask(&wait_stages[..nw])
             .command_buffers(&cbs)
             .signal_semaphores(sems)
             .push_next(&mut tl);

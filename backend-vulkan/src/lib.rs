@@ -716,11 +716,19 @@ impl ComputeBackend for VulkanBackend {
         args: &StepArgs<'_>,
         waits: &[(TimelineId, Ticket)],
     ) -> Result<Ticket, BackendError> {
-        let waits = waits
-            .iter()
-            .map(|(id, t)| Ok((self.gpu.imported_timeline(*id)?, t.0)))
-            .collect::<Result<Vec<_>, BackendError>>()?;
-        self.submit_program(program, args, &waits)
+        // A fixed array: a step's submission allocates nothing.
+        let mut sems = [(vk::Semaphore::null(), 0u64); device::MAX_WAITS];
+        if waits.len() > sems.len() {
+            return Err(BackendError::invalid(format!(
+                "execute_after: at most {} waits, not {}",
+                sems.len(),
+                waits.len()
+            )));
+        }
+        for (s, (id, t)) in sems.iter_mut().zip(waits) {
+            *s = (self.gpu.imported_timeline(*id)?, t.0);
+        }
+        self.submit_program(program, args, &sems[..waits.len()])
     }
 }
 

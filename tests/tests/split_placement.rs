@@ -438,8 +438,8 @@ const HOST_BOUNDARIES: &str = "[placement]\nboundaries = \"host\"\n";
 
 /// Device-side boundaries where the units allow them: on a CPU layer split the hidden state
 /// lives in host memory both units imported, so nothing is copied (the CPU has no timeline to
-/// wait on: the host hands over); forcing the host path copies it there and back every step,
-/// and both give the same logits, bit for bit. With Vulkan on one side, Vulkan imports host
+/// wait on: the host hands over, in `device` mode too); forcing the host path copies it there
+/// and back every step, and every mode gives the same logits, bit for bit. With Vulkan on one side, Vulkan imports host
 /// memory where the device has VK_EXT_external_memory_host (lavapipe does).
 #[test]
 fn device_boundaries_share_what_the_host_path_copies() {
@@ -452,11 +452,11 @@ fn device_boundaries_share_what_the_host_path_copies() {
         let layers = halves(FIXTURE, first, second);
         let hidden = plan_with("auto", &layers, CHUNK).model.config.hidden_size as u64;
         let mut logits = Vec::new();
-        for host in [false, true] {
-            let placement = if host {
-                format!("{HOST_BOUNDARIES}{layers}")
-            } else {
-                layers.clone()
+        for mode in ["", "device", "shared", "host"] {
+            let host = mode == "host";
+            let placement = match mode {
+                "" => layers.clone(),
+                m => format!("[placement]\nboundaries = \"{m}\"\n{layers}"),
             };
             let (mut loaded, _) = load_with("auto", &placement, CHUNK);
             let s = &mut loaded.session;
@@ -465,7 +465,7 @@ fn device_boundaries_share_what_the_host_path_copies() {
             for (i, &t) in tokens[CHUNK..CHUNK + 3].iter().enumerate() {
                 got.extend_from_slice(s.step(&[t], &[0], &[0]).unwrap());
                 let c = s.boundary_counts();
-                let label = format!("{first}/{second}, host {host}, step {i}");
+                let label = format!("{first}/{second}, boundaries {mode:?}, step {i}");
                 assert_eq!(c.shared_values + c.copied_values, 2, "{label}: {c:?}");
                 if host {
                     assert_eq!((c.shared_values, c.device_waits), (0, 0), "{label}: {c:?}");
@@ -480,13 +480,13 @@ fn device_boundaries_share_what_the_host_path_copies() {
             assert_eq!(
                 moved,
                 copied * hidden * 4 * (CHUNK as u64 + 3),
-                "{first}/{second}, host {host}"
+                "{first}/{second}, boundaries {mode:?}"
             );
             logits.push(got);
         }
         assert!(
-            logits[0] == logits[1],
-            "{first}/{second}: device and host boundaries differ"
+            logits.iter().all(|l| *l == logits[0]),
+            "{first}/{second}: the boundary modes give different logits"
         );
     }
 }
@@ -800,7 +800,14 @@ fn decode_steps_of_a_split_allocate_nothing() {
     let steps = 20;
     let mut counts = Vec::new();
     let layers = halves(FIXTURE, "cpu", "cpu#2");
-    for (backend, placement) in [("cpu", ""), ("cpu+cpu", ""), ("auto", layers.as_str())] {
+    let host_layers = format!("{HOST_BOUNDARIES}{layers}");
+    for (backend, placement) in [
+        ("cpu", ""),
+        ("cpu+cpu", ""),
+        ("cpu+cpu", HOST_BOUNDARIES),
+        ("auto", layers.as_str()),
+        ("auto", host_layers.as_str()),
+    ] {
         let (mut loaded, _) = load_with(backend, placement, CHUNK);
         let s = &mut loaded.session;
         let logits = s.prefill(0, &tokens[..CHUNK], false).unwrap();
@@ -821,10 +828,15 @@ fn decode_steps_of_a_split_allocate_nothing() {
             "{backend}: a token id"
         );
         assert_eq!(s.len(0), CHUNK + 3 + steps, "{backend}: cached tokens");
-        if backend != "cpu" {
+        if placement.starts_with(HOST_BOUNDARIES) {
             assert!(
                 s.moved_bytes().0 > 0,
                 "{backend} {placement}: copies between its units"
+            );
+        } else if backend != "cpu" {
+            assert!(
+                s.boundary_counts().shared_values > 0 && s.moved_bytes().0 == 0,
+                "{backend} {placement}: values shared between its units, not copied"
             );
         }
         counts.push((backend, allocations));
@@ -1041,6 +1053,7 @@ fn the_default_model_split_matches_transformers() {
                 "{backend} {placement}: greedy continuation"
             );
         }
-        assert!(loaded.session.moved_bytes().0 > 0);
+        let c = loaded.session.boundary_counts();
+        assert!(c.shared_values + c.copied_values > 0, "values cross units: {c:?}");
     }
 }

@@ -71,8 +71,9 @@ pub struct PlacementSettings {
     /// Micro-batches a split decode step of several sequences is pipelined in (1 to 4; 1: none).
     #[serde(default, deserialize_with = "micro_batches")]
     pub micro_batches: Option<usize>,
-    /// How values cross between units of a split: `"device"` (the default: shared memory and
-    /// device waits where both units allow them) or `"host"` (always wait and copy on the host).
+    /// How values cross between units of a split: `"shared"` (the default: shared memory where
+    /// both units allow it, host waits), `"device"` (also device waits where both allow them)
+    /// or `"host"` (always wait and copy on the host).
     pub boundaries: Option<BoundaryMode>,
     /// `[placement.decode]`: lists for generating tokens.
     pub decode: Option<PhaseLists>,

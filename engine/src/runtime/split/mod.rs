@@ -19,9 +19,9 @@
 //! graph that differs.
 //!
 //! **Boundaries**: where both units allow it, a value crossing between units lives in host
-//! memory both imported (no copy) and the consumer's device waits for the producer's ticket (no
-//! host wait); elsewhere the host waits and copies ([`program`]). [`BoundaryMode::Host`] forces
-//! the host path everywhere.
+//! memory both imported (no copy); with [`BoundaryMode::Device`] the consumer's device also
+//! waits for the producer's ticket (no host wait); elsewhere the host waits and copies
+//! ([`program`]). [`BoundaryMode::Host`] forces the host path everywhere.
 //!
 //! **Micro-batches**: a decode step of several sequences on a split that changes unit within a
 //! decode step may be cut into up to [`MAX_MICRO_BATCHES`] pieces, pipelined so that one unit
@@ -132,8 +132,14 @@ pub const MAX_MICRO_BATCHES: usize = 4;
 #[serde(rename_all = "snake_case")]
 pub enum BoundaryMode {
     /// Shared host memory and device waits where both units allow them, the host elsewhere.
-    #[default]
+    /// On the H100, a Vulkan queue waiting on another `VkDevice`'s timeline measured slower
+    /// than the host waiting and submitting (bench/results/2026-11-25-h100-boundaries), so it
+    /// is not the default.
     Device,
+    /// Shared host memory where both units allow it (no copy), the host waiting for the
+    /// producer before it submits the consumer. The default: it measured best on the H100.
+    #[default]
+    Shared,
     /// Always through the host: wait for the producer, copy, then submit the consumer.
     Host,
 }
@@ -143,6 +149,7 @@ impl BoundaryMode {
     pub fn key(self) -> &'static str {
         match self {
             BoundaryMode::Device => "device",
+            BoundaryMode::Shared => "shared",
             BoundaryMode::Host => "host",
         }
     }
@@ -230,7 +237,7 @@ impl SplitScheduler {
             micro_batches: 1,
             iota: Vec::new(),
             last: None,
-            mode: BoundaryMode::Device,
+            mode: BoundaryMode::default(),
             timelines: None,
         })
     }
@@ -400,7 +407,7 @@ impl SplitScheduler {
                 share_memory: true,
                 timelines: t,
             },
-            (BoundaryMode::Device, None) => Boundaries {
+            (BoundaryMode::Device, None) | (BoundaryMode::Shared, _) => Boundaries {
                 share_memory: true,
                 timelines: &[],
             },
