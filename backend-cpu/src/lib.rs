@@ -458,7 +458,9 @@ impl ComputeBackend for CpuBackend {
         let bytes = desc.byte_size()?;
         let ptr = std::ptr::NonNull::new(ptr)
             .ok_or_else(|| BackendError::invalid("import_host: a null pointer"))?;
-        if ptr.as_ptr() as usize % HOST_IMPORT_ALIGN != 0 || len % HOST_IMPORT_ALIGN != 0 {
+        if !(ptr.as_ptr() as usize).is_multiple_of(HOST_IMPORT_ALIGN)
+            || !len.is_multiple_of(HOST_IMPORT_ALIGN)
+        {
             return Err(BackendError::invalid(format!(
                 "import_host: the region ({len} bytes at {:p}) is not aligned to {HOST_IMPORT_ALIGN} bytes",
                 ptr.as_ptr()
