@@ -289,7 +289,8 @@ pub trait ComputeBackend: Send {
     }
 
     /// [`ComputeBackend::execute`], with the device starting the work only once every imported
-    /// timeline of `waits` has reached its ticket: the host does not wait. The default runs
+    /// timeline of `waits` has reached its ticket: the host does not wait. At most
+    /// [`crate::boundary::MAX_WAITS`] waits. The default runs
     /// `execute` when there is nothing to wait for and refuses otherwise.
     fn execute_after(
         &mut self,

@@ -20,6 +20,11 @@ use serde::{Deserialize, Serialize};
 /// every page size and of the import alignment Vulkan drivers ask for.
 pub const HOST_IMPORT_ALIGN: usize = 64 << 10;
 
+/// The most timelines one [`ComputeBackend::execute_after`](crate::ComputeBackend::execute_after)
+/// waits on (a wait per other unit of a split): the plugin ABI and the backends pass them in
+/// fixed arrays of this size, so a step's submission allocates nothing.
+pub const MAX_WAITS: usize = 8;
+
 /// Another backend's timeline, imported by this backend (see
 /// [`ComputeBackend::import_timeline`](crate::ComputeBackend::import_timeline)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -125,8 +125,8 @@ pub struct Gpu {
     imported: Vec<vk::Semaphore>,
 }
 
-/// The most timelines one submission waits on.
-pub const MAX_WAITS: usize = 8;
+/// The most timelines one submission waits on: the contract's.
+pub use tandem_backend_api::boundary::MAX_WAITS;
 
 /// A Vulkan error of `what` on `device` as a backend error.
 pub fn vk_err(what: &str, device: &str, e: vk::Result) -> BackendError {

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 
 use super::abi::*;
 use crate::backend::{BackendOptions, BackendPlugin, ProgramId, Ticket};
-use crate::boundary::{SharedTimeline, TimelineId};
+use crate::boundary::{SharedTimeline, TimelineId, MAX_WAITS};
 use crate::error::BackendError;
 use crate::graph::{Graph, Op, StepArgs};
 use crate::tensor::{BufferId, TensorDesc};
@@ -559,10 +559,15 @@ unsafe extern "C" fn execute_after<T: BackendPlugin>(
         unsafe { std::slice::from_raw_parts(waits, n_waits) }
     };
     // At most a handful of waits (one per other unit): a small fixed array, no allocation.
-    let mut pairs = [(TimelineId(0), Ticket(0)); 8];
+    let mut pairs = [(TimelineId(0), Ticket(0)); MAX_WAITS];
     if waits.len() > pairs.len() {
         // SAFETY: `err` is null or valid for a write.
-        return unsafe { fail(err, &BackendError::invalid("execute_after: more than 8 waits")) };
+        return unsafe {
+            fail(
+                err,
+                &BackendError::invalid(format!("execute_after: more than {MAX_WAITS} waits")),
+            )
+        };
     }
     for (p, w) in pairs.iter_mut().zip(waits) {
         *p = (TimelineId(w.timeline), Ticket(w.ticket));

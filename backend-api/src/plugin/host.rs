@@ -8,7 +8,7 @@ use super::abi::*;
 use crate::backend::{
     BackendInfo, BackendOptions, ComputeBackend, MemoryUse, NodeTime, ProgramId, Support, Ticket,
 };
-use crate::boundary::{SharedTimeline, TimelineId};
+use crate::boundary::{SharedTimeline, TimelineId, MAX_WAITS};
 use crate::error::BackendError;
 use crate::graph::{Graph, Op, StepArgs};
 use crate::tensor::{BufferId, TensorDesc, Usage};
@@ -485,9 +485,11 @@ impl ComputeBackend for PluginBackend {
         let mut buf = [FfiWait {
             timeline: 0,
             ticket: 0,
-        }; 8];
+        }; MAX_WAITS];
         if waits.len() > buf.len() {
-            return Err(BackendError::invalid("execute_after: more than 8 waits"));
+            return Err(BackendError::invalid(format!(
+                "execute_after: more than {MAX_WAITS} waits"
+            )));
         }
         for (b, (t, k)) in buf.iter_mut().zip(waits) {
             *b = FfiWait {
