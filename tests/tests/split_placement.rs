@@ -919,12 +919,12 @@ fn micro_batches_match(tokens: &[u32], batch: usize, layers: &str) {
 /// under the key, and answers the same key from the cache without measuring.
 #[test]
 fn calibration_measures_each_candidate_and_caches_the_choice() {
-    use tandem_engine::runtime::calibrate::{calibrate, candidates, describe, key};
+    use tandem_engine::runtime::calibrate::{calibrate, candidates, describe, key, Choice};
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("calibration.json");
     let names = vec!["cpu".to_string()];
     let mut cands = candidates(&names);
-    cands.push("cpu+cpu".to_string());
+    cands.push(Choice::whole("cpu+cpu"));
     let opts = options(FIXTURE, "auto", CHUNK);
     let model = fixture(FIXTURE);
     let k = key(&model, &["cpu=host".to_string()], &cands);
@@ -941,7 +941,7 @@ fn calibration_measures_each_candidate_and_caches_the_choice() {
     .unwrap();
     assert!(!from_cache);
     assert!(notes.is_empty(), "{notes:?}");
-    let placed: Vec<&str> = first.figures.iter().map(|m| m.placement.as_str()).collect();
+    let placed: Vec<String> = first.figures.iter().map(|m| m.choice.to_string()).collect();
     assert_eq!(placed, ["cpu", "cpu+cpu"]);
     assert!(first
         .figures
@@ -952,7 +952,7 @@ fn calibration_measures_each_candidate_and_caches_the_choice() {
         .iter()
         .max_by(|a, b| a.decode_tokens_per_s.total_cmp(&b.decode_tokens_per_s))
         .unwrap();
-    assert_eq!(first.choice, best.placement);
+    assert_eq!(first.choice, best.choice);
     assert!(describe(&first, None).starts_with(&format!("auto chose {} by measurement", first.choice)));
     // The same key again: from the cache, identical figures.
     let (again, from_cache) = calibrate(
@@ -970,12 +970,12 @@ fn calibration_measures_each_candidate_and_caches_the_choice() {
     assert_eq!(again.figures.len(), first.figures.len());
     for (a, b) in again.figures.iter().zip(&first.figures) {
         // JSON keeps a float to within its last digit.
-        assert_eq!(a.placement, b.placement);
+        assert_eq!(a.choice, b.choice);
         assert!((a.decode_tokens_per_s / b.decode_tokens_per_s - 1.0).abs() < 1e-12);
         assert!((a.prefill_tokens_per_s / b.prefill_tokens_per_s - 1.0).abs() < 1e-12);
     }
     // A placement that cannot run is left out with a note; the others still decide.
-    let bad = vec!["cpu".to_string(), "npu".to_string()];
+    let bad = vec![Choice::whole("cpu"), Choice::whole("npu")];
     let mut notes = Vec::new();
     let (c, _) = calibrate(
         &search().discover(),
@@ -987,8 +987,57 @@ fn calibration_measures_each_candidate_and_caches_the_choice() {
         &mut |n| notes.push(n),
     )
     .unwrap();
-    assert_eq!(c.choice, "cpu");
+    assert_eq!(c.choice, Choice::whole("cpu"));
     assert_eq!(notes.len(), 1, "{notes:?}");
+}
+
+/// A model too large for the GPU whole is calibrated over layer splits: `vulkan --gpu-layers 1`
+/// (lavapipe in CI) is measured beside the CPU alone, its count kept through the cache.
+#[test]
+fn calibration_measures_a_layer_split() {
+    use tandem_engine::runtime::calibrate::{calibrate, Choice};
+    let discovery = search().discover();
+    if let Err(e) = discovery.create("vulkan", &Default::default()) {
+        if std::env::var_os("CI").is_some() {
+            panic!("CI runs Vulkan on lavapipe: {e}");
+        }
+        eprintln!("skipping: {e}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("calibration.json");
+    let cands = vec![Choice::first_layers("vulkan", 1), Choice::whole("cpu")];
+    let opts = options(FIXTURE, "auto", CHUNK);
+    let mut notes = Vec::new();
+    let (c, from_cache) = calibrate(
+        &discovery,
+        &settings(""),
+        &opts,
+        &cands,
+        "layers",
+        Some(&cache),
+        &mut |n| notes.push(n),
+    )
+    .unwrap();
+    assert!(!from_cache);
+    assert!(notes.is_empty(), "{notes:?}");
+    let measured: Vec<&Choice> = c.figures.iter().map(|m| &m.choice).collect();
+    assert_eq!(measured, [&cands[0], &cands[1]]);
+    assert!(c.figures.iter().all(|m| m.decode_tokens_per_s > 0.0));
+    assert!(cands.contains(&c.choice));
+    let (again, from_cache) = calibrate(
+        &discovery,
+        &settings(""),
+        &opts,
+        &cands,
+        "layers",
+        Some(&cache),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(from_cache);
+    assert_eq!(again.figures[0].choice.gpu_layers, Some(1));
+    assert_eq!(again.choice, c.choice);
 }
 
 // ---------------------------------------------------------------------------------------------

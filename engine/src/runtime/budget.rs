@@ -5,6 +5,7 @@
 //! by layers, as many on that unit as fit, the rest on the CPU. A model that fits nowhere is an
 //! error naming the sizes, never an allocation failure halfway through a load.
 
+use super::calibrate::Fit;
 use super::layers::LayerRule;
 use super::notice::Notice;
 use super::placement::{region_units, Candidate};
@@ -101,32 +102,8 @@ pub fn fit(
     if is_cpu {
         return Err(over(&whole, settings, "raise the budget or shorten --context".into()).into());
     }
-    // The most layers that fit on the unit, the rest on the CPU (more layers never need less).
-    let Planned {
-        placement,
-        model,
-        graph,
-        parts,
-        regions,
-        ..
-    } = planned;
-    let origin = placement.spec.origin.clone();
-    let split = placement.with_first_layers(layers, discovery, settings)?;
-    let mut planned = Planned::place(split, model, graph, parts, regions)?;
-    let (mut lo, mut hi) = (0usize, layers);
-    let mut best: Option<usize> = None;
-    while lo <= hi {
-        let mid = (lo + hi) / 2;
-        planned = planned.with_gpu_layers(mid)?;
-        if planned.report().units.first().is_some_and(|u| !u.over_budget()) {
-            best = Some(mid);
-            lo = mid + 1;
-        } else if mid == 0 {
-            break;
-        } else {
-            hi = mid - 1;
-        }
-    }
+    let origin = planned.placement.spec.origin.clone();
+    let (mut planned, best) = most_first_layers(planned, discovery, settings)?;
     let count = match best {
         Some(n) if n > 0 => n,
         _ => {
@@ -167,6 +144,66 @@ pub fn fit(
         budget_source(settings, &whole.name),
     )));
     Ok(planned)
+}
+
+/// `planned` (a placement of one unit that is not the CPU) split by layers with the most first
+/// layers that fit the unit's budget, the rest on the CPU, and that count (`None`: not even
+/// the embedding, the head and one layer fit). The rest may still be over the CPU's budget.
+pub fn most_first_layers(
+    planned: Planned,
+    discovery: &Discovery,
+    settings: &Settings,
+) -> Result<(Planned, Option<usize>), LoadError> {
+    let layers = planned.model.layers.len();
+    let Planned {
+        placement,
+        model,
+        graph,
+        parts,
+        regions,
+        ..
+    } = planned;
+    let split = placement.with_first_layers(layers, discovery, settings)?;
+    let mut planned = Planned::place(split, model, graph, parts, regions)?;
+    // A binary search: more layers never need less.
+    let (mut lo, mut hi) = (0usize, layers);
+    let mut best: Option<usize> = None;
+    while lo <= hi {
+        let mid = (lo + hi) / 2;
+        planned = planned.with_gpu_layers(mid)?;
+        if planned.report().units.first().is_some_and(|u| !u.over_budget()) {
+            best = Some(mid);
+            lo = mid + 1;
+        } else if mid == 0 {
+            break;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    Ok((planned, best))
+}
+
+/// How much of `planned` (one unit, not split) its unit holds: the whole model, its first
+/// layers with the rest on the CPU (the rest within the CPU's budget), or nothing.
+pub fn fit_of(planned: Planned, discovery: &Discovery, settings: &Settings) -> Result<Fit, LoadError> {
+    if first_over(&planned).is_none() {
+        return Ok(Fit::Whole);
+    }
+    let on_cpu = matches!(
+        planned.placement.candidates.first(),
+        Some((_, Candidate::Ready(b))) if b.info().kind == tandem_backend_api::DeviceKind::Cpu
+    );
+    if on_cpu {
+        return Ok(Fit::Nothing);
+    }
+    let (planned, best) = most_first_layers(planned, discovery, settings)?;
+    Ok(match best {
+        Some(n) if n > 0 => match planned.with_gpu_layers(n) {
+            Ok(p) if first_over(&p).is_none() => Fit::FirstLayers(n),
+            _ => Fit::Nothing,
+        },
+        _ => Fit::Nothing,
+    })
 }
 
 impl From<BudgetError> for LoadError {

@@ -19,15 +19,17 @@ use crate::model::files::ModelFiles;
 use crate::model::LoadProgress;
 
 /// The placement `options.backend` and `settings` ask for, its units created: `auto` replaced
-/// by the placement that measured fastest where it may measure ([`measured_auto`]); returns the
-/// options as resolved.
+/// by the placement that measured fastest where it may measure ([`measured_auto`], fitting the
+/// model with KV caches for `slots` sequences); returns the options as resolved.
 pub fn decide(
     discovery: &Discovery,
     settings: &Settings,
     options: &ModelOptions,
+    slots: usize,
     notices: &mut dyn FnMut(Notice),
 ) -> Result<(ModelOptions, Placement), LoadError> {
-    let options = measured_auto(discovery, settings, options, notices)?.unwrap_or_else(|| options.clone());
+    let options =
+        measured_auto(discovery, settings, options, slots, notices)?.unwrap_or_else(|| options.clone());
     let placement = Placement::decide(discovery, settings, &options.backend, options.gpu_layers, notices)?;
     Ok((options, placement))
 }
@@ -42,7 +44,7 @@ fn plan_files(
     notices: &mut dyn FnMut(Notice),
 ) -> Result<(Planned, ModelFiles), LoadError> {
     let discovery = discover(search, notices);
-    let (resolved, placement) = decide(&discovery, settings, options, notices)?;
+    let (resolved, placement) = decide(&discovery, settings, options, slots, notices)?;
     let (planned, files) = plan_placed(placement, &resolved, slots)?;
     let may_split = plain_auto(settings, options);
     let planned = budget::fit(planned, &discovery, settings, may_split, notices)?;
@@ -90,52 +92,73 @@ pub fn load(
 
 /// For `auto` without `[placement]` lists, when two or more hardware backends are available:
 /// `options` with the placement that measured fastest (see [`super::calibrate`]), saying so in
-/// a note. `None` otherwise: auto's first-available rule stands.
+/// a note. When the model does not fit the fastest unit whole, the candidates are the layer
+/// splits that fit (each GPU with as many layers as it holds, the rest on the CPU) and each unit
+/// the model fits whole. `None` otherwise: auto's first-available rule stands (and
+/// [`budget::fit`] splits a model too large for it).
 fn measured_auto(
     discovery: &Discovery,
     settings: &Settings,
     options: &ModelOptions,
+    slots: usize,
     notices: &mut dyn FnMut(Notice),
 ) -> Result<Option<ModelOptions>, LoadError> {
     let p = &settings.placement;
     if !plain_auto(settings, options) || p.default.is_some() {
         return Ok(None);
     }
-    let mut names = Vec::new();
+    let mut units = Vec::new();
     let mut devices = Vec::new();
-    // The first hardware backend of auto's order, kept for the fit check below.
-    let mut fastest = None;
     for name in AUTO_ORDER {
         if let Ok(b) = discovery.create(name, &settings.backend_options(name)) {
             let info = b.info();
             if info.kind != DeviceKind::SoftwareGpu {
-                names.push(name.to_string());
                 devices.push(format!("{name}={}", info.device));
-                fastest.get_or_insert(b);
+                units.push((name.to_string(), b));
             }
         }
     }
-    let Some(fastest) = fastest.filter(|_| names.len() >= 2) else {
-        return Ok(None);
-    };
-    // Calibration measures whole placements: a model too large for the fastest unit is split by
-    // layers to fit it instead ([`budget::fit`]), unmeasured.
-    let fastest = Placement::single(names[0].clone(), fastest, "--backend auto".to_string());
-    let (planned, _) = plan_placed(fastest, options, 1)?;
-    if let Some(u) = planned.report().units.iter().find(|u| u.over_budget()) {
-        notices(Notice::Note(format!(
-            "auto does not calibrate: the model does not fit {} whole ({} needed, {} allowed)",
-            u.name,
-            gib(u.need_bytes()),
-            gib(u.budget_bytes.unwrap_or(0))
-        )));
+    if units.len() < 2 {
         return Ok(None);
     }
+    let names: Vec<String> = units.iter().map(|(n, _)| n.clone()).collect();
+    let mut fits = Vec::with_capacity(units.len());
+    let mut too_large = None;
+    for (i, (name, b)) in units.into_iter().enumerate() {
+        let one = Placement::single(name.clone(), b, "--backend auto".to_string());
+        let (planned, _) = plan_placed(one, options, slots)?;
+        if i == 0 {
+            too_large = planned.report().units.into_iter().find(|u| u.over_budget());
+            if too_large.is_none() {
+                break;
+            }
+        }
+        fits.push((name, budget::fit_of(planned, discovery, settings)?));
+    }
+    let candidates = match &too_large {
+        None => calibrate::candidates(&names),
+        Some(u) => {
+            let c = calibrate::layer_candidates(&fits);
+            let why = format!(
+                "the model does not fit {} whole ({} needed, {} allowed)",
+                u.name,
+                gib(u.need_bytes()),
+                gib(u.budget_bytes.unwrap_or(0))
+            );
+            if c.len() < 2 {
+                notices(Notice::Note(format!(
+                    "auto does not calibrate: {why}, and only one placement fits"
+                )));
+                return Ok(None);
+            }
+            notices(Notice::Note(format!("auto measures layer splits: {why}")));
+            c
+        }
+    };
     let model = match &options.model {
         Some(m) => m.clone(),
         None => crate::model::files::default_model()?,
     };
-    let candidates = calibrate::candidates(&names);
     let key = calibrate::key(&model, &devices, &candidates);
     let cache = cache_dir().map(|d| d.join("calibration.json"));
     let (c, from_cache) = calibrate::calibrate(
@@ -152,7 +175,8 @@ fn measured_auto(
         cache.as_ref().filter(|_| from_cache),
     )));
     Ok(Some(ModelOptions {
-        backend: c.choice,
+        backend: c.choice.placement,
+        gpu_layers: c.choice.gpu_layers,
         ..options.clone()
     }))
 }
