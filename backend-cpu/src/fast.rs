@@ -39,6 +39,15 @@ const TILE: usize = 4;
 /// Values per activation block.
 const QK: usize = 32;
 
+/// The fewest activation rows that go through [`gemm`] (weights unpacked once per matmul)
+/// rather than the fused kernels (weights unpacked once per [`TILE`] rows).
+const GEMM_MIN_ROWS: usize = 8;
+
+/// Parallel tasks per thread in a [`gemm`] product.
+const GEMM_TASKS_PER_THREAD: usize = 4;
+
+mod gemm;
+
 /// The weight formats this module covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -169,6 +178,12 @@ thread_local! {
     static ACTS: RefCell<Acts> = RefCell::default();
 }
 
+/// Grows the calling thread's storage for weight rows of `k` values unpacked by the prefill
+/// product, so that it allocates nothing (`CpuBackend::compile` runs it on every pool thread).
+pub fn reserve_unpacked(k: usize) {
+    gemm::reserve(k);
+}
+
 /// Grows the calling thread's quantized-activation storage to `values` activations (rows times
 /// `k`), so that matmuls of at most that many allocate nothing (`CpuBackend::compile` runs it on
 /// every pool thread).
@@ -204,6 +219,20 @@ pub fn matmul(pool: &rayon::ThreadPool, x: &[f32], rows: usize, w: &WeightView, 
             return false;
         }
         let acts = &*acts;
+        if rows >= GEMM_MIN_ROWS {
+            // Tasks of whole register tiles of weight rows, at most `MAX_TASK_ROWS` unpacked.
+            let chunk =
+                w.n.div_ceil(pool.current_num_threads() * GEMM_TASKS_PER_THREAD)
+                    .next_multiple_of(gemm::WR)
+                    .clamp(gemm::WR, gemm::MAX_TASK_ROWS);
+            pool.install(|| {
+                scratch[..w.n * rows]
+                    .par_chunks_mut(chunk * rows)
+                    .enumerate()
+                    .for_each(|(c, dst)| gemm::task(kind, simd, w.bytes, rb, k, acts, rows, c * chunk, dst))
+            });
+            return true;
+        }
         let chunk_rows =
             w.n.div_ceil(pool.current_num_threads() * TASKS_PER_THREAD)
                 .max(MIN_CHUNK);
@@ -758,12 +787,22 @@ mod tests {
         }
     }
 
+    /// Both products: the fused kernels (7 rows) and the unpacked one (prefill: 8 rows, and 69
+    /// rows, more than a row block, on an odd number of weight rows), 1 and 3 threads.
     #[test]
     fn matmul_matches_the_reference_for_several_rows() {
-        let mut rng = Rng(12345);
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        for (n, k, rows, threads) in [(37, 512, 7, 2), (37, 512, 8, 1), (37, 768, 69, 3), (1, 256, 9, 2)] {
+            matmul_against_reference(n, k, rows, threads);
+        }
+    }
+
+    fn matmul_against_reference(n: usize, k: usize, rows: usize, threads: usize) {
+        let mut rng = Rng(12345 + rows as u64);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
         for kind in [Kind::Q8_0, Kind::Q5_0, Kind::Q4K, Kind::Q6K] {
-            let (n, k, rows) = (37, 512, 7);
             let bytes: Vec<u8> = (0..n).flat_map(|_| random_row(kind, k, &mut rng)).collect();
             let w = WeightView {
                 bytes: &bytes,
@@ -782,7 +821,10 @@ mod tests {
                     let reference: f32 = xr.iter().zip(&wf).map(|(a, b)| a * b).sum();
                     let scale: f32 = xr.iter().zip(&wf).map(|(a, b)| (a * b).abs()).sum();
                     let got = scratch[j * rows + r];
-                    assert!((got - reference).abs() <= 1e-4 * scale, "{kind:?} ({j}, {r})");
+                    assert!(
+                        (got - reference).abs() <= 1e-4 * scale,
+                        "{kind:?} n={n} k={k} rows={rows}: ({j}, {r}) {got} vs {reference}"
+                    );
                 }
             }
         }

@@ -17,6 +17,7 @@ pub mod attention;
 mod convert;
 mod fast;
 pub mod kernels;
+mod par;
 pub mod weight;
 
 use tandem_backend_api::kit::{
@@ -221,6 +222,20 @@ impl CpuBackend {
         if let (true, Some(values)) = (self.fast_kernels, acts) {
             self.pool.broadcast(|_| fast::reserve(values));
         }
+        // And the weight rows the prefill product unpacks (graphs of several rows).
+        let unpacked = graph
+            .nodes
+            .iter()
+            .filter_map(|n| match &n.op {
+                Op::MatMul { x, weight, .. } if rows_of(&shapes[x.0 as usize]) > 1 => {
+                    Some(weight.desc.shape[1..].iter().product::<usize>())
+                }
+                _ => None,
+            })
+            .max();
+        if let (true, Some(k)) = (self.fast_kernels, unpacked) {
+            self.pool.broadcast(|_| fast::reserve_unpacked(k));
+        }
         if let Some(capacity) = graph
             .nodes
             .iter()
@@ -278,7 +293,11 @@ impl CpuBackend {
                     let w = self.weight_view(weight)?;
                     let nw = &mut prog.norm_weight[..w.k];
                     convert::decode_row(w.dtype, w.bytes, nw);
-                    kernels::rms_norm(v(x), nw, *eps, *weight_offset, &mut out);
+                    let (xs, nw, g) = (v(x), &*nw, w.k);
+                    par::rows(&self.pool, &mut out, g, |first, ys| {
+                        let n = ys.len();
+                        kernels::rms_norm(&xs[first * g..first * g + n], nw, *eps, *weight_offset, ys)
+                    });
                 }
                 Op::MatMul { x, weight, .. } => {
                     let w = self.weight_view(weight)?;
@@ -296,9 +315,9 @@ impl CpuBackend {
                         &mut prog.scratch,
                         self.fast_kernels,
                     );
-                    let mut j0 = kernels::scatter(&prog.scratch, xrows, 0, &mut out);
+                    let mut j0 = par::scatter(&self.pool, &prog.scratch, xrows, 0, &mut out);
                     for o in &node.outputs[1..] {
-                        j0 = kernels::scatter(&prog.scratch, xrows, j0, &mut values[o.0 as usize]);
+                        j0 = par::scatter(&self.pool, &prog.scratch, xrows, j0, &mut values[o.0 as usize]);
                     }
                 }
                 Op::Rope {
@@ -308,7 +327,20 @@ impl CpuBackend {
                     factor,
                 } => {
                     let cols = prog.shapes[x.0 as usize].cols;
-                    kernels::rope(v(x), cols, args.positions, *head_dim, *theta, *factor, &mut out);
+                    let xs = v(x);
+                    par::rows(&self.pool, &mut out, cols, |first, ys| {
+                        let n = ys.len();
+                        let positions = &args.positions[first..first + n / cols];
+                        kernels::rope(
+                            &xs[first * cols..first * cols + n],
+                            cols,
+                            positions,
+                            *head_dim,
+                            *theta,
+                            *factor,
+                            ys,
+                        )
+                    });
                 }
                 Op::Attention {
                     q,
@@ -366,8 +398,18 @@ impl CpuBackend {
                         );
                     }
                 }
-                Op::GeGlu { gate, up } => kernels::geglu(v(gate), v(up), &mut out),
-                Op::Add { a, b } => kernels::add(v(a), v(b), &mut out),
+                Op::GeGlu { gate, up } => {
+                    let (g, u) = (v(gate), v(up));
+                    par::rows(&self.pool, &mut out, 1, |at, o| {
+                        kernels::geglu(&g[at..at + o.len()], &u[at..at + o.len()], o)
+                    });
+                }
+                Op::Add { a, b } => {
+                    let (a, b) = (v(a), v(b));
+                    par::rows(&self.pool, &mut out, 1, |at, o| {
+                        kernels::add(&a[at..at + o.len()], &b[at..at + o.len()], o)
+                    });
+                }
                 Op::Softcap { x, cap } => kernels::softcap(v(x), *cap, &mut out),
                 Op::SelectRows { x } => {
                     let cols = prog.shapes[x.0 as usize].cols;

@@ -1,0 +1,430 @@
+//! The prefill product (many activation rows): each weight row is unpacked once per matmul into
+//! `i16` values (with the format's integer sub-block scales folded in) and an `f32` scale per
+//! block of [`QK`], then register tiles of [`WR`] weight rows by [`AR`] activation rows run
+//! integer dots over blocks that stay in cache, in blocks of [`ROW_BLOCK`] activation rows.
+//!
+//! The arithmetic is the fused kernels' (`super::scalar`): the same integer products per block
+//! (here with the sub-block scale inside the integer, which is exact: the largest unpacked value
+//! is 32 * 128 for `q6_k`, whose products with 16-bit activations sum to at most 2^29 per lane),
+//! scaled by the same `f32` factors; only the order of the `f32` additions differs.
+//!
+//! Where it pays: the fused kernels unpack every weight block once per [`super::TILE`] rows
+//! and stream all activation rows once per weight row; here a weight block is unpacked once and
+//! every activation block loaded serves [`WR`] weight rows.
+
+use std::cell::RefCell;
+
+use super::{f16_at, grow, k_scale_min, Acts, Kind, Simd, QK};
+
+/// Weight rows per register tile.
+pub(super) const WR: usize = 2;
+/// Activation rows per register tile.
+pub(super) const AR: usize = 4;
+/// Activation rows whose quantized blocks stay in cache while a task's weight rows pass over
+/// them (64 rows of `k = 6912` in 16 bits: 864 KiB, within a core's L2 on current x86).
+const ROW_BLOCK: usize = 64;
+/// The most weight rows a task unpacks at once.
+pub(super) const MAX_TASK_ROWS: usize = 32;
+
+/// A task's unpacked weight rows.
+#[derive(Default)]
+pub(super) struct Unpacked {
+    /// `rows * k` values.
+    w: Vec<i16>,
+    /// `rows * k / QK` block scales.
+    scale: Vec<f32>,
+    /// `rows * k / QK` block offsets (`q4_k`'s `dmin * min`), subtracted times the activation
+    /// block's scale and sum.
+    bias: Vec<f32>,
+}
+
+thread_local! {
+    static UNPACKED: RefCell<Unpacked> = RefCell::default();
+}
+
+/// Grows the calling thread's unpacked-weight storage for rows of `k` values.
+pub(super) fn reserve(k: usize) {
+    UNPACKED.with(|cell| {
+        let mut u = cell.borrow_mut();
+        grow(&mut u.w, MAX_TASK_ROWS * k);
+        grow(&mut u.scale, MAX_TASK_ROWS * k / QK);
+        grow(&mut u.bias, MAX_TASK_ROWS * k / QK);
+    });
+}
+
+/// Unpacks one weight row of `kind` (whole blocks) into `w` (`k` values), `scale` and `bias`
+/// (`k / QK` each).
+pub(super) fn unpack(kind: Kind, row: &[u8], w: &mut [i16], scale: &mut [f32], bias: &mut [f32]) {
+    match kind {
+        Kind::Q8_0 => {
+            for (b, blk) in row.chunks_exact(34).enumerate() {
+                scale[b] = f16_at(blk, 0);
+                bias[b] = 0.0;
+                for (o, &q) in w[32 * b..32 * b + 32].iter_mut().zip(&blk[2..34]) {
+                    *o = i16::from(q as i8);
+                }
+            }
+        }
+        Kind::Q5_0 => {
+            for (b, blk) in row.chunks_exact(22).enumerate() {
+                scale[b] = f16_at(blk, 0);
+                bias[b] = 0.0;
+                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                let (lo, hi) = w[32 * b..32 * b + 32].split_at_mut(16);
+                for (j, &q) in blk[6..22].iter().enumerate() {
+                    let h0 = ((qh >> j) & 1) as u8;
+                    let h1 = ((qh >> (j + 16)) & 1) as u8;
+                    lo[j] = i16::from((q & 0x0F) | (h0 << 4)) - 16;
+                    hi[j] = i16::from((q >> 4) | (h1 << 4)) - 16;
+                }
+            }
+        }
+        Kind::Q4K => {
+            for (b, blk) in row.chunks_exact(144).enumerate() {
+                let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+                let packed = &blk[4..16];
+                let qs = &blk[16..144];
+                for c in 0..4 {
+                    let q = &qs[32 * c..32 * c + 32];
+                    let (s0, m0) = k_scale_min(packed, 2 * c);
+                    let (s1, m1) = k_scale_min(packed, 2 * c + 1);
+                    let (j0, j1) = (8 * b + 2 * c, 8 * b + 2 * c + 1);
+                    scale[j0] = d;
+                    scale[j1] = d;
+                    bias[j0] = dmin * f32::from(m0);
+                    bias[j1] = dmin * f32::from(m1);
+                    let (s0, s1) = (i16::from(s0), i16::from(s1));
+                    let (lo, hi) = w[32 * j0..32 * j0 + 64].split_at_mut(32);
+                    for (l, &v) in q.iter().enumerate() {
+                        lo[l] = i16::from(v & 0x0F) * s0;
+                        hi[l] = i16::from(v >> 4) * s1;
+                    }
+                }
+            }
+        }
+        Kind::Q6K => {
+            for (b, blk) in row.chunks_exact(210).enumerate() {
+                let d = f16_at(blk, 208);
+                let scales = &blk[192..208];
+                for half in 0..2 {
+                    let ql = &blk[64 * half..64 * half + 64];
+                    let qh = &blk[128 + 32 * half..128 + 32 * half + 32];
+                    for s in 0..4 {
+                        let ab = 8 * b + 4 * half + s;
+                        scale[ab] = d;
+                        bias[ab] = 0.0;
+                        let out = &mut w[32 * ab..32 * ab + 32];
+                        for sub in 0..2 {
+                            let sc = i16::from(scales[8 * half + 2 * s + sub] as i8);
+                            for l in 16 * sub..16 * sub + 16 {
+                                let low = if s < 2 {
+                                    ql[l + 32 * s] & 0x0F
+                                } else {
+                                    ql[l + 32 * (s - 2)] >> 4
+                                };
+                                let v = i16::from(low | (((qh[l] >> (2 * s)) & 3) << 4)) - 32;
+                                out[l] = v * sc;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One unpacked weight row.
+#[derive(Clone, Copy)]
+pub(super) struct WRow<'a> {
+    pub(super) w: &'a [i16],
+    pub(super) scale: &'a [f32],
+    pub(super) bias: &'a [f32],
+}
+
+/// Writes the products of weight rows `j0..j0 + n` (bytes `rb` each in `bytes`) with every
+/// activation row of `acts` into `dst` (`n * rows`, column-major: `dst[j * rows + r]`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn task(
+    kind: Kind,
+    simd: Option<Simd>,
+    bytes: &[u8],
+    rb: usize,
+    k: usize,
+    acts: &Acts,
+    rows: usize,
+    j0: usize,
+    dst: &mut [f32],
+) {
+    let n = dst.len() / rows;
+    let nb = k / QK;
+    UNPACKED.with(|cell| {
+        let mut u = cell.borrow_mut();
+        grow(&mut u.w, n * k);
+        grow(&mut u.scale, n * nb);
+        grow(&mut u.bias, n * nb);
+        let Unpacked { w, scale, bias } = &mut *u;
+        for j in 0..n {
+            let row = &bytes[(j0 + j) * rb..(j0 + j + 1) * rb];
+            unpack(
+                kind,
+                row,
+                &mut w[j * k..(j + 1) * k],
+                &mut scale[j * nb..(j + 1) * nb],
+                &mut bias[j * nb..(j + 1) * nb],
+            );
+        }
+        let wrow = |j: usize| WRow {
+            w: &w[j * k..(j + 1) * k],
+            scale: &scale[j * nb..(j + 1) * nb],
+            bias: &bias[j * nb..(j + 1) * nb],
+        };
+        let has_bias = kind == Kind::Q4K;
+        for r0 in (0..rows).step_by(ROW_BLOCK) {
+            let r1 = (r0 + ROW_BLOCK).min(rows);
+            let mut j = 0;
+            while j < n {
+                let wn = (n - j).min(WR);
+                let ws = [wrow(j), wrow((j + 1).min(n - 1))];
+                let mut r = r0;
+                while r < r1 {
+                    let an = (r1 - r).min(AR);
+                    let mut out = [[0f32; AR]; WR];
+                    tile(simd, &ws[..wn], acts, r, an, k, &mut out);
+                    for (wi, o) in out.iter().enumerate().take(wn) {
+                        for (ai, v) in o.iter().enumerate().take(an) {
+                            let mut v = *v;
+                            if has_bias {
+                                v -= bias_term(ws[wi].bias, acts, r + ai, k);
+                            }
+                            dst[(j + wi) * rows + r + ai] = v;
+                        }
+                    }
+                    r += an;
+                }
+                j += wn;
+            }
+        }
+    });
+}
+
+/// `sum_b bias[b] * d_a[b] * sum_a[b]` for activation row `r`.
+fn bias_term(bias: &[f32], acts: &Acts, r: usize, k: usize) -> f32 {
+    let a = acts.row(r, k);
+    bias.iter()
+        .zip(a.d)
+        .zip(a.sums)
+        .map(|((b, d), s)| b * d * *s as f32)
+        .sum()
+}
+
+/// The scaled integer dots of up to [`WR`] weight rows with activation rows `r..r + an`.
+fn tile(
+    simd: Option<Simd>,
+    ws: &[WRow],
+    acts: &Acts,
+    r: usize,
+    an: usize,
+    k: usize,
+    out: &mut [[f32; AR]; WR],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(s) = simd {
+        return avx2::tile(s, ws, acts, r, an, k, out);
+    }
+    let _ = simd;
+    for (wi, wr) in ws.iter().enumerate() {
+        for (ai, o) in out[wi].iter_mut().enumerate().take(an) {
+            let a = acts.row(r + ai, k);
+            let mut acc = 0f32;
+            for b in 0..k / QK {
+                let isum: i64 = wr.w[QK * b..QK * b + QK]
+                    .iter()
+                    .zip(&a.qs[QK * b..QK * b + QK])
+                    .map(|(&x, &y)| i64::from(x) * i64::from(y))
+                    .sum();
+                acc += (wr.scale[b] * a.d[b]) * isum as f32;
+            }
+            *o = acc;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::*;
+
+    pub(super) fn tile(
+        proof: Simd,
+        ws: &[WRow],
+        acts: &Acts,
+        r: usize,
+        an: usize,
+        k: usize,
+        out: &mut [[f32; AR]; WR],
+    ) {
+        let nb = k / QK;
+        let rows: [_; AR] = std::array::from_fn(|i| acts.row(r + i.min(an - 1), k));
+        assert!(
+            !ws.is_empty()
+                && ws.len() <= WR
+                && (1..=AR).contains(&an)
+                && ws.iter().all(|w| w.w.len() >= k && w.scale.len() >= nb)
+                && rows.iter().all(|a| a.qs.len() >= k && a.d.len() >= nb)
+        );
+        let _ = proof;
+        let w1 = if ws.len() > 1 { ws[1] } else { ws[0] };
+        // SAFETY: a `Simd` exists only where AVX2, FMA and F16C were detected at run time; the
+        // slice lengths the kernel reads within are checked just above.
+        let acc = unsafe { kernel(ws[0], w1, &rows, nb) };
+        for (wi, o) in out.iter_mut().enumerate().take(ws.len()) {
+            for (ai, v) in o.iter_mut().enumerate().take(an) {
+                *v = acc[wi][ai];
+            }
+        }
+    }
+
+    /// 16 `i16` at `p` (the caller keeps `p..p + 16` in bounds).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load(p: *const i16) -> __m256i {
+        // SAFETY: the caller guarantees 32 readable bytes; the load is unaligned.
+        unsafe { _mm256_loadu_si256(p as *const __m256i) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `w0`, `w1` and every row of `a` hold `nb * QK` values and
+    /// `nb` scales.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn kernel(w0: WRow, w1: WRow, a: &[super::super::ActRow; AR], nb: usize) -> [[f32; AR]; WR] {
+        let mut acc = [[_mm256_setzero_ps(); AR]; WR];
+        for b in 0..nb {
+            let at = QK * b;
+            // SAFETY: `at + 32 <= nb * QK`, within every slice (the caller's contract).
+            let (x0, x1, y0, y1) = unsafe {
+                (
+                    load(w0.w.as_ptr().add(at)),
+                    load(w0.w.as_ptr().add(at + 16)),
+                    load(w1.w.as_ptr().add(at)),
+                    load(w1.w.as_ptr().add(at + 16)),
+                )
+            };
+            let (s0, s1) = (w0.scale[b], w1.scale[b]);
+            for (i, row) in a.iter().enumerate() {
+                // SAFETY: as above.
+                let (a0, a1) = unsafe { (load(row.qs.as_ptr().add(at)), load(row.qs.as_ptr().add(at + 16))) };
+                let p0 = _mm256_add_epi32(_mm256_madd_epi16(x0, a0), _mm256_madd_epi16(x1, a1));
+                let p1 = _mm256_add_epi32(_mm256_madd_epi16(y0, a0), _mm256_madd_epi16(y1, a1));
+                let d = row.d[b];
+                acc[0][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(s0 * d), acc[0][i]);
+                acc[1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(s1 * d), acc[1][i]);
+            }
+        }
+        let mut out = [[0f32; AR]; WR];
+        for (o, v) in out.iter_mut().zip(acc) {
+            for (x, s) in o.iter_mut().zip(v) {
+                *x = hsum(s);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fast::{scalar, ActRow};
+
+    fn rng(seed: &mut u64) -> u64 {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    }
+
+    /// The scalar tile (forced, so x86 CI covers it) and the detected SIMD tile compute the same
+    /// products on odd shapes: 5 weight rows (a half tile), 11 activation rows (a partial tile).
+    #[test]
+    fn scalar_and_simd_tiles_agree() {
+        let mut seed = 7u64;
+        for kind in [Kind::Q8_0, Kind::Q5_0, Kind::Q4K, Kind::Q6K] {
+            let (n, k, rows) = (5usize, 768usize, 11usize);
+            let rb = k / kind.block() * kind.block_bytes();
+            let mut bytes: Vec<u8> = (0..n * rb).map(|_| (rng(&mut seed) >> 24) as u8).collect();
+            for blk in bytes.chunks_exact_mut(kind.block_bytes()) {
+                let at = match kind {
+                    Kind::Q6K => 208,
+                    _ => 0,
+                };
+                blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.02).to_bits().to_le_bytes());
+            }
+            let x: Vec<f32> = (0..rows * k)
+                .map(|_| (rng(&mut seed) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+                .collect();
+            let mut acts = Acts::default();
+            assert!(acts.quantize(&x, rows, k));
+            let (mut forced, mut detected) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+            task(kind, None, &bytes, rb, k, &acts, rows, 0, &mut forced);
+            task(kind, Simd::detect(), &bytes, rb, k, &acts, rows, 0, &mut detected);
+            // Only the order of the f32 additions differs: within 1e-5 of the largest product.
+            let scale = forced.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in forced.iter().zip(&detected).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * scale,
+                    "{kind:?} value {i}: scalar {a}, simd {b}"
+                );
+            }
+            assert!(forced.iter().any(|v| *v != 0.0), "{kind:?}: all zero");
+        }
+    }
+
+    /// The unpacked row times quantized activations, block by block in `f64`, equals the fused
+    /// scalar kernel's dot (the same integers and scales).
+    #[test]
+    fn unpacked_rows_carry_the_fused_kernels_values() {
+        let mut seed = 99u64;
+        for kind in [Kind::Q8_0, Kind::Q5_0, Kind::Q4K, Kind::Q6K] {
+            let k = 512;
+            let mut row: Vec<u8> = (0..k / kind.block() * kind.block_bytes())
+                .map(|_| (rng(&mut seed) >> 24) as u8)
+                .collect();
+            // Finite scales.
+            for blk in row.chunks_exact_mut(kind.block_bytes()) {
+                for at in match kind {
+                    Kind::Q8_0 | Kind::Q5_0 => vec![0],
+                    Kind::Q4K => vec![0, 2],
+                    Kind::Q6K => vec![208],
+                } {
+                    blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
+                }
+            }
+            let x: Vec<f32> = (0..k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+            let mut acts = Acts::default();
+            assert!(acts.quantize(&x, 1, k));
+            let a: ActRow = acts.row(0, k);
+            let (mut w, mut scale, mut bias) = (vec![0i16; k], vec![0f32; k / QK], vec![0f32; k / QK]);
+            unpack(kind, &row, &mut w, &mut scale, &mut bias);
+            let mut got = 0f64;
+            for b in 0..k / QK {
+                let isum: i64 = (0..QK)
+                    .map(|i| i64::from(w[QK * b + i]) * i64::from(a.qs[QK * b + i]))
+                    .sum();
+                got += f64::from(scale[b]) * f64::from(a.d[b]) * isum as f64
+                    - f64::from(bias[b]) * f64::from(a.d[b]) * f64::from(a.sums[b]);
+            }
+            let want = f64::from(scalar::dot(kind, &row, a));
+            assert!(
+                (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                "{kind:?}: unpacked {got}, fused {want}"
+            );
+        }
+    }
+}
