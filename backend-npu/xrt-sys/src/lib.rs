@@ -33,6 +33,9 @@ pub mod uapi;
 
 pub use axlf::{AxlfBuilder, AxlfError, Xclbin};
 pub use detect::{detect, Detection, DeviceInfo, Generation, PciId, Unavailable};
-pub use device::{open_first, Amdxdna, BoHandle, BoKind, ContextHandle, ExecFormat, NpuDevice, RunHandle};
+pub use device::{
+    dup_fd, open_first, Amdxdna, BoHandle, BoKind, ContextHandle, ExecFormat, NpuDevice, RunHandle,
+    TimelineHandle, MAX_TIMELINE_WAITS,
+};
 pub use error::XrtError;
 pub use ert::CommandState;
