@@ -38,8 +38,10 @@ pub struct SharedTimeline {
     /// The handle: a file descriptor that the caller of `export_timeline` owns and closes. An
     /// importer duplicates it and never closes this one.
     pub fd: i32,
-    /// What the handle is (`vulkan_opaque_fd`: a Vulkan timeline semaphore exported with
-    /// `VK_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD_BIT`).
+    /// What the handle is: [`VULKAN_OPAQUE_FD`] (`vulkan_opaque_fd`, a Vulkan timeline
+    /// semaphore exported with `VK_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD_BIT`) or
+    /// [`DRM_SYNCOBJ_FD`] (`drm_syncobj_fd`, a DRM timeline syncobj exported with
+    /// `DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD`).
     pub kind: String,
     /// The driver and device the handle belongs to (for Vulkan, `driverUUID` and `deviceUUID`
     /// in hex, joined by `/`): only a backend on the same driver and device can import it.
@@ -48,3 +50,10 @@ pub struct SharedTimeline {
 
 /// The handle kind of a Vulkan timeline semaphore exported as an opaque file descriptor.
 pub const VULKAN_OPAQUE_FD: &str = "vulkan_opaque_fd";
+
+/// The handle kind of a DRM timeline syncobj exported with `DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD`
+/// (the NPU backend's): its points are the exporter's [`Ticket`](crate::Ticket)s. Syncobjs
+/// belong to the DRM core, not to a driver: any DRM device's file descriptor can import the fd
+/// with `DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE`, so [`SharedTimeline::device`] only says where it came
+/// from.
+pub const DRM_SYNCOBJ_FD: &str = "drm_syncobj_fd";

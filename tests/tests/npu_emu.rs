@@ -99,10 +99,16 @@ fn fixtures_give_transformers_greedy_continuations_with_attention_on_the_emulato
             let other = placement.split('+').nth(1).unwrap();
             assert_eq!(loaded.session.unit_names(), ["npu-emu", other], "{case}");
             greedy(&mut loaded, &r, "prompt", &format!("{case} on {placement}"));
+            let counts = loaded.session.boundary_counts();
             assert!(
-                loaded.session.moved_bytes().0 > 0,
+                counts.shared_values + counts.copied_values > 0,
                 "{case}: nothing crossed to the emulator"
             );
+            if other == "cpu" {
+                // Both import host memory: every crossing value is shared, none copied.
+                assert_eq!(counts.copied_values, 0, "{case}: {counts:?}");
+                assert_eq!(loaded.session.moved_bytes().0, 0, "{case}");
+            }
         }
     }
 }

@@ -9,17 +9,34 @@
 //!
 //! Memory: both live in the host's DRAM, so the device figure is the host's `MemTotal`; the
 //! option `memory_limit` lowers the budget (`info().memory_bytes`), and `alloc` refuses a buffer
-//! that would take the bytes held (host buffers, caches, the executor's staging) past it.
+//! that would take the bytes held (host buffers, caches, the executor's staging) past it. Host
+//! memory imported with `import_host` (the engine's, shared with another backend at a split's
+//! boundary) is not the backend's: it is not counted.
+//!
+//! Device-side boundaries (`tandem_backend_api::boundary`): both flavours import host memory
+//! (`import_host`: `Input` nodes read it and `Output` nodes write it in place, no copy). Where
+//! the executor shares timelines (the device executor: a DRM timeline syncobj, kind
+//! `drm_syncobj_fd`), `export_timeline` hands out the timeline the tickets count on (signalled
+//! at each ticket after the program's last dispatch), `import_timeline` takes another
+//! backend's syncobj fd, and `execute_after` makes the program wait on imported timelines:
+//! first on the host, because the program reads its `Input` buffers on the host (to convert
+//! them to bf16) before it dispatches and cannot convert inputs it does not have yet; then on
+//! the device (a dependency on the dispatch's context), which keeps the order right once the
+//! kernels read f32 inputs from shared memory themselves. The emulator shares no timelines.
+//! None of this has run on an NPU: the device path is tested against a fake device only.
 
 use std::marker::PhantomData;
+use std::os::fd::{AsFd, IntoRawFd};
 
 use half::f16;
+use tandem_backend_api::boundary::{DRM_SYNCOBJ_FD, MAX_WAITS};
 use tandem_backend_api::kit::{
     host_memory_bytes, named_buffers, Buffers, Compiled, Programs, StepShape, Tickets,
 };
 use tandem_backend_api::{
     BackendError, BackendInfo, BackendOptions, BufferId, ComputeBackend, DType, DeviceKind, Graph, MemoryUse,
-    NodeTime, Op, ProgramId, RowCount, StepArgs, Support, TensorDesc, Ticket, Usage, MEMORY_LIMIT,
+    NodeTime, Op, ProgramId, RowCount, SharedTimeline, StepArgs, Support, TensorDesc, Ticket, TimelineId,
+    Usage, MEMORY_LIMIT,
 };
 
 use crate::contract::{bf16_round, bf16_to_f32, kernel_shape, AttnParams, KernelShape};
@@ -34,8 +51,107 @@ pub trait Flavor: Send + 'static {
 }
 
 enum Buffer {
-    Host { bytes: Vec<u8> },
-    Kv { desc: TensorDesc, kv: KvId },
+    /// An activation in host memory: allocated here or imported.
+    Host(host::HostBytes),
+    Kv {
+        desc: TensorDesc,
+        kv: KvId,
+    },
+}
+
+/// Host buffers: owned bytes, or a region of the engine's imported by `import_host`. The only
+/// `unsafe` of the backend is here.
+mod host {
+    use std::ptr::NonNull;
+
+    use tandem_backend_api::{BackendError, TensorDesc, HOST_IMPORT_ALIGN};
+
+    /// An activation's bytes.
+    pub(super) enum HostBytes {
+        /// Allocated by `alloc`, counted against the budget.
+        Owned(Vec<u8>),
+        /// Host memory of the engine's, imported by `import_host` (not counted).
+        Imported(Region),
+    }
+
+    /// A region passed to `import_host`: the buffer's `len` bytes at `ptr`, inside a region
+    /// aligned to `HOST_IMPORT_ALIGN`.
+    pub(super) struct Region {
+        ptr: NonNull<u8>,
+        len: usize,
+    }
+
+    // SAFETY: the region is plain host memory that `import_host`'s caller keeps valid and does
+    // not touch through Rust references until the buffer is freed; the backend (and with it the
+    // region) is used by one thread at a time (`ComputeBackend` takes `&mut self`).
+    unsafe impl Send for Region {}
+
+    impl HostBytes {
+        /// Checks an `import_host` region for a tensor of `desc`: not null, start and length
+        /// aligned to `HOST_IMPORT_ALIGN`, long enough.
+        ///
+        /// # Safety
+        /// `import_host`'s contract: when this returns `Ok`, the region must stay valid for
+        /// reads and writes, and untouched through Rust references, until the buffer is freed.
+        pub(super) unsafe fn import(
+            ptr: *mut u8,
+            len: usize,
+            desc: &TensorDesc,
+        ) -> Result<Self, BackendError> {
+            let bytes = desc.byte_size()?;
+            let ptr =
+                NonNull::new(ptr).ok_or_else(|| BackendError::invalid("import_host: a null pointer"))?;
+            if !(ptr.as_ptr() as usize).is_multiple_of(HOST_IMPORT_ALIGN)
+                || !len.is_multiple_of(HOST_IMPORT_ALIGN)
+            {
+                return Err(BackendError::invalid(format!(
+                    "import_host: the region ({len} bytes at {:p}) is not aligned to {HOST_IMPORT_ALIGN} bytes",
+                    ptr.as_ptr()
+                )));
+            }
+            if (len as u64) < bytes {
+                return Err(BackendError::invalid(format!(
+                    "import_host: {len} bytes cannot hold {desc} ({bytes} bytes)"
+                )));
+            }
+            // `bytes <= len`, a usize.
+            let len = bytes as usize;
+            Ok(HostBytes::Imported(Region { ptr, len }))
+        }
+
+        /// Bytes counted against the memory budget.
+        pub(super) fn held(&self) -> u64 {
+            match self {
+                HostBytes::Owned(v) => v.len() as u64,
+                HostBytes::Imported(_) => 0,
+            }
+        }
+
+        pub(super) fn len(&self) -> usize {
+            match self {
+                HostBytes::Owned(v) => v.len(),
+                HostBytes::Imported(r) => r.len,
+            }
+        }
+
+        pub(super) fn bytes(&self) -> &[u8] {
+            match self {
+                HostBytes::Owned(v) => v,
+                // SAFETY: `import_host`'s contract (see `import`): the region is valid for reads
+                // of at least `r.len` bytes and no Rust reference aliases it while the buffer
+                // exists; the slice borrows `self`.
+                HostBytes::Imported(r) => unsafe { std::slice::from_raw_parts(r.ptr.as_ptr(), r.len) },
+            }
+        }
+
+        pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+            match self {
+                HostBytes::Owned(v) => v,
+                // SAFETY: as in `bytes`, for writes; `&mut self` makes this the only view.
+                HostBytes::Imported(r) => unsafe { std::slice::from_raw_parts_mut(r.ptr.as_ptr(), r.len) },
+            }
+        }
+    }
 }
 
 struct Program {
@@ -54,6 +170,8 @@ pub struct NpuBackend<F: Flavor> {
     /// The most bytes the backend may hold: the host's memory or the smaller `memory_limit`;
     /// `None` where the host's memory is unknown and no limit was set.
     memory_budget: Option<u64>,
+    /// Whether `export_timeline` has run (the timeline then exists and tickets signal it).
+    exported: bool,
     flavor: PhantomData<F>,
 }
 
@@ -67,6 +185,7 @@ impl<F: Flavor> NpuBackend<F> {
             tickets: Tickets::new(),
             peak: 0,
             memory_budget: None,
+            exported: false,
             flavor: PhantomData,
         }
     }
@@ -89,7 +208,7 @@ impl<F: Flavor> NpuBackend<F> {
         self.buffers
             .iter()
             .map(|(_, b)| match b {
-                Buffer::Host { bytes, .. } => bytes.len() as u64,
+                Buffer::Host(h) => h.held(),
                 Buffer::Kv { .. } => 0,
             })
             .sum::<u64>()
@@ -155,8 +274,8 @@ impl<F: Flavor> NpuBackend<F> {
 
     fn check_activation(&self, id: BufferId, bytes: usize) -> Result<(), BackendError> {
         match self.buffer(id)? {
-            Buffer::Host { bytes: b, .. } if b.len() >= bytes => Ok(()),
-            Buffer::Host { bytes: b, .. } => Err(BackendError::invalid(format!(
+            Buffer::Host(b) if b.len() >= bytes => Ok(()),
+            Buffer::Host(b) => Err(BackendError::invalid(format!(
                 "buffer {} holds {} bytes, the graph needs {bytes}",
                 id.0,
                 b.len()
@@ -182,10 +301,14 @@ impl<F: Flavor> NpuBackend<F> {
                     selected,
                 } => {
                     let n = if *selected { g.selected_rows } else { g.rows } * cols;
-                    let Buffer::Host { bytes, .. } = self.buffer(*buffer)? else {
+                    let Buffer::Host(host) = self.buffer(*buffer)? else {
                         return Err(BackendError::internal("input buffer changed kind"));
                     };
-                    values[node.outputs[0].0 as usize] = bytes[..n * 4]
+                    let bytes = host
+                        .bytes()
+                        .get(..n * 4)
+                        .ok_or_else(|| BackendError::internal("input buffer shrank"))?;
+                    values[node.outputs[0].0 as usize] = bytes
                         .chunks_exact(4)
                         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                         .collect();
@@ -196,8 +319,8 @@ impl<F: Flavor> NpuBackend<F> {
                         .flat_map(|v| v.to_le_bytes())
                         .collect();
                     match self.buffers.get_mut(*buffer) {
-                        Ok(Buffer::Host { bytes, .. }) if bytes.len() >= data.len() => {
-                            bytes[..data.len()].copy_from_slice(&data)
+                        Ok(Buffer::Host(host)) if host.len() >= data.len() => {
+                            host.bytes_mut()[..data.len()].copy_from_slice(&data)
                         }
                         _ => return Err(BackendError::internal("output buffer changed")),
                     }
@@ -272,7 +395,7 @@ impl<F: Flavor> NpuBackend<F> {
     fn kv_of(&self, id: BufferId) -> Result<KvId, BackendError> {
         match self.buffer(id)? {
             Buffer::Kv { kv, .. } => Ok(*kv),
-            Buffer::Host { .. } => Err(BackendError::invalid(format!(
+            Buffer::Host(_) => Err(BackendError::invalid(format!(
                 "buffer {} is not a KV cache",
                 id.0
             ))),
@@ -298,7 +421,13 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
             device: self.exec.device(),
             kind: DeviceKind::Npu,
             memory_bytes: self.memory_budget,
-            features: self.exec.features(),
+            features: {
+                let mut f = self.exec.features();
+                if self.exec.shares_timelines() {
+                    f.push("timeline_export".into());
+                }
+                f
+            },
         }
     }
 
@@ -340,7 +469,7 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
             Usage::Activation | Usage::Weight => {
                 let len = usize::try_from(bytes)
                     .map_err(|_| BackendError::invalid(format!("{desc} is too large")))?;
-                Buffer::Host { bytes: vec![0; len] }
+                Buffer::Host(host::HostBytes::Owned(vec![0; len]))
             }
         };
         let id = self.buffers.insert(buffer);
@@ -351,12 +480,12 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
     fn write(&mut self, buffer: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         let offset = usize::try_from(offset).map_err(|_| BackendError::invalid("offset out of range"))?;
         match self.buffer(buffer)? {
-            Buffer::Host { .. } => {
-                let Ok(Buffer::Host { bytes, .. }) = self.buffers.get_mut(buffer) else {
+            Buffer::Host(_) => {
+                let Ok(Buffer::Host(host)) = self.buffers.get_mut(buffer) else {
                     return Err(BackendError::internal("buffer vanished"));
                 };
-                let r = span(offset, data.len(), bytes.len())?;
-                bytes[r].copy_from_slice(data);
+                let r = span(offset, data.len(), host.len())?;
+                host.bytes_mut()[r].copy_from_slice(data);
                 Ok(())
             }
             Buffer::Kv { desc, kv } => {
@@ -385,9 +514,9 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
     fn read(&mut self, buffer: BufferId, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
         let offset = usize::try_from(offset).map_err(|_| BackendError::invalid("offset out of range"))?;
         match self.buffer(buffer)? {
-            Buffer::Host { bytes, .. } => {
-                let r = span(offset, out.len(), bytes.len())?;
-                out.copy_from_slice(&bytes[r]);
+            Buffer::Host(host) => {
+                let r = span(offset, out.len(), host.len())?;
+                out.copy_from_slice(&host.bytes()[r]);
                 Ok(())
             }
             Buffer::Kv { desc, kv } => {
@@ -417,7 +546,7 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
     fn free(&mut self, buffer: BufferId) -> Result<(), BackendError> {
         match self.buffers.free(buffer, &self.programs)? {
             Buffer::Kv { kv, .. } => self.exec.free_kv(kv),
-            Buffer::Host { .. } => Ok(()),
+            Buffer::Host(_) => Ok(()),
         }
     }
 
@@ -459,7 +588,11 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
             .and_then(|()| self.run(&mut prog.program, args));
         self.programs.put_back(prog);
         result?;
-        Ok(self.tickets.issue())
+        let ticket = self.tickets.issue();
+        // The exported timeline (if any) reaches the ticket once the program's last dispatch
+        // has finished.
+        self.exec.signal(ticket)?;
+        Ok(ticket)
     }
 
     fn wait(&mut self, ticket: Ticket) -> Result<(), BackendError> {
@@ -481,6 +614,78 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
             peak_bytes: self.peak.max(self.host_bytes()),
         }))
     }
+
+    /// The region becomes an activation buffer that `Input` nodes read and `Output` nodes
+    /// write in place (so do `read` and `write`); it is not counted against the memory budget.
+    unsafe fn import_host(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        desc: &TensorDesc,
+    ) -> Result<BufferId, BackendError> {
+        // SAFETY: this function's contract is `import`'s: the caller keeps the region valid
+        // and untouched through Rust references until the buffer is freed.
+        let host = unsafe { host::HostBytes::import(ptr, len, desc) }?;
+        Ok(self.buffers.insert(Buffer::Host(host)))
+    }
+
+    /// The executor's timeline (a DRM timeline syncobj, [`DRM_SYNCOBJ_FD`]) as a new fd that
+    /// the caller owns and closes; `None` where the executor shares none (the emulator).
+    fn export_timeline(&mut self) -> Result<Option<SharedTimeline>, BackendError> {
+        let Some(fd) = self.exec.export_timeline()? else {
+            return Ok(None);
+        };
+        if !self.exported {
+            self.exported = true;
+            // Tickets issued before the timeline existed have finished (`execute` returns once
+            // its dispatches have): the timeline starts at the last of them.
+            if self.tickets.issued() > 0 {
+                self.exec.signal(Ticket(self.tickets.issued()))?;
+            }
+        }
+        Ok(Some(SharedTimeline {
+            // The caller owns the descriptor from here (as with Vulkan's export).
+            fd: fd.into_raw_fd(),
+            kind: DRM_SYNCOBJ_FD.into(),
+            device: self.exec.timeline_device(),
+        }))
+    }
+
+    /// Imports a [`DRM_SYNCOBJ_FD`] timeline (any DRM device's: syncobjs are the DRM core's)
+    /// through a duplicate of its fd, which stays the caller's; `None` for other kinds and
+    /// where the executor shares no timelines (the emulator).
+    fn import_timeline(&mut self, timeline: &SharedTimeline) -> Result<Option<TimelineId>, BackendError> {
+        if timeline.kind != DRM_SYNCOBJ_FD || !self.exec.shares_timelines() {
+            return Ok(None);
+        }
+        let fd = xrt_sys::dup_fd(timeline.fd)
+            .map_err(|e| BackendError::invalid(format!("import_timeline of {}: {e}", timeline.device)))?;
+        self.exec.import_timeline(fd.as_fd())
+    }
+
+    /// `execute` once every imported timeline of `waits` has reached its ticket: the executor
+    /// waits on the host first (the program converts its inputs on the host before it
+    /// dispatches), then makes the dispatch wait on the device too (see the module doc).
+    fn execute_after(
+        &mut self,
+        program: ProgramId,
+        args: &StepArgs<'_>,
+        waits: &[(TimelineId, Ticket)],
+    ) -> Result<Ticket, BackendError> {
+        if waits.len() > MAX_WAITS {
+            return Err(BackendError::invalid(format!(
+                "execute_after: at most {MAX_WAITS} waits, not {}",
+                waits.len()
+            )));
+        }
+        self.exec.wait_for(waits)?;
+        let result = self.execute(program, args);
+        if result.is_err() {
+            // No dispatch is left to take the device waits.
+            let _ = self.exec.wait_for(&[]);
+        }
+        result
+    }
 }
 
 impl<F: Flavor> tandem_backend_api::BackendPlugin for NpuBackend<F> {
@@ -495,7 +700,7 @@ impl<F: Flavor> tandem_backend_api::BackendPlugin for NpuBackend<F> {
 
 #[cfg(test)]
 mod tests {
-    use tandem_backend_api::BackendPlugin;
+    use tandem_backend_api::{BackendPlugin, HOST_IMPORT_ALIGN};
 
     use super::*;
     use crate::NpuEmu;
@@ -547,5 +752,166 @@ mod tests {
         }
         let err = with_limit("lots").err().expect("not a size");
         assert!(err.to_string().contains("memory_limit"), "{err}");
+    }
+
+    /// Aligned host regions for `import_host`, freed on drop (after the backends of a test,
+    /// which are made after them).
+    struct Regions {
+        ptrs: Vec<*mut u8>,
+        layout: std::alloc::Layout,
+    }
+
+    impl Regions {
+        fn new(n: usize) -> Self {
+            let layout = std::alloc::Layout::from_size_align(HOST_IMPORT_ALIGN, HOST_IMPORT_ALIGN).unwrap();
+            // SAFETY: a non-zero layout; each region is freed in `drop` with the same layout.
+            let ptrs = (0..n)
+                .map(|_| unsafe { std::alloc::alloc_zeroed(layout) })
+                .collect::<Vec<_>>();
+            assert!(ptrs.iter().all(|p| !p.is_null()));
+            Regions { ptrs, layout }
+        }
+    }
+
+    impl Drop for Regions {
+        fn drop(&mut self) {
+            for p in &self.ptrs {
+                // SAFETY: allocated in `new` with `layout`; the backends that imported it are gone.
+                unsafe { std::alloc::dealloc(*p, self.layout) };
+            }
+        }
+    }
+
+    fn copy_graph(x: BufferId, y: BufferId) -> Graph {
+        let mut g = tandem_backend_api::GraphBuilder::new("copy", 2, 2);
+        let v = g.push1(Op::Input {
+            buffer: x,
+            cols: 3,
+            selected: false,
+        });
+        g.push(Op::Output { x: v, buffer: y });
+        g.finish()
+    }
+
+    const ARGS: StepArgs<'static> = StepArgs {
+        tokens: &[0, 0],
+        positions: &[0, 1],
+        slots: &[0, 0],
+        select: &[0, 1],
+    };
+
+    #[test]
+    fn imported_host_memory_is_read_and_written_in_place() {
+        let regions = Regions::new(2);
+        let (a, c) = (regions.ptrs[0], regions.ptrs[1]);
+        let mut b = with_limit("1MiB").unwrap();
+        let before = b.memory().unwrap().unwrap();
+        let desc = TensorDesc::new(DType::F32, [2, 3]);
+        // SAFETY: aligned regions of HOST_IMPORT_ALIGN bytes that outlive the backend and are
+        // touched below only between the backend's calls, through raw pointers.
+        let (ia, ic) = unsafe {
+            (
+                b.import_host(a, HOST_IMPORT_ALIGN, &desc).unwrap(),
+                b.import_host(c, HOST_IMPORT_ALIGN, &desc).unwrap(),
+            )
+        };
+        // Not counted: the budget and the figures are what they were.
+        assert_eq!(b.memory().unwrap().unwrap(), before);
+        let whole = b
+            .alloc(&TensorDesc::new(DType::F32, [1 << 18]), Usage::Activation)
+            .expect("the whole 1 MiB budget is still free");
+        b.free(whole).unwrap();
+
+        // Written through the raw region, read by the program's Input, written by its Output
+        // into the other raw region: no copy through the backend.
+        let x: Vec<f32> = (1..=6).map(|v| v as f32 * 0.5).collect();
+        // SAFETY: `a` holds HOST_IMPORT_ALIGN bytes, 4-aligned; no reference to it is live.
+        unsafe { std::ptr::copy_nonoverlapping(x.as_ptr(), a.cast::<f32>(), 6) };
+        let p = b.compile(&copy_graph(ia, ic)).unwrap();
+        let t = b.execute(p, &ARGS).unwrap();
+        b.wait(t).unwrap();
+        // SAFETY: the program has finished; `c` holds 6 f32 written by it.
+        let out = unsafe { std::slice::from_raw_parts(c as *const f32, 6) }.to_vec();
+        assert_eq!(out, x);
+        // `read` and `write` reach the same memory.
+        b.write(ia, 4, &7.0f32.to_le_bytes()).unwrap();
+        // SAFETY: as above; the backend is not running.
+        assert_eq!(unsafe { *a.cast::<f32>().add(1) }, 7.0);
+        let mut back = [0u8; 4];
+        b.read(ic, 8, &mut back).unwrap();
+        assert_eq!(f32::from_le_bytes(back), 1.5);
+        // Bounds hold on an imported buffer as on any other.
+        assert!(b.read(ic, 24, &mut back).is_err());
+        b.release(p).unwrap();
+        b.free(ia).unwrap();
+        b.free(ic).unwrap();
+    }
+
+    #[test]
+    fn bad_regions_are_refused() {
+        let regions = Regions::new(1);
+        let a = regions.ptrs[0];
+        let mut b = NpuEmu::create(&BackendOptions::default()).unwrap();
+        let desc = TensorDesc::new(DType::F32, [2, 3]);
+        // SAFETY: every call below is refused before the region is used.
+        let errs = unsafe {
+            [
+                b.import_host(std::ptr::null_mut(), HOST_IMPORT_ALIGN, &desc),
+                b.import_host(a.wrapping_add(4), HOST_IMPORT_ALIGN, &desc),
+                b.import_host(a, HOST_IMPORT_ALIGN - 4, &desc),
+                b.import_host(
+                    a,
+                    HOST_IMPORT_ALIGN,
+                    &TensorDesc::new(DType::F32, [HOST_IMPORT_ALIGN, 1]),
+                ),
+            ]
+        };
+        let msgs: Vec<String> = errs.into_iter().map(|e| e.unwrap_err().to_string()).collect();
+        assert!(msgs[0].contains("null pointer"), "{}", msgs[0]);
+        assert!(msgs[1].contains("not aligned"), "{}", msgs[1]);
+        assert!(msgs[2].contains("not aligned"), "{}", msgs[2]);
+        assert!(msgs[3].contains("cannot hold"), "{}", msgs[3]);
+        assert_eq!(b.memory().unwrap().unwrap().in_use_bytes, 0);
+    }
+
+    #[test]
+    fn the_emulator_shares_no_timeline_and_still_runs_execute_after() {
+        use tandem_backend_api::boundary::DRM_SYNCOBJ_FD;
+        let mut b = NpuEmu::create(&BackendOptions::default()).unwrap();
+        assert!(!b.info().features.iter().any(|f| f == "timeline_export"));
+        assert_eq!(b.export_timeline().unwrap(), None);
+        // fd -1: the emulator does not even look at it.
+        let t = SharedTimeline {
+            fd: -1,
+            kind: DRM_SYNCOBJ_FD.into(),
+            device: "amdxdna:0000:c6:00.1".into(),
+        };
+        assert_eq!(b.import_timeline(&t).unwrap(), None);
+        let desc = TensorDesc::new(DType::F32, [2, 3]);
+        let (x, y) = (
+            b.alloc(&desc, Usage::Activation).unwrap(),
+            b.alloc(&desc, Usage::Activation).unwrap(),
+        );
+        let data: Vec<u8> = (0..6).flat_map(|i| (i as f32 + 0.25).to_le_bytes()).collect();
+        b.write(x, 0, &data).unwrap();
+        let p = b.compile(&copy_graph(x, y)).unwrap();
+        let t = b.execute_after(p, &ARGS, &[]).unwrap();
+        assert_eq!(t, Ticket(1));
+        let mut out = vec![0u8; 24];
+        b.read(y, 0, &mut out).unwrap();
+        assert_eq!(out, data);
+        let e = b
+            .execute_after(p, &ARGS, &[(TimelineId(0), Ticket(1))])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("timeline 0 was not imported"), "{e}");
+        let nine = [(TimelineId(0), Ticket(1)); MAX_WAITS + 1];
+        assert!(b
+            .execute_after(p, &ARGS, &nine)
+            .unwrap_err()
+            .to_string()
+            .contains("at most"));
+        // Refused before running: no ticket was issued for them.
+        assert_eq!(b.execute(p, &ARGS).unwrap(), Ticket(2));
     }
 }

@@ -5,14 +5,29 @@
 //! `(params, q, k cache, v cache, out)` and waits with a timeout. KV caches are device buffers
 //! for their whole life; the host writes each step's keys and values into them.
 //!
+//! Timelines (device-side boundaries): the timeline the backend's tickets count on is a DRM
+//! timeline syncobj, created on the first export; after each program the executor has the
+//! device signal it at the program's ticket once the context that ran last has finished
+//! (`AMDXDNA_CMD_SUBMIT_SIGNAL`), or signals it from the host when the program dispatched
+//! nothing. Other backends' syncobj fds are imported (`SYNCOBJ_FD_TO_HANDLE`); a program that
+//! waits on them waits on the host first (`SYNCOBJ_TIMELINE_WAIT`), because the backend reads
+//! and converts the program's inputs on the host before it dispatches and cannot convert
+//! inputs it does not have yet, then makes its first dispatch's context wait on the device too
+//! (`AMDXDNA_CMD_SUBMIT_DEPENDENCY`), which keeps the order right once the kernels read f32
+//! inputs from shared memory themselves.
+//!
 //! This path has not run on an NPU (none was available); its tests drive it against a fake
-//! device whose "kernel" is the emulator, which checks every byte the host hands over.
+//! device whose "kernel" is the emulator, which checks every byte the host hands over, and
+//! whose timelines live in memory behind real file descriptors.
 
 use std::collections::HashMap;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use tandem_backend_api::BackendError;
-use xrt_sys::{BoHandle, BoKind, ContextHandle, NpuDevice, Xclbin, XrtError};
+use tandem_backend_api::{BackendError, Ticket, TimelineId};
+use xrt_sys::{
+    BoHandle, BoKind, ContextHandle, NpuDevice, TimelineHandle, Xclbin, XrtError, MAX_TIMELINE_WAITS,
+};
 
 use crate::artefacts::Artefacts;
 use crate::contract::{AttnParams, KernelShape, Phase};
@@ -52,6 +67,15 @@ pub struct DeviceExecutor<D: NpuDevice> {
     q: Staging,
     out: Staging,
     next: u64,
+    /// The timeline tickets count on, once exported.
+    exported: Option<TimelineHandle>,
+    /// Other backends' timelines, indexed by [`TimelineId`].
+    imported: Vec<TimelineHandle>,
+    /// Device waits for the next dispatch ([`Executor::wait_for`]), in a fixed array.
+    armed: [(TimelineHandle, u64); MAX_TIMELINE_WAITS],
+    armed_len: usize,
+    /// The context of the program's last dispatch, until [`Executor::signal`].
+    last_ctx: Option<ContextHandle>,
 }
 
 /// A device error as a backend error naming the call.
@@ -79,6 +103,11 @@ impl<D: NpuDevice> DeviceExecutor<D> {
             q: Staging::default(),
             out: Staging::default(),
             next: 1,
+            exported: None,
+            imported: Vec::new(),
+            armed: [(TimelineHandle(0), 0); MAX_TIMELINE_WAITS],
+            armed_len: 0,
+            last_ctx: None,
         }
     }
 
@@ -148,6 +177,20 @@ impl<D: NpuDevice> DeviceExecutor<D> {
                 Ok(bo)
             }
         }
+    }
+
+    /// The handle of an imported timeline; an error names an id `import_timeline` never gave.
+    fn imported_timeline(&self, id: TimelineId) -> Result<TimelineHandle, BackendError> {
+        usize::try_from(id.0)
+            .ok()
+            .and_then(|i| self.imported.get(i).copied())
+            .ok_or_else(|| {
+                BackendError::invalid(format!(
+                    "timeline {} was not imported by this backend ({} imported)",
+                    id.0,
+                    self.imported.len()
+                ))
+            })
     }
 
     fn cache(&self, kv: KvId) -> Result<(BoHandle, usize), BackendError> {
@@ -262,11 +305,19 @@ impl<D: NpuDevice> Executor for DeviceExecutor<D> {
         let qb = Self::staging(&mut self.device, &mut self.q, q.len() * 2)?;
         self.device.write(qb, 0, &u16_bytes(q)).map_err(dev)?;
         let ob = Self::staging(&mut self.device, &mut self.out, out.len() * 2)?;
+        if self.armed_len > 0 {
+            // The program's first dispatch takes its device waits.
+            let (armed, n) = (self.armed, std::mem::take(&mut self.armed_len));
+            self.device
+                .wait_before(ctx, &armed[..n], self.timeout)
+                .map_err(dev)?;
+        }
         let run = self
             .device
             .run(ctx, instructions, words, &[pb, qb, kb, vb, ob])
             .map_err(dev)?;
         self.device.wait(run, self.timeout).map_err(dev)?;
+        self.last_ctx = Some(ctx);
         let mut bytes = vec![0u8; out.len() * 2];
         self.device.read(ob, 0, &mut bytes).map_err(dev)?;
         for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
@@ -284,12 +335,87 @@ impl<D: NpuDevice> Executor for DeviceExecutor<D> {
             .sum();
         self.caches.values().map(|(_, e)| 2 * *e as u64).sum::<u64>() + staged as u64
     }
+
+    fn shares_timelines(&self) -> bool {
+        true
+    }
+
+    fn timeline_device(&self) -> String {
+        format!("amdxdna:{}", self.device.info().pci.slot)
+    }
+
+    fn export_timeline(&mut self) -> Result<Option<OwnedFd>, BackendError> {
+        let t = match self.exported {
+            Some(t) => t,
+            None => {
+                let t = self.device.create_timeline().map_err(dev)?;
+                self.exported = Some(t);
+                t
+            }
+        };
+        self.device.export_timeline(t).map(Some).map_err(dev)
+    }
+
+    fn import_timeline(&mut self, fd: BorrowedFd<'_>) -> Result<Option<TimelineId>, BackendError> {
+        let t = self.device.import_timeline(fd).map_err(dev)?;
+        self.imported.push(t);
+        Ok(Some(TimelineId(self.imported.len() as u64 - 1)))
+    }
+
+    fn signal(&mut self, ticket: Ticket) -> Result<(), BackendError> {
+        self.armed_len = 0;
+        let ctx = self.last_ctx.take();
+        let Some(t) = self.exported else {
+            return Ok(());
+        };
+        match ctx {
+            Some(ctx) => self.device.signal_after(ctx, t, ticket.0),
+            None => self.device.signal_now(t, ticket.0),
+        }
+        .map_err(dev)
+    }
+
+    /// Waits on the host until each timeline has reached its ticket (at most the run
+    /// timeout), then arms the same waits on the device for the program's first dispatch
+    /// ([`NpuDevice::wait_before`] on its context). The host wait comes first because the
+    /// backend converts the program's inputs on the host before it dispatches; the device
+    /// wait keeps the order once kernels read shared inputs themselves. An empty `waits`
+    /// disarms.
+    fn wait_for(&mut self, waits: &[(TimelineId, Ticket)]) -> Result<(), BackendError> {
+        self.armed_len = 0;
+        if waits.len() > MAX_TIMELINE_WAITS {
+            return Err(BackendError::invalid(format!(
+                "at most {MAX_TIMELINE_WAITS} timeline waits, not {}",
+                waits.len()
+            )));
+        }
+        let mut armed = [(TimelineHandle(0), 0u64); MAX_TIMELINE_WAITS];
+        for (slot, (id, ticket)) in armed.iter_mut().zip(waits) {
+            let t = self.imported_timeline(*id)?;
+            self.device
+                .wait_timeline(t, ticket.0, self.timeout)
+                .map_err(dev)?;
+            *slot = (t, ticket.0);
+        }
+        self.armed = armed;
+        self.armed_len = waits.len();
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::fs::MetadataExt;
     use std::path::PathBuf;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
 
+    use tandem_backend_api::boundary::{DRM_SYNCOBJ_FD, VULKAN_OPAQUE_FD};
+    use tandem_backend_api::{
+        ComputeBackend, DType, GraphBuilder, KvCacheRef, Op, SharedTimeline, StepArgs, TensorDesc, Usage,
+    };
     use xrt_sys::{AxlfBuilder, DeviceInfo, Generation, PciId, RunHandle};
 
     use super::*;
@@ -297,8 +423,34 @@ mod tests {
     use crate::contract::{bf16_round, PARAMS_HEADER_WORDS};
     use crate::emu;
 
+    /// The fakes' "kernel": every timeline (syncobj) by the inode of the file that stands for
+    /// it, with its value. Fakes sharing one see each other's timelines through real fds.
+    #[derive(Default)]
+    struct FakeKernel {
+        timelines: HashMap<u64, (File, u64)>,
+    }
+
+    type Kernel = Arc<Mutex<FakeKernel>>;
+
+    /// What a fake device was asked to do, in order.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Event {
+        /// `wait_before(ctx, waits)`: (timeline handle, point) pairs.
+        WaitBefore { ctx: u32, waits: Vec<(u32, u64)> },
+        /// A run (`EXEC_CMD`) on a context.
+        Exec { ctx: u32 },
+        /// `signal_after(ctx, t, point)`.
+        SignalAfter { ctx: u32, timeline: u32, point: u64 },
+        /// `signal_now(t, point)`.
+        SignalNow { timeline: u32, point: u64 },
+        /// `wait_timeline(t, point)` on the host.
+        HostWait { timeline: u32, point: u64 },
+    }
+
     /// A device whose kernel is the emulator: it decodes the params buffer as the cores do and
-    /// runs the contract's arithmetic over the buffers it was handed.
+    /// runs the contract's arithmetic over the buffers it was handed. Its timelines live in
+    /// its [`FakeKernel`]; a signal after a context's commands applies when they complete (at
+    /// `wait`).
     struct FakeNpu {
         info: DeviceInfo,
         bos: HashMap<u32, (BoKind, Vec<u8>)>,
@@ -306,7 +458,17 @@ mod tests {
         runs: Vec<(u32, Vec<u32>)>,
         hang: bool,
         next: u32,
+        kernel: Kernel,
+        /// Timeline handles of this device to the inode of their timeline.
+        handles: HashMap<u32, u64>,
+        events: Arc<Mutex<Vec<Event>>>,
+        /// Runs not yet waited for, with their context.
+        unfinished: HashMap<u64, u32>,
+        /// Signals waiting for a context's runs: (context, inode, point).
+        pending: Vec<(u32, u64, u64)>,
     }
+
+    static FAKE_SYNCOBJS: AtomicU64 = AtomicU64::new(0);
 
     impl FakeNpu {
         fn new() -> Self {
@@ -333,7 +495,52 @@ mod tests {
                 runs: Vec::new(),
                 hang: false,
                 next: 1,
+                kernel: Kernel::default(),
+                handles: HashMap::new(),
+                events: Arc::default(),
+                unfinished: HashMap::new(),
+                pending: Vec::new(),
             }
+        }
+
+        /// A second device of the same machine: it sees the same timelines.
+        fn sharing(kernel: &Kernel) -> Self {
+            FakeNpu {
+                kernel: kernel.clone(),
+                ..FakeNpu::new()
+            }
+        }
+
+        fn ino(&self, t: TimelineHandle) -> Result<u64, XrtError> {
+            self.handles.get(&t.0).copied().ok_or(XrtError::InvalidHandle {
+                kind: "timeline",
+                handle: t.0.into(),
+            })
+        }
+
+        fn value_of(&self, ino: u64) -> u64 {
+            self.kernel
+                .lock()
+                .unwrap()
+                .timelines
+                .get(&ino)
+                .map_or(0, |(_, v)| *v)
+        }
+
+        fn advance(&self, ino: u64, point: u64) {
+            if let Some((_, v)) = self.kernel.lock().unwrap().timelines.get_mut(&ino) {
+                *v = (*v).max(point);
+            }
+        }
+
+        fn log(&self, e: Event) {
+            self.events.lock().unwrap().push(e);
+        }
+
+        fn handle(&mut self, ino: u64) -> TimelineHandle {
+            self.next += 1;
+            self.handles.insert(self.next, ino);
+            TimelineHandle(self.next)
         }
 
         fn bo(&mut self, bo: BoHandle) -> Result<&mut Vec<u8>, XrtError> {
@@ -397,6 +604,9 @@ mod tests {
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
             self.runs.push((words, stream));
+            let ctx = self.contexts.len() as u32;
+            self.log(Event::Exec { ctx });
+            self.unfinished.insert(self.runs.len() as u64, ctx);
             if self.hang {
                 return Ok(RunHandle(self.runs.len() as u64));
             }
@@ -424,16 +634,153 @@ mod tests {
             self.write(*ob, 0, &bytes)?;
             Ok(RunHandle(self.runs.len() as u64))
         }
-        fn wait(&mut self, _: RunHandle, timeout: Duration) -> Result<(), XrtError> {
+        fn wait(&mut self, run: RunHandle, timeout: Duration) -> Result<(), XrtError> {
             if self.hang {
                 return Err(XrtError::Timeout {
                     call: "DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT",
                     after: timeout,
                 });
             }
+            // The run completes: signals queued behind its context's runs apply.
+            if let Some(ctx) = self.unfinished.remove(&run.0) {
+                if !self.unfinished.values().any(|c| *c == ctx) {
+                    let (due, rest): (Vec<_>, Vec<_>) =
+                        self.pending.drain(..).partition(|(c, _, _)| *c == ctx);
+                    self.pending = rest;
+                    for (_, ino, point) in due {
+                        self.advance(ino, point);
+                    }
+                }
+            }
+            Ok(())
+        }
+
+        fn create_timeline(&mut self) -> Result<TimelineHandle, XrtError> {
+            // A real file descriptor stands for the syncobj: an unlinked temporary file.
+            let n = FAKE_SYNCOBJS.fetch_add(1, Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!("tandem-fake-syncobj-{}-{n}", std::process::id()));
+            let file = File::create(&path).map_err(|e| XrtError::InvalidArgument(e.to_string()))?;
+            let _ = std::fs::remove_file(&path);
+            let ino = file
+                .metadata()
+                .map_err(|e| XrtError::InvalidArgument(e.to_string()))?
+                .ino();
+            self.kernel.lock().unwrap().timelines.insert(ino, (file, 0));
+            Ok(self.handle(ino))
+        }
+
+        fn export_timeline(&mut self, t: TimelineHandle) -> Result<OwnedFd, XrtError> {
+            let ino = self.ino(t)?;
+            let k = self.kernel.lock().unwrap();
+            let (file, _) = k
+                .timelines
+                .get(&ino)
+                .ok_or_else(|| XrtError::InvalidArgument("timeline vanished".into()))?;
+            let dup = file
+                .try_clone()
+                .map_err(|e| XrtError::InvalidArgument(e.to_string()))?;
+            Ok(OwnedFd::from(dup))
+        }
+
+        fn import_timeline(&mut self, fd: BorrowedFd<'_>) -> Result<TimelineHandle, XrtError> {
+            let file = File::from(
+                fd.try_clone_to_owned()
+                    .map_err(|e| XrtError::InvalidArgument(e.to_string()))?,
+            );
+            let ino = file
+                .metadata()
+                .map_err(|e| XrtError::InvalidArgument(e.to_string()))?
+                .ino();
+            if !self.kernel.lock().unwrap().timelines.contains_key(&ino) {
+                return Err(XrtError::Ioctl {
+                    call: "DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE",
+                    errno: EINVAL,
+                    context: "the fd is not a syncobj".into(),
+                });
+            }
+            Ok(self.handle(ino))
+        }
+
+        fn signal_after(
+            &mut self,
+            ctx: ContextHandle,
+            t: TimelineHandle,
+            point: u64,
+        ) -> Result<(), XrtError> {
+            let ino = self.ino(t)?;
+            self.log(Event::SignalAfter {
+                ctx: ctx.0,
+                timeline: t.0,
+                point,
+            });
+            if self.unfinished.values().any(|c| *c == ctx.0) {
+                self.pending.push((ctx.0, ino, point));
+            } else {
+                self.advance(ino, point);
+            }
+            Ok(())
+        }
+
+        fn signal_now(&mut self, t: TimelineHandle, point: u64) -> Result<(), XrtError> {
+            let ino = self.ino(t)?;
+            self.log(Event::SignalNow { timeline: t.0, point });
+            self.advance(ino, point);
+            Ok(())
+        }
+
+        fn wait_before(
+            &mut self,
+            ctx: ContextHandle,
+            waits: &[(TimelineHandle, u64)],
+            _timeout: Duration,
+        ) -> Result<(), XrtError> {
+            for (t, _) in waits {
+                self.ino(*t)?;
+            }
+            self.log(Event::WaitBefore {
+                ctx: ctx.0,
+                waits: waits.iter().map(|(t, p)| (t.0, *p)).collect(),
+            });
+            Ok(())
+        }
+
+        fn wait_timeline(
+            &mut self,
+            t: TimelineHandle,
+            point: u64,
+            timeout: Duration,
+        ) -> Result<(), XrtError> {
+            let ino = self.ino(t)?;
+            self.log(Event::HostWait { timeline: t.0, point });
+            if self.value_of(ino) >= point {
+                return Ok(());
+            }
+            // Nothing else advances a fake timeline while this one waits: the full timeout.
+            std::thread::sleep(timeout);
+            if self.value_of(ino) >= point {
+                return Ok(());
+            }
+            Err(XrtError::TimelineTimeout {
+                timeline: t.0,
+                point,
+                after: timeout,
+            })
+        }
+
+        fn timeline_value(&mut self, t: TimelineHandle) -> Result<u64, XrtError> {
+            let ino = self.ino(t)?;
+            Ok(self.value_of(ino))
+        }
+
+        fn destroy_timeline(&mut self, t: TimelineHandle) -> Result<(), XrtError> {
+            self.ino(t)?;
+            self.handles.remove(&t.0);
             Ok(())
         }
     }
+
+    /// Linux's `EINVAL` (no libc dependency for the tests).
+    const EINVAL: i32 = 22;
 
     const SHAPE: KernelShape = KernelShape {
         head_dim: 16,
@@ -441,10 +788,14 @@ mod tests {
     };
 
     fn executor(tag: &str) -> DeviceExecutor<FakeNpu> {
+        executor_on(tag, FakeNpu::new())
+    }
+
+    fn executor_on(tag: &str, device: FakeNpu) -> DeviceExecutor<FakeNpu> {
         let xclbin = AxlfBuilder::mlir_aie("MLIR_AIE", 4, b"pdi").build();
         let dir = write_artefacts(tag, "npu4", SHAPE, &xclbin, &[0xdead_beef, 7, 9]);
         let a = Artefacts::open(&dir, "npu4").unwrap();
-        DeviceExecutor::new(FakeNpu::new(), a, Duration::from_millis(50))
+        DeviceExecutor::new(device, a, Duration::from_millis(50))
     }
 
     /// The canonical decode dispatch of the contract's section 6 with a group of 2.
@@ -541,5 +892,341 @@ mod tests {
                     .iter()
                     .any(|f| f == "pci=0000:c6:00.1 1022:17f0 rev 10" || f.starts_with("pci="))
         );
+    }
+
+    // ----- Timelines (device-side boundaries) through the backend -----
+
+    type DeviceBackend = crate::backend::NpuBackend<crate::Device>;
+
+    /// A backend over a fake device whose kernels run any dispatch (streams "per dispatch"),
+    /// and the device's event log.
+    fn device_backend(tag: &str, device: FakeNpu) -> (DeviceBackend, Arc<Mutex<Vec<Event>>>) {
+        let events = device.events.clone();
+        let mut ex = executor_on(tag, device);
+        ex.dynamic_streams = true;
+        (DeviceBackend::with_executor(Box::new(ex)), events)
+    }
+
+    const POSITIONS: [u32; 4] = [127, 255, 383, 511];
+    const SLOTS: [u32; 4] = [0, 1, 2, 3];
+
+    fn args() -> StepArgs<'static> {
+        StepArgs {
+            tokens: &[0; 4],
+            positions: &POSITIONS,
+            slots: &SLOTS,
+            select: &SLOTS,
+        }
+    }
+
+    /// The canonical dispatch as a program: q, k, v inputs, attention over a 4-slot cache of
+    /// 512 positions, the output written to a buffer. Returns the program and the output.
+    fn attention_program(
+        b: &mut DeviceBackend,
+    ) -> (tandem_backend_api::ProgramId, tandem_backend_api::BufferId) {
+        let act = |b: &mut DeviceBackend, cols: usize| {
+            let id = b
+                .alloc(&TensorDesc::new(DType::F32, [4, cols]), Usage::Activation)
+                .unwrap();
+            let data: Vec<u8> = (0..4 * cols)
+                .flat_map(|i| (((i * 37 % 101) as f32 / 50.0 - 1.0) * 0.5).to_le_bytes())
+                .collect();
+            b.write(id, 0, &data).unwrap();
+            id
+        };
+        let (qb, kb, vb) = (act(b, 32), act(b, 16), act(b, 16));
+        let ob = b
+            .alloc(&TensorDesc::new(DType::F32, [4, 32]), Usage::Activation)
+            .unwrap();
+        let cache = TensorDesc::new(DType::F32, [4, 512, 16]);
+        let (kc, vc) = (
+            b.alloc(&cache, Usage::KvCache).unwrap(),
+            b.alloc(&cache, Usage::KvCache).unwrap(),
+        );
+        let mut g = GraphBuilder::new("attention", 4, 4);
+        let input = |g: &mut GraphBuilder, buffer, cols| {
+            g.push1(Op::Input {
+                buffer,
+                cols,
+                selected: false,
+            })
+        };
+        let (q, k, v) = (
+            input(&mut g, qb, 32),
+            input(&mut g, kb, 16),
+            input(&mut g, vb, 16),
+        );
+        let a = g.push1(Op::Attention {
+            q,
+            k,
+            v,
+            cache: KvCacheRef {
+                k: kc,
+                v: vc,
+                dtype: DType::F32,
+                slots: 4,
+                capacity: 512,
+            },
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 16,
+            scale: 0.25,
+            window: None,
+            softcap: None,
+        });
+        g.push(Op::Output { x: a, buffer: ob });
+        (b.compile(&g.finish()).unwrap(), ob)
+    }
+
+    /// A program that dispatches nothing: an input copied to an output.
+    fn copy_program(b: &mut DeviceBackend) -> tandem_backend_api::ProgramId {
+        let desc = TensorDesc::new(DType::F32, [4, 8]);
+        let (x, y) = (
+            b.alloc(&desc, Usage::Activation).unwrap(),
+            b.alloc(&desc, Usage::Activation).unwrap(),
+        );
+        let mut g = GraphBuilder::new("copy", 4, 4);
+        let v = g.push1(Op::Input {
+            buffer: x,
+            cols: 8,
+            selected: false,
+        });
+        g.push(Op::Output { x: v, buffer: y });
+        b.compile(&g.finish()).unwrap()
+    }
+
+    /// The value of the only timeline of `kernel`.
+    fn only_value(kernel: &Kernel) -> u64 {
+        let k = kernel.lock().unwrap();
+        assert_eq!(k.timelines.len(), 1, "one timeline");
+        k.timelines.values().next().map_or(0, |(_, v)| *v)
+    }
+
+    /// Closes an exported timeline's descriptor, as its owner (the caller of export) must.
+    fn close(t: SharedTimeline) {
+        // SAFETY: `export_timeline` made the caller (this test) the fd's owner; importers took
+        // their own duplicates.
+        drop(unsafe { OwnedFd::from_raw_fd(t.fd) });
+    }
+
+    #[test]
+    fn an_exported_timeline_reaches_each_ticket() {
+        let device = FakeNpu::new();
+        let kernel = device.kernel.clone();
+        let (mut a, events) = device_backend("tl-signal", device);
+        assert!(a.info().features.iter().any(|f| f == "timeline_export"));
+        let copy = copy_program(&mut a);
+        // A ticket issued before the export: the timeline starts there.
+        assert_eq!(a.execute(copy, &args()).unwrap(), Ticket(1));
+        let shared = a.export_timeline().unwrap().expect("the device executor exports");
+        assert_eq!(shared.kind, DRM_SYNCOBJ_FD);
+        assert_eq!(shared.device, "amdxdna:0000:c6:00.1");
+        assert!(shared.fd >= 0);
+        close(shared);
+        assert_eq!(only_value(&kernel), 1);
+        // A program with a dispatch: the device signals after its context's run.
+        let (attn, _) = attention_program(&mut a);
+        let t = a.execute(attn, &args()).unwrap();
+        assert_eq!(t, Ticket(2));
+        assert_eq!(only_value(&kernel), 2);
+        // A program without one: the host signals.
+        assert_eq!(a.execute(copy, &args()).unwrap(), Ticket(3));
+        assert_eq!(only_value(&kernel), 3);
+        let ev = events.lock().unwrap().clone();
+        let Some(Event::SignalNow {
+            timeline: h,
+            point: 1,
+        }) = ev.first().cloned()
+        else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(
+            ev,
+            vec![
+                Event::SignalNow {
+                    timeline: h,
+                    point: 1
+                },
+                Event::Exec { ctx: 1 },
+                Event::SignalAfter {
+                    ctx: 1,
+                    timeline: h,
+                    point: 2
+                },
+                Event::SignalNow {
+                    timeline: h,
+                    point: 3
+                },
+            ]
+        );
+        // A second export is the same timeline.
+        close(a.export_timeline().unwrap().unwrap());
+        assert_eq!(only_value(&kernel), 3);
+    }
+
+    #[test]
+    fn a_signal_after_a_hung_run_never_lands() {
+        let device = FakeNpu::new();
+        let kernel = device.kernel.clone();
+        let mut ex = executor_on("tl-hang", device);
+        let fd = ex.export_timeline().unwrap().expect("exports");
+        drop(fd);
+        let p = canonical();
+        let (k, v) = (
+            ex.alloc_kv(p.cache_elems()).unwrap(),
+            ex.alloc_kv(p.cache_elems()).unwrap(),
+        );
+        let q = vec![0u16; p.q_elems()];
+        let mut out = vec![0u16; p.q_elems()];
+        ex.attention(SHAPE, &p, &q, k, v, &mut out).unwrap();
+        ex.signal(Ticket(1)).unwrap();
+        assert_eq!(only_value(&kernel), 1);
+        ex.device.hang = true;
+        assert!(ex.attention(SHAPE, &p, &q, k, v, &mut out).is_err());
+        // The signal is queued behind the context's unfinished run.
+        ex.device
+            .signal_after(ContextHandle(1), ex.exported.unwrap(), 2)
+            .unwrap();
+        assert_eq!(only_value(&kernel), 1);
+    }
+
+    #[test]
+    fn execute_after_waits_on_imported_timelines_before_the_dispatch() {
+        let fa = FakeNpu::new();
+        let kernel = fa.kernel.clone();
+        let (mut a, _) = device_backend("tl-a", fa);
+        let (mut c, _) = device_backend("tl-c", FakeNpu::sharing(&kernel));
+        let (mut b, events) = device_backend("tl-b", FakeNpu::sharing(&kernel));
+        let (sa, sc) = (
+            a.export_timeline().unwrap().unwrap(),
+            c.export_timeline().unwrap().unwrap(),
+        );
+        let ida = b.import_timeline(&sa).unwrap().expect("a syncobj fd imports");
+        let idc = b.import_timeline(&sc).unwrap().expect("a syncobj fd imports");
+        assert_ne!(ida, idc);
+        // The importer holds its own handles: the exporters' fds can close.
+        close(sa);
+        close(sc);
+        let (pa, oa) = attention_program(&mut a);
+        let ta = a.execute(pa, &args()).unwrap();
+        let copy = copy_program(&mut c);
+        c.execute(copy, &args()).unwrap();
+        let tc = c.execute(copy, &args()).unwrap();
+        assert_eq!((ta, tc), (Ticket(1), Ticket(2)));
+
+        let (pb, ob) = attention_program(&mut b);
+        let tb = b.execute_after(pb, &args(), &[(idc, tc), (ida, ta)]).unwrap();
+        assert_eq!(tb, Ticket(1));
+        let ev = events.lock().unwrap().clone();
+        let [Event::HostWait {
+            timeline: hc,
+            point: 2,
+        }, Event::HostWait {
+            timeline: ha,
+            point: 1,
+        }, ..] = ev[..]
+        else {
+            panic!("{ev:?}")
+        };
+        assert_ne!(ha, hc);
+        // Host waits, then the device dependency on the dispatch's context, then the EXEC_CMD.
+        assert_eq!(
+            ev,
+            vec![
+                Event::HostWait {
+                    timeline: hc,
+                    point: 2
+                },
+                Event::HostWait {
+                    timeline: ha,
+                    point: 1
+                },
+                Event::WaitBefore {
+                    ctx: 1,
+                    waits: vec![(hc, 2), (ha, 1)]
+                },
+                Event::Exec { ctx: 1 },
+            ]
+        );
+        // The result is the same as a's, which ran the same program on the same inputs.
+        let (mut got, mut want) = (vec![0u8; 4 * 32 * 4], vec![0u8; 4 * 32 * 4]);
+        b.read(ob, 0, &mut got).unwrap();
+        a.read(oa, 0, &mut want).unwrap();
+        assert_eq!(got, want);
+        assert!(got.iter().any(|x| *x != 0));
+        // The next plain execute carries no stale device waits.
+        b.execute(pb, &args()).unwrap();
+        let ev = events.lock().unwrap().clone();
+        assert_eq!(ev[4..], [Event::Exec { ctx: 1 }]);
+    }
+
+    #[test]
+    fn foreign_kinds_are_not_imported_and_bad_fds_are_errors() {
+        let (mut b, events) = device_backend("tl-foreign", FakeNpu::new());
+        // fd -1 would fail a duplication: a foreign kind is refused before the fd is touched.
+        let vulkan = SharedTimeline {
+            fd: -1,
+            kind: VULKAN_OPAQUE_FD.into(),
+            device: "00/00".into(),
+        };
+        assert_eq!(b.import_timeline(&vulkan).unwrap(), None);
+        let closed = SharedTimeline {
+            fd: -1,
+            kind: DRM_SYNCOBJ_FD.into(),
+            device: "amdxdna:x".into(),
+        };
+        let e = b.import_timeline(&closed).unwrap_err().to_string();
+        assert!(e.contains("fd -1 is not an open file descriptor"), "{e}");
+        // An open fd that is not a syncobj: the driver's refusal, named.
+        let null = File::open("/dev/null").unwrap();
+        let not_syncobj = SharedTimeline {
+            fd: null.as_raw_fd(),
+            ..closed
+        };
+        let e = b.import_timeline(&not_syncobj).unwrap_err().to_string();
+        assert!(e.contains("DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE"), "{e}");
+        // An id this backend never handed out.
+        let copy = copy_program(&mut b);
+        let e = b
+            .execute_after(copy, &args(), &[(TimelineId(3), Ticket(1))])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("timeline 3 was not imported"), "{e}");
+        assert!(events.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_wait_that_never_completes_times_out_naming_the_timeline_and_point() {
+        let fa = FakeNpu::new();
+        let kernel = fa.kernel.clone();
+        let (mut a, _) = device_backend("tl-never-a", fa);
+        let (mut b, events) = device_backend("tl-never-b", FakeNpu::sharing(&kernel));
+        let shared = a.export_timeline().unwrap().unwrap();
+        let id = b.import_timeline(&shared).unwrap().unwrap();
+        close(shared);
+        let (pb, _) = attention_program(&mut b);
+        let start = Instant::now();
+        // a never reaches ticket 5.
+        let e = b
+            .execute_after(pb, &args(), &[(id, Ticket(5))])
+            .unwrap_err()
+            .to_string();
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+        let ev = events.lock().unwrap().clone();
+        let [Event::HostWait {
+            timeline: h,
+            point: 5,
+        }] = ev[..]
+        else {
+            panic!("{ev:?}")
+        };
+        assert!(
+            e.contains(&format!("timeline {h} for point 5 timed out after 50ms")),
+            "{e}"
+        );
+        // Nothing was dispatched and no ticket issued; the next step runs without the wait.
+        assert_eq!(b.execute(pb, &args()).unwrap(), Ticket(1));
+        let ev = events.lock().unwrap().clone();
+        assert_eq!(ev[1..], [Event::Exec { ctx: 1 }]);
     }
 }

@@ -1,11 +1,18 @@
 //! Where the NPU backend's attention dispatches go: the device (through `xrt-sys`, see
 //! [`crate::device`]) or the emulator (here). Both hold the KV caches in bf16, the kernels' type,
 //! and take one dispatch per attention op per step with the ABI's arguments.
+//!
+//! Timelines (device-side boundaries, see `tandem_backend_api::boundary`) are optional: an
+//! executor may export the timeline its backend's tickets count on, import other backends'
+//! timelines, and make its next dispatch wait on them. The emulator does none of it (host
+//! memory only); the device executor does it with DRM syncobjs, tested against a fake device
+//! only.
 
 use std::collections::HashMap;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::Duration;
 
-use tandem_backend_api::BackendError;
+use tandem_backend_api::{BackendError, Ticket, TimelineId};
 
 use crate::contract::{AttnParams, KernelShape};
 use crate::cost::{self, NpuModel};
@@ -51,6 +58,48 @@ pub trait Executor: Send {
     ) -> Result<DispatchTime, BackendError>;
     /// Bytes held in cache buffers and staging now.
     fn bytes_in_use(&self) -> u64;
+
+    /// Whether [`Executor::export_timeline`] and [`Executor::import_timeline`] can work here.
+    fn shares_timelines(&self) -> bool {
+        false
+    }
+
+    /// Where an exported timeline comes from, for `SharedTimeline::device`.
+    fn timeline_device(&self) -> String {
+        self.device()
+    }
+
+    /// A new file descriptor (the caller's) for the timeline that [`Executor::signal`]
+    /// advances, made on the first call; `None` where the executor has none to share.
+    fn export_timeline(&mut self) -> Result<Option<OwnedFd>, BackendError> {
+        Ok(None)
+    }
+
+    /// Imports another backend's timeline from `fd` (which stays the caller's); `None` where
+    /// the executor cannot wait on one.
+    fn import_timeline(&mut self, fd: BorrowedFd<'_>) -> Result<Option<TimelineId>, BackendError> {
+        let _ = fd;
+        Ok(None)
+    }
+
+    /// Ends a program's execution: signals the exported timeline (if one was exported) at
+    /// `ticket`, and drops the waits of [`Executor::wait_for`] that no dispatch took.
+    fn signal(&mut self, ticket: Ticket) -> Result<(), BackendError> {
+        let _ = ticket;
+        Ok(())
+    }
+
+    /// Makes the next program wait until every imported timeline of `waits` has reached its
+    /// ticket. Refuses any wait by default: nothing was imported.
+    fn wait_for(&mut self, waits: &[(TimelineId, Ticket)]) -> Result<(), BackendError> {
+        match waits.first() {
+            None => Ok(()),
+            Some((id, _)) => Err(BackendError::invalid(format!(
+                "timeline {} was not imported by this backend (it imports none)",
+                id.0
+            ))),
+        }
+    }
 }
 
 /// The emulator as an executor: host memory, [`emu::attention`], timings from the cost model.

@@ -7,6 +7,10 @@
 //! - `npu-emu` ([`NpuEmu`]): the same backend with the emulator as its executor: the kernels'
 //!   tiled bf16 arithmetic on the CPU ([`emu`]) and timings from the cost model ([`cost`]).
 //!
+//! Both import the engine's shared host memory at a split's boundaries; `npu` also shares its
+//! timeline as a DRM syncobj and waits on other backends' (see [`backend`]). That device-side
+//! path has been tested against a fake device only, never on an NPU.
+//!
 //! Modules, bottom up: [`contract`] (the kernel ABI), [`emu`], [`cost`], [`artefacts`],
 //! [`executor`] (the executor trait and the emulator's), [`device`] (the device executor),
 //! [`backend`] (`ComputeBackend`), and [`sim`] (the laptop simulation `npu-sim` prints).

@@ -85,6 +85,27 @@ pub enum XrtError {
         after: Duration,
     },
 
+    /// A host wait on a timeline (syncobj) ran past its deadline.
+    #[error(
+        "DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT on timeline {timeline} for point {point} timed out after \
+         {after:?}: the point was not reached"
+    )]
+    TimelineTimeout {
+        /// The syncobj handle.
+        timeline: u32,
+        /// The point waited for.
+        point: u64,
+        /// The timeout that was given.
+        after: Duration,
+    },
+
+    /// The device (or this implementation of it) does not offer the call.
+    #[error("{what} is not supported by this device")]
+    NotSupported {
+        /// What was asked for, e.g. `timeline export`.
+        what: &'static str,
+    },
+
     /// The command finished in a state other than `COMPLETED`.
     #[error("the NPU command finished in state {state}")]
     CommandFailed {

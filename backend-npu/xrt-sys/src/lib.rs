@@ -18,7 +18,9 @@
 //! sysfs trees, and the open path's errors on paths that are not NPU nodes. The ioctl sequence
 //! in [`Amdxdna`] (heap, context, PDI binding, BOs, `EXEC_CMD`, syncobj wait) follows XRT's
 //! amdxdna shim and a Rust implementation reported working on a Strix NPU (taconite), but here
-//! it has only been compiled. See the crate's README for sources and open questions.
+//! it has only been compiled. So have the timeline calls (DRM syncobjs shared as fds, the
+//! driver's signal and dependency commands): the backend tests them against a fake device.
+//! See the crate's README for sources and open questions.
 
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
@@ -33,6 +35,9 @@ pub mod uapi;
 
 pub use axlf::{AxlfBuilder, AxlfError, Xclbin};
 pub use detect::{detect, Detection, DeviceInfo, Generation, PciId, Unavailable};
-pub use device::{open_first, Amdxdna, BoHandle, BoKind, ContextHandle, ExecFormat, NpuDevice, RunHandle};
+pub use device::{
+    dup_fd, open_first, Amdxdna, BoHandle, BoKind, ContextHandle, ExecFormat, NpuDevice, RunHandle,
+    TimelineHandle, MAX_TIMELINE_WAITS,
+};
 pub use error::XrtError;
 pub use ert::CommandState;

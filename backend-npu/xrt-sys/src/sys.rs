@@ -1,11 +1,12 @@
 //! Every `unsafe` operation of the crate: the ioctl call, `mmap`/`munmap` and the accesses
-//! through a mapping, and reading `CLOCK_MONOTONIC`. Everything above this module is safe code.
+//! through a mapping, reading `CLOCK_MONOTONIC`, and taking ownership of file descriptors the
+//! kernel returns (syncobj exports, duplicates). Everything above this module is safe code.
 
 #![allow(unsafe_code)]
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::ptr::NonNull;
@@ -48,6 +49,36 @@ pub(crate) fn ioctl<T: IoctlArg>(fd: BorrowedFd<'_>, request: u32, arg: &mut T) 
             return Err(errno);
         }
     }
+}
+
+/// Takes ownership of `fd`, a descriptor the kernel has just returned to this process through
+/// an ioctl argument (`DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD`); `None` for a negative value.
+///
+/// Callers pass only the value the kernel wrote into the argument of a successful call, once.
+pub(crate) fn owned_from_kernel(fd: i32) -> Option<OwnedFd> {
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the kernel installed `fd` in this process's table for this call and handed it to
+    // us alone (callers pass it once, straight from the ioctl's argument): nothing else owns
+    // or will close it.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A new descriptor (`F_DUPFD_CLOEXEC`) for whatever `fd` refers to, owned by the caller: how a
+/// raw descriptor from another component (a `SharedTimeline`) is used without owning it.
+/// `EBADF` when `fd` is not open.
+pub(crate) fn dup_raw(fd: i32) -> Result<OwnedFd, i32> {
+    if fd < 0 {
+        return Err(libc::EBADF);
+    }
+    // SAFETY: `fcntl(F_DUPFD_CLOEXEC)` reads no memory of ours; on a descriptor that is not
+    // open it fails with EBADF rather than touching anything.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if new < 0 {
+        return Err(last_errno());
+    }
+    owned_from_kernel(new).ok_or(libc::EBADF)
 }
 
 /// `CLOCK_MONOTONIC` now, in nanoseconds (the clock DRM syncobj deadlines use).
@@ -285,6 +316,17 @@ mod tests {
         let mut b = [0u8; 1];
         assert!(plain.read(0, &mut b));
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn dup_raw_duplicates_open_descriptors_only() {
+        let f = File::open("/dev/null").expect("/dev/null");
+        let dup = dup_raw(f.as_raw_fd()).expect("an open fd duplicates");
+        assert_ne!(dup.as_raw_fd(), f.as_raw_fd());
+        assert_eq!(dup_raw(-1).unwrap_err(), libc::EBADF);
+        // A descriptor number far above any this test opened.
+        assert_eq!(dup_raw(1 << 20).unwrap_err(), libc::EBADF);
+        assert!(owned_from_kernel(-1).is_none());
     }
 
     #[test]

@@ -102,6 +102,60 @@ pub struct drm_syncobj_timeline_wait {
     pub deadline_nsec: u64,
 }
 
+/// `struct drm_syncobj_create`: argument of `DRM_IOCTL_SYNCOBJ_CREATE`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct drm_syncobj_create {
+    /// Returned syncobj handle.
+    pub handle: u32,
+    /// `DRM_SYNCOBJ_CREATE_SIGNALED` or 0.
+    pub flags: u32,
+}
+
+/// `struct drm_syncobj_destroy`: argument of `DRM_IOCTL_SYNCOBJ_DESTROY`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct drm_syncobj_destroy {
+    /// Syncobj handle to release.
+    pub handle: u32,
+    /// Must be zero.
+    pub pad: u32,
+}
+
+/// `struct drm_syncobj_handle`: argument of `DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD` and
+/// `DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE`, in its original 16-byte form. Kernels from 2025 append a
+/// `__u64 point` (used only with the `*_FLAGS_TIMELINE` sync_file flags); the DRM core
+/// zero-fills what a shorter argument leaves out, so this form (point 0: the whole syncobj,
+/// not a sync_file) means the same on old and new kernels.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct drm_syncobj_handle {
+    /// The syncobj handle (in for `HANDLE_TO_FD`, returned by `FD_TO_HANDLE`).
+    pub handle: u32,
+    /// `DRM_SYNCOBJ_*_FLAGS_*`; 0 shares the syncobj itself.
+    pub flags: u32,
+    /// The file descriptor (returned by `HANDLE_TO_FD`, in for `FD_TO_HANDLE`).
+    pub fd: i32,
+    /// Must be zero.
+    pub pad: u32,
+}
+
+/// `struct drm_syncobj_timeline_array`: argument of `DRM_IOCTL_SYNCOBJ_TIMELINE_SIGNAL` and
+/// `DRM_IOCTL_SYNCOBJ_QUERY`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct drm_syncobj_timeline_array {
+    /// User pointer to an array of `count_handles` syncobj handles (`u32`).
+    pub handles: u64,
+    /// User pointer to an array of `count_handles` points (`u64`): the points to signal, or
+    /// where `QUERY` writes each timeline's value.
+    pub points: u64,
+    /// Number of handles/points.
+    pub count_handles: u32,
+    /// `DRM_SYNCOBJ_QUERY_FLAGS_LAST_SUBMITTED` for `QUERY`; 0 for `TIMELINE_SIGNAL`.
+    pub flags: u32,
+}
+
 /// `DRM_SYNCOBJ_WAIT_FLAGS_WAIT_ALL`.
 pub const DRM_SYNCOBJ_WAIT_FLAGS_WAIT_ALL: u32 = 1 << 0;
 /// `DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT`: wait for a fence to be attached to the point first.
@@ -109,6 +163,18 @@ pub const DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT: u32 = 1 << 1;
 /// `DRM_SYNCOBJ_WAIT_FLAGS_WAIT_AVAILABLE`.
 pub const DRM_SYNCOBJ_WAIT_FLAGS_WAIT_AVAILABLE: u32 = 1 << 2;
 
+/// `DRM_IOCTL_SYNCOBJ_CREATE = DRM_IOWR(0xBF, struct drm_syncobj_create)`.
+pub const DRM_IOCTL_SYNCOBJ_CREATE: u32 = drm_iowr::<drm_syncobj_create>(0xBF);
+/// `DRM_IOCTL_SYNCOBJ_DESTROY = DRM_IOWR(0xC0, struct drm_syncobj_destroy)`.
+pub const DRM_IOCTL_SYNCOBJ_DESTROY: u32 = drm_iowr::<drm_syncobj_destroy>(0xC0);
+/// `DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD = DRM_IOWR(0xC1, struct drm_syncobj_handle)`.
+pub const DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD: u32 = drm_iowr::<drm_syncobj_handle>(0xC1);
+/// `DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE = DRM_IOWR(0xC2, struct drm_syncobj_handle)`.
+pub const DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE: u32 = drm_iowr::<drm_syncobj_handle>(0xC2);
+/// `DRM_IOCTL_SYNCOBJ_QUERY = DRM_IOWR(0xCB, struct drm_syncobj_timeline_array)`.
+pub const DRM_IOCTL_SYNCOBJ_QUERY: u32 = drm_iowr::<drm_syncobj_timeline_array>(0xCB);
+/// `DRM_IOCTL_SYNCOBJ_TIMELINE_SIGNAL = DRM_IOWR(0xCD, struct drm_syncobj_timeline_array)`.
+pub const DRM_IOCTL_SYNCOBJ_TIMELINE_SIGNAL: u32 = drm_iowr::<drm_syncobj_timeline_array>(0xCD);
 /// `DRM_IOCTL_GEM_CLOSE = DRM_IOW(0x09, struct drm_gem_close)`.
 pub const DRM_IOCTL_GEM_CLOSE: u32 = drm_iow::<drm_gem_close>(0x09);
 /// `DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT = DRM_IOWR(0xCA, struct drm_syncobj_timeline_wait)`.
@@ -527,6 +593,10 @@ macro_rules! ioctl_args {
 ioctl_args!(
     drm_gem_close,
     drm_syncobj_timeline_wait,
+    drm_syncobj_create,
+    drm_syncobj_destroy,
+    drm_syncobj_handle,
+    drm_syncobj_timeline_array,
     amdxdna_drm_create_hwctx,
     amdxdna_drm_destroy_hwctx,
     amdxdna_drm_config_hwctx,
@@ -560,6 +630,12 @@ mod tests {
         assert_eq!(DRM_IOCTL_AMDXDNA_GET_ARRAY, 0xC018_644A); // 24 bytes, nr 0x4a
         assert_eq!(DRM_IOCTL_GEM_CLOSE, 0x4008_6409); // _IOW, 8 bytes, nr 0x09
         assert_eq!(DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT, 0xC030_64CA); // 48 bytes, nr 0xca
+        assert_eq!(DRM_IOCTL_SYNCOBJ_CREATE, 0xC008_64BF); // 8 bytes, nr 0xbf
+        assert_eq!(DRM_IOCTL_SYNCOBJ_DESTROY, 0xC008_64C0); // 8 bytes, nr 0xc0
+        assert_eq!(DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD, 0xC010_64C1); // 16 bytes, nr 0xc1
+        assert_eq!(DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE, 0xC010_64C2); // 16 bytes, nr 0xc2
+        assert_eq!(DRM_IOCTL_SYNCOBJ_QUERY, 0xC018_64CB); // 24 bytes, nr 0xcb
+        assert_eq!(DRM_IOCTL_SYNCOBJ_TIMELINE_SIGNAL, 0xC018_64CD); // 24 bytes, nr 0xcd
     }
 
     #[test]
@@ -692,5 +768,41 @@ mod tests {
         assert_eq!(offset_of!(drm_syncobj_timeline_wait, first_signaled), 32);
         assert_eq!(offset_of!(drm_syncobj_timeline_wait, pad), 36);
         assert_eq!(offset_of!(drm_syncobj_timeline_wait, deadline_nsec), 40);
+    }
+
+    #[test]
+    fn syncobj_layouts() {
+        assert_eq!(size_of::<drm_syncobj_create>(), 8);
+        assert_eq!(offset_of!(drm_syncobj_create, handle), 0);
+        assert_eq!(offset_of!(drm_syncobj_create, flags), 4);
+        assert_eq!(size_of::<drm_syncobj_destroy>(), 8);
+        assert_eq!(offset_of!(drm_syncobj_destroy, pad), 4);
+        assert_eq!(size_of::<drm_syncobj_handle>(), 16);
+        assert_eq!(offset_of!(drm_syncobj_handle, handle), 0);
+        assert_eq!(offset_of!(drm_syncobj_handle, flags), 4);
+        assert_eq!(offset_of!(drm_syncobj_handle, fd), 8);
+        assert_eq!(offset_of!(drm_syncobj_handle, pad), 12);
+        assert_eq!(size_of::<drm_syncobj_timeline_array>(), 24);
+        assert_eq!(offset_of!(drm_syncobj_timeline_array, handles), 0);
+        assert_eq!(offset_of!(drm_syncobj_timeline_array, points), 8);
+        assert_eq!(offset_of!(drm_syncobj_timeline_array, count_handles), 16);
+        assert_eq!(offset_of!(drm_syncobj_timeline_array, flags), 20);
+        // The request numbers carry these sizes.
+        assert_eq!(ioc_size(DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD), 16);
+        assert_eq!(ioc_size(DRM_IOCTL_SYNCOBJ_TIMELINE_SIGNAL), 24);
+        assert_eq!(
+            [
+                AMDXDNA_CMD_SUBMIT_EXEC_BUF,
+                AMDXDNA_CMD_SUBMIT_DEPENDENCY,
+                AMDXDNA_CMD_SUBMIT_SIGNAL
+            ],
+            [0, 1, 2]
+        );
+        assert_eq!(
+            DRM_SYNCOBJ_WAIT_FLAGS_WAIT_ALL
+                | DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT
+                | DRM_SYNCOBJ_WAIT_FLAGS_WAIT_AVAILABLE,
+            0b111
+        );
     }
 }

@@ -10,15 +10,25 @@
 //!   device address), synced with `SYNC_BO`;
 //! * per run: an ERT packet in a `CMD` BO, `EXEC_CMD`, then `SYNCOBJ_TIMELINE_WAIT` on the
 //!   context's syncobj at the returned sequence number with an absolute `CLOCK_MONOTONIC`
-//!   deadline, then the state the driver wrote into the packet header.
+//!   deadline, then the state the driver wrote into the packet header;
+//! * timelines shared with other devices (device-side boundaries): DRM timeline syncobjs made
+//!   with `SYNCOBJ_CREATE`, shared as fds with `SYNCOBJ_HANDLE_TO_FD` / `SYNCOBJ_FD_TO_HANDLE`;
+//!   the device signals one after a context's commands with an `EXEC_CMD` of type
+//!   `AMDXDNA_CMD_SUBMIT_SIGNAL`, and makes a context's next commands wait with
+//!   `SYNCOBJ_TIMELINE_WAIT(WAIT_AVAILABLE)` then an `EXEC_CMD` of type
+//!   `AMDXDNA_CMD_SUBMIT_DEPENDENCY` (the shim's `submit_wait_syncobjs`/`submit_signal_syncobj`);
+//!   the host signals with `SYNCOBJ_TIMELINE_SIGNAL`, waits with `SYNCOBJ_TIMELINE_WAIT` and
+//!   reads a value with `SYNCOBJ_QUERY`. None of this has run on an NPU; the dependency and
+//!   signal command types are in the driver's uAPI header, but whether a given kernel's driver
+//!   accepts them has not been checked on hardware (an `EINVAL` would name the call).
 
 use std::collections::HashMap;
 use std::fs::{self, File};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::time::Duration;
 
-use super::{BoHandle, BoKind, ContextHandle, NpuDevice, RunHandle};
+use super::{BoHandle, BoKind, ContextHandle, NpuDevice, RunHandle, TimelineHandle, MAX_TIMELINE_WAITS};
 use crate::axlf::{AxlfError, Xclbin};
 use crate::detect::DeviceInfo;
 use crate::error::XrtError;
@@ -101,6 +111,8 @@ pub struct Amdxdna {
     idle_cmds: Vec<CmdBo>,
     contexts: HashMap<u32, Context>,
     bos: HashMap<u32, Bo>,
+    /// Syncobjs this file holds (created or imported), destroyed on drop.
+    timelines: Vec<u32>,
     heap: Option<Heap>,
     file: File,
 }
@@ -144,6 +156,7 @@ impl Amdxdna {
             idle_cmds: Vec::new(),
             contexts: HashMap::new(),
             bos: HashMap::new(),
+            timelines: Vec::new(),
             heap: None,
             file,
         };
@@ -434,6 +447,31 @@ impl Amdxdna {
             handle: handle.0.into(),
         })
     }
+
+    fn hwctx(&self, ctx: ContextHandle) -> Result<u32, XrtError> {
+        self.contexts
+            .get(&ctx.0)
+            .map(|c| c.handle)
+            .ok_or(XrtError::InvalidHandle {
+                kind: "context",
+                handle: ctx.0.into(),
+            })
+    }
+
+    fn timeline(&self, t: TimelineHandle) -> Result<u32, XrtError> {
+        self.timelines
+            .contains(&t.0)
+            .then_some(t.0)
+            .ok_or(XrtError::InvalidHandle {
+                kind: "timeline",
+                handle: t.0.into(),
+            })
+    }
+
+    fn syncobj_destroy(&self, handle: u32) -> Result<(), i32> {
+        let mut d = drm_syncobj_destroy { handle, pad: 0 };
+        sys::ioctl(self.fd(), DRM_IOCTL_SYNCOBJ_DESTROY, &mut d)
+    }
 }
 
 fn round_up(bytes: usize) -> Result<usize, XrtError> {
@@ -722,6 +760,9 @@ impl NpuDevice for Amdxdna {
                 "the command packet does not fit its buffer".into(),
             ));
         }
+        // One command BO per EXEC_CMD: the NPU backend submits each attention dispatch on its
+        // own and waits for it, so chained submission (several command BOs in one EXEC_CMD,
+        // `cmd_count` > 1) is not needed and not built.
         let mut exec = amdxdna_drm_exec_cmd {
             hwctx,
             type_: AMDXDNA_CMD_SUBMIT_EXEC_BUF,
@@ -804,6 +845,217 @@ impl NpuDevice for Amdxdna {
             state => Err(XrtError::CommandFailed { state }),
         }
     }
+
+    fn create_timeline(&mut self) -> Result<TimelineHandle, XrtError> {
+        let mut c = drm_syncobj_create::default();
+        sys::ioctl(self.fd(), DRM_IOCTL_SYNCOBJ_CREATE, &mut c)
+            .map_err(|e| ioctl_err("DRM_IOCTL_SYNCOBJ_CREATE", e, "creating a timeline"))?;
+        self.timelines.push(c.handle);
+        Ok(TimelineHandle(c.handle))
+    }
+
+    fn export_timeline(&mut self, t: TimelineHandle) -> Result<OwnedFd, XrtError> {
+        let mut h = drm_syncobj_handle {
+            handle: self.timeline(t)?,
+            fd: -1,
+            ..Default::default()
+        };
+        sys::ioctl(self.fd(), DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD, &mut h).map_err(|e| {
+            ioctl_err(
+                "DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD",
+                e,
+                format!("exporting timeline {}", t.0),
+            )
+        })?;
+        sys::owned_from_kernel(h.fd).ok_or_else(|| {
+            XrtError::InvalidArgument(format!(
+                "DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD returned fd {} for timeline {}",
+                h.fd, t.0
+            ))
+        })
+    }
+
+    fn import_timeline(&mut self, fd: BorrowedFd<'_>) -> Result<TimelineHandle, XrtError> {
+        let mut h = drm_syncobj_handle {
+            fd: fd.as_raw_fd(),
+            ..Default::default()
+        };
+        sys::ioctl(self.fd(), DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE, &mut h).map_err(|e| {
+            ioctl_err(
+                "DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE",
+                e,
+                format!("importing fd {} as a timeline", fd.as_raw_fd()),
+            )
+        })?;
+        self.timelines.push(h.handle);
+        Ok(TimelineHandle(h.handle))
+    }
+
+    fn signal_after(&mut self, ctx: ContextHandle, t: TimelineHandle, point: u64) -> Result<(), XrtError> {
+        let hwctx = self.hwctx(ctx)?;
+        let mut exec = amdxdna_drm_exec_cmd {
+            hwctx,
+            type_: AMDXDNA_CMD_SUBMIT_SIGNAL,
+            // One syncobj and one point: the values themselves, not pointers.
+            cmd_handles: u64::from(self.timeline(t)?),
+            args: point,
+            cmd_count: 1,
+            arg_count: 1,
+            ..Default::default()
+        };
+        sys::ioctl(self.fd(), DRM_IOCTL_AMDXDNA_EXEC_CMD, &mut exec).map_err(|e| {
+            ioctl_err(
+                "DRM_IOCTL_AMDXDNA_EXEC_CMD",
+                e,
+                format!(
+                    "AMDXDNA_CMD_SUBMIT_SIGNAL of timeline {} at {point} on context {hwctx}",
+                    t.0
+                ),
+            )
+        })
+    }
+
+    fn signal_now(&mut self, t: TimelineHandle, point: u64) -> Result<(), XrtError> {
+        let handle = self.timeline(t)?;
+        let mut a = drm_syncobj_timeline_array {
+            handles: &handle as *const u32 as u64,
+            points: &point as *const u64 as u64,
+            count_handles: 1,
+            flags: 0,
+        };
+        sys::ioctl(self.fd(), DRM_IOCTL_SYNCOBJ_TIMELINE_SIGNAL, &mut a).map_err(|e| {
+            ioctl_err(
+                "DRM_IOCTL_SYNCOBJ_TIMELINE_SIGNAL",
+                e,
+                format!("signalling timeline {} at {point}", t.0),
+            )
+        })
+    }
+
+    fn wait_before(
+        &mut self,
+        ctx: ContextHandle,
+        waits: &[(TimelineHandle, u64)],
+        timeout: Duration,
+    ) -> Result<(), XrtError> {
+        if waits.is_empty() {
+            return Ok(());
+        }
+        if waits.len() > MAX_TIMELINE_WAITS {
+            return Err(XrtError::InvalidArgument(format!(
+                "{} timeline waits; at most {MAX_TIMELINE_WAITS}",
+                waits.len()
+            )));
+        }
+        let hwctx = self.hwctx(ctx)?;
+        // Fixed arrays: no allocation per submission.
+        let mut handles = [0u32; MAX_TIMELINE_WAITS];
+        let mut points = [0u64; MAX_TIMELINE_WAITS];
+        for (i, (t, p)) in waits.iter().enumerate() {
+            handles[i] = self.timeline(*t)?;
+            points[i] = *p;
+        }
+        let n = waits.len() as u32;
+        // The driver takes a dependency only on points that have a fence: wait (on the host)
+        // until every point is submitted, not signalled.
+        let budget = i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX);
+        let mut w = drm_syncobj_timeline_wait {
+            handles: handles.as_ptr() as u64,
+            points: points.as_ptr() as u64,
+            timeout_nsec: sys::monotonic_ns().saturating_add(budget),
+            count_handles: n,
+            flags: DRM_SYNCOBJ_WAIT_FLAGS_WAIT_ALL
+                | DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT
+                | DRM_SYNCOBJ_WAIT_FLAGS_WAIT_AVAILABLE,
+            ..Default::default()
+        };
+        match sys::ioctl(self.fd(), DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT, &mut w) {
+            Ok(()) => {}
+            Err(e) => {
+                let pairs: Vec<String> = waits
+                    .iter()
+                    .map(|(t, p)| format!("timeline {} point {p}", t.0))
+                    .collect();
+                return Err(ioctl_err(
+                    "DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT",
+                    e,
+                    format!(
+                        "waiting at most {timeout:?} for {} to be submitted",
+                        pairs.join(", ")
+                    ),
+                ));
+            }
+        }
+        let mut exec = amdxdna_drm_exec_cmd {
+            hwctx,
+            type_: AMDXDNA_CMD_SUBMIT_DEPENDENCY,
+            cmd_handles: handles.as_ptr() as u64,
+            args: points.as_ptr() as u64,
+            cmd_count: n,
+            arg_count: n,
+            ..Default::default()
+        };
+        sys::ioctl(self.fd(), DRM_IOCTL_AMDXDNA_EXEC_CMD, &mut exec).map_err(|e| {
+            ioctl_err(
+                "DRM_IOCTL_AMDXDNA_EXEC_CMD",
+                e,
+                format!("AMDXDNA_CMD_SUBMIT_DEPENDENCY on {n} timelines for context {hwctx}"),
+            )
+        })
+    }
+
+    fn wait_timeline(&mut self, t: TimelineHandle, point: u64, timeout: Duration) -> Result<(), XrtError> {
+        let handle = self.timeline(t)?;
+        let budget = i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX);
+        let mut w = drm_syncobj_timeline_wait {
+            handles: &handle as *const u32 as u64,
+            points: &point as *const u64 as u64,
+            // An absolute CLOCK_MONOTONIC deadline, as in `wait`.
+            timeout_nsec: sys::monotonic_ns().saturating_add(budget),
+            count_handles: 1,
+            flags: DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT,
+            ..Default::default()
+        };
+        match sys::ioctl(self.fd(), DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT, &mut w) {
+            Ok(()) => Ok(()),
+            Err(libc::ETIME) => Err(XrtError::TimelineTimeout {
+                timeline: t.0,
+                point,
+                after: timeout,
+            }),
+            Err(e) => Err(ioctl_err(
+                "DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT",
+                e,
+                format!("waiting for timeline {} to reach {point}", t.0),
+            )),
+        }
+    }
+
+    fn timeline_value(&mut self, t: TimelineHandle) -> Result<u64, XrtError> {
+        let handle = self.timeline(t)?;
+        let mut value = 0u64;
+        let mut q = drm_syncobj_timeline_array {
+            handles: &handle as *const u32 as u64,
+            points: &mut value as *mut u64 as u64,
+            count_handles: 1,
+            flags: 0,
+        };
+        sys::ioctl(self.fd(), DRM_IOCTL_SYNCOBJ_QUERY, &mut q)
+            .map_err(|e| ioctl_err("DRM_IOCTL_SYNCOBJ_QUERY", e, format!("reading timeline {}", t.0)))?;
+        Ok(value)
+    }
+
+    fn destroy_timeline(&mut self, t: TimelineHandle) -> Result<(), XrtError> {
+        let handle = self.timeline(t)?;
+        self.timelines.retain(|h| *h != handle);
+        self.syncobj_destroy(handle).map_err(|e| {
+            ioctl_err(
+                "DRM_IOCTL_SYNCOBJ_DESTROY",
+                e,
+                format!("destroying timeline {handle}"),
+            )
+        })
+    }
 }
 
 impl Drop for Amdxdna {
@@ -823,6 +1075,9 @@ impl Drop for Amdxdna {
         let contexts: Vec<Context> = self.contexts.drain().map(|(_, c)| c).collect();
         for ctx in contexts {
             let _ = self.destroy_context(ctx);
+        }
+        for handle in std::mem::take(&mut self.timelines) {
+            let _ = self.syncobj_destroy(handle);
         }
         let bos: Vec<Bo> = self.bos.drain().map(|(_, b)| b).collect();
         for bo in bos {

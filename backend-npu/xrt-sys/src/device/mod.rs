@@ -3,6 +3,7 @@
 
 mod amdxdna;
 
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
@@ -23,6 +24,13 @@ pub struct ContextHandle(pub u32);
 /// A submitted run, to [`NpuDevice::wait`] on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RunHandle(pub u64);
+
+/// A timeline: a DRM timeline syncobj of the device's file (created or imported).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TimelineHandle(pub u32);
+
+/// The most timelines one [`NpuDevice::wait_before`] takes (fixed arrays: no allocation).
+pub const MAX_TIMELINE_WAITS: usize = 8;
 
 /// What a buffer holds, which decides where the driver places it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -69,6 +77,103 @@ pub trait NpuDevice: Send {
 
     /// Waits for `run` to finish, at most `timeout`.
     fn wait(&mut self, run: RunHandle, timeout: Duration) -> Result<(), XrtError>;
+
+    // Timelines (device-side boundaries). Each has a default that refuses, so a device that
+    // does not share timelines need not implement them.
+
+    /// Creates a timeline (a DRM timeline syncobj at 0).
+    fn create_timeline(&mut self) -> Result<TimelineHandle, XrtError> {
+        Err(XrtError::NotSupported {
+            what: "timeline creation",
+        })
+    }
+
+    /// A new file descriptor for timeline `t` (`DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD`), owned by the
+    /// caller, that another DRM device's file can import.
+    fn export_timeline(&mut self, t: TimelineHandle) -> Result<OwnedFd, XrtError> {
+        let _ = t;
+        Err(XrtError::NotSupported {
+            what: "timeline export",
+        })
+    }
+
+    /// Imports the timeline behind `fd` (`DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE`); `fd` stays the
+    /// caller's.
+    fn import_timeline(&mut self, fd: BorrowedFd<'_>) -> Result<TimelineHandle, XrtError> {
+        let _ = fd;
+        Err(XrtError::NotSupported {
+            what: "timeline import",
+        })
+    }
+
+    /// The device signals `t` at `point` once the commands submitted to `ctx` before this
+    /// call have finished (`EXEC_CMD` of type `AMDXDNA_CMD_SUBMIT_SIGNAL`).
+    fn signal_after(&mut self, ctx: ContextHandle, t: TimelineHandle, point: u64) -> Result<(), XrtError> {
+        let _ = (ctx, t, point);
+        Err(XrtError::NotSupported {
+            what: "device-side timeline signal",
+        })
+    }
+
+    /// Signals `t` at `point` from the host now (`DRM_IOCTL_SYNCOBJ_TIMELINE_SIGNAL`).
+    fn signal_now(&mut self, t: TimelineHandle, point: u64) -> Result<(), XrtError> {
+        let _ = (t, point);
+        Err(XrtError::NotSupported {
+            what: "timeline signal",
+        })
+    }
+
+    /// The commands submitted to `ctx` after this call start only once every timeline of
+    /// `waits` has reached its point, on the device. At most [`MAX_TIMELINE_WAITS`]; waits at
+    /// most `timeout` on the host for the points to be *submitted* (not signalled).
+    fn wait_before(
+        &mut self,
+        ctx: ContextHandle,
+        waits: &[(TimelineHandle, u64)],
+        timeout: Duration,
+    ) -> Result<(), XrtError> {
+        let _ = (ctx, waits, timeout);
+        Err(XrtError::NotSupported {
+            what: "device-side timeline wait",
+        })
+    }
+
+    /// Waits on the host until `t` reaches `point`, at most `timeout`
+    /// ([`XrtError::TimelineTimeout`] after it).
+    fn wait_timeline(&mut self, t: TimelineHandle, point: u64, timeout: Duration) -> Result<(), XrtError> {
+        let _ = (t, point, timeout);
+        Err(XrtError::NotSupported {
+            what: "timeline wait",
+        })
+    }
+
+    /// The value `t` has reached (`DRM_IOCTL_SYNCOBJ_QUERY`).
+    fn timeline_value(&mut self, t: TimelineHandle) -> Result<u64, XrtError> {
+        let _ = t;
+        Err(XrtError::NotSupported {
+            what: "timeline query",
+        })
+    }
+
+    /// Releases a timeline handle of this device (exported fds stay valid).
+    fn destroy_timeline(&mut self, t: TimelineHandle) -> Result<(), XrtError> {
+        let _ = t;
+        Err(XrtError::NotSupported {
+            what: "timeline destruction",
+        })
+    }
+}
+
+/// A new descriptor, owned by the caller, for the open descriptor `fd` that someone else owns
+/// (a `SharedTimeline`'s): what [`NpuDevice::import_timeline`] borrows. An error when `fd` is
+/// not open.
+pub fn dup_fd(fd: i32) -> Result<OwnedFd, XrtError> {
+    crate::sys::dup_raw(fd).map_err(|errno| {
+        XrtError::InvalidArgument(format!(
+            "fd {fd} is not an open file descriptor ({})",
+            std::io::Error::from_raw_os_error(errno)
+        ))
+    })
 }
 
 /// Detects NPUs under `root` (`/` on a real machine) and opens the first that opens.
