@@ -497,27 +497,12 @@ impl ComputeBackend for CpuBackend {
         len: usize,
         desc: &TensorDesc,
     ) -> Result<BufferId, BackendError> {
-        let bytes = desc.byte_size()?;
-        let ptr = std::ptr::NonNull::new(ptr)
-            .ok_or_else(|| BackendError::invalid("import_host: a null pointer"))?;
-        if !(ptr.as_ptr() as usize).is_multiple_of(HOST_IMPORT_ALIGN)
-            || !len.is_multiple_of(HOST_IMPORT_ALIGN)
-        {
-            return Err(BackendError::invalid(format!(
-                "import_host: the region ({len} bytes at {:p}) is not aligned to {HOST_IMPORT_ALIGN} bytes",
-                ptr.as_ptr()
-            )));
-        }
-        if (len as u64) < bytes {
-            return Err(BackendError::invalid(format!(
-                "import_host: {len} bytes cannot hold {desc} ({bytes} bytes)"
-            )));
-        }
+        let (ptr, bytes) = tandem_backend_api::kit::check_host_region(ptr, len, desc)?;
         Ok(self.buffers.insert(Buffer {
             desc: desc.clone(),
             usage: Usage::Activation,
             storage: Storage::Imported(Region { ptr, len }),
-            len: bytes as usize,
+            len: bytes,
         }))
     }
 

@@ -41,6 +41,6 @@ pub mod quant;
 pub mod step;
 
 pub use buffers::{check_buffers, named_buffers, unknown_buffer, Buffers};
-pub use host::host_memory_bytes;
+pub use host::{check_host_region, host_memory_bytes};
 pub use programs::{check_ticket, unknown_program, Compiled, Programs, Tickets};
 pub use step::StepShape;

@@ -253,6 +253,7 @@ fn tile(
 mod avx2 {
     use std::arch::x86_64::*;
 
+    use super::super::avx2::hsum;
     use super::*;
 
     pub(super) fn tile(
@@ -290,14 +291,6 @@ mod avx2 {
     unsafe fn load(p: *const i16) -> __m256i {
         // SAFETY: the caller guarantees 32 readable bytes; the load is unaligned.
         unsafe { _mm256_loadu_si256(p as *const __m256i) }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
     }
 
     /// # Safety

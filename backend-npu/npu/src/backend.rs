@@ -98,24 +98,7 @@ mod host {
             len: usize,
             desc: &TensorDesc,
         ) -> Result<Self, BackendError> {
-            let bytes = desc.byte_size()?;
-            let ptr =
-                NonNull::new(ptr).ok_or_else(|| BackendError::invalid("import_host: a null pointer"))?;
-            if !(ptr.as_ptr() as usize).is_multiple_of(HOST_IMPORT_ALIGN)
-                || !len.is_multiple_of(HOST_IMPORT_ALIGN)
-            {
-                return Err(BackendError::invalid(format!(
-                    "import_host: the region ({len} bytes at {:p}) is not aligned to {HOST_IMPORT_ALIGN} bytes",
-                    ptr.as_ptr()
-                )));
-            }
-            if (len as u64) < bytes {
-                return Err(BackendError::invalid(format!(
-                    "import_host: {len} bytes cannot hold {desc} ({bytes} bytes)"
-                )));
-            }
-            // `bytes <= len`, a usize.
-            let len = bytes as usize;
+            let (ptr, len) = tandem_backend_api::kit::check_host_region(ptr, len, desc)?;
             Ok(HostBytes::Imported(Region { ptr, len }))
         }
 

@@ -139,7 +139,11 @@ pub fn key(model: &Path, devices: &[String], candidates: &[Choice]) -> String {
         "{}|{len}|{mtime}|{}|{}",
         model.display(),
         devices.join(","),
-        candidates.iter().map(Choice::to_string).collect::<Vec<_>>().join(",")
+        candidates
+            .iter()
+            .map(Choice::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
     )
 }
 
@@ -181,7 +185,13 @@ fn measure(
         chunk: PREFILL_TOKENS,
         ..options.clone()
     };
-    let chosen = Placement::decide(discovery, settings, &choice.placement, choice.gpu_layers, &mut |_| {})?;
+    let chosen = Placement::decide(
+        discovery,
+        settings,
+        &choice.placement,
+        choice.gpu_layers,
+        &mut |_| {},
+    )?;
     let mut loaded = load_placed(chosen, &opts, 1, 1, &mut |_| {}, &mut |_: u64, _: u64| {})?;
     let s = &mut loaded.session;
     let vocab = s.model().config.vocab_size as u32;
