@@ -26,7 +26,7 @@ use tandem_backend_api::kit::{
 use tandem_backend_api::{
     BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, DeviceKind, Graph,
     Op, ProgramId, RowCount, StepArgs, Support, TensorDesc, Ticket, Usage, ValueShape, WeightRef,
-    HOST_IMPORT_ALIGN, MEMORY_LIMIT,
+    MEMORY_LIMIT,
 };
 
 use kernels::AttentionShape;
@@ -564,6 +564,7 @@ impl ComputeBackend for CpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tandem_backend_api::HOST_IMPORT_ALIGN;
     use tandem_backend_api::DType;
 
     fn with_limit(limit: &str) -> Result<CpuBackend, BackendError> {

@@ -64,7 +64,7 @@ enum Buffer {
 mod host {
     use std::ptr::NonNull;
 
-    use tandem_backend_api::{BackendError, TensorDesc, HOST_IMPORT_ALIGN};
+    use tandem_backend_api::{BackendError, TensorDesc};
 
     /// An activation's bytes.
     pub(super) enum HostBytes {
