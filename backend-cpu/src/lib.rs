@@ -564,8 +564,8 @@ impl ComputeBackend for CpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tandem_backend_api::HOST_IMPORT_ALIGN;
     use tandem_backend_api::DType;
+    use tandem_backend_api::HOST_IMPORT_ALIGN;
 
     fn with_limit(limit: &str) -> Result<CpuBackend, BackendError> {
         let mut o = BackendOptions::default();
