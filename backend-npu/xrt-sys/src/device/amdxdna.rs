@@ -441,6 +441,28 @@ impl Amdxdna {
         r
     }
 
+    /// `DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT` on `handles` at `points` (the same length) with `flags`,
+    /// for at most `timeout`; the errno where it fails (`ETIME` when the deadline passed).
+    fn timeline_wait(
+        &self,
+        handles: &[u32],
+        points: &[u64],
+        flags: u32,
+        timeout: Duration,
+    ) -> Result<(), i32> {
+        let budget = i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX);
+        let mut w = drm_syncobj_timeline_wait {
+            handles: handles.as_ptr() as u64,
+            points: points.as_ptr() as u64,
+            // An absolute CLOCK_MONOTONIC deadline (a relative value would already be past).
+            timeout_nsec: sys::monotonic_ns().saturating_add(budget),
+            count_handles: handles.len().min(points.len()) as u32,
+            flags,
+            ..Default::default()
+        };
+        sys::ioctl(self.fd(), DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT, &mut w)
+    }
+
     fn bo(&self, handle: BoHandle) -> Result<&Bo, XrtError> {
         self.bos.get(&handle.0).ok_or(XrtError::InvalidHandle {
             kind: "buffer",
@@ -803,19 +825,13 @@ impl NpuDevice for Amdxdna {
             kind: "context",
             handle: r.ctx.into(),
         })?;
-        let syncobj = ctx.syncobj;
-        let point = r.seq;
-        let budget = i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX);
-        let mut w = drm_syncobj_timeline_wait {
-            handles: &syncobj as *const u32 as u64,
-            points: &point as *const u64 as u64,
-            // An absolute CLOCK_MONOTONIC deadline (a relative value would already be past).
-            timeout_nsec: sys::monotonic_ns().saturating_add(budget),
-            count_handles: 1,
-            flags: DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT,
-            ..Default::default()
-        };
-        match sys::ioctl(self.fd(), DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT, &mut w) {
+        let (syncobj, point) = (ctx.syncobj, r.seq);
+        match self.timeline_wait(
+            &[syncobj],
+            &[point],
+            DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT,
+            timeout,
+        ) {
             Ok(()) => {}
             // The firmware may still hold the command: keep its buffer; wait may be retried.
             Err(libc::ETIME) => {
@@ -958,18 +974,10 @@ impl NpuDevice for Amdxdna {
         let n = waits.len() as u32;
         // The driver takes a dependency only on points that have a fence: wait (on the host)
         // until every point is submitted, not signalled.
-        let budget = i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX);
-        let mut w = drm_syncobj_timeline_wait {
-            handles: handles.as_ptr() as u64,
-            points: points.as_ptr() as u64,
-            timeout_nsec: sys::monotonic_ns().saturating_add(budget),
-            count_handles: n,
-            flags: DRM_SYNCOBJ_WAIT_FLAGS_WAIT_ALL
-                | DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT
-                | DRM_SYNCOBJ_WAIT_FLAGS_WAIT_AVAILABLE,
-            ..Default::default()
-        };
-        match sys::ioctl(self.fd(), DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT, &mut w) {
+        let flags = DRM_SYNCOBJ_WAIT_FLAGS_WAIT_ALL
+            | DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT
+            | DRM_SYNCOBJ_WAIT_FLAGS_WAIT_AVAILABLE;
+        match self.timeline_wait(&handles[..waits.len()], &points[..waits.len()], flags, timeout) {
             Ok(()) => {}
             Err(e) => {
                 let pairs: Vec<String> = waits
@@ -1006,17 +1014,12 @@ impl NpuDevice for Amdxdna {
 
     fn wait_timeline(&mut self, t: TimelineHandle, point: u64, timeout: Duration) -> Result<(), XrtError> {
         let handle = self.timeline(t)?;
-        let budget = i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX);
-        let mut w = drm_syncobj_timeline_wait {
-            handles: &handle as *const u32 as u64,
-            points: &point as *const u64 as u64,
-            // An absolute CLOCK_MONOTONIC deadline, as in `wait`.
-            timeout_nsec: sys::monotonic_ns().saturating_add(budget),
-            count_handles: 1,
-            flags: DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT,
-            ..Default::default()
-        };
-        match sys::ioctl(self.fd(), DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT, &mut w) {
+        match self.timeline_wait(
+            &[handle],
+            &[point],
+            DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT,
+            timeout,
+        ) {
             Ok(()) => Ok(()),
             Err(libc::ETIME) => Err(XrtError::TimelineTimeout {
                 timeline: t.0,
