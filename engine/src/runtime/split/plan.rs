@@ -97,7 +97,7 @@ pub(super) fn value_bytes(shape: ValueShape, rows: usize, selected: usize) -> us
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use tandem_backend_api::{BufferId, DType, GraphBuilder, Op, TensorDesc, WeightRef};
 
@@ -106,8 +106,19 @@ mod tests {
             buffer: BufferId(1),
             desc: TensorDesc::new(DType::F32, [8, 4]),
         };
-        let mut g = GraphBuilder::new("t", 3, 1);
-        let x = g.push1(Op::Embed { table: w, scale: 1.0 });
+        toy_graph("t", 3, 1, w)
+    }
+
+    /// embed -> x + x -> that + x -> select -> output: the toy graph the split tests cut (here
+    /// and in `program.rs`).
+    pub(in crate::runtime::split) fn toy_graph(
+        name: &str,
+        rows: usize,
+        selected: usize,
+        table: WeightRef,
+    ) -> Graph {
+        let mut g = GraphBuilder::new(name, rows, selected);
+        let x = g.push1(Op::Embed { table, scale: 1.0 });
         let y = g.push1(Op::Add { a: x, b: x });
         let z = g.push1(Op::Add { a: y, b: x });
         let s = g.push1(Op::SelectRows { x: z });

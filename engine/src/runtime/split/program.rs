@@ -533,16 +533,7 @@ mod tests {
             buffer: BufferId(1),
             desc,
         };
-        let mut g = GraphBuilder::new("toy", 2, 2);
-        let x = g.push1(Op::Embed { table: w, scale: 1.0 });
-        let y = g.push1(Op::Add { a: x, b: x });
-        let z = g.push1(Op::Add { a: y, b: x });
-        let s = g.push1(Op::SelectRows { x: z });
-        g.push(Op::Output {
-            x: s,
-            buffer: BufferId::UNBOUND,
-        });
-        g.finish()
+        crate::runtime::split::plan::tests::toy_graph("toy", 2, 2, w)
     }
 
     /// Runs three steps of the toy split with fakes that do (`device_side`) or do not share
