@@ -7,6 +7,7 @@ use tandem_backend_api::DType;
 use tandem_backend_cpu::attention;
 use tandem_backend_cpu::kernels::{self, AttentionShape};
 use tandem_backend_cpu::weight::WeightView;
+use tandem_backend_cpu::KernelSet;
 
 /// Deterministic bytes for a weight: for block formats, small f16 scales so values stay finite.
 fn weight_bytes(dtype: DType, n: usize, k: usize) -> Vec<u8> {
@@ -61,7 +62,7 @@ fn products(c: &mut Criterion, rows: usize, label: &str) {
                 continue;
             }
             group.bench_with_input(BenchmarkId::new(name, dtype), &dtype, |b, _| {
-                b.iter(|| kernels::product(&pool, &x, rows, w, &mut scratch, fast))
+                b.iter(|| kernels::product(&pool, &x, rows, w, &mut scratch, fast.then(KernelSet::detect)))
             });
         }
     }
@@ -112,5 +113,50 @@ fn attention(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, matvec, matmat, attention);
+/// Decode's largest product, Gemma 3's tied-embedding logits (262 144 x 640 in `q8_0`, 178 MB,
+/// far past the caches), on 1 thread and on all, beside a plain read of the same bytes: how
+/// close the matrix-vector path comes to the memory's speed.
+fn head(c: &mut Criterion) {
+    let (n, k, dtype) = (262_144usize, 640usize, DType::Q8_0);
+    let bytes = weight_bytes(dtype, n, k);
+    let w = WeightView {
+        bytes: &bytes,
+        dtype,
+        n,
+        k,
+    };
+    let x: Vec<f32> = (0..k).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
+    let mut scratch = vec![0f32; n];
+    let mut group = c.benchmark_group("logits matvec 262144x640 q8_0");
+    group.sample_size(10);
+    group.throughput(Throughput::Bytes(bytes.len() as u64));
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for threads in [1, all] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("thread pool");
+        group.bench_with_input(BenchmarkId::new("fast", threads), &threads, |b, _| {
+            b.iter(|| kernels::product(&pool, &x, 1, w, &mut scratch, Some(KernelSet::detect())))
+        });
+        group.bench_with_input(BenchmarkId::new("read", threads), &threads, |b, _| {
+            b.iter(|| {
+                pool.install(|| {
+                    use rayon::prelude::*;
+                    bytes
+                        .par_chunks(1 << 20)
+                        .map(|c| {
+                            c.chunks_exact(8).fold(0u64, |a, b| {
+                                a ^ u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))
+                            })
+                        })
+                        .reduce(|| 0, |a, b| a ^ b)
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, matvec, matmat, attention, head);
 criterion_main!(benches);

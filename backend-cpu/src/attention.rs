@@ -1,10 +1,11 @@
 //! The fast kernels' `Op::Attention` (second half, after `kernels::kv_append`): scores and
 //! weighted values read straight from an `f32` KV cache, with no copy of the cached rows; one
-//! parallel task per (row, head), so a decode step's heads run on every thread; the score
-//! buffer is per thread, sized to the cache's capacity when a program is compiled
-//! ([`reserve`]) and kept between calls, so nothing is allocated per step. The arithmetic is `kernels::attend`'s, with the dot products
-//! and the value sums in eight lanes (AVX2 where detected, the same lanes in plain Rust
-//! elsewhere) instead of one running sum.
+//! parallel task per (row, KV head), whose query heads (grouped-query attention) read each
+//! cached K and V row once between them; the score buffer is per thread, sized to the group's
+//! heads times the cache's capacity when a program is compiled ([`reserve`]) and kept between
+//! calls, so nothing is allocated per step. The arithmetic is `kernels::attend`'s, with the dot
+//! products and the value sums in eight lanes (AVX2 where detected, the same lanes in plain
+//! Rust elsewhere) instead of one running sum.
 
 use std::cell::RefCell;
 
@@ -18,8 +19,8 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = RefCell::default();
 }
 
-/// Grows the calling thread's score buffer to `positions`, so that attention over at most that
-/// many cached positions allocates nothing (`CpuBackend::compile` runs it on every pool thread).
+/// Grows the calling thread's score buffer to `positions` (a group's heads times the cached
+/// positions), so that attention over at most that many allocates nothing (`CpuBackend::compile` runs it on every pool thread).
 pub fn reserve(positions: usize) {
     SCORES.with(|cell| {
         let mut scores = cell.borrow_mut();
@@ -71,51 +72,125 @@ pub fn attend(
     let (hd, qcols) = (s.head_dim, s.heads * s.head_dim);
     let kv_cols = s.kv_heads * hd;
     let group = s.heads / s.kv_heads;
+    if group > MAX_GROUP {
+        return false;
+    }
     let simd = Simd::detect();
+    // One task per (row, KV head): the group's query heads read each cached K and V row once,
+    // while it is in cache, instead of once per head.
     pool.install(|| {
         out[..positions.len() * qcols]
-            .par_chunks_mut(hd)
+            .par_chunks_mut(group * hd)
             .enumerate()
-            .for_each(|(i, oh)| {
-                let (r, h) = (i / s.heads, i % s.heads);
-                let g = h / group;
+            .for_each(|(i, og)| {
+                let (r, g) = (i / s.kv_heads, i % s.kv_heads);
                 let p = positions[r];
                 let lo = s.window.map_or(0, |w| (p + 1).saturating_sub(w as u32));
                 let n = (p - lo + 1) as usize;
-                let qh = &q[r * qcols + h * hd..r * qcols + (h + 1) * hd];
+                let qg = &q[r * qcols + g * group * hd..r * qcols + (g + 1) * group * hd];
                 let at = |pos: u32| {
                     let row = slots[r] as usize * s.capacity + pos as usize % s.capacity;
                     row * kv_cols + g * hd
                 };
                 SCORES.with(|cell| {
                     let mut scores = cell.borrow_mut();
-                    if scores.len() < n {
-                        scores.resize(n, 0.0);
+                    if scores.len() < group * n {
+                        scores.resize(group * n, 0.0);
                     }
-                    let scores = &mut scores[..n];
-                    let mut max = f32::NEG_INFINITY;
-                    for (sc, pos) in scores.iter_mut().zip(lo..=p) {
-                        let k = &kc[at(pos)..at(pos) + hd];
-                        let mut v = dot(simd, qh, k) * s.scale;
-                        if let Some(cap) = s.softcap {
-                            v = cap * (v / cap).tanh();
+                    // Head `h`'s scores at `scores[h * n..(h + 1) * n]`.
+                    let scores = &mut scores[..group * n];
+                    let mut dots = [0f32; MAX_GROUP];
+                    for (j, pos) in (lo..=p).enumerate() {
+                        group_dots(simd, qg, &kc[at(pos)..at(pos) + hd], &mut dots[..group]);
+                        for (h, &d) in dots[..group].iter().enumerate() {
+                            let mut v = d * s.scale;
+                            if let Some(cap) = s.softcap {
+                                v = cap * (v / cap).tanh();
+                            }
+                            scores[h * n + j] = v;
                         }
-                        *sc = v;
-                        max = max.max(v);
                     }
-                    let mut sum = 0f32;
-                    for sc in scores.iter_mut() {
-                        *sc = (*sc - max).exp();
-                        sum += *sc;
+                    for sh in scores.chunks_exact_mut(n) {
+                        let max = sh.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                        let mut sum = 0f32;
+                        for sc in sh.iter_mut() {
+                            *sc = (*sc - max).exp();
+                            sum += *sc;
+                        }
+                        for sc in sh.iter_mut() {
+                            *sc /= sum;
+                        }
                     }
-                    oh.fill(0.0);
-                    for (sc, pos) in scores.iter().zip(lo..=p) {
-                        axpy(simd, sc / sum, &vc[at(pos)..at(pos) + hd], oh);
+                    og.fill(0.0);
+                    let mut w = [0f32; MAX_GROUP];
+                    for (j, pos) in (lo..=p).enumerate() {
+                        for (h, w) in w[..group].iter_mut().enumerate() {
+                            *w = scores[h * n + j];
+                        }
+                        group_axpy(simd, &w[..group], &vc[at(pos)..at(pos) + hd], og);
                     }
                 })
             })
     });
     true
+}
+
+/// The most query heads per KV head the grouped kernel takes (Gemma 3 has 2 to 4; a larger
+/// group goes to the reference kernel).
+const MAX_GROUP: usize = 16;
+
+/// `out[h] = dot(q[h * hd..(h + 1) * hd], k)` for each head `h` of `q` (`out.len()` heads of
+/// `k.len()` values), reading `k` once for all of them.
+fn group_dots(simd: Option<Simd>, q: &[f32], k: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(s) = simd {
+        return avx2::group_dots(s, q, k, out);
+    }
+    let _ = simd;
+    group_dots_lanes(q, k, out)
+}
+
+/// `o[h * hd..(h + 1) * hd] += w[h] * v` for each head `h`, reading `v` once for all of them.
+fn group_axpy(simd: Option<Simd>, w: &[f32], v: &[f32], o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(s) = simd {
+        return avx2::group_axpy(s, w, v, o);
+    }
+    let _ = simd;
+    group_axpy_lanes(w, v, o)
+}
+
+#[inline(always)]
+fn group_dots_lanes(q: &[f32], k: &[f32], out: &mut [f32]) {
+    let hd = k.len();
+    let mut h = 0;
+    while h < out.len() {
+        let m = (out.len() - h).min(4);
+        // Up to four heads side by side, eight lanes each, over the same `k` chunk.
+        let mut acc = [[0f32; 8]; 4];
+        for c in (0..hd - hd % 8).step_by(8) {
+            let kc = &k[c..c + 8];
+            for (i, acc) in acc[..m].iter_mut().enumerate() {
+                let qc = &q[(h + i) * hd + c..(h + i) * hd + c + 8];
+                for l in 0..8 {
+                    acc[l] += qc[l] * kc[l];
+                }
+            }
+        }
+        for (i, acc) in acc[..m].iter().enumerate() {
+            let tail: f32 = (hd - hd % 8..hd).map(|c| q[(h + i) * hd + c] * k[c]).sum();
+            let s4 = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+            out[h + i] = (s4[0] + s4[2]) + (s4[1] + s4[3]) + tail;
+        }
+        h += m;
+    }
+}
+
+#[inline(always)]
+fn group_axpy_lanes(w: &[f32], v: &[f32], o: &mut [f32]) {
+    for (w, o) in w.iter().zip(o.chunks_exact_mut(v.len())) {
+        axpy_lanes(*w, v, o);
+    }
 }
 
 /// `sum(a[i] * b[i])` in eight lanes, summed pairwise at the end.
@@ -146,6 +221,14 @@ fn axpy_lanes(w: f32, v: &[f32], out: &mut [f32]) {
     }
 }
 
+/// The eight-lane dot product: with AVX2 where `simd` and the CPU has it, else in plain Rust.
+pub(crate) fn lane_dot(simd: bool) -> fn(&[f32], &[f32]) -> f32 {
+    match (simd, Simd::detect()) {
+        (true, Some(_)) => |a, b| dot(Simd::detect(), a, b),
+        _ => dot_lanes,
+    }
+}
+
 fn dot(simd: Option<Simd>, a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if let Some(s) = simd {
@@ -153,15 +236,6 @@ fn dot(simd: Option<Simd>, a: &[f32], b: &[f32]) -> f32 {
     }
     let _ = simd;
     dot_lanes(a, b)
-}
-
-fn axpy(simd: Option<Simd>, w: f32, v: &[f32], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(s) = simd {
-        return avx2::axpy(s, w, v, out);
-    }
-    let _ = simd;
-    axpy_lanes(w, v, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -174,19 +248,29 @@ mod avx2 {
         unsafe { dot_avx2(a, b) }
     }
 
-    pub(super) fn axpy(_proof: Simd, w: f32, v: &[f32], out: &mut [f32]) {
+    pub(super) fn group_dots(_proof: Simd, q: &[f32], k: &[f32], out: &mut [f32]) {
         // SAFETY: as in `dot`.
-        unsafe { axpy_avx2(w, v, out) }
+        unsafe { group_dots_avx2(q, k, out) }
+    }
+
+    pub(super) fn group_axpy(_proof: Simd, w: &[f32], v: &[f32], o: &mut [f32]) {
+        // SAFETY: as in `dot`.
+        unsafe { group_axpy_avx2(w, v, o) }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn group_dots_avx2(q: &[f32], k: &[f32], out: &mut [f32]) {
+        group_dots_lanes(q, k, out)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn group_axpy_avx2(w: &[f32], v: &[f32], o: &mut [f32]) {
+        group_axpy_lanes(w, v, o)
     }
 
     #[target_feature(enable = "avx2,fma")]
     fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
         dot_lanes(a, b)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    fn axpy_avx2(w: f32, v: &[f32], out: &mut [f32]) {
-        axpy_lanes(w, v, out)
     }
 }
 
@@ -200,10 +284,15 @@ mod tests {
     #[test]
     fn matches_the_reference_kernel() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-        for (window, softcap) in [(None, None), (Some(5), Some(3.0))] {
+        // Groups of 2 and 6 query heads per KV head (6: a chunk of four and a chunk of two).
+        for (heads, kv_heads, window, softcap) in [
+            (4, 2, None, None),
+            (4, 2, Some(5), Some(3.0)),
+            (6, 1, Some(7), None),
+        ] {
             let s = AttentionShape {
-                heads: 4,
-                kv_heads: 2,
+                heads,
+                kv_heads,
                 head_dim: 20,
                 capacity: 16,
                 scale: 0.3,

@@ -39,6 +39,9 @@ const TILE: usize = 4;
 /// Values per activation block.
 const QK: usize = 32;
 
+/// Weight rows that a matrix-vector product (one activation row) reads side by side.
+const WROWS: usize = 4;
+
 /// The fewest activation rows that go through [`gemm`] (weights unpacked once per matmul)
 /// rather than the fused kernels (weights unpacked once per [`TILE`] rows).
 const GEMM_MIN_ROWS: usize = 8;
@@ -86,6 +89,71 @@ impl Kind {
     }
 }
 
+/// A set of kernels for the formats this module covers, chosen at run time (the best the CPU
+/// has, or one named in the backend's `kernels` option). Every set computes the same integer
+/// block dots; they differ only in the order of the `f32` additions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelSet {
+    /// 512-bit integer dots (AVX-512 F and BW) for the prefill product, AVX2 elsewhere.
+    Avx512,
+    /// 256-bit integer dots (AVX2, FMA, F16C).
+    Avx2,
+    /// Plain Rust, on every CPU.
+    Scalar,
+}
+
+impl KernelSet {
+    /// Every set, best first.
+    pub const ALL: [KernelSet; 3] = [KernelSet::Avx512, KernelSet::Avx2, KernelSet::Scalar];
+
+    /// The best set this CPU runs.
+    pub fn detect() -> KernelSet {
+        KernelSet::ALL
+            .into_iter()
+            .find(|s| s.available())
+            .unwrap_or(KernelSet::Scalar)
+    }
+
+    /// Whether this CPU runs the set.
+    pub fn available(self) -> bool {
+        match self {
+            KernelSet::Avx512 => Wide::detect().is_some(),
+            KernelSet::Avx2 => Simd::detect().is_some(),
+            KernelSet::Scalar => true,
+        }
+    }
+
+    /// The set's name in the `kernels` option and in `engine backends`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelSet::Avx512 => "avx512",
+            KernelSet::Avx2 => "avx2",
+            KernelSet::Scalar => "scalar",
+        }
+    }
+
+    /// The set named `name`, if any.
+    pub fn from_name(name: &str) -> Option<KernelSet> {
+        KernelSet::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// The AVX2 proof, where the set uses AVX2 and the CPU has it.
+    fn simd(self) -> Option<Simd> {
+        match self {
+            KernelSet::Scalar => None,
+            _ => Simd::detect(),
+        }
+    }
+
+    /// The AVX-512 proof, where the set uses AVX-512 and the CPU has it.
+    fn wide(self) -> Option<Wide> {
+        match self {
+            KernelSet::Avx512 => Wide::detect(),
+            _ => None,
+        }
+    }
+}
+
 /// Proof that AVX2, FMA and F16C were detected at run time; only [`Simd::detect`] makes one.
 #[derive(Clone, Copy)]
 struct Simd(());
@@ -99,6 +167,26 @@ impl Simd {
                 && is_x86_feature_detected!("f16c")
             {
                 return Some(Simd(()));
+            }
+        }
+        None
+    }
+}
+
+/// Proof that AVX-512 F and BW were detected at run time, besides AVX2's [`Simd`]; only
+/// [`Wide::detect`] makes one.
+#[derive(Clone, Copy)]
+struct Wide(());
+
+impl Wide {
+    fn detect() -> Option<Wide> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if Simd::detect().is_some()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+            {
+                return Some(Wide(()));
             }
         }
         None
@@ -123,38 +211,48 @@ struct ActRow<'a> {
 }
 
 impl Acts {
-    /// Quantizes `rows` rows of `k` values (`k` a whole number of blocks), reusing storage.
-    /// Returns `false` where a value is not finite (no 16-bit scale represents it).
-    fn quantize(&mut self, x: &[f32], rows: usize, k: usize) -> bool {
+    /// Quantizes `rows` rows of `k` values (`k` a whole number of blocks), reusing storage, on
+    /// `pool`'s threads where there are many rows. Returns `false` where a value is not finite
+    /// (no 16-bit scale represents it).
+    fn quantize(
+        &mut self,
+        pool: &rayon::ThreadPool,
+        simd: Option<Simd>,
+        x: &[f32],
+        rows: usize,
+        k: usize,
+    ) -> bool {
         let total = rows * k;
         grow(&mut self.d, total / QK);
         grow(&mut self.qs, total);
         grow(&mut self.sums, total / QK);
-        for (b, (xs, qs)) in x[..total]
-            .chunks_exact(QK)
-            .zip(self.qs[..total].chunks_exact_mut(QK))
-            .enumerate()
-        {
-            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-            if !amax.is_finite() {
-                return false;
+        let (x, d, qs, sums) = (
+            &x[..total],
+            &mut self.d[..total / QK],
+            &mut self.qs[..total],
+            &mut self.sums[..total / QK],
+        );
+        let blocks = |x: &[f32], d: &mut [f32], qs: &mut [i16], sums: &mut [i32]| {
+            #[cfg(target_arch = "x86_64")]
+            if let Some(s) = simd {
+                return avx2::quantize(s, x, d, qs, sums);
             }
-            if amax == 0.0 {
-                self.d[b] = 0.0;
-                qs.fill(0);
-                self.sums[b] = 0;
-                continue;
-            }
-            let id = 32767.0 / amax;
-            self.d[b] = amax / 32767.0;
-            let mut sum = 0i32;
-            for (q, v) in qs.iter_mut().zip(xs) {
-                *q = (v * id).round().clamp(-32767.0, 32767.0) as i16;
-                sum += i32::from(*q);
-            }
-            self.sums[b] = sum;
+            let _ = simd;
+            quantize_blocks(x, d, qs, sums)
+        };
+        if rows < GEMM_MIN_ROWS {
+            return blocks(x, d, qs, sums);
         }
-        true
+        // Tasks of whole rows, a few per thread.
+        let per = rows.div_ceil(pool.current_num_threads() * 2) * k;
+        pool.install(|| {
+            x.par_chunks(per)
+                .zip(d.par_chunks_mut(per / QK))
+                .zip(qs.par_chunks_mut(per))
+                .zip(sums.par_chunks_mut(per / QK))
+                .map(|(((x, d), qs), sums)| blocks(x, d, qs, sums))
+                .reduce(|| true, |a, b| a && b)
+        })
     }
 
     fn row(&self, r: usize, k: usize) -> ActRow<'_> {
@@ -165,6 +263,33 @@ impl Acts {
             sums: &self.sums[r * nb..(r + 1) * nb],
         }
     }
+}
+
+/// Quantizes whole blocks of [`QK`] values of `x` to `d`, `qs` and `sums`; `false` where a
+/// value is not finite.
+#[inline(always)]
+fn quantize_blocks(x: &[f32], d: &mut [f32], qs: &mut [i16], sums: &mut [i32]) -> bool {
+    for (b, (xs, qs)) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).enumerate() {
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        if !amax.is_finite() {
+            return false;
+        }
+        if amax == 0.0 {
+            d[b] = 0.0;
+            qs.fill(0);
+            sums[b] = 0;
+            continue;
+        }
+        let id = 32767.0 / amax;
+        d[b] = amax / 32767.0;
+        let mut sum = 0i32;
+        for (q, v) in qs.iter_mut().zip(xs) {
+            *q = (v * id).round().clamp(-32767.0, 32767.0) as i16;
+            sum += i32::from(*q);
+        }
+        sums[b] = sum;
+    }
+    true
 }
 
 fn grow<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
@@ -200,7 +325,14 @@ pub fn reserve(values: usize) {
 /// `Op::MatMul` through quantized activations, writing the column-major product to `scratch` as
 /// `kernels::matmul` does. Returns `false`, having written nothing, where the weight format is
 /// not covered or the activations are not all finite; the caller then uses the reference path.
-pub fn matmul(pool: &rayon::ThreadPool, x: &[f32], rows: usize, w: &WeightView, scratch: &mut [f32]) -> bool {
+pub fn matmul(
+    pool: &rayon::ThreadPool,
+    set: KernelSet,
+    x: &[f32],
+    rows: usize,
+    w: &WeightView,
+    scratch: &mut [f32],
+) -> bool {
     let Some(kind) = Kind::of(w.dtype) else {
         return false;
     };
@@ -212,10 +344,10 @@ pub fn matmul(pool: &rayon::ThreadPool, x: &[f32], rows: usize, w: &WeightView, 
     if w.bytes.len() < w.n * rb || x.len() < rows * k || scratch.len() < w.n * rows {
         return false;
     }
-    let simd = Simd::detect();
+    let simd = set.simd();
     ACTS.with(|cell| {
         let mut acts = cell.borrow_mut();
-        if !acts.quantize(x, rows, k) {
+        if !acts.quantize(pool, simd, x, rows, k) {
             return false;
         }
         let acts = &*acts;
@@ -229,31 +361,49 @@ pub fn matmul(pool: &rayon::ThreadPool, x: &[f32], rows: usize, w: &WeightView, 
                 scratch[..w.n * rows]
                     .par_chunks_mut(chunk * rows)
                     .enumerate()
-                    .for_each(|(c, dst)| gemm::task(kind, simd, w.bytes, rb, k, acts, rows, c * chunk, dst))
+                    .for_each(|(c, dst)| gemm::task(kind, set, w.bytes, rb, k, acts, rows, c * chunk, dst))
             });
             return true;
         }
         let chunk_rows =
             w.n.div_ceil(pool.current_num_threads() * TASKS_PER_THREAD)
-                .max(MIN_CHUNK);
+                .max(MIN_CHUNK)
+                .next_multiple_of(WROWS);
+        let wrow = |j: usize| &w.bytes[j * rb..(j + 1) * rb];
         pool.install(|| {
             scratch[..w.n * rows]
                 .par_chunks_mut(chunk_rows * rows)
                 .enumerate()
                 .for_each(|(chunk, dst)| {
+                    let j0 = chunk * chunk_rows;
+                    if rows == 1 {
+                        // A matrix-vector product: [`WROWS`] weight rows at a time.
+                        let a = [acts.row(0, k)];
+                        for (g, out) in dst.chunks_mut(WROWS).enumerate() {
+                            let j = j0 + g * WROWS;
+                            if out.len() == WROWS {
+                                let ws: [&[u8]; WROWS] = std::array::from_fn(|i| wrow(j + i));
+                                dots(kind, simd, &ws, &a, out);
+                            } else {
+                                for (i, o) in out.chunks_mut(1).enumerate() {
+                                    dots(kind, simd, &[wrow(j + i)], &a, o);
+                                }
+                            }
+                        }
+                        return;
+                    }
                     let mut tile = [ActRow {
                         d: &[],
                         qs: &[],
                         sums: &[],
                     }; TILE];
                     for (c, col) in dst.chunks_exact_mut(rows).enumerate() {
-                        let j = chunk * chunk_rows + c;
-                        let wr = &w.bytes[j * rb..(j + 1) * rb];
+                        let wr = wrow(j0 + c);
                         for (t, out) in col.chunks_mut(TILE).enumerate() {
                             for (i, a) in tile[..out.len()].iter_mut().enumerate() {
                                 *a = acts.row(t * TILE + i, k);
                             }
-                            dots(kind, simd, wr, &tile[..out.len()], out);
+                            dots(kind, simd, &[wr], &tile[..out.len()], out);
                         }
                     }
                 })
@@ -262,16 +412,19 @@ pub fn matmul(pool: &rayon::ThreadPool, x: &[f32], rows: usize, w: &WeightView, 
     })
 }
 
-/// The dot products of one weight row (whole blocks of `kind`) with up to [`TILE`] quantized
-/// activation rows, into `out` (one value per row).
-fn dots(kind: Kind, simd: Option<Simd>, w: &[u8], a: &[ActRow], out: &mut [f32]) {
+/// The dot products of weight rows `ws` (whole blocks of `kind` each) with activation rows `a`,
+/// into `out[w * a.len() + r]`: one weight row with up to [`TILE`] activation rows, or
+/// [`WROWS`] weight rows with one activation row.
+fn dots(kind: Kind, simd: Option<Simd>, ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if let Some(s) = simd {
-        return avx2::dots(s, kind, w, a, out);
+        return avx2::dots(s, kind, ws, a, out);
     }
     let _ = simd;
-    for (o, r) in out.iter_mut().zip(a) {
-        *o = scalar::dot(kind, w, *r);
+    for (o, w) in out.chunks_exact_mut(a.len().max(1)).zip(ws) {
+        for (o, r) in o.iter_mut().zip(a) {
+            *o = scalar::dot(kind, w, *r);
+        }
     }
 }
 
@@ -412,38 +565,51 @@ mod avx2 {
 
     use super::*;
 
-    pub(super) fn dots(_proof: Simd, kind: Kind, w: &[u8], a: &[ActRow], out: &mut [f32]) {
-        let nb = w.len() / kind.block_bytes();
+    pub(super) fn dots(_proof: Simd, kind: Kind, ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+        let nb = ws.first().map_or(0, |w| w.len() / kind.block_bytes());
         let k = nb * kind.block();
         assert!(
-            w.len() == nb * kind.block_bytes()
-                && out.len() == a.len()
+            ws.iter().all(|w| w.len() == nb * kind.block_bytes())
+                && out.len() == ws.len() * a.len()
+                && !a.is_empty()
                 && a.len() <= TILE
+                && (ws.len() == 1 || (a.len() == 1 && ws.len() == WROWS))
                 && a.iter()
                     .all(|r| r.d.len() >= k / QK && r.qs.len() >= k && r.sums.len() >= k / QK)
         );
-        // SAFETY: a `Simd` exists only where AVX2, FMA and F16C were detected at run time; the slice
-        // lengths the functions read within are checked just above.
+        macro_rules! pick {
+            ($f:ident) => {
+                match (ws.len(), a.len()) {
+                    (WROWS, _) => $f::<WROWS, 1>(ws, a, out),
+                    (_, 4) => $f::<1, 4>(ws, a, out),
+                    (_, 3) => $f::<1, 3>(ws, a, out),
+                    (_, 2) => $f::<1, 2>(ws, a, out),
+                    _ => $f::<1, 1>(ws, a, out),
+                }
+            };
+        }
+        // SAFETY: a `Simd` exists only where AVX2, FMA and F16C were detected at run time; the
+        // slice lengths the functions read within are checked just above.
         unsafe {
-            match (kind, a.len()) {
-                (Kind::Q8_0, 4) => q8_0::<4>(w, a, out),
-                (Kind::Q8_0, 3) => q8_0::<3>(w, a, out),
-                (Kind::Q8_0, 2) => q8_0::<2>(w, a, out),
-                (Kind::Q8_0, _) => q8_0::<1>(w, a, out),
-                (Kind::Q5_0, 4) => q5_0::<4>(w, a, out),
-                (Kind::Q5_0, 3) => q5_0::<3>(w, a, out),
-                (Kind::Q5_0, 2) => q5_0::<2>(w, a, out),
-                (Kind::Q5_0, _) => q5_0::<1>(w, a, out),
-                (Kind::Q4K, 4) => q4_k::<4>(w, a, out),
-                (Kind::Q4K, 3) => q4_k::<3>(w, a, out),
-                (Kind::Q4K, 2) => q4_k::<2>(w, a, out),
-                (Kind::Q4K, _) => q4_k::<1>(w, a, out),
-                (Kind::Q6K, 4) => q6_k::<4>(w, a, out),
-                (Kind::Q6K, 3) => q6_k::<3>(w, a, out),
-                (Kind::Q6K, 2) => q6_k::<2>(w, a, out),
-                (Kind::Q6K, _) => q6_k::<1>(w, a, out),
+            match kind {
+                Kind::Q8_0 => pick!(q8_0),
+                Kind::Q5_0 => pick!(q5_0),
+                Kind::Q4K => pick!(q4_k),
+                Kind::Q6K => pick!(q6_k),
             }
         }
+    }
+
+    /// [`quantize_blocks`] compiled for AVX2 (the same arithmetic, in vector registers).
+    pub(super) fn quantize(_proof: Simd, x: &[f32], d: &mut [f32], qs: &mut [i16], sums: &mut [i32]) -> bool {
+        // SAFETY: a `Simd` exists only where AVX2, FMA and F16C were detected at run time; the
+        // function is safe Rust compiled with those features.
+        unsafe { quantize_avx2(x, d, qs, sums) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn quantize_avx2(x: &[f32], d: &mut [f32], qs: &mut [i16], sums: &mut [i32]) -> bool {
+        quantize_blocks(x, d, qs, sums)
     }
 
     /// The `f16` at `b[at..at + 2]` as `f32`, by the F16C instruction (the same value
@@ -468,6 +634,17 @@ mod avx2 {
     unsafe fn load(p: *const u8) -> __m256i {
         // SAFETY: the caller guarantees 32 readable bytes; the load is unaligned.
         unsafe { _mm256_loadu_si256(p as *const __m256i) }
+    }
+
+    /// How far ahead of the block being read the weight stream is prefetched, in bytes.
+    const PREFETCH_AHEAD: usize = 4096;
+
+    /// Asks for the cache line [`PREFETCH_AHEAD`] bytes past `blk`'s start (a hint: it never
+    /// faults, so an address past the weights is harmless).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn prefetch(blk: &[u8]) {
+        let p = blk.as_ptr().wrapping_add(PREFETCH_AHEAD);
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
     }
 
     /// 16 `i16` from `y[at..at + 16]`.
@@ -505,26 +682,38 @@ mod avx2 {
         _mm256_cvtepi32_ps(p)
     }
 
+    /// `out[w * R + r] = hsum(acc[w][r])`: the column-major layout of the products.
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn finish<const R: usize>(acc: [__m256; R], out: &mut [f32]) {
-        for (o, v) in out.iter_mut().zip(acc) {
-            *o = hsum(v);
+    fn finish<const W: usize, const R: usize>(acc: [[__m256; R]; W], out: &mut [f32]) {
+        for (o, v) in out.chunks_exact_mut(R).zip(acc) {
+            for (o, v) in o.iter_mut().zip(v) {
+                *o = hsum(v);
+            }
         }
     }
+
+    // The kernels below take `W` weight rows (`ws`, whole blocks each) and `R` activation rows
+    // and write the `W * R` dots to `out` (`out[w * R + r]`). Several weight rows at once give a
+    // decode step's matrix-vector product independent chains of loads and sums, and share each
+    // activation block between them.
 
     /// # Safety
     /// The CPU has AVX2, FMA and F16C (the caller checks at run time). Every read goes through
     /// a checked slice, so short inputs panic rather than read out of bounds.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q8_0<const R: usize>(w: &[u8], a: &[ActRow], out: &mut [f32]) {
-        let mut acc = [_mm256_setzero_ps(); R];
-        for (b, blk) in w.chunks_exact(34).enumerate() {
-            let wd = h2f(blk, 0);
-            // SAFETY: `blk[2..34]` holds 32 bytes.
-            let q = widen(unsafe { load(blk[2..34].as_ptr()) });
-            for r in 0..R {
-                let d = _mm256_set1_ps(wd * a[r].d[b]);
-                acc[r] = _mm256_fmadd_ps(pdot32(&q, a[r].qs, 32 * b), d, acc[r]);
+    unsafe fn q8_0<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+        let mut acc = [[_mm256_setzero_ps(); R]; W];
+        for b in 0..ws[0].len() / 34 {
+            for (wi, acc) in acc.iter_mut().enumerate() {
+                let blk = &ws[wi][34 * b..34 * b + 34];
+                prefetch(blk);
+                let wd = h2f(blk, 0);
+                // SAFETY: `blk[2..34]` holds 32 bytes.
+                let q = widen(unsafe { load(blk[2..34].as_ptr()) });
+                for r in 0..R {
+                    let d = _mm256_set1_ps(wd * a[r].d[b]);
+                    acc[r] = _mm256_fmadd_ps(pdot32(&q, a[r].qs, 32 * b), d, acc[r]);
+                }
             }
         }
         finish(acc, out)
@@ -534,27 +723,31 @@ mod avx2 {
     /// The CPU has AVX2, FMA and F16C (the caller checks at run time). Every read goes through
     /// a checked slice, so short inputs panic rather than read out of bounds.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q5_0<const R: usize>(w: &[u8], a: &[ActRow], out: &mut [f32]) {
-        let mut acc = [_mm256_setzero_ps(); R];
+    unsafe fn q5_0<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+        let mut acc = [[_mm256_setzero_ps(); R]; W];
         let m4 = _mm256_set1_epi8(0x0F);
         let hi_off = _mm256_set1_epi8(0xF0u8 as i8);
         let spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
         let bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
         let ones = _mm256_set1_epi64x(-1);
-        for (b, blk) in w.chunks_exact(22).enumerate() {
-            let wd = h2f(blk, 0);
-            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-            // SAFETY: `blk[6..22]` holds 16 bytes.
-            let lo = unsafe { _mm_loadu_si128(blk[6..22].as_ptr() as *const __m128i) };
-            let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(lo), lo), m4);
-            // Byte j all ones where bit j of `qh` is set.
-            let bits = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), spread);
-            let set = _mm256_cmpeq_epi8(_mm256_or_si256(bits, bit_mask), ones);
-            // Fifth bit clear: value q - 16, i.e. q | 0xF0 as a signed byte.
-            let q = widen(_mm256_or_si256(nib, _mm256_andnot_si256(set, hi_off)));
-            for r in 0..R {
-                let d = _mm256_set1_ps(wd * a[r].d[b]);
-                acc[r] = _mm256_fmadd_ps(pdot32(&q, a[r].qs, 32 * b), d, acc[r]);
+        for b in 0..ws[0].len() / 22 {
+            for (wi, acc) in acc.iter_mut().enumerate() {
+                let blk = &ws[wi][22 * b..22 * b + 22];
+                prefetch(blk);
+                let wd = h2f(blk, 0);
+                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                // SAFETY: `blk[6..22]` holds 16 bytes.
+                let lo = unsafe { _mm_loadu_si128(blk[6..22].as_ptr() as *const __m128i) };
+                let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(lo), lo), m4);
+                // Byte j all ones where bit j of `qh` is set.
+                let bits = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), spread);
+                let set = _mm256_cmpeq_epi8(_mm256_or_si256(bits, bit_mask), ones);
+                // Fifth bit clear: value q - 16, i.e. q | 0xF0 as a signed byte.
+                let q = widen(_mm256_or_si256(nib, _mm256_andnot_si256(set, hi_off)));
+                for r in 0..R {
+                    let d = _mm256_set1_ps(wd * a[r].d[b]);
+                    acc[r] = _mm256_fmadd_ps(pdot32(&q, a[r].qs, 32 * b), d, acc[r]);
+                }
             }
         }
         finish(acc, out)
@@ -564,43 +757,51 @@ mod avx2 {
     /// The CPU has AVX2, FMA and F16C (the caller checks at run time). Every read goes through
     /// a checked slice, so short inputs panic rather than read out of bounds.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q4_k<const R: usize>(w: &[u8], a: &[ActRow], out: &mut [f32]) {
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut mins = [0f32; R];
+    unsafe fn q4_k<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+        let mut acc = [[_mm256_setzero_ps(); R]; W];
+        let mut mins = [[0f32; R]; W];
         let m4 = _mm256_set1_epi8(0x0F);
-        for (b, blk) in w.chunks_exact(144).enumerate() {
-            let (wd, wm) = (h2f(blk, 0), h2f(blk, 2));
-            let packed = &blk[4..16];
-            let qs = &blk[16..144];
-            let mut sums = [_mm256_setzero_ps(); R];
-            for c in 0..4 {
-                let (s1, _) = k_scale_min(packed, 2 * c);
-                let (s2, _) = k_scale_min(packed, 2 * c + 1);
-                // SAFETY: `qs[32c..32c + 32]` is in bounds.
-                let q = unsafe { load(qs[32 * c..32 * c + 32].as_ptr()) };
-                let lo = widen(_mm256_and_si256(q, m4));
-                let hi = widen(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
-                let (j1, j2) = (8 * b + 2 * c, 8 * b + 2 * c + 1);
+        for b in 0..ws[0].len() / 144 {
+            for wi in 0..W {
+                let blk = &ws[wi][144 * b..144 * b + 144];
+                prefetch(blk);
+                prefetch(&blk[64..]);
+                prefetch(&blk[128..]);
+                let (wd, wm) = (h2f(blk, 0), h2f(blk, 2));
+                let packed = &blk[4..16];
+                let qs = &blk[16..144];
+                let mut sums = [_mm256_setzero_ps(); R];
+                for c in 0..4 {
+                    let (s1, _) = k_scale_min(packed, 2 * c);
+                    let (s2, _) = k_scale_min(packed, 2 * c + 1);
+                    // SAFETY: `qs[32c..32c + 32]` is in bounds.
+                    let q = unsafe { load(qs[32 * c..32 * c + 32].as_ptr()) };
+                    let lo = widen(_mm256_and_si256(q, m4));
+                    let hi = widen(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+                    let (j1, j2) = (8 * b + 2 * c, 8 * b + 2 * c + 1);
+                    for r in 0..R {
+                        let d1 = _mm256_set1_ps(a[r].d[j1] * f32::from(s1));
+                        let d2 = _mm256_set1_ps(a[r].d[j2] * f32::from(s2));
+                        sums[r] = _mm256_fmadd_ps(pdot32(&lo, a[r].qs, 32 * j1), d1, sums[r]);
+                        sums[r] = _mm256_fmadd_ps(pdot32(&hi, a[r].qs, 32 * j2), d2, sums[r]);
+                    }
+                }
+                let m: [f32; 8] = std::array::from_fn(|j| f32::from(k_scale_min(packed, j).1));
                 for r in 0..R {
-                    let d1 = _mm256_set1_ps(a[r].d[j1] * f32::from(s1));
-                    let d2 = _mm256_set1_ps(a[r].d[j2] * f32::from(s2));
-                    sums[r] = _mm256_fmadd_ps(pdot32(&lo, a[r].qs, 32 * j1), d1, sums[r]);
-                    sums[r] = _mm256_fmadd_ps(pdot32(&hi, a[r].qs, 32 * j2), d2, sums[r]);
+                    acc[wi][r] = _mm256_fmadd_ps(sums[r], _mm256_set1_ps(wd), acc[wi][r]);
+                    let (d, bs) = (&a[r].d[8 * b..8 * b + 8], &a[r].sums[8 * b..8 * b + 8]);
+                    let mut ms = 0f32;
+                    for j in 0..8 {
+                        ms += d[j] * (m[j] * bs[j] as f32);
+                    }
+                    mins[wi][r] += wm * ms;
                 }
-            }
-            let m: [f32; 8] = std::array::from_fn(|j| f32::from(k_scale_min(packed, j).1));
-            for r in 0..R {
-                acc[r] = _mm256_fmadd_ps(sums[r], _mm256_set1_ps(wd), acc[r]);
-                let (d, bs) = (&a[r].d[8 * b..8 * b + 8], &a[r].sums[8 * b..8 * b + 8]);
-                let mut ms = 0f32;
-                for j in 0..8 {
-                    ms += d[j] * (m[j] * bs[j] as f32);
-                }
-                mins[r] += wm * ms;
             }
         }
-        for (r, (o, v)) in out.iter_mut().zip(acc).enumerate() {
-            *o = hsum(v) - mins[r];
+        for (o, (v, m)) in out.chunks_exact_mut(R).zip(acc.iter().zip(&mins)) {
+            for r in 0..R {
+                o[r] = hsum(v[r]) - m[r];
+            }
         }
     }
 
@@ -608,51 +809,62 @@ mod avx2 {
     /// The CPU has AVX2, FMA and F16C (the caller checks at run time). Every read goes through
     /// a checked slice, so short inputs panic rather than read out of bounds.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q6_k<const R: usize>(w: &[u8], a: &[ActRow], out: &mut [f32]) {
-        let mut acc = [_mm256_setzero_ps(); R];
+    unsafe fn q6_k<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+        let mut acc = [[_mm256_setzero_ps(); R]; W];
         let m4 = _mm256_set1_epi8(0x0F);
         let m2 = _mm256_set1_epi8(0x03);
         let off = _mm256_set1_epi8(32);
-        for (b, blk) in w.chunks_exact(210).enumerate() {
-            let wd = h2f(blk, 208);
-            let scales = &blk[192..208];
-            let mut sums = [_mm256_setzero_ps(); R];
-            for half in 0..2 {
-                // SAFETY: `blk[64 half..64 half + 64]` and `blk[128 + 32 half..][..32]` are in
-                // bounds.
-                let (qa, qb, qh) = unsafe {
-                    (
-                        load(blk[64 * half..64 * half + 32].as_ptr()),
-                        load(blk[64 * half + 32..64 * half + 64].as_ptr()),
-                        load(blk[128 + 32 * half..160 + 32 * half].as_ptr()),
-                    )
-                };
-                let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m2));
-                let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_slli_epi16::<2>(m2)));
-                let h2 = _mm256_and_si256(qh, _mm256_slli_epi16::<4>(m2));
-                let h3 = _mm256_srli_epi16::<2>(_mm256_and_si256(qh, _mm256_slli_epi16::<6>(m2)));
-                let q = [
-                    _mm256_or_si256(_mm256_and_si256(qa, m4), h0),
-                    _mm256_or_si256(_mm256_and_si256(qb, m4), h1),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(qa), m4), h2),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(qb), m4), h3),
-                ];
-                for (s, &qs) in q.iter().enumerate() {
-                    let ws = widen(_mm256_sub_epi8(qs, off));
-                    let ab = 8 * b + 4 * half + s;
-                    let sa = f32::from(scales[8 * half + 2 * s] as i8);
-                    let sb = f32::from(scales[8 * half + 2 * s + 1] as i8);
-                    for r in 0..R {
-                        let d = a[r].d[ab];
-                        let y = a[r].qs;
-                        sums[r] = _mm256_fmadd_ps(pdot(ws[0], y, 32 * ab), _mm256_set1_ps(d * sa), sums[r]);
-                        sums[r] =
-                            _mm256_fmadd_ps(pdot(ws[1], y, 32 * ab + 16), _mm256_set1_ps(d * sb), sums[r]);
+        for b in 0..ws[0].len() / 210 {
+            for wi in 0..W {
+                let blk = &ws[wi][210 * b..210 * b + 210];
+                prefetch(blk);
+                prefetch(&blk[64..]);
+                prefetch(&blk[128..]);
+                prefetch(&blk[192..]);
+                let wd = h2f(blk, 208);
+                let scales = &blk[192..208];
+                let mut sums = [_mm256_setzero_ps(); R];
+                for half in 0..2 {
+                    // SAFETY: `blk[64 half..64 half + 64]` and `blk[128 + 32 half..][..32]` are in
+                    // bounds.
+                    let (qa, qb, qh) = unsafe {
+                        (
+                            load(blk[64 * half..64 * half + 32].as_ptr()),
+                            load(blk[64 * half + 32..64 * half + 64].as_ptr()),
+                            load(blk[128 + 32 * half..160 + 32 * half].as_ptr()),
+                        )
+                    };
+                    let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m2));
+                    let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_slli_epi16::<2>(m2)));
+                    let h2 = _mm256_and_si256(qh, _mm256_slli_epi16::<4>(m2));
+                    let h3 = _mm256_srli_epi16::<2>(_mm256_and_si256(qh, _mm256_slli_epi16::<6>(m2)));
+                    let q = [
+                        _mm256_or_si256(_mm256_and_si256(qa, m4), h0),
+                        _mm256_or_si256(_mm256_and_si256(qb, m4), h1),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(qa), m4), h2),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(qb), m4), h3),
+                    ];
+                    for (s, &qs) in q.iter().enumerate() {
+                        let wv = widen(_mm256_sub_epi8(qs, off));
+                        let ab = 8 * b + 4 * half + s;
+                        let sa = f32::from(scales[8 * half + 2 * s] as i8);
+                        let sb = f32::from(scales[8 * half + 2 * s + 1] as i8);
+                        for r in 0..R {
+                            let d = a[r].d[ab];
+                            let y = a[r].qs;
+                            sums[r] =
+                                _mm256_fmadd_ps(pdot(wv[0], y, 32 * ab), _mm256_set1_ps(d * sa), sums[r]);
+                            sums[r] = _mm256_fmadd_ps(
+                                pdot(wv[1], y, 32 * ab + 16),
+                                _mm256_set1_ps(d * sb),
+                                sums[r],
+                            );
+                        }
                     }
                 }
-            }
-            for r in 0..R {
-                acc[r] = _mm256_fmadd_ps(sums[r], _mm256_set1_ps(wd), acc[r]);
+                for r in 0..R {
+                    acc[wi][r] = _mm256_fmadd_ps(sums[r], _mm256_set1_ps(wd), acc[wi][r]);
+                }
             }
         }
         finish(acc, out)
@@ -663,6 +875,10 @@ mod avx2 {
 mod tests {
     use super::*;
     use crate::convert::decode_row;
+
+    fn one_thread() -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap()
+    }
 
     struct Rng(u64);
 
@@ -727,17 +943,17 @@ mod tests {
                     let mut wf = vec![0f32; k];
                     decode_row(dtype(kind), &w, &mut wf);
                     let mut acts = Acts::default();
-                    assert!(acts.quantize(&x, TILE, k));
+                    assert!(acts.quantize(&one_thread(), Simd::detect(), &x, TILE, k));
                     let rows: Vec<ActRow> = (0..TILE).map(|r| acts.row(r, k)).collect();
                     let mut tiled = [0f32; TILE];
-                    dots(kind, Simd::detect(), &w, &rows, &mut tiled);
+                    dots(kind, Simd::detect(), &[&w], &rows, &mut tiled);
                     for (r, row) in rows.iter().enumerate() {
                         let xr = &x[r * k..(r + 1) * k];
                         let reference: f32 = xr.iter().zip(&wf).map(|(a, b)| a * b).sum();
                         let scale: f32 = xr.iter().zip(&wf).map(|(a, b)| (a * b).abs()).sum();
                         let s = scalar::dot(kind, &w, *row);
                         let mut one = [0f32];
-                        dots(kind, Simd::detect(), &w, &rows[r..r + 1], &mut one);
+                        dots(kind, Simd::detect(), &[&w], &rows[r..r + 1], &mut one);
                         for (what, v) in [("scalar", s), ("single", one[0]), ("tiled", tiled[r])] {
                             assert!(
                                 (v - reference).abs() <= 1e-4 * scale,
@@ -770,7 +986,7 @@ mod tests {
                 let mut wf = vec![0f32; k];
                 decode_row(dtype(kind), &w, &mut wf);
                 let mut acts = Acts::default();
-                assert!(acts.quantize(&x, 1, k));
+                assert!(acts.quantize(&one_thread(), Simd::detect(), &x, 1, k));
                 let row = acts.row(0, k);
                 let (mut exact, mut scale) = (0f64, 0f64);
                 for (i, &wv) in wf.iter().enumerate() {
@@ -796,6 +1012,15 @@ mod tests {
         }
     }
 
+    /// The matrix-vector product ([`WROWS`] weight rows at a time, and the rows left over): 37
+    /// weight rows on 2 threads, and 3 (fewer than [`WROWS`]) on 1.
+    #[test]
+    fn matvec_matches_the_reference() {
+        for (n, k, rows, threads) in [(37, 512, 1, 2), (3, 256, 1, 1)] {
+            matmul_against_reference(n, k, rows, threads);
+        }
+    }
+
     fn matmul_against_reference(n: usize, k: usize, rows: usize, threads: usize) {
         let mut rng = Rng(12345 + rows as u64);
         let pool = rayon::ThreadPoolBuilder::new()
@@ -812,7 +1037,7 @@ mod tests {
             };
             let x: Vec<f32> = (0..rows * k).map(|_| rng.unit()).collect();
             let mut scratch = vec![0f32; n * rows];
-            assert!(matmul(&pool, &x, rows, &w, &mut scratch));
+            assert!(matmul(&pool, KernelSet::detect(), &x, rows, &w, &mut scratch));
             let mut wf = vec![0f32; k];
             for j in 0..n {
                 w.decode(j, &mut wf);
@@ -830,6 +1055,30 @@ mod tests {
         }
     }
 
+    /// [`WROWS`] weight rows side by side give each row's single-row dot bit for bit (each row
+    /// keeps its own sums in the same order).
+    #[test]
+    fn side_by_side_rows_equal_single_rows() {
+        let mut rng = Rng(4242);
+        for kind in [Kind::Q8_0, Kind::Q5_0, Kind::Q4K, Kind::Q6K] {
+            let k = 768;
+            let ws: Vec<Vec<u8>> = (0..WROWS).map(|_| random_row(kind, k, &mut rng)).collect();
+            let x: Vec<f32> = (0..k).map(|_| rng.unit()).collect();
+            let mut acts = Acts::default();
+            assert!(acts.quantize(&one_thread(), Simd::detect(), &x, 1, k));
+            let a = [acts.row(0, k)];
+            let refs: Vec<&[u8]> = ws.iter().map(|w| w.as_slice()).collect();
+            let mut together = [0f32; WROWS];
+            dots(kind, Simd::detect(), &refs, &a, &mut together);
+            for (i, w) in refs.iter().enumerate() {
+                let mut one = [0f32];
+                dots(kind, Simd::detect(), &[w], &a, &mut one);
+                assert_eq!(one[0].to_bits(), together[i].to_bits(), "{kind:?} row {i}");
+                assert_ne!(one[0], 0.0, "{kind:?} row {i}: zero");
+            }
+        }
+    }
+
     #[test]
     fn non_finite_activations_fall_back() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
@@ -843,6 +1092,6 @@ mod tests {
         let mut x = vec![1f32; 32];
         x[3] = f32::INFINITY;
         let mut scratch = vec![0f32; 2];
-        assert!(!matmul(&pool, &x, 1, &w, &mut scratch));
+        assert!(!matmul(&pool, KernelSet::detect(), &x, 1, &w, &mut scratch));
     }
 }

@@ -6,6 +6,7 @@ use rayon::prelude::*;
 use tandem_backend_api::DType;
 
 use crate::convert::{decode_row, encode_row};
+use crate::fast::KernelSet;
 use crate::weight::WeightView;
 
 /// Columns of a weight row decoded per parallel task in `matmul`.
@@ -43,11 +44,12 @@ pub fn matmul(
     scratch: &mut [f32],
     outs: &mut [&mut [f32]],
 ) {
-    matmul_with(pool, x, rows, w, scratch, outs, false)
+    matmul_with(pool, x, rows, w, scratch, outs, None)
 }
 
-/// [`matmul`], with `fast` taking weights of the formats `crate::fast` covers through 16-bit
-/// quantized activations and integer block dots (not bit-identical to the reference).
+/// [`matmul`], with `fast` (a kernel set) taking weights of the formats `crate::fast` covers
+/// through 16-bit quantized activations and integer block dots (not bit-identical to the
+/// reference).
 pub fn matmul_with(
     pool: &rayon::ThreadPool,
     x: &[f32],
@@ -55,7 +57,7 @@ pub fn matmul_with(
     w: WeightView,
     scratch: &mut [f32],
     outs: &mut [&mut [f32]],
-    fast: bool,
+    fast: Option<KernelSet>,
 ) {
     product(pool, x, rows, w, scratch, fast);
     let mut j0 = 0;
@@ -65,19 +67,28 @@ pub fn matmul_with(
 }
 
 /// The product of `Op::MatMul` into `scratch` (`n * rows`), column-major, through `crate::fast`
-/// where `fast` and the weight format allow, else the reference loops.
+/// where `fast` (a kernel set) and the weight format allow, else the reference loops.
 pub fn product(
     pool: &rayon::ThreadPool,
     x: &[f32],
     rows: usize,
     w: WeightView,
     scratch: &mut [f32],
-    fast: bool,
+    fast: Option<KernelSet>,
 ) {
     let k = w.k;
-    if fast && crate::fast::matmul(pool, x, rows, &w, scratch) {
-        return;
+    if let Some(set) = fast {
+        if crate::fast::matmul(pool, set, x, rows, &w, scratch) {
+            return;
+        }
     }
+    // Float weights (and formats `fast` does not cover): the reference's single running sum,
+    // or with a kernel set eight lanes (summed pairwise at the end) that the CPU's vector
+    // units take.
+    let dot: fn(&[f32], &[f32]) -> f32 = match fast {
+        None => dot,
+        Some(set) => crate::attention::lane_dot(set != KernelSet::Scalar),
+    };
     pool.install(|| {
         scratch[..w.n * rows]
             .par_chunks_mut(MATMUL_CHUNK * rows)

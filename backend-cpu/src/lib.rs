@@ -18,6 +18,7 @@ mod convert;
 mod fast;
 pub mod kernels;
 mod par;
+mod vmath;
 pub mod weight;
 
 use tandem_backend_api::kit::{
@@ -29,6 +30,7 @@ use tandem_backend_api::{
     MEMORY_LIMIT,
 };
 
+pub use fast::KernelSet;
 use kernels::AttentionShape;
 use weight::WeightView;
 
@@ -106,10 +108,11 @@ pub struct CpuBackend {
     buffers: Buffers<Buffer>,
     programs: Programs<Program>,
     tickets: Tickets,
-    /// Backend option `kernels`: `"fast"` (the default) takes matmuls on the formats `fast`
-    /// covers through 16-bit quantized activations; `"reference"` keeps every op on the plain
-    /// `kernels` (the oracle).
-    fast_kernels: bool,
+    /// Backend option `kernels`: `"fast"` (the default: the best kernel set the CPU runs) or a
+    /// set by name (`"avx512"`, `"avx2"`, `"scalar"`) takes matmuls on the formats `fast`
+    /// covers through 16-bit quantized activations; `"reference"` (`None`) keeps every op on
+    /// the plain `kernels` (the oracle).
+    kernels: Option<KernelSet>,
     /// The most bytes `alloc` may hold: the host's memory or the smaller `memory_limit`; `None`
     /// where the host's memory is unknown and no limit was set.
     memory_budget: Option<u64>,
@@ -128,14 +131,24 @@ impl BackendPlugin for CpuBackend {
                 "backend option 'threads' must be at least 1",
             ));
         }
-        let fast_kernels = match options.get("kernels") {
-            Some("reference") => false,
-            None | Some("fast") => true,
-            Some(v) => {
-                return Err(BackendError::invalid(format!(
-                    "backend option 'kernels' must be 'reference' or 'fast', not '{v}'"
-                )))
-            }
+        let kernels = match options.get("kernels") {
+            Some("reference") => None,
+            None | Some("fast") => Some(KernelSet::detect()),
+            Some(v) => match KernelSet::from_name(v) {
+                Some(set) if set.available() => Some(set),
+                Some(set) => {
+                    return Err(BackendError::invalid(format!(
+                        "backend option 'kernels' = '{v}': this CPU lacks the instructions of the '{}' kernel set (it runs '{}')",
+                        set.name(),
+                        KernelSet::detect().name()
+                    )))
+                }
+                None => {
+                    return Err(BackendError::invalid(format!(
+                        "backend option 'kernels' must be 'fast', 'reference', 'avx512', 'avx2' or 'scalar', not '{v}'"
+                    )))
+                }
+            },
         };
         // The host's memory is the device's; where it cannot be read, only the option bounds.
         let memory_budget = match host_memory_bytes() {
@@ -153,7 +166,7 @@ impl BackendPlugin for CpuBackend {
             buffers: Buffers::new(),
             programs: Programs::new(),
             tickets: Tickets::new(),
-            fast_kernels,
+            kernels,
             memory_budget,
             in_use: 0,
         })
@@ -219,7 +232,7 @@ impl CpuBackend {
                 _ => None,
             })
             .max();
-        if let (true, Some(values)) = (self.fast_kernels, acts) {
+        if let (Some(_), Some(values)) = (self.kernels, acts) {
             self.pool.broadcast(|_| fast::reserve(values));
         }
         // And the weight rows the prefill product unpacks (graphs of several rows).
@@ -233,14 +246,19 @@ impl CpuBackend {
                 _ => None,
             })
             .max();
-        if let (true, Some(k)) = (self.fast_kernels, unpacked) {
+        if let (Some(_), Some(k)) = (self.kernels, unpacked) {
             self.pool.broadcast(|_| fast::reserve_unpacked(k));
         }
         if let Some(capacity) = graph
             .nodes
             .iter()
             .filter_map(|n| match &n.op {
-                Op::Attention { cache, .. } => Some(cache.capacity),
+                Op::Attention {
+                    cache,
+                    heads,
+                    kv_heads,
+                    ..
+                } => Some(cache.capacity * (heads / (*kv_heads).max(1))),
                 _ => None,
             })
             .max()
@@ -313,7 +331,7 @@ impl CpuBackend {
                         xrows,
                         w,
                         &mut prog.scratch,
-                        self.fast_kernels,
+                        self.kernels,
                     );
                     let mut j0 = par::scatter(&self.pool, &prog.scratch, xrows, 0, &mut out);
                     for o in &node.outputs[1..] {
@@ -374,7 +392,7 @@ impl CpuBackend {
                         kbuf.bytes_mut(),
                         vbuf.bytes_mut(),
                     );
-                    let fast = self.fast_kernels
+                    let fast = self.kernels.is_some()
                         && attention::attend(
                             &self.pool,
                             &shape,
@@ -399,9 +417,13 @@ impl CpuBackend {
                     }
                 }
                 Op::GeGlu { gate, up } => {
-                    let (g, u) = (v(gate), v(up));
+                    let (g, u, set) = (v(gate), v(up), self.kernels);
                     par::rows(&self.pool, &mut out, 1, |at, o| {
-                        kernels::geglu(&g[at..at + o.len()], &u[at..at + o.len()], o)
+                        let (g, u) = (&g[at..at + o.len()], &u[at..at + o.len()]);
+                        match set {
+                            Some(set) => vmath::geglu(set, g, u, o),
+                            None => kernels::geglu(g, u, o),
+                        }
                     });
                 }
                 Op::Add { a, b } => {
@@ -447,7 +469,7 @@ impl ComputeBackend for CpuBackend {
             memory_bytes: self.memory_budget,
             features: vec![
                 format!("threads={}", self.threads),
-                format!("kernels={}", if self.fast_kernels { "fast" } else { "reference" }),
+                format!("kernels={}", self.kernels.map_or("reference", KernelSet::name)),
             ],
         }
     }

@@ -12,21 +12,33 @@ fn lists_cpu_available_and_the_others_with_a_reason() {
     let out = install.run(&["backends"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = install.stdout(&out);
-    // The CPU line's thread count depends on the machine.
-    let text = regex_lite_replace_threads(&text);
+    // The CPU line's thread count and kernel set depend on the machine.
+    let text = normalize_cpu_line(&text);
     insta::assert_snapshot!(text);
 }
 
-fn regex_lite_replace_threads(s: &str) -> String {
+/// `threads=<n>` becomes `threads=N` and `kernels=<set>` `kernels=SET`, after checking that the
+/// set is one the CPU backend names.
+fn normalize_cpu_line(s: &str) -> String {
     s.lines()
-        .map(|l| match l.find("threads=") {
-            Some(i) => {
-                let end = l[i + 8..]
-                    .find(|c: char| !c.is_ascii_digit())
-                    .map_or(l.len(), |e| i + 8 + e);
-                format!("{}threads=N{}", &l[..i], &l[end..])
+        .map(|l| {
+            let mut l = l.to_string();
+            for (key, with) in [("threads=", "N"), ("kernels=", "SET")] {
+                if let Some(i) = l.find(key) {
+                    let v = i + key.len();
+                    let end = l[v..]
+                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .map_or(l.len(), |e| v + e);
+                    if key == "kernels=" {
+                        assert!(
+                            ["avx512", "avx2", "scalar"].contains(&&l[v..end]),
+                            "unknown kernel set in {l}"
+                        );
+                    }
+                    l = format!("{}{key}{with}{}", &l[..i], &l[end..]);
+                }
             }
-            None => l.to_string(),
+            l
         })
         .collect::<Vec<_>>()
         .join("\n")

@@ -14,7 +14,7 @@
 
 use std::cell::RefCell;
 
-use super::{f16_at, grow, k_scale_min, Acts, Kind, Simd, QK};
+use super::{f16_at, grow, k_scale_min, Acts, KernelSet, Kind, QK};
 
 /// Weight rows per register tile.
 pub(super) const WR: usize = 2;
@@ -146,7 +146,7 @@ pub(super) struct WRow<'a> {
 #[allow(clippy::too_many_arguments)]
 pub(super) fn task(
     kind: Kind,
-    simd: Option<Simd>,
+    set: KernelSet,
     bytes: &[u8],
     rb: usize,
     k: usize,
@@ -189,7 +189,7 @@ pub(super) fn task(
                 while r < r1 {
                     let an = (r1 - r).min(AR);
                     let mut out = [[0f32; AR]; WR];
-                    tile(simd, &ws[..wn], acts, r, an, k, &mut out);
+                    tile(set, &ws[..wn], acts, r, an, k, &mut out);
                     for (wi, o) in out.iter().enumerate().take(wn) {
                         for (ai, v) in o.iter().enumerate().take(an) {
                             let mut v = *v;
@@ -218,20 +218,17 @@ fn bias_term(bias: &[f32], acts: &Acts, r: usize, k: usize) -> f32 {
 }
 
 /// The scaled integer dots of up to [`WR`] weight rows with activation rows `r..r + an`.
-fn tile(
-    simd: Option<Simd>,
-    ws: &[WRow],
-    acts: &Acts,
-    r: usize,
-    an: usize,
-    k: usize,
-    out: &mut [[f32; AR]; WR],
-) {
+fn tile(set: KernelSet, ws: &[WRow], acts: &Acts, r: usize, an: usize, k: usize, out: &mut [[f32; AR]; WR]) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(s) = simd {
-        return avx2::tile(s, ws, acts, r, an, k, out);
+    {
+        if let Some(p) = set.wide() {
+            return avx2::tile(avx2::Proof::Wide(p), ws, acts, r, an, k, out);
+        }
+        if let Some(p) = set.simd() {
+            return avx2::tile(avx2::Proof::Simd(p), ws, acts, r, an, k, out);
+        }
     }
-    let _ = simd;
+    let _ = set;
     for (wi, wr) in ws.iter().enumerate() {
         for (ai, o) in out[wi].iter_mut().enumerate().take(an) {
             let a = acts.row(r + ai, k);
@@ -254,10 +251,18 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::super::avx2::hsum;
+    use super::super::{Simd, Wide};
     use super::*;
 
+    /// Which vector width the CPU was found to have.
+    #[derive(Clone, Copy)]
+    pub(super) enum Proof {
+        Simd(Simd),
+        Wide(Wide),
+    }
+
     pub(super) fn tile(
-        proof: Simd,
+        proof: Proof,
         ws: &[WRow],
         acts: &Acts,
         r: usize,
@@ -274,11 +279,15 @@ mod avx2 {
                 && ws.iter().all(|w| w.w.len() >= k && w.scale.len() >= nb)
                 && rows.iter().all(|a| a.qs.len() >= k && a.d.len() >= nb)
         );
-        let _ = proof;
         let w1 = if ws.len() > 1 { ws[1] } else { ws[0] };
-        // SAFETY: a `Simd` exists only where AVX2, FMA and F16C were detected at run time; the
-        // slice lengths the kernel reads within are checked just above.
-        let acc = unsafe { kernel(ws[0], w1, &rows, nb) };
+        let acc = match proof {
+            // SAFETY: a `Simd` exists only where AVX2, FMA and F16C were detected at run time; the
+            // slice lengths the kernel reads within are checked just above.
+            Proof::Simd(_) => unsafe { kernel(ws[0], w1, &rows, nb) },
+            // SAFETY: a `Wide` exists only where AVX-512 F and BW (and AVX2, FMA, F16C) were
+            // detected at run time; the slice lengths are checked just above.
+            Proof::Wide(_) => unsafe { kernel512(ws[0], w1, &rows, nb) },
+        };
         for (wi, o) in out.iter_mut().enumerate().take(ws.len()) {
             for (ai, v) in o.iter_mut().enumerate().take(an) {
                 *v = acc[wi][ai];
@@ -329,6 +338,44 @@ mod avx2 {
         }
         out
     }
+
+    /// 32 `i16` at `p` (the caller keeps `p..p + 32` in bounds).
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    unsafe fn load32(p: *const i16) -> __m512i {
+        // SAFETY: the caller guarantees 64 readable bytes; the load is unaligned.
+        unsafe { _mm512_loadu_si512(p as *const __m512i) }
+    }
+
+    /// [`kernel`] with 512-bit vectors: a whole block of [`QK`] values per integer dot.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F and BW besides AVX2, FMA and F16C; `w0`, `w1` and every row of `a`
+    /// hold `nb * QK` values and `nb` scales.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    unsafe fn kernel512(w0: WRow, w1: WRow, a: &[super::super::ActRow; AR], nb: usize) -> [[f32; AR]; WR] {
+        let mut acc = [[_mm512_setzero_ps(); AR]; WR];
+        for b in 0..nb {
+            let at = QK * b;
+            // SAFETY: `at + 32 <= nb * QK`, within every slice (the caller's contract).
+            let (x, y) = unsafe { (load32(w0.w.as_ptr().add(at)), load32(w1.w.as_ptr().add(at))) };
+            let (s0, s1) = (w0.scale[b], w1.scale[b]);
+            for (i, row) in a.iter().enumerate() {
+                // SAFETY: as above.
+                let v = unsafe { load32(row.qs.as_ptr().add(at)) };
+                let d = row.d[b];
+                let (p0, p1) = (_mm512_madd_epi16(x, v), _mm512_madd_epi16(y, v));
+                acc[0][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_set1_ps(s0 * d), acc[0][i]);
+                acc[1][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_set1_ps(s1 * d), acc[1][i]);
+            }
+        }
+        let mut out = [[0f32; AR]; WR];
+        for (o, v) in out.iter_mut().zip(acc) {
+            for (x, s) in o.iter_mut().zip(v) {
+                *x = _mm512_reduce_add_ps(s);
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -343,7 +390,7 @@ mod tests {
         *seed
     }
 
-    /// The scalar tile (forced, so x86 CI covers it) and the detected SIMD tile compute the same
+    /// The scalar tile (forced, so x86 CI covers it) and every SIMD set the CPU runs compute the same
     /// products on odd shapes: 5 weight rows (a half tile), 11 activation rows (a partial tile).
     #[test]
     fn scalar_and_simd_tiles_agree() {
@@ -363,17 +410,35 @@ mod tests {
                 .map(|_| (rng(&mut seed) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
                 .collect();
             let mut acts = Acts::default();
-            assert!(acts.quantize(&x, rows, k));
+            assert!(acts.quantize(
+                &rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap(),
+                None,
+                &x,
+                rows,
+                k
+            ));
             let (mut forced, mut detected) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-            task(kind, None, &bytes, rb, k, &acts, rows, 0, &mut forced);
-            task(kind, Simd::detect(), &bytes, rb, k, &acts, rows, 0, &mut detected);
-            // Only the order of the f32 additions differs: within 1e-5 of the largest product.
-            let scale = forced.iter().fold(0f32, |m, v| m.max(v.abs()));
-            for (i, (a, b)) in forced.iter().zip(&detected).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-5 * scale,
-                    "{kind:?} value {i}: scalar {a}, simd {b}"
-                );
+            task(
+                kind,
+                KernelSet::Scalar,
+                &bytes,
+                rb,
+                k,
+                &acts,
+                rows,
+                0,
+                &mut forced,
+            );
+            for set in KernelSet::ALL.into_iter().filter(|s| s.available()) {
+                task(kind, set, &bytes, rb, k, &acts, rows, 0, &mut detected);
+                // Only the order of the f32 additions differs: within 1e-5 of the largest product.
+                let scale = forced.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for (i, (a, b)) in forced.iter().zip(&detected).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * scale,
+                        "{kind:?} {set:?} value {i}: scalar {a}, simd {b}"
+                    );
+                }
             }
             assert!(forced.iter().any(|v| *v != 0.0), "{kind:?}: all zero");
         }
@@ -401,7 +466,13 @@ mod tests {
             }
             let x: Vec<f32> = (0..k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
             let mut acts = Acts::default();
-            assert!(acts.quantize(&x, 1, k));
+            assert!(acts.quantize(
+                &rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap(),
+                None,
+                &x,
+                1,
+                k
+            ));
             let a: ActRow = acts.row(0, k);
             let (mut w, mut scale, mut bias) = (vec![0i16; k], vec![0f32; k / QK], vec![0f32; k / QK]);
             unpack(kind, &row, &mut w, &mut scale, &mut bias);
