@@ -383,10 +383,10 @@ pub fn matmul(
                             let j = j0 + g * WROWS;
                             if out.len() == WROWS {
                                 let ws: [&[u8]; WROWS] = std::array::from_fn(|i| wrow(j + i));
-                                dots(kind, simd, &ws, &a, out);
+                                dots(kind, set, &ws, &a, out);
                             } else {
                                 for (i, o) in out.chunks_mut(1).enumerate() {
-                                    dots(kind, simd, &[wrow(j + i)], &a, o);
+                                    dots(kind, set, &[wrow(j + i)], &a, o);
                                 }
                             }
                         }
@@ -403,7 +403,7 @@ pub fn matmul(
                             for (i, a) in tile[..out.len()].iter_mut().enumerate() {
                                 *a = acts.row(t * TILE + i, k);
                             }
-                            dots(kind, simd, &[wr], &tile[..out.len()], out);
+                            dots(kind, set, &[wr], &tile[..out.len()], out);
                         }
                     }
                 })
@@ -415,12 +415,12 @@ pub fn matmul(
 /// The dot products of weight rows `ws` (whole blocks of `kind` each) with activation rows `a`,
 /// into `out[w * a.len() + r]`: one weight row with up to [`TILE`] activation rows, or
 /// [`WROWS`] weight rows with one activation row.
-fn dots(kind: Kind, simd: Option<Simd>, ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+fn dots(kind: Kind, set: KernelSet, ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(s) = simd {
-        return avx2::dots(s, kind, ws, a, out);
+    if let Some(s) = set.simd() {
+        return avx2::dots(s, set.wide(), kind, ws, a, out);
     }
-    let _ = simd;
+    let _ = set;
     for (o, w) in out.chunks_exact_mut(a.len().max(1)).zip(ws) {
         for (o, r) in o.iter_mut().zip(a) {
             *o = scalar::dot(kind, w, *r);
@@ -565,7 +565,14 @@ mod avx2 {
 
     use super::*;
 
-    pub(super) fn dots(_proof: Simd, kind: Kind, ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+    pub(super) fn dots(
+        _proof: Simd,
+        wide: Option<Wide>,
+        kind: Kind,
+        ws: &[&[u8]],
+        a: &[ActRow],
+        out: &mut [f32],
+    ) {
         let nb = ws.first().map_or(0, |w| w.len() / kind.block_bytes());
         let k = nb * kind.block();
         assert!(
@@ -588,10 +595,12 @@ mod avx2 {
                 }
             };
         }
-        // SAFETY: a `Simd` exists only where AVX2, FMA and F16C were detected at run time; the
-        // slice lengths the functions read within are checked just above.
+        // SAFETY: a `Simd` exists only where AVX2, FMA and F16C were detected at run time, a
+        // `Wide` only where AVX-512 F and BW were too; the slice lengths the functions read
+        // within are checked just above.
         unsafe {
             match kind {
+                Kind::Q8_0 if wide.is_some() => pick!(q8_0_512),
                 Kind::Q8_0 => pick!(q8_0),
                 Kind::Q5_0 => pick!(q5_0),
                 Kind::Q4K => pick!(q4_k),
@@ -717,6 +726,38 @@ mod avx2 {
             }
         }
         finish(acc, out)
+    }
+
+    /// [`q8_0`] with 512-bit vectors: a block's 32 values in one integer dot.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F and BW besides AVX2, FMA and F16C (the caller checks at run time).
+    /// Every read goes through a checked slice, so short inputs panic rather than read out of
+    /// bounds.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    unsafe fn q8_0_512<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+        let mut acc = [[_mm512_setzero_ps(); R]; W];
+        for b in 0..ws[0].len() / 34 {
+            for (wi, acc) in acc.iter_mut().enumerate() {
+                let blk = &ws[wi][34 * b..34 * b + 34];
+                prefetch(blk);
+                let wd = h2f(blk, 0);
+                // SAFETY: `blk[2..34]` holds 32 bytes.
+                let q = _mm512_cvtepi8_epi16(unsafe { load(blk[2..34].as_ptr()) });
+                for r in 0..R {
+                    let y = &a[r].qs[32 * b..32 * b + 32];
+                    // SAFETY: `y` holds 32 `i16`, 64 bytes; the load is unaligned.
+                    let y = unsafe { _mm512_loadu_si512(y.as_ptr() as *const __m512i) };
+                    let p = _mm512_cvtepi32_ps(_mm512_madd_epi16(q, y));
+                    acc[r] = _mm512_fmadd_ps(p, _mm512_set1_ps(wd * a[r].d[b]), acc[r]);
+                }
+            }
+        }
+        for (o, v) in out.chunks_exact_mut(R).zip(acc) {
+            for (o, v) in o.iter_mut().zip(v) {
+                *o = _mm512_reduce_add_ps(v);
+            }
+        }
     }
 
     /// # Safety
@@ -928,7 +969,7 @@ mod tests {
         }
     }
 
-    /// Fast (scalar and AVX2, one row and a tile of rows) against the f32 reference:
+    /// Fast (every kernel set the CPU runs, one row and a tile of rows) against the f32 reference:
     /// `|fast - ref| <= 1e-4 * sum |x_i w_i|`. 16-bit activations carry a relative rounding
     /// error of at most 1/65534 of their block's largest value, so the dot's error is below
     /// about 2e-5 of `sum |x_i w_i|` on these uniform values; 1e-4 leaves room for f32 sums.
@@ -945,28 +986,34 @@ mod tests {
                     let mut acts = Acts::default();
                     assert!(acts.quantize(&one_thread(), Simd::detect(), &x, TILE, k));
                     let rows: Vec<ActRow> = (0..TILE).map(|r| acts.row(r, k)).collect();
-                    let mut tiled = [0f32; TILE];
-                    dots(kind, Simd::detect(), &[&w], &rows, &mut tiled);
-                    for (r, row) in rows.iter().enumerate() {
-                        let xr = &x[r * k..(r + 1) * k];
-                        let reference: f32 = xr.iter().zip(&wf).map(|(a, b)| a * b).sum();
-                        let scale: f32 = xr.iter().zip(&wf).map(|(a, b)| (a * b).abs()).sum();
-                        let s = scalar::dot(kind, &w, *row);
-                        let mut one = [0f32];
-                        dots(kind, Simd::detect(), &[&w], &rows[r..r + 1], &mut one);
-                        for (what, v) in [("scalar", s), ("single", one[0]), ("tiled", tiled[r])] {
+                    for set in KernelSet::ALL.into_iter().filter(|s| s.available()) {
+                        let mut tiled = [0f32; TILE];
+                        dots(kind, set, &[&w], &rows, &mut tiled);
+                        for (r, row) in rows.iter().enumerate() {
+                            let xr = &x[r * k..(r + 1) * k];
+                            let reference: f32 = xr.iter().zip(&wf).map(|(a, b)| a * b).sum();
+                            let scale: f32 = xr.iter().zip(&wf).map(|(a, b)| (a * b).abs()).sum();
+                            let s = scalar::dot(kind, &w, *row);
+                            let mut one = [0f32];
+                            dots(kind, set, &[&w], &rows[r..r + 1], &mut one);
+                            for (what, v) in [("scalar", s), ("single", one[0]), ("tiled", tiled[r])] {
+                                assert!(
+                                    (v - reference).abs() <= 1e-4 * scale,
+                                    "{kind:?} {set:?} k={k} {what}: fast {v}, reference {reference}, scale {scale}"
+                                );
+                            }
+                            // The SIMD paths sum the same integers in another order.
                             assert!(
-                                (v - reference).abs() <= 1e-4 * scale,
-                                "{kind:?} k={k} {what}: fast {v}, reference {reference}, scale {scale}"
+                                (one[0] - s).abs() <= 1e-5 * scale,
+                                "{kind:?} {set:?} k={k}: {} vs {s}",
+                                one[0]
+                            );
+                            assert_eq!(
+                                one[0].to_bits(),
+                                tiled[r].to_bits(),
+                                "{kind:?} {set:?} k={k}: tile"
                             );
                         }
-                        // The SIMD path sums the same integers in another order.
-                        assert!(
-                            (one[0] - s).abs() <= 1e-5 * scale,
-                            "{kind:?} k={k}: {} vs {s}",
-                            one[0]
-                        );
-                        assert_eq!(one[0].to_bits(), tiled[r].to_bits(), "{kind:?} k={k}: tile");
                     }
                 }
             }
@@ -1036,20 +1083,22 @@ mod tests {
                 k,
             };
             let x: Vec<f32> = (0..rows * k).map(|_| rng.unit()).collect();
-            let mut scratch = vec![0f32; n * rows];
-            assert!(matmul(&pool, KernelSet::detect(), &x, rows, &w, &mut scratch));
-            let mut wf = vec![0f32; k];
-            for j in 0..n {
-                w.decode(j, &mut wf);
-                for r in 0..rows {
-                    let xr = &x[r * k..(r + 1) * k];
-                    let reference: f32 = xr.iter().zip(&wf).map(|(a, b)| a * b).sum();
-                    let scale: f32 = xr.iter().zip(&wf).map(|(a, b)| (a * b).abs()).sum();
-                    let got = scratch[j * rows + r];
-                    assert!(
-                        (got - reference).abs() <= 1e-4 * scale,
-                        "{kind:?} n={n} k={k} rows={rows}: ({j}, {r}) {got} vs {reference}"
-                    );
+            for set in KernelSet::ALL.into_iter().filter(|s| s.available()) {
+                let mut scratch = vec![0f32; n * rows];
+                assert!(matmul(&pool, set, &x, rows, &w, &mut scratch));
+                let mut wf = vec![0f32; k];
+                for j in 0..n {
+                    w.decode(j, &mut wf);
+                    for r in 0..rows {
+                        let xr = &x[r * k..(r + 1) * k];
+                        let reference: f32 = xr.iter().zip(&wf).map(|(a, b)| a * b).sum();
+                        let scale: f32 = xr.iter().zip(&wf).map(|(a, b)| (a * b).abs()).sum();
+                        let got = scratch[j * rows + r];
+                        assert!(
+                            (got - reference).abs() <= 1e-4 * scale,
+                            "{kind:?} {set:?} n={n} k={k} rows={rows}: ({j}, {r}) {got} vs {reference}"
+                        );
+                    }
                 }
             }
         }
@@ -1068,13 +1117,19 @@ mod tests {
             assert!(acts.quantize(&one_thread(), Simd::detect(), &x, 1, k));
             let a = [acts.row(0, k)];
             let refs: Vec<&[u8]> = ws.iter().map(|w| w.as_slice()).collect();
-            let mut together = [0f32; WROWS];
-            dots(kind, Simd::detect(), &refs, &a, &mut together);
-            for (i, w) in refs.iter().enumerate() {
-                let mut one = [0f32];
-                dots(kind, Simd::detect(), &[w], &a, &mut one);
-                assert_eq!(one[0].to_bits(), together[i].to_bits(), "{kind:?} row {i}");
-                assert_ne!(one[0], 0.0, "{kind:?} row {i}: zero");
+            for set in KernelSet::ALL.into_iter().filter(|s| s.available()) {
+                let mut together = [0f32; WROWS];
+                dots(kind, set, &refs, &a, &mut together);
+                for (i, w) in refs.iter().enumerate() {
+                    let mut one = [0f32];
+                    dots(kind, set, &[w], &a, &mut one);
+                    assert_eq!(
+                        one[0].to_bits(),
+                        together[i].to_bits(),
+                        "{kind:?} {set:?} row {i}"
+                    );
+                    assert_ne!(one[0], 0.0, "{kind:?} {set:?} row {i}: zero");
+                }
             }
         }
     }
