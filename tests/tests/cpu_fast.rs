@@ -1,11 +1,12 @@
-//! The CPU backend's fast kernels (the default: 8-bit activations, integer block dots) against
+//! The CPU backend's fast kernels (the default: 16-bit activations, integer block dots, the best
+//! kernel set the CPU runs) against
 //! its reference kernels (`kernels = "reference"`, the oracle) on the real default model
 //! (Gemma 3 270M, Q4_K_M GGUF): logits at every position of each reference prompt and its
 //! greedy continuation within 1e-2 of the largest reference logit, and greedy continuations
 //! identical.
 //!
-//! 1e-2: the fast kernels round every matmul's activations to 8 bits (about 2e-3 relative per
-//! value), and 18 layers compound it; transformers-level agreement (1e-3) is what the reference
+//! 1e-2: the fast kernels round every matmul's activations (16 bits in blocks of 32) and sum in
+//! another order, and 18 layers compound it; transformers-level agreement (1e-3) is what the reference
 //! kernels are held to in `real_model.rs`. The model comes from `scripts/fetch-model.sh`; where
 //! it is missing the test says so and passes, except under CI (`CI` set).
 
