@@ -62,7 +62,17 @@ fn products(c: &mut Criterion, rows: usize, label: &str) {
                 continue;
             }
             group.bench_with_input(BenchmarkId::new(name, dtype), &dtype, |b, _| {
-                b.iter(|| kernels::product(&pool, &x, rows, w, &mut scratch, fast.then(KernelSet::detect)))
+                b.iter(|| {
+                    kernels::product(
+                        &pool,
+                        None,
+                        &x,
+                        rows,
+                        w,
+                        &mut scratch,
+                        fast.then(KernelSet::detect),
+                    )
+                })
             });
         }
     }
@@ -103,11 +113,11 @@ fn attention(c: &mut Criterion) {
             b.iter(|| kernels::attend(&pool, &s, &q, &pos, &[0], cache, cache, &mut out))
         });
         assert!(
-            attention::attend(&pool, &s, &q, &pos, &[0], cache, cache, &mut out),
+            attention::attend(&pool, None, &s, &q, &pos, &[0], cache, cache, &mut out),
             "the fast attention takes an f32 cache"
         );
         group.bench_with_input(BenchmarkId::new("fast", ctx), &ctx, |b, _| {
-            b.iter(|| attention::attend(&pool, &s, &q, &pos, &[0], cache, cache, &mut out))
+            b.iter(|| attention::attend(&pool, None, &s, &q, &pos, &[0], cache, cache, &mut out))
         });
     }
     group.finish();
@@ -137,7 +147,7 @@ fn head(c: &mut Criterion) {
             .build()
             .expect("thread pool");
         group.bench_with_input(BenchmarkId::new("fast", threads), &threads, |b, _| {
-            b.iter(|| kernels::product(&pool, &x, 1, w, &mut scratch, Some(KernelSet::detect())))
+            b.iter(|| kernels::product(&pool, None, &x, 1, w, &mut scratch, Some(KernelSet::detect())))
         });
         group.bench_with_input(BenchmarkId::new("read", threads), &threads, |b, _| {
             b.iter(|| {

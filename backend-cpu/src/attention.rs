@@ -14,6 +14,10 @@ use tandem_backend_api::DType;
 
 use crate::kernels::AttentionShape;
 
+mod tiled;
+
+pub use tiled::reserve as reserve_tiles;
+
 thread_local! {
     /// The scores of the calling thread's current (row, head).
     static SCORES: RefCell<Vec<f32>> = RefCell::default();
@@ -52,6 +56,7 @@ impl Simd {
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     pool: &rayon::ThreadPool,
+    spin: Option<&crate::spin::SpinPool>,
     s: &AttentionShape,
     q: &[f32],
     positions: &[u32],
@@ -70,69 +75,338 @@ pub fn attend(
         return false;
     };
     let (hd, qcols) = (s.head_dim, s.heads * s.head_dim);
-    let kv_cols = s.kv_heads * hd;
     let group = s.heads / s.kv_heads;
     if group > MAX_GROUP {
         return false;
     }
     let simd = Simd::detect();
-    // One task per (row, KV head): the group's query heads read each cached K and V row once,
-    // while it is in cache, instead of once per head.
-    pool.install(|| {
-        out[..positions.len() * qcols]
-            .par_chunks_mut(group * hd)
-            .enumerate()
-            .for_each(|(i, og)| {
-                let (r, g) = (i / s.kv_heads, i % s.kv_heads);
-                let p = positions[r];
-                let lo = s.window.map_or(0, |w| (p + 1).saturating_sub(w as u32));
-                let n = (p - lo + 1) as usize;
-                let qg = &q[r * qcols + g * group * hd..r * qcols + (g + 1) * group * hd];
-                let at = |pos: u32| {
-                    let row = slots[r] as usize * s.capacity + pos as usize % s.capacity;
-                    row * kv_cols + g * hd
-                };
-                SCORES.with(|cell| {
-                    let mut scores = cell.borrow_mut();
-                    if scores.len() < group * n {
-                        scores.resize(group * n, 0.0);
-                    }
-                    // Head `h`'s scores at `scores[h * n..(h + 1) * n]`.
-                    let scores = &mut scores[..group * n];
-                    let mut dots = [0f32; MAX_GROUP];
-                    for (j, pos) in (lo..=p).enumerate() {
-                        group_dots(simd, qg, &kc[at(pos)..at(pos) + hd], &mut dots[..group]);
-                        for (h, &d) in dots[..group].iter().enumerate() {
-                            let mut v = d * s.scale;
-                            if let Some(cap) = s.softcap {
-                                v = cap * (v / cap).tanh();
+    let rows = positions.len();
+    if rows >= TILED_MIN_ROWS {
+        // Blocks of consecutive rows, split further where the slot changes.
+        let width = tiled::Width::detect(simd);
+        let qb = tiled::MAX_QUERIES / group;
+        pool.install(|| {
+            out[..rows * qcols]
+                .par_chunks_mut(qb * qcols)
+                .enumerate()
+                .for_each(|(b, ob)| {
+                    let r0 = b * qb;
+                    let n = ob.len() / qcols;
+                    let mut i = 0;
+                    while i < n {
+                        let slot = slots[r0 + i];
+                        let e = (i + 1..n).find(|&e| slots[r0 + e] != slot).unwrap_or(n);
+                        let tiled = tiled::block(
+                            width,
+                            s,
+                            &q[(r0 + i) * qcols..(r0 + e) * qcols],
+                            &positions[r0 + i..r0 + e],
+                            slot,
+                            kc,
+                            vc,
+                            &mut ob[i * qcols..e * qcols],
+                        );
+                        if !tiled {
+                            for r in i..e {
+                                for (g, og) in
+                                    ob[r * qcols..(r + 1) * qcols].chunks_mut(group * hd).enumerate()
+                                {
+                                    attend_group(simd, s, q, positions, slots, kc, vc, r0 + r, g, og);
+                                }
                             }
-                            scores[h * n + j] = v;
                         }
-                    }
-                    for sh in scores.chunks_exact_mut(n) {
-                        let max = sh.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                        let mut sum = 0f32;
-                        for sc in sh.iter_mut() {
-                            *sc = (*sc - max).exp();
-                            sum += *sc;
-                        }
-                        for sc in sh.iter_mut() {
-                            *sc /= sum;
-                        }
-                    }
-                    og.fill(0.0);
-                    let mut w = [0f32; MAX_GROUP];
-                    for (j, pos) in (lo..=p).enumerate() {
-                        for (h, w) in w[..group].iter_mut().enumerate() {
-                            *w = scores[h * n + j];
-                        }
-                        group_axpy(simd, &w[..group], &vc[at(pos)..at(pos) + hd], og);
+                        i = e;
                     }
                 })
-            })
+        });
+        return true;
+    }
+    // Few (row, KV head) pairs for the threads (a decode step): each pair's keys split into
+    // chunks attended in parallel, then combined.
+    let pairs = rows * s.kv_heads;
+    let threads = spin.map_or(pool.current_num_threads(), |p| p.threads());
+    let most_keys = positions
+        .iter()
+        .map(|&p| (p - s.window.map_or(0, |w| (p + 1).saturating_sub(w as u32)) + 1) as usize)
+        .max()
+        .unwrap_or(0);
+    let chunks = if pairs >= threads {
+        1
+    } else {
+        (2 * threads)
+            .div_ceil(pairs)
+            .min(most_keys / MIN_SPLIT_KEYS)
+            .max(1)
+    };
+    // The loops below on the spinning threads where given, else on the pool.
+    let each = |data: &mut [f32], len: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)| match spin {
+        Some(p) => crate::spin::chunks_mut(p, data, len, f),
+        None => pool.install(|| data.par_chunks_mut(len).enumerate().for_each(|(i, c)| f(i, c))),
+    };
+    if chunks > 1 {
+        let part = group * (hd + 2);
+        return PARTIALS.with(|cell| {
+            let mut parts = cell.borrow_mut();
+            if parts.len() < pairs * chunks * part {
+                parts.resize(pairs * chunks * part, 0.0);
+            }
+            let parts = &mut parts[..pairs * chunks * part];
+            each(parts, part, &|t, pt| {
+                let (pair, c) = (t / chunks, t % chunks);
+                partial_group(
+                    simd,
+                    s,
+                    q,
+                    positions,
+                    slots,
+                    kc,
+                    vc,
+                    pair / s.kv_heads,
+                    pair % s.kv_heads,
+                    c,
+                    chunks,
+                    pt,
+                )
+            });
+            let parts = &*parts;
+            each(&mut out[..rows * qcols], group * hd, &|i, og| {
+                combine(&parts[i * chunks * part..(i + 1) * chunks * part], group, hd, og)
+            });
+            true
+        });
+    }
+    // One task per (row, KV head): the group's query heads read each cached K and V row once,
+    // while it is in cache, instead of once per head.
+    each(&mut out[..rows * qcols], group * hd, &|i, og| {
+        attend_group(
+            simd,
+            s,
+            q,
+            positions,
+            slots,
+            kc,
+            vc,
+            i / s.kv_heads,
+            i % s.kv_heads,
+            og,
+        )
     });
     true
+}
+
+/// The fewest rows in a step that attend in [`tiled`] blocks.
+const TILED_MIN_ROWS: usize = 8;
+
+/// Row `r`'s view for KV head `g`.
+struct Row<'a, F: Fn(u32) -> usize> {
+    /// The group's query heads.
+    qg: &'a [f32],
+    /// The first position the row attends to.
+    lo: u32,
+    /// Positions it attends to.
+    n: usize,
+    /// The offset of a position's K (and V) row of this head in the cache.
+    at: F,
+}
+
+impl<'a> Row<'a, fn(u32) -> usize> {
+    #[allow(clippy::type_complexity)]
+    fn of(
+        s: &AttentionShape,
+        q: &'a [f32],
+        positions: &[u32],
+        slots: &[u32],
+        r: usize,
+        g: usize,
+    ) -> Row<'a, impl Fn(u32) -> usize> {
+        let (hd, qcols) = (s.head_dim, s.heads * s.head_dim);
+        let group = s.heads / s.kv_heads;
+        let p = positions[r];
+        let lo = s.window.map_or(0, |w| (p + 1).saturating_sub(w as u32));
+        let (slot, capacity, kv_cols) = (slots[r] as usize, s.capacity, s.kv_heads * hd);
+        Row {
+            qg: &q[r * qcols + g * group * hd..r * qcols + (g + 1) * group * hd],
+            lo,
+            n: (p - lo + 1) as usize,
+            at: move |pos: u32| (slot * capacity + pos as usize % capacity) * kv_cols + g * hd,
+        }
+    }
+}
+
+/// Attends row `r`'s query heads of KV head `g` into `og` (the group's heads).
+#[allow(clippy::too_many_arguments)]
+fn attend_group(
+    simd: Option<Simd>,
+    s: &AttentionShape,
+    q: &[f32],
+    positions: &[u32],
+    slots: &[u32],
+    kc: &[f32],
+    vc: &[f32],
+    r: usize,
+    g: usize,
+    og: &mut [f32],
+) {
+    let (hd, group) = (s.head_dim, s.heads / s.kv_heads);
+    let Row { qg, lo, n, at } = Row::of(s, q, positions, slots, r, g);
+    SCORES.with(|cell| {
+        let mut scores = cell.borrow_mut();
+        if scores.len() < group * n {
+            scores.resize(group * n, 0.0);
+        }
+        // Head `h`'s scores at `scores[h * n..(h + 1) * n]`.
+        let scores = &mut scores[..group * n];
+        score_keys(simd, s, qg, kc, &at, lo, n, scores);
+        for sh in scores.chunks_exact_mut(n) {
+            let max = sh.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut sum = 0f32;
+            for sc in sh.iter_mut() {
+                *sc = (*sc - max).exp();
+                sum += *sc;
+            }
+            for sc in sh.iter_mut() {
+                *sc /= sum;
+            }
+        }
+        og.fill(0.0);
+        let mut w = [0f32; MAX_GROUP];
+        for (j, pos) in (lo..lo + n as u32).enumerate() {
+            for (h, w) in w[..group].iter_mut().enumerate() {
+                *w = scores[h * n + j];
+            }
+            group_axpy(simd, &w[..group], &vc[at(pos)..at(pos) + hd], og);
+        }
+    })
+}
+
+/// The scaled (and soft-capped) scores of the group's query heads `qg` against the `n` keys
+/// from position `first` (row offsets in `kc` by `at`): head `h`'s at `scores[h * n..]`.
+#[allow(clippy::too_many_arguments)]
+fn score_keys(
+    simd: Option<Simd>,
+    s: &AttentionShape,
+    qg: &[f32],
+    kc: &[f32],
+    at: &dyn Fn(u32) -> usize,
+    first: u32,
+    n: usize,
+    scores: &mut [f32],
+) {
+    let (hd, group) = (s.head_dim, s.heads / s.kv_heads);
+    let mut dots = [0f32; MAX_GROUP];
+    for j in 0..n {
+        let row = at(first + j as u32);
+        group_dots(simd, qg, &kc[row..row + hd], &mut dots[..group]);
+        for (h, &d) in dots[..group].iter().enumerate() {
+            let mut v = d * s.scale;
+            if let Some(cap) = s.softcap {
+                v = cap * (v / cap).tanh();
+            }
+            scores[h * n + j] = v;
+        }
+    }
+}
+
+/// The fewest keys per chunk where a decode step's keys are split across threads.
+const MIN_SPLIT_KEYS: usize = 32;
+
+thread_local! {
+    /// The calling thread's partial results of split attention: per (row, KV head, chunk) and
+    /// query head, the chunk's score maximum, its sum of exponentials and its unnormalised
+    /// weighted values.
+    static PARTIALS: RefCell<Vec<f32>> = RefCell::default();
+}
+
+/// Chunk `c` of `chunks` of row `r`'s keys for KV head `g`: per query head `h` of the group,
+/// `part[h * (hd + 2)..]` receives the chunk's largest score, the sum of `exp(score - max)`,
+/// and the `hd` values weighted by those exponentials (an empty chunk: maximum `-inf`).
+#[allow(clippy::too_many_arguments)]
+fn partial_group(
+    simd: Option<Simd>,
+    s: &AttentionShape,
+    q: &[f32],
+    positions: &[u32],
+    slots: &[u32],
+    kc: &[f32],
+    vc: &[f32],
+    r: usize,
+    g: usize,
+    c: usize,
+    chunks: usize,
+    part: &mut [f32],
+) {
+    let (hd, group) = (s.head_dim, s.heads / s.kv_heads);
+    let Row { qg, lo, n: total, at } = Row::of(s, q, positions, slots, r, g);
+    let (k0, k1) = (total * c / chunks, total * (c + 1) / chunks);
+    let n = k1 - k0;
+    part.fill(0.0);
+    if n == 0 {
+        for ph in part.chunks_exact_mut(hd + 2) {
+            ph[0] = f32::NEG_INFINITY;
+        }
+        return;
+    }
+    let first = lo + k0 as u32;
+    SCORES.with(|cell| {
+        let mut scores = cell.borrow_mut();
+        if scores.len() < group * n {
+            scores.resize(group * n, 0.0);
+        }
+        let scores = &mut scores[..group * n];
+        score_keys(simd, s, qg, kc, &at, first, n, scores);
+        for (sh, ph) in scores.chunks_exact_mut(n).zip(part.chunks_exact_mut(hd + 2)) {
+            let max = sh.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut sum = 0f32;
+            for sc in sh.iter_mut() {
+                *sc = (*sc - max).exp();
+                sum += *sc;
+            }
+            ph[0] = max;
+            ph[1] = sum;
+        }
+        let mut w = [0f32; MAX_GROUP];
+        for j in 0..n {
+            let pos = first + j as u32;
+            for (h, w) in w[..group].iter_mut().enumerate() {
+                *w = scores[h * n + j];
+            }
+            // The group's weighted sums, `hd + 2` apart.
+            let v = &vc[at(pos)..at(pos) + hd];
+            for (h, ph) in part.chunks_exact_mut(hd + 2).enumerate() {
+                group_axpy(simd, &w[h..h + 1], v, &mut ph[2..]);
+            }
+        }
+    })
+}
+
+/// Combines a (row, KV head)'s chunks (`parts`: per chunk, per query head, maximum, sum and
+/// weighted values) into the group's outputs `og`: the softmax over all the chunks' keys.
+fn combine(parts: &[f32], group: usize, hd: usize, og: &mut [f32]) {
+    let part = group * (hd + 2);
+    for (h, o) in og.chunks_exact_mut(hd).enumerate() {
+        let heads = || {
+            parts
+                .chunks_exact(part)
+                .map(|p| &p[h * (hd + 2)..(h + 1) * (hd + 2)])
+        };
+        let max = heads().fold(f32::NEG_INFINITY, |m, p| m.max(p[0]));
+        let mut sum = 0f32;
+        o.fill(0.0);
+        for p in heads() {
+            if p[0] == f32::NEG_INFINITY {
+                continue;
+            }
+            let f = (p[0] - max).exp();
+            sum += p[1] * f;
+            for (o, v) in o.iter_mut().zip(&p[2..]) {
+                *o += v * f;
+            }
+        }
+        let inv = 1.0 / sum;
+        for o in o.iter_mut() {
+            *o *= inv;
+        }
+    }
 }
 
 /// The most query heads per KV head the grouped kernel takes (Gemma 3 has 2 to 4; a larger
@@ -279,59 +553,132 @@ mod tests {
     use super::*;
     use crate::kernels;
 
-    /// Against the reference kernel on a windowed, soft-capped, grouped case with two rows of
-    /// two slots: within 1e-5 of the largest output (only the order of f32 sums differs).
+    fn vals(n: usize, seed: u32) -> Vec<f32> {
+        (0..n as u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 16) % 200) as f32 / 100.0 - 1.0)
+            .collect()
+    }
+
+    fn to_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn shape(heads: usize, kv_heads: usize, head_dim: usize, capacity: usize) -> AttentionShape {
+        AttentionShape {
+            heads,
+            kv_heads,
+            head_dim,
+            capacity,
+            scale: 0.3,
+            window: None,
+            softcap: None,
+            cache_dtype: DType::F32,
+        }
+    }
+
+    /// `attend` (on `pool`, or on `spin` where given) against the reference kernel, over caches
+    /// of two slots filled from `seed`: within 1e-5 of the largest output (only the order of
+    /// the f32 sums differs).
+    fn check(
+        pool: &rayon::ThreadPool,
+        spin: Option<&crate::spin::SpinPool>,
+        s: &AttentionShape,
+        positions: &[u32],
+        slots: &[u32],
+        seed: u32,
+    ) {
+        let kv_cols = s.kv_heads * s.head_dim;
+        // Aligned copies of the caches for the zero-copy view.
+        let kw = vals(2 * s.capacity * kv_cols, seed);
+        let vw = vals(2 * s.capacity * kv_cols, seed + 1);
+        let (kb, vb) = (to_bytes(&kw), to_bytes(&vw));
+        let q = vals(positions.len() * s.heads * s.head_dim, seed + 2);
+        let mut want = vec![0f32; q.len()];
+        kernels::attend(pool, s, &q, positions, slots, &kb, &vb, &mut want);
+        let mut got = vec![0f32; q.len()];
+        let (kc, vc) = (bytemuck::cast_slice(&kw), bytemuck::cast_slice(&vw));
+        assert!(attend(pool, spin, s, &q, positions, slots, kc, vc, &mut got));
+        let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5 * max.max(1.0),
+                "heads {}/{} {:?} {:?} value {i}: {g} vs {w}",
+                s.heads,
+                s.kv_heads,
+                s.window,
+                s.softcap
+            );
+        }
+    }
+
+    /// Prefill-sized steps (the tiled blocks): 23 rows of two slots (a block split where the
+    /// slot changes, a partial last block), windowed and soft-capped, groups of 1, 2 and 6
+    /// query heads (queries padded to the tile), a head size that is not a multiple of the
+    /// tile's 4; and rows whose keys overflow a block (the per-row kernel takes them).
+    #[test]
+    fn tiled_blocks_match_the_reference_kernel() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        for (heads, kv_heads, head_dim, capacity, window, softcap, start) in [
+            (2, 2, 18, 64, None, None, 0u32),
+            (4, 2, 18, 64, Some(9), Some(3.0), 5),
+            (6, 1, 8, 64, Some(20), None, 30),
+            (2, 1, 8, 5000, None, None, 4090),
+        ] {
+            let s = AttentionShape {
+                window,
+                softcap,
+                ..shape(heads, kv_heads, head_dim, capacity)
+            };
+            // 14 rows of slot 1 then 9 of slot 0, consecutive positions in each.
+            let slots: Vec<u32> = (0..23).map(|r| u32::from(r < 14)).collect();
+            let positions: Vec<u32> = (0..23u32)
+                .map(|r| if r < 14 { start + r } else { start + 3 + (r - 14) })
+                .collect();
+            check(&pool, None, &s, &positions, &slots, 1);
+        }
+    }
+
+    /// Decode-sized steps whose keys are split across threads (then combined), on the pool and
+    /// on the spinning threads: one row and two rows (one with fewer keys than chunks need),
+    /// windowed and soft-capped, 1 and 3 KV heads.
+    #[test]
+    fn split_keys_match_the_reference_kernel() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
+        let spin = crate::spin::SpinPool::new(4).unwrap();
+        for (heads, kv_heads, window, softcap, positions) in [
+            (4, 1, None, None, vec![700u32]),
+            (6, 3, Some(300), Some(5.0), vec![650]),
+            (2, 1, Some(1000), None, vec![259, 999]),
+        ] {
+            let s = AttentionShape {
+                window,
+                softcap,
+                ..shape(heads, kv_heads, 24, 1024)
+            };
+            let slots: Vec<u32> = (0..positions.len() as u32).collect();
+            for spin in [None, Some(&spin)] {
+                check(&pool, spin, &s, &positions, &slots, 11);
+            }
+        }
+    }
+
+    /// A windowed, soft-capped, grouped case with two rows of two slots (one task per row and
+    /// KV head): groups of 2 and 6 query heads per KV head (6: a chunk of four and a chunk of
+    /// two).
     #[test]
     fn matches_the_reference_kernel() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-        // Groups of 2 and 6 query heads per KV head (6: a chunk of four and a chunk of two).
         for (heads, kv_heads, window, softcap) in [
             (4, 2, None, None),
             (4, 2, Some(5), Some(3.0)),
             (6, 1, Some(7), None),
         ] {
             let s = AttentionShape {
-                heads,
-                kv_heads,
-                head_dim: 20,
-                capacity: 16,
-                scale: 0.3,
                 window,
                 softcap,
-                cache_dtype: DType::F32,
+                ..shape(heads, kv_heads, 20, 16)
             };
-            let kv_cols = s.kv_heads * s.head_dim;
-            let vals = |n: usize, seed: u32| -> Vec<f32> {
-                (0..n as u32)
-                    .map(|i| {
-                        ((i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 16) % 200) as f32 / 100.0 - 1.0
-                    })
-                    .collect()
-            };
-            let to_bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-            // Aligned copies of the caches for the zero-copy view.
-            let kw = vals(2 * s.capacity * kv_cols, 1);
-            let vw = vals(2 * s.capacity * kv_cols, 2);
-            let (kb, vb) = (to_bytes(&kw), to_bytes(&vw));
-            let q = vals(2 * s.heads * s.head_dim, 3);
-            let (positions, slots) = ([9u32, 13], [0u32, 1]);
-            let mut want = vec![0f32; q.len()];
-            kernels::attend(&pool, &s, &q, &positions, &slots, &kb, &vb, &mut want);
-            let mut got = vec![0f32; q.len()];
-            assert!(attend(
-                &pool,
-                &s,
-                &q,
-                &positions,
-                &slots,
-                bytemuck::cast_slice(&kw),
-                bytemuck::cast_slice(&vw),
-                &mut got
-            ));
-            let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!((g - w).abs() <= 1e-5 * max.max(1.0), "{window:?} {i}: {g} vs {w}");
-            }
+            check(&pool, None, &s, &[9, 13], &[0, 1], 1);
         }
     }
 }

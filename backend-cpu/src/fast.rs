@@ -23,6 +23,7 @@ use half::f16;
 use rayon::prelude::*;
 use tandem_backend_api::DType;
 
+use crate::kernels::Layout;
 use crate::weight::WeightView;
 
 /// Parallel tasks per thread in a matmul: enough for the work-stealing to even out threads
@@ -48,6 +49,9 @@ const GEMM_MIN_ROWS: usize = 8;
 
 /// Parallel tasks per thread in a [`gemm`] product.
 const GEMM_TASKS_PER_THREAD: usize = 4;
+
+/// The fewest activation rows per [`gemm`] task where the product is split by rows as well.
+const GEMM_MIN_BLOCK_ROWS: usize = 48;
 
 mod gemm;
 
@@ -94,7 +98,11 @@ impl Kind {
 /// block dots; they differ only in the order of the `f32` additions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelSet {
-    /// 512-bit integer dots (AVX-512 F and BW) for the prefill product, AVX2 elsewhere.
+    /// [`KernelSet::Avx512`] with the prefill product's 16-bit dots fused with their
+    /// accumulation (AVX-512 VNNI `vpdpwssd`).
+    Avx512Vnni,
+    /// 512-bit integer dots (AVX-512 F and BW) for the prefill product and the logits' `q8_0`
+    /// matrix-vector product, AVX2 elsewhere.
     Avx512,
     /// 256-bit integer dots (AVX2, FMA, F16C).
     Avx2,
@@ -104,7 +112,12 @@ pub enum KernelSet {
 
 impl KernelSet {
     /// Every set, best first.
-    pub const ALL: [KernelSet; 3] = [KernelSet::Avx512, KernelSet::Avx2, KernelSet::Scalar];
+    pub const ALL: [KernelSet; 4] = [
+        KernelSet::Avx512Vnni,
+        KernelSet::Avx512,
+        KernelSet::Avx2,
+        KernelSet::Scalar,
+    ];
 
     /// The best set this CPU runs.
     pub fn detect() -> KernelSet {
@@ -117,6 +130,7 @@ impl KernelSet {
     /// Whether this CPU runs the set.
     pub fn available(self) -> bool {
         match self {
+            KernelSet::Avx512Vnni => Vnni::detect().is_some(),
             KernelSet::Avx512 => Wide::detect().is_some(),
             KernelSet::Avx2 => Simd::detect().is_some(),
             KernelSet::Scalar => true,
@@ -126,6 +140,7 @@ impl KernelSet {
     /// The set's name in the `kernels` option and in `engine backends`.
     pub fn name(self) -> &'static str {
         match self {
+            KernelSet::Avx512Vnni => "avx512_vnni",
             KernelSet::Avx512 => "avx512",
             KernelSet::Avx2 => "avx2",
             KernelSet::Scalar => "scalar",
@@ -148,7 +163,15 @@ impl KernelSet {
     /// The AVX-512 proof, where the set uses AVX-512 and the CPU has it.
     fn wide(self) -> Option<Wide> {
         match self {
-            KernelSet::Avx512 => Wide::detect(),
+            KernelSet::Avx512 | KernelSet::Avx512Vnni => Wide::detect(),
+            _ => None,
+        }
+    }
+
+    /// The AVX-512 VNNI proof, where the set uses VNNI and the CPU has it.
+    fn vnni(self) -> Option<Vnni> {
+        match self {
+            KernelSet::Avx512Vnni => Vnni::detect(),
             _ => None,
         }
     }
@@ -173,7 +196,7 @@ impl Simd {
     }
 }
 
-/// Proof that AVX-512 F and BW were detected at run time, besides AVX2's [`Simd`]; only
+/// Proof that AVX-512 F, BW and VL were detected at run time, besides AVX2's [`Simd`]; only
 /// [`Wide::detect`] makes one.
 #[derive(Clone, Copy)]
 struct Wide(());
@@ -185,6 +208,7 @@ impl Wide {
             if Simd::detect().is_some()
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
             {
                 return Some(Wide(()));
             }
@@ -193,13 +217,33 @@ impl Wide {
     }
 }
 
+/// Proof that AVX-512 VNNI was detected at run time, besides [`Wide`]'s features; only
+/// [`Vnni::detect`] makes one.
+#[derive(Clone, Copy)]
+struct Vnni(());
+
+impl Vnni {
+    fn detect() -> Option<Vnni> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if Wide::detect().is_some() && is_x86_feature_detected!("avx512vnni") {
+                return Some(Vnni(()));
+            }
+        }
+        None
+    }
+}
+
 /// Quantized activation rows: per block of [`QK`] values an `f32` scale, the `i16` values, and
-/// their sum.
+/// their sum. The scale is chosen per `span` values (a multiple of [`QK`]; each block's `d`
+/// repeats it): per block by default, per 256 for the `q4_k` matrix-vector product, whose
+/// kernel then sums a whole weight block in integers.
 #[derive(Default)]
 struct Acts {
     d: Vec<f32>,
     qs: Vec<i16>,
     sums: Vec<i32>,
+    span: usize,
 }
 
 /// One quantized activation row.
@@ -208,12 +252,15 @@ struct ActRow<'a> {
     d: &'a [f32],
     qs: &'a [i16],
     sums: &'a [i32],
+    /// Values per scale (see [`Acts`]).
+    span: usize,
 }
 
 impl Acts {
     /// Quantizes `rows` rows of `k` values (`k` a whole number of blocks), reusing storage, on
     /// `pool`'s threads where there are many rows. Returns `false` where a value is not finite
     /// (no 16-bit scale represents it).
+    #[cfg(test)]
     fn quantize(
         &mut self,
         pool: &rayon::ThreadPool,
@@ -222,6 +269,28 @@ impl Acts {
         rows: usize,
         k: usize,
     ) -> bool {
+        self.quantize_span(pool, simd, x, rows, k, QK)
+    }
+
+    /// Quantizes `rows` rows of `k` values (`k` a whole number of blocks) with one scale per
+    /// `span` values (where `k` is a multiple of it, else per block), reusing storage, on
+    /// `pool`'s threads where there are many rows. Returns `false` where a value is not finite
+    /// (no 16-bit scale represents it).
+    fn quantize_span(
+        &mut self,
+        pool: &rayon::ThreadPool,
+        simd: Option<Simd>,
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        span: usize,
+    ) -> bool {
+        let span = if span >= QK && span.is_multiple_of(QK) && k.is_multiple_of(span) {
+            span
+        } else {
+            QK
+        };
+        self.span = span;
         let total = rows * k;
         grow(&mut self.d, total / QK);
         grow(&mut self.qs, total);
@@ -235,10 +304,10 @@ impl Acts {
         let blocks = |x: &[f32], d: &mut [f32], qs: &mut [i16], sums: &mut [i32]| {
             #[cfg(target_arch = "x86_64")]
             if let Some(s) = simd {
-                return avx2::quantize(s, x, d, qs, sums);
+                return avx2::quantize(s, x, d, qs, sums, span);
             }
             let _ = simd;
-            quantize_blocks(x, d, qs, sums)
+            quantize_blocks(x, d, qs, sums, span)
         };
         if rows < GEMM_MIN_ROWS {
             return blocks(x, d, qs, sums);
@@ -261,33 +330,46 @@ impl Acts {
             d: &self.d[r * nb..(r + 1) * nb],
             qs: &self.qs[r * k..(r + 1) * k],
             sums: &self.sums[r * nb..(r + 1) * nb],
+            span: self.span,
         }
     }
 }
 
-/// Quantizes whole blocks of [`QK`] values of `x` to `d`, `qs` and `sums`; `false` where a
-/// value is not finite.
+/// Quantizes `x` (whole spans of `span` values, a multiple of [`QK`]) to `d`, `qs` and `sums`
+/// (per block of [`QK`]; `d` the same for every block of a span); `false` where a value is not
+/// finite.
 #[inline(always)]
-fn quantize_blocks(x: &[f32], d: &mut [f32], qs: &mut [i16], sums: &mut [i32]) -> bool {
-    for (b, (xs, qs)) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).enumerate() {
+fn quantize_blocks(x: &[f32], d: &mut [f32], qs: &mut [i16], sums: &mut [i32], span: usize) -> bool {
+    let per = span / QK;
+    for (sp, (xs, qs)) in x.chunks_exact(span).zip(qs.chunks_exact_mut(span)).enumerate() {
         let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
         if !amax.is_finite() {
             return false;
         }
+        let (ds, ss) = (
+            &mut d[sp * per..(sp + 1) * per],
+            &mut sums[sp * per..(sp + 1) * per],
+        );
         if amax == 0.0 {
-            d[b] = 0.0;
+            ds.fill(0.0);
             qs.fill(0);
-            sums[b] = 0;
+            ss.fill(0);
             continue;
         }
         let id = 32767.0 / amax;
-        d[b] = amax / 32767.0;
-        let mut sum = 0i32;
-        for (q, v) in qs.iter_mut().zip(xs) {
-            *q = (v * id).round().clamp(-32767.0, 32767.0) as i16;
-            sum += i32::from(*q);
+        ds.fill(amax / 32767.0);
+        for ((xs, qs), sum) in xs
+            .chunks_exact(QK)
+            .zip(qs.chunks_exact_mut(QK))
+            .zip(ss.iter_mut())
+        {
+            let mut s = 0i32;
+            for (q, v) in qs.iter_mut().zip(xs) {
+                *q = (v * id).round_ties_even().clamp(-32767.0, 32767.0) as i16;
+                s += i32::from(*q);
+            }
+            *sum = s;
         }
-        sums[b] = sum;
     }
     true
 }
@@ -322,93 +404,122 @@ pub fn reserve(values: usize) {
     });
 }
 
-/// `Op::MatMul` through quantized activations, writing the column-major product to `scratch` as
-/// `kernels::matmul` does. Returns `false`, having written nothing, where the weight format is
-/// not covered or the activations are not all finite; the caller then uses the reference path.
+/// `Op::MatMul` through quantized activations, writing the product to `scratch`: column-major
+/// as `kernels::matmul` does for a few rows, in row-major panels for the prefill product.
+/// Returns the layout, or `None`, having written nothing, where the weight format is not
+/// covered or the activations are not all finite; the caller then uses the reference path.
 pub fn matmul(
     pool: &rayon::ThreadPool,
+    spin: Option<&crate::spin::SpinPool>,
     set: KernelSet,
     x: &[f32],
     rows: usize,
     w: &WeightView,
     scratch: &mut [f32],
-) -> bool {
-    let Some(kind) = Kind::of(w.dtype) else {
-        return false;
-    };
+) -> Option<Layout> {
+    let kind = Kind::of(w.dtype)?;
     let k = w.k;
     if rows == 0 || k == 0 || !k.is_multiple_of(kind.block()) {
-        return false;
+        return None;
     }
     let rb = k / kind.block() * kind.block_bytes();
     if w.bytes.len() < w.n * rb || x.len() < rows * k || scratch.len() < w.n * rows {
-        return false;
+        return None;
     }
     let simd = set.simd();
     ACTS.with(|cell| {
         let mut acts = cell.borrow_mut();
-        if !acts.quantize(pool, simd, x, rows, k) {
-            return false;
+        // The `q4_k` matrix-vector kernels sum whole weight blocks in integers over one scale
+        // per 256 activations.
+        let span = if rows < GEMM_MIN_ROWS && kind == Kind::Q4K {
+            256
+        } else {
+            QK
+        };
+        if !acts.quantize_span(pool, simd, x, rows, k, span) {
+            return None;
         }
         let acts = &*acts;
         if rows >= GEMM_MIN_ROWS {
-            // Tasks of whole register tiles of weight rows, at most `MAX_TASK_ROWS` unpacked.
-            let chunk =
-                w.n.div_ceil(pool.current_num_threads() * GEMM_TASKS_PER_THREAD)
-                    .next_multiple_of(gemm::WR)
-                    .clamp(gemm::WR, gemm::MAX_TASK_ROWS);
+            // Tasks of a panel of weight rows (at most `MAX_TASK_ROWS` unpacked) by a block of
+            // activation rows: the panels alone where they make enough tasks, row blocks as
+            // well where they do not (the panel's unpacking then repeats per block).
+            let tasks = pool.current_num_threads() * GEMM_TASKS_PER_THREAD;
+            let width =
+                w.n.div_ceil(tasks)
+                    .next_multiple_of(gemm::PANEL)
+                    .clamp(gemm::PANEL, gemm::MAX_TASK_ROWS);
+            let blocks = tasks
+                .div_ceil(w.n.div_ceil(width))
+                .min(rows.div_ceil(GEMM_MIN_BLOCK_ROWS))
+                .max(1);
+            let block = rows.div_ceil(blocks);
             pool.install(|| {
                 scratch[..w.n * rows]
-                    .par_chunks_mut(chunk * rows)
+                    .par_chunks_mut(width * rows)
                     .enumerate()
-                    .for_each(|(c, dst)| gemm::task(kind, set, w.bytes, rb, k, acts, rows, c * chunk, dst))
+                    .flat_map(|(c, panel)| {
+                        let wc = panel.len() / rows;
+                        <[f32]>::par_chunks_mut(panel, block * wc)
+                            .enumerate()
+                            .map(move |(b, dst)| (c, wc, b, dst))
+                    })
+                    .for_each(|(c, wc, b, dst)| {
+                        gemm::task(kind, set, w.bytes, rb, k, acts, b * block, c * width, wc, dst)
+                    })
             });
-            return true;
+            return Some(Layout::Panels { width, n: w.n });
         }
+        let threads = spin.map_or(pool.current_num_threads(), |p| p.threads());
         let chunk_rows =
-            w.n.div_ceil(pool.current_num_threads() * TASKS_PER_THREAD)
+            w.n.div_ceil(threads * TASKS_PER_THREAD)
                 .max(MIN_CHUNK)
                 .next_multiple_of(WROWS);
         let wrow = |j: usize| &w.bytes[j * rb..(j + 1) * rb];
-        pool.install(|| {
-            scratch[..w.n * rows]
-                .par_chunks_mut(chunk_rows * rows)
-                .enumerate()
-                .for_each(|(chunk, dst)| {
-                    let j0 = chunk * chunk_rows;
-                    if rows == 1 {
-                        // A matrix-vector product: [`WROWS`] weight rows at a time.
-                        let a = [acts.row(0, k)];
-                        for (g, out) in dst.chunks_mut(WROWS).enumerate() {
-                            let j = j0 + g * WROWS;
-                            if out.len() == WROWS {
-                                let ws: [&[u8]; WROWS] = std::array::from_fn(|i| wrow(j + i));
-                                dots(kind, set, &ws, &a, out);
-                            } else {
-                                for (i, o) in out.chunks_mut(1).enumerate() {
-                                    dots(kind, set, &[wrow(j + i)], &a, o);
-                                }
-                            }
-                        }
-                        return;
-                    }
-                    let mut tile = [ActRow {
-                        d: &[],
-                        qs: &[],
-                        sums: &[],
-                    }; TILE];
-                    for (c, col) in dst.chunks_exact_mut(rows).enumerate() {
-                        let wr = wrow(j0 + c);
-                        for (t, out) in col.chunks_mut(TILE).enumerate() {
-                            for (i, a) in tile[..out.len()].iter_mut().enumerate() {
-                                *a = acts.row(t * TILE + i, k);
-                            }
-                            dots(kind, set, &[wr], &tile[..out.len()], out);
+        let task = |chunk: usize, dst: &mut [f32]| {
+            let j0 = chunk * chunk_rows;
+            if rows == 1 {
+                // A matrix-vector product: [`WROWS`] weight rows at a time.
+                let a = [acts.row(0, k)];
+                for (g, out) in dst.chunks_mut(WROWS).enumerate() {
+                    let j = j0 + g * WROWS;
+                    if out.len() == WROWS {
+                        let ws: [&[u8]; WROWS] = std::array::from_fn(|i| wrow(j + i));
+                        dots(kind, set, &ws, &a, out);
+                    } else {
+                        for (i, o) in out.chunks_mut(1).enumerate() {
+                            dots(kind, set, &[wrow(j + i)], &a, o);
                         }
                     }
-                })
-        });
-        true
+                }
+                return;
+            }
+            let mut tile = [ActRow {
+                d: &[],
+                qs: &[],
+                sums: &[],
+                span: QK,
+            }; TILE];
+            for (c, col) in dst.chunks_exact_mut(rows).enumerate() {
+                let wr = wrow(j0 + c);
+                for (t, out) in col.chunks_mut(TILE).enumerate() {
+                    for (i, a) in tile[..out.len()].iter_mut().enumerate() {
+                        *a = acts.row(t * TILE + i, k);
+                    }
+                    dots(kind, set, &[wr], &tile[..out.len()], out);
+                }
+            }
+        };
+        match spin {
+            Some(p) => crate::spin::chunks_mut(p, &mut scratch[..w.n * rows], chunk_rows * rows, task),
+            None => pool.install(|| {
+                scratch[..w.n * rows]
+                    .par_chunks_mut(chunk_rows * rows)
+                    .enumerate()
+                    .for_each(|(chunk, dst)| task(chunk, dst))
+            }),
+        }
+        Some(Layout::Columns)
     })
 }
 
@@ -602,7 +713,9 @@ mod avx2 {
             match kind {
                 Kind::Q8_0 if wide.is_some() => pick!(q8_0_512),
                 Kind::Q8_0 => pick!(q8_0),
+                Kind::Q5_0 if wide.is_some() => pick!(q5_0_512),
                 Kind::Q5_0 => pick!(q5_0),
+                Kind::Q4K if wide.is_some() && a.iter().all(|r| r.span == 256) => pick!(q4_k_512),
                 Kind::Q4K => pick!(q4_k),
                 Kind::Q6K => pick!(q6_k),
             }
@@ -610,15 +723,22 @@ mod avx2 {
     }
 
     /// [`quantize_blocks`] compiled for AVX2 (the same arithmetic, in vector registers).
-    pub(super) fn quantize(_proof: Simd, x: &[f32], d: &mut [f32], qs: &mut [i16], sums: &mut [i32]) -> bool {
+    pub(super) fn quantize(
+        _proof: Simd,
+        x: &[f32],
+        d: &mut [f32],
+        qs: &mut [i16],
+        sums: &mut [i32],
+        span: usize,
+    ) -> bool {
         // SAFETY: a `Simd` exists only where AVX2, FMA and F16C were detected at run time; the
         // function is safe Rust compiled with those features.
-        unsafe { quantize_avx2(x, d, qs, sums) }
+        unsafe { quantize_avx2(x, d, qs, sums, span) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn quantize_avx2(x: &[f32], d: &mut [f32], qs: &mut [i16], sums: &mut [i32]) -> bool {
-        quantize_blocks(x, d, qs, sums)
+    fn quantize_avx2(x: &[f32], d: &mut [f32], qs: &mut [i16], sums: &mut [i32], span: usize) -> bool {
+        quantize_blocks(x, d, qs, sums, span)
     }
 
     /// The `f16` at `b[at..at + 2]` as `f32`, by the F16C instruction (the same value
@@ -701,6 +821,17 @@ mod avx2 {
         }
     }
 
+    /// [`finish`] for 512-bit lane sums.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn finish512<const W: usize, const R: usize>(acc: [[__m512; R]; W], out: &mut [f32]) {
+        for (o, v) in out.chunks_exact_mut(R).zip(acc) {
+            for (o, v) in o.iter_mut().zip(v) {
+                *o = _mm512_reduce_add_ps(v);
+            }
+        }
+    }
+
     // The kernels below take `W` weight rows (`ws`, whole blocks each) and `R` activation rows
     // and write the `W * R` dots to `out` (`out[w * R + r]`). Several weight rows at once give a
     // decode step's matrix-vector product independent chains of loads and sums, and share each
@@ -753,9 +884,131 @@ mod avx2 {
                 }
             }
         }
-        for (o, v) in out.chunks_exact_mut(R).zip(acc) {
-            for (o, v) in o.iter_mut().zip(v) {
-                *o = _mm512_reduce_add_ps(v);
+        finish512(acc, out)
+    }
+
+    /// [`q5_0`] with 512-bit vectors: a block's 32 values widened to 16 bits in one vector,
+    /// the fifth bits expanded from the block's 32-bit mask in one instruction.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW and VL besides AVX2, FMA and F16C (the caller checks at run
+    /// time). Every read goes through a checked slice, so short inputs panic rather than read
+    /// out of bounds.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn q5_0_512<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+        let mut acc = [[_mm512_setzero_ps(); R]; W];
+        let m4 = _mm256_set1_epi8(0x0F);
+        let fifth = _mm256_set1_epi8(0x10);
+        let off = _mm256_set1_epi8(16);
+        for b in 0..ws[0].len() / 22 {
+            for (wi, acc) in acc.iter_mut().enumerate() {
+                let blk = &ws[wi][22 * b..22 * b + 22];
+                prefetch(blk);
+                let wd = h2f(blk, 0);
+                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                // SAFETY: `blk[6..22]` holds 16 bytes.
+                let lo = unsafe { _mm_loadu_si128(blk[6..22].as_ptr() as *const __m128i) };
+                let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(lo), lo), m4);
+                // Value j's fifth bit is bit j of `qh`.
+                let high = _mm256_and_si256(_mm256_movm_epi8(qh), fifth);
+                let q = _mm512_cvtepi8_epi16(_mm256_sub_epi8(_mm256_or_si256(nib, high), off));
+                for r in 0..R {
+                    let y = &a[r].qs[32 * b..32 * b + 32];
+                    // SAFETY: `y` holds 32 `i16`, 64 bytes; the load is unaligned.
+                    let y = unsafe { _mm512_loadu_si512(y.as_ptr() as *const __m512i) };
+                    let p = _mm512_cvtepi32_ps(_mm512_madd_epi16(q, y));
+                    acc[r] = _mm512_fmadd_ps(p, _mm512_set1_ps(wd * a[r].d[b]), acc[r]);
+                }
+            }
+        }
+        finish512(acc, out)
+    }
+
+    /// The eight 6-bit scales and eight 6-bit minimums of a `q4_k` block's 12 packed bytes
+    /// (the values `k_scale_min` gives one at a time), each as the bytes of a `u64`.
+    #[inline(always)]
+    fn q4k_scales_mins(p: &[u8]) -> (u64, u64) {
+        let w = |i: usize| u32::from_le_bytes([p[4 * i], p[4 * i + 1], p[4 * i + 2], p[4 * i + 3]]);
+        let (u0, u1, u2) = (w(0), w(1), w(2));
+        let sc_lo = u0 & 0x3f3f_3f3f;
+        let mn_lo = u1 & 0x3f3f_3f3f;
+        let sc_hi = (u2 & 0x0f0f_0f0f) | (((u0 >> 6) & 0x0303_0303) << 4);
+        let mn_hi = ((u2 >> 4) & 0x0f0f_0f0f) | (((u1 >> 6) & 0x0303_0303) << 4);
+        (
+            u64::from(sc_lo) | (u64::from(sc_hi) << 32),
+            u64::from(mn_lo) | (u64::from(mn_hi) << 32),
+        )
+    }
+
+    /// `q4_k` over activations with one scale per 256 values (`ActRow::span`): the sub-block
+    /// scales multiply the 16-bit unpacked weights, so a whole weight block is one integer sum
+    /// per lane (at most 16 products of 945 by 32767 each, below 2^31), converted and scaled
+    /// once; the minimums' term is an integer dot of the eight minimums with the eight block
+    /// sums.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW and VL besides AVX2, FMA and F16C (the caller checks at run
+    /// time); every row of `a` has `span == 256`. Every read goes through a checked slice, so
+    /// short inputs panic rather than read out of bounds.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn q4_k_512<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+        let mut acc = [[_mm512_setzero_ps(); R]; W];
+        let mut mins = [[_mm256_setzero_ps(); R]; W];
+        let m4 = _mm256_set1_epi8(0x0F);
+        for b in 0..ws[0].len() / 144 {
+            for wi in 0..W {
+                let blk = &ws[wi][144 * b..144 * b + 144];
+                prefetch(blk);
+                prefetch(&blk[64..]);
+                prefetch(&blk[128..]);
+                let (wd, wm) = (h2f(blk, 0), h2f(blk, 2));
+                let (sc, mn) = q4k_scales_mins(&blk[4..16]);
+                let qs = &blk[16..144];
+                let mut isum = [_mm512_setzero_si512(); R];
+                for c in 0..4 {
+                    // SAFETY: `qs[32c..32c + 32]` is in bounds.
+                    let q = unsafe { load(qs[32 * c..32 * c + 32].as_ptr()) };
+                    let s0 = ((sc >> (16 * c)) & 0xff) as i16;
+                    let s1 = ((sc >> (16 * c + 8)) & 0xff) as i16;
+                    let lo = _mm512_mullo_epi16(
+                        _mm512_cvtepu8_epi16(_mm256_and_si256(q, m4)),
+                        _mm512_set1_epi16(s0),
+                    );
+                    let hi = _mm512_mullo_epi16(
+                        _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4)),
+                        _mm512_set1_epi16(s1),
+                    );
+                    for r in 0..R {
+                        let y = &a[r].qs[256 * b + 64 * c..256 * b + 64 * c + 64];
+                        // SAFETY: `y` holds 64 `i16`, two vectors; the loads are unaligned.
+                        let (y0, y1) = unsafe {
+                            (
+                                _mm512_loadu_si512(y.as_ptr() as *const __m512i),
+                                _mm512_loadu_si512(y.as_ptr().add(32) as *const __m512i),
+                            )
+                        };
+                        isum[r] = _mm512_add_epi32(
+                            isum[r],
+                            _mm512_add_epi32(_mm512_madd_epi16(lo, y0), _mm512_madd_epi16(hi, y1)),
+                        );
+                    }
+                }
+                let mn = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64));
+                for r in 0..R {
+                    let d = a[r].d[8 * b];
+                    acc[wi][r] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_set1_ps(wd * d), acc[wi][r]);
+                    let sums = &a[r].sums[8 * b..8 * b + 8];
+                    // SAFETY: `sums` holds 8 `i32`, 32 bytes; the load is unaligned.
+                    let sums = unsafe { _mm256_loadu_si256(sums.as_ptr() as *const __m256i) };
+                    let ms = _mm256_cvtepi32_ps(_mm256_mullo_epi32(mn, sums));
+                    mins[wi][r] = _mm256_fmadd_ps(ms, _mm256_set1_ps(wm * d), mins[wi][r]);
+                }
+            }
+        }
+        for (o, (v, m)) in out.chunks_exact_mut(R).zip(acc.iter().zip(&mins)) {
+            for r in 0..R {
+                o[r] = _mm512_reduce_add_ps(v[r]) - hsum(m[r]);
             }
         }
     }
@@ -976,7 +1229,15 @@ mod tests {
     #[test]
     fn fast_dots_match_the_reference() {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-        for kind in [Kind::Q8_0, Kind::Q5_0, Kind::Q4K, Kind::Q6K] {
+        // `q4_k` with one activation scale per block and per 256 (its own matrix-vector kernel).
+        let cases = [
+            (Kind::Q8_0, QK),
+            (Kind::Q5_0, QK),
+            (Kind::Q4K, QK),
+            (Kind::Q4K, 256),
+            (Kind::Q6K, QK),
+        ];
+        for (kind, span) in cases {
             for &k in &[256usize, 1024, 2560] {
                 for _ in 0..10 {
                     let w = random_row(kind, k, &mut rng);
@@ -984,7 +1245,8 @@ mod tests {
                     let mut wf = vec![0f32; k];
                     decode_row(dtype(kind), &w, &mut wf);
                     let mut acts = Acts::default();
-                    assert!(acts.quantize(&one_thread(), Simd::detect(), &x, TILE, k));
+                    assert!(acts.quantize_span(&one_thread(), Simd::detect(), &x, TILE, k, span));
+                    assert_eq!(acts.span, span);
                     let rows: Vec<ActRow> = (0..TILE).map(|r| acts.row(r, k)).collect();
                     for set in KernelSet::ALL.into_iter().filter(|s| s.available()) {
                         let mut tiled = [0f32; TILE];
@@ -1085,7 +1347,9 @@ mod tests {
             let x: Vec<f32> = (0..rows * k).map(|_| rng.unit()).collect();
             for set in KernelSet::ALL.into_iter().filter(|s| s.available()) {
                 let mut scratch = vec![0f32; n * rows];
-                assert!(matmul(&pool, set, &x, rows, &w, &mut scratch));
+                let layout = matmul(&pool, None, set, &x, rows, &w, &mut scratch).expect("covered");
+                let mut product = vec![0f32; n * rows];
+                crate::kernels::scatter(&scratch, layout, rows, 0, &mut product);
                 let mut wf = vec![0f32; k];
                 for j in 0..n {
                     w.decode(j, &mut wf);
@@ -1093,7 +1357,7 @@ mod tests {
                         let xr = &x[r * k..(r + 1) * k];
                         let reference: f32 = xr.iter().zip(&wf).map(|(a, b)| a * b).sum();
                         let scale: f32 = xr.iter().zip(&wf).map(|(a, b)| (a * b).abs()).sum();
-                        let got = scratch[j * rows + r];
+                        let got = product[r * n + j];
                         assert!(
                             (got - reference).abs() <= 1e-4 * scale,
                             "{kind:?} {set:?} n={n} k={k} rows={rows}: ({j}, {r}) {got} vs {reference}"
@@ -1109,12 +1373,19 @@ mod tests {
     #[test]
     fn side_by_side_rows_equal_single_rows() {
         let mut rng = Rng(4242);
-        for kind in [Kind::Q8_0, Kind::Q5_0, Kind::Q4K, Kind::Q6K] {
+        let cases = [
+            (Kind::Q8_0, QK),
+            (Kind::Q5_0, QK),
+            (Kind::Q4K, QK),
+            (Kind::Q4K, 256),
+            (Kind::Q6K, QK),
+        ];
+        for (kind, span) in cases {
             let k = 768;
             let ws: Vec<Vec<u8>> = (0..WROWS).map(|_| random_row(kind, k, &mut rng)).collect();
             let x: Vec<f32> = (0..k).map(|_| rng.unit()).collect();
             let mut acts = Acts::default();
-            assert!(acts.quantize(&one_thread(), Simd::detect(), &x, 1, k));
+            assert!(acts.quantize_span(&one_thread(), Simd::detect(), &x, 1, k, span));
             let a = [acts.row(0, k)];
             let refs: Vec<&[u8]> = ws.iter().map(|w| w.as_slice()).collect();
             for set in KernelSet::ALL.into_iter().filter(|s| s.available()) {
@@ -1147,6 +1418,6 @@ mod tests {
         let mut x = vec![1f32; 32];
         x[3] = f32::INFINITY;
         let mut scratch = vec![0f32; 2];
-        assert!(!matmul(&pool, KernelSet::detect(), &x, 1, &w, &mut scratch));
+        assert!(matmul(&pool, None, KernelSet::detect(), &x, 1, &w, &mut scratch).is_none());
     }
 }

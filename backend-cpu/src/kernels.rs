@@ -12,6 +12,47 @@ use crate::weight::WeightView;
 /// Columns of a weight row decoded per parallel task in `matmul`.
 const MATMUL_CHUNK: usize = 16;
 
+/// How a matmul's product lies in its scratch (`n` columns, one per weight row, by `rows`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Column-major: row `r` of column `j` at `j * rows + r`.
+    Columns,
+    /// Panels of `width` columns side by side, each row-major: panel `c` (columns
+    /// `c * width..`, the last one narrower where `n` is not a multiple of `width`) starts at
+    /// `c * width * rows` and holds row `r` at `r * its_width`.
+    Panels {
+        /// Columns per panel.
+        width: usize,
+        /// Columns in all.
+        n: usize,
+    },
+}
+
+impl Layout {
+    /// Copies row `r`'s values of columns `j0..j0 + out.len()` into `out`.
+    pub fn copy_row(self, scratch: &[f32], rows: usize, r: usize, j0: usize, out: &mut [f32]) {
+        match self {
+            Layout::Columns => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = scratch[(j0 + i) * rows + r];
+                }
+            }
+            Layout::Panels { width, n } => {
+                let (mut j, mut o) = (j0, 0);
+                while o < out.len() {
+                    let start = j / width * width;
+                    let wc = width.min(n - start);
+                    let take = (start + wc - j).min(out.len() - o);
+                    let at = start * rows + r * wc + (j - start);
+                    out[o..o + take].copy_from_slice(&scratch[at..at + take]);
+                    j += take;
+                    o += take;
+                }
+            }
+        }
+    }
+}
+
 /// `Op::Embed`.
 pub fn embed(table: WeightView, tokens: &[u32], scale: f32, out: &mut [f32]) {
     for (row, &t) in out.chunks_exact_mut(table.k).zip(tokens) {
@@ -59,27 +100,30 @@ pub fn matmul_with(
     outs: &mut [&mut [f32]],
     fast: Option<KernelSet>,
 ) {
-    product(pool, x, rows, w, scratch, fast);
+    let layout = product(pool, None, x, rows, w, scratch, fast);
     let mut j0 = 0;
     for out in outs.iter_mut() {
-        j0 = scatter(scratch, rows, j0, out);
+        j0 = scatter(scratch, layout, rows, j0, out);
     }
 }
 
-/// The product of `Op::MatMul` into `scratch` (`n * rows`), column-major, through `crate::fast`
-/// where `fast` (a kernel set) and the weight format allow, else the reference loops.
+/// The product of `Op::MatMul` into `scratch` (`n * rows`) through `crate::fast` where `fast`
+/// (a kernel set) and the weight format allow, else the reference loops (column-major);
+/// returns how the product lies. `spin`, where given, takes the matrix-vector products of a
+/// few rows instead of `pool`.
 pub fn product(
     pool: &rayon::ThreadPool,
+    spin: Option<&crate::spin::SpinPool>,
     x: &[f32],
     rows: usize,
     w: WeightView,
     scratch: &mut [f32],
     fast: Option<KernelSet>,
-) {
+) -> Layout {
     let k = w.k;
     if let Some(set) = fast {
-        if crate::fast::matmul(pool, set, x, rows, &w, scratch) {
-            return;
+        if let Some(layout) = crate::fast::matmul(pool, spin, set, x, rows, &w, scratch) {
+            return layout;
         }
     }
     // Float weights (and formats `fast` does not cover): the reference's single running sum,
@@ -112,14 +156,21 @@ pub fn product(
                 },
             )
     });
+    Layout::Columns
 }
 
-/// Copies columns `j0..j0 + out.len() / rows` of the column-major product in `scratch` into the
-/// row-major `out`; returns the next column.
-pub fn scatter(scratch: &[f32], rows: usize, j0: usize, out: &mut [f32]) -> usize {
+/// Copies columns `j0..j0 + out.len() / rows` of the product in `scratch` (laid out as
+/// `layout` says) into the row-major `out`; returns the next column.
+pub fn scatter(scratch: &[f32], layout: Layout, rows: usize, j0: usize, out: &mut [f32]) -> usize {
     let cols = out.len() / rows.max(1);
     if cols == 0 {
         return j0;
+    }
+    if layout != Layout::Columns {
+        for (r, orow) in out.chunks_exact_mut(cols).enumerate() {
+            layout.copy_row(scratch, rows, r, j0, orow);
+        }
+        return j0 + cols;
     }
     // Row by row: the writes are contiguous, the strided reads stay within a few cache lines
     // per column from one row to the next.
@@ -136,7 +187,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-/// `Op::Rope` in the rotate-half layout.
+/// The most rotated pairs per head whose angles [`rope`] computes once per row for all its
+/// heads (head sizes up to 512); larger heads compute them per head.
+const ROPE_TABLE: usize = 256;
+
+/// `Op::Rope` in the rotate-half layout. Each row's angles (the same arithmetic for every
+/// head) are computed once per row and shared by its heads.
 pub fn rope(
     x: &[f32],
     cols: usize,
@@ -147,16 +203,31 @@ pub fn rope(
     out: &mut [f32],
 ) {
     let half = head_dim / 2;
+    let inv_freq = |d: usize| 1.0 / theta.powf((2 * d) as f32 / head_dim as f32);
+    let (mut inv, mut sin, mut cos) = ([0f32; ROPE_TABLE], [0f32; ROPE_TABLE], [0f32; ROPE_TABLE]);
+    let table = half <= ROPE_TABLE;
+    if table {
+        for (d, f) in inv[..half].iter_mut().enumerate() {
+            *f = inv_freq(d);
+        }
+    }
     for ((xr, yr), &p) in x
         .chunks_exact(cols)
         .zip(out.chunks_exact_mut(cols))
         .zip(positions)
     {
+        if table {
+            for d in 0..half {
+                (sin[d], cos[d]) = ((p as f32 / factor) * inv[d]).sin_cos();
+            }
+        }
         for (xh, yh) in xr.chunks_exact(head_dim).zip(yr.chunks_exact_mut(head_dim)) {
             for d in 0..half {
-                let inv_freq = 1.0 / theta.powf((2 * d) as f32 / head_dim as f32);
-                let a = (p as f32 / factor) * inv_freq;
-                let (s, c) = a.sin_cos();
+                let (s, c) = if table {
+                    (sin[d], cos[d])
+                } else {
+                    ((p as f32 / factor) * inv_freq(d)).sin_cos()
+                };
                 let (x1, x2) = (xh[d], xh[d + half]);
                 yh[d] = x1 * c - x2 * s;
                 yh[d + half] = x2 * c + x1 * s;

@@ -18,6 +18,7 @@ mod convert;
 mod fast;
 pub mod kernels;
 mod par;
+pub mod spin;
 mod vmath;
 pub mod weight;
 
@@ -26,7 +27,7 @@ use tandem_backend_api::kit::{
 };
 use tandem_backend_api::{
     BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, DeviceKind, Graph,
-    Op, ProgramId, RowCount, StepArgs, Support, TensorDesc, Ticket, Usage, ValueShape, WeightRef,
+    NodeTime, Op, ProgramId, RowCount, StepArgs, Support, TensorDesc, Ticket, Usage, ValueShape, WeightRef,
     MEMORY_LIMIT,
 };
 
@@ -99,11 +100,18 @@ struct Program {
     scratch: Vec<f32>,
     /// Decoded norm weights (largest group).
     norm_weight: Vec<f32>,
+    /// Seconds each node took in the last execution, where the backend option `profile` is on
+    /// (empty otherwise).
+    times: Vec<f64>,
 }
 
 /// The CPU backend.
 pub struct CpuBackend {
     pool: std::sync::Arc<rayon::ThreadPool>,
+    /// Backend option `spin`: the same number of threads spinning between the small parallel
+    /// loops of a decode step, instead of the pool's sleeping ones (by default where there are
+    /// 4 threads or more: on 2 it measured slower, see the README).
+    spin: Option<spin::SpinPool>,
     threads: usize,
     buffers: Buffers<Buffer>,
     programs: Programs<Program>,
@@ -118,6 +126,11 @@ pub struct CpuBackend {
     memory_budget: Option<u64>,
     /// Bytes held by the buffers `alloc` made.
     in_use: u64,
+    /// Threads asked for in the `threads` option, where more than the host's cores (then
+    /// `threads` is the host's cores).
+    clamped_from: Option<usize>,
+    /// Backend option `profile`: time every node of each execution (two clock reads per node).
+    profile: bool,
 }
 
 impl BackendPlugin for CpuBackend {
@@ -125,12 +138,17 @@ impl BackendPlugin for CpuBackend {
 
     fn create(options: &BackendOptions) -> Result<Self, BackendError> {
         let default_threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let threads = options.parse::<usize>("threads")?.unwrap_or(default_threads);
-        if threads == 0 {
+        let asked = options.parse::<usize>("threads")?.unwrap_or(default_threads);
+        if asked == 0 {
             return Err(BackendError::invalid(
                 "backend option 'threads' must be at least 1",
             ));
         }
+        // More threads than cores only take turns on them (and spin at every parallel loop's
+        // end): clamped, and `engine backends` says so.
+        let threads = asked.min(default_threads);
+        let clamped_from = (threads < asked).then_some(asked);
+        let profile = options.parse::<bool>("profile")?.unwrap_or(false);
         let kernels = match options.get("kernels") {
             Some("reference") => None,
             None | Some("fast") => Some(KernelSet::detect()),
@@ -144,9 +162,11 @@ impl BackendPlugin for CpuBackend {
                     )))
                 }
                 None => {
+                    let sets: Vec<String> = KernelSet::ALL.iter().map(|s| format!("'{}'", s.name())).collect();
                     return Err(BackendError::invalid(format!(
-                        "backend option 'kernels' must be 'fast', 'reference', 'avx512', 'avx2' or 'scalar', not '{v}'"
-                    )))
+                        "backend option 'kernels' must be 'fast', 'reference' or a kernel set ({}), not '{v}'",
+                        sets.join(", ")
+                    )));
                 }
             },
         };
@@ -160,8 +180,16 @@ impl BackendPlugin for CpuBackend {
             .thread_name(|i| format!("tandem-cpu-{i}"))
             .build()
             .map_err(|e| BackendError::internal(format!("cannot start {threads} threads: {e}")))?;
+        let spin = match options.parse::<bool>("spin")?.unwrap_or(threads >= 4) {
+            true => Some(
+                spin::SpinPool::new(threads)
+                    .map_err(|e| BackendError::internal(format!("cannot start {threads} threads: {e}")))?,
+            ),
+            false => None,
+        };
         Ok(CpuBackend {
             pool: std::sync::Arc::new(pool),
+            spin,
             threads,
             buffers: Buffers::new(),
             programs: Programs::new(),
@@ -169,6 +197,8 @@ impl BackendPlugin for CpuBackend {
             kernels,
             memory_budget,
             in_use: 0,
+            clamped_from,
+            profile,
         })
     }
 }
@@ -266,6 +296,18 @@ impl CpuBackend {
             // Every pool thread's attention scores at their largest now, not in the token loop.
             self.pool.broadcast(|_| attention::reserve(capacity));
         }
+        if let Some(head_dim) = graph
+            .nodes
+            .iter()
+            .filter_map(|n| match &n.op {
+                Op::Attention { head_dim, .. } if graph.rows >= 8 => Some(*head_dim),
+                _ => None,
+            })
+            .max()
+        {
+            // Prefill attention's block buffers, likewise.
+            self.pool.broadcast(|_| attention::reserve_tiles(head_dim));
+        }
         let values = shapes.iter().map(|s| vec![0f32; rows_of(s) * s.cols]).collect();
         let program = Program {
             graph: graph.clone(),
@@ -273,13 +315,23 @@ impl CpuBackend {
             values,
             scratch: vec![0f32; scratch],
             norm_weight: vec![0f32; norm],
+            times: Vec::new(),
         };
         Ok((program, buffers))
     }
 
     fn run(&mut self, prog: &mut Program, args: &StepArgs<'_>) -> Result<(), BackendError> {
         let rows = prog.graph.rows;
-        for node in &prog.graph.nodes {
+        prog.times.clear();
+        // With `profile`, each node's time is taken when the next one starts (and after the
+        // last).
+        let mut mark = self.profile.then(std::time::Instant::now);
+        for (i, node) in prog.graph.nodes.iter().enumerate() {
+            if let (Some(m), true) = (mark.as_mut(), i > 0) {
+                let now = std::time::Instant::now();
+                prog.times.push((now - *m).as_secs_f64());
+                *m = now;
+            }
             let values = &mut prog.values;
             let Some(&first) = node.outputs.first() else {
                 // Output: the only node defining no value.
@@ -325,17 +377,25 @@ impl CpuBackend {
                     };
                     // No allocation per step: the product lands in the program's scratch and
                     // is copied into each split's value in place.
-                    kernels::product(
+                    let layout = kernels::product(
                         &self.pool,
+                        self.spin.as_ref(),
                         &values[x.0 as usize],
                         xrows,
                         w,
                         &mut prog.scratch,
                         self.kernels,
                     );
-                    let mut j0 = par::scatter(&self.pool, &prog.scratch, xrows, 0, &mut out);
+                    let mut j0 = par::scatter(&self.pool, &prog.scratch, layout, xrows, 0, &mut out);
                     for o in &node.outputs[1..] {
-                        j0 = par::scatter(&self.pool, &prog.scratch, xrows, j0, &mut values[o.0 as usize]);
+                        j0 = par::scatter(
+                            &self.pool,
+                            &prog.scratch,
+                            layout,
+                            xrows,
+                            j0,
+                            &mut values[o.0 as usize],
+                        );
                     }
                 }
                 Op::Rope {
@@ -395,6 +455,7 @@ impl CpuBackend {
                     let fast = self.kernels.is_some()
                         && attention::attend(
                             &self.pool,
+                            self.spin.as_ref(),
                             &shape,
                             v(q),
                             args.positions,
@@ -441,6 +502,9 @@ impl CpuBackend {
             }
             values[first.0 as usize] = out;
         }
+        if let Some(m) = mark {
+            prog.times.push(m.elapsed().as_secs_f64());
+        }
         Ok(())
     }
 
@@ -468,8 +532,15 @@ impl ComputeBackend for CpuBackend {
             kind: DeviceKind::Cpu,
             memory_bytes: self.memory_budget,
             features: vec![
-                format!("threads={}", self.threads),
+                match self.clamped_from {
+                    Some(asked) => format!("threads={} (of {asked} asked: the host's cores)", self.threads),
+                    None => format!("threads={}", self.threads),
+                },
                 format!("kernels={}", self.kernels.map_or("reference", KernelSet::name)),
+                format!(
+                    "decode_threads={}",
+                    if self.spin.is_some() { "spin" } else { "pool" }
+                ),
             ],
         }
     }
@@ -580,6 +651,21 @@ impl ComputeBackend for CpuBackend {
 
     fn release(&mut self, program: ProgramId) -> Result<(), BackendError> {
         self.programs.release(program).map(|_| ())
+    }
+
+    fn profile(&mut self, program: ProgramId) -> Result<Vec<NodeTime>, BackendError> {
+        let prog = &self.programs.get(program)?.program;
+        Ok(prog
+            .times
+            .iter()
+            .zip(&prog.graph.nodes)
+            .enumerate()
+            .map(|(node, (&seconds, n))| NodeTime {
+                node,
+                op: n.op.name(),
+                seconds,
+            })
+            .collect())
     }
 }
 

@@ -6,6 +6,8 @@
 
 use rayon::prelude::*;
 
+use crate::kernels::Layout;
+
 /// The fewest values an op must write before it is split across threads.
 const MIN_PARALLEL: usize = 1 << 15;
 
@@ -40,6 +42,7 @@ where
 pub fn scatter(
     pool: &rayon::ThreadPool,
     scratch: &[f32],
+    layout: Layout,
     n_rows: usize,
     j0: usize,
     out: &mut [f32],
@@ -47,6 +50,14 @@ pub fn scatter(
     let cols = out.len() / n_rows.max(1);
     if cols == 0 {
         return j0;
+    }
+    if layout != Layout::Columns {
+        rows(pool, out, cols, |first, chunk| {
+            for (i, orow) in chunk.chunks_exact_mut(cols).enumerate() {
+                layout.copy_row(scratch, n_rows, first + i, j0, orow);
+            }
+        });
+        return j0 + cols;
     }
     let cols_of = &scratch[j0 * n_rows..(j0 + cols) * n_rows];
     rows(pool, out, cols, |first, chunk| {

@@ -7,7 +7,7 @@ use crate::fast::KernelSet;
 /// `e^x` for `x` in about [-87, 88] (clamped there: the result saturates towards 0 or 2^127
 /// rather than becoming infinite), within about 2 ulp of the exact value.
 #[inline(always)]
-fn exp(x: f32) -> f32 {
+pub(crate) fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;

@@ -17,21 +17,31 @@ fn lists_cpu_available_and_the_others_with_a_reason() {
     insta::assert_snapshot!(text);
 }
 
-/// `threads=<n>` becomes `threads=N` and `kernels=<set>` `kernels=SET`, after checking that the
-/// set is one the CPU backend names.
+/// `threads=<n>` becomes `threads=N`, `kernels=<set>` `kernels=SET` (after checking that the
+/// set is one the CPU backend names) and `decode_threads=<spin|pool>` `decode_threads=POOL`.
 fn normalize_cpu_line(s: &str) -> String {
     s.lines()
         .map(|l| {
             let mut l = l.to_string();
-            for (key, with) in [("threads=", "N"), ("kernels=", "SET")] {
+            for (key, with) in [
+                ("threads=", "N"),
+                ("kernels=", "SET"),
+                ("decode_threads=", "POOL"),
+            ] {
                 if let Some(i) = l.find(key) {
                     let v = i + key.len();
                     let end = l[v..]
                         .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                         .map_or(l.len(), |e| v + e);
+                    if key == "decode_threads=" {
+                        assert!(
+                            ["spin", "pool"].contains(&&l[v..end]),
+                            "unknown decode threads in {l}"
+                        );
+                    }
                     if key == "kernels=" {
                         assert!(
-                            ["avx512", "avx2", "scalar"].contains(&&l[v..end]),
+                            ["avx512_vnni", "avx512", "avx2", "scalar"].contains(&&l[v..end]),
                             "unknown kernel set in {l}"
                         );
                     }
@@ -136,6 +146,16 @@ fn backend_options_from_the_config_reach_the_plugin() {
     let out = install.run(&["--config", cfg.to_str().unwrap(), "backends"]);
     let text = install.stdout(&out);
     assert!(text.contains("'threads' must be at least 1"), "{text}");
+    // Not a number: the option and the value named.
+    std::fs::write(&cfg, "[backend.cpu]\nthreads = \"many\"\n").unwrap();
+    let out = install.run(&["--config", cfg.to_str().unwrap(), "backends"]);
+    let text = install.stdout(&out);
+    assert!(text.contains("'threads'") && text.contains("'many'"), "{text}");
+    // More threads than any host has cores: clamped to the host's, and said.
+    std::fs::write(&cfg, "[backend.cpu]\nthreads = 100000\n").unwrap();
+    let out = install.run(&["--config", cfg.to_str().unwrap(), "backends"]);
+    let text = install.stdout(&out);
+    assert!(text.contains("(of 100000 asked: the host's cores)"), "{text}");
 }
 
 #[test]

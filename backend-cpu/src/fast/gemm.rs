@@ -1,41 +1,59 @@
-//! The prefill product (many activation rows): each weight row is unpacked once per matmul into
+//! The prefill product (many activation rows): each weight row is unpacked once per task into
 //! `i16` values (with the format's integer sub-block scales folded in) and an `f32` scale per
-//! block of [`QK`], then register tiles of [`WR`] weight rows by [`AR`] activation rows run
-//! integer dots over blocks that stay in cache, in blocks of [`ROW_BLOCK`] activation rows.
+//! block of [`QK`], then register tiles run integer dots over it for every activation row of
+//! the task. A task covers a panel of weight rows (output columns) and a block of activation
+//! rows, and writes its part of the product row-major ([`crate::kernels::Layout::Panels`]),
+//! so that the copy into each output is a run of contiguous values per row.
+//!
+//! Two tile shapes:
+//! - AVX-512 (`avx512`, `avx512_vnni`): outer products. The unpacked weights are interleaved
+//!   so that one 512-bit vector holds a pair of consecutive values of 16 weight rows; a pair of
+//!   activation values is broadcast, and `vpdpwssd` (or `vpmaddwd` and an add) accumulates
+//!   `2 x 16` products into 16 lanes, one per output column. A tile is [`PANEL`] columns by
+//!   [`MR`] activation rows: 12 integer accumulators, converted and scaled into 12 `f32` ones
+//!   once per block (every 16 values for `q6_k`, whose largest products would overflow 32 bits
+//!   over a whole block). No horizontal sums.
+//! - AVX2 and scalar: dot products along `k`, [`WR`] weight rows by [`AR`] activation rows.
 //!
 //! The arithmetic is the fused kernels' (`super::scalar`): the same integer products per block
 //! (here with the sub-block scale inside the integer, which is exact: the largest unpacked value
-//! is 32 * 128 for `q6_k`, whose products with 16-bit activations sum to at most 2^29 per lane),
-//! scaled by the same `f32` factors; only the order of the `f32` additions differs.
-//!
-//! Where it pays: the fused kernels unpack every weight block once per [`super::TILE`] rows
-//! and stream all activation rows once per weight row; here a weight block is unpacked once and
-//! every activation block loaded serves [`WR`] weight rows.
+//! is 32 * 128 for `q6_k`; 16 of its products with 16-bit activations stay below 2^31), scaled
+//! by the same `f32` factors; only the order of the `f32` additions differs.
 
 use std::cell::RefCell;
 
 use super::{f16_at, grow, k_scale_min, Acts, KernelSet, Kind, QK};
 
-/// Weight rows per register tile.
+/// Weight rows per register tile of the AVX2 and scalar product.
 pub(super) const WR: usize = 2;
-/// Activation rows per register tile.
+/// Activation rows per register tile of the AVX2 and scalar product.
 pub(super) const AR: usize = 4;
-/// Activation rows whose quantized blocks stay in cache while a task's weight rows pass over
-/// them (64 rows of `k = 6912` in 16 bits: 864 KiB, within a core's L2 on current x86).
+/// Weight rows (output columns) per interleaved panel of the AVX-512 product: two vectors of 16.
+pub(super) const PANEL: usize = 32;
+/// Activation rows per register tile of the AVX-512 product.
+const MR: usize = 6;
+/// Activation rows whose quantized blocks stay in cache while the AVX2 tiles pass over them
+/// (64 rows of `k = 6912` in 16 bits: 864 KiB, within a core's L2 on current x86).
 const ROW_BLOCK: usize = 64;
-/// The most weight rows a task unpacks at once.
-pub(super) const MAX_TASK_ROWS: usize = 32;
+/// The most weight rows a task unpacks at once (a multiple of [`PANEL`] and of [`WR`]).
+pub(super) const MAX_TASK_ROWS: usize = 64;
 
 /// A task's unpacked weight rows.
 #[derive(Default)]
 pub(super) struct Unpacked {
-    /// `rows * k` values.
+    /// `rows * k` values (interleaved in panels for the AVX-512 product).
     w: Vec<i16>,
     /// `rows * k / QK` block scales.
     scale: Vec<f32>,
     /// `rows * k / QK` block offsets (`q4_k`'s `dmin * min`), subtracted times the activation
     /// block's scale and sum.
     bias: Vec<f32>,
+    /// One row of `k` values, before interleaving.
+    row: Vec<i16>,
+    /// One row's scales, before interleaving.
+    row_scale: Vec<f32>,
+    /// One row's offsets, before interleaving.
+    row_bias: Vec<f32>,
 }
 
 thread_local! {
@@ -49,6 +67,9 @@ pub(super) fn reserve(k: usize) {
         grow(&mut u.w, MAX_TASK_ROWS * k);
         grow(&mut u.scale, MAX_TASK_ROWS * k / QK);
         grow(&mut u.bias, MAX_TASK_ROWS * k / QK);
+        grow(&mut u.row, k);
+        grow(&mut u.row_scale, k / QK);
+        grow(&mut u.row_bias, k / QK);
     });
 }
 
@@ -141,8 +162,9 @@ pub(super) struct WRow<'a> {
     pub(super) bias: &'a [f32],
 }
 
-/// Writes the products of weight rows `j0..j0 + n` (bytes `rb` each in `bytes`) with every
-/// activation row of `acts` into `dst` (`n * rows`, column-major: `dst[j * rows + r]`).
+/// Writes the products of weight rows `j0..j0 + width` (bytes `rb` each in `bytes`) with
+/// activation rows `r0..r0 + dst.len() / width` of `acts` into `dst`, row-major (`width`
+/// values per activation row).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn task(
     kind: Kind,
@@ -151,18 +173,28 @@ pub(super) fn task(
     rb: usize,
     k: usize,
     acts: &Acts,
-    rows: usize,
+    r0: usize,
     j0: usize,
+    width: usize,
     dst: &mut [f32],
 ) {
-    let n = dst.len() / rows;
+    #[cfg(target_arch = "x86_64")]
+    if let Some(p) = set.wide() {
+        let proof = match set.vnni() {
+            Some(v) => wide::Proof::Vnni(v),
+            None => wide::Proof::Wide(p),
+        };
+        return wide::task(proof, kind, bytes, rb, k, acts, r0, j0, width, dst);
+    }
+    let rows = dst.len() / width;
+    let n = width;
     let nb = k / QK;
     UNPACKED.with(|cell| {
         let mut u = cell.borrow_mut();
         grow(&mut u.w, n * k);
         grow(&mut u.scale, n * nb);
         grow(&mut u.bias, n * nb);
-        let Unpacked { w, scale, bias } = &mut *u;
+        let Unpacked { w, scale, bias, .. } = &mut *u;
         for j in 0..n {
             let row = &bytes[(j0 + j) * rb..(j0 + j + 1) * rb];
             unpack(
@@ -179,24 +211,24 @@ pub(super) fn task(
             bias: &bias[j * nb..(j + 1) * nb],
         };
         let has_bias = kind == Kind::Q4K;
-        for r0 in (0..rows).step_by(ROW_BLOCK) {
-            let r1 = (r0 + ROW_BLOCK).min(rows);
+        for b0 in (0..rows).step_by(ROW_BLOCK) {
+            let b1 = (b0 + ROW_BLOCK).min(rows);
             let mut j = 0;
             while j < n {
                 let wn = (n - j).min(WR);
                 let ws = [wrow(j), wrow((j + 1).min(n - 1))];
-                let mut r = r0;
-                while r < r1 {
-                    let an = (r1 - r).min(AR);
+                let mut r = b0;
+                while r < b1 {
+                    let an = (b1 - r).min(AR);
                     let mut out = [[0f32; AR]; WR];
-                    tile(set, &ws[..wn], acts, r, an, k, &mut out);
+                    tile(set, &ws[..wn], acts, r0 + r, an, k, &mut out);
                     for (wi, o) in out.iter().enumerate().take(wn) {
                         for (ai, v) in o.iter().enumerate().take(an) {
                             let mut v = *v;
                             if has_bias {
-                                v -= bias_term(ws[wi].bias, acts, r + ai, k);
+                                v -= bias_term(ws[wi].bias, acts, r0 + r + ai, k);
                             }
-                            dst[(j + wi) * rows + r + ai] = v;
+                            dst[(r + ai) * width + j + wi] = v;
                         }
                     }
                     r += an;
@@ -378,6 +410,256 @@ mod avx2 {
     }
 }
 
+/// The AVX-512 outer-product tiles over interleaved panels.
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use std::arch::x86_64::*;
+
+    use super::super::{ActRow, Vnni, Wide};
+    use super::*;
+
+    /// Which AVX-512 integer dot the CPU was found to have.
+    #[derive(Clone, Copy)]
+    pub(super) enum Proof {
+        /// `vpmaddwd` and `vpaddd`.
+        Wide(Wide),
+        /// `vpdpwssd`.
+        Vnni(Vnni),
+    }
+
+    /// [`super::task`] on AVX-512: weight rows unpacked into panels of [`PANEL`] interleaved
+    /// rows, then tiles of [`MR`] activation rows by one panel.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn task(
+        proof: Proof,
+        kind: Kind,
+        bytes: &[u8],
+        rb: usize,
+        k: usize,
+        acts: &Acts,
+        r0: usize,
+        j0: usize,
+        width: usize,
+        dst: &mut [f32],
+    ) {
+        let rows = dst.len() / width;
+        let nb = k / QK;
+        let panels = width.div_ceil(PANEL);
+        UNPACKED.with(|cell| {
+            let mut u = cell.borrow_mut();
+            let u = &mut *u;
+            grow(&mut u.w, panels * PANEL * k);
+            grow(&mut u.scale, panels * PANEL * nb);
+            grow(&mut u.bias, panels * PANEL * nb);
+            grow(&mut u.row, k);
+            grow(&mut u.row_scale, nb);
+            grow(&mut u.row_bias, nb);
+            for j in 0..panels * PANEL {
+                let (row, rs, rbias) = (&mut u.row[..k], &mut u.row_scale[..nb], &mut u.row_bias[..nb]);
+                if j < width {
+                    unpack(kind, &bytes[(j0 + j) * rb..(j0 + j + 1) * rb], row, rs, rbias);
+                } else {
+                    // Columns past the last weight row: zeros, never written out.
+                    row.fill(0);
+                    rs.fill(0.0);
+                    rbias.fill(0.0);
+                }
+                interleave(j, row, rs, rbias, &mut u.w, &mut u.scale, &mut u.bias, k);
+            }
+            let (w, scale, bias) = (&u.w, &u.scale, &u.bias);
+            let has_bias = kind == Kind::Q4K;
+            let mut r = 0;
+            while r < rows {
+                let an = (rows - r).min(MR);
+                let a: [ActRow; MR] = std::array::from_fn(|i| acts.row(r0 + r + i.min(an - 1), k));
+                for p in 0..panels {
+                    let pw = &w[p * PANEL * k..(p + 1) * PANEL * k];
+                    let ps = &scale[p * PANEL * nb..(p + 1) * PANEL * nb];
+                    let pb = &bias[p * PANEL * nb..(p + 1) * PANEL * nb];
+                    let out = tile(proof, kind == Kind::Q6K, has_bias, pw, ps, pb, &a, nb);
+                    let cols = (width - p * PANEL).min(PANEL);
+                    for (i, o) in out.iter().enumerate().take(an) {
+                        let at = (r + i) * width + p * PANEL;
+                        dst[at..at + cols].copy_from_slice(&o[..cols]);
+                    }
+                }
+                r += an;
+            }
+        });
+    }
+
+    /// Places unpacked row `j` of a task (its values, scales and offsets) in the interleaved
+    /// panels: value pair `p` of panel row `l` (of [`PANEL`]) at `(2p + l / 16) * 32 + 2 (l % 16)`,
+    /// block `b`'s scale at `(2b + l / 16) * 16 + l % 16`.
+    #[allow(clippy::too_many_arguments)]
+    fn interleave(
+        j: usize,
+        row: &[i16],
+        rs: &[f32],
+        rbias: &[f32],
+        w: &mut [i16],
+        scale: &mut [f32],
+        bias: &mut [f32],
+        k: usize,
+    ) {
+        let nb = k / QK;
+        let (p, l) = (j / PANEL, j % PANEL);
+        let (v, lane) = (l / 16, l % 16);
+        let pw = &mut w[p * PANEL * k..(p + 1) * PANEL * k];
+        for (q, pair) in row.chunks_exact(2).enumerate() {
+            let at = (2 * q + v) * 32 + 2 * lane;
+            pw[at..at + 2].copy_from_slice(pair);
+        }
+        let ps = &mut scale[p * PANEL * nb..(p + 1) * PANEL * nb];
+        let pb = &mut bias[p * PANEL * nb..(p + 1) * PANEL * nb];
+        for b in 0..nb {
+            let at = (2 * b + v) * 16 + lane;
+            ps[at] = rs[b];
+            pb[at] = rbias[b];
+        }
+    }
+
+    /// One tile: the products of a panel with the activation rows `a`, `[row][column]`.
+    #[allow(clippy::too_many_arguments)]
+    fn tile(
+        proof: Proof,
+        halves: bool,
+        has_bias: bool,
+        w: &[i16],
+        scale: &[f32],
+        bias: &[f32],
+        a: &[ActRow; MR],
+        nb: usize,
+    ) -> [[f32; PANEL]; MR] {
+        let k = nb * QK;
+        assert!(
+            w.len() >= PANEL * k
+                && scale.len() >= PANEL * nb
+                && bias.len() >= PANEL * nb
+                && a.iter()
+                    .all(|r| r.qs.len() >= k && r.d.len() >= nb && r.sums.len() >= nb)
+        );
+        // SAFETY: (every arm) the proof exists only where its features were detected at run
+        // time; the lengths the kernel reads within are checked just above.
+        unsafe {
+            match (proof, halves, has_bias) {
+                (Proof::Vnni(_), false, false) => vnni::<16, false>(w, scale, bias, a, nb),
+                (Proof::Vnni(_), false, true) => vnni::<16, true>(w, scale, bias, a, nb),
+                (Proof::Vnni(_), true, _) => vnni::<8, false>(w, scale, bias, a, nb),
+                (Proof::Wide(_), false, false) => madd::<16, false>(w, scale, bias, a, nb),
+                (Proof::Wide(_), false, true) => madd::<16, true>(w, scale, bias, a, nb),
+                (Proof::Wide(_), true, _) => madd::<8, false>(w, scale, bias, a, nb),
+            }
+        }
+    }
+
+    /// Defines a tile kernel with target features `$features`, whose integer step
+    /// `acc += w * x` (pairs of 16-bit values into 32-bit lanes) is `$dp`.
+    macro_rules! kernel {
+        ($(#[$doc:meta])* $name:ident, $features:literal, |$acc:ident, $w:ident, $x:ident| $dp:expr) => {
+            $(#[$doc])*
+            ///
+            /// # Safety
+            /// The CPU has the features named; `w` holds `PANEL * nb * QK` values, `scale` and
+            /// `bias` `PANEL * nb`, every row of `a` `nb * QK` values and `nb` scales and sums.
+            #[target_feature(enable = $features)]
+            unsafe fn $name<const SEG: usize, const BIAS: bool>(
+                w: &[i16],
+                scale: &[f32],
+                bias: &[f32],
+                a: &[ActRow; MR],
+                nb: usize,
+            ) -> [[f32; PANEL]; MR] {
+                let mut acc = [[_mm512_setzero_ps(); MR]; 2];
+                let wp = w.as_ptr();
+                for b in 0..nb {
+                    for s in 0..16 / SEG {
+                        let mut ia = [[_mm512_setzero_si512(); MR]; 2];
+                        for p in 0..SEG {
+                            // Value pair `kp` of the row: 16 pairs per block of `QK`.
+                            let kp = 16 * b + SEG * s + p;
+                            // SAFETY: `kp < nb * QK / 2`, so both vectors lie within `w`
+                            // (`PANEL * nb * QK` values), and the pair within each row of `a`.
+                            let (w0, w1) = unsafe {
+                                (
+                                    _mm512_loadu_si512(wp.add(64 * kp) as *const __m512i),
+                                    _mm512_loadu_si512(wp.add(64 * kp + 32) as *const __m512i),
+                                )
+                            };
+                            for r in 0..MR {
+                                // SAFETY: as above.
+                                let pair = unsafe {
+                                    std::ptr::read_unaligned(a[r].qs.as_ptr().add(2 * kp) as *const i32)
+                                };
+                                let $x = _mm512_set1_epi32(pair);
+                                {
+                                    let ($acc, $w) = (ia[0][r], w0);
+                                    ia[0][r] = $dp;
+                                }
+                                {
+                                    let ($acc, $w) = (ia[1][r], w1);
+                                    ia[1][r] = $dp;
+                                }
+                            }
+                        }
+                        // SAFETY: `b < nb`: 32 scales at `32 b` within `scale`.
+                        let (s0, s1) = unsafe {
+                            (
+                                _mm512_loadu_ps(scale.as_ptr().add(32 * b)),
+                                _mm512_loadu_ps(scale.as_ptr().add(32 * b + 16)),
+                            )
+                        };
+                        for r in 0..MR {
+                            let d = _mm512_set1_ps(a[r].d[b]);
+                            let v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(ia[0][r]), s0);
+                            let v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(ia[1][r]), s1);
+                            acc[0][r] = _mm512_fmadd_ps(v0, d, acc[0][r]);
+                            acc[1][r] = _mm512_fmadd_ps(v1, d, acc[1][r]);
+                        }
+                    }
+                    if BIAS {
+                        // SAFETY: as for the scales.
+                        let (b0, b1) = unsafe {
+                            (
+                                _mm512_loadu_ps(bias.as_ptr().add(32 * b)),
+                                _mm512_loadu_ps(bias.as_ptr().add(32 * b + 16)),
+                            )
+                        };
+                        for r in 0..MR {
+                            let m = _mm512_set1_ps(a[r].d[b] * a[r].sums[b] as f32);
+                            acc[0][r] = _mm512_fnmadd_ps(b0, m, acc[0][r]);
+                            acc[1][r] = _mm512_fnmadd_ps(b1, m, acc[1][r]);
+                        }
+                    }
+                }
+                let mut out = [[0f32; PANEL]; MR];
+                for (o, r) in out.iter_mut().zip(0..MR) {
+                    let (lo, hi) = o.split_at_mut(16);
+                    // SAFETY: each half holds 16 `f32`.
+                    unsafe {
+                        _mm512_storeu_ps(lo.as_mut_ptr(), acc[0][r]);
+                        _mm512_storeu_ps(hi.as_mut_ptr(), acc[1][r]);
+                    }
+                }
+                out
+            }
+        };
+    }
+
+    kernel!(
+        /// The tile with `vpdpwssd` (AVX-512 VNNI).
+        vnni,
+        "avx512f,avx512bw,avx512vnni,avx2,fma,f16c",
+        |acc, w, x| _mm512_dpwssd_epi32(acc, w, x)
+    );
+    kernel!(
+        /// The tile with `vpmaddwd` and `vpaddd` (AVX-512 BW).
+        madd,
+        "avx512f,avx512bw,avx2,fma,f16c",
+        |acc, w, x| _mm512_add_epi32(acc, _mm512_madd_epi16(w, x))
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -425,12 +707,13 @@ mod tests {
                 rb,
                 k,
                 &acts,
-                rows,
                 0,
+                0,
+                n,
                 &mut forced,
             );
             for set in KernelSet::ALL.into_iter().filter(|s| s.available()) {
-                task(kind, set, &bytes, rb, k, &acts, rows, 0, &mut detected);
+                task(kind, set, &bytes, rb, k, &acts, 0, 0, n, &mut detected);
                 // Only the order of the f32 additions differs: within 1e-5 of the largest product.
                 let scale = forced.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (i, (a, b)) in forced.iter().zip(&detected).enumerate() {

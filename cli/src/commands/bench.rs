@@ -36,8 +36,9 @@ pub struct Args {
     /// Timed repetitions per batch size (after one warm-up).
     #[arg(long, default_value_t = 5)]
     repeat: usize,
-    /// Per-op device times on the GPU backends (timestamps after every node, which serialise the
-    /// GPU's work: a profiled run measures where time goes, not the speed).
+    /// Per-op times: on the GPU backends device timestamps after every node (which serialise the
+    /// GPU's work: a profiled run measures where time goes, not the speed), on the CPU the wall
+    /// time of every node.
     #[arg(long)]
     profile: bool,
     /// Print the JSON result (otherwise a table).
@@ -99,7 +100,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let mut load_bar = LoadBar::default();
     let mut settings = ctx.settings.clone();
     if args.profile {
-        for name in ["vulkan", "wgpu"] {
+        for name in ["cpu", "vulkan", "wgpu"] {
             settings.set_backend_option(name, "profile", "true");
         }
     }

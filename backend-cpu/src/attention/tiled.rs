@@ -1,0 +1,444 @@
+//! Prefill attention in tiles: a block of consecutive rows of one slot attends for each KV
+//! head as two small matrix products, every cached K and V row read once per block instead
+//! of once per row.
+//!
+//! The block's queries of one KV head (its rows times the group's heads, `m` of them) are
+//! transposed once into `qt` (`head_dim x m`), so that every product runs along the query
+//! dimension in vector lanes: the scores `st = K qt` (`keys x m`) broadcast one cached value
+//! against a vector of queries, the softmax's maximum and sum are lane-wise over keys, and
+//! the weighted values `ot = V^T st` (`head_dim x m`) broadcast one cached value against a
+//! vector of weights. No horizontal sums; the results are transposed back once per block.
+//!
+//! The arithmetic is `kernels::attend`'s (scaled dot, soft-cap, a softmax over the row's
+//! window), with the division by the softmax's sum moved after the weighted sum and the
+//! `f32` sums in another order.
+
+use std::cell::RefCell;
+
+use crate::kernels::AttentionShape;
+
+/// Queries per block and KV head at the most (rows times the group's heads).
+pub(super) const MAX_QUERIES: usize = 64;
+
+/// The most `f32` scores a block holds (keys times padded queries): 1 MiB, 4096 keys. A
+/// block over more keys goes to the per-row kernel.
+const MAX_SCORES: usize = 1 << 18;
+
+/// Keys (and value dimensions) per register tile.
+const KT: usize = 4;
+
+/// A block's buffers, per thread.
+#[derive(Default)]
+struct Tiles {
+    qt: Vec<f32>,
+    st: Vec<f32>,
+    ot: Vec<f32>,
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    /// Per query: the first and last cached position it attends to.
+    lo: Vec<u32>,
+    hi: Vec<u32>,
+    /// Per key: its row's offset in the cache.
+    offs: Vec<usize>,
+}
+
+thread_local! {
+    static TILES: RefCell<Tiles> = RefCell::default();
+}
+
+fn grow(v: &mut Vec<f32>, len: usize) {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+}
+
+fn grow_u32(v: &mut Vec<u32>, len: usize) {
+    if v.len() < len {
+        v.resize(len, 0);
+    }
+}
+
+/// Grows the calling thread's block buffers for heads of `head_dim` values, so that prefill
+/// attention allocates nothing (`CpuBackend::compile` runs it on every pool thread).
+pub fn reserve(head_dim: usize) {
+    TILES.with(|cell| {
+        let mut t = cell.borrow_mut();
+        grow(&mut t.qt, head_dim * MAX_QUERIES);
+        grow(&mut t.st, MAX_SCORES);
+        grow(&mut t.ot, head_dim * MAX_QUERIES);
+        grow(&mut t.max, MAX_QUERIES);
+        grow(&mut t.sum, MAX_QUERIES);
+        grow_u32(&mut t.lo, MAX_QUERIES);
+        grow_u32(&mut t.hi, MAX_QUERIES);
+        if t.offs.len() < MAX_SCORES / 16 {
+            t.offs.resize(MAX_SCORES / 16, 0);
+        }
+    });
+}
+
+/// Which vector width the tiles are compiled for.
+#[derive(Clone, Copy)]
+pub(super) enum Width {
+    /// Plain Rust.
+    Plain,
+    /// AVX2 and FMA (detected at run time).
+    #[cfg(target_arch = "x86_64")]
+    Avx2(super::Simd),
+    /// AVX-512 F (detected at run time).
+    #[cfg(target_arch = "x86_64")]
+    Avx512(Avx512),
+}
+
+/// Proof that AVX-512 F was detected at run time besides AVX2 and FMA; only
+/// [`Avx512::detect`] makes one.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(super) struct Avx512(());
+
+#[cfg(target_arch = "x86_64")]
+impl Avx512 {
+    fn detect() -> Option<Avx512> {
+        (super::Simd::detect().is_some() && is_x86_feature_detected!("avx512f")).then_some(Avx512(()))
+    }
+}
+
+impl Width {
+    /// Queries per register tile: a block's queries are padded to a multiple of it.
+    fn queries(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Width::Avx512(_) => 64,
+            _ => 16,
+        }
+    }
+
+    /// The widest this CPU runs, where `simd` (the caller's AVX2 proof) allows vectors at all.
+    pub(super) fn detect(simd: Option<super::Simd>) -> Width {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(s) = simd {
+            return match Avx512::detect() {
+                Some(w) => Width::Avx512(w),
+                None => Width::Avx2(s),
+            };
+        }
+        let _ = simd;
+        Width::Plain
+    }
+}
+
+/// Attends the rows whose queries are `q` and positions `positions` (consecutive rows of the
+/// step, all of slot `slot`, at most [`MAX_QUERIES`] queries per KV head) for every KV head,
+/// writing their outputs to `out` (rows of `heads * head_dim`). Returns `false`, having
+/// written nothing, where the rows' windows span more keys than a block holds.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block(
+    width: Width,
+    s: &AttentionShape,
+    q: &[f32],
+    positions: &[u32],
+    slot: u32,
+    kc: &[f32],
+    vc: &[f32],
+    out: &mut [f32],
+) -> bool {
+    let (hd, qcols) = (s.head_dim, s.heads * s.head_dim);
+    let kv_cols = s.kv_heads * hd;
+    let group = s.heads / s.kv_heads;
+    let n_rows = positions.len();
+    let m = n_rows * group;
+    let mp = m.next_multiple_of(width.queries());
+    let lo_of = |p: u32| s.window.map_or(0, |w| (p + 1).saturating_sub(w as u32));
+    let klo = positions.iter().map(|&p| lo_of(p)).min().unwrap_or(0);
+    let khi = positions.iter().copied().max().unwrap_or(0);
+    let nk = (khi - klo + 1) as usize;
+    if nk * mp > MAX_SCORES || m > MAX_QUERIES {
+        return false;
+    }
+    TILES.with(|cell| {
+        let mut t = cell.borrow_mut();
+        let t = &mut *t;
+        grow(&mut t.qt, hd * mp);
+        grow(&mut t.st, nk * mp);
+        grow(&mut t.ot, hd * mp);
+        grow(&mut t.max, mp);
+        grow(&mut t.sum, mp);
+        grow_u32(&mut t.lo, mp);
+        grow_u32(&mut t.hi, mp);
+        if t.offs.len() < nk {
+            t.offs.resize(nk, 0);
+        }
+        // Query `r * group + h` attends positions `lo..=hi`; padding queries attend none.
+        for i in 0..mp {
+            let (lo, hi) = match positions.get(i / group) {
+                Some(&p) if i < m => (lo_of(p), p),
+                _ => (1, 0),
+            };
+            t.lo[i] = lo;
+            t.hi[i] = hi;
+        }
+        let key_row = |pos: u32| (slot as usize * s.capacity + pos as usize % s.capacity) * kv_cols;
+        for g in 0..s.kv_heads {
+            let (qt, st, ot) = (&mut t.qt[..hd * mp], &mut t.st[..nk * mp], &mut t.ot[..hd * mp]);
+            qt.fill(0.0);
+            for r in 0..n_rows {
+                for h in 0..group {
+                    let qi = r * group + h;
+                    let qh = &q[r * qcols + (g * group + h) * hd..][..hd];
+                    for (d, &v) in qh.iter().enumerate() {
+                        qt[d * mp + qi] = v;
+                    }
+                }
+            }
+            for (j, o) in t.offs[..nk].iter_mut().enumerate() {
+                *o = key_row(klo + j as u32) + g * hd;
+            }
+            let offs = &t.offs[..nk];
+            let h = Head {
+                s,
+                klo,
+                keys: Rows { cache: kc, offs, hd },
+                values: Rows { cache: vc, offs, hd },
+                mp,
+                lo: &t.lo[..mp],
+                hi: &t.hi[..mp],
+            };
+            head(width, &h, qt, st, ot, &mut t.max[..mp], &mut t.sum[..mp]);
+            for r in 0..n_rows {
+                for h in 0..group {
+                    let qi = r * group + h;
+                    let inv = 1.0 / t.sum[qi];
+                    let o = &mut out[r * qcols + (g * group + h) * hd..][..hd];
+                    for (d, o) in o.iter_mut().enumerate() {
+                        *o = ot[d * mp + qi] * inv;
+                    }
+                }
+            }
+        }
+    });
+    true
+}
+
+/// Which product [`products`] runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// `st[j][i] = dot(K[j], q[i])` (unscaled), from `qt`.
+    Scores,
+    /// `ot[d][i] = sum_j V[j][d] * st[j][i]`.
+    Values,
+}
+
+/// The cached rows a product reads: row `j` at `cache[offs[j]..offs[j] + hd]`.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    cache: &'a [f32],
+    offs: &'a [usize],
+    hd: usize,
+}
+
+impl Rows<'_> {
+    #[inline(always)]
+    fn row(&self, j: usize) -> &[f32] {
+        &self.cache[self.offs[j]..self.offs[j] + self.hd]
+    }
+}
+
+/// One KV head of a block: the scores, their softmax, the weighted values.
+struct Head<'a> {
+    s: &'a AttentionShape,
+    /// The first key's position.
+    klo: u32,
+    keys: Rows<'a>,
+    values: Rows<'a>,
+    /// Queries, padded (a multiple of the register tile's).
+    mp: usize,
+    /// Per query: the first and last position it attends to.
+    lo: &'a [u32],
+    hi: &'a [u32],
+}
+
+/// Runs [`Head`] in the widest vectors the CPU has: `ot` receives the unnormalised weighted
+/// values, `sum` each query's softmax sum.
+fn head(
+    width: Width,
+    h: &Head,
+    qt: &[f32],
+    st: &mut [f32],
+    ot: &mut [f32],
+    max: &mut [f32],
+    sum: &mut [f32],
+) {
+    match width {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Avx512` exists only where AVX-512 F, AVX2 and FMA were detected at run
+        // time; the function is safe Rust compiled with those features.
+        Width::Avx512(_) => unsafe { head_avx512(h, qt, st, ot, max, sum) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a `Simd` exists only where AVX2 and FMA were detected at run time.
+        Width::Avx2(_) => unsafe { head_avx2(h, qt, st, ot, max, sum) },
+        Width::Plain => head_lanes::<8, 2, false>(h, qt, st, ot, max, sum),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn head_avx512(h: &Head, qt: &[f32], st: &mut [f32], ot: &mut [f32], max: &mut [f32], sum: &mut [f32]) {
+    head_lanes::<16, 4, true>(h, qt, st, ot, max, sum)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn head_avx2(h: &Head, qt: &[f32], st: &mut [f32], ot: &mut [f32], max: &mut [f32], sum: &mut [f32]) {
+    head_lanes::<8, 2, true>(h, qt, st, ot, max, sum)
+}
+
+#[inline(always)]
+fn head_lanes<const L: usize, const V: usize, const FMA: bool>(
+    h: &Head,
+    qt: &[f32],
+    st: &mut [f32],
+    ot: &mut [f32],
+    max: &mut [f32],
+    sum: &mut [f32],
+) {
+    products_lanes::<L, V, FMA>(Pass::Scores, qt, st, ot, h.keys, h.mp);
+    softmax(h.s, h.klo, st, h.keys.offs.len(), h.mp, h.lo, h.hi, max, sum);
+    products_lanes::<L, V, FMA>(Pass::Values, qt, st, ot, h.values, h.mp);
+}
+
+/// `a * b + c`, fused where `FMA` (the caller's target has the instruction).
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// Both products in register tiles of [`KT`] cached rows (or value dimensions) by `V`
+/// vectors of `L` queries (`L` lanes of `f32` fill one of the target's vector registers;
+/// `mp` is a multiple of `L * V`).
+#[inline(always)]
+fn products_lanes<const L: usize, const V: usize, const FMA: bool>(
+    pass: Pass,
+    qt: &[f32],
+    st: &mut [f32],
+    ot: &mut [f32],
+    rows: Rows,
+    mp: usize,
+) {
+    let (nk, hd) = (rows.offs.len(), rows.hd);
+    match pass {
+        Pass::Scores => {
+            let mut j = 0;
+            while j < nk {
+                let kt = (nk - j).min(KT);
+                let ks: [&[f32]; KT] = std::array::from_fn(|t| rows.row(j + t.min(kt - 1)));
+                for i0 in (0..mp).step_by(L * V) {
+                    let mut acc = [[[0f32; L]; V]; KT];
+                    for d in 0..hd {
+                        let qv: &[f32] = &qt[d * mp + i0..][..L * V];
+                        for t in 0..KT {
+                            let kv = ks[t][d];
+                            for v in 0..V {
+                                for l in 0..L {
+                                    acc[t][v][l] = madd::<FMA>(kv, qv[v * L + l], acc[t][v][l]);
+                                }
+                            }
+                        }
+                    }
+                    for (t, a) in acc.iter().enumerate().take(kt) {
+                        for (v, a) in a.iter().enumerate() {
+                            st[(j + t) * mp + i0 + v * L..][..L].copy_from_slice(a);
+                        }
+                    }
+                }
+                j += kt;
+            }
+        }
+        Pass::Values => {
+            let mut d = 0;
+            while d < hd {
+                let dt = (hd - d).min(KT);
+                for i0 in (0..mp).step_by(L * V) {
+                    let mut acc = [[[0f32; L]; V]; KT];
+                    for j in 0..nk {
+                        let vr = &rows.row(j)[d..d + dt];
+                        let pv: &[f32] = &st[j * mp + i0..][..L * V];
+                        for t in 0..KT {
+                            let vv = vr[t.min(dt - 1)];
+                            for v in 0..V {
+                                for l in 0..L {
+                                    acc[t][v][l] = madd::<FMA>(vv, pv[v * L + l], acc[t][v][l]);
+                                }
+                            }
+                        }
+                    }
+                    for (t, a) in acc.iter().enumerate().take(dt) {
+                        for (v, a) in a.iter().enumerate() {
+                            ot[(d + t) * mp + i0 + v * L..][..L].copy_from_slice(a);
+                        }
+                    }
+                }
+                d += dt;
+            }
+        }
+    }
+}
+
+/// Scales, soft-caps and masks the scores in `st` (`nk` keys from position `klo`, by `mp`
+/// queries), then replaces them by `exp(score - max)`, with each query's sum in `sum`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn softmax(
+    s: &AttentionShape,
+    klo: u32,
+    st: &mut [f32],
+    nk: usize,
+    mp: usize,
+    lo: &[u32],
+    hi: &[u32],
+    max: &mut [f32],
+    sum: &mut [f32],
+) {
+    max.fill(f32::NEG_INFINITY);
+    sum.fill(0.0);
+    for (j, sr) in st.chunks_exact_mut(mp).take(nk).enumerate() {
+        let pos = klo + j as u32;
+        if let Some(cap) = s.softcap {
+            for v in sr.iter_mut() {
+                *v = cap * (*v * s.scale / cap).tanh();
+            }
+        } else {
+            for v in sr.iter_mut() {
+                *v *= s.scale;
+            }
+        }
+        for (((v, m), &lo), &hi) in sr.iter_mut().zip(max.iter_mut()).zip(lo).zip(hi) {
+            let x = if pos >= lo && pos <= hi {
+                *v
+            } else {
+                f32::NEG_INFINITY
+            };
+            *v = x;
+            *m = m.max(x);
+        }
+    }
+    for sr in st.chunks_exact_mut(mp).take(nk) {
+        for ((v, m), sm) in sr.iter_mut().zip(&*max).zip(sum.iter_mut()) {
+            let e = if *v == f32::NEG_INFINITY {
+                0.0
+            } else {
+                crate::vmath::exp(*v - m)
+            };
+            *v = e;
+            *sm += e;
+        }
+    }
+    // Padding queries attend nothing: a sum of one keeps their (unused) outputs finite.
+    for sm in sum.iter_mut() {
+        if *sm == 0.0 {
+            *sm = 1.0;
+        }
+    }
+}
