@@ -14,7 +14,7 @@
 # Parameters: SHAPES ("gemma3-1b gemma3-4b"; `default` = the cached default model), THREADS
 # ("16"), PROMPT_TOKENS (512), GEN_TOKENS (128), REPEAT (2), ENGINE (.devcarry/engine, else
 # target/release/engine), LLAMA_BENCH (built from PEER=.peer into /tmp/lcpp when unset and
-# absent), OUT.
+# absent), CPU_OPTIONS (more `[backend.cpu]` lines for tandem, e.g. 'spin = false'), OUT.
 set -uo pipefail
 SHAPES=${SHAPES:-"gemma3-1b gemma3-4b"}
 THREADS=${THREADS:-16}
@@ -27,7 +27,7 @@ PEER=${PEER:-.peer}
 OUT=${OUT:-$PWD/cpu-out}
 W=/tmp/tandem-cpu-bench
 mkdir -p "$OUT" "$W"
-COMMAND="SHAPES=\"$SHAPES\" THREADS=\"$THREADS\" PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R bash bench/cpu-vs-llamacpp.sh"
+COMMAND="SHAPES=\"$SHAPES\" THREADS=\"$THREADS\" PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R${CPU_OPTIONS:+ CPU_OPTIONS=\"$CPU_OPTIONS\"} bash bench/cpu-vs-llamacpp.sh"
 {
 echo "$COMMAND"
 "$E" --version
@@ -52,7 +52,7 @@ for shape in $SHAPES; do
     # Warm-up of both (page cache, CPU clocks).
     "$LLAMA" -m "$g" -p 64 -n 16 -ngl 0 -r 1 -t "${THREADS%% *}" >/dev/null 2>&1
     for t in $THREADS; do
-        printf '[backend.cpu]\nthreads = %s\n' "$t" >"$W/t$t.toml"
+        printf '[backend.cpu]\nthreads = %s\n%s\n' "$t" "${CPU_OPTIONS:-}" >"$W/t$t.toml"
         echo "== $shape, $t threads: engine bench --backend cpu --prompt-tokens $P --gen-tokens $G --repeat $R"
         timeout 400 "$E" --config "$W/t$t.toml" bench --model "$g" --backend cpu --prompt-tokens "$P" --gen-tokens "$G" \
             --repeat "$R" --json --out "$OUT/$shape-t$t-tandem.json" >/dev/null 2>"$W/tandem.err" ||
