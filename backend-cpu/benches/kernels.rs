@@ -45,6 +45,10 @@ fn products(c: &mut Criterion, rows: usize, label: &str) {
         DType::Q5_0,
         DType::Q4K,
         DType::Q6K,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_1,
+        DType::Q5K,
     ] {
         let bytes = weight_bytes(dtype, n, k);
         let w = WeightView {

@@ -62,6 +62,10 @@ enum Kind {
     Q5_0,
     Q4K,
     Q6K,
+    Q4_0,
+    Q4_1,
+    Q5_1,
+    Q5K,
 }
 
 impl Kind {
@@ -71,6 +75,10 @@ impl Kind {
             DType::Q5_0 => Some(Kind::Q5_0),
             DType::Q4K => Some(Kind::Q4K),
             DType::Q6K => Some(Kind::Q6K),
+            DType::Q4_0 => Some(Kind::Q4_0),
+            DType::Q4_1 => Some(Kind::Q4_1),
+            DType::Q5_1 => Some(Kind::Q5_1),
+            DType::Q5K => Some(Kind::Q5K),
             _ => None,
         }
     }
@@ -78,8 +86,8 @@ impl Kind {
     /// Elements per weight block.
     fn block(self) -> usize {
         match self {
-            Kind::Q8_0 | Kind::Q5_0 => 32,
-            Kind::Q4K | Kind::Q6K => 256,
+            Kind::Q8_0 | Kind::Q5_0 | Kind::Q4_0 | Kind::Q4_1 | Kind::Q5_1 => 32,
+            Kind::Q4K | Kind::Q6K | Kind::Q5K => 256,
         }
     }
 
@@ -89,7 +97,17 @@ impl Kind {
             Kind::Q5_0 => 22,
             Kind::Q4K => 144,
             Kind::Q6K => 210,
+            Kind::Q4_0 => 18,
+            Kind::Q4_1 => 20,
+            Kind::Q5_1 => 24,
+            Kind::Q5K => 176,
         }
+    }
+
+    /// Whether the format's values carry an offset per block (`dmin * min`, or `-m`), taken
+    /// off through the activation block sums.
+    fn has_bias(self) -> bool {
+        matches!(self, Kind::Q4K | Kind::Q5K | Kind::Q4_1 | Kind::Q5_1)
     }
 }
 
@@ -431,7 +449,7 @@ pub fn matmul(
         let mut acts = cell.borrow_mut();
         // The `q4_k` matrix-vector kernels sum whole weight blocks in integers over one scale
         // per 256 activations.
-        let span = if rows < GEMM_MIN_ROWS && kind == Kind::Q4K {
+        let span = if rows < GEMM_MIN_ROWS && matches!(kind, Kind::Q4K | Kind::Q5K) {
             256
         } else {
             QK
@@ -578,7 +596,33 @@ mod scalar {
             Kind::Q5_0 => q5_0(w, a),
             Kind::Q4K => q4_k(w, a),
             Kind::Q6K => q6_k(w, a),
+            Kind::Q4_0 | Kind::Q4_1 | Kind::Q5_1 | Kind::Q5K => unpacked(kind, w, a),
         }
+    }
+
+    /// Any format through `gemm::unpack`, one weight block at a time: the same integers and
+    /// scales as the prefill product, an exact 32-bit sum per block of 32 (at most 32 products of
+    /// 1953 by 32767 for `q5_k`).
+    #[inline(always)]
+    pub(super) fn unpacked(kind: Kind, w: &[u8], a: ActRow) -> f32 {
+        let (block, bytes) = (kind.block(), kind.block_bytes());
+        let (mut v, mut sc, mut bias) = ([0i16; 256], [0f32; 8], [0f32; 8]);
+        let mut acc = 0f32;
+        for (wb, blk) in w.chunks_exact(bytes).enumerate() {
+            let nb = block / QK;
+            gemm::unpack(kind, blk, &mut v[..block], &mut sc[..nb], &mut bias[..nb]);
+            for j in 0..nb {
+                let b = wb * nb + j;
+                let y = &a.qs[QK * b..QK * b + QK];
+                let isum: i32 = v[QK * j..QK * j + QK]
+                    .iter()
+                    .zip(y)
+                    .map(|(&q, &y)| i32::from(q) * i32::from(y))
+                    .sum();
+                acc += (sc[j] * a.d[b]) * isum as f32 - bias[j] * a.d[b] * a.sums[b] as f32;
+            }
+        }
+        acc
     }
 
     fn idot(w: impl Iterator<Item = i32>, y: &[i16]) -> i32 {
@@ -718,6 +762,48 @@ mod avx2 {
                 Kind::Q4K if wide.is_some() && a.iter().all(|r| r.span == 256) => pick!(q4_k_512),
                 Kind::Q4K => pick!(q4_k),
                 Kind::Q6K => pick!(q6_k),
+                Kind::Q4_0 if wide.is_some() => pick!(legacy_512_q4_0),
+                Kind::Q4_1 if wide.is_some() => pick!(legacy_512_q4_1),
+                Kind::Q5_1 if wide.is_some() => pick!(legacy_512_q5_1),
+                Kind::Q5K if wide.is_some() && a.iter().all(|r| r.span == 256) => pick!(q5_k_512),
+                Kind::Q4_0 | Kind::Q4_1 | Kind::Q5_1 | Kind::Q5K => unpacked(kind, ws, a, out),
+            }
+        }
+    }
+
+    /// The legacy formats' numbers for [`legacy_512`].
+    const LEGACY_Q4_0: u8 = 0;
+    const LEGACY_Q4_1: u8 = 1;
+    const LEGACY_Q5_1: u8 = 2;
+
+    /// # Safety
+    /// As [`legacy_512`].
+    unsafe fn legacy_512_q4_0<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+        // SAFETY: the caller's contract is `legacy_512`'s.
+        unsafe { legacy_512::<LEGACY_Q4_0, W, R>(ws, a, out) }
+    }
+
+    /// # Safety
+    /// As [`legacy_512`].
+    unsafe fn legacy_512_q4_1<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+        // SAFETY: the caller's contract is `legacy_512`'s.
+        unsafe { legacy_512::<LEGACY_Q4_1, W, R>(ws, a, out) }
+    }
+
+    /// # Safety
+    /// As [`legacy_512`].
+    unsafe fn legacy_512_q5_1<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+        // SAFETY: the caller's contract is `legacy_512`'s.
+        unsafe { legacy_512::<LEGACY_Q5_1, W, R>(ws, a, out) }
+    }
+
+    /// [`scalar::unpacked`] for each weight row and activation row, compiled for AVX2 (the
+    /// block dots in vector registers).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn unpacked(kind: Kind, ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+        for (o, w) in out.chunks_exact_mut(a.len()).zip(ws) {
+            for (o, r) in o.iter_mut().zip(a) {
+                *o = scalar::unpacked(kind, w, *r);
             }
         }
     }
@@ -922,6 +1008,138 @@ mod avx2 {
             }
         }
         finish512(acc, out)
+    }
+
+    /// `q4_0`, `q4_1` and `q5_1` (`F`: [`LEGACY_Q4_0`], [`LEGACY_Q4_1`] or [`LEGACY_Q5_1`]) with 512-bit
+    /// vectors, as [`q5_0_512`]: a block's 32 values widened to 16 bits in one vector, one integer
+    /// dot per activation row; the `_1` formats' offset `m` times the activation block's sum.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW and VL besides AVX2, FMA and F16C (the caller checks at run
+    /// time). Every read goes through a checked slice, so short inputs panic rather than read
+    /// out of bounds.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn legacy_512<const F: u8, const W: usize, const R: usize>(
+        ws: &[&[u8]],
+        a: &[ActRow],
+        out: &mut [f32],
+    ) {
+        // Bytes per block, where the nibbles start, whether there is an `m` and a fifth bit.
+        let (bytes, qs_at, has_m, has_h, off) = match F {
+            LEGACY_Q4_0 => (18, 2, false, false, 8),
+            LEGACY_Q4_1 => (20, 4, true, false, 0),
+            _ => (24, 8, true, true, 0),
+        };
+        let mut acc = [[_mm512_setzero_ps(); R]; W];
+        let mut mins = [[0f32; R]; W];
+        let m4 = _mm256_set1_epi8(0x0F);
+        let fifth = _mm256_set1_epi8(0x10);
+        let off = _mm256_set1_epi8(off);
+        for b in 0..ws[0].len() / bytes {
+            for (wi, acc) in acc.iter_mut().enumerate() {
+                let blk = &ws[wi][bytes * b..bytes * b + bytes];
+                prefetch(blk);
+                let wd = h2f(blk, 0);
+                // SAFETY: `blk[qs_at..qs_at + 16]` holds 16 bytes.
+                let lo = unsafe { _mm_loadu_si128(blk[qs_at..qs_at + 16].as_ptr() as *const __m128i) };
+                let mut nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(lo), lo), m4);
+                if has_h {
+                    let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
+                    nib = _mm256_or_si256(nib, _mm256_and_si256(_mm256_movm_epi8(qh), fifth));
+                }
+                let q = _mm512_cvtepi8_epi16(_mm256_sub_epi8(nib, off));
+                for r in 0..R {
+                    let y = &a[r].qs[32 * b..32 * b + 32];
+                    // SAFETY: `y` holds 32 `i16`, 64 bytes; the load is unaligned.
+                    let y = unsafe { _mm512_loadu_si512(y.as_ptr() as *const __m512i) };
+                    let p = _mm512_cvtepi32_ps(_mm512_madd_epi16(q, y));
+                    acc[r] = _mm512_fmadd_ps(p, _mm512_set1_ps(wd * a[r].d[b]), acc[r]);
+                    if has_m {
+                        mins[wi][r] += h2f(blk, 2) * a[r].d[b] * a[r].sums[b] as f32;
+                    }
+                }
+            }
+        }
+        for (o, (v, m)) in out.chunks_exact_mut(R).zip(acc.iter().zip(&mins)) {
+            for r in 0..R {
+                o[r] = _mm512_reduce_add_ps(v[r]) + m[r];
+            }
+        }
+    }
+
+    /// `q5_k` as [`q4_k_512`] (activations with one scale per 256 values), the fifth bit of
+    /// each value from the block's 32 bytes of high bits (at most 16 products of 31 * 63 by
+    /// 32767 per lane).
+    ///
+    /// # Safety
+    /// As [`q4_k_512`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn q5_k_512<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+        let mut acc = [[_mm512_setzero_ps(); R]; W];
+        let mut mins = [[_mm256_setzero_ps(); R]; W];
+        let m4 = _mm256_set1_epi8(0x0F);
+        let sixteen = _mm256_set1_epi8(16);
+        for b in 0..ws[0].len() / 176 {
+            for wi in 0..W {
+                let blk = &ws[wi][176 * b..176 * b + 176];
+                prefetch(blk);
+                prefetch(&blk[64..]);
+                prefetch(&blk[128..]);
+                let (wd, wm) = (h2f(blk, 0), h2f(blk, 2));
+                let (sc, mn) = q4k_scales_mins(&blk[4..16]);
+                // SAFETY: `blk[16..48]` holds 32 bytes.
+                let qh = unsafe { load(blk[16..48].as_ptr()) };
+                let qs = &blk[48..176];
+                let mut isum = [_mm512_setzero_si512(); R];
+                for c in 0..4 {
+                    // SAFETY: `qs[32c..32c + 32]` is in bounds.
+                    let q = unsafe { load(qs[32 * c..32 * c + 32].as_ptr()) };
+                    let bit = |k: i32| {
+                        let m = _mm256_set1_epi8(1i8 << k);
+                        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), sixteen)
+                    };
+                    let v0 = _mm256_add_epi8(_mm256_and_si256(q, m4), bit(2 * c as i32));
+                    let v1 = _mm256_add_epi8(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4),
+                        bit(2 * c as i32 + 1),
+                    );
+                    let s0 = ((sc >> (16 * c)) & 0xff) as i16;
+                    let s1 = ((sc >> (16 * c + 8)) & 0xff) as i16;
+                    let lo = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(v0), _mm512_set1_epi16(s0));
+                    let hi = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(v1), _mm512_set1_epi16(s1));
+                    for r in 0..R {
+                        let y = &a[r].qs[256 * b + 64 * c..256 * b + 64 * c + 64];
+                        // SAFETY: `y` holds 64 `i16`, two vectors; the loads are unaligned.
+                        let (y0, y1) = unsafe {
+                            (
+                                _mm512_loadu_si512(y.as_ptr() as *const __m512i),
+                                _mm512_loadu_si512(y.as_ptr().add(32) as *const __m512i),
+                            )
+                        };
+                        isum[r] = _mm512_add_epi32(
+                            isum[r],
+                            _mm512_add_epi32(_mm512_madd_epi16(lo, y0), _mm512_madd_epi16(hi, y1)),
+                        );
+                    }
+                }
+                let mn = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64));
+                for r in 0..R {
+                    let d = a[r].d[8 * b];
+                    acc[wi][r] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_set1_ps(wd * d), acc[wi][r]);
+                    let sums = &a[r].sums[8 * b..8 * b + 8];
+                    // SAFETY: `sums` holds 8 `i32`, 32 bytes; the load is unaligned.
+                    let sums = unsafe { _mm256_loadu_si256(sums.as_ptr() as *const __m256i) };
+                    let ms = _mm256_cvtepi32_ps(_mm256_mullo_epi32(mn, sums));
+                    mins[wi][r] = _mm256_fmadd_ps(ms, _mm256_set1_ps(wm * d), mins[wi][r]);
+                }
+            }
+        }
+        for (o, (v, m)) in out.chunks_exact_mut(R).zip(acc.iter().zip(&mins)) {
+            for r in 0..R {
+                o[r] = _mm512_reduce_add_ps(v[r]) - hsum(m[r]);
+            }
+        }
     }
 
     /// The eight 6-bit scales and eight 6-bit minimums of a `q4_k` block's 12 packed bytes
@@ -1170,6 +1388,18 @@ mod tests {
     use super::*;
     use crate::convert::decode_row;
 
+    /// Every format the fast kernels take.
+    pub(super) const ALL_KINDS: [Kind; 8] = [
+        Kind::Q8_0,
+        Kind::Q5_0,
+        Kind::Q4K,
+        Kind::Q6K,
+        Kind::Q4_0,
+        Kind::Q4_1,
+        Kind::Q5_1,
+        Kind::Q5K,
+    ];
+
     fn one_thread() -> rayon::ThreadPool {
         rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap()
     }
@@ -1200,8 +1430,8 @@ mod tests {
             .map(|_| rng.byte())
             .collect();
         let scale_at: &[usize] = match kind {
-            Kind::Q8_0 | Kind::Q5_0 => &[0],
-            Kind::Q4K => &[0, 2],
+            Kind::Q8_0 | Kind::Q5_0 | Kind::Q4_0 => &[0],
+            Kind::Q4K | Kind::Q5K | Kind::Q4_1 | Kind::Q5_1 => &[0, 2],
             Kind::Q6K => &[208],
         };
         for blk in bytes.chunks_exact_mut(kind.block_bytes()) {
@@ -1219,6 +1449,10 @@ mod tests {
             Kind::Q5_0 => DType::Q5_0,
             Kind::Q4K => DType::Q4K,
             Kind::Q6K => DType::Q6K,
+            Kind::Q4_0 => DType::Q4_0,
+            Kind::Q4_1 => DType::Q4_1,
+            Kind::Q5_1 => DType::Q5_1,
+            Kind::Q5K => DType::Q5K,
         }
     }
 
@@ -1236,6 +1470,11 @@ mod tests {
             (Kind::Q4K, QK),
             (Kind::Q4K, 256),
             (Kind::Q6K, QK),
+            (Kind::Q4_0, QK),
+            (Kind::Q4_1, QK),
+            (Kind::Q5_1, QK),
+            (Kind::Q5K, QK),
+            (Kind::Q5K, 256),
         ];
         for (kind, span) in cases {
             for &k in &[256usize, 1024, 2560] {
@@ -1287,7 +1526,7 @@ mod tests {
     #[test]
     fn fast_dots_are_exact_on_quantized_activations() {
         let mut rng = Rng(77);
-        for kind in [Kind::Q8_0, Kind::Q5_0, Kind::Q4K, Kind::Q6K] {
+        for kind in ALL_KINDS {
             for _ in 0..50 {
                 let k = 512;
                 let w = random_row(kind, k, &mut rng);
@@ -1336,7 +1575,7 @@ mod tests {
             .num_threads(threads)
             .build()
             .unwrap();
-        for kind in [Kind::Q8_0, Kind::Q5_0, Kind::Q4K, Kind::Q6K] {
+        for kind in ALL_KINDS {
             let bytes: Vec<u8> = (0..n).flat_map(|_| random_row(kind, k, &mut rng)).collect();
             let w = WeightView {
                 bytes: &bytes,
@@ -1379,6 +1618,11 @@ mod tests {
             (Kind::Q4K, QK),
             (Kind::Q4K, 256),
             (Kind::Q6K, QK),
+            (Kind::Q4_0, QK),
+            (Kind::Q4_1, QK),
+            (Kind::Q5_1, QK),
+            (Kind::Q5K, QK),
+            (Kind::Q5K, 256),
         ];
         for (kind, span) in cases {
             let k = 768;

@@ -17,8 +17,9 @@
 //!
 //! The arithmetic is the fused kernels' (`super::scalar`): the same integer products per block
 //! (here with the sub-block scale inside the integer, which is exact: the largest unpacked value
-//! is 32 * 128 for `q6_k`; 16 of its products with 16-bit activations stay below 2^31), scaled
-//! by the same `f32` factors; only the order of the `f32` additions differs.
+//! is 32 * 128 for `q6_k`, 16 of whose products with 16-bit activations stay below 2^31, and
+//! 31 * 63 for `q5_k`, 32 of whose do), scaled by the same `f32` factors; only the order of the
+//! `f32` additions differs.
 
 use std::cell::RefCell;
 
@@ -75,6 +76,7 @@ pub(super) fn reserve(k: usize) {
 
 /// Unpacks one weight row of `kind` (whole blocks) into `w` (`k` values), `scale` and `bias`
 /// (`k / QK` each).
+#[inline(always)]
 pub(super) fn unpack(kind: Kind, row: &[u8], w: &mut [i16], scale: &mut [f32], bias: &mut [f32]) {
     match kind {
         Kind::Q8_0 => {
@@ -119,6 +121,62 @@ pub(super) fn unpack(kind: Kind, row: &[u8], w: &mut [i16], scale: &mut [f32], b
                     for (l, &v) in q.iter().enumerate() {
                         lo[l] = i16::from(v & 0x0F) * s0;
                         hi[l] = i16::from(v >> 4) * s1;
+                    }
+                }
+            }
+        }
+        Kind::Q4_0 | Kind::Q4_1 => {
+            let (bytes, qs_at) = if kind == Kind::Q4_0 { (18, 2) } else { (20, 4) };
+            for (b, blk) in row.chunks_exact(bytes).enumerate() {
+                scale[b] = f16_at(blk, 0);
+                // `q4_1`: value `d q + m`, so `m` times the activation sum is added (a negative
+                // offset); `q4_0`: `d (q - 8)`.
+                bias[b] = if kind == Kind::Q4_1 { -f16_at(blk, 2) } else { 0.0 };
+                let off = if kind == Kind::Q4_0 { 8 } else { 0 };
+                let (lo, hi) = w[32 * b..32 * b + 32].split_at_mut(16);
+                for (j, &q) in blk[qs_at..qs_at + 16].iter().enumerate() {
+                    lo[j] = i16::from(q & 0x0F) - off;
+                    hi[j] = i16::from(q >> 4) - off;
+                }
+            }
+        }
+        Kind::Q5_1 => {
+            for (b, blk) in row.chunks_exact(24).enumerate() {
+                scale[b] = f16_at(blk, 0);
+                bias[b] = -f16_at(blk, 2);
+                let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
+                let (lo, hi) = w[32 * b..32 * b + 32].split_at_mut(16);
+                for (j, &q) in blk[8..24].iter().enumerate() {
+                    let h0 = ((qh >> j) & 1) as u8;
+                    let h1 = ((qh >> (j + 16)) & 1) as u8;
+                    lo[j] = i16::from((q & 0x0F) | (h0 << 4));
+                    hi[j] = i16::from((q >> 4) | (h1 << 4));
+                }
+            }
+        }
+        Kind::Q5K => {
+            for (b, blk) in row.chunks_exact(176).enumerate() {
+                let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+                let packed = &blk[4..16];
+                let qh = &blk[16..48];
+                let qs = &blk[48..176];
+                for c in 0..4 {
+                    let q = &qs[32 * c..32 * c + 32];
+                    let (s0, m0) = k_scale_min(packed, 2 * c);
+                    let (s1, m1) = k_scale_min(packed, 2 * c + 1);
+                    let (j0, j1) = (8 * b + 2 * c, 8 * b + 2 * c + 1);
+                    scale[j0] = d;
+                    scale[j1] = d;
+                    bias[j0] = dmin * f32::from(m0);
+                    bias[j1] = dmin * f32::from(m1);
+                    let (s0, s1) = (i16::from(s0), i16::from(s1));
+                    let (u0, u1) = (1u8 << (2 * c), 2u8 << (2 * c));
+                    let (lo, hi) = w[32 * j0..32 * j0 + 64].split_at_mut(32);
+                    for (l, (&v, &h)) in q.iter().zip(qh).enumerate() {
+                        let h0 = if h & u0 != 0 { 16 } else { 0 };
+                        let h1 = if h & u1 != 0 { 16 } else { 0 };
+                        lo[l] = (i16::from(v & 0x0F) + h0) * s0;
+                        hi[l] = (i16::from(v >> 4) + h1) * s1;
                     }
                 }
             }
@@ -210,7 +268,7 @@ pub(super) fn task(
             scale: &scale[j * nb..(j + 1) * nb],
             bias: &bias[j * nb..(j + 1) * nb],
         };
-        let has_bias = kind == Kind::Q4K;
+        let has_bias = kind.has_bias();
         for b0 in (0..rows).step_by(ROW_BLOCK) {
             let b1 = (b0 + ROW_BLOCK).min(rows);
             let mut j = 0;
@@ -467,7 +525,7 @@ mod wide {
                 interleave(j, row, rs, rbias, &mut u.w, &mut u.scale, &mut u.bias, k);
             }
             let (w, scale, bias) = (&u.w, &u.scale, &u.bias);
-            let has_bias = kind == Kind::Q4K;
+            let has_bias = kind.has_bias();
             let mut r = 0;
             while r < rows {
                 let an = (rows - r).min(MR);
@@ -677,16 +735,19 @@ mod tests {
     #[test]
     fn scalar_and_simd_tiles_agree() {
         let mut seed = 7u64;
-        for kind in [Kind::Q8_0, Kind::Q5_0, Kind::Q4K, Kind::Q6K] {
+        for kind in crate::fast::tests::ALL_KINDS {
             let (n, k, rows) = (5usize, 768usize, 11usize);
             let rb = k / kind.block() * kind.block_bytes();
             let mut bytes: Vec<u8> = (0..n * rb).map(|_| (rng(&mut seed) >> 24) as u8).collect();
             for blk in bytes.chunks_exact_mut(kind.block_bytes()) {
-                let at = match kind {
-                    Kind::Q6K => 208,
-                    _ => 0,
+                let ats: &[usize] = match kind {
+                    Kind::Q6K => &[208],
+                    Kind::Q8_0 | Kind::Q5_0 | Kind::Q4_0 => &[0],
+                    _ => &[0, 2],
                 };
-                blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.02).to_bits().to_le_bytes());
+                for &at in ats {
+                    blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.02).to_bits().to_le_bytes());
+                }
             }
             let x: Vec<f32> = (0..rows * k)
                 .map(|_| (rng(&mut seed) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
@@ -732,7 +793,7 @@ mod tests {
     #[test]
     fn unpacked_rows_carry_the_fused_kernels_values() {
         let mut seed = 99u64;
-        for kind in [Kind::Q8_0, Kind::Q5_0, Kind::Q4K, Kind::Q6K] {
+        for kind in crate::fast::tests::ALL_KINDS {
             let k = 512;
             let mut row: Vec<u8> = (0..k / kind.block() * kind.block_bytes())
                 .map(|_| (rng(&mut seed) >> 24) as u8)
@@ -740,8 +801,8 @@ mod tests {
             // Finite scales.
             for blk in row.chunks_exact_mut(kind.block_bytes()) {
                 for at in match kind {
-                    Kind::Q8_0 | Kind::Q5_0 => vec![0],
-                    Kind::Q4K => vec![0, 2],
+                    Kind::Q8_0 | Kind::Q5_0 | Kind::Q4_0 => vec![0],
+                    Kind::Q4K | Kind::Q5K | Kind::Q4_1 | Kind::Q5_1 => vec![0, 2],
                     Kind::Q6K => vec![208],
                 } {
                     blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
