@@ -6,14 +6,15 @@
 //! so that the copy into each output is a run of contiguous values per row.
 //!
 //! Two tile shapes:
-//! - AVX-512 (`avx512`, `avx512_vnni`): outer products. The unpacked weights are interleaved
-//!   so that one 512-bit vector holds a pair of consecutive values of 16 weight rows; a pair of
-//!   activation values is broadcast, and `vpdpwssd` (or `vpmaddwd` and an add) accumulates
-//!   `2 x 16` products into 16 lanes, one per output column. A tile is [`PANEL`] columns by
-//!   [`MR`] activation rows: 12 integer accumulators, converted and scaled into 12 `f32` ones
-//!   once per block (every 16 values for `q6_k`, whose largest products would overflow 32 bits
-//!   over a whole block). No horizontal sums.
-//! - AVX2 and scalar: dot products along `k`, [`WR`] weight rows by [`AR`] activation rows.
+//! - With vectors (`avx512_vnni`, `avx512`, `avx2`): outer products. The unpacked weights are
+//!   interleaved so that one vector holds a pair of consecutive values of 16 (AVX2: 8) weight
+//!   rows; a pair of activation values is broadcast, and `vpdpwssd` (or `vpmaddwd` and an add)
+//!   accumulates the pairs' products into one lane per output column. A 512-bit tile is
+//!   [`PANEL`] columns by [`MR`] activation rows: 12 integer accumulators, converted and scaled
+//!   into 12 `f32` ones once per block (every 16 values for `q6_k`, whose largest products would
+//!   overflow 32 bits over a whole block); a 256-bit one 16 columns by 3 rows. No horizontal
+//!   sums.
+//! - Scalar: dot products along `k`, [`WR`] weight rows by [`AR`] activation rows.
 //!
 //! The arithmetic is the fused kernels' (`super::scalar`): the same integer products per block
 //! (here with the sub-block scale inside the integer, which is exact: the largest unpacked value
@@ -25,15 +26,15 @@ use std::cell::RefCell;
 
 use super::{f16_at, grow, k_scale_min, Acts, KernelSet, Kind, QK};
 
-/// Weight rows per register tile of the AVX2 and scalar product.
+/// Weight rows per tile of the scalar product.
 pub(super) const WR: usize = 2;
-/// Activation rows per register tile of the AVX2 and scalar product.
+/// Activation rows per tile of the scalar product.
 pub(super) const AR: usize = 4;
 /// Weight rows (output columns) per interleaved panel of the AVX-512 product: two vectors of 16.
 pub(super) const PANEL: usize = 32;
 /// Activation rows per register tile of the AVX-512 product.
 const MR: usize = 6;
-/// Activation rows whose quantized blocks stay in cache while the AVX2 tiles pass over them
+/// Activation rows whose quantized blocks stay in cache while the scalar tiles pass over them
 /// (64 rows of `k = 6912` in 16 bits: 864 KiB, within a core's L2 on current x86).
 const ROW_BLOCK: usize = 64;
 /// The most weight rows a task unpacks at once (a multiple of [`PANEL`] and of [`WR`]).
@@ -237,12 +238,16 @@ pub(super) fn task(
     dst: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(p) = set.wide() {
-        let proof = match set.vnni() {
-            Some(v) => wide::Proof::Vnni(v),
-            None => wide::Proof::Wide(p),
+    {
+        let proof = match (set.vnni(), set.wide(), set.simd()) {
+            (Some(v), _, _) => Some(wide::Proof::Vnni(v)),
+            (None, Some(w), _) => Some(wide::Proof::Wide(w)),
+            (None, None, Some(s)) => Some(wide::Proof::Avx2(s)),
+            _ => None,
         };
-        return wide::task(proof, kind, bytes, rb, k, acts, r0, j0, width, dst);
+        if let Some(proof) = proof {
+            return wide::task(proof, kind, bytes, rb, k, acts, r0, j0, width, dst);
+        }
     }
     let rows = dst.len() / width;
     let n = width;
@@ -279,7 +284,7 @@ pub(super) fn task(
                 while r < b1 {
                     let an = (b1 - r).min(AR);
                     let mut out = [[0f32; AR]; WR];
-                    tile(set, &ws[..wn], acts, r0 + r, an, k, &mut out);
+                    tile(&ws[..wn], acts, r0 + r, an, k, &mut out);
                     for (wi, o) in out.iter().enumerate().take(wn) {
                         for (ai, v) in o.iter().enumerate().take(an) {
                             let mut v = *v;
@@ -308,17 +313,7 @@ fn bias_term(bias: &[f32], acts: &Acts, r: usize, k: usize) -> f32 {
 }
 
 /// The scaled integer dots of up to [`WR`] weight rows with activation rows `r..r + an`.
-fn tile(set: KernelSet, ws: &[WRow], acts: &Acts, r: usize, an: usize, k: usize, out: &mut [[f32; AR]; WR]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if let Some(p) = set.wide() {
-            return avx2::tile(avx2::Proof::Wide(p), ws, acts, r, an, k, out);
-        }
-        if let Some(p) = set.simd() {
-            return avx2::tile(avx2::Proof::Simd(p), ws, acts, r, an, k, out);
-        }
-    }
-    let _ = set;
+fn tile(ws: &[WRow], acts: &Acts, r: usize, an: usize, k: usize, out: &mut [[f32; AR]; WR]) {
     for (wi, wr) in ws.iter().enumerate() {
         for (ai, o) in out[wi].iter_mut().enumerate().take(an) {
             let a = acts.row(r + ai, k);
@@ -336,157 +331,28 @@ fn tile(set: KernelSet, ws: &[WRow], acts: &Acts, r: usize, an: usize, k: usize,
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use super::super::avx2::hsum;
-    use super::super::{Simd, Wide};
-    use super::*;
-
-    /// Which vector width the CPU was found to have.
-    #[derive(Clone, Copy)]
-    pub(super) enum Proof {
-        Simd(Simd),
-        Wide(Wide),
-    }
-
-    pub(super) fn tile(
-        proof: Proof,
-        ws: &[WRow],
-        acts: &Acts,
-        r: usize,
-        an: usize,
-        k: usize,
-        out: &mut [[f32; AR]; WR],
-    ) {
-        let nb = k / QK;
-        let rows: [_; AR] = std::array::from_fn(|i| acts.row(r + i.min(an - 1), k));
-        assert!(
-            !ws.is_empty()
-                && ws.len() <= WR
-                && (1..=AR).contains(&an)
-                && ws.iter().all(|w| w.w.len() >= k && w.scale.len() >= nb)
-                && rows.iter().all(|a| a.qs.len() >= k && a.d.len() >= nb)
-        );
-        let w1 = if ws.len() > 1 { ws[1] } else { ws[0] };
-        let acc = match proof {
-            // SAFETY: a `Simd` exists only where AVX2, FMA and F16C were detected at run time; the
-            // slice lengths the kernel reads within are checked just above.
-            Proof::Simd(_) => unsafe { kernel(ws[0], w1, &rows, nb) },
-            // SAFETY: a `Wide` exists only where AVX-512 F and BW (and AVX2, FMA, F16C) were
-            // detected at run time; the slice lengths are checked just above.
-            Proof::Wide(_) => unsafe { kernel512(ws[0], w1, &rows, nb) },
-        };
-        for (wi, o) in out.iter_mut().enumerate().take(ws.len()) {
-            for (ai, v) in o.iter_mut().enumerate().take(an) {
-                *v = acc[wi][ai];
-            }
-        }
-    }
-
-    /// 16 `i16` at `p` (the caller keeps `p..p + 16` in bounds).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load(p: *const i16) -> __m256i {
-        // SAFETY: the caller guarantees 32 readable bytes; the load is unaligned.
-        unsafe { _mm256_loadu_si256(p as *const __m256i) }
-    }
-
-    /// # Safety
-    /// The CPU has AVX2, FMA and F16C; `w0`, `w1` and every row of `a` hold `nb * QK` values and
-    /// `nb` scales.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn kernel(w0: WRow, w1: WRow, a: &[super::super::ActRow; AR], nb: usize) -> [[f32; AR]; WR] {
-        let mut acc = [[_mm256_setzero_ps(); AR]; WR];
-        for b in 0..nb {
-            let at = QK * b;
-            // SAFETY: `at + 32 <= nb * QK`, within every slice (the caller's contract).
-            let (x0, x1, y0, y1) = unsafe {
-                (
-                    load(w0.w.as_ptr().add(at)),
-                    load(w0.w.as_ptr().add(at + 16)),
-                    load(w1.w.as_ptr().add(at)),
-                    load(w1.w.as_ptr().add(at + 16)),
-                )
-            };
-            let (s0, s1) = (w0.scale[b], w1.scale[b]);
-            for (i, row) in a.iter().enumerate() {
-                // SAFETY: as above.
-                let (a0, a1) = unsafe { (load(row.qs.as_ptr().add(at)), load(row.qs.as_ptr().add(at + 16))) };
-                let p0 = _mm256_add_epi32(_mm256_madd_epi16(x0, a0), _mm256_madd_epi16(x1, a1));
-                let p1 = _mm256_add_epi32(_mm256_madd_epi16(y0, a0), _mm256_madd_epi16(y1, a1));
-                let d = row.d[b];
-                acc[0][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(s0 * d), acc[0][i]);
-                acc[1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(s1 * d), acc[1][i]);
-            }
-        }
-        let mut out = [[0f32; AR]; WR];
-        for (o, v) in out.iter_mut().zip(acc) {
-            for (x, s) in o.iter_mut().zip(v) {
-                *x = hsum(s);
-            }
-        }
-        out
-    }
-
-    /// 32 `i16` at `p` (the caller keeps `p..p + 32` in bounds).
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    unsafe fn load32(p: *const i16) -> __m512i {
-        // SAFETY: the caller guarantees 64 readable bytes; the load is unaligned.
-        unsafe { _mm512_loadu_si512(p as *const __m512i) }
-    }
-
-    /// [`kernel`] with 512-bit vectors: a whole block of [`QK`] values per integer dot.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F and BW besides AVX2, FMA and F16C; `w0`, `w1` and every row of `a`
-    /// hold `nb * QK` values and `nb` scales.
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    unsafe fn kernel512(w0: WRow, w1: WRow, a: &[super::super::ActRow; AR], nb: usize) -> [[f32; AR]; WR] {
-        let mut acc = [[_mm512_setzero_ps(); AR]; WR];
-        for b in 0..nb {
-            let at = QK * b;
-            // SAFETY: `at + 32 <= nb * QK`, within every slice (the caller's contract).
-            let (x, y) = unsafe { (load32(w0.w.as_ptr().add(at)), load32(w1.w.as_ptr().add(at))) };
-            let (s0, s1) = (w0.scale[b], w1.scale[b]);
-            for (i, row) in a.iter().enumerate() {
-                // SAFETY: as above.
-                let v = unsafe { load32(row.qs.as_ptr().add(at)) };
-                let d = row.d[b];
-                let (p0, p1) = (_mm512_madd_epi16(x, v), _mm512_madd_epi16(y, v));
-                acc[0][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_set1_ps(s0 * d), acc[0][i]);
-                acc[1][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_set1_ps(s1 * d), acc[1][i]);
-            }
-        }
-        let mut out = [[0f32; AR]; WR];
-        for (o, v) in out.iter_mut().zip(acc) {
-            for (x, s) in o.iter_mut().zip(v) {
-                *x = _mm512_reduce_add_ps(s);
-            }
-        }
-        out
-    }
-}
-
-/// The AVX-512 outer-product tiles over interleaved panels.
+/// The outer-product tiles over interleaved panels: 512-bit (AVX-512) and 256-bit (AVX2).
 #[cfg(target_arch = "x86_64")]
 mod wide {
     use std::arch::x86_64::*;
 
-    use super::super::{ActRow, Vnni, Wide};
+    use super::super::{ActRow, Simd, Vnni, Wide};
     use super::*;
 
-    /// Which AVX-512 integer dot the CPU was found to have.
+    /// Which integer dot the CPU was found to have.
     #[derive(Clone, Copy)]
     pub(super) enum Proof {
-        /// `vpmaddwd` and `vpaddd`.
+        /// 256-bit `vpmaddwd` and `vpaddd`: panels of 16 columns, tiles of 3 rows (16 vector
+        /// registers).
+        Avx2(Simd),
+        /// 512-bit `vpmaddwd` and `vpaddd`.
         Wide(Wide),
         /// `vpdpwssd`.
         Vnni(Vnni),
     }
 
-    /// [`super::task`] on AVX-512: weight rows unpacked into panels of [`PANEL`] interleaved
-    /// rows, then tiles of [`MR`] activation rows by one panel.
+    /// [`super::task`] with vectors: weight rows unpacked into panels of [`PANEL`] (AVX2: 16)
+    /// interleaved rows, then tiles of [`MR`] (AVX2: 3) activation rows by one panel.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn task(
         proof: Proof,
@@ -500,19 +366,39 @@ mod wide {
         width: usize,
         dst: &mut [f32],
     ) {
+        match proof {
+            Proof::Avx2(_) => task_in::<16, 3>(proof, kind, bytes, rb, k, acts, r0, j0, width, dst),
+            _ => task_in::<PANEL, MR>(proof, kind, bytes, rb, k, acts, r0, j0, width, dst),
+        }
+    }
+
+    /// [`task`] with panels of `P` columns and tiles of `M` rows.
+    #[allow(clippy::too_many_arguments)]
+    fn task_in<const P: usize, const M: usize>(
+        proof: Proof,
+        kind: Kind,
+        bytes: &[u8],
+        rb: usize,
+        k: usize,
+        acts: &Acts,
+        r0: usize,
+        j0: usize,
+        width: usize,
+        dst: &mut [f32],
+    ) {
         let rows = dst.len() / width;
         let nb = k / QK;
-        let panels = width.div_ceil(PANEL);
+        let panels = width.div_ceil(P);
         UNPACKED.with(|cell| {
             let mut u = cell.borrow_mut();
             let u = &mut *u;
-            grow(&mut u.w, panels * PANEL * k);
-            grow(&mut u.scale, panels * PANEL * nb);
-            grow(&mut u.bias, panels * PANEL * nb);
+            grow(&mut u.w, panels * P * k);
+            grow(&mut u.scale, panels * P * nb);
+            grow(&mut u.bias, panels * P * nb);
             grow(&mut u.row, k);
             grow(&mut u.row_scale, nb);
             grow(&mut u.row_bias, nb);
-            for j in 0..panels * PANEL {
+            for j in 0..panels * P {
                 let (row, rs, rbias) = (&mut u.row[..k], &mut u.row_scale[..nb], &mut u.row_bias[..nb]);
                 if j < width {
                     unpack(kind, &bytes[(j0 + j) * rb..(j0 + j + 1) * rb], row, rs, rbias);
@@ -522,22 +408,23 @@ mod wide {
                     rs.fill(0.0);
                     rbias.fill(0.0);
                 }
-                interleave(j, row, rs, rbias, &mut u.w, &mut u.scale, &mut u.bias, k);
+                interleave::<P>(j, row, rs, rbias, &mut u.w, &mut u.scale, &mut u.bias, k);
             }
             let (w, scale, bias) = (&u.w, &u.scale, &u.bias);
             let has_bias = kind.has_bias();
             let mut r = 0;
             while r < rows {
-                let an = (rows - r).min(MR);
-                let a: [ActRow; MR] = std::array::from_fn(|i| acts.row(r0 + r + i.min(an - 1), k));
+                let an = (rows - r).min(M);
+                let a: [ActRow; M] = std::array::from_fn(|i| acts.row(r0 + r + i.min(an - 1), k));
                 for p in 0..panels {
-                    let pw = &w[p * PANEL * k..(p + 1) * PANEL * k];
-                    let ps = &scale[p * PANEL * nb..(p + 1) * PANEL * nb];
-                    let pb = &bias[p * PANEL * nb..(p + 1) * PANEL * nb];
-                    let out = tile(proof, kind == Kind::Q6K, has_bias, pw, ps, pb, &a, nb);
-                    let cols = (width - p * PANEL).min(PANEL);
+                    let pw = &w[p * P * k..(p + 1) * P * k];
+                    let ps = &scale[p * P * nb..(p + 1) * P * nb];
+                    let pb = &bias[p * P * nb..(p + 1) * P * nb];
+                    let mut out = [[0f32; P]; M];
+                    tile::<P, M>(proof, kind == Kind::Q6K, has_bias, pw, ps, pb, &a, nb, &mut out);
+                    let cols = (width - p * P).min(P);
                     for (i, o) in out.iter().enumerate().take(an) {
-                        let at = (r + i) * width + p * PANEL;
+                        let at = (r + i) * width + p * P;
                         dst[at..at + cols].copy_from_slice(&o[..cols]);
                     }
                 }
@@ -547,10 +434,11 @@ mod wide {
     }
 
     /// Places unpacked row `j` of a task (its values, scales and offsets) in the interleaved
-    /// panels: value pair `p` of panel row `l` (of [`PANEL`]) at `(2p + l / 16) * 32 + 2 (l % 16)`,
-    /// block `b`'s scale at `(2b + l / 16) * 16 + l % 16`.
+    /// panels of `P` rows (vectors of `P / 2` lanes): value pair `q` of panel row `l` at
+    /// `(2q + l / (P / 2)) * P + 2 (l % (P / 2))`, block `b`'s scale at
+    /// `(2b + l / (P / 2)) * (P / 2) + l % (P / 2)`.
     #[allow(clippy::too_many_arguments)]
-    fn interleave(
+    fn interleave<const P: usize>(
         j: usize,
         row: &[i16],
         rs: &[f32],
@@ -561,52 +449,65 @@ mod wide {
         k: usize,
     ) {
         let nb = k / QK;
-        let (p, l) = (j / PANEL, j % PANEL);
-        let (v, lane) = (l / 16, l % 16);
-        let pw = &mut w[p * PANEL * k..(p + 1) * PANEL * k];
+        let lanes = P / 2;
+        let (p, l) = (j / P, j % P);
+        let (v, lane) = (l / lanes, l % lanes);
+        let pw = &mut w[p * P * k..(p + 1) * P * k];
         for (q, pair) in row.chunks_exact(2).enumerate() {
-            let at = (2 * q + v) * 32 + 2 * lane;
+            let at = (2 * q + v) * P + 2 * lane;
             pw[at..at + 2].copy_from_slice(pair);
         }
-        let ps = &mut scale[p * PANEL * nb..(p + 1) * PANEL * nb];
-        let pb = &mut bias[p * PANEL * nb..(p + 1) * PANEL * nb];
+        let ps = &mut scale[p * P * nb..(p + 1) * P * nb];
+        let pb = &mut bias[p * P * nb..(p + 1) * P * nb];
         for b in 0..nb {
-            let at = (2 * b + v) * 16 + lane;
+            let at = (2 * b + v) * lanes + lane;
             ps[at] = rs[b];
             pb[at] = rbias[b];
         }
     }
 
-    /// One tile: the products of a panel with the activation rows `a`, `[row][column]`.
+    /// One tile: the products of a panel of `P` columns with the `M` activation rows `a`, into
+    /// `out` (`[row][column]`).
     #[allow(clippy::too_many_arguments)]
-    fn tile(
+    fn tile<const P: usize, const M: usize>(
         proof: Proof,
         halves: bool,
         has_bias: bool,
         w: &[i16],
         scale: &[f32],
         bias: &[f32],
-        a: &[ActRow; MR],
+        a: &[ActRow; M],
         nb: usize,
-    ) -> [[f32; PANEL]; MR] {
+        out: &mut [[f32; P]; M],
+    ) {
         let k = nb * QK;
         assert!(
-            w.len() >= PANEL * k
-                && scale.len() >= PANEL * nb
-                && bias.len() >= PANEL * nb
+            w.len() >= P * k
+                && scale.len() >= P * nb
+                && bias.len() >= P * nb
                 && a.iter()
                     .all(|r| r.qs.len() >= k && r.d.len() >= nb && r.sums.len() >= nb)
+                && (P, M)
+                    == if matches!(proof, Proof::Avx2(_)) {
+                        (16, 3)
+                    } else {
+                        (PANEL, MR)
+                    }
         );
+        let o = out.as_flattened_mut();
         // SAFETY: (every arm) the proof exists only where its features were detected at run
-        // time; the lengths the kernel reads within are checked just above.
+        // time; the lengths the kernel reads within, and the tile's shape, are checked above.
         unsafe {
             match (proof, halves, has_bias) {
-                (Proof::Vnni(_), false, false) => vnni::<16, false>(w, scale, bias, a, nb),
-                (Proof::Vnni(_), false, true) => vnni::<16, true>(w, scale, bias, a, nb),
-                (Proof::Vnni(_), true, _) => vnni::<8, false>(w, scale, bias, a, nb),
-                (Proof::Wide(_), false, false) => madd::<16, false>(w, scale, bias, a, nb),
-                (Proof::Wide(_), false, true) => madd::<16, true>(w, scale, bias, a, nb),
-                (Proof::Wide(_), true, _) => madd::<8, false>(w, scale, bias, a, nb),
+                (Proof::Vnni(_), false, false) => vnni::<16, false>(w, scale, bias, a, nb, o),
+                (Proof::Vnni(_), false, true) => vnni::<16, true>(w, scale, bias, a, nb, o),
+                (Proof::Vnni(_), true, _) => vnni::<8, false>(w, scale, bias, a, nb, o),
+                (Proof::Wide(_), false, false) => madd::<16, false>(w, scale, bias, a, nb, o),
+                (Proof::Wide(_), false, true) => madd::<16, true>(w, scale, bias, a, nb, o),
+                (Proof::Wide(_), true, _) => madd::<8, false>(w, scale, bias, a, nb, o),
+                (Proof::Avx2(_), false, false) => avx2::<16, false>(w, scale, bias, a, nb, o),
+                (Proof::Avx2(_), false, true) => avx2::<16, true>(w, scale, bias, a, nb, o),
+                (Proof::Avx2(_), true, _) => avx2::<8, false>(w, scale, bias, a, nb, o),
             }
         }
     }
@@ -619,15 +520,17 @@ mod wide {
             ///
             /// # Safety
             /// The CPU has the features named; `w` holds `PANEL * nb * QK` values, `scale` and
-            /// `bias` `PANEL * nb`, every row of `a` `nb * QK` values and `nb` scales and sums.
+            /// `bias` `PANEL * nb`, `a` `MR` rows of `nb * QK` values and `nb` scales and sums,
+            /// `out` `MR * PANEL` values.
             #[target_feature(enable = $features)]
             unsafe fn $name<const SEG: usize, const BIAS: bool>(
                 w: &[i16],
                 scale: &[f32],
                 bias: &[f32],
-                a: &[ActRow; MR],
+                a: &[ActRow],
                 nb: usize,
-            ) -> [[f32; PANEL]; MR] {
+                out: &mut [f32],
+            ) {
                 let mut acc = [[_mm512_setzero_ps(); MR]; 2];
                 let wp = w.as_ptr();
                 for b in 0..nb {
@@ -690,8 +593,7 @@ mod wide {
                         }
                     }
                 }
-                let mut out = [[0f32; PANEL]; MR];
-                for (o, r) in out.iter_mut().zip(0..MR) {
+                for (o, r) in out.chunks_exact_mut(PANEL).zip(0..MR) {
                     let (lo, hi) = o.split_at_mut(16);
                     // SAFETY: each half holds 16 `f32`.
                     unsafe {
@@ -699,7 +601,6 @@ mod wide {
                         _mm512_storeu_ps(hi.as_mut_ptr(), acc[1][r]);
                     }
                 }
-                out
             }
         };
     }
@@ -716,6 +617,87 @@ mod wide {
         "avx512f,avx512bw,avx2,fma,f16c",
         |acc, w, x| _mm512_add_epi32(acc, _mm512_madd_epi16(w, x))
     );
+
+    /// The 256-bit tile (AVX2): a panel of 16 columns in two vectors of 8 lanes by 3 activation
+    /// rows (6 integer and 6 `f32` accumulators of the 16 vector registers), `vpmaddwd` and
+    /// `vpaddd`, scaled once per block as the 512-bit tiles are.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `w` holds `16 * nb * QK` values, `scale` and `bias`
+    /// `16 * nb`, `a` 3 rows of `nb * QK` values and `nb` scales and sums, `out` 48 values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2<const SEG: usize, const BIAS: bool>(
+        w: &[i16],
+        scale: &[f32],
+        bias: &[f32],
+        a: &[ActRow],
+        nb: usize,
+        out: &mut [f32],
+    ) {
+        const R: usize = 3;
+        let mut acc = [[_mm256_setzero_ps(); R]; 2];
+        let wp = w.as_ptr();
+        for b in 0..nb {
+            for s in 0..16 / SEG {
+                let mut ia = [[_mm256_setzero_si256(); R]; 2];
+                for p in 0..SEG {
+                    let kp = 16 * b + SEG * s + p;
+                    // SAFETY: `kp < nb * QK / 2`, so both vectors (16 values each) lie within
+                    // `w` (`16 * nb * QK` values), and the pair within each row of `a`.
+                    let (w0, w1) = unsafe {
+                        (
+                            _mm256_loadu_si256(wp.add(32 * kp) as *const __m256i),
+                            _mm256_loadu_si256(wp.add(32 * kp + 16) as *const __m256i),
+                        )
+                    };
+                    for r in 0..R {
+                        // SAFETY: as above.
+                        let pair =
+                            unsafe { std::ptr::read_unaligned(a[r].qs.as_ptr().add(2 * kp) as *const i32) };
+                        let x = _mm256_set1_epi32(pair);
+                        ia[0][r] = _mm256_add_epi32(ia[0][r], _mm256_madd_epi16(w0, x));
+                        ia[1][r] = _mm256_add_epi32(ia[1][r], _mm256_madd_epi16(w1, x));
+                    }
+                }
+                // SAFETY: `b < nb`: 16 scales at `16 b` within `scale`.
+                let (s0, s1) = unsafe {
+                    (
+                        _mm256_loadu_ps(scale.as_ptr().add(16 * b)),
+                        _mm256_loadu_ps(scale.as_ptr().add(16 * b + 8)),
+                    )
+                };
+                for r in 0..R {
+                    let d = _mm256_set1_ps(a[r].d[b]);
+                    let v0 = _mm256_mul_ps(_mm256_cvtepi32_ps(ia[0][r]), s0);
+                    let v1 = _mm256_mul_ps(_mm256_cvtepi32_ps(ia[1][r]), s1);
+                    acc[0][r] = _mm256_fmadd_ps(v0, d, acc[0][r]);
+                    acc[1][r] = _mm256_fmadd_ps(v1, d, acc[1][r]);
+                }
+            }
+            if BIAS {
+                // SAFETY: as for the scales.
+                let (b0, b1) = unsafe {
+                    (
+                        _mm256_loadu_ps(bias.as_ptr().add(16 * b)),
+                        _mm256_loadu_ps(bias.as_ptr().add(16 * b + 8)),
+                    )
+                };
+                for r in 0..R {
+                    let m = _mm256_set1_ps(a[r].d[b] * a[r].sums[b] as f32);
+                    acc[0][r] = _mm256_fnmadd_ps(b0, m, acc[0][r]);
+                    acc[1][r] = _mm256_fnmadd_ps(b1, m, acc[1][r]);
+                }
+            }
+        }
+        for (o, r) in out.chunks_exact_mut(16).zip(0..R) {
+            let (lo, hi) = o.split_at_mut(8);
+            // SAFETY: each half holds 8 `f32`.
+            unsafe {
+                _mm256_storeu_ps(lo.as_mut_ptr(), acc[0][r]);
+                _mm256_storeu_ps(hi.as_mut_ptr(), acc[1][r]);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
