@@ -34,6 +34,29 @@ pub fn reserve(positions: usize) {
     });
 }
 
+/// Grows the calling thread's split-attention partials to `values`, so that decode steps of
+/// at most that many allocate nothing (`CpuBackend::compile` runs it on every pool thread, with
+/// [`partials_for`]).
+pub fn reserve_partials(values: usize) {
+    PARTIALS.with(|cell| {
+        let mut parts = cell.borrow_mut();
+        if parts.len() < values {
+            parts.resize(values, 0.0);
+        }
+    });
+}
+
+/// The most partial values a step of `rows` rows on `threads` threads holds for attention of
+/// shape `s` (zero where its rows attend in tiles, which take no partials).
+pub fn partials_for(s: &AttentionShape, rows: usize, threads: usize) -> usize {
+    if rows >= TILED_MIN_ROWS || s.kv_heads == 0 {
+        return 0;
+    }
+    let pairs = rows * s.kv_heads;
+    // `chunks` is at most `ceil(2 threads / pairs)`, so pairs times chunks at most this.
+    (2 * threads + pairs) * (s.heads / s.kv_heads) * (s.head_dim + 2)
+}
+
 /// Proof that AVX2 and FMA were detected at run time; only [`Simd::detect`] makes one.
 #[derive(Clone, Copy)]
 struct Simd(());

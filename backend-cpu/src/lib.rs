@@ -309,6 +309,37 @@ impl CpuBackend {
             // Prefill attention's block buffers, likewise.
             self.pool.broadcast(|_| attention::reserve_tiles(head_dim));
         }
+        let partials = graph
+            .nodes
+            .iter()
+            .filter_map(|n| match &n.op {
+                Op::Attention {
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    cache,
+                    ..
+                } => {
+                    let s = AttentionShape {
+                        heads: *heads,
+                        kv_heads: *kv_heads,
+                        head_dim: *head_dim,
+                        capacity: cache.capacity,
+                        scale: 1.0,
+                        window: None,
+                        softcap: None,
+                        cache_dtype: cache.dtype,
+                    };
+                    Some(attention::partials_for(&s, graph.rows, self.threads))
+                }
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        if partials > 0 {
+            // Decode attention's split partials, likewise (on every thread: any may run a step).
+            self.pool.broadcast(|_| attention::reserve_partials(partials));
+        }
         let values = shapes.iter().map(|s| vec![0f32; rows_of(s) * s.cols]).collect();
         let program = Program {
             graph: graph.clone(),
