@@ -64,7 +64,19 @@ fn bench_json_follows_the_schema_and_renders() {
             assert!(run[field]["min"].as_f64() <= Some(median) && Some(median) <= run[field]["max"].as_f64());
         }
         assert!(run["decode_bytes_per_step"].as_u64() > Some(0));
-        assert!(run.get("profile").is_none(), "the CPU measures no device time");
+        // The CPU's profile is each node's wall time: every op of the graph, none negative.
+        for step in ["prefill", "decode"] {
+            let ops = run["profile"][step].as_array().expect("a CPU profile");
+            assert!(
+                ops.iter()
+                    .any(|o| o["op"].as_str().is_some_and(|s| s.starts_with("matmul(q8_0)"))),
+                "{step}: {ops:?}"
+            );
+            assert!(
+                ops.iter().all(|o| o["seconds"].as_f64() >= Some(0.0)),
+                "{step}: {ops:?}"
+            );
+        }
     }
     assert!(cpu["limits"]["peak_flops"].as_f64() > Some(0.0));
     assert!(
