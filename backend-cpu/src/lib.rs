@@ -395,10 +395,14 @@ impl CpuBackend {
                     let w = self.weight_view(weight)?;
                     let nw = &mut prog.norm_weight[..w.k];
                     convert::decode_row(w.dtype, w.bytes, nw);
-                    let (xs, nw, g) = (v(x), &*nw, w.k);
+                    let (xs, nw, g, kset) = (v(x), &*nw, w.k, self.kernels);
                     par::rows(&self.pool, &mut out, g, |first, ys| {
                         let n = ys.len();
-                        kernels::rms_norm(&xs[first * g..first * g + n], nw, *eps, *weight_offset, ys)
+                        let xs = &xs[first * g..first * g + n];
+                        match kset {
+                            Some(set) => vmath::rms_norm(set, xs, nw, *eps, *weight_offset, ys),
+                            None => kernels::rms_norm(xs, nw, *eps, *weight_offset, ys),
+                        }
                     });
                 }
                 Op::MatMul { x, weight, .. } => {
