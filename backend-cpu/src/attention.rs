@@ -281,12 +281,7 @@ fn attend_group(
         let scores = &mut scores[..group * n];
         score_keys(simd, s, qg, kc, &at, lo, n, scores);
         for sh in scores.chunks_exact_mut(n) {
-            let max = sh.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let mut sum = 0f32;
-            for sc in sh.iter_mut() {
-                *sc = (*sc - max).exp();
-                sum += *sc;
-            }
+            let (_, sum) = exp_from_max(sh);
             for sc in sh.iter_mut() {
                 *sc /= sum;
             }
@@ -328,6 +323,18 @@ fn score_keys(
             scores[h * n + j] = v;
         }
     }
+}
+
+/// Replaces each score by `exp(score - max)`; returns the maximum and the sum of the
+/// exponentials (the softmax's two reductions).
+fn exp_from_max(scores: &mut [f32]) -> (f32, f32) {
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0f32;
+    for sc in scores.iter_mut() {
+        *sc = (*sc - max).exp();
+        sum += *sc;
+    }
+    (max, sum)
 }
 
 /// The fewest keys per chunk where a decode step's keys are split across threads.
@@ -378,14 +385,7 @@ fn partial_group(
         let scores = &mut scores[..group * n];
         score_keys(simd, s, qg, kc, &at, first, n, scores);
         for (sh, ph) in scores.chunks_exact_mut(n).zip(part.chunks_exact_mut(hd + 2)) {
-            let max = sh.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let mut sum = 0f32;
-            for sc in sh.iter_mut() {
-                *sc = (*sc - max).exp();
-                sum += *sc;
-            }
-            ph[0] = max;
-            ph[1] = sum;
+            (ph[0], ph[1]) = exp_from_max(sh);
         }
         let mut w = [0f32; MAX_GROUP];
         for j in 0..n {

@@ -739,14 +739,16 @@ mod avx2 {
                 && a.iter()
                     .all(|r| r.d.len() >= k / QK && r.qs.len() >= k && r.sums.len() >= k / QK)
         );
+        // `pick!(kernel)` or `pick!(kernel, C)`: the kernel for these row counts, with the
+        // leading const argument `C` where it takes one.
         macro_rules! pick {
-            ($f:ident) => {
+            ($f:ident $(, $c:expr)?) => {
                 match (ws.len(), a.len()) {
-                    (WROWS, _) => $f::<WROWS, 1>(ws, a, out),
-                    (_, 4) => $f::<1, 4>(ws, a, out),
-                    (_, 3) => $f::<1, 3>(ws, a, out),
-                    (_, 2) => $f::<1, 2>(ws, a, out),
-                    _ => $f::<1, 1>(ws, a, out),
+                    (WROWS, _) => $f::<$({ $c },)? WROWS, 1>(ws, a, out),
+                    (_, 4) => $f::<$({ $c },)? 1, 4>(ws, a, out),
+                    (_, 3) => $f::<$({ $c },)? 1, 3>(ws, a, out),
+                    (_, 2) => $f::<$({ $c },)? 1, 2>(ws, a, out),
+                    _ => $f::<$({ $c },)? 1, 1>(ws, a, out),
                 }
             };
         }
@@ -757,45 +759,25 @@ mod avx2 {
             match kind {
                 Kind::Q8_0 if wide.is_some() => pick!(q8_0_512),
                 Kind::Q8_0 => pick!(q8_0),
-                Kind::Q5_0 if wide.is_some() => pick!(q5_0_512),
+                Kind::Q5_0 if wide.is_some() => pick!(legacy_512, LEGACY_Q5_0),
                 Kind::Q5_0 => pick!(q5_0),
-                Kind::Q4K if wide.is_some() && a.iter().all(|r| r.span == 256) => pick!(q4_k_512),
+                Kind::Q4K if wide.is_some() && a.iter().all(|r| r.span == 256) => pick!(k_512, false),
                 Kind::Q4K => pick!(q4_k),
                 Kind::Q6K => pick!(q6_k),
-                Kind::Q4_0 if wide.is_some() => pick!(legacy_512_q4_0),
-                Kind::Q4_1 if wide.is_some() => pick!(legacy_512_q4_1),
-                Kind::Q5_1 if wide.is_some() => pick!(legacy_512_q5_1),
-                Kind::Q5K if wide.is_some() && a.iter().all(|r| r.span == 256) => pick!(q5_k_512),
+                Kind::Q4_0 if wide.is_some() => pick!(legacy_512, LEGACY_Q4_0),
+                Kind::Q4_1 if wide.is_some() => pick!(legacy_512, LEGACY_Q4_1),
+                Kind::Q5_1 if wide.is_some() => pick!(legacy_512, LEGACY_Q5_1),
+                Kind::Q5K if wide.is_some() && a.iter().all(|r| r.span == 256) => pick!(k_512, true),
                 Kind::Q4_0 | Kind::Q4_1 | Kind::Q5_1 | Kind::Q5K => unpacked(kind, ws, a, out),
             }
         }
     }
 
-    /// The legacy formats' numbers for [`legacy_512`].
+    /// The 32-value formats' numbers for [`legacy_512`].
     const LEGACY_Q4_0: u8 = 0;
     const LEGACY_Q4_1: u8 = 1;
-    const LEGACY_Q5_1: u8 = 2;
-
-    /// # Safety
-    /// As [`legacy_512`].
-    unsafe fn legacy_512_q4_0<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
-        // SAFETY: the caller's contract is `legacy_512`'s.
-        unsafe { legacy_512::<LEGACY_Q4_0, W, R>(ws, a, out) }
-    }
-
-    /// # Safety
-    /// As [`legacy_512`].
-    unsafe fn legacy_512_q4_1<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
-        // SAFETY: the caller's contract is `legacy_512`'s.
-        unsafe { legacy_512::<LEGACY_Q4_1, W, R>(ws, a, out) }
-    }
-
-    /// # Safety
-    /// As [`legacy_512`].
-    unsafe fn legacy_512_q5_1<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
-        // SAFETY: the caller's contract is `legacy_512`'s.
-        unsafe { legacy_512::<LEGACY_Q5_1, W, R>(ws, a, out) }
-    }
+    const LEGACY_Q5_0: u8 = 2;
+    const LEGACY_Q5_1: u8 = 3;
 
     /// [`scalar::unpacked`] for each weight row and activation row, compiled for AVX2 (the
     /// block dots in vector registers).
@@ -973,46 +955,10 @@ mod avx2 {
         finish512(acc, out)
     }
 
-    /// [`q5_0`] with 512-bit vectors: a block's 32 values widened to 16 bits in one vector,
-    /// the fifth bits expanded from the block's 32-bit mask in one instruction.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F, BW and VL besides AVX2, FMA and F16C (the caller checks at run
-    /// time). Every read goes through a checked slice, so short inputs panic rather than read
-    /// out of bounds.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn q5_0_512<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
-        let mut acc = [[_mm512_setzero_ps(); R]; W];
-        let m4 = _mm256_set1_epi8(0x0F);
-        let fifth = _mm256_set1_epi8(0x10);
-        let off = _mm256_set1_epi8(16);
-        for b in 0..ws[0].len() / 22 {
-            for (wi, acc) in acc.iter_mut().enumerate() {
-                let blk = &ws[wi][22 * b..22 * b + 22];
-                prefetch(blk);
-                let wd = h2f(blk, 0);
-                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-                // SAFETY: `blk[6..22]` holds 16 bytes.
-                let lo = unsafe { _mm_loadu_si128(blk[6..22].as_ptr() as *const __m128i) };
-                let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(lo), lo), m4);
-                // Value j's fifth bit is bit j of `qh`.
-                let high = _mm256_and_si256(_mm256_movm_epi8(qh), fifth);
-                let q = _mm512_cvtepi8_epi16(_mm256_sub_epi8(_mm256_or_si256(nib, high), off));
-                for r in 0..R {
-                    let y = &a[r].qs[32 * b..32 * b + 32];
-                    // SAFETY: `y` holds 32 `i16`, 64 bytes; the load is unaligned.
-                    let y = unsafe { _mm512_loadu_si512(y.as_ptr() as *const __m512i) };
-                    let p = _mm512_cvtepi32_ps(_mm512_madd_epi16(q, y));
-                    acc[r] = _mm512_fmadd_ps(p, _mm512_set1_ps(wd * a[r].d[b]), acc[r]);
-                }
-            }
-        }
-        finish512(acc, out)
-    }
-
-    /// `q4_0`, `q4_1` and `q5_1` (`F`: [`LEGACY_Q4_0`], [`LEGACY_Q4_1`] or [`LEGACY_Q5_1`]) with 512-bit
-    /// vectors, as [`q5_0_512`]: a block's 32 values widened to 16 bits in one vector, one integer
-    /// dot per activation row; the `_1` formats' offset `m` times the activation block's sum.
+    /// The 32-value formats but `q8_0` (`F`: one of the `LEGACY_*` numbers) with 512-bit vectors:
+    /// a block's 32 values widened to 16 bits in one vector (the `q5_*` fifth bits expanded from
+    /// the block's 32-bit mask in one instruction), one integer dot per activation row; the `_1`
+    /// formats' offset `m` times the activation block's sum.
     ///
     /// # Safety
     /// The CPU has AVX-512 F, BW and VL besides AVX2, FMA and F16C (the caller checks at run
@@ -1024,11 +970,13 @@ mod avx2 {
         a: &[ActRow],
         out: &mut [f32],
     ) {
-        // Bytes per block, where the nibbles start, whether there is an `m` and a fifth bit.
-        let (bytes, qs_at, has_m, has_h, off) = match F {
-            LEGACY_Q4_0 => (18, 2, false, false, 8),
-            LEGACY_Q4_1 => (20, 4, true, false, 0),
-            _ => (24, 8, true, true, 0),
+        // Bytes per block, where the nibbles start, whether there is an `m`, where the fifth
+        // bits are (if any), the offset taken off the values.
+        let (bytes, qs_at, has_m, qh_at, off) = match F {
+            LEGACY_Q4_0 => (18, 2, false, None, 8),
+            LEGACY_Q4_1 => (20, 4, true, None, 0),
+            LEGACY_Q5_0 => (22, 6, false, Some(2), 16),
+            _ => (24, 8, true, Some(4), 0),
         };
         let mut acc = [[_mm512_setzero_ps(); R]; W];
         let mut mins = [[0f32; R]; W];
@@ -1043,8 +991,9 @@ mod avx2 {
                 // SAFETY: `blk[qs_at..qs_at + 16]` holds 16 bytes.
                 let lo = unsafe { _mm_loadu_si128(blk[qs_at..qs_at + 16].as_ptr() as *const __m128i) };
                 let mut nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(lo), lo), m4);
-                if has_h {
-                    let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
+                if let Some(h) = qh_at {
+                    // Value j's fifth bit is bit j of `qh`.
+                    let qh = u32::from_le_bytes([blk[h], blk[h + 1], blk[h + 2], blk[h + 3]]);
                     nib = _mm256_or_si256(nib, _mm256_and_si256(_mm256_movm_epi8(qh), fifth));
                 }
                 let q = _mm512_cvtepi8_epi16(_mm256_sub_epi8(nib, off));
@@ -1067,81 +1016,6 @@ mod avx2 {
         }
     }
 
-    /// `q5_k` as [`q4_k_512`] (activations with one scale per 256 values), the fifth bit of
-    /// each value from the block's 32 bytes of high bits (at most 16 products of 31 * 63 by
-    /// 32767 per lane).
-    ///
-    /// # Safety
-    /// As [`q4_k_512`].
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn q5_k_512<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
-        let mut acc = [[_mm512_setzero_ps(); R]; W];
-        let mut mins = [[_mm256_setzero_ps(); R]; W];
-        let m4 = _mm256_set1_epi8(0x0F);
-        let sixteen = _mm256_set1_epi8(16);
-        for b in 0..ws[0].len() / 176 {
-            for wi in 0..W {
-                let blk = &ws[wi][176 * b..176 * b + 176];
-                prefetch(blk);
-                prefetch(&blk[64..]);
-                prefetch(&blk[128..]);
-                let (wd, wm) = (h2f(blk, 0), h2f(blk, 2));
-                let (sc, mn) = q4k_scales_mins(&blk[4..16]);
-                // SAFETY: `blk[16..48]` holds 32 bytes.
-                let qh = unsafe { load(blk[16..48].as_ptr()) };
-                let qs = &blk[48..176];
-                let mut isum = [_mm512_setzero_si512(); R];
-                for c in 0..4 {
-                    // SAFETY: `qs[32c..32c + 32]` is in bounds.
-                    let q = unsafe { load(qs[32 * c..32 * c + 32].as_ptr()) };
-                    let bit = |k: i32| {
-                        let m = _mm256_set1_epi8(1i8 << k);
-                        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), sixteen)
-                    };
-                    let v0 = _mm256_add_epi8(_mm256_and_si256(q, m4), bit(2 * c as i32));
-                    let v1 = _mm256_add_epi8(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4),
-                        bit(2 * c as i32 + 1),
-                    );
-                    let s0 = ((sc >> (16 * c)) & 0xff) as i16;
-                    let s1 = ((sc >> (16 * c + 8)) & 0xff) as i16;
-                    let lo = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(v0), _mm512_set1_epi16(s0));
-                    let hi = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(v1), _mm512_set1_epi16(s1));
-                    for r in 0..R {
-                        let y = &a[r].qs[256 * b + 64 * c..256 * b + 64 * c + 64];
-                        // SAFETY: `y` holds 64 `i16`, two vectors; the loads are unaligned.
-                        let (y0, y1) = unsafe {
-                            (
-                                _mm512_loadu_si512(y.as_ptr() as *const __m512i),
-                                _mm512_loadu_si512(y.as_ptr().add(32) as *const __m512i),
-                            )
-                        };
-                        isum[r] = _mm512_add_epi32(
-                            isum[r],
-                            _mm512_add_epi32(_mm512_madd_epi16(lo, y0), _mm512_madd_epi16(hi, y1)),
-                        );
-                    }
-                }
-                let mn = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64));
-                for r in 0..R {
-                    let d = a[r].d[8 * b];
-                    acc[wi][r] =
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_set1_ps(wd * d), acc[wi][r]);
-                    let sums = &a[r].sums[8 * b..8 * b + 8];
-                    // SAFETY: `sums` holds 8 `i32`, 32 bytes; the load is unaligned.
-                    let sums = unsafe { _mm256_loadu_si256(sums.as_ptr() as *const __m256i) };
-                    let ms = _mm256_cvtepi32_ps(_mm256_mullo_epi32(mn, sums));
-                    mins[wi][r] = _mm256_fmadd_ps(ms, _mm256_set1_ps(wm * d), mins[wi][r]);
-                }
-            }
-        }
-        for (o, (v, m)) in out.chunks_exact_mut(R).zip(acc.iter().zip(&mins)) {
-            for r in 0..R {
-                o[r] = _mm512_reduce_add_ps(v[r]) - hsum(m[r]);
-            }
-        }
-    }
-
     /// The eight 6-bit scales and eight 6-bit minimums of a `q4_k` block's 12 packed bytes
     /// (the values `k_scale_min` gives one at a time), each as the bytes of a `u64`.
     #[inline(always)]
@@ -1158,44 +1032,63 @@ mod avx2 {
         )
     }
 
-    /// `q4_k` over activations with one scale per 256 values (`ActRow::span`): the sub-block
-    /// scales multiply the 16-bit unpacked weights, so a whole weight block is one integer sum
-    /// per lane (at most 16 products of 945 by 32767 each, below 2^31), converted and scaled
-    /// once; the minimums' term is an integer dot of the eight minimums with the eight block
-    /// sums.
+    /// `q4_k`, and `q5_k` where `FIVE`, over activations with one scale per 256 values
+    /// (`ActRow::span`): the sub-block scales multiply the 16-bit unpacked weights, so a whole
+    /// weight block is one integer sum per lane (at most 16 products of 945, or 31 * 63 for
+    /// `q5_k`, by 32767 each, below 2^31), converted and scaled once; the minimums' term is an
+    /// integer dot of the eight minimums with the eight block sums. `q5_k`'s fifth bits come
+    /// from its block's 32 bytes of high bits.
     ///
     /// # Safety
     /// The CPU has AVX-512 F, BW and VL besides AVX2, FMA and F16C (the caller checks at run
     /// time); every row of `a` has `span == 256`. Every read goes through a checked slice, so
     /// short inputs panic rather than read out of bounds.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn q4_k_512<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
+    unsafe fn k_512<const FIVE: bool, const W: usize, const R: usize>(
+        ws: &[&[u8]],
+        a: &[ActRow],
+        out: &mut [f32],
+    ) {
+        // Bytes per block and where the nibbles start (`q5_k`: after 32 bytes of high bits).
+        let (bytes, qs_at) = if FIVE { (176, 48) } else { (144, 16) };
         let mut acc = [[_mm512_setzero_ps(); R]; W];
         let mut mins = [[_mm256_setzero_ps(); R]; W];
         let m4 = _mm256_set1_epi8(0x0F);
-        for b in 0..ws[0].len() / 144 {
+        let sixteen = _mm256_set1_epi8(16);
+        for b in 0..ws[0].len() / bytes {
             for wi in 0..W {
-                let blk = &ws[wi][144 * b..144 * b + 144];
+                let blk = &ws[wi][bytes * b..bytes * b + bytes];
                 prefetch(blk);
                 prefetch(&blk[64..]);
                 prefetch(&blk[128..]);
                 let (wd, wm) = (h2f(blk, 0), h2f(blk, 2));
                 let (sc, mn) = q4k_scales_mins(&blk[4..16]);
-                let qs = &blk[16..144];
+                let qh = if FIVE {
+                    // SAFETY: `blk[16..48]` holds 32 bytes.
+                    unsafe { load(blk[16..48].as_ptr()) }
+                } else {
+                    _mm256_setzero_si256()
+                };
+                // 16 where bit `k` of a value's high-bits byte is set (`q5_k`).
+                let bit = |k: i32| {
+                    let m = _mm256_set1_epi8(1i8 << k);
+                    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), sixteen)
+                };
+                let qs = &blk[qs_at..bytes];
                 let mut isum = [_mm512_setzero_si512(); R];
                 for c in 0..4 {
                     // SAFETY: `qs[32c..32c + 32]` is in bounds.
                     let q = unsafe { load(qs[32 * c..32 * c + 32].as_ptr()) };
+                    let mut v0 = _mm256_and_si256(q, m4);
+                    let mut v1 = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                    if FIVE {
+                        v0 = _mm256_add_epi8(v0, bit(2 * c as i32));
+                        v1 = _mm256_add_epi8(v1, bit(2 * c as i32 + 1));
+                    }
                     let s0 = ((sc >> (16 * c)) & 0xff) as i16;
                     let s1 = ((sc >> (16 * c + 8)) & 0xff) as i16;
-                    let lo = _mm512_mullo_epi16(
-                        _mm512_cvtepu8_epi16(_mm256_and_si256(q, m4)),
-                        _mm512_set1_epi16(s0),
-                    );
-                    let hi = _mm512_mullo_epi16(
-                        _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4)),
-                        _mm512_set1_epi16(s1),
-                    );
+                    let lo = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(v0), _mm512_set1_epi16(s0));
+                    let hi = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(v1), _mm512_set1_epi16(s1));
                     for r in 0..R {
                         let y = &a[r].qs[256 * b + 64 * c..256 * b + 64 * c + 64];
                         // SAFETY: `y` holds 64 `i16`, two vectors; the loads are unaligned.

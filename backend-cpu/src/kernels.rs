@@ -29,7 +29,9 @@ pub enum Layout {
 }
 
 impl Layout {
-    /// Copies row `r`'s values of columns `j0..j0 + out.len()` into `out`.
+    /// Copies row `r`'s values of columns `j0..j0 + out.len()` into `out` (row by row, the
+    /// writes are contiguous; column-major reads stay within a few cache lines per column from
+    /// one row to the next).
     pub fn copy_row(self, scratch: &[f32], rows: usize, r: usize, j0: usize, out: &mut [f32]) {
         match self {
             Layout::Columns => {
@@ -166,19 +168,8 @@ pub fn scatter(scratch: &[f32], layout: Layout, rows: usize, j0: usize, out: &mu
     if cols == 0 {
         return j0;
     }
-    if layout != Layout::Columns {
-        for (r, orow) in out.chunks_exact_mut(cols).enumerate() {
-            layout.copy_row(scratch, rows, r, j0, orow);
-        }
-        return j0 + cols;
-    }
-    // Row by row: the writes are contiguous, the strided reads stay within a few cache lines
-    // per column from one row to the next.
-    let cols_of = &scratch[j0 * rows..(j0 + cols) * rows];
     for (r, orow) in out.chunks_exact_mut(cols).enumerate() {
-        for (o, col) in orow.iter_mut().zip(cols_of.chunks_exact(rows)) {
-            *o = col[r];
-        }
+        layout.copy_row(scratch, rows, r, j0, orow);
     }
     j0 + cols
 }

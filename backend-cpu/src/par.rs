@@ -51,20 +51,9 @@ pub fn scatter(
     if cols == 0 {
         return j0;
     }
-    if layout != Layout::Columns {
-        rows(pool, out, cols, |first, chunk| {
-            for (i, orow) in chunk.chunks_exact_mut(cols).enumerate() {
-                layout.copy_row(scratch, n_rows, first + i, j0, orow);
-            }
-        });
-        return j0 + cols;
-    }
-    let cols_of = &scratch[j0 * n_rows..(j0 + cols) * n_rows];
     rows(pool, out, cols, |first, chunk| {
         for (i, orow) in chunk.chunks_exact_mut(cols).enumerate() {
-            for (o, col) in orow.iter_mut().zip(cols_of.chunks_exact(n_rows)) {
-                *o = col[first + i];
-            }
+            layout.copy_row(scratch, n_rows, first + i, j0, orow);
         }
     });
     j0 + cols
