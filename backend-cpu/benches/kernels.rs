@@ -172,5 +172,39 @@ fn head(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, matvec, matmat, attention, head);
+/// A 512-token prefill's feed-forward products at Gemma 3 4B's shapes (hidden 2560, FFN 10240)
+/// in `q4_k`, on each 512-bit kernel set the CPU runs: weights and activations far past the caches, so the product's
+/// blocking for them shows. Throughput in multiply-adds.
+fn prefill(c: &mut Criterion) {
+    let pool = rayon::ThreadPoolBuilder::new().build().expect("thread pool");
+    let rows = 512usize;
+    let mut group = c.benchmark_group("prefill 512 rows q4_k");
+    group.sample_size(10);
+    for (n, k) in [(10_240usize, 2560usize), (2560, 10_240)] {
+        let dtype = DType::Q4K;
+        let bytes = weight_bytes(dtype, n, k);
+        let w = WeightView {
+            bytes: &bytes,
+            dtype,
+            n,
+            k,
+        };
+        let x: Vec<f32> = (0..rows * k).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
+        let mut scratch = vec![0f32; n * rows];
+        group.throughput(Throughput::Elements((rows * n * k) as u64));
+        let id = format!("{n}x{k}");
+        // Each 512-bit set the CPU runs: AMX tiles beside the VNNI ones where both are.
+        for set in [KernelSet::Amx, KernelSet::Avx512Vnni, KernelSet::Avx512]
+            .into_iter()
+            .filter(|s| s.available())
+        {
+            group.bench_with_input(BenchmarkId::new(set.name(), &id), &id, |b, _| {
+                b.iter(|| kernels::product(&pool, None, &x, rows, w, &mut scratch, Some(set)))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, matvec, matmat, attention, head, prefill);
 criterion_main!(benches);

@@ -53,6 +53,8 @@ const GEMM_TASKS_PER_THREAD: usize = 4;
 /// The fewest activation rows per [`gemm`] task where the product is split by rows as well.
 const GEMM_MIN_BLOCK_ROWS: usize = 48;
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod gemm;
 
 /// The weight formats this module covers.
@@ -116,6 +118,9 @@ impl Kind {
 /// block dots; they differ only in the order of the `f32` additions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelSet {
+    /// [`KernelSet::Avx512Vnni`] with the prefill product on Intel AMX tiles (AMX-INT8: the
+    /// same integer block dots, 16-bit activations split into two byte planes).
+    Amx,
     /// [`KernelSet::Avx512`] with the prefill product's 16-bit dots fused with their
     /// accumulation (AVX-512 VNNI `vpdpwssd`).
     Avx512Vnni,
@@ -130,7 +135,8 @@ pub enum KernelSet {
 
 impl KernelSet {
     /// Every set, best first.
-    pub const ALL: [KernelSet; 4] = [
+    pub const ALL: [KernelSet; 5] = [
+        KernelSet::Amx,
         KernelSet::Avx512Vnni,
         KernelSet::Avx512,
         KernelSet::Avx2,
@@ -148,6 +154,7 @@ impl KernelSet {
     /// Whether this CPU runs the set.
     pub fn available(self) -> bool {
         match self {
+            KernelSet::Amx => self.amx().is_some(),
             KernelSet::Avx512Vnni => Vnni::detect().is_some(),
             KernelSet::Avx512 => Wide::detect().is_some(),
             KernelSet::Avx2 => Simd::detect().is_some(),
@@ -158,6 +165,7 @@ impl KernelSet {
     /// The set's name in the `kernels` option and in `engine backends`.
     pub fn name(self) -> &'static str {
         match self {
+            KernelSet::Amx => "amx",
             KernelSet::Avx512Vnni => "avx512_vnni",
             KernelSet::Avx512 => "avx512",
             KernelSet::Avx2 => "avx2",
@@ -181,7 +189,7 @@ impl KernelSet {
     /// The AVX-512 proof, where the set uses AVX-512 and the CPU has it.
     fn wide(self) -> Option<Wide> {
         match self {
-            KernelSet::Avx512 | KernelSet::Avx512Vnni => Wide::detect(),
+            KernelSet::Avx512 | KernelSet::Avx512Vnni | KernelSet::Amx => Wide::detect(),
             _ => None,
         }
     }
@@ -189,9 +197,24 @@ impl KernelSet {
     /// The AVX-512 VNNI proof, where the set uses VNNI and the CPU has it.
     fn vnni(self) -> Option<Vnni> {
         match self {
-            KernelSet::Avx512Vnni => Vnni::detect(),
+            KernelSet::Avx512Vnni | KernelSet::Amx => Vnni::detect(),
             _ => None,
         }
+    }
+
+    /// The AMX proof, where the set uses AMX and the CPU and OS allow it.
+    #[cfg(target_arch = "x86_64")]
+    fn amx(self) -> Option<amx::Amx> {
+        match self {
+            KernelSet::Amx => amx::Amx::detect(),
+            _ => None,
+        }
+    }
+
+    /// No AMX off x86-64.
+    #[cfg(not(target_arch = "x86_64"))]
+    fn amx(self) -> Option<()> {
+        None
     }
 }
 
@@ -262,6 +285,15 @@ struct Acts {
     qs: Vec<i16>,
     sums: Vec<i32>,
     span: usize,
+    /// The values' high bytes (`qs >> 8`), for the AMX product (filled by `amx::split`).
+    hi: Vec<i8>,
+    /// The values' low bytes (`qs & 255`), as `hi`.
+    lo: Vec<u8>,
+    /// Each block's scale times its sum (`d * sums`), for the AMX product's offsets.
+    ms: Vec<f32>,
+    /// Whether `hi`, `lo` and `ms` hold the current values (set by `amx::split`, cleared by each
+    /// quantization).
+    planes: bool,
 }
 
 /// One quantized activation row.
@@ -309,6 +341,7 @@ impl Acts {
             QK
         };
         self.span = span;
+        self.planes = false;
         let total = rows * k;
         grow(&mut self.d, total / QK);
         grow(&mut self.qs, total);
@@ -457,6 +490,10 @@ pub fn matmul(
         if !acts.quantize_span(pool, simd, x, rows, k, span) {
             return None;
         }
+        #[cfg(target_arch = "x86_64")]
+        if rows >= GEMM_MIN_ROWS && set.amx().is_some() && amx::covers(kind) {
+            amx::split(&mut acts, pool, rows, k);
+        }
         let acts = &*acts;
         if rows >= GEMM_MIN_ROWS {
             // Tasks of a panel of weight rows (at most `MAX_TASK_ROWS` unpacked) by a block of
@@ -471,7 +508,8 @@ pub fn matmul(
                 .div_ceil(w.n.div_ceil(width))
                 .min(rows.div_ceil(GEMM_MIN_BLOCK_ROWS))
                 .max(1);
-            let block = rows.div_ceil(blocks);
+            // Whole tiles of 16 rows (the AMX product's activation tiles).
+            let block = rows.div_ceil(blocks).next_multiple_of(16);
             pool.install(|| {
                 scratch[..w.n * rows]
                     .par_chunks_mut(width * rows)
@@ -610,7 +648,7 @@ mod scalar {
         let mut acc = 0f32;
         for (wb, blk) in w.chunks_exact(bytes).enumerate() {
             let nb = block / QK;
-            gemm::unpack(kind, blk, &mut v[..block], &mut sc[..nb], &mut bias[..nb]);
+            gemm::unpack::<true>(kind, blk, &mut v[..block], &mut sc[..nb], &mut bias[..nb]);
             for j in 0..nb {
                 let b = wb * nb + j;
                 let y = &a.qs[QK * b..QK * b + QK];

@@ -41,7 +41,7 @@ fn normalize_cpu_line(s: &str) -> String {
                     }
                     if key == "kernels=" {
                         assert!(
-                            ["avx512_vnni", "avx512", "avx2", "scalar"].contains(&&l[v..end]),
+                            ["amx", "avx512_vnni", "avx512", "avx2", "scalar"].contains(&&l[v..end]),
                             "unknown kernel set in {l}"
                         );
                     }

@@ -76,9 +76,17 @@ pub(super) fn reserve(k: usize) {
 }
 
 /// Unpacks one weight row of `kind` (whole blocks) into `w` (`k` values), `scale` and `bias`
-/// (`k / QK` each).
+/// (`k / QK` each). With `FOLD`, the integer sub-block scales of `q4_k` and `q5_k` multiply the
+/// values; without it (values of at most 8 bits, for the AMX tiles) they multiply the block's
+/// `f32` scale.
 #[inline(always)]
-pub(super) fn unpack(kind: Kind, row: &[u8], w: &mut [i16], scale: &mut [f32], bias: &mut [f32]) {
+pub(super) fn unpack<const FOLD: bool>(
+    kind: Kind,
+    row: &[u8],
+    w: &mut [i16],
+    scale: &mut [f32],
+    bias: &mut [f32],
+) {
     match kind {
         Kind::Q8_0 => {
             for (b, blk) in row.chunks_exact(34).enumerate() {
@@ -113,11 +121,9 @@ pub(super) fn unpack(kind: Kind, row: &[u8], w: &mut [i16], scale: &mut [f32], b
                     let (s0, m0) = k_scale_min(packed, 2 * c);
                     let (s1, m1) = k_scale_min(packed, 2 * c + 1);
                     let (j0, j1) = (8 * b + 2 * c, 8 * b + 2 * c + 1);
-                    scale[j0] = d;
-                    scale[j1] = d;
                     bias[j0] = dmin * f32::from(m0);
                     bias[j1] = dmin * f32::from(m1);
-                    let (s0, s1) = (i16::from(s0), i16::from(s1));
+                    let (s0, s1) = fold::<FOLD>(d, s0, s1, &mut scale[j0..=j1]);
                     let (lo, hi) = w[32 * j0..32 * j0 + 64].split_at_mut(32);
                     for (l, &v) in q.iter().enumerate() {
                         lo[l] = i16::from(v & 0x0F) * s0;
@@ -166,11 +172,9 @@ pub(super) fn unpack(kind: Kind, row: &[u8], w: &mut [i16], scale: &mut [f32], b
                     let (s0, m0) = k_scale_min(packed, 2 * c);
                     let (s1, m1) = k_scale_min(packed, 2 * c + 1);
                     let (j0, j1) = (8 * b + 2 * c, 8 * b + 2 * c + 1);
-                    scale[j0] = d;
-                    scale[j1] = d;
                     bias[j0] = dmin * f32::from(m0);
                     bias[j1] = dmin * f32::from(m1);
-                    let (s0, s1) = (i16::from(s0), i16::from(s1));
+                    let (s0, s1) = fold::<FOLD>(d, s0, s1, &mut scale[j0..=j1]);
                     let (u0, u1) = (1u8 << (2 * c), 2u8 << (2 * c));
                     let (lo, hi) = w[32 * j0..32 * j0 + 64].split_at_mut(32);
                     for (l, (&v, &h)) in q.iter().zip(qh).enumerate() {
@@ -213,6 +217,21 @@ pub(super) fn unpack(kind: Kind, row: &[u8], w: &mut [i16], scale: &mut [f32], b
     }
 }
 
+/// The block scales of a pair of K-format sub-blocks (`d` times the sub-block scales `s0`, `s1`
+/// unless `FOLD`) and the integer factors of their values (the sub-block scales if `FOLD`, else 1).
+#[inline(always)]
+fn fold<const FOLD: bool>(d: f32, s0: u8, s1: u8, scale: &mut [f32]) -> (i16, i16) {
+    if FOLD {
+        scale[0] = d;
+        scale[1] = d;
+        (i16::from(s0), i16::from(s1))
+    } else {
+        scale[0] = d * f32::from(s0);
+        scale[1] = d * f32::from(s1);
+        (1, 1)
+    }
+}
+
 /// One unpacked weight row.
 #[derive(Clone, Copy)]
 pub(super) struct WRow<'a> {
@@ -239,6 +258,11 @@ pub(super) fn task(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
+        if let Some(amx) = set.amx() {
+            if super::amx::covers(kind) && acts.planes && r0.is_multiple_of(16) {
+                return super::amx::task(amx, kind, bytes, rb, k, acts, r0, j0, width, dst);
+            }
+        }
         let proof = match (set.vnni(), set.wide(), set.simd()) {
             (Some(v), _, _) => Some(wide::Proof::Vnni(v)),
             (None, Some(w), _) => Some(wide::Proof::Wide(w)),
@@ -260,7 +284,7 @@ pub(super) fn task(
         let Unpacked { w, scale, bias, .. } = &mut *u;
         for j in 0..n {
             let row = &bytes[(j0 + j) * rb..(j0 + j + 1) * rb];
-            unpack(
+            unpack::<true>(
                 kind,
                 row,
                 &mut w[j * k..(j + 1) * k],
@@ -401,7 +425,7 @@ mod wide {
             for j in 0..panels * P {
                 let (row, rs, rbias) = (&mut u.row[..k], &mut u.row_scale[..nb], &mut u.row_bias[..nb]);
                 if j < width {
-                    unpack(kind, &bytes[(j0 + j) * rb..(j0 + j + 1) * rb], row, rs, rbias);
+                    unpack::<true>(kind, &bytes[(j0 + j) * rb..(j0 + j + 1) * rb], row, rs, rbias);
                 } else {
                     // Columns past the last weight row: zeros, never written out.
                     row.fill(0);
@@ -742,6 +766,16 @@ mod tests {
                 rows,
                 k
             ));
+            // The byte planes of the AMX product, where the CPU has it.
+            #[cfg(target_arch = "x86_64")]
+            if KernelSet::Amx.available() {
+                crate::fast::amx::split(
+                    &mut acts,
+                    &rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap(),
+                    rows,
+                    k,
+                );
+            }
             let (mut forced, mut detected) = (vec![0f32; n * rows], vec![0f32; n * rows]);
             task(
                 kind,
@@ -801,7 +835,7 @@ mod tests {
             ));
             let a: ActRow = acts.row(0, k);
             let (mut w, mut scale, mut bias) = (vec![0i16; k], vec![0f32; k / QK], vec![0f32; k / QK]);
-            unpack(kind, &row, &mut w, &mut scale, &mut bias);
+            unpack::<true>(kind, &row, &mut w, &mut scale, &mut bias);
             let mut got = 0f64;
             for b in 0..k / QK {
                 let isum: i64 = (0..QK)
