@@ -119,7 +119,8 @@ impl Kind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelSet {
     /// [`KernelSet::Avx512Vnni`] with the prefill product on Intel AMX tiles (AMX-INT8: the
-    /// same integer block dots, 16-bit activations split into two byte planes).
+    /// same integer block dots, 16-bit activations split into two byte planes). Chosen by name
+    /// only (see [`KernelSet::detect`]).
     Amx,
     /// [`KernelSet::Avx512`] with the prefill product's 16-bit dots fused with their
     /// accumulation (AVX-512 VNNI `vpdpwssd`).
@@ -143,10 +144,13 @@ impl KernelSet {
         KernelSet::Scalar,
     ];
 
-    /// The best set this CPU runs.
+    /// The best set this CPU runs. [`KernelSet::Amx`] is chosen only by name: on the one AMX
+    /// host measured (a Xeon under KVM) its products were 12-18% faster than the VNNI tiles'
+    /// but whole prefills no faster (`bench/results/2026-11-25-cpu-amx/`).
     pub fn detect() -> KernelSet {
         KernelSet::ALL
             .into_iter()
+            .filter(|s| *s != KernelSet::Amx)
             .find(|s| s.available())
             .unwrap_or(KernelSet::Scalar)
     }
