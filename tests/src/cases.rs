@@ -804,6 +804,15 @@ pub fn all() -> Vec<Case> {
         v.push(matmul_quantized(d, 1, k, vec![37]));
         v.push(matmul_quantized(d, 7, k, vec![20, 13]));
     }
+    // Batched decode's row counts around each GPU kernel switch (the rows kernel from 8, the
+    // cooperative-matrix ones from 32, their 64-row tiles below 128), with a split boundary
+    // at 64 (a whole tile there) and a partial last tile.
+    for d in [DType::Q4K, DType::Q5_0, DType::Q8_0] {
+        let k = if d == DType::Q4K { 512 } else { 96 };
+        for rows in [8, 9, 31, 32, 33, 64] {
+            v.push(matmul_quantized(d, rows, k, vec![64, 37]));
+        }
+    }
     v.push(rope(vec![0, 5, 17, 300], 3, 10, 10_000.0, 1.0));
     v.push(rope(vec![4095], 2, 16, 1_000_000.0, 8.0));
     let spec = |heads, kv_heads, head_dim, window, softcap| AttentionSpec {

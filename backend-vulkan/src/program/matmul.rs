@@ -57,17 +57,33 @@ fn coopmat_rows_override() -> Option<usize> {
         .filter(|r| *r >= 1)
 }
 
-/// `matmul_cm2_<fmt>`'s weight rows per tile: every split boundary must be a multiple of it.
+/// `matmul_cm2_<fmt>`'s weight rows per tile from [`CM2_SMALL_ROWS`] rows: every split
+/// boundary must be a multiple of the tile's rows.
 pub const CM2_BM: usize = 128;
 
-/// `matmul_cm2_<fmt>`'s weight rows per tile: [`CM2_BM`], or `TANDEM_VULKAN_CM2_BM` (64, 128 or
-/// 256) for tuning runs.
-fn cm2_bm() -> usize {
+/// Rows below which `matmul_cm2_<fmt>` takes tiles of [`CM2_SMALL_BM`] weight rows: batched
+/// decode, whose 32 rows make one column of tiles, so the grid is the weight rows over the
+/// tile's (1B's 1152-wide outputs: 9 workgroups of 128 rows on the H100's 132 SMs). H100, 32
+/// sequences, 512 + 64 tokens: 1B q4_k 1,223 tok/s against 1,090 with 128-row tiles, 4B q4_k
+/// 719 against 628 (`bench/results/2026-11-25-vulkan-batched/`).
+const CM2_SMALL_ROWS: usize = 128;
+
+/// `matmul_cm2_<fmt>`'s weight rows per tile below [`CM2_SMALL_ROWS`] rows.
+const CM2_SMALL_BM: usize = 64;
+
+/// `matmul_cm2_<fmt>`'s weight rows per tile for a product of `rows` rows: [`CM2_SMALL_BM`]
+/// below [`CM2_SMALL_ROWS`] rows, else [`CM2_BM`]; `TANDEM_VULKAN_CM2_BM` (64, 128 or 256)
+/// fixes it, for tuning runs.
+fn cm2_bm(rows: usize) -> usize {
     std::env::var("TANDEM_VULKAN_CM2_BM")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|b| matches!(b, 64 | 128 | 256))
-        .unwrap_or(CM2_BM)
+        .unwrap_or(if rows < CM2_SMALL_ROWS {
+            CM2_SMALL_BM
+        } else {
+            CM2_BM
+        })
 }
 
 /// Rows from which a matmul takes `matmul_cm2_<fmt>` where the device has it: batched decode of
@@ -190,7 +206,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool, cm2: bo
         8
     };
     if cm2 && coopmat && rows >= cm2_rows_override().unwrap_or(CM2_ROWS) {
-        let (bm, bn) = (cm2_bm(), cm2_bn(rows));
+        let (bm, bn) = (cm2_bm(rows), cm2_bn(rows));
         return Choice {
             kernel: format!("matmul_cm2_{fmt}"),
             spec: [bm as u32, bn as u32 | cm2_mode(dt) << 16],
@@ -335,7 +351,7 @@ impl VulkanBackend {
         let cm2 = self.gpu.coopmat2
             && ends
                 .iter()
-                .all(|e| (*e as usize).is_multiple_of(cm2_bm()) || *e as usize == n)
+                .all(|e| (*e as usize).is_multiple_of(cm2_bm(rows)) || *e as usize == n)
             && aligned(w.mem.address)
             && dsts[..outputs.len()].iter().all(|d| aligned(*d));
         let mut c = choose(rows, n, k, dt, self.gpu.coopmat, cm2);
@@ -457,15 +473,19 @@ mod tests {
         assert_eq!(choose(1, 100, 30, DType::F16, true, false).kernel, "matmul_f16");
         // NV cooperative matrix 2 where the node suits it: 128 weight rows x up to 128 rows.
         if std::env::var_os("TANDEM_VULKAN_CM2_BN").is_none()
+            && std::env::var_os("TANDEM_VULKAN_CM2_BM").is_none()
             && std::env::var_os("TANDEM_VULKAN_CM2_ROWS").is_none()
         {
             let c = choose(512, 2560, 2560, DType::Q4K, true, true);
             assert_eq!(c.kernel, "matmul_cm2_q4_k");
             assert_eq!((c.spec, c.groups), ([128, 128 | 2 << 16], [20, 4, 1]));
+            // Batched decode (below 128 rows): tiles of 64 weight rows, twice the workgroups.
             assert_eq!(
                 choose(70, 2560, 2560, DType::Q4K, true, true).spec,
-                [128, 96 | 2 << 16]
+                [64, 96 | 2 << 16]
             );
+            let c = choose(32, 1152, 6912, DType::Q4K, true, true);
+            assert_eq!((c.spec, c.groups), ([64, 32 | 2 << 16], [18, 1, 1]));
             // Not without cooperative matrices at all.
             assert_eq!(
                 choose(512, 2560, 2560, DType::Q4K, false, true).kernel,

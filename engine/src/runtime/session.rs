@@ -54,7 +54,8 @@ pub struct Session {
     positions: Vec<u32>,
     slots: Vec<u32>,
     select: Vec<u32>,
-    logits_bytes: Vec<u8>,
+    /// The last step's logits, read by the backend straight into `f32`s (their bytes are
+    /// little-endian: converted in place on a big-endian host).
     logits: Vec<f32>,
     /// Scratch for the lengths after a step (swapped with `lengths`).
     next_lengths: Vec<usize>,
@@ -72,7 +73,6 @@ impl Session {
             positions: vec![],
             slots: vec![],
             select: vec![],
-            logits_bytes: vec![],
             logits: vec![],
             next_lengths: vec![],
         }
@@ -200,22 +200,26 @@ impl Session {
         self.select.clear();
         self.select.extend_from_slice(select);
         let selected = select.len();
-        self.logits_bytes.resize(selected * vocab * 4, 0);
+        self.logits.resize(selected * vocab, 0.0);
         let args = StepArgs {
             tokens: &self.tokens,
             positions: &self.positions,
             slots: &self.slots,
             select: &self.select,
         };
-        self.scheduler
-            .run(&self.model, phase, &args, &self.lengths, &mut self.logits_bytes)?;
+        self.scheduler.run(
+            &self.model,
+            phase,
+            &args,
+            &self.lengths,
+            bytemuck::cast_slice_mut(&mut self.logits[..]),
+        )?;
         self.next_lengths = std::mem::replace(&mut self.lengths, lens);
-        self.logits.clear();
-        self.logits.extend(
-            self.logits_bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        );
+        if cfg!(target_endian = "big") {
+            for v in &mut self.logits {
+                *v = f32::from_bits(u32::from_le(v.to_bits()));
+            }
+        }
         Ok(&self.logits)
     }
 
