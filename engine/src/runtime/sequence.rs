@@ -414,7 +414,6 @@ pub fn generate(
     let mut seq = Sequence::new(request, sampler, slot, tokenizer);
     let chunk = session.chunk();
     let slots = vec![slot; chunk];
-    let mut logits = Vec::new();
     loop {
         let step = if seq.prefilling() {
             let piece = seq.next_chunk(chunk);
@@ -429,21 +428,16 @@ pub fn generate(
         } else {
             break;
         };
-        match step {
-            Ok(l) => {
-                logits.clear();
-                logits.extend_from_slice(l);
-            }
-            Err(e) => {
-                seq.fail(e.to_string());
-                return Err(e.into());
-            }
+        if let Err(e) = step.map(|_| ()) {
+            seq.fail(e.to_string());
+            return Err(e.into());
         }
         if seq.prefilling() {
             continue;
         }
         let at_limit = session.at_context_limit(slot as usize);
-        if let (Some(_), _) = seq.accept(&mut logits, at_limit) {
+        // Sampled in place: the session's logits are scratch until the next step.
+        if let (Some(_), _) = seq.accept(session.logits_mut(), at_limit) {
             break;
         }
     }

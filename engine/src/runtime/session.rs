@@ -223,6 +223,12 @@ impl Session {
         Ok(&self.logits)
     }
 
+    /// The last step's logits (`[select, vocab]`), writable: a caller may sample in place (the
+    /// repetition penalty edits them) instead of copying them out. The next step overwrites them.
+    pub fn logits_mut(&mut self) -> &mut [f32] {
+        &mut self.logits
+    }
+
     /// Feeds `tokens` to `slot` in chunks of at most the cache's step size; returns the logits
     /// of the last token, or of every token when `all` (`[n, vocab]`).
     pub fn prefill(&mut self, slot: u32, tokens: &[u32], all: bool) -> Result<Vec<f32>, SessionError> {

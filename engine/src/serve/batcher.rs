@@ -145,7 +145,7 @@ fn run(
     let mut free: Vec<u32> = (0..session.slots() as u32).rev().collect();
     let mut seqs: Vec<Sequence> = Vec::new();
     // Step scratch, reused.
-    let (mut tokens, mut slots, mut select, mut logits) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut tokens, mut slots, mut select) = (Vec::new(), Vec::new(), Vec::new());
     let mut rows: Vec<usize> = Vec::new();
     loop {
         let cancel = shared.cancel.load(Ordering::SeqCst);
@@ -210,14 +210,13 @@ fn run(
             slots.clear();
             slots.resize(n, s.slot);
             let last = [n as u32 - 1];
-            match session.step_in(Phase::Prefill, piece, &slots, &last) {
-                Ok(l) => {
-                    logits.clear();
-                    logits.extend_from_slice(l);
+            match session.step_in(Phase::Prefill, piece, &slots, &last).map(|_| ()) {
+                Ok(()) => {
                     s.fed(n);
                     if !s.prefilling() {
                         let at_limit = session.at_context_limit(s.slot as usize);
-                        if let Some(o) = accept(s, &mut logits, at_limit, metrics) {
+                        // Sampled in place: the session's logits are scratch until the next step.
+                        if let Some(o) = accept(s, session.logits_mut(), at_limit, metrics) {
                             ended.push((i, o));
                         }
                     }
@@ -245,15 +244,13 @@ fn run(
         if !rows.is_empty() {
             select.clear();
             select.extend(0..rows.len() as u32);
-            match session.step(&tokens, &slots, &select) {
-                Ok(l) => {
-                    logits.clear();
-                    logits.extend_from_slice(l);
+            match session.step(&tokens, &slots, &select).map(|_| ()) {
+                Ok(()) => {
                     for (r, &i) in rows.iter().enumerate() {
                         let s = &mut seqs[i];
                         let at_limit = session.at_context_limit(s.slot as usize);
-                        if let Some(o) = accept(s, &mut logits[r * vocab..(r + 1) * vocab], at_limit, metrics)
-                        {
+                        let row = &mut session.logits_mut()[r * vocab..(r + 1) * vocab];
+                        if let Some(o) = accept(s, row, at_limit, metrics) {
                             ended.push((i, o));
                         }
                     }

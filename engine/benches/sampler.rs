@@ -1,0 +1,45 @@
+//! The host's share of a batched decode step that samples: greedy picks over Gemma 3's
+//! 262,144-token vocabulary, one row and 32 rows, beside the one-pass compare chain the
+//! sampler used before. `cargo bench -p tandem-engine --bench sampler`.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use tandem_engine::runtime::sampler::argmax;
+
+/// The previous greedy pick: one compare chain over the row.
+fn one_pass(logits: &[f32]) -> u32 {
+    let (mut best, mut value) = (0usize, f32::NEG_INFINITY);
+    for (i, &l) in logits.iter().enumerate() {
+        if l > value {
+            (best, value) = (i, l);
+        }
+    }
+    best as u32
+}
+
+fn greedy(c: &mut Criterion) {
+    let vocab = 262_144usize;
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let logits: Vec<f32> = (0..32 * vocab)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 20) as f32 - 8.0
+        })
+        .collect();
+    let mut group = c.benchmark_group("greedy pick, vocab 262144");
+    for rows in [1usize, 32] {
+        group.throughput(Throughput::Elements((rows * vocab) as u64));
+        let rows_of = &logits[..rows * vocab];
+        group.bench_with_input(BenchmarkId::new("two-pass", rows), &rows, |b, _| {
+            b.iter(|| rows_of.chunks_exact(vocab).map(argmax).sum::<u32>())
+        });
+        group.bench_with_input(BenchmarkId::new("one-pass", rows), &rows, |b, _| {
+            b.iter(|| rows_of.chunks_exact(vocab).map(one_pass).sum::<u32>())
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, greedy);
+criterion_main!(benches);
