@@ -915,6 +915,27 @@ pub fn all() -> Vec<Case> {
             (vec![2, 4, 2], vec![1, 0, 2]),
         ],
     ));
+    // Batched decode: one row per sequence, at row counts around GPU kernel switches (8, 33),
+    // Gemma 3's head of 256 and one KV head; slot 0 is a long sequence (its prompt fills the
+    // first step), the others start at the second step.
+    for (rows, cache) in [(8usize, DType::F16), (33, DType::F32)] {
+        let first: (Vec<u32>, Vec<u32>) = ((0..rows as u32).collect(), vec![0; rows]);
+        let mut steps = vec![first];
+        for t in 0..3u32 {
+            let positions = std::iter::once(rows as u32 + t)
+                .chain(std::iter::repeat_n(t, rows - 1))
+                .collect();
+            steps.push((positions, (0..rows as u32).collect()));
+        }
+        v.push(attention(
+            &format!("batched-decode-{rows}"),
+            spec(4, 1, 256, None, None),
+            cache,
+            rows,
+            rows + 4,
+            steps,
+        ));
+    }
     // Chains a backend may fuse: whole-row norm, add, norm; per-head norms, rope and attention,
     // prefill then decode, in two slots.
     v.push(norm_add_norm(DType::F16, 3, 300, true));
