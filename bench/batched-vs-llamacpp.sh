@@ -10,7 +10,7 @@
 # tool's `run`, carrying .peer .devcarry .gl [.devbase]):
 #   SHAPES="gemma3-1b gemma3-4b" bash bench/batched-vs-llamacpp.sh
 # For each shape: one q4_k GGUF; `llama-batched-bench -npp P -ntg G -npl BATCHES -fa on -ngl 99`
-# (its first run discarded as a warm-up; S_TG is its decode rate over all sequences, S_PP its
+# (after an untimed run at every batch size; S_TG is its decode rate over all sequences, S_PP its
 # prefill rate); then `engine bench --backend vulkan --batch BATCHES` (one warm-up repetition,
 # then REPEAT timed) with the same prompt and generation lengths, for .devcarry and .devbase.
 # $OUT gets llama.cpp's JSON lines, tandem's JSON, summary.tsv (shape, engine, batch, prefill,
@@ -51,7 +51,9 @@ for shape in $SHAPES; do
     g=$W/$shape-q4_k.gguf
     [ -s "$g" ] || .devcarry/engine synth --shape "$shape" --dtype q4_k --out "$g" >/dev/null || { echo "synth $shape failed"; continue; }
     echo "== $shape: llama-batched-bench -npp $P -ntg $G -npl $BATCHES -c $ctx -fa on -ngl 99"
-    "$LLAMA" -m "$g" -npp "$P" -ntg 16 -npl 1 -c "$ctx" -fa on -ngl 99 >/dev/null 2>&1
+    # Warm-up at every batch size: llama.cpp builds some pipelines on a shape's first use (in
+    # 2026-11-25's run, warmed at one sequence only, its first 8-sequence prefill took 13 s).
+    "$LLAMA" -m "$g" -npp "$P" -ntg 16 -npl "$BATCHES" -c "$ctx" -fa on -ngl 99 >/dev/null 2>&1
     "$LLAMA" -m "$g" -npp "$P" -ntg "$G" -npl "$BATCHES" -c "$ctx" -fa on -ngl 99 --output-format jsonl \
         2>"$W/llama.err" | grep '^{' >"$OUT/$shape-llamacpp.jsonl" || { echo "   llama-batched-bench failed"; tail -3 "$W/llama.err"; }
     python3 - "$OUT/$shape-llamacpp.jsonl" "$shape" >>"$OUT/summary.tsv" <<'PY'
