@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use super::{f16_at, grow, k_scale_min, Acts, Kind, Vnni, QK};
+use super::{grow, Acts, Kind, Vnni, QK};
 
 /// Output columns per panel: two result tiles of 16.
 const COLS: usize = 32;
@@ -218,22 +218,15 @@ pub(super) fn task(
             let w = &mut p.w[pi * nb * PANEL_BLOCK..(pi + 1) * nb * PANEL_BLOCK];
             let scale = &mut p.scale[pi * nb * COLS..(pi + 1) * nb * COLS];
             let bias = &mut p.bias[pi * nb * COLS..(pi + 1) * nb * COLS];
-            if j >= width {
-                // Columns past the last weight row: zeros, never written out.
-                for b in 0..nb {
-                    place(w, b, c, &[0; QK]);
-                    scale[b * COLS + c] = 0.0;
-                    bias[b * COLS + c] = 0.0;
-                }
-                continue;
-            }
-            let src = &bytes[(j0 + j) * rb..(j0 + j + 1) * rb];
-            if kind == Kind::Q4K {
-                place_q4k(src, w, scale, bias, c);
-                continue;
-            }
             let (row, rs, rbias) = (&mut p.row[..k], &mut p.row_scale[..nb], &mut p.row_bias[..nb]);
-            super::gemm::unpack::<false>(kind, src, row, rs, rbias);
+            if j < width {
+                super::gemm::unpack::<false>(kind, &bytes[(j0 + j) * rb..(j0 + j + 1) * rb], row, rs, rbias);
+            } else {
+                // Columns past the last weight row: zeros, never written out.
+                row.fill(0);
+                rs.fill(0.0);
+                rbias.fill(0.0);
+            }
             for b in 0..nb {
                 let mut v = [0i8; QK];
                 for (o, &x) in v.iter_mut().zip(&row[QK * b..QK * b + QK]) {
@@ -275,11 +268,7 @@ pub(super) fn task(
                         &mut out,
                     )
                 };
-                let cols = (width - pi * COLS).min(COLS);
-                for (i, o) in out.iter().enumerate().take(m) {
-                    let at = (r + i) * width + pi * COLS;
-                    dst[at..at + cols].copy_from_slice(&o[..cols]);
-                }
+                super::gemm::store_tile(dst, width, r, pi * COLS, &out[..m]);
             }
             r += m;
         }
@@ -296,31 +285,6 @@ fn place(w: &mut [i8], b: usize, c: usize, v: &[i8; QK]) {
     for (g, four) in v.chunks_exact(4).enumerate() {
         let at = g * 64 + 4 * (c % 16);
         tile[at..at + 4].copy_from_slice(four);
-    }
-}
-
-/// [`place`] for a `q4_k` row, straight from its bytes: the values (0 to 15) of each sub-block
-/// of 32, `d` times the sub-block's scale, and `dmin` times its minimum as the offset.
-fn place_q4k(src: &[u8], w: &mut [i8], scale: &mut [f32], bias: &mut [f32], c: usize) {
-    for (sb, blk) in src.chunks_exact(144).enumerate() {
-        let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
-        let packed = &blk[4..16];
-        let qs = &blk[16..144];
-        for pair in 0..4 {
-            let q = &qs[32 * pair..32 * pair + 32];
-            for half in 0..2 {
-                let j = 2 * pair + half;
-                let b = 8 * sb + j;
-                let (s, m) = k_scale_min(packed, j);
-                scale[b * COLS + c] = d * f32::from(s);
-                bias[b * COLS + c] = dmin * f32::from(m);
-                let mut v = [0i8; QK];
-                for (o, &x) in v.iter_mut().zip(q) {
-                    *o = (if half == 0 { x & 0x0F } else { x >> 4 }) as i8;
-                }
-                place(w, b, c, &v);
-            }
-        }
     }
 }
 

@@ -232,6 +232,22 @@ fn fold<const FOLD: bool>(d: f32, s0: u8, s1: u8, scale: &mut [f32]) -> (i16, i1
     }
 }
 
+/// Writes a tile's results `out` (one array per activation row from row `r`, columns from
+/// `col0`) into a task's row-major `dst` of `width` columns, leaving out the columns past it.
+pub(super) fn store_tile<const P: usize>(
+    dst: &mut [f32],
+    width: usize,
+    r: usize,
+    col0: usize,
+    out: &[[f32; P]],
+) {
+    let cols = (width - col0).min(P);
+    for (i, o) in out.iter().enumerate() {
+        let at = (r + i) * width + col0;
+        dst[at..at + cols].copy_from_slice(&o[..cols]);
+    }
+}
+
 /// One unpacked weight row.
 #[derive(Clone, Copy)]
 pub(super) struct WRow<'a> {
@@ -446,11 +462,7 @@ mod wide {
                     let pb = &bias[p * P * nb..(p + 1) * P * nb];
                     let mut out = [[0f32; P]; M];
                     tile::<P, M>(proof, kind == Kind::Q6K, has_bias, pw, ps, pb, &a, nb, &mut out);
-                    let cols = (width - p * P).min(P);
-                    for (i, o) in out.iter().enumerate().take(an) {
-                        let at = (r + i) * width + p * P;
-                        dst[at..at + cols].copy_from_slice(&o[..cols]);
-                    }
+                    store_tile(dst, width, r, p * P, &out[..an]);
                 }
                 r += an;
             }
