@@ -25,7 +25,7 @@ const PER_FORMAT: [&str; 7] = [
 ];
 
 /// Kernels built once.
-const PLAIN: [&str; 14] = [
+const PLAIN: [&str; 15] = [
     "rms_norm",
     "rope",
     "kv_store",
@@ -38,8 +38,9 @@ const PLAIN: [&str; 14] = [
     "copy",
     "norm_add",
     "norm_rope",
-    // matmul_cm2's f16 input.
+    // matmul_cm2's f16 input, and the sum of its split-k slices.
     "to_f16",
+    "matmul_reduce",
     // q4_k, one input row (decode).
     "matvec_q4k",
 ];

@@ -45,6 +45,8 @@ layout(push_constant, scalar) uniform Params {
     float softcap; // 0: none
     uint f16;
     uint splits;
+    uint rows;
+    uint skip_block; // nonzero: leave the one-slot blocks of this many rows (attention_tiled's)
 } p;
 
 // The group's queries (scaled, zero past head_dim) at [head * MAX_HD4 + c] while the positions
@@ -81,6 +83,9 @@ void main() {
     uint g = gl_WorkGroupID.x;
     uint r = gl_WorkGroupID.y;
     uint split = gl_WorkGroupID.z;
+    if (p.skip_block != 0u && one_slot_block(p.slots, r, p.rows, p.skip_block)) {
+        return;
+    }
     uint hd = p.head_dim;
     uint hd4 = (hd + 3u) / 4u;
     uint group = p.heads / p.kv_heads;

@@ -8,6 +8,11 @@
 // transposed into the one split output it lies in (the host takes this kernel only where every
 // split boundary is a multiple of BM and every address is 16-byte aligned); out-of-range rows and
 // columns are clamped to zero on load and dropped on store.
+//
+// Split k (`kslice` nonzero, where the grid of tiles is small: batched decode): workgroup
+// (x, y, z) multiplies only k z * kslice .. (z + 1) * kslice (kslice a multiple of 64, so of
+// BK) and stores its f32 partial tile into `part` at [z][rows][n]; matmul_reduce adds the
+// slices and writes the split outputs.
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_NV_cooperative_matrix2 : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -43,6 +48,8 @@ layout(push_constant, scalar) uniform Params {
     uint end0;
     uint end1;
     uint end2;
+    uint64_t part;
+    uint kslice; // 0: the whole k, stored into the outputs
 } p;
 
 // f16's largest finite value: inputs and weights beyond it are clamped, not made infinite.
@@ -209,6 +216,8 @@ void main() {
     // Rows <-> columns: the input and the output are read and written transposed.
     tensorViewNV<2, false, 1, 0> tr = createTensorViewNV(2, false, 1, 0);
     bool interior = (MODE & 1u) == 0u && n0 + BM <= p.n && m0 + BN <= p.rows && p.k % BK == 0u;
+    uint k_lo = p.kslice * gl_WorkGroupID.z;
+    uint k_hi = p.kslice == 0u ? p.k : min(p.k, k_lo + p.kslice);
 
     coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc =
         coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
@@ -216,25 +225,33 @@ void main() {
     coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;
     // UNROLL slices per trip, so that the driver can overlap one slice's loads with the
     // previous one's multiply; then the rest one at a time.
-    uint k0 = 0;
+    uint k0 = k_lo;
     if (interior) {
-        for (; k0 + UNROLL * BK <= p.k; k0 += UNROLL * BK) {
+        for (; k0 + UNROLL * BK <= k_hi; k0 += UNROLL * BK) {
             [[unroll]] for (uint j = 0; j < UNROLL; j++) {
                 STEP(uw, ux, k0 + j * BK);
             }
         }
-        for (; k0 < p.k; k0 += BK) {
+        for (; k0 < k_hi; k0 += BK) {
             STEP(uw, ux, k0);
         }
     } else {
-        for (; k0 + UNROLL * BK <= p.k; k0 += UNROLL * BK) {
+        for (; k0 + UNROLL * BK <= k_hi; k0 += UNROLL * BK) {
             [[unroll]] for (uint j = 0; j < UNROLL; j++) {
                 STEP(tw, tx, k0 + j * BK);
             }
         }
-        for (; k0 < p.k; k0 += BK) {
+        for (; k0 < k_hi; k0 += BK) {
             STEP(tw, tx, k0);
         }
+    }
+    if (p.kslice != 0u) {
+        tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> tp =
+            createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
+        tp = setTensorLayoutDimensionNV(tp, p.rows, p.n);
+        uint64_t slice = p.part + uint64_t(gl_WorkGroupID.z) * p.rows * p.n * 4u;
+        coopMatStoreTensorNV(acc, F32s(slice).v, 0, sliceTensorLayoutNV(tp, m0, BN, n0, BM), tr);
+        return;
     }
     coopMatStoreTensorNV(acc, F32s(dst).v, 0, sliceTensorLayoutNV(td, m0, BN, n0 - c0, BM), tr);
 }

@@ -46,6 +46,14 @@ const GQA_MAX_HEAD_DIM: usize = 256;
 /// against 468, 32 rows 554 against 603 (4B).
 const GQA_MAX_ROWS: usize = 1;
 
+/// Workgroups `attention` aims for through its splits (each split at least 16 positions). Its
+/// loop over a split's positions waits on one load after another, so batched decode wants
+/// short splits: H100, 32 sequences at 512 + 64 tokens, decode 1B q4_k 2,290 tok/s against
+/// 1,922 at 1,024 workgroups, 4B 1,065 against 884 (`TANDEM_VULKAN_ATTENTION_GROUPS`, which
+/// sets it for tuning runs; `attention_gqa` got slower with more splits: 1B 2,018 at 512, 1,879
+/// at 4,096).
+const PLAIN_TARGET_GROUPS: usize = 4096;
+
 /// `attention_tiled`'s block of query rows (its `BR`).
 const TILED_ROWS: usize = 32;
 
@@ -89,12 +97,13 @@ pub(super) fn scratch_bytes(graph: &Graph) -> u64 {
         .filter_map(|node| match &node.op {
             Op::Attention {
                 heads,
+                kv_heads,
                 head_dim,
                 window,
                 cache,
                 ..
             } => {
-                let plain = attention_splits(rows, *heads, *window, cache.capacity);
+                let plain = plain_splits(rows, *heads, *kv_heads, *head_dim, *window, cache.capacity);
                 let tiled = if use_tiled(rows, *head_dim) {
                     tiled_splits(rows, *heads)
                 } else {
@@ -123,7 +132,8 @@ fn use_tiled(rows: usize, head_dim: usize) -> bool {
     }
 }
 
-/// Whether an attention of `rows` rows and heads of `head_dim` takes `attention_gqa`.
+/// Whether an attention of `rows` rows and heads of `head_dim` takes `attention_gqa` (for the
+/// rows `attention_tiled` leaves, where it runs first).
 fn use_gqa(rows: usize, head_dim: usize) -> bool {
     if head_dim > GQA_MAX_HEAD_DIM {
         return false;
@@ -131,7 +141,44 @@ fn use_gqa(rows: usize, head_dim: usize) -> bool {
     match std::env::var("TANDEM_VULKAN_ATTENTION").as_deref() {
         Ok("gqa") => true,
         Ok("plain" | "tiled") => false,
-        _ => rows <= GQA_MAX_ROWS,
+        _ => rows <= gqa_max_rows(),
+    }
+}
+
+/// [`GQA_MAX_ROWS`], or `TANDEM_VULKAN_GQA_ROWS=n` for tuning runs.
+fn gqa_max_rows() -> usize {
+    std::env::var("TANDEM_VULKAN_GQA_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(GQA_MAX_ROWS)
+}
+
+/// Splits of the cached positions for the kernel that takes the rows `attention_tiled` leaves:
+/// enough workgroups for the GPU counted in that kernel's own grid (`attention_gqa` has one
+/// workgroup per KV head, `attention` one per query head).
+fn plain_splits(
+    rows: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    window: Option<usize>,
+    capacity: usize,
+) -> usize {
+    let gqa = use_gqa(rows, head_dim);
+    let per_row = if gqa { kv_heads } else { heads };
+    let target = std::env::var("TANDEM_VULKAN_ATTENTION_GROUPS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    match target {
+        None if gqa => attention_splits(rows, per_row, window, capacity),
+        _ => {
+            let visible = window.unwrap_or(capacity).min(capacity);
+            target
+                .unwrap_or(PLAIN_TARGET_GROUPS)
+                .div_ceil((rows * per_row).max(1))
+                .min(visible.div_ceil(16))
+                .clamp(1, 64)
+        }
     }
 }
 
@@ -181,7 +228,7 @@ impl VulkanBackend {
                 access: Access::new([ctx.span(*k)?, ctx.span(*v)?], caches),
             });
         }
-        let splits = attention_splits(rows, *heads, *window, cache.capacity);
+        let splits = plain_splits(rows, *heads, *kv_heads, *head_dim, *window, cache.capacity);
         let out = ctx.addr(n.outputs[0])?;
         let out_span = ctx.span(n.outputs[0])?;
         let reads = [ctx.span(*q)?, caches[0], caches[1]];
@@ -278,8 +325,8 @@ mod tests {
             return;
         }
         assert!(use_gqa(1, 256));
-        assert!(use_gqa(GQA_MAX_ROWS, 64));
-        assert!(!use_gqa(GQA_MAX_ROWS + 1, 64));
+        assert!(use_gqa(gqa_max_rows(), 64));
+        assert!(!use_gqa(gqa_max_rows() + 1, 64));
         assert!(!use_gqa(1, 512));
         assert!(use_tiled(TILED_MIN_ROWS, 256));
         assert!(!use_tiled(TILED_MIN_ROWS - 1, 256));

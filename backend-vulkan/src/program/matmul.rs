@@ -86,6 +86,55 @@ fn cm2_bm(rows: usize) -> usize {
         })
 }
 
+/// Workgroups a `matmul_cm2` grid of fewer than [`CM2_SMALL_ROWS`] rows should reach before its
+/// k is split: twice the H100's 132 SMs. Batched decode's grids are small (32 rows of 1B's
+/// 1152-wide outputs make 18 tiles).
+const CM2_TARGET_GROUPS: usize = 264;
+
+/// Fewest k elements of a split-k slice.
+const CM2_KSLICE_MIN: usize = 256;
+
+/// Most split-k slices.
+const CM2_MAX_KSLICES: usize = 16;
+
+/// The k elements per slice of a split-k `matmul_cm2` of `rows` rows whose grid has `groups`
+/// tiles, a multiple of 64 (so of every BK), or 0: k unsplit. Split only below
+/// [`CM2_SMALL_ROWS`] rows, into enough slices for [`CM2_TARGET_GROUPS`] workgroups, each at
+/// least [`CM2_KSLICE_MIN`] long. `TANDEM_VULKAN_CM2_KSPLIT=0` turns it off, `=n` asks for n
+/// slices at every row count (tuning runs).
+fn cm2_kslice(rows: usize, groups: usize, k: usize) -> usize {
+    let forced = std::env::var("TANDEM_VULKAN_CM2_KSPLIT")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    let slices = match forced {
+        Some(n) => n.min(CM2_MAX_KSLICES),
+        None if rows < CM2_SMALL_ROWS => CM2_TARGET_GROUPS
+            .div_ceil(groups.max(1))
+            .min(k / CM2_KSLICE_MIN)
+            .min(CM2_MAX_KSLICES),
+        None => 1,
+    };
+    if slices <= 1 {
+        return 0;
+    }
+    let kslice = k.div_ceil(64).div_ceil(slices) * 64;
+    if kslice >= k {
+        0
+    } else {
+        kslice
+    }
+}
+
+/// Bytes of f32 partial tiles a split-k `matmul_cm2` (`kslice` nonzero) of `rows` x `n` over
+/// `k` writes: `[slices][rows][n]`.
+fn cm2_part_bytes(rows: usize, n: usize, k: usize, kslice: usize) -> u64 {
+    if kslice == 0 {
+        0
+    } else {
+        (k.div_ceil(kslice) * rows * n * 4) as u64
+    }
+}
+
 /// Rows from which a matmul takes `matmul_cm2_<fmt>` where the device has it: batched decode of
 /// 32 sequences too (H100, 4B q4_k at 32 rows: 554 tok/s against 506 with `matvec_rows_q4_k`;
 /// at 16 rows 168 against 428).
@@ -180,6 +229,8 @@ pub struct Choice {
     pub kernel: String,
     pub spec: [u32; 2],
     pub groups: [u32; 3],
+    /// `matmul_cm2`'s split-k slice (k elements; `groups[2]` slices), 0 when k is whole.
+    pub kslice: usize,
 }
 
 /// Decode (few rows) takes a matrix-vector kernel, from TILED_ROWS(_WIDE) rows the tiled one,
@@ -207,10 +258,13 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool, cm2: bo
     };
     if cm2 && coopmat && rows >= cm2_rows_override().unwrap_or(CM2_ROWS) {
         let (bm, bn) = (cm2_bm(rows), cm2_bn(rows));
+        let (gx, gy) = (div_up(n, bm), div_up(rows, bn));
+        let kslice = cm2_kslice(rows, (gx * gy) as usize, k);
         return Choice {
             kernel: format!("matmul_cm2_{fmt}"),
             spec: [bm as u32, bn as u32 | cm2_mode(dt) << 16],
-            groups: [div_up(n, bm), div_up(rows, bn), 1],
+            groups: [gx, gy, if kslice == 0 { 1 } else { k.div_ceil(kslice) as u32 }],
+            kslice,
         };
     }
     if rows >= coopmat_rows_override().unwrap_or(COOPMAT_ROWS) && coopmat {
@@ -219,6 +273,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool, cm2: bo
             kernel: format!("matmul_coopmat_{fmt}"),
             spec: [0, 0],
             groups: [div_up(n, 128), div_up(rows, 64), 1],
+            kslice: 0,
         };
     }
     if rows >= tiled_from {
@@ -226,6 +281,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool, cm2: bo
             kernel: format!("matmul_tiled_{fmt}"),
             spec: [0, 0],
             groups: [div_up(n, 64), div_up(rows, 64), 1],
+            kslice: 0,
         };
     }
     if float && !k.is_multiple_of(16) {
@@ -234,6 +290,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool, cm2: bo
             kernel: format!("matmul_{fmt}"),
             spec: [r, 1],
             groups: [gx, gy, div_up(rows, r as usize)],
+            kslice: 0,
         };
     }
     if dt == DType::Q4K && rows == 1 && k.is_multiple_of(256) {
@@ -247,6 +304,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool, cm2: bo
                 kernel: "matvec_q4k".into(),
                 spec: [nr, 32 * w],
                 groups: [gx, gy, 1],
+                kslice: 0,
             };
         }
     }
@@ -256,6 +314,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool, cm2: bo
             kernel: "matvec_rows_q4_k".into(),
             spec: [r, 4],
             groups: [gx, gy, div_up(rows, r as usize)],
+            kslice: 0,
         };
     }
     // The ceil(rows / R) row slices of one weight block are neighbouring workgroups (its
@@ -279,6 +338,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool, cm2: bo
         kernel: format!("matvec_{fmt}"),
         spec: [r as u32, mode],
         groups: [gx, gy, 1],
+        kslice: 0,
     }
 }
 
@@ -311,7 +371,13 @@ pub fn cm2_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueShape
                 } else {
                     0
                 };
-                Some(cm2_input_bytes(rows, k) + w16 as u64)
+                let (bm, bn) = (cm2_bm(rows), cm2_bn(rows));
+                let kslice = cm2_kslice(rows, n.div_ceil(bm) * rows.div_ceil(bn), k);
+                Some(
+                    cm2_input_bytes(rows, k)
+                        + (w16 as u64).next_multiple_of(256)
+                        + cm2_part_bytes(rows, n, k, kslice),
+                )
             }
             _ => None,
         })
@@ -359,6 +425,8 @@ impl VulkanBackend {
         let mut input = (ctx.addr(x)?, ctx.span(x)?);
         let mut weights = (w.mem.address, dt.row_bytes(k).unwrap_or(0) as u32);
         let mut weight_reads = Vec::new();
+        // Split-k partial tiles: where and how large, when `c.kslice` is nonzero.
+        let mut part = (0u64, 0u64);
         if c.kernel.starts_with("matmul_cm2") {
             // matmul_cm2 reads its input as f16, converted into the scratch buffer first, and
             // block-format weights as f16 dequantised after it (where cm2_dequant says so).
@@ -370,7 +438,11 @@ impl VulkanBackend {
             } else {
                 x16.1
             };
-            if end > ctx.scratch.1 {
+            // As laid out by `cm2_scratch_bytes`: input, weight, partial tiles.
+            let w16_bytes = if dequant { (n * k * 2) as u64 } else { 0 };
+            let part_at = w16_at + w16_bytes.next_multiple_of(256);
+            part = (part_at, part_at + cm2_part_bytes(rows, n, k, c.kslice));
+            if part.1 > ctx.scratch.1 {
                 return Err(BackendError::internal(format!(
                     "matmul_cm2's f16 operands ({rows} x {k}, {n} x {k}) do not fit the program's scratch"
                 )));
@@ -408,7 +480,7 @@ impl VulkanBackend {
                 c.spec[1] = (c.spec[1] & 0xFFFF) | cm2_mode(DType::F16) << 16;
             }
         }
-        let push = Push::default()
+        let mut push = Push::default()
             .u64(weights.0)
             .u64(input.0)
             .u64(dsts[0])
@@ -421,14 +493,48 @@ impl VulkanBackend {
             .u32(weights.1)
             .u32(ends[0])
             .u32(ends[1])
-            .u32(ends[2])
-            .0;
+            .u32(ends[2]);
+        let reads = [input.1].into_iter().chain(weight_reads);
+        if c.kslice == 0 {
+            if c.kernel.starts_with("matmul_cm2") {
+                push = push.u64(0).u32(0);
+            }
+            cmds.push(Cmd::Dispatch {
+                kernel: c.kernel,
+                spec: c.spec,
+                push: push.0,
+                groups: c.groups,
+                access: Access::new(reads, writes),
+            });
+            return Ok(cmds);
+        }
+        // Split k: the slices' partial tiles, then their sum into the outputs.
         cmds.push(Cmd::Dispatch {
             kernel: c.kernel,
             spec: c.spec,
-            push,
+            push: push.u64(part.0).u32(c.kslice as u32).0,
             groups: c.groups,
-            access: Access::new([input.1].into_iter().chain(weight_reads), writes),
+            access: Access::new(reads, [part]),
+        });
+        let [gx, gy] = spread(div_up(rows * n, 256));
+        cmds.push(Cmd::Dispatch {
+            kernel: "matmul_reduce".into(),
+            spec: [0, 0],
+            push: Push::default()
+                .u64(part.0)
+                .u64(dsts[0])
+                .u64(dsts[1])
+                .u64(dsts[2])
+                .u64(dsts[3])
+                .u32(n as u32)
+                .u32(rows as u32)
+                .u32(c.groups[2])
+                .u32(ends[0])
+                .u32(ends[1])
+                .u32(ends[2])
+                .0,
+            groups: [gx, gy, 1],
+            access: Access::new([part], writes),
         });
         Ok(cmds)
     }
@@ -484,8 +590,16 @@ mod tests {
                 choose(70, 2560, 2560, DType::Q4K, true, true).spec,
                 [64, 96 | 2 << 16]
             );
+            // ... and k split where the grid is that small: 18 tiles x 14 slices of 512.
             let c = choose(32, 1152, 6912, DType::Q4K, true, true);
-            assert_eq!((c.spec, c.groups), ([64, 32 | 2 << 16], [18, 1, 1]));
+            if std::env::var_os("TANDEM_VULKAN_CM2_KSPLIT").is_none() {
+                assert_eq!(
+                    (c.spec, c.groups, c.kslice),
+                    ([64, 32 | 2 << 16], [18, 1, 14], 512)
+                );
+                // Prefill keeps k whole.
+                assert_eq!(choose(512, 1152, 6912, DType::Q4K, true, true).kslice, 0);
+            }
             // Not without cooperative matrices at all.
             assert_eq!(
                 choose(512, 2560, 2560, DType::Q4K, false, true).kernel,

@@ -37,16 +37,29 @@ impl VulkanBackend {
             pipes.push(v);
         }
         let profiling = self.profile && self.gpu.timestamp_period.is_some();
-        let nodes = graph.nodes.len();
+        // `TANDEM_VULKAN_PROFILE_KERNELS=1` (tuning runs): a timestamp after every command
+        // rather than every node, named `node:kernel`.
+        let per_cmd = profiling && std::env::var_os("TANDEM_VULKAN_PROFILE_KERNELS").is_some();
         let mut order: Vec<(usize, String)> = Vec::new();
         if profiling {
-            for (members, _) in groups {
+            for (members, cmds) in groups {
                 let names: Vec<String> = members.iter().map(|&m| graph.nodes[m].op.name()).collect();
+                if per_cmd {
+                    for c in cmds {
+                        let kernel = match c {
+                            Cmd::Dispatch { kernel, .. } => kernel.as_str(),
+                            Cmd::Copy { .. } => "copy",
+                        };
+                        order.push((members[0], format!("{}:{kernel}", names.join("+"))));
+                    }
+                    continue;
+                }
                 for (k, &m) in members.iter().enumerate() {
                     order.push((m, if k == 0 { names.join("+") } else { names[k].clone() }));
                 }
             }
         }
+        let stamps = order.len() as u32 + 1;
 
         let dev = &self.gpu.device;
         let name = &self.gpu.name;
@@ -61,7 +74,7 @@ impl VulkanBackend {
         let queries = if profiling {
             let info = vk::QueryPoolCreateInfo::default()
                 .query_type(vk::QueryType::TIMESTAMP)
-                .query_count(nodes as u32 + 1);
+                .query_count(stamps);
             // SAFETY: a valid create info on our device.
             match unsafe { dev.create_query_pool(&info, None) } {
                 Ok(q) => Some(q),
@@ -98,7 +111,7 @@ impl VulkanBackend {
             unsafe {
                 dev.begin_command_buffer(cb, &vk::CommandBufferBeginInfo::default())?;
                 if let Some(q) = queries {
-                    dev.cmd_reset_query_pool(cb, q, 0, nodes as u32 + 1);
+                    dev.cmd_reset_query_pool(cb, q, 0, stamps);
                 }
                 // Everything submitted before (uploads, other programs) happens before this.
                 barrier(
@@ -145,8 +158,14 @@ impl VulkanBackend {
                                 dev.cmd_copy_buffer(cb, *src, *dst, &[region]);
                             }
                         }
+                        if let (Some(q), true) = (queries, per_cmd) {
+                            barrier(work, work_write, work, work_rw);
+                            hazards.clear();
+                            dev.cmd_write_timestamp(cb, vk::PipelineStageFlags::BOTTOM_OF_PIPE, q, written);
+                            written += 1;
+                        }
                     }
-                    if let Some(q) = queries {
+                    if let (Some(q), false) = (queries, per_cmd) {
                         if !cmds.is_empty() {
                             barrier(work, work_write, work, work_rw);
                             hazards.clear();
