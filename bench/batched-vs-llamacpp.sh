@@ -9,7 +9,7 @@
 # commit) stripped the same way into .devbase/, run beside it in the same call. There (the device
 # tool's `run`, carrying .peer .devcarry .gl [.devbase]):
 #   SHAPES="gemma3-1b gemma3-4b" bash bench/batched-vs-llamacpp.sh
-# For each shape: one q4_k GGUF; `llama-batched-bench -npp P -ntg G -npl BATCHES -fa on -ngl 99`
+# For each shape and weight format: one GGUF; `llama-batched-bench -npp P -ntg G -npl BATCHES -fa on -ngl 99`
 # (after an untimed run at every batch size; S_TG is its decode rate over all sequences, S_PP its
 # prefill rate); then `engine bench --backend vulkan --batch BATCHES` (one warm-up repetition,
 # then REPEAT timed) with the same prompt and generation lengths, for .devcarry and .devbase.
@@ -17,13 +17,18 @@
 # decode) and batched.log.
 #
 # Parameters (environment): SHAPES ("gemma3-1b gemma3-4b"), BATCHES ("1,8,32"), PROMPT_TOKENS
-# (512), GEN_TOKENS (128), REPEAT (2), PEER (.peer), OUT.
+# (512), GEN_TOKENS (128), REPEAT (2), KV (tandem's KV cache types, "f32 f16"; llama.cpp keeps
+# its default f16), DTYPES (weight formats, "q4_k"; f16 too for the issue's 4B f16 row), PEER
+# (.peer), OUT.
 set -uo pipefail
 SHAPES=${SHAPES:-"gemma3-1b gemma3-4b"}
 BATCHES=${BATCHES:-1,8,32}
 P=${PROMPT_TOKENS:-512}
 G=${GEN_TOKENS:-128}
 R=${REPEAT:-2}
+# tandem's KV cache types: its default f32, and f16 (llama.cpp's default cache type).
+KV=${KV:-"f32 f16"}
+DTYPES=${DTYPES:-q4_k}
 PEER=${PEER:-.peer}
 OUT=${OUT:-$PWD/batched-out}
 W=/tmp/tandem-batched
@@ -47,9 +52,10 @@ fi
 max_b=$(tr ',' '\n' <<<"$BATCHES" | sort -n | tail -1)
 ctx=$((max_b * (P + G)))
 printf 'shape\tengine\tbatch\tprefill_tok_s\tdecode_tok_s\n' >"$OUT/summary.tsv"
-for shape in $SHAPES; do
-    g=$W/$shape-q4_k.gguf
-    [ -s "$g" ] || .devcarry/engine synth --shape "$shape" --dtype q4_k --out "$g" >/dev/null || { echo "synth $shape failed"; continue; }
+for combo in $(for s in $SHAPES; do for d in $DTYPES; do echo "$s:$d"; done; done); do
+    shape=${combo%%:*}-${combo##*:}
+    g=$W/$shape.gguf
+    [ -s "$g" ] || .devcarry/engine synth --shape "${combo%%:*}" --dtype "${combo##*:}" --out "$g" >/dev/null || { echo "synth $shape failed"; continue; }
     echo "== $shape: llama-batched-bench -npp $P -ntg $G -npl $BATCHES -c $ctx -fa on -ngl 99"
     # Warm-up at every batch size: llama.cpp builds some pipelines on a shape's first use (in
     # 2026-11-25's run, warmed at one sequence only, its first 8-sequence prefill took 13 s).
@@ -64,11 +70,12 @@ for line in open(sys.argv[1]):
 PY
     for eng in devcarry devbase; do
         [ -x ".$eng/engine" ] || continue
-        echo "== $shape: .$eng/engine bench --backend vulkan --batch $BATCHES --prompt-tokens $P --gen-tokens $G --repeat $R"
+        for kv in $KV; do
+        echo "== $shape: .$eng/engine bench --backend vulkan --batch $BATCHES --prompt-tokens $P --gen-tokens $G --repeat $R --kv-cache $kv"
         timeout 500 ".$eng/engine" bench --model "$g" --backend vulkan --batch "$BATCHES" --prompt-tokens "$P" \
-            --gen-tokens "$G" --repeat "$R" --json --out "$OUT/$shape-tandem-$eng.json" >/dev/null 2>"$W/tandem.err" ||
+            --gen-tokens "$G" --repeat "$R" --kv-cache "$kv" --json --out "$OUT/$shape-tandem-$eng-$kv.json" >/dev/null 2>"$W/tandem.err" ||
             { echo "   engine bench failed"; tail -3 "$W/tandem.err"; }
-        python3 - "$OUT/$shape-tandem-$eng.json" "$shape" "tandem-$eng" >>"$OUT/summary.tsv" <<'PY'
+        python3 - "$OUT/$shape-tandem-$eng-$kv.json" "$shape" "tandem-$eng-kv-$kv" >>"$OUT/summary.tsv" <<'PY'
 import json, sys
 try:
     runs = json.load(open(sys.argv[1]))["runs"]
@@ -77,6 +84,7 @@ except Exception:
 for r in runs:
     print(f"{sys.argv[2]}\t{sys.argv[3]}\t{r['batch']}\t{r['prefill_tokens_per_s']['median']:.1f}\t{r['decode_tokens_per_s']['median']:.1f}")
 PY
+        done
     done
     grep "^$shape" "$OUT/summary.tsv"
 done

@@ -20,7 +20,9 @@
 #define NT 128
 layout(local_size_x = NT) in;
 #define MAX_HD4 64 // head_dim <= 256
-#define GM 8       // query heads kept in registers per pass over the positions
+// Query heads kept in registers per pass over the positions: the group's size up to 8 (a
+// specialisation constant, so that a group of 2 holds 2 heads' registers, not 8).
+layout(constant_id = 0) const uint GM = 8;
 #define P 4        // positions a subgroup scores at once
 #define KPL 2      // vec4s of one position a lane loads per step
 #define CHUNK 64   // positions per online-softmax step

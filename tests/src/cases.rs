@@ -841,6 +841,15 @@ pub fn all() -> Vec<Case> {
         (0..6).map(|p| (vec![p], vec![0])).collect(),
     ));
     // A sliding window over a ring that wraps several times.
+    // A query-head group larger than the grouped kernel holds at once (8): two passes.
+    v.push(attention(
+        "decode-group-of-12",
+        spec(12, 1, 8, None, None),
+        DType::F32,
+        1,
+        16,
+        (0..6).map(|p| (vec![p], vec![0])).collect(),
+    ));
     v.push(attention(
         "ring",
         spec(4, 2, 8, Some(3), None),

@@ -3,9 +3,10 @@
 //! combination of the splits.
 //!
 //! The attention proper:
-//! - `attention_gqa` for one-row decode ([`GQA_MAX_ROWS`]) where `head_dim <= 256` (every
+//! - `attention_gqa` for decode ([`GQA_MAX_ROWS`]) where `head_dim <= 256` (every
 //!   Gemma 3): one workgroup of 128 per (KV head,
-//!   row, split) attends all `heads / kv_heads` query heads of that KV head (8 at a time), so each
+//!   row, split) attends all `heads / kv_heads` query heads of that KV head (up to 8 at a time, a
+//!   specialisation constant), so each
 //!   cached K and V row is read once per group; scores of 4 positions per subgroup at once with
 //!   vec4 loads, values accumulated by (4 dimensions, every R-th position) invocations with their
 //!   own online softmax, merged at the end. Grid `[kv_heads, rows, splits]`.
@@ -13,9 +14,10 @@
 //!   256` (prefill chunks): one workgroup of 256 per (query head, block of [`TILED_ROWS`] rows)
 //!   whose rows all belong to one slot; K and V tiles of 32 positions are loaded once into
 //!   shared memory for the block's rows (flash attention, f32 arithmetic). Grid
-//!   `[heads, rows / 32, 1]`. Blocks of several slots (batched decode) exit at once.
-//! - `attention` otherwise (and after `attention_tiled`, on exactly the blocks it left, told by
-//!   `skip_block`): one workgroup of 64 per (query head, row, split), reading the cached rows
+//!   `[heads, rows / 32, 1]`. Blocks of several slots (batched decode) exit at once, and
+//!   `attention_gqa` (up to [`GQA_MAX_ROWS`] rows) or `attention` takes them, told by
+//!   `skip_block`.
+//! - `attention` otherwise: one workgroup of 64 per (query head, row, split), reading the cached rows
 //!   once per query row. Grid `[heads, rows, splits]`. On the H100 it beats `attention_gqa` in
 //!   prefill (4B q4_k, 512 rows: 31.6 ms of attention against 76.0), where `attention_gqa` wins
 //!   decode (0.88 ms a step against 1.98).
@@ -23,7 +25,8 @@
 //! `TANDEM_VULKAN_ATTENTION=gqa|plain|tiled` forces one kernel (where the head fits), for tuning
 //! runs (`tiled` at every row count, decode included).
 //!
-//! `attention` and `attention_gqa` use [`attention_splits`] splits, `attention_tiled`
+//! `attention_gqa` uses [`attention_splits`] splits (counting its workgroups per KV head),
+//! `attention` enough for [`PLAIN_TARGET_GROUPS`] workgroups, `attention_tiled`
 //! [`tiled_splits`] (of each block's key tiles); each writes its split partials as
 //! `[rows][heads][splits][head_dim]` unnormalised outputs followed by `[rows][heads][splits][2]`
 //! maxima and sums, the tiled kernel's after the others' in the scratch buffer
@@ -40,11 +43,13 @@ use crate::VulkanBackend;
 /// `attention_gqa` takes heads of at most this size (its shared memory holds 8 heads' queries).
 const GQA_MAX_HEAD_DIM: usize = 256;
 
-/// Rows up to which attention takes `attention_gqa` (single-sequence decode). H100, decode
-/// tok/s with `attention_gqa` against `attention`: 1 row 207 against 194 (4B q4_k), 329
-/// against 279 (1B); batched, 4 rows 305 against 335, 8 rows 395 against 422, 16 rows 438
-/// against 468, 32 rows 554 against 603 (4B).
-const GQA_MAX_ROWS: usize = 1;
+/// Rows up to which attention takes `attention_gqa` (decode, one sequence or a batch; above,
+/// the rows `attention_tiled` leaves take `attention`). With its query heads per pass a
+/// specialisation constant (a group of 2 holds 2 heads' registers, not 8), H100, decode tok/s
+/// at 512 + 64 tokens against `attention`: 1B q4_k 8 sequences 1,002 against 855, 32
+/// sequences 2,895 against 2,775; 4B 518 against 512 and 1,263 against 1,267, and with an f16
+/// cache 1,368 against 1,210 at 32.
+const GQA_MAX_ROWS: usize = 64;
 
 /// Workgroups `attention` aims for through its splits (each split at least 16 positions). Its
 /// loop over a split's positions waits on one load after another, so batched decode wants
@@ -296,14 +301,16 @@ impl VulkanBackend {
                 cmds.push(combine((tpart_o, tpart_ml), tsplits, TILED_ROWS, true));
             }
         }
-        let (kernel, wgs) = if use_gqa(rows, *head_dim) {
-            ("attention_gqa", *kv_heads)
+        let (kernel, wgs, spec) = if use_gqa(rows, *head_dim) {
+            // Query heads held per pass: the group, up to 8.
+            let gm = (heads / kv_heads).clamp(1, 8) as u32;
+            ("attention_gqa", *kv_heads, [gm, 0])
         } else {
-            ("attention", *heads)
+            ("attention", *heads, [0, 0])
         };
         cmds.push(Cmd::Dispatch {
             kernel: kernel.into(),
-            spec: [0, 0],
+            spec,
             push: push((part_o, part_ml), splits, skip_block)?,
             groups: [wgs as u32, rows as u32, splits as u32],
             access: Access::new(reads, [if splits > 1 { ctx.scratch } else { out_span }]),
