@@ -2,8 +2,8 @@
 //! 262,144-token vocabulary, one row and 32 rows, beside the one-pass compare chain the
 //! sampler used before. `cargo bench -p tandem-engine --bench sampler`.
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use tandem_engine::runtime::sampler::argmax;
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use tandem_engine::runtime::sampler::{argmax, Sampler, SamplerConfig};
 
 /// The previous greedy pick: one compare chain over the row.
 fn one_pass(logits: &[f32]) -> u32 {
@@ -41,5 +41,44 @@ fn greedy(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, greedy);
+/// The default sampling settings (temperature 1, top-k 64, top-p 0.95) over one row and 32 rows:
+/// the host's share of a sampled batched step in `engine serve`.
+fn sampled(c: &mut Criterion) {
+    let vocab = 262_144usize;
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let logits: Vec<f32> = (0..32 * vocab)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 20) as f32 - 8.0
+        })
+        .collect();
+    let mut group = c.benchmark_group("default sampling, vocab 262144");
+    let mut sampler = Sampler::new(SamplerConfig::default()).expect("default settings");
+    for rows in [1usize, 32] {
+        group.throughput(Throughput::Elements((rows * vocab) as u64));
+        // The sampler may write into the row (scratch), so each iteration gets a fresh copy,
+        // made outside the timed part.
+        group.bench_with_input(
+            BenchmarkId::new("top-k 64, top-p 0.95", rows),
+            &rows,
+            |b, &rows| {
+                b.iter_batched_ref(
+                    || logits[..rows * vocab].to_vec(),
+                    |scratch| {
+                        scratch
+                            .chunks_exact_mut(vocab)
+                            .map(|row| sampler.sample(row, &[]))
+                            .sum::<u32>()
+                    },
+                    BatchSize::LargeInput,
+                )
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, greedy, sampled);
 criterion_main!(benches);

@@ -181,64 +181,68 @@ impl Sampler {
     }
 
     fn sample_warped(&mut self, logits: &mut [f32]) -> u32 {
-        // NaN -> -inf, and find the maximum.
-        let mut max = f32::NEG_INFINITY;
-        for l in logits.iter_mut() {
-            if l.is_nan() {
-                *l = f32::NEG_INFINITY;
-            }
-            max = max.max(*l);
-        }
+        let k = self.cfg.top_k;
+        let top_p = self.cfg.top_p;
+        let temperature = self.cfg.temperature;
+        // The maximum, NaN counting as -inf (and, without top-k, replaced by it).
+        let max = if k > 0 {
+            nan_free_max(logits)
+        } else {
+            clean_max(logits)
+        };
         if max == f32::NEG_INFINITY {
             return 0;
         }
-        // Shift so that the maximum is 0, then apply the temperature: the same probabilities
-        // and order as `logits / temperature`, without overflow at small temperatures.
-        let temperature = self.cfg.temperature;
-        if max == f32::INFINITY {
-            for l in logits.iter_mut() {
-                *l = if *l == f32::INFINITY {
+        // A logit shifted so that the maximum is 0, then over the temperature: the same
+        // probabilities and order as `logit / temperature`, without overflow at small
+        // temperatures. With a +inf maximum, +inf becomes 0 and everything else -inf.
+        let warp = move |l: f32| -> f32 {
+            if max == f32::INFINITY {
+                if l == f32::INFINITY {
                     0.0
                 } else {
                     f32::NEG_INFINITY
-                };
+                }
+            } else {
+                (l - max) / temperature
             }
-        } else {
-            for l in logits.iter_mut() {
-                *l = (*l - max) / temperature;
-            }
-        }
-
-        let logits = &*logits;
+        };
         let candidates = &mut self.candidates;
         candidates.clear();
-        candidates.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, &l)| l > f32::NEG_INFINITY)
-                .map(|(i, _)| i as u32),
-        );
-        // Higher logit first; equal logits by lower id.
-        let by_rank = |a: &u32, b: &u32| -> Ordering {
-            logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b))
-        };
-
-        // Top-k.
-        let k = self.cfg.top_k;
-        if k > 0 && k < candidates.len() {
-            candidates.select_nth_unstable_by(k - 1, by_rank);
-            candidates.truncate(k);
-        }
-        let top_p = self.cfg.top_p;
-        if top_p < 1.0 {
-            candidates.sort_unstable_by(by_rank);
-        }
-
-        // Weights relative to the most likely candidate, whose logit is 0 (weight 1).
         let weights = &mut self.weights;
         weights.clear();
-        weights.extend(candidates.iter().map(|&id| logits[id as usize].exp()));
+        if k > 0 {
+            // Top-k: the k best by rank (higher warped logit first, equal ones by lower id), in
+            // rank order, warping only what the pass looks at (NaN never enters: it compares
+            // false).
+            let logits = &*logits;
+            let by_rank = |a: &u32, b: &u32| -> Ordering {
+                warp(logits[*b as usize])
+                    .total_cmp(&warp(logits[*a as usize]))
+                    .then(a.cmp(b))
+            };
+            top_k_by_rank(logits, k, warp, candidates, by_rank);
+            weights.extend(candidates.iter().map(|&id| warp(logits[id as usize]).exp()));
+        } else {
+            for l in logits.iter_mut() {
+                *l = warp(*l);
+            }
+            let logits = &*logits;
+            candidates.extend(
+                logits
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &l)| l > f32::NEG_INFINITY)
+                    .map(|(i, _)| i as u32),
+            );
+            if top_p < 1.0 {
+                candidates.sort_unstable_by(|a, b| {
+                    logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b))
+                });
+            }
+            // Weights relative to the most likely candidate, whose logit is 0 (weight 1).
+            weights.extend(candidates.iter().map(|&id| logits[id as usize].exp()));
+        }
 
         // Top-p: keep a candidate while the mass of those ranked above it is below `top_p`.
         if top_p < 1.0 {
@@ -324,6 +328,88 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 /// Independent maxima [`argmax`] keeps (two AVX-512 or four AVX2 vectors).
 const LANES: usize = 32;
+
+/// Replaces NaN by `-inf` in `logits` and returns their maximum, in [`LANES`] independent lanes
+/// (so that the compiler vectorises it).
+fn clean_max(logits: &mut [f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut blocks = logits.chunks_exact_mut(LANES);
+    for block in &mut blocks {
+        for (m, l) in lanes.iter_mut().zip(block.iter_mut()) {
+            *l = if l.is_nan() { f32::NEG_INFINITY } else { *l };
+            *m = m.max(*l);
+        }
+    }
+    let mut best = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    for l in blocks.into_remainder() {
+        *l = if l.is_nan() { f32::NEG_INFINITY } else { *l };
+        best = best.max(*l);
+    }
+    best
+}
+
+/// The maximum of `logits`, NaN skipped, in [`LANES`] independent lanes (read only).
+fn nan_free_max(logits: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let blocks = logits.chunks_exact(LANES);
+    let tail = blocks.remainder();
+    for block in blocks {
+        for (m, &l) in lanes.iter_mut().zip(block) {
+            *m = m.max(l);
+        }
+    }
+    tail.iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &l| m.max(l))
+}
+
+/// Positions [`top_k_by_rank`] skips at once when none of them can enter.
+const TOP_K_BLOCK: usize = 64;
+
+/// Fills `out` with the ids of the `k` best of `logits` under `by_rank` (higher `warp`ed logit
+/// first, equal ones by lower id; `warp` non-decreasing, NaN warped to NaN), in that order;
+/// with fewer than `k` above `-inf`, all of those. One pass in blocks: a block whose warped
+/// maximum is not above the k-th best so far is skipped (a later id never wins a tie), the
+/// others add their entries above it; the kept ids are cut back to the best `k` whenever they
+/// reach `2k`.
+fn top_k_by_rank(
+    logits: &[f32],
+    k: usize,
+    warp: impl Fn(f32) -> f32,
+    out: &mut Vec<u32>,
+    by_rank: impl Fn(&u32, &u32) -> Ordering,
+) {
+    let mut floor = f32::NEG_INFINITY;
+    for (b, block) in logits.chunks(TOP_K_BLOCK).enumerate() {
+        let mut lanes = [f32::NEG_INFINITY; 16];
+        for part in block.chunks(16) {
+            for (m, &l) in lanes.iter_mut().zip(part) {
+                *m = m.max(l);
+            }
+        }
+        let top = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+        // Not NaN: `max` skips it, so `top` is -inf at worst.
+        if warp(top) <= floor {
+            continue;
+        }
+        let base = b * TOP_K_BLOCK;
+        for (i, &l) in block.iter().enumerate() {
+            if warp(l) > floor {
+                out.push((base + i) as u32);
+            }
+        }
+        if out.len() >= 2 * k.max(8) {
+            out.select_nth_unstable_by(k - 1, &by_rank);
+            out.truncate(k);
+            floor = warp(logits[out[k - 1] as usize]);
+        }
+    }
+    if out.len() > k {
+        out.select_nth_unstable_by(k - 1, &by_rank);
+        out.truncate(k);
+    }
+    out.sort_unstable_by(by_rank);
+}
 
 /// xoshiro256** (Blackman and Vigna), seeded through splitmix64.
 #[derive(Debug, Clone)]
@@ -460,6 +546,128 @@ mod tests {
                     });
                 }
                 assert_eq!(argmax(&v), one_pass(&v), "len {len} trial {trial}: {v:?}");
+            }
+        }
+    }
+
+    /// The warpers by their definition over the whole row: every token above -inf ranked
+    /// (higher shifted logit first, equal ones by lower id), the first `top_k` kept, then top-p
+    /// and min-p, then one draw over what is left in rank order.
+    fn by_definition(cfg: SamplerConfig, logits: &[f32], rng: &mut Xoshiro256) -> u32 {
+        let clean: Vec<f32> = logits
+            .iter()
+            .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l })
+            .collect();
+        let max = clean.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+        if max == f32::NEG_INFINITY {
+            return 0;
+        }
+        let shifted: Vec<f32> = if max == f32::INFINITY {
+            let inf = |l: f32| {
+                if l == f32::INFINITY {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            };
+            clean.iter().map(|&l| inf(l)).collect()
+        } else {
+            clean.iter().map(|&l| (l - max) / cfg.temperature).collect()
+        };
+        let mut ranked: Vec<u32> = (0..shifted.len() as u32)
+            .filter(|&i| shifted[i as usize] > f32::NEG_INFINITY)
+            .collect();
+        ranked.sort_by(|a, b| {
+            shifted[*b as usize]
+                .total_cmp(&shifted[*a as usize])
+                .then(a.cmp(b))
+        });
+        if cfg.top_k > 0 {
+            ranked.truncate(cfg.top_k);
+        }
+        let mut weights: Vec<f32> = ranked.iter().map(|&i| shifted[i as usize].exp()).collect();
+        if cfg.top_p < 1.0 {
+            let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+            let (mut before, mut keep) = (0.0f64, weights.len());
+            for (i, &w) in weights.iter().enumerate() {
+                if i > 0 && before >= f64::from(cfg.top_p) * total {
+                    keep = i;
+                    break;
+                }
+                before += f64::from(w);
+            }
+            ranked.truncate(keep);
+            weights.truncate(keep);
+        }
+        let kept: Vec<(u32, f32)> = ranked
+            .into_iter()
+            .zip(weights)
+            .filter(|&(_, w)| cfg.min_p == 0.0 || w >= cfg.min_p)
+            .collect();
+        if kept.len() == 1 {
+            return kept[0].0;
+        }
+        let total: f64 = kept.iter().map(|&(_, w)| f64::from(w)).sum();
+        let target = rng.next_f64() * total;
+        let mut cumulative = 0.0f64;
+        for &(id, w) in &kept {
+            cumulative += f64::from(w);
+            if cumulative > target {
+                return id;
+            }
+        }
+        kept[kept.len() - 1].0
+    }
+
+    #[test]
+    fn warpers_match_their_definition_over_the_whole_row() {
+        // Rows long enough for the top-k pass's blocks to be skipped and its kept ids cut back,
+        // with ties (values on a coarse grid), NaN, -inf, +inf, ascending runs (every block
+        // enters), and fewer finite values than k.
+        let mut state = 0x1234_5678_9ABC_DEF1u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let configs = [
+            cfg(1.0, 64, 0.95, 0.0),
+            cfg(1.0, 64, 1.0, 0.0),
+            cfg(0.7, 5, 1.0, 0.05),
+            cfg(1.3, 200, 0.9, 0.0),
+            cfg(0.01, 3, 0.5, 0.0),
+            cfg(2.0, 1, 1.0, 0.0),
+            cfg(1.0, 0, 0.8, 0.1),
+        ];
+        for case in 0..60u64 {
+            let n = [1usize, 7, 63, 64, 65, 1000, 5000][case as usize % 7];
+            let mut row: Vec<f32> = (0..n)
+                .map(|i| match next() % 23 {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    2 if case % 5 == 0 => f32::INFINITY,
+                    3 => i as f32 * 0.01, // an ascending run
+                    _ => ((next() % 64) as f32 - 32.0) * 0.25,
+                })
+                .collect();
+            if case % 11 == 3 {
+                // Few finite values: fewer than most k.
+                for (i, l) in row.iter_mut().enumerate() {
+                    if i % 9 != 0 {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            for c in configs {
+                let seeded = SamplerConfig { seed: case, ..c };
+                let mut s = Sampler::new(seeded).unwrap();
+                let mut rng = Xoshiro256::from_seed(case);
+                for draw in 0..3 {
+                    let got = s.sample(&mut row.clone(), &[]);
+                    let want = by_definition(seeded, &row, &mut rng);
+                    assert_eq!(got, want, "case {case} (n {n}), {c:?}, draw {draw}");
+                }
             }
         }
     }
