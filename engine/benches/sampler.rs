@@ -1,9 +1,10 @@
-//! The host's share of a batched decode step that samples: greedy picks over Gemma 3's
-//! 262,144-token vocabulary, one row and 32 rows, beside the one-pass compare chain the
-//! sampler used before. `cargo bench -p tandem-engine --bench sampler`.
+//! The host's share of a batched decode step that samples, over Gemma 3's 262,144-token
+//! vocabulary: greedy picks, one row and 32 rows, beside the one-pass compare chain the sampler
+//! used before; the default sampling settings, one row, 32 rows one after another, and 32 rows
+//! spread over threads (`sample_rows`). `cargo bench -p tandem-engine --bench sampler`.
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
-use tandem_engine::runtime::sampler::{argmax, Sampler, SamplerConfig};
+use tandem_engine::runtime::sampler::{argmax, sample_rows, Sampler, SamplerConfig};
 
 /// The previous greedy pick: one compare chain over the row.
 fn one_pass(logits: &[f32]) -> u32 {
@@ -77,6 +78,28 @@ fn sampled(c: &mut Criterion) {
             },
         );
     }
+    // 32 rows, each with its own sampler, spread over threads as `engine serve`'s batcher does.
+    let mut samplers: Vec<Sampler> = (0..32)
+        .map(|_| Sampler::new(SamplerConfig::default()).expect("default settings"))
+        .collect();
+    group.throughput(Throughput::Elements((32 * vocab) as u64));
+    group.bench_function(BenchmarkId::new("top-k 64, top-p 0.95, sample_rows", 32), |b| {
+        b.iter_batched_ref(
+            || logits.clone(),
+            |scratch| {
+                let mut picks = vec![0u32; 32];
+                let mut rows: Vec<(&mut Sampler, &[u32], &mut [f32], &mut u32)> = samplers
+                    .iter_mut()
+                    .zip(scratch.chunks_exact_mut(vocab))
+                    .zip(picks.iter_mut())
+                    .map(|((s, l), p)| (s, &[][..], l, p))
+                    .collect();
+                sample_rows(&mut rows);
+                picks.iter().sum::<u32>()
+            },
+            BatchSize::LargeInput,
+        )
+    });
     group.finish();
 }
 

@@ -295,6 +295,35 @@ impl Sampler {
     }
 }
 
+/// Rows from which [`sample_rows`] spreads its rows over threads, and the fewest rows a thread
+/// takes.
+const ROWS_PER_THREAD: usize = 4;
+
+/// Picks one token per row, each with its own sampler and history (`rows[r]`: sampler, history,
+/// logits, where the pick goes), spreading the rows over up to 8 threads when there are at
+/// least 2 x [`ROWS_PER_THREAD`] of them: a batched step's sampling, which is the same per row
+/// as [`Sampler::sample`] on one thread.
+pub fn sample_rows(rows: &mut [(&mut Sampler, &[u32], &mut [f32], &mut u32)]) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cores.min(8).min(rows.len() / ROWS_PER_THREAD);
+    if threads < 2 {
+        for (sampler, history, logits, out) in rows.iter_mut() {
+            **out = sampler.sample(logits, history);
+        }
+        return;
+    }
+    let per = rows.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        for part in rows.chunks_mut(per) {
+            scope.spawn(move || {
+                for (sampler, history, logits, out) in part.iter_mut() {
+                    **out = sampler.sample(logits, history);
+                }
+            });
+        }
+    });
+}
+
 /// The index of the largest logit; NaN counts as `-inf`, ties go to the lowest index, and 0 when
 /// nothing is above `-inf`.
 ///
@@ -670,6 +699,42 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn rows_sampled_on_threads_pick_what_each_sampler_alone_picks() {
+        let vocab = 3000;
+        let steps = random_logits(24, vocab, 21);
+        let configs: Vec<SamplerConfig> = (0..24u64)
+            .map(|i| SamplerConfig {
+                seed: i,
+                repetition_penalty: if i % 3 == 0 { 1.3 } else { 1.0 },
+                ..cfg(0.8, if i % 2 == 0 { 40 } else { 0 }, 0.9, 0.0)
+            })
+            .collect();
+        let history: Vec<u32> = (0..50).map(|i| i * 37 % vocab as u32).collect();
+        // Alone, one after another.
+        let alone: Vec<u32> = configs
+            .iter()
+            .zip(&steps)
+            .map(|(c, l)| Sampler::new(*c).unwrap().sample(&mut l.clone(), &history))
+            .collect();
+        // Together (24 rows: threads wherever this machine has two cores or more).
+        let mut samplers: Vec<Sampler> = configs.iter().map(|c| Sampler::new(*c).unwrap()).collect();
+        let mut rows_of = steps.clone();
+        let mut picks = vec![u32::MAX; steps.len()];
+        let mut rows: Vec<(&mut Sampler, &[u32], &mut [f32], &mut u32)> = samplers
+            .iter_mut()
+            .zip(rows_of.iter_mut())
+            .zip(picks.iter_mut())
+            .map(|((s, l), p)| (s, &history[..], &mut l[..], p))
+            .collect();
+        sample_rows(&mut rows);
+        assert_eq!(picks, alone);
+        assert!(
+            alone.iter().any(|&id| id != alone[0]),
+            "the rows differ: {alone:?}"
+        );
     }
 
     #[test]

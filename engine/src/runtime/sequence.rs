@@ -309,9 +309,23 @@ impl<'t> Sequence<'t> {
     /// request ended, or `None` if it goes on (with [`Sequence::next`] set), and the latency of
     /// this token.
     pub fn accept(&mut self, logits: &mut [f32], at_limit: bool) -> (Option<Outcome>, Latency) {
-        let now = Instant::now();
-        self.first_logits.get_or_insert(now);
-        let id = self.sampler.sample(logits, &self.history);
+        let (sampler, history) = self.sampler_parts();
+        let id = sampler.sample(logits, history);
+        self.accept_id(id, at_limit)
+    }
+
+    /// This sequence's sampler and the history it reads (for the repetition penalty), to pick
+    /// its next token elsewhere (a batched step samples its rows on several threads) and hand
+    /// it to [`Sequence::accept_id`]. Marks the time the first token's logits were ready.
+    pub fn sampler_parts(&mut self) -> (&mut Sampler, &[u32]) {
+        self.first_logits.get_or_insert_with(Instant::now);
+        (&mut self.sampler, &self.history)
+    }
+
+    /// [`Sequence::accept`] for a token already picked by this sequence's sampler (through
+    /// [`Sequence::sampler_parts`]).
+    pub fn accept_id(&mut self, id: u32, at_limit: bool) -> (Option<Outcome>, Latency) {
+        self.first_logits.get_or_insert_with(Instant::now);
         self.history.push(id);
         self.generated += 1;
         let now = Instant::now();

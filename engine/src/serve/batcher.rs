@@ -9,7 +9,8 @@
 //!    so that a long prompt is interleaved with the decode steps of the others instead of
 //!    stalling them; after its last chunk, its first token is sampled;
 //! 4. runs one decode step of every other sequence together, one row each, and samples each
-//!    row with that sequence's own sampler.
+//!    row with that sequence's own sampler (the rows spread over threads where there are many:
+//!    `sampler::sample_rows`), then accepts the picks in row order.
 //!
 //! Batching changes no result as long as the backend computes each row of a step independently
 //! of the others (the CPU backend does: activations are quantized per row, and every row's dot
@@ -24,7 +25,7 @@ use std::time::Duration;
 
 use super::error::SubmitError;
 use super::metrics::{Metrics, Outcome};
-use crate::runtime::sampler::Sampler;
+use crate::runtime::sampler::{sample_rows, Sampler};
 use crate::runtime::sequence::{self, Event, FinishReason, Latency, Limits, Request, Sequence};
 use crate::runtime::session::Session;
 use crate::runtime::split::Phase;
@@ -147,6 +148,7 @@ fn run(
     // Step scratch, reused.
     let (mut tokens, mut slots, mut select) = (Vec::new(), Vec::new(), Vec::new());
     let mut rows: Vec<usize> = Vec::new();
+    let mut picks: Vec<u32> = Vec::new();
     loop {
         let cancel = shared.cancel.load(Ordering::SeqCst);
         // 1. Waiting requests into free slots.
@@ -246,11 +248,27 @@ fn run(
             select.extend(0..rows.len() as u32);
             match session.step(&tokens, &slots, &select).map(|_| ()) {
                 Ok(()) => {
-                    for (r, &i) in rows.iter().enumerate() {
+                    // Each row sampled in place with its sequence's sampler, the rows spread
+                    // over threads; then every pick accepted in order.
+                    picks.clear();
+                    picks.resize(rows.len(), 0);
+                    {
+                        let mut want = rows.iter().peekable();
+                        let mut parts: Vec<(&mut Sampler, &[u32], &mut [f32], &mut u32)> = seqs
+                            .iter_mut()
+                            .enumerate()
+                            .filter(|(i, _)| want.next_if_eq(&i).is_some())
+                            .map(|(_, s)| s.sampler_parts())
+                            .zip(session.logits_mut().chunks_exact_mut(vocab))
+                            .zip(picks.iter_mut())
+                            .map(|(((sampler, history), row), pick)| (sampler, history, row, pick))
+                            .collect();
+                        sample_rows(&mut parts);
+                    }
+                    for (&i, &id) in rows.iter().zip(&picks) {
                         let s = &mut seqs[i];
                         let at_limit = session.at_context_limit(s.slot as usize);
-                        let row = &mut session.logits_mut()[r * vocab..(r + 1) * vocab];
-                        if let Some(o) = accept(s, row, at_limit, metrics) {
+                        if let Some(o) = accept_id(s, id, at_limit, metrics) {
                             ended.push((i, o));
                         }
                     }
@@ -276,7 +294,14 @@ fn run(
 
 /// [`Sequence::accept`], counted in the metrics.
 fn accept(s: &mut Sequence<'_>, logits: &mut [f32], at_limit: bool, metrics: &Metrics) -> Option<Outcome> {
-    let (outcome, latency) = s.accept(logits, at_limit);
+    let (sampler, history) = s.sampler_parts();
+    let id = sampler.sample(logits, history);
+    accept_id(s, id, at_limit, metrics)
+}
+
+/// [`Sequence::accept_id`], counted in the metrics.
+fn accept_id(s: &mut Sequence<'_>, id: u32, at_limit: bool, metrics: &Metrics) -> Option<Outcome> {
+    let (outcome, latency) = s.accept_id(id, at_limit);
     metrics.generated();
     match latency {
         Latency::First(d) => metrics.ttft.observe(d),
