@@ -87,7 +87,7 @@ fn sampled(c: &mut Criterion) {
         b.iter_batched_ref(
             || logits.clone(),
             |scratch| {
-                let mut picks = vec![0u32; 32];
+                let mut picks = [0u32; 32];
                 let mut rows: Vec<(&mut Sampler, &[u32], &mut [f32], &mut u32)> = samplers
                     .iter_mut()
                     .zip(scratch.chunks_exact_mut(vocab))
