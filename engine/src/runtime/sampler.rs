@@ -137,8 +137,10 @@ impl Sampler {
         &self.cfg
     }
 
-    /// Picks the next token. `logits` may be modified in place (scratch). `history` = prompt +
-    /// generated ids (for repetition penalty); ids not below `logits.len()` are ignored.
+    /// Picks the next token. `logits` are modified in place by the repetition penalty (they are
+    /// scratch). `history` = prompt + generated ids (for repetition penalty); ids not below
+    /// `logits.len()` are ignored. The warpers rank tokens by their logits (higher first, equal
+    /// ones by lower id), and weigh them by the warped logits.
     ///
     /// NaN logits count as `-inf`. A `+inf` logit wins: the choice is among the `+inf` ones.
     /// When no logit is above `-inf` (or `logits` is empty) the result is 0, the same as greedy
@@ -180,71 +182,81 @@ impl Sampler {
         }
     }
 
-    fn sample_warped(&mut self, logits: &mut [f32]) -> u32 {
-        let k = self.cfg.top_k;
-        let top_p = self.cfg.top_p;
-        let temperature = self.cfg.temperature;
-        // The maximum, NaN counting as -inf (and, without top-k, replaced by it).
-        let max = if k > 0 {
-            nan_free_max(logits)
-        } else {
-            clean_max(logits)
-        };
+    fn sample_warped(&mut self, logits: &[f32]) -> u32 {
+        // The maximum, NaN counting as -inf.
+        let max = nan_free_max(logits);
         if max == f32::NEG_INFINITY {
             return 0;
         }
-        // A logit shifted so that the maximum is 0, then over the temperature: the same
-        // probabilities and order as `logit / temperature`, without overflow at small
-        // temperatures. With a +inf maximum, +inf becomes 0 and everything else -inf.
-        let warp = move |l: f32| -> f32 {
-            if max == f32::INFINITY {
-                if l == f32::INFINITY {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                }
-            } else {
-                (l - max) / temperature
-            }
-        };
+        let warp = warp_for(max, self.cfg.temperature);
+        let k = self.cfg.top_k;
         let candidates = &mut self.candidates;
         candidates.clear();
-        let weights = &mut self.weights;
-        weights.clear();
         if k > 0 {
-            // Top-k: the k best by rank (higher warped logit first, equal ones by lower id), in
-            // rank order, warping only what the pass looks at (NaN never enters: it compares
-            // false).
-            let logits = &*logits;
-            let by_rank = |a: &u32, b: &u32| -> Ordering {
-                warp(logits[*b as usize])
-                    .total_cmp(&warp(logits[*a as usize]))
-                    .then(a.cmp(b))
-            };
-            top_k_by_rank(logits, k, warp, candidates, by_rank);
-            weights.extend(candidates.iter().map(|&id| warp(logits[id as usize]).exp()));
+            top_k_by_rank(logits, k, warp, candidates);
         } else {
-            for l in logits.iter_mut() {
-                *l = warp(*l);
-            }
-            let logits = &*logits;
             candidates.extend(
                 logits
                     .iter()
                     .enumerate()
-                    .filter(|(_, &l)| l > f32::NEG_INFINITY)
+                    .filter(|(_, &l)| warp(l) > f32::NEG_INFINITY)
                     .map(|(i, _)| i as u32),
             );
-            if top_p < 1.0 {
-                candidates.sort_unstable_by(|a, b| {
-                    logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b))
-                });
+            if self.cfg.top_p < 1.0 {
+                candidates.sort_unstable_by(|a, b| by_rank(logits, *a, *b));
             }
-            // Weights relative to the most likely candidate, whose logit is 0 (weight 1).
-            weights.extend(candidates.iter().map(|&id| logits[id as usize].exp()));
         }
+        let pick = self.draw(|i| warp(logits[i as usize]));
+        self.candidates[pick]
+    }
+
+    /// [`Sampler::sample`] for a row of which only its best `values.len()` logits are known:
+    /// `values` in rank order (higher logit first, equal ones by lower id; NaN counted as -inf)
+    /// and their token `ids`, as `Op::TopK` gives them. Picks what `sample` picks on the whole
+    /// row, with the same draws, wherever [`Sampler::fits_ranked`] says `values.len()` is
+    /// enough (no repetition penalty, and top-k within it, or greedy).
+    pub fn sample_ranked(&mut self, values: &[f32], ids: &[u32]) -> u32 {
+        let n = values.len().min(ids.len());
+        if n == 0 || values[0].is_nan() || values[0] == f32::NEG_INFINITY {
+            return 0;
+        }
+        if self.cfg.temperature == 0.0 {
+            return ids[0];
+        }
+        let warp = warp_for(values[0], self.cfg.temperature);
+        let k = if self.cfg.top_k > 0 {
+            self.cfg.top_k.min(n)
+        } else {
+            n
+        };
+        self.candidates.clear();
+        // A prefix: the warp is non-decreasing, so those above -inf come first.
+        self.candidates
+            .extend((0..k as u32).take_while(|&i| warp(values[i as usize]) > f32::NEG_INFINITY));
+        let pick = self.draw(|i| warp(values[i as usize]));
+        ids[self.candidates[pick] as usize]
+    }
+
+    /// Whether [`Sampler::sample_ranked`] over a row's best `n` logits picks what
+    /// [`Sampler::sample`] picks over the whole row: without a repetition penalty, greedy, or
+    /// top-k of at most `n`.
+    pub fn fits_ranked(&self, n: usize) -> bool {
+        self.cfg.repetition_penalty == 1.0
+            && n > 0
+            && (self.cfg.temperature == 0.0 || (1..=n).contains(&self.cfg.top_k))
+    }
+
+    /// Top-p, min-p and the draw over `self.candidates` (in rank order where top-p needs it),
+    /// whose warped logits `warped` gives; returns the index of the pick in `candidates`.
+    fn draw(&mut self, warped: impl Fn(u32) -> f32) -> usize {
+        let candidates = &mut self.candidates;
+        // Weights relative to the most likely candidate, whose warped logit is 0 (weight 1).
+        let weights = &mut self.weights;
+        weights.clear();
+        weights.extend(candidates.iter().map(|&id| warped(id).exp()));
 
         // Top-p: keep a candidate while the mass of those ranked above it is below `top_p`.
+        let top_p = self.cfg.top_p;
         if top_p < 1.0 {
             let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
             let threshold = f64::from(top_p) * total;
@@ -277,19 +289,23 @@ impl Sampler {
         }
 
         match candidates.len() {
-            0 => 0, // unreachable: the maximum has weight 1 and survives every warper
-            1 => candidates[0],
+            // Unreachable: the maximum has weight 1 and survives every warper.
+            0 => {
+                candidates.push(0);
+                0
+            }
+            1 => 0,
             _ => {
                 let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
                 let target = self.rng.next_f64() * total;
                 let mut cumulative = 0.0f64;
-                for (&id, &w) in candidates.iter().zip(weights.iter()) {
+                for (i, &w) in weights.iter().enumerate() {
                     cumulative += f64::from(w);
                     if cumulative > target {
-                        return id;
+                        return i;
                     }
                 }
-                candidates[candidates.len() - 1]
+                candidates.len() - 1
             }
         }
     }
@@ -358,25 +374,6 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// Independent maxima [`argmax`] keeps (two AVX-512 or four AVX2 vectors).
 const LANES: usize = 32;
 
-/// Replaces NaN by `-inf` in `logits` and returns their maximum, in [`LANES`] independent lanes
-/// (so that the compiler vectorises it).
-fn clean_max(logits: &mut [f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut blocks = logits.chunks_exact_mut(LANES);
-    for block in &mut blocks {
-        for (m, l) in lanes.iter_mut().zip(block.iter_mut()) {
-            *l = if l.is_nan() { f32::NEG_INFINITY } else { *l };
-            *m = m.max(*l);
-        }
-    }
-    let mut best = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
-    for l in blocks.into_remainder() {
-        *l = if l.is_nan() { f32::NEG_INFINITY } else { *l };
-        best = best.max(*l);
-    }
-    best
-}
-
 /// The maximum of `logits`, NaN skipped, in [`LANES`] independent lanes (read only).
 fn nan_free_max(logits: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
@@ -392,22 +389,38 @@ fn nan_free_max(logits: &[f32]) -> f32 {
         .fold(f32::NEG_INFINITY, |m, &l| m.max(l))
 }
 
+/// A logit shifted so that the row's maximum `max` is 0, then over the temperature: the same
+/// probabilities as `logit / temperature`, without overflow at small temperatures. With a
+/// +inf maximum, +inf becomes 0 and everything else -inf. Non-decreasing; NaN stays NaN.
+fn warp_for(max: f32, temperature: f32) -> impl Fn(f32) -> f32 + Copy {
+    move |l: f32| -> f32 {
+        if max == f32::INFINITY {
+            if l == f32::INFINITY {
+                0.0
+            } else {
+                f32::NEG_INFINITY
+            }
+        } else {
+            (l - max) / temperature
+        }
+    }
+}
+
+/// The sampler's rank: higher logit first, equal logits by lower id (neither NaN).
+fn by_rank(logits: &[f32], a: u32, b: u32) -> Ordering {
+    logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b))
+}
+
 /// Positions [`top_k_by_rank`] skips at once when none of them can enter.
 const TOP_K_BLOCK: usize = 64;
 
-/// Fills `out` with the ids of the `k` best of `logits` under `by_rank` (higher `warp`ed logit
-/// first, equal ones by lower id; `warp` non-decreasing, NaN warped to NaN), in that order;
-/// with fewer than `k` above `-inf`, all of those. One pass in blocks: a block whose warped
-/// maximum is not above the k-th best so far is skipped (a later id never wins a tie), the
-/// others add their entries above it; the kept ids are cut back to the best `k` whenever they
-/// reach `2k`.
-fn top_k_by_rank(
-    logits: &[f32],
-    k: usize,
-    warp: impl Fn(f32) -> f32,
-    out: &mut Vec<u32>,
-    by_rank: impl Fn(&u32, &u32) -> Ordering,
-) {
+/// Fills `out` with the ids of the `k` best of `logits` by [`by_rank`] among those whose
+/// `warp`ed logit is above -inf (NaN never: it compares false), in rank order; with fewer than
+/// `k`, all of those. One pass in blocks: a block whose maximum is not above the k-th best so
+/// far is skipped (a later id never wins a tie), the others add their entries above it; the
+/// kept ids are cut back to the best `k` whenever they reach `2k`.
+fn top_k_by_rank(logits: &[f32], k: usize, warp: impl Fn(f32) -> f32, out: &mut Vec<u32>) {
+    let rank = |a: &u32, b: &u32| by_rank(logits, *a, *b);
     let mut floor = f32::NEG_INFINITY;
     for (b, block) in logits.chunks(TOP_K_BLOCK).enumerate() {
         let mut lanes = [f32::NEG_INFINITY; 16];
@@ -416,28 +429,28 @@ fn top_k_by_rank(
                 *m = m.max(l);
             }
         }
+        // Not NaN: `max` skips it, so -inf at worst.
         let top = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
-        // Not NaN: `max` skips it, so `top` is -inf at worst.
-        if warp(top) <= floor {
+        if top <= floor {
             continue;
         }
         let base = b * TOP_K_BLOCK;
         for (i, &l) in block.iter().enumerate() {
-            if warp(l) > floor {
+            if l > floor && warp(l) > f32::NEG_INFINITY {
                 out.push((base + i) as u32);
             }
         }
         if out.len() >= 2 * k.max(8) {
-            out.select_nth_unstable_by(k - 1, &by_rank);
+            out.select_nth_unstable_by(k - 1, rank);
             out.truncate(k);
-            floor = warp(logits[out[k - 1] as usize]);
+            floor = logits[out[k - 1] as usize];
         }
     }
     if out.len() > k {
-        out.select_nth_unstable_by(k - 1, &by_rank);
+        out.select_nth_unstable_by(k - 1, rank);
         out.truncate(k);
     }
-    out.sort_unstable_by(by_rank);
+    out.sort_unstable_by(rank);
 }
 
 /// xoshiro256** (Blackman and Vigna), seeded through splitmix64.
@@ -579,8 +592,8 @@ mod tests {
         }
     }
 
-    /// The warpers by their definition over the whole row: every token above -inf ranked
-    /// (higher shifted logit first, equal ones by lower id), the first `top_k` kept, then top-p
+    /// The warpers by their definition over the whole row: every token whose warped logit is
+    /// above -inf ranked (higher logit first, equal ones by lower id), the first `top_k` kept, then top-p
     /// and min-p, then one draw over what is left in rank order.
     fn by_definition(cfg: SamplerConfig, logits: &[f32], rng: &mut Xoshiro256) -> u32 {
         let clean: Vec<f32> = logits
@@ -606,11 +619,9 @@ mod tests {
         let mut ranked: Vec<u32> = (0..shifted.len() as u32)
             .filter(|&i| shifted[i as usize] > f32::NEG_INFINITY)
             .collect();
-        ranked.sort_by(|a, b| {
-            shifted[*b as usize]
-                .total_cmp(&shifted[*a as usize])
-                .then(a.cmp(b))
-        });
+        // Ranked by the logits themselves (the warp is non-decreasing: the same order, but
+        // for values it rounds together).
+        ranked.sort_by(|a, b| clean[*b as usize].total_cmp(&clean[*a as usize]).then(a.cmp(b)));
         if cfg.top_k > 0 {
             ranked.truncate(cfg.top_k);
         }
@@ -699,6 +710,69 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A row's best `n` logits and their ids as `Op::TopK` gives them: rank order, NaN as -inf.
+    fn top_n(logits: &[f32], n: usize) -> (Vec<f32>, Vec<u32>) {
+        let clean: Vec<f32> = logits
+            .iter()
+            .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l })
+            .collect();
+        let mut ids: Vec<u32> = (0..clean.len() as u32).collect();
+        ids.sort_by(|a, b| clean[*b as usize].total_cmp(&clean[*a as usize]).then(a.cmp(b)));
+        ids.truncate(n);
+        (ids.iter().map(|&i| clean[i as usize]).collect(), ids)
+    }
+
+    #[test]
+    fn a_rows_best_logits_pick_what_the_whole_row_picks() {
+        let mut state = 0x0DDB_A11C_0FFE_E123u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let n = 64;
+        let configs = [
+            SamplerConfig::greedy(),
+            cfg(1.0, 64, 0.95, 0.0),
+            cfg(1.0, 64, 1.0, 0.0),
+            cfg(0.7, 5, 1.0, 0.05),
+            cfg(0.01, 3, 0.5, 0.0),
+            cfg(1e-38, 10, 1.0, 0.0),
+        ];
+        for case in 0..40u64 {
+            let len = [64usize, 65, 300, 4000][case as usize % 4];
+            let row: Vec<f32> = (0..len)
+                .map(|_| match next() % 29 {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    2 if case % 7 == 0 => f32::INFINITY,
+                    _ => ((next() % 48) as f32 - 24.0) * 0.5,
+                })
+                .collect();
+            let (values, ids) = top_n(&row, n);
+            for c in configs {
+                let seeded = SamplerConfig { seed: case, ..c };
+                let mut whole = Sampler::new(seeded).unwrap();
+                let mut best = Sampler::new(seeded).unwrap();
+                assert!(best.fits_ranked(n), "{c:?}");
+                for draw in 0..3 {
+                    let want = whole.sample(&mut row.clone(), &[]);
+                    let got = best.sample_ranked(&values, &ids);
+                    assert_eq!(got, want, "case {case}, {c:?}, draw {draw}");
+                }
+            }
+        }
+        // What the best logits cannot answer.
+        let fits = |c: SamplerConfig| Sampler::new(c).unwrap().fits_ranked(n);
+        assert!(!fits(cfg(1.0, 0, 0.9, 0.0)), "top-k off needs the whole row");
+        assert!(!fits(cfg(1.0, 65, 1.0, 0.0)), "top-k above what is known");
+        assert!(!fits(SamplerConfig {
+            repetition_penalty: 1.2,
+            ..SamplerConfig::greedy()
+        }));
     }
 
     #[test]
