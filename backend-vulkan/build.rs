@@ -25,7 +25,7 @@ const PER_FORMAT: [&str; 7] = [
 ];
 
 /// Kernels built once.
-const PLAIN: [&str; 15] = [
+const PLAIN: [&str; 16] = [
     "rms_norm",
     "rope",
     "kv_store",
@@ -43,6 +43,8 @@ const PLAIN: [&str; 15] = [
     "matmul_reduce",
     // q4_k, one input row (decode).
     "matvec_q4k",
+    // A row's best k values (the sampler's candidates).
+    "top_k",
 ];
 
 fn main() {

@@ -153,6 +153,18 @@ pub enum Op {
         /// The cap.
         cap: f32,
     },
+    /// The `k` largest values of each row of `x` and their column indices, `[rows, 2k]`: the
+    /// values in rank order (larger first, equal values by lower index; NaN counts as -inf and
+    /// is written as -inf) in columns `0..k`, then their indices, as exact f32 integers, in
+    /// columns `k..2k`. `1 <= k <= TOP_K_MAX`, `k <= cols`, and `cols` at most 2^24 (so every
+    /// index is exact). What a sampler needs of a row of logits when it keeps only the best
+    /// `k` tokens.
+    TopK {
+        /// Input.
+        x: ValueId,
+        /// How many.
+        k: usize,
+    },
     /// Keeps the rows named by `StepArgs::select`, in that order: `[selected_rows, cols]`.
     SelectRows {
         /// Input (step rows).
@@ -168,9 +180,12 @@ pub enum Op {
     },
 }
 
+/// The largest `k` of [`Op::TopK`].
+pub const TOP_K_MAX: usize = 128;
+
 impl Op {
     /// Every op kind, as [`Op::kind`] names them.
-    pub const KINDS: [&'static str; 11] = [
+    pub const KINDS: [&'static str; 12] = [
         "input",
         "embed",
         "rms_norm",
@@ -180,6 +195,7 @@ impl Op {
         "geglu",
         "add",
         "softcap",
+        "top_k",
         "select_rows",
         "output",
     ];
@@ -196,6 +212,7 @@ impl Op {
             Op::GeGlu { .. } => "geglu",
             Op::Add { .. } => "add",
             Op::Softcap { .. } => "softcap",
+            Op::TopK { .. } => "top_k",
             Op::SelectRows { .. } => "select_rows",
             Op::Output { .. } => "output",
         }
@@ -222,6 +239,7 @@ impl Op {
             | Op::MatMul { x, .. }
             | Op::Rope { x, .. }
             | Op::Softcap { x, .. }
+            | Op::TopK { x, .. }
             | Op::SelectRows { x }
             | Op::Output { x, .. } => vec![*x],
             Op::Attention { q, k, v, .. } => vec![*q, *k, *v],
@@ -237,6 +255,7 @@ impl Op {
             | Op::MatMul { x, .. }
             | Op::Rope { x, .. }
             | Op::Softcap { x, .. }
+            | Op::TopK { x, .. }
             | Op::SelectRows { x }
             | Op::Output { x, .. } => vec![x],
             Op::Attention { q, k, v, .. } => vec![q, k, v],
@@ -267,6 +286,7 @@ impl Op {
             | Op::GeGlu { .. }
             | Op::Add { .. }
             | Op::Softcap { .. }
+            | Op::TopK { .. }
             | Op::SelectRows { .. } => vec![],
         }
     }
@@ -493,6 +513,19 @@ impl Graph {
                         return Err(err(format!("cap must be positive, found {cap}")));
                     }
                     vec![get(*x)?]
+                }
+                Op::TopK { x, k } => {
+                    let s = get(*x)?;
+                    if *k == 0 || *k > TOP_K_MAX || *k > s.cols || s.cols > 1 << 24 {
+                        return Err(err(format!(
+                            "k {k} must be 1 to {TOP_K_MAX} and at most the {} columns (at most 2^24)",
+                            s.cols
+                        )));
+                    }
+                    vec![ValueShape {
+                        rows: s.rows,
+                        cols: 2 * k,
+                    }]
                 }
                 Op::SelectRows { x } => {
                     let s = get(*x)?;

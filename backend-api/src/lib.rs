@@ -28,7 +28,7 @@ pub use boundary::{SharedTimeline, TimelineId, HOST_IMPORT_ALIGN};
 pub use dtype::DType;
 pub use error::BackendError;
 pub use graph::{
-    Graph, GraphBuilder, KvCacheRef, Node, Op, RowCount, StepArgs, ValueId, ValueShape, WeightRef,
+    Graph, GraphBuilder, KvCacheRef, Node, Op, RowCount, StepArgs, ValueId, ValueShape, WeightRef, TOP_K_MAX,
 };
 pub use plugin::abi::API_VERSION;
 pub use tensor::{BufferId, TensorDesc, Usage};

@@ -360,6 +360,35 @@ pub fn softcap(x: &[f32], cap: f32, out: &mut [f32]) {
     }
 }
 
+/// `Op::TopK`: per row of `cols` values, the `k` best in rank order (larger first, equal ones by
+/// lower index, NaN as -inf), then their indices as f32.
+pub fn top_k(x: &[f32], cols: usize, k: usize, out: &mut [f32]) {
+    let mut ids: Vec<u32> = Vec::with_capacity(cols);
+    for (row, o) in x.chunks_exact(cols).zip(out.chunks_exact_mut(2 * k)) {
+        let value = |i: u32| {
+            let v = row[i as usize];
+            if v.is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                v
+            }
+        };
+        let rank = |a: &u32, b: &u32| value(*b).total_cmp(&value(*a)).then(a.cmp(b));
+        ids.clear();
+        ids.extend(0..cols as u32);
+        if k < cols {
+            ids.select_nth_unstable_by(k - 1, rank);
+            ids.truncate(k);
+        }
+        ids.sort_unstable_by(rank);
+        let (values, indices) = o.split_at_mut(k);
+        for ((v, i), &id) in values.iter_mut().zip(indices.iter_mut()).zip(&ids) {
+            *v = value(id);
+            *i = id as f32;
+        }
+    }
+}
+
 /// `Op::SelectRows`.
 pub fn select_rows(x: &[f32], cols: usize, select: &[u32], out: &mut [f32]) {
     for (o, &r) in out.chunks_exact_mut(cols).zip(select) {
@@ -370,6 +399,30 @@ pub fn select_rows(x: &[f32], cols: usize, select: &[u32], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn top_k_ranks_nan_as_minus_infinity_and_ties_by_index() {
+        let ninf = f32::NEG_INFINITY;
+        let x = [
+            1.0,
+            f32::NAN,
+            3.0,
+            1.0,
+            ninf,
+            3.0,
+            /* row 2 */ f32::NAN,
+            ninf,
+            2.0,
+            ninf,
+            0.5,
+            f32::NAN,
+        ];
+        let mut out = [0.0f32; 2 * 2 * 4];
+        top_k(&x, 6, 4, &mut out);
+        assert_eq!(&out[..8], &[3.0, 3.0, 1.0, 1.0, 2.0, 5.0, 0.0, 3.0]);
+        // NaN and -inf alike, by index: 0 (NaN), 1 (-inf).
+        assert_eq!(&out[8..], &[2.0, 0.5, ninf, ninf, 2.0, 4.0, 0.0, 1.0]);
+    }
 
     #[test]
     fn rms_norm_of_three_four() {

@@ -530,6 +530,10 @@ impl CpuBackend {
                     });
                 }
                 Op::Softcap { x, cap } => kernels::softcap(v(x), *cap, &mut out),
+                Op::TopK { x, k } => {
+                    let cols = prog.shapes[x.0 as usize].cols;
+                    kernels::top_k(v(x), cols, *k, &mut out);
+                }
                 Op::SelectRows { x } => {
                     let cols = prog.shapes[x.0 as usize].cols;
                     kernels::select_rows(v(x), cols, args.select, &mut out);

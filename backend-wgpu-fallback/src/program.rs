@@ -128,6 +128,9 @@ pub fn weight_chunks(
 /// Support of one op by the kernels (independent of buffers, so `supports` and `compile` agree).
 pub fn op_support(op: &Op) -> Result<(), String> {
     match op {
+        Op::TopK { .. } => {
+            Err("top_k is not implemented by the WGSL kernels (a sampler reads the whole row)".into())
+        }
         Op::Embed { table: w, .. } | Op::MatMul { weight: w, .. } => {
             let d = w.desc.dtype;
             if !crate::kernels::format_supported(d) {
@@ -521,6 +524,12 @@ impl WgpuBackend {
                         caches: None,
                         groups: [gx, gy, 1],
                     });
+                }
+                Op::TopK { .. } => {
+                    return Err(BackendError::Unsupported {
+                        op: node.op.name(),
+                        reason: "top_k is not implemented by the WGSL kernels".into(),
+                    })
                 }
                 Op::SelectRows { x } => {
                     let cols = shapes[x.0 as usize].cols;

@@ -720,6 +720,32 @@ fn elementwise(rows: usize, cols: usize) -> Vec<Case> {
     ]
 }
 
+/// A row's best `k` values and their indices, from values on a coarse grid (so that ties, which
+/// go to the lower index, are everywhere). Rows longer than one sort on the GPU (2048) take
+/// several passes there.
+fn top_k(rows: usize, cols: usize, k: usize) -> Case {
+    let mut rng = Rng::new(11);
+    let x: Vec<f32> = (0..rows * cols)
+        .map(|_| (rng.next_u64() % 201) as f32 * 0.5 - 50.0)
+        .collect();
+    let expected = oracle::top_k(&f64s(&x), cols, k);
+    let mut step = StepData::rows(rows);
+    step.inputs = vec![x];
+    Case {
+        name: format!("top_k rows={rows} cols={cols} k={k}"),
+        tol: 0.0,
+        rows,
+        selected_rows: 0,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let x = c.input(cols, false)?;
+            let y = c.push1(Op::TopK { x, k });
+            c.output(y, rows * 2 * k)
+        }),
+        expected,
+    }
+}
+
 /// Selects rows, then multiplies only the selected ones (as the logits of a prefill do).
 fn select_then_matmul(rows: usize, select: Vec<u32>, k: usize, n: usize) -> Case {
     let mut rng = Rng::new(8);
@@ -970,5 +996,9 @@ pub fn all() -> Vec<Case> {
     v.extend(elementwise(3, 29));
     v.extend(elementwise(1, 1));
     v.push(select_then_matmul(5, vec![4, 0, 4], 13, 9));
+    // One sort per row; three passes (17 blocks, then 2 lists of merges, then 1); k = cols.
+    v.push(top_k(2, 300, 5));
+    v.push(top_k(3, 34_817, 128));
+    v.push(top_k(1, 7, 7));
     v
 }

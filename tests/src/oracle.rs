@@ -169,6 +169,20 @@ pub fn softcap(x: &[f64], cap: f64) -> Vec<f64> {
     x.iter().map(|v| cap * (v / cap).tanh()).collect()
 }
 
+/// `Op::TopK` (no NaN in `x`): per row, the `k` largest values (equal ones by lower index),
+/// then their indices.
+pub fn top_k(x: &[f64], cols: usize, k: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    for row in x.chunks_exact(cols) {
+        let mut ids: Vec<usize> = (0..cols).collect();
+        ids.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        ids.truncate(k);
+        out.extend(ids.iter().map(|&i| row[i]));
+        out.extend(ids.iter().map(|&i| i as f64));
+    }
+    out
+}
+
 /// `Op::SelectRows`.
 pub fn select_rows(x: &[f64], cols: usize, select: &[u32]) -> Vec<f64> {
     select

@@ -42,6 +42,7 @@ impl VulkanBackend {
                 return self.lower_matmul(ctx, *x, weight, splits, &node.outputs)
             }
             Op::Attention { .. } => return self.lower_attention(ctx, i),
+            Op::TopK { x, k } => return super::top_k::lower(ctx, *x, *k, out()?),
             Op::Embed { table, scale } => {
                 let t = self.buffers.get(table.buffer)?;
                 let cols = table.desc.shape[1];

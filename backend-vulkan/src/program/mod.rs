@@ -14,6 +14,7 @@ mod fuse;
 mod lower;
 mod matmul;
 mod record;
+mod top_k;
 
 use ash::vk;
 use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueId, ValueShape};
@@ -196,9 +197,10 @@ impl VulkanBackend {
         } else {
             None
         };
-        // Attention's split partials, and matmul_cm2's f16 inputs (never live at once).
-        let scratch_size =
-            attention::scratch_bytes(graph).max(matmul::cm2_scratch_bytes(graph, &shapes, self.gpu.coopmat2));
+        // Attention's split partials, matmul_cm2's f16 inputs and top_k's lists (never live at once).
+        let scratch_size = attention::scratch_bytes(graph)
+            .max(matmul::cm2_scratch_bytes(graph, &shapes, self.gpu.coopmat2))
+            .max(top_k::scratch_bytes(graph, &shapes));
         let scratch = if scratch_size > 0 {
             match self
                 .memory
