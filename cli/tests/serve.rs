@@ -107,11 +107,25 @@ fn assert_error(r: &http::Response, status: u16, what: &str) -> String {
 
 #[test]
 fn sixteen_concurrent_streams_each_equal_the_request_alone() {
+    sixteen_streams(&[], 0);
+}
+
+/// The same with top-k 40, every batched step reading back only each row's best 128 logits,
+/// ranked by the backend (what a GPU does; forced on the CPU here by `TANDEM_SERVE_TOP_K`): the
+/// samplers pick from those what `engine run` picks from the whole rows.
+#[test]
+fn sixteen_concurrent_streams_from_each_rows_best_logits_equal_the_request_alone() {
+    sixteen_streams(&[("TANDEM_SERVE_TOP_K", "128")], 40);
+}
+
+/// 16 sampled requests (temperature 1, top-k `top_k`, seeds 1000..) at once, each against itself
+/// alone and a few against `engine run`; `env` for the server.
+fn sixteen_streams(env: &[(&str, &str)], top_k: u32) {
     let install = Install::new(&["cpu"]);
     let model = text_published();
     // 8 slots for 16 requests: batches of every size, slots freed and reused, a queue; 4-token
     // prefill chunks, so longer prompts are fed over several steps between decode steps.
-    let server = Server::start(
+    let server = Server::start_with_env(
         &install.path().join("engine"),
         &[
             "--model",
@@ -125,6 +139,7 @@ fn sixteen_concurrent_streams_each_equal_the_request_alone() {
             "--chunk",
             "4",
         ],
+        env,
     );
     let requests: Vec<Value> = (0..16u32)
         .map(|i| {
@@ -135,7 +150,7 @@ fn sixteen_concurrent_streams_each_equal_the_request_alone() {
                 "prompt": prompt,
                 "max_tokens": 6 + (i * 13) % 41,
                 "temperature": 1.0,
-                "top_k": 0,
+                "top_k": top_k,
                 "top_p": 1.0,
                 "seed": 1000 + i,
                 "stream": true,
@@ -197,7 +212,7 @@ fn sixteen_concurrent_streams_each_equal_the_request_alone() {
             "--temperature",
             "1",
             "--top-k",
-            "0",
+            &top_k.to_string(),
             "--top-p",
             "1",
             "--seed",

@@ -70,3 +70,81 @@ fn two_sequences_decoded_in_one_step_match_the_reference() {
         assert_eq!((session.len(0), session.len(1)), (a.len(), b.len()));
     }
 }
+
+/// A batched step that reads back each row's best logits (`Session::step_top_k`, the logits
+/// ranked where they are computed) lets every sampler that fits pick what it picks from the
+/// whole rows, on every backend under test that ranks (the CPU; Vulkan on lavapipe in CI).
+#[test]
+fn a_steps_best_logits_give_the_picks_of_its_whole_rows() {
+    use tandem_engine::runtime::sampler::{Sampler, SamplerConfig};
+    let dir = fixture("text-published");
+    let (backends, reference) = tandem_conformance::backends_under_test();
+    // The CPU (the reference) and the GPU backends under test.
+    let backends = std::iter::once(tandem_conformance::UnderTest {
+        name: "cpu".into(),
+        backend: reference,
+    })
+    .chain(backends.into_iter().filter(|b| b.name == "vulkan"));
+    let configs = [
+        SamplerConfig::greedy(),
+        SamplerConfig::default(),
+        SamplerConfig {
+            temperature: 0.6,
+            top_k: 20,
+            top_p: 0.8,
+            min_p: 0.02,
+            seed: 5,
+            ..SamplerConfig::default()
+        },
+    ];
+    let k = 64;
+    let mut ran = 0;
+    for under in backends {
+        let (config, ckpt) = open_hf_dir(&dir).unwrap();
+        let vocab = config.vocab_size;
+        let shape = CacheShape {
+            slots: 3,
+            context: 32,
+            max_step_rows: 4,
+            dtype: tandem_backend_api::DType::F32,
+        };
+        let mut session = tandem_conformance::session_on(&under.name, under.backend, config, &ckpt, shape);
+        if !session.supports_top_k(k) {
+            continue;
+        }
+        let prompts: [&[u32]; 3] = [&[2, 10, 11, 12], &[2, 40], &[2, 7, 8]];
+        let step = |session: &mut tandem_engine::runtime::session::Session, ranked: bool| -> Vec<f32> {
+            for (s, p) in prompts.iter().enumerate() {
+                session.reset(s);
+                session.prefill(s as u32, p, false).unwrap();
+            }
+            let (tokens, slots) = ([5, 6, 7], [0, 1, 2]);
+            if ranked {
+                session.step_top_k(&tokens, &slots, &slots, k).unwrap().to_vec()
+            } else {
+                session.step(&tokens, &slots, &slots).unwrap().to_vec()
+            }
+        };
+        let whole = step(&mut session, false);
+        let best = step(&mut session, true);
+        assert_eq!(best.len(), 3 * 2 * k, "{}", under.name);
+        for (row, list) in whole.chunks_exact(vocab).zip(best.chunks_exact(2 * k)) {
+            let (values, ids) = list.split_at(k);
+            let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
+            // The best values are the row's, in rank order.
+            for (v, &id) in values.iter().zip(&ids) {
+                assert_eq!(*v, row[id as usize], "{}: id {id}", under.name);
+            }
+            assert!(values.windows(2).all(|w| w[0] >= w[1]), "{}", under.name);
+            for c in configs {
+                let (mut a, mut b) = (Sampler::new(c).unwrap(), Sampler::new(c).unwrap());
+                for _ in 0..4 {
+                    let want = a.sample(&mut row.to_vec(), &[]);
+                    assert_eq!(b.sample_ranked(values, &ids), want, "{}: {c:?}", under.name);
+                }
+            }
+        }
+        ran += 1;
+    }
+    assert!(ran > 0, "no backend under test ranks the logits");
+}

@@ -155,6 +155,7 @@ fn every_step_shape_has_the_node_positions_the_placement_was_made_on() {
             tandem_engine::runtime::split::Phase::Decode,
             &args,
             &[0],
+            0,
             &mut logits,
         )
         .expect_err("refused");

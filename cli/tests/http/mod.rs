@@ -232,11 +232,17 @@ impl Server {
     /// the address it listens on. The port is chosen by the kernel when the server binds, so
     /// no other process can take it between choosing and binding.
     pub fn start(engine: &Path, args: &[&str]) -> Server {
+        Self::start_with_env(engine, args, &[])
+    }
+
+    /// [`Server::start`] with `env` set for the server.
+    pub fn start_with_env(engine: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(engine)
             .arg("serve")
             .args(["--host", "127.0.0.1", "--port", "0"])
             .args(args)
             .env_remove("TANDEM_PLUGIN_PATH")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -322,6 +322,12 @@ impl<'t> Sequence<'t> {
         (&mut self.sampler, &self.history)
     }
 
+    /// Whether this sequence's sampler picks from a row's best `k` logits what it picks from
+    /// the whole row ([`Sampler::fits_ranked`]).
+    pub fn fits_ranked(&self, k: usize) -> bool {
+        self.sampler.fits_ranked(k)
+    }
+
     /// [`Sequence::accept`] for a token already picked by this sequence's sampler (through
     /// [`Sequence::sampler_parts`]).
     pub fn accept_id(&mut self, id: u32, at_limit: bool) -> (Option<Outcome>, Latency) {

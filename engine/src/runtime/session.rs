@@ -160,6 +160,48 @@ impl Session {
         slots: &[u32],
         select: &[u32],
     ) -> Result<&[f32], SessionError> {
+        self.run_step(phase, tokens, slots, select, 0)?;
+        Ok(&self.logits)
+    }
+
+    /// [`Session::step`], returning for each selected row only its best `k` logits, in rank
+    /// order (higher first, equal ones by lower id, NaN as -inf), then their ids as f32
+    /// (`[select, 2k]`): computed on the unit that computes the logits ([`Op::TopK`]), so a
+    /// batched step reads back a few kilobytes instead of every row's logits. For samplers that
+    /// `fits_ranked(k)` (`Sampler::sample_ranked`), where [`Session::supports_top_k`] says so.
+    pub fn step_top_k(
+        &mut self,
+        tokens: &[u32],
+        slots: &[u32],
+        select: &[u32],
+        k: usize,
+    ) -> Result<&[f32], SessionError> {
+        if k == 0 || !self.supports_top_k(k) {
+            return Err(SessionError::Invalid(format!(
+                "the best {k} logits of a row cannot be computed where this model's logits are"
+            )));
+        }
+        self.run_step(Phase::Decode, tokens, slots, select, k)?;
+        Ok(&self.logits)
+    }
+
+    /// Whether [`Session::step_top_k`] can give the best `k` logits of a row.
+    pub fn supports_top_k(&self, k: usize) -> bool {
+        (1..=tandem_backend_api::TOP_K_MAX).contains(&k)
+            && k <= self.model.config.vocab_size
+            && self.scheduler.supports_top_k(k)
+    }
+
+    /// Runs one step, leaving in `self.logits` the selected rows' logits, or with `top_k > 0`
+    /// their best `top_k` and ids.
+    fn run_step(
+        &mut self,
+        phase: Phase,
+        tokens: &[u32],
+        slots: &[u32],
+        select: &[u32],
+        top_k: usize,
+    ) -> Result<(), SessionError> {
         let vocab = self.model.config.vocab_size;
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(SessionError::TokenOutOfRange { id, vocab });
@@ -200,7 +242,8 @@ impl Session {
         self.select.clear();
         self.select.extend_from_slice(select);
         let selected = select.len();
-        self.logits.resize(selected * vocab, 0.0);
+        let width = if top_k > 0 { 2 * top_k } else { vocab };
+        self.logits.resize(selected * width, 0.0);
         let args = StepArgs {
             tokens: &self.tokens,
             positions: &self.positions,
@@ -212,6 +255,7 @@ impl Session {
             phase,
             &args,
             &self.lengths,
+            top_k,
             bytemuck::cast_slice_mut(&mut self.logits[..]),
         )?;
         self.next_lengths = std::mem::replace(&mut self.lengths, lens);
@@ -220,11 +264,12 @@ impl Session {
                 *v = f32::from_bits(u32::from_le(v.to_bits()));
             }
         }
-        Ok(&self.logits)
+        Ok(())
     }
 
-    /// The last step's logits (`[select, vocab]`), writable: a caller may sample in place (the
-    /// repetition penalty edits them) instead of copying them out. The next step overwrites them.
+    /// The last step's logits (`[select, vocab]`; after [`Session::step_top_k`], its best
+    /// logits and ids), writable: a caller may sample in place (the repetition penalty edits
+    /// them) instead of copying them out. The next step overwrites them.
     pub fn logits_mut(&mut self) -> &mut [f32] {
         &mut self.logits
     }

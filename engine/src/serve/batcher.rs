@@ -9,8 +9,11 @@
 //!    so that a long prompt is interleaved with the decode steps of the others instead of
 //!    stalling them; after its last chunk, its first token is sampled;
 //! 4. runs one decode step of every other sequence together, one row each, and samples each
-//!    row with that sequence's own sampler (the rows spread over threads where there are many:
-//!    `sampler::sample_rows`), then accepts the picks in row order.
+//!    row with that sequence's own sampler, then accepts the picks in row order. Where the
+//!    logits are computed on a device and every row's sampler needs no more than a row's best
+//!    [`RANKED_K`] logits, the step reads back only those (`Session::step_top_k`) and each
+//!    sampler picks from them (`Sampler::sample_ranked`: the same pick); otherwise whole rows,
+//!    sampled on several threads where there are many (`sampler::sample_rows`).
 //!
 //! Batching changes no result as long as the backend computes each row of a step independently
 //! of the others (the CPU backend does: activations are quantized per row, and every row's dot
@@ -149,6 +152,17 @@ fn run(
     let (mut tokens, mut slots, mut select) = (Vec::new(), Vec::new(), Vec::new());
     let mut rows: Vec<usize> = Vec::new();
     let mut picks: Vec<u32> = Vec::new();
+    let mut best_ids: Vec<u32> = Vec::new();
+    // How many of a row's best logits a batched step reads back instead of the row, for the
+    // samplers that need no more (`TANDEM_SERVE_TOP_K=0` reads whole rows: A/B runs).
+    // Only where the logits are computed on a device: on the CPU the rows are in host memory
+    // already, and sampled on several threads.
+    let on_device = session.backend().info().kind != tandem_backend_api::DeviceKind::Cpu;
+    let ranked_k = std::env::var("TANDEM_SERVE_TOP_K")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if on_device { RANKED_K } else { 0 })
+        .min(tandem_backend_api::TOP_K_MAX);
     loop {
         let cancel = shared.cancel.load(Ordering::SeqCst);
         // 1. Waiting requests into free slots.
@@ -246,13 +260,36 @@ fn run(
         if !rows.is_empty() {
             select.clear();
             select.extend(0..rows.len() as u32);
-            match session.step(&tokens, &slots, &select).map(|_| ()) {
+            // Where every row's sampler can pick from its row's best logits, the step reads
+            // back only those (ranked where the logits are computed).
+            let ranked = ranked_k > 0
+                && session.supports_top_k(ranked_k)
+                && rows.iter().all(|&i| seqs[i].fits_ranked(ranked_k));
+            let stepped = if ranked {
+                session.step_top_k(&tokens, &slots, &select, ranked_k).map(|_| ())
+            } else {
+                session.step(&tokens, &slots, &select).map(|_| ())
+            };
+            match stepped {
                 Ok(()) => {
-                    // Each row sampled in place with its sequence's sampler, the rows spread
-                    // over threads; then every pick accepted in order.
                     picks.clear();
                     picks.resize(rows.len(), 0);
-                    {
+                    if ranked {
+                        let best = session.logits_mut();
+                        for ((&i, pick), row) in rows
+                            .iter()
+                            .zip(picks.iter_mut())
+                            .zip(best.chunks_exact(2 * ranked_k))
+                        {
+                            let (values, ids) = row.split_at(ranked_k);
+                            best_ids.clear();
+                            best_ids.extend(ids.iter().map(|&id| id as u32));
+                            let (sampler, _) = seqs[i].sampler_parts();
+                            *pick = sampler.sample_ranked(values, &best_ids);
+                        }
+                    } else {
+                        // Each row sampled in place with its sequence's sampler, the rows
+                        // spread over threads.
                         let mut want = rows.iter().peekable();
                         let mut parts: Vec<(&mut Sampler, &[u32], &mut [f32], &mut u32)> = seqs
                             .iter_mut()
@@ -291,6 +328,11 @@ fn run(
         metrics.running.store(seqs.len(), Ordering::SeqCst);
     }
 }
+
+/// How many of each row's best logits a batched decode step reads back, where every row's
+/// sampler needs no more (greedy, or top-k up to this; no repetition penalty): the default
+/// top-k (64) and then some.
+const RANKED_K: usize = 128;
 
 /// [`Sequence::accept`], counted in the metrics.
 fn accept(s: &mut Sequence<'_>, logits: &mut [f32], at_limit: bool, metrics: &Metrics) -> Option<Outcome> {

@@ -37,7 +37,9 @@ mod shared;
 
 use std::collections::HashMap;
 
-use tandem_backend_api::{BackendError, BufferId, ComputeBackend, Graph, NodeTime, Op, StepArgs, TimelineId};
+use tandem_backend_api::{
+    BackendError, BufferId, ComputeBackend, Graph, Node, NodeTime, Op, StepArgs, Support, TimelineId, ValueId,
+};
 
 use self::kv::KvHandoff;
 use self::program::{Boundaries, BoundaryCounts, Scheduled};
@@ -162,6 +164,33 @@ struct StepKey {
     rows: usize,
     selected: usize,
     micro_batches: usize,
+    /// 0: the step writes the logits; else each selected row's best `top_k` ([`Op::TopK`]).
+    top_k: usize,
+}
+
+/// `graph` (whose last node is the `Output` of the logits) writing each row's best `k` logits
+/// and their ids instead: an [`Op::TopK`] node between the logits and the `Output`.
+fn with_top_k(mut graph: Graph, k: usize) -> Result<Graph, ScheduleError> {
+    let context = "adding the logits' top-k";
+    let Some(last) = graph.nodes.pop() else {
+        return Err(invalid(context, "the graph is empty".into()));
+    };
+    let Op::Output { x, buffer } = last.op else {
+        return Err(invalid(
+            context,
+            format!("its last node is {}, not the output", last.op.name()),
+        ));
+    };
+    let best = ValueId(graph.value_count() as u32);
+    graph.nodes.push(Node {
+        op: Op::TopK { x, k },
+        outputs: vec![best],
+    });
+    graph.nodes.push(Node {
+        op: Op::Output { x: best, buffer },
+        outputs: vec![],
+    });
+    Ok(graph)
 }
 
 /// The units, the placement of every node per phase, and the programs compiled so far.
@@ -413,7 +442,18 @@ impl SplitScheduler {
             },
             (BoundaryMode::Host, _) => Boundaries::HOST,
         };
-        let vocab = model.config.vocab_size;
+        // What a step writes per selected row: the logits, or the best `top_k` and their ids
+        // (the `TopK` node placed with the `Output`).
+        let width = if key.top_k > 0 {
+            2 * key.top_k
+        } else {
+            model.config.vocab_size
+        };
+        let mut placement = self.placement[key.phase.index()].clone();
+        if key.top_k > 0 {
+            let out = placement.last().copied().unwrap_or(0);
+            placement.insert(placement.len().saturating_sub(1), out);
+        }
         let mut graphs: Vec<((usize, usize), Graph)> = Vec::new();
         let mut schedules = Vec::new();
         for w in bounds.windows(2) {
@@ -423,10 +463,11 @@ impl SplitScheduler {
             } else {
                 (key.rows, key.selected)
             };
-            let built = self.graph_index(model, &mut graphs, shape).and_then(|i| {
-                let placement = &self.placement[key.phase.index()];
-                Scheduled::build(&mut self.units, &graphs[i].1, placement, vocab, &boundaries)
-            });
+            let built = self
+                .graph_index(model, &mut graphs, shape, key.top_k)
+                .and_then(|i| {
+                    Scheduled::build(&mut self.units, &graphs[i].1, &placement, width, &boundaries)
+                });
             match built {
                 Ok(s) => schedules.push(s),
                 Err(e) => {
@@ -442,20 +483,36 @@ impl SplitScheduler {
     }
 
     /// The index in `graphs` of the step graph of `shape` (rows, selected rows), built and checked
-    /// against the placement the first time.
+    /// against the placement the first time (and given its `TopK` node when `top_k > 0`).
     fn graph_index(
         &self,
         model: &Gemma3Model,
         graphs: &mut Vec<((usize, usize), Graph)>,
         shape: (usize, usize),
+        top_k: usize,
     ) -> Result<usize, ScheduleError> {
         if let Some(i) = graphs.iter().position(|(s, _)| *s == shape) {
             return Ok(i);
         }
-        let graph = model.step_graph(shape.0, shape.1, BufferId::UNBOUND);
+        let mut graph = model.step_graph(shape.0, shape.1, BufferId::UNBOUND);
         self.check_positions(&graph)?;
+        if top_k > 0 {
+            graph = with_top_k(graph, top_k)?;
+        }
         graphs.push((shape, graph));
         Ok(graphs.len() - 1)
+    }
+
+    /// Whether the units that write a step's output (in either phase) can also rank its
+    /// logits ([`Op::TopK`] of `k`), so that [`SplitScheduler::run`] may be asked for the best
+    /// `k` of each row instead of the logits.
+    pub fn supports_top_k(&self, k: usize) -> bool {
+        let op = Op::TopK { x: ValueId(0), k };
+        self.placement.iter().all(|p| {
+            p.last()
+                .and_then(|&u| self.units.get(u))
+                .is_some_and(|u| matches!(u.backend.supports(&op), Support::Yes))
+        })
     }
 
     /// Checks that `graph` has the node positions the placement was made on.
@@ -485,17 +542,24 @@ impl SplitScheduler {
 
     /// Runs one step of `phase` on `model`'s graph: `args` (rows of `slots`, whose sequences held
     /// `lengths[slot]` tokens before it), writing the logits of the selected rows to `logits`
-    /// (`selected * vocab` little-endian f32).
+    /// (`selected * vocab` little-endian f32), or with `top_k > 0` each selected row's best
+    /// `top_k` logits then their ids ([`Op::TopK`]: `selected * 2 top_k`; where
+    /// [`SplitScheduler::supports_top_k`] says so).
     pub fn run(
         &mut self,
         model: &Gemma3Model,
         phase: Phase,
         args: &StepArgs<'_>,
         lengths: &[usize],
+        top_k: usize,
         logits: &mut [u8],
     ) -> Result<(), ScheduleError> {
         let (rows, selected) = (args.tokens.len(), args.select.len());
-        let vocab = model.config.vocab_size;
+        let vocab = if top_k > 0 {
+            2 * top_k
+        } else {
+            model.config.vocab_size
+        };
         let phase = self.phase_key(phase);
         let (bounds, m) = self.micro_bounds(phase, rows, args.select);
         let key = StepKey {
@@ -503,6 +567,7 @@ impl SplitScheduler {
             rows,
             selected,
             micro_batches: m,
+            top_k,
         };
         let bounds = &bounds[..=m];
         self.programs_for(model, key, bounds)?;
