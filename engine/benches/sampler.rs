@@ -17,17 +17,22 @@ fn one_pass(logits: &[f32]) -> u32 {
     best as u32
 }
 
-fn greedy(c: &mut Criterion) {
-    let vocab = 262_144usize;
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let logits: Vec<f32> = (0..32 * vocab)
+/// `n` pseudo-random logits in [-8, 8) from `seed` (xorshift).
+fn random_logits(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed;
+    (0..n)
         .map(|_| {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
             (state >> 40) as f32 / (1u64 << 20) as f32 - 8.0
         })
-        .collect();
+        .collect()
+}
+
+fn greedy(c: &mut Criterion) {
+    let vocab = 262_144usize;
+    let logits = random_logits(32 * vocab, 0x2545_F491_4F6C_DD1D);
     let mut group = c.benchmark_group("greedy pick, vocab 262144");
     for rows in [1usize, 32] {
         group.throughput(Throughput::Elements((rows * vocab) as u64));
@@ -46,15 +51,7 @@ fn greedy(c: &mut Criterion) {
 /// the host's share of a sampled batched step in `engine serve`.
 fn sampled(c: &mut Criterion) {
     let vocab = 262_144usize;
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let logits: Vec<f32> = (0..32 * vocab)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 20) as f32 - 8.0
-        })
-        .collect();
+    let logits = random_logits(32 * vocab, 0x9E37_79B9_7F4A_7C15);
     let mut group = c.benchmark_group("default sampling, vocab 262144");
     let mut sampler = Sampler::new(SamplerConfig::default()).expect("default settings");
     for rows in [1usize, 32] {
