@@ -111,11 +111,11 @@ fn sixteen_concurrent_streams_each_equal_the_request_alone() {
 }
 
 /// The same with top-k 40, every batched step reading back only each row's best 128 logits,
-/// ranked by the backend (what a GPU does; forced on the CPU here by `TANDEM_SERVE_TOP_K`): the
+/// ranked by the backend (what a GPU does; forced on the CPU here by `TANDEM_RANKED_LOGITS`): the
 /// samplers pick from those what `engine run` picks from the whole rows.
 #[test]
 fn sixteen_concurrent_streams_from_each_rows_best_logits_equal_the_request_alone() {
-    sixteen_streams(&[("TANDEM_SERVE_TOP_K", "128")], 40);
+    sixteen_streams(&[("TANDEM_RANKED_LOGITS", "128")], 40);
 }
 
 /// 16 sampled requests (temperature 1, top-k `top_k`, seeds 1000..) at once, each against itself

@@ -434,7 +434,13 @@ pub fn generate(
     let mut seq = Sequence::new(request, sampler, slot, tokenizer);
     let chunk = session.chunk();
     let slots = vec![slot; chunk];
+    // Decode steps read back the row's best logits only, where the session ranks them on a
+    // device and the sampler needs no more.
+    let ranked_k = session.ranked_k();
+    let ranked = ranked_k > 0 && seq.fits_ranked(ranked_k);
+    let mut best_ids: Vec<u32> = Vec::with_capacity(ranked_k);
     loop {
+        let mut from_best = false;
         let step = if seq.prefilling() {
             let piece = seq.next_chunk(chunk);
             let n = piece.len();
@@ -444,7 +450,12 @@ pub fn generate(
             }
             r
         } else if let Some(t) = seq.next.take() {
-            session.step(&[t], &[slot], &[0])
+            if ranked {
+                from_best = true;
+                session.step_top_k(&[t], &[slot], &[0], ranked_k)
+            } else {
+                session.step(&[t], &[slot], &[0])
+            }
         } else {
             break;
         };
@@ -456,8 +467,18 @@ pub fn generate(
             continue;
         }
         let at_limit = session.at_context_limit(slot as usize);
-        // Sampled in place: the session's logits are scratch until the next step.
-        if let (Some(_), _) = seq.accept(session.logits_mut(), at_limit) {
+        let outcome = if from_best {
+            let (values, ids) = session.logits_mut().split_at(ranked_k);
+            best_ids.clear();
+            best_ids.extend(ids.iter().map(|&id| id as u32));
+            let (sampler, _) = seq.sampler_parts();
+            let id = sampler.sample_ranked(values, &best_ids);
+            seq.accept_id(id, at_limit).0
+        } else {
+            // Sampled in place: the session's logits are scratch until the next step.
+            seq.accept(session.logits_mut(), at_limit).0
+        };
+        if outcome.is_some() {
             break;
         }
     }

@@ -8,6 +8,11 @@ use super::split::program::BoundaryCounts;
 use super::split::{BoundaryMode, Phase, ScheduleError, SplitScheduler};
 use crate::model::Gemma3Model;
 
+/// How many of each row's best logits a decode step reads back instead of the row, where the
+/// logits are computed on a device ([`Session::ranked_k`]) and the sampler needs no more
+/// (greedy, or top-k up to this; no repetition penalty): the default top-k (64) and then some.
+pub const RANKED_K: usize = 128;
+
 /// What went wrong while running the model.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -183,6 +188,28 @@ impl Session {
         }
         self.run_step(Phase::Decode, tokens, slots, select, k)?;
         Ok(&self.logits)
+    }
+
+    /// The `k` of [`Session::step_top_k`] that decode steps should ask for when their samplers
+    /// need no more (`Sampler::fits_ranked`): [`RANKED_K`] where the logits are computed on a
+    /// device that can rank them, else 0 (whole rows: on the CPU they are in host memory
+    /// already). `TANDEM_RANKED_LOGITS=n` sets it (0: whole rows), for A/B runs.
+    pub fn ranked_k(&self) -> usize {
+        let k = std::env::var("TANDEM_RANKED_LOGITS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| {
+                if self.backend().info().kind == tandem_backend_api::DeviceKind::Cpu {
+                    0
+                } else {
+                    RANKED_K
+                }
+            });
+        if k > 0 && self.supports_top_k(k) {
+            k
+        } else {
+            0
+        }
     }
 
     /// Whether [`Session::step_top_k`] can give the best `k` logits of a row.

@@ -11,7 +11,7 @@
 //! 4. runs one decode step of every other sequence together, one row each, and samples each
 //!    row with that sequence's own sampler, then accepts the picks in row order. Where the
 //!    logits are computed on a device and every row's sampler needs no more than a row's best
-//!    [`RANKED_K`] logits, the step reads back only those (`Session::step_top_k`) and each
+//!    `Session::ranked_k` logits, the step reads back only those (`Session::step_top_k`) and each
 //!    sampler picks from them (`Sampler::sample_ranked`: the same pick); otherwise whole rows,
 //!    sampled on several threads where there are many (`sampler::sample_rows`).
 //!
@@ -154,15 +154,8 @@ fn run(
     let mut picks: Vec<u32> = Vec::new();
     let mut best_ids: Vec<u32> = Vec::new();
     // How many of a row's best logits a batched step reads back instead of the row, for the
-    // samplers that need no more (`TANDEM_SERVE_TOP_K=0` reads whole rows: A/B runs).
-    // Only where the logits are computed on a device: on the CPU the rows are in host memory
-    // already, and sampled on several threads.
-    let on_device = session.backend().info().kind != tandem_backend_api::DeviceKind::Cpu;
-    let ranked_k = std::env::var("TANDEM_SERVE_TOP_K")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(if on_device { RANKED_K } else { 0 })
-        .min(tandem_backend_api::TOP_K_MAX);
+    // samplers that need no more (0: whole rows; `Session::ranked_k` says where and how many).
+    let ranked_k = session.ranked_k();
     loop {
         let cancel = shared.cancel.load(Ordering::SeqCst);
         // 1. Waiting requests into free slots.
@@ -262,9 +255,7 @@ fn run(
             select.extend(0..rows.len() as u32);
             // Where every row's sampler can pick from its row's best logits, the step reads
             // back only those (ranked where the logits are computed).
-            let ranked = ranked_k > 0
-                && session.supports_top_k(ranked_k)
-                && rows.iter().all(|&i| seqs[i].fits_ranked(ranked_k));
+            let ranked = ranked_k > 0 && rows.iter().all(|&i| seqs[i].fits_ranked(ranked_k));
             let stepped = if ranked {
                 session.step_top_k(&tokens, &slots, &select, ranked_k).map(|_| ())
             } else {
@@ -328,11 +319,6 @@ fn run(
         metrics.running.store(seqs.len(), Ordering::SeqCst);
     }
 }
-
-/// How many of each row's best logits a batched decode step reads back, where every row's
-/// sampler needs no more (greedy, or top-k up to this; no repetition penalty): the default
-/// top-k (64) and then some.
-const RANKED_K: usize = 128;
 
 /// [`Sequence::accept`], counted in the metrics.
 fn accept(s: &mut Sequence<'_>, logits: &mut [f32], at_limit: bool, metrics: &Metrics) -> Option<Outcome> {
