@@ -831,11 +831,11 @@ pub fn all() -> Vec<Case> {
         v.push(matmul_quantized(d, 7, k, vec![20, 13]));
     }
     // Batched decode's row counts around each GPU kernel switch (the rows kernel from 8, the
-    // cooperative-matrix ones from 32, their 64-row tiles below 128), with a split boundary
-    // at 64 (a whole tile there) and a partial last tile.
+    // cooperative-matrix ones from 32, their 64-row tiles and split k below 128), with a split
+    // boundary at 64 (a whole tile there) and a partial last tile.
     for d in [DType::Q4K, DType::Q5_0, DType::Q8_0] {
         let k = if d == DType::Q4K { 512 } else { 96 };
-        for rows in [8, 9, 31, 32, 33, 64] {
+        for rows in [8, 9, 31, 32, 33, 64, 127, 128] {
             v.push(matmul_quantized(d, rows, k, vec![64, 37]));
         }
     }
@@ -953,7 +953,13 @@ pub fn all() -> Vec<Case> {
     // Batched decode: one row per sequence, at row counts around GPU kernel switches (8, 33),
     // Gemma 3's head of 256 and one KV head; slot 0 is a long sequence (its prompt fills the
     // first step), the others start at the second step.
-    for (rows, cache) in [(8usize, DType::F16), (33, DType::F32)] {
+    // 8, 33 and 64 rows take the grouped kernel on the GPUs, 65 the per-head one.
+    for (rows, cache) in [
+        (8usize, DType::F16),
+        (33, DType::F32),
+        (64, DType::F16),
+        (65, DType::F32),
+    ] {
         let first: (Vec<u32>, Vec<u32>) = ((0..rows as u32).collect(), vec![0; rows]);
         let mut steps = vec![first];
         for t in 0..3u32 {
