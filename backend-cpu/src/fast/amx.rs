@@ -219,14 +219,8 @@ pub(super) fn task(
             let scale = &mut p.scale[pi * nb * COLS..(pi + 1) * nb * COLS];
             let bias = &mut p.bias[pi * nb * COLS..(pi + 1) * nb * COLS];
             let (row, rs, rbias) = (&mut p.row[..k], &mut p.row_scale[..nb], &mut p.row_bias[..nb]);
-            if j < width {
-                super::gemm::unpack::<false>(kind, &bytes[(j0 + j) * rb..(j0 + j + 1) * rb], row, rs, rbias);
-            } else {
-                // Columns past the last weight row: zeros, never written out.
-                row.fill(0);
-                rs.fill(0.0);
-                rbias.fill(0.0);
-            }
+            let weights = (j < width).then(|| &bytes[(j0 + j) * rb..(j0 + j + 1) * rb]);
+            super::gemm::unpack_column::<false>(kind, weights, row, rs, rbias);
             for b in 0..nb {
                 let mut v = [0i8; QK];
                 for (o, &x) in v.iter_mut().zip(&row[QK * b..QK * b + QK]) {

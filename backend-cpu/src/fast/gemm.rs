@@ -75,6 +75,25 @@ pub(super) fn reserve(k: usize) {
     });
 }
 
+/// One panel column: weight row `row` unpacked as [`unpack`] does, or zeros where the panel runs
+/// past the last weight row (`None`; those columns are never written out).
+pub(super) fn unpack_column<const FOLD: bool>(
+    kind: Kind,
+    row: Option<&[u8]>,
+    w: &mut [i16],
+    scale: &mut [f32],
+    bias: &mut [f32],
+) {
+    match row {
+        Some(row) => unpack::<FOLD>(kind, row, w, scale, bias),
+        None => {
+            w.fill(0);
+            scale.fill(0.0);
+            bias.fill(0.0);
+        }
+    }
+}
+
 /// Unpacks one weight row of `kind` (whole blocks) into `w` (`k` values), `scale` and `bias`
 /// (`k / QK` each). With `FOLD`, the integer sub-block scales of `q4_k` and `q5_k` multiply the
 /// values; without it (values of at most 8 bits, for the AMX tiles) they multiply the block's
@@ -440,14 +459,8 @@ mod wide {
             grow(&mut u.row_bias, nb);
             for j in 0..panels * P {
                 let (row, rs, rbias) = (&mut u.row[..k], &mut u.row_scale[..nb], &mut u.row_bias[..nb]);
-                if j < width {
-                    unpack::<true>(kind, &bytes[(j0 + j) * rb..(j0 + j + 1) * rb], row, rs, rbias);
-                } else {
-                    // Columns past the last weight row: zeros, never written out.
-                    row.fill(0);
-                    rs.fill(0.0);
-                    rbias.fill(0.0);
-                }
+                let weights = (j < width).then(|| &bytes[(j0 + j) * rb..(j0 + j + 1) * rb]);
+                unpack_column::<true>(kind, weights, row, rs, rbias);
                 interleave::<P>(j, row, rs, rbias, &mut u.w, &mut u.scale, &mut u.bias, k);
             }
             let (w, scale, bias) = (&u.w, &u.scale, &u.bias);
