@@ -210,18 +210,20 @@ impl Sampler {
         self.candidates[pick]
     }
 
-    /// [`Sampler::sample`] for a row of which only its best `values.len()` logits are known:
-    /// `values` in rank order (higher logit first, equal ones by lower id; NaN counted as -inf)
-    /// and their token `ids`, as `Op::TopK` gives them. Picks what `sample` picks on the whole
-    /// row, with the same draws, wherever [`Sampler::fits_ranked`] says `values.len()` is
-    /// enough (no repetition penalty, and top-k within it, or greedy).
-    pub fn sample_ranked(&mut self, values: &[f32], ids: &[u32]) -> u32 {
-        let n = values.len().min(ids.len());
+    /// [`Sampler::sample`] for a row of which only its best `k` logits are known, given as
+    /// `Op::TopK` writes them: `best` is `k` logits in rank order (higher first, equal ones by
+    /// lower id; NaN counted as -inf), then their token ids as f32. Picks what `sample` picks on
+    /// the whole row, with the same draws, wherever [`Sampler::fits_ranked`] says `k` is enough
+    /// (no repetition penalty, and top-k within it, or greedy).
+    pub fn sample_ranked(&mut self, best: &[f32]) -> u32 {
+        let n = best.len() / 2;
+        let (values, ids) = best.split_at(n);
+        let id = |i: usize| ids[i] as u32;
         if n == 0 || values[0].is_nan() || values[0] == f32::NEG_INFINITY {
             return 0;
         }
         if self.cfg.temperature == 0.0 {
-            return ids[0];
+            return id(0);
         }
         let warp = warp_for(values[0], self.cfg.temperature);
         let k = if self.cfg.top_k > 0 {
@@ -234,7 +236,7 @@ impl Sampler {
         self.candidates
             .extend((0..k as u32).take_while(|&i| warp(values[i as usize]) > f32::NEG_INFINITY));
         let pick = self.draw(|i| warp(values[i as usize]));
-        ids[self.candidates[pick] as usize]
+        id(self.candidates[pick] as usize)
     }
 
     /// Whether [`Sampler::sample_ranked`] over a row's best `n` logits picks what
@@ -347,18 +349,7 @@ pub fn sample_rows(rows: &mut [(&mut Sampler, &[u32], &mut [f32], &mut u32)]) {
 /// lanes (`f32::max` skips NaN), then the first block holding it. One compare chain over a
 /// 262,144-token vocabulary was most of a batched step's sampling (see the test's timing note).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let blocks = logits.chunks_exact(LANES);
-    let tail = blocks.remainder();
-    for block in blocks {
-        for (m, &l) in lanes.iter_mut().zip(block) {
-            *m = m.max(l);
-        }
-    }
-    let best = tail
-        .iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    let best = nan_free_max(logits);
     if best == f32::NEG_INFINITY {
         return 0;
     }
@@ -375,6 +366,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 const LANES: usize = 32;
 
 /// The maximum of `logits`, NaN skipped, in [`LANES`] independent lanes (read only).
+#[inline]
 fn nan_free_max(logits: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let blocks = logits.chunks_exact(LANES);
@@ -423,13 +415,14 @@ fn top_k_by_rank(logits: &[f32], k: usize, warp: impl Fn(f32) -> f32, out: &mut 
     let rank = |a: &u32, b: &u32| by_rank(logits, *a, *b);
     let mut floor = f32::NEG_INFINITY;
     for (b, block) in logits.chunks(TOP_K_BLOCK).enumerate() {
+        // The block's maximum in 16 lanes (faster on blocks this short than `nan_free_max`'s
+        // 32); not NaN: `max` skips it, so -inf at worst.
         let mut lanes = [f32::NEG_INFINITY; 16];
         for part in block.chunks(16) {
             for (m, &l) in lanes.iter_mut().zip(part) {
                 *m = m.max(l);
             }
         }
-        // Not NaN: `max` skips it, so -inf at worst.
         let top = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
         if top <= floor {
             continue;
@@ -557,13 +550,8 @@ mod tests {
             }
             best as u32
         }
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rng = Xoshiro256::from_seed(0x9E37_79B9_7F4A_7C15);
+        let mut next = || rng.next_u64();
         for len in [0usize, 1, 2, 31, 32, 33, 63, 64, 65, 1000, 4099] {
             for trial in 0..40 {
                 let mut v: Vec<f32> = (0..len).map(|_| (next() % 64) as f32 - 40.0).collect();
@@ -664,13 +652,8 @@ mod tests {
         // Rows long enough for the top-k pass's blocks to be skipped and its kept ids cut back,
         // with ties (values on a coarse grid), NaN, -inf, +inf, ascending runs (every block
         // enters), and fewer finite values than k.
-        let mut state = 0x1234_5678_9ABC_DEF1u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rng = Xoshiro256::from_seed(0x1234_5678_9ABC_DEF1);
+        let mut next = || rng.next_u64();
         let configs = [
             cfg(1.0, 64, 0.95, 0.0),
             cfg(1.0, 64, 1.0, 0.0),
@@ -712,8 +695,9 @@ mod tests {
         }
     }
 
-    /// A row's best `n` logits and their ids as `Op::TopK` gives them: rank order, NaN as -inf.
-    fn top_n(logits: &[f32], n: usize) -> (Vec<f32>, Vec<u32>) {
+    /// A row's best `n` logits, then their ids as f32, as `Op::TopK` writes them: rank order,
+    /// NaN as -inf.
+    fn top_n(logits: &[f32], n: usize) -> Vec<f32> {
         let clean: Vec<f32> = logits
             .iter()
             .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l })
@@ -721,18 +705,14 @@ mod tests {
         let mut ids: Vec<u32> = (0..clean.len() as u32).collect();
         ids.sort_by(|a, b| clean[*b as usize].total_cmp(&clean[*a as usize]).then(a.cmp(b)));
         ids.truncate(n);
-        (ids.iter().map(|&i| clean[i as usize]).collect(), ids)
+        let values = ids.iter().map(|&i| clean[i as usize]);
+        values.chain(ids.iter().map(|&i| i as f32)).collect()
     }
 
     #[test]
     fn a_rows_best_logits_pick_what_the_whole_row_picks() {
-        let mut state = 0x0DDB_A11C_0FFE_E123u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rng = Xoshiro256::from_seed(0x0DDB_A11C_0FFE_E123);
+        let mut next = || rng.next_u64();
         let n = 64;
         let configs = [
             SamplerConfig::greedy(),
@@ -752,15 +732,15 @@ mod tests {
                     _ => ((next() % 48) as f32 - 24.0) * 0.5,
                 })
                 .collect();
-            let (values, ids) = top_n(&row, n);
+            let best = top_n(&row, n);
             for c in configs {
                 let seeded = SamplerConfig { seed: case, ..c };
                 let mut whole = Sampler::new(seeded).unwrap();
-                let mut best = Sampler::new(seeded).unwrap();
-                assert!(best.fits_ranked(n), "{c:?}");
+                let mut ranked = Sampler::new(seeded).unwrap();
+                assert!(ranked.fits_ranked(n), "{c:?}");
                 for draw in 0..3 {
                     let want = whole.sample(&mut row.clone(), &[]);
-                    let got = best.sample_ranked(&values, &ids);
+                    let got = ranked.sample_ranked(&best);
                     assert_eq!(got, want, "case {case}, {c:?}, draw {draw}");
                 }
             }

@@ -438,7 +438,6 @@ pub fn generate(
     // device and the sampler needs no more.
     let ranked_k = session.ranked_k();
     let ranked = ranked_k > 0 && seq.fits_ranked(ranked_k);
-    let mut best_ids: Vec<u32> = Vec::with_capacity(ranked_k);
     loop {
         let mut from_best = false;
         let step = if seq.prefilling() {
@@ -468,11 +467,7 @@ pub fn generate(
         }
         let at_limit = session.at_context_limit(slot as usize);
         let outcome = if from_best {
-            let (values, ids) = session.logits_mut().split_at(ranked_k);
-            best_ids.clear();
-            best_ids.extend(ids.iter().map(|&id| id as u32));
-            let (sampler, _) = seq.sampler_parts();
-            let id = sampler.sample_ranked(values, &best_ids);
+            let id = seq.sampler_parts().0.sample_ranked(session.logits_mut());
             seq.accept_id(id, at_limit).0
         } else {
             // Sampled in place: the session's logits are scratch until the next step.

@@ -152,7 +152,6 @@ fn run(
     let (mut tokens, mut slots, mut select) = (Vec::new(), Vec::new(), Vec::new());
     let mut rows: Vec<usize> = Vec::new();
     let mut picks: Vec<u32> = Vec::new();
-    let mut best_ids: Vec<u32> = Vec::new();
     // How many of a row's best logits a batched step reads back instead of the row, for the
     // samplers that need no more (0: whole rows; `Session::ranked_k` says where and how many).
     let ranked_k = session.ranked_k();
@@ -266,17 +265,12 @@ fn run(
                     picks.clear();
                     picks.resize(rows.len(), 0);
                     if ranked {
-                        let best = session.logits_mut();
-                        for ((&i, pick), row) in rows
+                        for ((&i, pick), best) in rows
                             .iter()
                             .zip(picks.iter_mut())
-                            .zip(best.chunks_exact(2 * ranked_k))
+                            .zip(session.logits_mut().chunks_exact(2 * ranked_k))
                         {
-                            let (values, ids) = row.split_at(ranked_k);
-                            best_ids.clear();
-                            best_ids.extend(ids.iter().map(|&id| id as u32));
-                            let (sampler, _) = seqs[i].sampler_parts();
-                            *pick = sampler.sample_ranked(values, &best_ids);
+                            *pick = seqs[i].sampler_parts().0.sample_ranked(best);
                         }
                     } else {
                         // Each row sampled in place with its sequence's sampler, the rows
