@@ -59,10 +59,14 @@ const PARALLEL_COPY_BYTES: usize = 4 << 20;
 /// Copies `src` into `out` (same length), by up to 8 threads when it is large
 /// (`TANDEM_VULKAN_COPY_THREADS=n` sets how many, for tuning runs).
 fn copy_out(out: &mut [u8], src: &[u8]) {
-    let threads = std::env::var("TANDEM_VULKAN_COPY_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8));
+    // Decided once: `available_parallelism` reads the cgroup files on Linux.
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let threads = *THREADS.get_or_init(|| {
+        std::env::var("TANDEM_VULKAN_COPY_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8))
+    });
     if out.len() < PARALLEL_COPY_BYTES || threads < 2 {
         out.copy_from_slice(src);
         return;

@@ -322,7 +322,9 @@ const ROWS_PER_THREAD: usize = 4;
 /// least 2 x [`ROWS_PER_THREAD`] of them: a batched step's sampling, which is the same per row
 /// as [`Sampler::sample`] on one thread.
 pub fn sample_rows(rows: &mut [(&mut Sampler, &[u32], &mut [f32], &mut u32)]) {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Asked once: `available_parallelism` reads the cgroup files on Linux.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let threads = cores.min(8).min(rows.len() / ROWS_PER_THREAD);
     if threads < 2 {
         for (sampler, history, logits, out) in rows.iter_mut() {

@@ -64,6 +64,8 @@ pub struct Session {
     logits: Vec<f32>,
     /// Scratch for the lengths after a step (swapped with `lengths`).
     next_lengths: Vec<usize>,
+    /// The `k` the units were last found able to rank ([`Session::step_top_k`]).
+    top_k_ok: Option<usize>,
 }
 
 impl Session {
@@ -80,6 +82,7 @@ impl Session {
             select: vec![],
             logits: vec![],
             next_lengths: vec![],
+            top_k_ok: None,
         }
     }
 
@@ -181,10 +184,14 @@ impl Session {
         select: &[u32],
         k: usize,
     ) -> Result<&[f32], SessionError> {
-        if k == 0 || !self.supports_top_k(k) {
-            return Err(SessionError::Invalid(format!(
-                "the best {k} logits of a row cannot be computed where this model's logits are"
-            )));
+        // Asked of the units once per `k` (a call across the plugin boundary), not every step.
+        if self.top_k_ok != Some(k) {
+            if k == 0 || !self.supports_top_k(k) {
+                return Err(SessionError::Invalid(format!(
+                    "the best {k} logits of a row cannot be computed where this model's logits are"
+                )));
+            }
+            self.top_k_ok = Some(k);
         }
         self.run_step(Phase::Decode, tokens, slots, select, k)?;
         Ok(&self.logits)
