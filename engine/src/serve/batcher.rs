@@ -316,14 +316,16 @@ fn run(
 
 /// [`Sequence::accept`], counted in the metrics.
 fn accept(s: &mut Sequence<'_>, logits: &mut [f32], at_limit: bool, metrics: &Metrics) -> Option<Outcome> {
-    let (sampler, history) = s.sampler_parts();
-    let id = sampler.sample(logits, history);
-    accept_id(s, id, at_limit, metrics)
+    counted(s.accept(logits, at_limit), metrics)
 }
 
 /// [`Sequence::accept_id`], counted in the metrics.
 fn accept_id(s: &mut Sequence<'_>, id: u32, at_limit: bool, metrics: &Metrics) -> Option<Outcome> {
-    let (outcome, latency) = s.accept_id(id, at_limit);
+    counted(s.accept_id(id, at_limit), metrics)
+}
+
+/// An accepted token and its latency into the metrics; how the request ended, if it did.
+fn counted((outcome, latency): (Option<sequence::Outcome>, Latency), metrics: &Metrics) -> Option<Outcome> {
     metrics.generated();
     match latency {
         Latency::First(d) => metrics.ttft.observe(d),
