@@ -13,6 +13,9 @@ const FORMATS: [&str; 10] = [
     "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k",
 ];
 
+/// The block formats (`matvec_dot`'s weights).
+const BLOCK_FORMATS: [&str; 7] = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"];
+
 /// Kernels built once per weight format.
 const PER_FORMAT: [&str; 7] = [
     "embed",
@@ -25,7 +28,7 @@ const PER_FORMAT: [&str; 7] = [
 ];
 
 /// Kernels built once.
-const PLAIN: [&str; 16] = [
+const PLAIN: [&str; 17] = [
     "rms_norm",
     "rope",
     "kv_store",
@@ -45,6 +48,8 @@ const PLAIN: [&str; 16] = [
     "matvec_q4k",
     // A row's best k values (the sampler's candidates).
     "top_k",
+    // matvec_dot's input: blocks of 32 int8 values and their scale.
+    "quantize_q8",
 ];
 
 fn main() {
@@ -118,6 +123,10 @@ fn main() {
     }
     // q4_k's kernel for several rows (batched decode).
     build("matvec_rows", Some("q4_k"));
+    // Integer dot products against the quantised input (decode), block formats only.
+    for f in BLOCK_FORMATS {
+        build("matvec_dot", Some(f));
+    }
     table.push_str("];\n");
     std::fs::write(out_dir.join("kernels.rs"), table).expect("write kernels.rs");
 }

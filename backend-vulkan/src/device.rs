@@ -33,6 +33,10 @@ pub struct DeviceRequest {
     pub coopmat: bool,
     /// Whether the NV cooperative-matrix-2 matmul may be used where the device has it.
     pub coopmat2: bool,
+    /// The integer-dot-product decode kernels (`matvec_dot_<fmt>`): `None` where the device
+    /// says its packed signed 8-bit dot product is accelerated, `Some(true)` wherever it has
+    /// the feature, `Some(false)` never.
+    pub int_dot: Option<bool>,
 }
 
 /// Validation messages (warnings and errors) collected by the debug messenger.
@@ -60,6 +64,7 @@ struct Opened {
     features: Vec<String>,
     coopmat: bool,
     coopmat2: bool,
+    int_dot: bool,
     timestamp_period: Option<f64>,
     timeline: vk::Semaphore,
     pool: vk::CommandPool,
@@ -96,6 +101,9 @@ pub struct Gpu {
     /// dimensions, tensor addressing and block loads, and an f16 x f16 -> f32 workgroup shape
     /// for 256 invocations. Enabled only then.
     pub coopmat2: bool,
+    /// Whether the integer-dot-product decode kernels (`matvec_dot_<fmt>`) can run: the
+    /// device's `shaderIntegerDotProduct`, enabled.
+    pub int_dot: bool,
     /// Nanoseconds per timestamp tick; `None` when the queue has no timestamps.
     pub timestamp_period: Option<f64>,
     /// The queue's timeline: every submission signals the next value.
@@ -370,6 +378,7 @@ impl Gpu {
                 features: o.features,
                 coopmat: o.coopmat,
                 coopmat2: o.coopmat2,
+                int_dot: o.int_dot,
                 timestamp_period: o.timestamp_period,
                 timeline: o.timeline,
                 submitted: 0,
@@ -553,10 +562,27 @@ impl Gpu {
         if fp16 {
             features.push("fp16".into());
         }
-        // The device has integer dot products; no kernel uses them (the vendored glslang cannot
-        // compile GL_EXT_integer_dot_product), and the device is created without the feature.
-        if has_ext(c"VK_KHR_shader_integer_dot_product") || props.api_version >= vk::API_VERSION_1_3 {
-            features.push("int8_dot(unused)".into());
+        // Packed 8-bit dot products (`matvec_dot_<fmt>`, through GL_EXT_spirv_intrinsics: the
+        // vendored glslang cannot compile GL_EXT_integer_dot_product): the feature, and whether
+        // the driver says the signed packed form is accelerated.
+        let (has_int_dot, int_dot_fast) = if has_ext(ash::khr::shader_integer_dot_product::NAME)
+            || props.api_version >= vk::API_VERSION_1_3
+        {
+            int_dot_support(instance, physical)
+        } else {
+            (false, false)
+        };
+        let int_dot = has_int_dot && req.int_dot.unwrap_or(int_dot_fast);
+        if has_int_dot {
+            features.push(
+                match (int_dot, int_dot_fast) {
+                    (true, true) => "int8_dot",
+                    (true, false) => "int8_dot(not accelerated)",
+                    (false, true) => "int8_dot(off)",
+                    (false, false) => "int8_dot(not accelerated, off)",
+                }
+                .into(),
+            );
         }
         // The prefill kernel's shape: 16x16x16, f16 x f16 -> f32, subgroup scope, 32 lanes.
         let coopmat = req.coopmat
@@ -611,7 +637,12 @@ impl Gpu {
         let mut en_coopmat =
             vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
         let mut en_coopmat2 = coopmat2::Features::enabled();
+        let mut en_int_dot =
+            vk::PhysicalDeviceShaderIntegerDotProductFeatures::default().shader_integer_dot_product(true);
         let mut device_exts = Vec::new();
+        if int_dot && props.api_version < vk::API_VERSION_1_3 {
+            device_exts.push(ash::khr::shader_integer_dot_product::NAME.as_ptr());
+        }
         if coopmat {
             device_exts.push(ash::khr::cooperative_matrix::NAME.as_ptr());
         }
@@ -645,10 +676,16 @@ impl Gpu {
         } else {
             create
         };
+        let create = if int_dot {
+            create.push_next(&mut en_int_dot)
+        } else {
+            create
+        };
         // SAFETY: the create info and its chain live on this frame; every feature enabled was
         // checked present by `missing_features` (the cooperative-matrix extension, its feature,
         // shaderFloat16 and vulkanMemoryModel only when `coopmat` found them; the NV
         // cooperative-matrix-2 extension and features only when `coopmat2::supported` did;
+        // shaderIntegerDotProduct only when `int_dot_support` found it;
         // the external memory host and semaphore fd extensions only where the device lists
         // them).
         let device = match unsafe { instance.create_device(physical, &create, None) } {
@@ -738,6 +775,7 @@ impl Gpu {
             features,
             coopmat,
             coopmat2,
+            int_dot,
             timestamp_period,
             timeline,
             pool,
@@ -1019,6 +1057,27 @@ fn coopmat_f16_shape(entry: &ash::Entry, instance: &ash::Instance, physical: vk:
 
 /// VK_NV_cooperative_matrix2, which ash 0.38 (Vulkan 1.3.281) predates: its feature struct and
 /// shape query, spelled out from the Vulkan registry.
+/// Whether `physical` has `shaderIntegerDotProduct` (the device has Vulkan 1.3 or
+/// VK_KHR_shader_integer_dot_product), and whether its signed packed 4x8-bit dot product is
+/// accelerated.
+fn int_dot_support(instance: &ash::Instance, physical: vk::PhysicalDevice) -> (bool, bool) {
+    let mut feat = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
+    let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut feat);
+    let mut prop = vk::PhysicalDeviceShaderIntegerDotProductProperties::default();
+    let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut prop);
+    // SAFETY: `physical` came from this instance; both chains are valid structures that live on
+    // this frame, and the caller checked the device has Vulkan 1.3 or the extension that
+    // defines them.
+    unsafe {
+        instance.get_physical_device_features2(physical, &mut f2);
+        instance.get_physical_device_properties2(physical, &mut p2);
+    }
+    (
+        feat.shader_integer_dot_product == vk::TRUE,
+        prop.integer_dot_product4x8_bit_packed_signed_accelerated == vk::TRUE,
+    )
+}
+
 mod coopmat2 {
     use std::ffi::{c_void, CStr};
 

@@ -19,7 +19,9 @@
 //! (on by default: nodes fused into one kernel where `program::fuse` finds a pattern),
 //! `coopmat` / `TANDEM_VULKAN_COOPMAT` (the cooperative-matrix prefill kernels, on by default),
 //! `coopmat2` / `TANDEM_VULKAN_COOPMAT2` (of those, the workgroup-scope NV cooperative-matrix-2
-//! matmul where the device has it, on by default), `memory_limit` (the most device-local memory
+//! matmul where the device has it, on by default), `int_dot` / `TANDEM_VULKAN_INT_DOT` (decode's
+//! integer-dot-product kernels: by default where the device's packed 8-bit dot product is
+//! accelerated, `true` wherever it has one, `false` never), `memory_limit` (the most device-local memory
 //! the backend may hold, `8GiB`: at most the device-local heap, which is the budget without it;
 //! `info().memory_bytes` reports the budget, and buffers and program arenas past it are
 //! `OutOfMemory`).
@@ -185,11 +187,20 @@ impl BackendPlugin for VulkanBackend {
             Some(v) => truthy(v),
             None => std::env::var("TANDEM_VULKAN_FUSE").map_or(true, |v| truthy(&v)),
         };
+        // `int_dot = false` / TANDEM_VULKAN_INT_DOT=0: the f32 matrix-vector kernels even where
+        // the device has accelerated integer dot products; `true` / 1: the integer kernels
+        // wherever the device has the feature (lavapipe's are not accelerated; the tests force
+        // them there).
+        let int_dot = match options.get("int_dot") {
+            Some(v) => Some(truthy(v)),
+            None => std::env::var("TANDEM_VULKAN_INT_DOT").ok().map(|v| truthy(&v)),
+        };
         let mut gpu = Gpu::open(&DeviceRequest {
             device,
             validation,
             coopmat,
             coopmat2,
+            int_dot,
         })?;
         // The device-local heap, or the smaller `memory_limit` (an error when it is larger).
         let budget = options.memory_budget(gpu.memory_bytes)?;

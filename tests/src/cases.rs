@@ -346,6 +346,9 @@ fn quantized_weight(dtype: DType, n: usize, k: usize, rng: &mut Rng) -> (Vec<u8>
         DType::Q5_0 => (22, &[0]),
         DType::Q4K => (144, &[0, 2]),
         DType::Q6K => (210, &[208]),
+        DType::Q4_0 => (18, &[0]),
+        DType::Q4_1 => (20, &[0, 2]),
+        DType::Q5_1 => (24, &[0, 2]),
         other => panic!("no quantized weight generator for {other}"),
     };
     for blk in bytes.chunks_exact_mut(block) {
@@ -803,6 +806,33 @@ fn selected_input(sel: usize, cols: usize) -> Case {
         }),
         expected: x.iter().map(|v| 2.0 * *v as f64).collect(),
     }
+}
+
+/// Matmuls on every block format at decode's row counts (one row, each row-slice size of the
+/// GPU's matrix-vector kernels and a partial slice) and k of several 32-element units: the
+/// cases for a backend's 8-bit-activation path (Vulkan's `matvec_dot_<fmt>`), which the caller
+/// checks at its own tolerance.
+pub fn int_dot_matmuls() -> Vec<Case> {
+    let mut v = Vec::new();
+    for d in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::Q6K,
+    ] {
+        let k = if matches!(d, DType::Q4K | DType::Q6K) {
+            512
+        } else {
+            96
+        };
+        for rows in [1, 2, 3, 8, 13] {
+            v.push(matmul_quantized(d, rows, k, vec![64, 37]));
+        }
+    }
+    v
 }
 
 /// Every case of the suite.

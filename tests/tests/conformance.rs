@@ -470,3 +470,35 @@ fn every_backend_honours_memory_limit() {
     eprintln!("memory_limit: tested {tested:?}");
     assert!(tested.iter().any(|n| n == "cpu"), "{tested:?}");
 }
+
+/// Vulkan's `matvec_dot_<fmt>` (taken by default where the device's packed 8-bit dot product
+/// is accelerated, forced here with `int_dot = true`, so lavapipe runs it too): every block
+/// format at decode's row counts against the oracle, at the cases' own tolerance (its input
+/// is rounded to 16 bits per block of 32, as the CPU backend's is).
+#[test]
+fn vulkan_integer_dot_products_match_the_oracle() {
+    let mut options = options_for("vulkan");
+    options.set("int_dot", "true");
+    let mut backend = match tandem_conformance::discover().create("vulkan", &options) {
+        Ok(b) => b,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping: the vulkan backend is unavailable here: {e}");
+            return;
+        }
+        Err(e) => panic!("CI must run the vulkan backend (lavapipe): {e}"),
+    };
+    let features = backend.info().features;
+    if !features
+        .iter()
+        .any(|f| f.starts_with("int8_dot") && !f.contains("off"))
+    {
+        eprintln!("skipping: this Vulkan device has no integer dot products ({features:?})");
+        return;
+    }
+    for case in cases::int_dot_matmuls() {
+        let got = case
+            .run(backend.as_mut())
+            .unwrap_or_else(|e| panic!("{} on vulkan(int_dot): {e}", case.name));
+        assert_close(&case.name, "vulkan(int_dot)", &got, &case.expected, case.tol);
+    }
+}

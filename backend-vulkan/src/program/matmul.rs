@@ -57,6 +57,15 @@ fn coopmat_rows_override() -> Option<usize> {
         .filter(|r| *r >= 1)
 }
 
+/// `TANDEM_VULKAN_ROWS_NC` (1 to 8: the kernel writes NC x R <= 64 sums): `matvec_rows_q4_k`'s
+/// weight rows per workgroup, for tuning runs (4 by default).
+fn rows_nc_override() -> Option<usize> {
+    std::env::var("TANDEM_VULKAN_ROWS_NC")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|c| (1..=8).contains(c))
+}
+
 /// `matmul_cm2_<fmt>`'s weight rows per tile from [`CM2_SMALL_ROWS`] rows: every split
 /// boundary must be a multiple of the tile's rows.
 pub const CM2_BM: usize = 128;
@@ -137,9 +146,10 @@ fn cm2_part_bytes(rows: usize, n: usize, k: usize, kslice: usize) -> u64 {
 }
 
 /// Rows from which a matmul takes `matmul_cm2_<fmt>` where the device has it: batched decode of
-/// 32 sequences too (H100, 4B q4_k at 32 rows: 554 tok/s against 506 with `matvec_rows_q4_k`;
-/// at 16 rows 168 against 428).
-const CM2_ROWS: usize = 32;
+/// 16 sequences and more. H100, 16 sequences, with split k: 1B q4_k 1,893 tok/s against 1,141
+/// with `matvec_rows_q4_k` and `matvec_q5_0`, 4B 710 against 622; at 8 sequences 1B 1,088
+/// against 1,009 but 4B 384 against 542 (before `matvec_dot`).
+const CM2_ROWS: usize = 16;
 
 /// `TANDEM_VULKAN_CM2_ROWS`: a fixed row count from which matmuls take `matmul_cm2_<fmt>` where
 /// the device has it, for tuning runs (batched decode).
@@ -223,6 +233,85 @@ pub fn q4k_matvec_shape(n: usize, blocks: usize) -> (u32, u32) {
     (nr, w as u32)
 }
 
+/// What the device offers a matmul: cooperative matrices (`coopmat`), NV cooperative matrix 2
+/// where the node suits it (`cm2`), packed 8-bit integer dot products (`int_dot`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Unit {
+    pub coopmat: bool,
+    pub cm2: bool,
+    pub int_dot: bool,
+}
+
+/// Workgroups `matvec_dot_<fmt>` aims for when choosing its weight rows per workgroup (4, 2
+/// or 1) below 4 input rows per workgroup (from 4 it takes 1: H100, 8 sequences, 8-bit input,
+/// 1B 1,791 tok/s against 1,552 with 4 rows, 4B 933 against 832): 1B's 1152-wide products at
+/// one row take 1 (1,152 workgroups).
+const DOT_MIN_GROUPS: usize = 1024;
+
+/// `TANDEM_VULKAN_DOT_NC` (1 to 8): `matvec_dot_<fmt>`'s weight rows per workgroup, for tuning
+/// runs.
+fn dot_nc_override() -> Option<usize> {
+    std::env::var("TANDEM_VULKAN_DOT_NC")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|c| (1..=8).contains(c))
+}
+
+/// `TANDEM_VULKAN_DOT_Q4K1=1`: one-row q4_k products take `matvec_dot_q4_k` too (by default
+/// they take `matvec_q4k`), for tuning runs.
+fn dot_q4k_one_row() -> bool {
+    std::env::var("TANDEM_VULKAN_DOT_Q4K1").is_ok_and(|v| v == "1")
+}
+
+/// Whether `matvec_dot` takes its input at 16 bits (two byte planes, twice the dot products;
+/// as exact as the CPU backend's activations) rather than 8 (ggml's q8_1: the default model's
+/// logits then move by about 1.3% of the largest, past the tests' 1e-2, and its greedy text
+/// changes). `TANDEM_VULKAN_DOT_BITS=8` takes 8, for tuning runs.
+fn dot_wide() -> bool {
+    std::env::var("TANDEM_VULKAN_DOT_BITS").map_or(true, |v| v != "8")
+}
+
+/// Bytes of `matvec_dot`'s quantised input of `rows` x `k`: 80 per 32 elements at 16 bits, 48
+/// at 8.
+fn dot_input_bytes(rows: usize, k: usize) -> u64 {
+    (rows * (k / 32) * if dot_wide() { 80 } else { 48 }) as u64
+}
+
+/// Bytes of scratch the integer-dot-product matmuls of `graph` need (0 without `int_dot`): the
+/// largest quantised input. Counted as if no node took cooperative matrix 2, which only makes
+/// more nodes take `matvec_dot`.
+pub fn dot_scratch_bytes(
+    graph: &tandem_backend_api::Graph,
+    shapes: &[ValueShape],
+    coopmat: bool,
+    int_dot: bool,
+) -> u64 {
+    if !int_dot {
+        return 0;
+    }
+    let unit = Unit {
+        coopmat,
+        cm2: false,
+        int_dot,
+    };
+    graph
+        .nodes
+        .iter()
+        .filter_map(|node| match &node.op {
+            tandem_backend_api::Op::MatMul { x, weight, .. } => {
+                let rows = value_rows(graph, shapes.get(x.0 as usize)?);
+                let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
+                choose(rows, n, k, weight.desc.dtype, unit)
+                    .kernel
+                    .starts_with("matvec_dot")
+                    .then(|| dot_input_bytes(rows, k))
+            }
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// The kernel a matmul of `rows` input rows over an `n x k` weight of format `dt` takes, and its
 /// specialisation constants and grid.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -245,7 +334,12 @@ pub struct Choice {
 /// - else `matvec_<fmt>`: split mode for block formats with one row, subgroup mode otherwise
 ///   (f16 one row: 3.64 ms a 4B step against 3.99 in split mode), R = 1, 2, 4 or 8 input rows
 ///   per workgroup.
-pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool, cm2: bool) -> Choice {
+pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice {
+    let Unit {
+        coopmat,
+        cm2,
+        int_dot,
+    } = unit;
     let fmt = format_name(dt);
     let float = matches!(dt, DType::F32 | DType::F16 | DType::Bf16);
     let wide = float || dt == DType::Q4K;
@@ -294,6 +388,28 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool, cm2: bo
             kslice: 0,
         };
     }
+    if int_dot && !float && k.is_multiple_of(32) && (dt != DType::Q4K || rows > 1 || dot_q4k_one_row()) {
+        // Integer dot products on the quantised input: R = 1, 2, 4 or 8 input rows and NC
+        // weight rows per workgroup.
+        let r = if rows <= 2 { rows } else { r as usize };
+        let slices = rows.div_ceil(r);
+        let nc = dot_nc_override().unwrap_or(if r >= 4 {
+            1
+        } else if div_up(n, 4) as usize * slices >= DOT_MIN_GROUPS {
+            4
+        } else if div_up(n, 2) as usize * slices >= DOT_MIN_GROUPS {
+            2
+        } else {
+            1
+        });
+        let [gx, gy] = spread(div_up(n, nc));
+        return Choice {
+            kernel: format!("matvec_dot_{fmt}"),
+            spec: [r as u32, nc as u32 | u32::from(dot_wide()) << 16],
+            groups: [gx, gy, slices as u32],
+            kslice: 0,
+        };
+    }
     if dt == DType::Q4K && rows == 1 && k.is_multiple_of(256) {
         let shape = match q4k_matvec_override() {
             Some(forced) => forced,
@@ -310,10 +426,11 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, coopmat: bool, cm2: bo
         }
     }
     if dt == DType::Q4K && rows > 1 {
-        let [gx, gy] = spread(div_up(n, 4));
+        let nc = rows_nc_override().unwrap_or(4);
+        let [gx, gy] = spread(div_up(n, nc));
         return Choice {
             kernel: "matvec_rows_q4_k".into(),
-            spec: [r, 4],
+            spec: [r, nc as u32],
             groups: [gx, gy, div_up(rows, r as usize)],
             kslice: 0,
         };
@@ -421,7 +538,12 @@ impl VulkanBackend {
                 .all(|e| (*e as usize).is_multiple_of(cm2_bm(rows)) || *e as usize == n)
             && aligned(w.mem.address)
             && dsts[..outputs.len()].iter().all(|d| aligned(*d));
-        let mut c = choose(rows, n, k, dt, self.gpu.coopmat, cm2);
+        let unit = Unit {
+            coopmat: self.gpu.coopmat,
+            cm2,
+            int_dot: self.gpu.int_dot,
+        };
+        let mut c = choose(rows, n, k, dt, unit);
         let mut cmds = Vec::with_capacity(3);
         let mut input = (ctx.addr(x)?, ctx.span(x)?);
         let mut weights = (w.mem.address, dt.row_bytes(k).unwrap_or(0) as u32);
@@ -480,6 +602,25 @@ impl VulkanBackend {
                 c.kernel = "matmul_cm2_f16".into();
                 c.spec[1] = (c.spec[1] & 0xFFFF) | cm2_mode(DType::F16) << 16;
             }
+        }
+        if c.kernel.starts_with("matvec_dot") {
+            // The input quantised into the scratch buffer first.
+            let q8 = (ctx.scratch.0, ctx.scratch.0 + dot_input_bytes(rows, k));
+            if q8.1 > ctx.scratch.1 {
+                return Err(BackendError::internal(format!(
+                    "matvec_dot's quantised input ({rows} x {k}) does not fit the program's scratch"
+                )));
+            }
+            let blocks = rows * (k / 32);
+            let [gx, gy] = spread(div_up(blocks, 256));
+            cmds.push(Cmd::Dispatch {
+                kernel: "quantize_q8".into(),
+                spec: [u32::from(dot_wide()), 0],
+                push: Push::default().u64(input.0).u64(q8.0).u32(blocks as u32).0,
+                groups: [gx, gy, 1],
+                access: Access::new([input.1], [q8]),
+            });
+            input = (q8.0, q8);
         }
         let mut push = Push::default()
             .u64(weights.0)
@@ -545,65 +686,106 @@ impl VulkanBackend {
 mod tests {
     use super::*;
 
+    /// A device without integer dot products.
+    fn u(coopmat: bool, cm2: bool) -> Unit {
+        Unit {
+            coopmat,
+            cm2,
+            int_dot: false,
+        }
+    }
+
     #[test]
     fn decode_prefill_and_batches_take_their_kernels() {
         // One row of q4_k: its own kernel, 8 rows x 5 subgroups per workgroup at k = 2560.
-        let c = choose(1, 2560, 2560, DType::Q4K, true, false);
+        let c = choose(1, 2560, 2560, DType::Q4K, u(true, false));
         assert_eq!(
             (c.kernel.as_str(), c.spec, c.groups),
             ("matvec_q4k", [2, 160], [320, 1, 1])
         );
         // 1B's FFN down (1152 x 6912): 4 rows x 7 subgroups.
-        let c = choose(1, 1152, 6912, DType::Q4K, true, true);
+        let c = choose(1, 1152, 6912, DType::Q4K, u(true, true));
         assert_eq!((c.spec, c.groups), ([1, 224], [288, 1, 1]));
         // One row of another block format: split-mode matvec.
-        let c = choose(1, 2560, 2560, DType::Q8_0, true, true);
+        let c = choose(1, 2560, 2560, DType::Q8_0, u(true, true));
         assert_eq!(
             (c.kernel.as_str(), c.spec),
             ("matvec_q8_0", [1, MATVEC_COLS as u32])
         );
         // Batched q4_k decode: the rows kernel.
         assert_eq!(
-            choose(8, 2560, 2560, DType::Q4K, true, false).kernel,
+            choose(8, 2560, 2560, DType::Q4K, u(true, false)).kernel,
             "matvec_rows_q4_k"
         );
+        // With integer dot products: every block format's few-row products, but q4_k's one-row
+        // ones (its own kernel); 4 rows per workgroup from 4 input rows.
+        let dot = Unit {
+            coopmat: true,
+            cm2: false,
+            int_dot: true,
+        };
+        if std::env::var_os("TANDEM_VULKAN_DOT_NC").is_none()
+            && std::env::var_os("TANDEM_VULKAN_DOT_BITS").is_none()
+            && std::env::var_os("TANDEM_VULKAN_DOT_Q4K1").is_none()
+        {
+            let c = choose(8, 2560, 2560, DType::Q4K, dot);
+            assert_eq!(
+                (c.kernel.as_str(), c.spec, c.groups),
+                ("matvec_dot_q4_k", [8, 1 | 1 << 16], [2560, 1, 1])
+            );
+            assert_eq!(choose(1, 2560, 2560, DType::Q4K, dot).kernel, "matvec_q4k");
+            // One row of 1B's FFN down (q5_0): one weight row per workgroup, 1,152 of them.
+            let c = choose(1, 1152, 6912, DType::Q5_0, dot);
+            assert_eq!(
+                (c.kernel.as_str(), c.spec, c.groups),
+                ("matvec_dot_q5_0", [1, 1 | 1 << 16], [1152, 1, 1])
+            );
+            // 13 rows: two slices of 8 input rows.
+            let c = choose(13, 262_144, 1152, DType::Q8_0, dot);
+            assert_eq!((c.spec[0], c.groups[2]), (8, 2));
+            // Float weights keep their kernels.
+            assert_eq!(choose(8, 2560, 2560, DType::F16, dot).kernel, "matvec_f16");
+        }
         // Prefill: cooperative matrices where the device has them, else tiles.
         assert_eq!(
-            choose(128, 2560, 2560, DType::Q8_0, true, false).kernel,
+            choose(128, 2560, 2560, DType::Q8_0, u(true, false)).kernel,
             "matmul_coopmat_q8_0"
         );
         assert_eq!(
-            choose(128, 2560, 2560, DType::Q8_0, false, true).kernel,
+            choose(128, 2560, 2560, DType::Q8_0, u(false, true)).kernel,
             "matmul_tiled_q8_0"
         );
         // Float rows of awkward k: one weight row per workgroup.
-        assert_eq!(choose(1, 100, 30, DType::F16, true, false).kernel, "matmul_f16");
+        assert_eq!(
+            choose(1, 100, 30, DType::F16, u(true, false)).kernel,
+            "matmul_f16"
+        );
         // NV cooperative matrix 2 where the node suits it: 128 weight rows x up to 128 rows.
         if std::env::var_os("TANDEM_VULKAN_CM2_BN").is_none()
             && std::env::var_os("TANDEM_VULKAN_CM2_BM").is_none()
             && std::env::var_os("TANDEM_VULKAN_CM2_ROWS").is_none()
         {
-            let c = choose(512, 2560, 2560, DType::Q4K, true, true);
+            let c = choose(512, 2560, 2560, DType::Q4K, u(true, true));
             assert_eq!(c.kernel, "matmul_cm2_q4_k");
             assert_eq!((c.spec, c.groups), ([128, 128 | 2 << 16], [20, 4, 1]));
             // Batched decode (below 128 rows): tiles of 64 weight rows, twice the workgroups.
             assert_eq!(
-                choose(70, 2560, 2560, DType::Q4K, true, true).spec,
+                choose(70, 2560, 2560, DType::Q4K, u(true, true)).spec,
                 [64, 96 | 2 << 16]
             );
             // ... and k split where the grid is that small: 18 tiles x 16 slices of 448.
-            let c = choose(32, 1152, 6912, DType::Q4K, true, true);
+            let c = choose(32, 1152, 6912, DType::Q4K, u(true, true));
             if std::env::var_os("TANDEM_VULKAN_CM2_KSPLIT").is_none() {
                 assert_eq!(
                     (c.spec, c.groups, c.kslice),
                     ([64, 32 | 2 << 16], [18, 1, 16], 448)
                 );
                 // Prefill keeps k whole.
-                assert_eq!(choose(512, 1152, 6912, DType::Q4K, true, true).kslice, 0);
+                assert_eq!(choose(512, 1152, 6912, DType::Q4K, u(true, true)).kslice, 0);
             }
             // Not without cooperative matrices at all.
             assert_eq!(
-                choose(512, 2560, 2560, DType::Q4K, false, true).kernel,
+                choose(512, 2560, 2560, DType::Q4K, u(false, true)).kernel,
                 "matmul_tiled_q4_k"
             );
         }

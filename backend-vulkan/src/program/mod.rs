@@ -197,9 +197,16 @@ impl VulkanBackend {
         } else {
             None
         };
-        // Attention's split partials, matmul_cm2's f16 inputs and top_k's lists (never live at once).
+        // Attention's split partials, matmul_cm2's f16 inputs, matvec_dot's quantised inputs and
+        // top_k's lists (never live at once).
         let scratch_size = attention::scratch_bytes(graph)
             .max(matmul::cm2_scratch_bytes(graph, &shapes, self.gpu.coopmat2))
+            .max(matmul::dot_scratch_bytes(
+                graph,
+                &shapes,
+                self.gpu.coopmat,
+                self.gpu.int_dot,
+            ))
             .max(top_k::scratch_bytes(graph, &shapes));
         let scratch = if scratch_size > 0 {
             match self
