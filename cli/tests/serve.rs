@@ -2,7 +2,8 @@
 //! concurrent streams, each identical to the same request alone and to `engine run`), a
 //! dropped client frees its slot, a full queue answers 503, a bad key 401, bad input a 4xx in
 //! OpenAI's error shape while the server keeps serving, the context limit ends with `length`,
-//! a model without a tokenizer serves token ids, SIGTERM stops it cleanly; on the default
+//! a model without a tokenizer serves token ids, SIGTERM stops it cleanly, a prompt sharing a
+//! prefix with what its slot held keeps that prefix and changes no token; on the default
 //! model, greedy completions equal `engine run --temperature 0`.
 
 mod common;
@@ -809,4 +810,91 @@ fn default_model_greedy_completions_equal_engine_run() {
         assert_eq!(ids(&run["tokens"]), g.ids, "{p}");
         assert_eq!(run["text"].as_str().unwrap(), g.text, "{p}");
     }
+}
+
+/// A prompt sharing a prefix with what the slot last held keeps that prefix's cache
+/// (`tandem_prompt_tokens_reused_total` counts it) and gives the tokens `engine run` gives
+/// without it; a request whose prefix another request evicted from the one slot, and a chat
+/// turn continuing the slot's whole history, answer the same as alone too.
+#[test]
+fn a_shared_prefix_is_reused_and_changes_no_token() {
+    let install = Install::new(&["cpu"]);
+    let model = text_published();
+    let server = Server::start(
+        &install.path().join("engine"),
+        &["--model", &model, "--backend", "cpu", "--parallel", "1"],
+    );
+    let reused = || server.metric("tandem_prompt_tokens_reused_total");
+    let prefix: Vec<u32> = std::iter::once(2)
+        .chain((0..19).map(|j| 3 + (j * 37) % 400))
+        .collect();
+    let with = |tail: &[u32]| -> Vec<u32> { prefix.iter().chain(tail).copied().collect() };
+    let ask = |prompt: &[u32]| -> Generation {
+        whole(
+            &server.addr,
+            &json!({"prompt": prompt, "max_tokens": 6, "temperature": 0}),
+        )
+        .0
+    };
+    let alone = |prompt: &[u32]| -> Vec<u32> {
+        let list: Vec<String> = prompt.iter().map(u32::to_string).collect();
+        let out = install.run(&[
+            "run",
+            "--model",
+            &model,
+            "--backend",
+            "cpu",
+            "--tokens",
+            &list.join(","),
+            "--max-tokens",
+            "6",
+            "--temperature",
+            "0",
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        ids(&serde_json::from_slice::<Value>(&out.stdout).unwrap()["tokens"])
+    };
+    // What the slot holds after a request: its prompt and every generated token but the last
+    // (sampled, never fed).
+    let held = |prompt: &[u32], g: &Generation| -> Vec<u32> {
+        prompt.iter().chain(&g.ids[..g.ids.len() - 1]).copied().collect()
+    };
+    let shared = |a: &[u32], b: &[u32]| {
+        a.iter()
+            .zip(b)
+            .take_while(|(x, y)| x == y)
+            .count()
+            .min(b.len() - 1)
+    };
+
+    let a = with(&[401]);
+    let ga = ask(&a);
+    assert_eq!(reused(), 0.0, "an empty slot holds nothing to reuse");
+    let b = with(&[402, 403]);
+    let gb = ask(&b);
+    let mut want = shared(&held(&a, &ga), &b);
+    assert_eq!(want, prefix.len());
+    assert_eq!(reused(), want as f64);
+    assert_eq!(gb.ids, alone(&b), "with the prefix kept");
+    // Another prompt takes the one slot: of B's prefix only the first id (2) stays shared.
+    let c: Vec<u32> = vec![2, 300, 301, 302];
+    let gc = ask(&c);
+    want += shared(&held(&b, &gb), &c);
+    assert_eq!(reused(), want as f64);
+    assert_eq!(gc.ids, alone(&c));
+    let gb2 = ask(&b);
+    want += shared(&held(&c, &gc), &b);
+    assert_eq!(reused(), want as f64);
+    assert_eq!(gb2.ids, gb.ids, "after its prefix was evicted");
+    // A chat turn: the whole history and a new tail.
+    let d: Vec<u32> = held(&b, &gb2).into_iter().chain([404, 405]).collect();
+    let gd = ask(&d);
+    want += held(&b, &gb2).len();
+    assert_eq!(reused(), want as f64);
+    assert_eq!(gd.ids, alone(&d), "continuing the slot's history");
+    assert!(
+        server.metric("tandem_prompt_tokens_total") > reused(),
+        "every prompt counts whole in tandem_prompt_tokens_total"
+    );
 }

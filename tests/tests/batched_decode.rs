@@ -147,3 +147,44 @@ fn a_steps_best_logits_give_the_picks_of_its_whole_rows() {
     }
     assert!(ran > 0, "no backend under test ranks the logits");
 }
+
+/// A server's steps come in many shapes (decode rows of any number of slots plus a prompt chunk
+/// of any length), each with its own programs: past `MAX_SHAPES` the least recently run are
+/// released, and a released shape runs again with the same result.
+#[test]
+fn step_programs_are_capped_and_rebuilt_when_needed() {
+    use tandem_engine::runtime::split::MAX_SHAPES;
+    let dir = fixture("text-published");
+    let backend = tandem_conformance::discover()
+        .create("cpu", &Default::default())
+        .unwrap();
+    let (config, ckpt) = open_hf_dir(&dir).unwrap();
+    let rows = MAX_SHAPES + 8;
+    let shape = CacheShape {
+        slots: rows,
+        context: 8,
+        max_step_rows: 4,
+        dtype: tandem_backend_api::DType::F32,
+    };
+    let mut session = tandem_conformance::session_on("cpu", backend, config, &ckpt, shape);
+    let step = |session: &mut tandem_engine::runtime::session::Session, n: usize| {
+        for slot in 0..n {
+            session.reset(slot);
+        }
+        let slots: Vec<u32> = (0..n as u32).collect();
+        let tokens: Vec<u32> = slots.iter().map(|s| 3 + s % 50).collect();
+        session.step(&tokens, &slots, &[0]).unwrap().to_vec()
+    };
+    let first = step(&mut session, 1);
+    for n in 2..=rows {
+        step(&mut session, n);
+        assert!(
+            session.step_shapes() <= MAX_SHAPES,
+            "{} shapes built",
+            session.step_shapes()
+        );
+    }
+    assert_eq!(session.step_shapes(), MAX_SHAPES);
+    // One row's programs were released (the least recently run): built again, same logits.
+    assert_eq!(step(&mut session, 1), first);
+}

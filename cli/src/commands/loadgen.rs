@@ -164,6 +164,17 @@ fn percentiles(v: &mut [f64]) -> Value {
     json!({"p50": at(0.5), "p99": at(0.99)})
 }
 
+/// Tokens one streamed chunk carries: its `token_ids` (tandem's streams), else one per chunk
+/// whose choice has text and no finish reason (servers that send a chunk per token without
+/// ids, as llama-server does).
+fn stream_tokens(chunk: &Value) -> usize {
+    let choice = &chunk["choices"][0];
+    match choice["token_ids"].as_array() {
+        Some(ids) => ids.len(),
+        None => usize::from(choice["text"].is_string() && choice["finish_reason"].is_null()),
+    }
+}
+
 /// One streamed completion, timed from the request's first byte.
 fn one(addr: SocketAddr, key: Option<&str>, body: &Value) -> anyhow::Result<Sample> {
     let body = body.to_string();
@@ -233,7 +244,7 @@ fn one(addr: SocketAddr, key: Option<&str>, body: &Value) -> anyhow::Result<Samp
             if v.get("error").is_some() {
                 bail!("error in the stream: {v}");
             }
-            let n = v["choices"][0]["token_ids"].as_array().map_or(0, Vec::len);
+            let n = stream_tokens(&v);
             if n > 0 {
                 let now = Instant::now();
                 match sample.ttft {
@@ -246,4 +257,29 @@ fn one(addr: SocketAddr, key: Option<&str>, body: &Value) -> anyhow::Result<Samp
         }
     }
     bail!("the stream ended without [DONE]")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_chunks_count_their_ids_or_one_token_of_text() {
+        let chunk = |v: Value| stream_tokens(&v);
+        assert_eq!(
+            chunk(json!({"choices": [{"text": "ab", "token_ids": [5, 6]}]})),
+            2
+        );
+        assert_eq!(chunk(json!({"choices": [{"text": "", "token_ids": []}]})), 0);
+        // llama-server: one token per chunk, the last one only says why it ended.
+        assert_eq!(
+            chunk(json!({"choices": [{"text": " the", "finish_reason": null}]})),
+            1
+        );
+        assert_eq!(
+            chunk(json!({"choices": [{"text": "", "finish_reason": "length"}]})),
+            0
+        );
+        assert_eq!(chunk(json!({"usage": {}})), 0);
+    }
 }

@@ -289,6 +289,25 @@ impl<'t> Sequence<'t> {
         &self.prompt[self.fed..end]
     }
 
+    /// Prompt tokens not yet in the cache.
+    pub fn prompt_left(&self) -> usize {
+        self.prompt.len() - self.fed
+    }
+
+    /// The prompt's ids.
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// Records that the slot already holds the prompt's first `n` tokens (a prefix kept from
+    /// the slot's previous request): feeding starts after them. Before any feeding; at most
+    /// all but the last prompt token, whose logits give the first pick.
+    pub fn skip_cached(&mut self, n: usize) {
+        if self.fed == 0 {
+            self.fed = n.min(self.prompt.len().saturating_sub(1));
+        }
+    }
+
     /// Records that `n` more prompt tokens are in the cache.
     pub fn fed(&mut self, n: usize) {
         self.fed += n;

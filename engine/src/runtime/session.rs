@@ -141,6 +141,12 @@ impl Session {
         Ok(self.scheduler.profile_last_step()?)
     }
 
+    /// Step shapes whose programs are built now: at most `split::MAX_SHAPES`, the least
+    /// recently run released first.
+    pub fn step_shapes(&self) -> usize {
+        self.scheduler.shapes_built()
+    }
+
     /// Tokens held in `slot`'s cache.
     pub fn len(&self, slot: usize) -> usize {
         self.lengths.get(slot).copied().unwrap_or(0)
@@ -184,6 +190,19 @@ impl Session {
         select: &[u32],
         k: usize,
     ) -> Result<&[f32], SessionError> {
+        self.step_top_k_in(Phase::Decode, tokens, slots, select, k)
+    }
+
+    /// [`Session::step_top_k`], run with `phase`'s placement (a step that also carries a
+    /// prompt chunk runs the prefill placement).
+    pub fn step_top_k_in(
+        &mut self,
+        phase: Phase,
+        tokens: &[u32],
+        slots: &[u32],
+        select: &[u32],
+        k: usize,
+    ) -> Result<&[f32], SessionError> {
         // Asked of the units once per `k` (a call across the plugin boundary), not every step.
         if self.top_k_ok != Some(k) {
             if k == 0 || !self.supports_top_k(k) {
@@ -193,7 +212,7 @@ impl Session {
             }
             self.top_k_ok = Some(k);
         }
-        self.run_step(Phase::Decode, tokens, slots, select, k)?;
+        self.run_step(phase, tokens, slots, select, k)?;
         Ok(&self.logits)
     }
 

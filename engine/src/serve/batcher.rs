@@ -3,22 +3,27 @@
 //! `engine run` steps alone ([`sequence::generate`]); only the stepping differs.
 //!
 //! Each turn of its loop:
-//! 1. takes waiting requests into free KV cache slots (a slot is reset before reuse);
+//! 1. takes waiting requests into free KV cache slots: the free slot holding the longest
+//!    prefix of the request's prompt (its previous request's prompt and reply: a system prompt,
+//!    a chat history), which the request keeps instead of prefilling it again
+//!    (`tandem_prompt_tokens_reused_total`), else the least recently used one, reset. Memory
+//!    stays that of the slots: a prefix lives only in the slot that computed it, until another
+//!    request takes that slot;
 //! 2. drops the requests whose client has gone, freeing their slots;
-//! 3. feeds one chunk (at most the session's step size) of the oldest prompt still being read,
-//!    so that a long prompt is interleaved with the decode steps of the others instead of
-//!    stalling them; after its last chunk, its first token is sampled;
-//! 4. runs one decode step of every other sequence together, one row each, and samples each
-//!    row with that sequence's own sampler, then accepts the picks in row order. Where the
-//!    logits are computed on a device and every row's sampler needs no more than a row's best
-//!    `Session::ranked_k` logits, the step reads back only those (`Session::step_top_k`) and each
-//!    sampler picks from them (`Sampler::sample_ranked`: the same pick); otherwise whole rows,
-//!    sampled on several threads where there are many (`sampler::sample_rows`).
+//! 3. runs one step that carries a row of every sequence with a token to feed and one chunk (at
+//!    most the session's step size) of the oldest prompt still being read, so that a long
+//!    prompt is interleaved with the others' decoding instead of stalling it and the unit sees
+//!    one batch per turn; samples each selected row with its sequence's sampler (the prompt's
+//!    after its last chunk: its first token), then accepts the picks. Where the logits are
+//!    computed on a device and every row's sampler needs no more than a row's best
+//!    `Session::ranked_k` logits, the step reads back only those (`Session::step_top_k_in`)
+//!    and each sampler picks from them (`Sampler::sample_ranked`: the same pick); otherwise
+//!    whole rows, sampled on several threads where there are many (`sampler::sample_rows`).
 //!
 //! Batching changes no result as long as the backend computes each row of a step independently
 //! of the others (the CPU backend does: activations are quantized per row, and every row's dot
 //! products are summed in the same order whatever the number of rows); prompts are fed in the
-//! same chunks as when a request runs alone.
+//! same chunks as when a request runs alone (after a kept prefix, from its end).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
@@ -40,6 +45,9 @@ pub struct BatcherOptions {
     /// Requests that may wait for a slot (at least 1); beyond it [`Handle::submit`] answers
     /// [`SubmitError::QueueFull`].
     pub queue: usize,
+    /// Whether a request may keep the prefix it shares with what its slot last held (a system
+    /// prompt, a chat history) instead of prefilling it again.
+    pub reuse_prefix: bool,
 }
 
 /// What the batcher and its handles share.
@@ -60,15 +68,49 @@ pub struct Handle {
     shared: Arc<Shared>,
 }
 
+/// Runs, and forgets, the steps the first requests need, so that their kernels and step
+/// programs are built before the server listens and the first request is not the slow one:
+/// a whole prompt chunk, a short prompt, and decode steps of one row and of every slot (with
+/// their best logits ranked where the batcher would ask for that). Leaves every slot empty.
+pub fn warm_up(session: &mut Session) -> Result<(), crate::runtime::session::SessionError> {
+    let slots = session.slots();
+    let fill = session.chunk().min(session.context().saturating_sub(2)).max(1);
+    let tokens: Vec<u32> = (0..fill as u32).map(|t| t % 2 + 1).collect();
+    let ranked_k = session.ranked_k();
+    let result = (|| {
+        for n in [fill, fill.min(7)] {
+            session.reset(0);
+            session.step_in(Phase::Prefill, &tokens[..n], &vec![0; n], &[n as u32 - 1])?;
+        }
+        for rows in [1, slots] {
+            let ids: Vec<u32> = (0..rows as u32).collect();
+            let select: Vec<u32> = (0..rows as u32).collect();
+            session.step(&vec![1; rows], &ids, &select)?;
+            if ranked_k > 0 {
+                session.step_top_k(&vec![1; rows], &ids, &select, ranked_k)?;
+            }
+        }
+        Ok(())
+    })();
+    for slot in 0..slots {
+        session.reset(slot);
+    }
+    result
+}
+
 /// How long an idle batcher waits for a request before looking at its flags again.
 const IDLE_POLL: Duration = Duration::from_millis(20);
 
-/// Starts the batcher thread on `session` (one KV cache slot per parallel sequence).
+/// Starts the batcher thread on `session` (one KV cache slot per parallel sequence), after
+/// [`warm_up`].
 pub fn start(
-    session: Session,
+    mut session: Session,
     tokenizer: Arc<Tokenizer>,
     options: BatcherOptions,
 ) -> std::io::Result<(Handle, JoinHandle<()>)> {
+    // A unit that cannot run these steps fails the first request the same way, with its
+    // message; the server still starts.
+    let _ = warm_up(&mut session);
     let (tx, rx) = sync_channel(options.queue.max(1));
     let shared = Arc::new(Shared {
         metrics: Metrics::default(),
@@ -80,7 +122,7 @@ pub fn start(
     let thread_shared = shared.clone();
     let thread = std::thread::Builder::new()
         .name("tandem-batcher".into())
-        .spawn(move || run(session, &tokenizer, rx, &thread_shared))?;
+        .spawn(move || run(session, &tokenizer, rx, &thread_shared, options.reuse_prefix))?;
     Ok((Handle { tx, shared }, thread))
 }
 
@@ -142,16 +184,23 @@ fn run(
     tokenizer: &Tokenizer,
     rx: Receiver<(Request<'static>, Sampler)>,
     shared: &Shared,
+    reuse_prefix: bool,
 ) {
     let metrics = &shared.metrics;
     let vocab = session.model().config.vocab_size;
     let chunk = session.chunk();
-    let mut free: Vec<u32> = (0..session.slots() as u32).rev().collect();
+    // Free slots, least recently used first: a request without a shared prefix takes the
+    // first, so the prefixes used last stay longest.
+    let mut free: Vec<u32> = (0..session.slots() as u32).collect();
+    // The ids whose K/V each slot holds, in order (what a new request's prompt is matched
+    // against); emptied where a failed step leaves a slot's cache unknown.
+    let mut held: Vec<Vec<u32>> = vec![Vec::new(); session.slots()];
     let mut seqs: Vec<Sequence> = Vec::new();
     // Step scratch, reused.
     let (mut tokens, mut slots, mut select) = (Vec::new(), Vec::new(), Vec::new());
     let mut rows: Vec<usize> = Vec::new();
     let mut picks: Vec<u32> = Vec::new();
+    let mut at_limits: Vec<bool> = Vec::new();
     // How many of a row's best logits a batched step reads back instead of the row, for the
     // samplers that need no more (0: whole rows; `Session::ranked_k` says where and how many).
     let ranked_k = session.ranked_k();
@@ -159,7 +208,7 @@ fn run(
         let cancel = shared.cancel.load(Ordering::SeqCst);
         // 1. Waiting requests into free slots.
         let mut gone = false;
-        while let Some(&slot) = free.last() {
+        while !free.is_empty() {
             let got = if seqs.is_empty() {
                 rx.recv_timeout(IDLE_POLL).map_err(|e| match e {
                     RecvTimeoutError::Timeout => TryRecvError::Empty,
@@ -184,10 +233,29 @@ fn run(
                 metrics.finished(Outcome::Cancelled);
                 continue;
             }
-            free.pop();
-            session.reset(slot as usize);
-            let s = Sequence::new(request, sampler, slot, tokenizer);
+            let (at, kept) = if reuse_prefix {
+                pick_slot(&free, &held, &request.prompt)
+            } else {
+                (0, 0)
+            };
+            let slot = free.remove(at);
+            let held_here = &mut held[slot as usize];
+            // The kept prefix, where the slot's caches still hold it (a sliding-window ring
+            // may have overwritten what lies past it), else a fresh slot.
+            let kept = if kept > 0
+                && session.len(slot as usize) == held_here.len()
+                && session.truncate(slot as usize, kept)
+            {
+                kept
+            } else {
+                session.reset(slot as usize);
+                0
+            };
+            held_here.truncate(kept);
+            let mut s = Sequence::new(request, sampler, slot, tokenizer);
+            s.skip_cached(kept);
             metrics.prompt(s.prompt_len());
+            metrics.reused(kept);
             seqs.push(s);
         }
         // 2. Clients that have gone (or everything, when cancelled).
@@ -210,96 +278,126 @@ fn run(
             continue;
         }
         let mut ended: Vec<(usize, Outcome)> = Vec::new();
-        // 3. One chunk of the oldest prompt still being read.
-        if let Some(i) = seqs.iter().position(Sequence::prefilling) {
-            let s = &mut seqs[i];
-            let piece = s.next_chunk(chunk);
-            let n = piece.len();
-            slots.clear();
-            slots.resize(n, s.slot);
-            let last = [n as u32 - 1];
-            match session.step_in(Phase::Prefill, piece, &slots, &last).map(|_| ()) {
-                Ok(()) => {
-                    s.fed(n);
-                    if !s.prefilling() {
-                        let at_limit = session.at_context_limit(s.slot as usize);
-                        // Sampled in place: the session's logits are scratch until the next step.
-                        if let Some(o) = accept(s, session.logits_mut(), at_limit, metrics) {
-                            ended.push((i, o));
-                        }
-                    }
-                }
-                Err(e) => {
-                    s.fail(e.to_string());
-                    ended.push((i, Outcome::Error));
-                }
-            }
-        }
-        // 4. One decode step of every sequence with a token to feed.
+        // 3. One step: a row for every sequence with a token to feed, and one chunk (at most
+        //    the session's step size) of the oldest prompt still being read, so that a long
+        //    prompt is interleaved with the others' decoding instead of stalling it, and the
+        //    unit sees one batch per turn.
         tokens.clear();
         slots.clear();
         rows.clear();
         for (i, s) in seqs.iter_mut().enumerate() {
-            if ended.iter().any(|e| e.0 == i) {
-                continue;
-            }
             if let Some(t) = s.next.take() {
                 tokens.push(t);
                 slots.push(s.slot);
                 rows.push(i);
             }
         }
-        if !rows.is_empty() {
-            select.clear();
-            select.extend(0..rows.len() as u32);
-            // Where every row's sampler can pick from its row's best logits, the step reads
-            // back only those (ranked where the logits are computed).
-            let ranked = ranked_k > 0 && rows.iter().all(|&i| seqs[i].fits_ranked(ranked_k));
-            let stepped = if ranked {
-                session.step_top_k(&tokens, &slots, &select, ranked_k).map(|_| ())
-            } else {
-                session.step(&tokens, &slots, &select).map(|_| ())
-            };
-            match stepped {
-                Ok(()) => {
-                    picks.clear();
-                    picks.resize(rows.len(), 0);
-                    if ranked {
-                        for ((&i, pick), best) in rows
-                            .iter()
-                            .zip(picks.iter_mut())
-                            .zip(session.logits_mut().chunks_exact(2 * ranked_k))
-                        {
-                            *pick = seqs[i].sampler_parts().0.sample_ranked(best);
-                        }
-                    } else {
-                        // Each row sampled in place with its sequence's sampler, the rows
-                        // spread over threads.
-                        let mut want = rows.iter().peekable();
-                        let mut parts: Vec<(&mut Sampler, &[u32], &mut [f32], &mut u32)> = seqs
-                            .iter_mut()
-                            .enumerate()
-                            .filter(|(i, _)| want.next_if_eq(&i).is_some())
-                            .map(|(_, s)| s.sampler_parts())
-                            .zip(session.logits_mut().chunks_exact_mut(vocab))
-                            .zip(picks.iter_mut())
-                            .map(|(((sampler, history), row), pick)| (sampler, history, row, pick))
-                            .collect();
-                        sample_rows(&mut parts);
+        let decoding = rows.len();
+        // The prompt chunk: its sequence, its length, and whether it ends the prompt.
+        let chunked = seqs.iter().position(Sequence::prefilling).map(|i| {
+            let s = &seqs[i];
+            let piece = s.next_chunk(chunk);
+            tokens.extend_from_slice(piece);
+            slots.resize(tokens.len(), s.slot);
+            (i, piece.len(), piece.len() == s.prompt_left())
+        });
+        if tokens.is_empty() {
+            continue;
+        }
+        select.clear();
+        select.extend(0..decoding as u32);
+        // The sequence whose prompt this step ends: its last row's logits give its first pick.
+        let first_pick = chunked.filter(|c| c.2).map(|c| c.0);
+        if first_pick.is_some() || decoding == 0 {
+            // (A chunk alone that ends no prompt still selects its last row: a step selects
+            // at least one.)
+            select.push(tokens.len() as u32 - 1);
+        }
+        let phase = if chunked.is_some() {
+            Phase::Prefill
+        } else {
+            Phase::Decode
+        };
+        // Where every picking row's sampler can pick from its row's best logits, the step
+        // reads back only those (ranked where the logits are computed).
+        let ranked = ranked_k > 0
+            && rows
+                .iter()
+                .chain(first_pick.as_ref())
+                .all(|&i| seqs[i].fits_ranked(ranked_k));
+        let stepped = if ranked {
+            session
+                .step_top_k_in(phase, &tokens, &slots, &select, ranked_k)
+                .map(|_| ())
+        } else {
+            session.step_in(phase, &tokens, &slots, &select).map(|_| ())
+        };
+        match stepped {
+            Ok(()) => {
+                for (t, s) in tokens.iter().zip(&slots) {
+                    held[*s as usize].push(*t);
+                }
+                if let Some((i, n, _)) = chunked {
+                    seqs[i].fed(n);
+                }
+                // Whether each picking sequence has reached the context, asked before the
+                // logits are borrowed: the decoding rows, then the prompt just read.
+                at_limits.clear();
+                at_limits.extend(
+                    rows.iter()
+                        .chain(first_pick.as_ref())
+                        .map(|&i| session.at_context_limit(seqs[i].slot as usize)),
+                );
+                let width = if ranked { 2 * ranked_k } else { vocab };
+                let (decoded, last) = session.logits_mut().split_at_mut(decoding * width);
+                picks.clear();
+                picks.resize(decoding, 0);
+                if ranked {
+                    for ((&i, pick), best) in
+                        rows.iter().zip(picks.iter_mut()).zip(decoded.chunks_exact(width))
+                    {
+                        *pick = seqs[i].sampler_parts().0.sample_ranked(best);
                     }
-                    for (&i, &id) in rows.iter().zip(&picks) {
-                        let s = &mut seqs[i];
-                        let at_limit = session.at_context_limit(s.slot as usize);
-                        if let Some(o) = accept_id(s, id, at_limit, metrics) {
-                            ended.push((i, o));
-                        }
+                } else {
+                    // Each row sampled in place with its sequence's sampler, the rows spread
+                    // over threads.
+                    let mut want = rows.iter().peekable();
+                    let mut parts: Vec<(&mut Sampler, &[u32], &mut [f32], &mut u32)> = seqs
+                        .iter_mut()
+                        .enumerate()
+                        .filter(|(i, _)| want.next_if_eq(&i).is_some())
+                        .map(|(_, s)| s.sampler_parts())
+                        .zip(decoded.chunks_exact_mut(vocab))
+                        .zip(picks.iter_mut())
+                        .map(|(((sampler, history), row), pick)| (sampler, history, row, pick))
+                        .collect();
+                    sample_rows(&mut parts);
+                }
+                for ((&i, &id), &at_limit) in rows.iter().zip(&picks).zip(&at_limits) {
+                    if let Some(o) = accept_id(&mut seqs[i], id, at_limit, metrics) {
+                        ended.push((i, o));
                     }
                 }
-                Err(e) => {
-                    for &i in &rows {
-                        seqs[i].fail(e.to_string());
-                        ended.push((i, Outcome::Error));
+                if let (Some(i), Some(row)) = (first_pick, last.get_mut(..width)) {
+                    let s = &mut seqs[i];
+                    let at_limit = at_limits[decoding];
+                    let outcome = if ranked {
+                        let id = s.sampler_parts().0.sample_ranked(row);
+                        accept_id(s, id, at_limit, metrics)
+                    } else {
+                        // Sampled in place: the session's logits are scratch until the next step.
+                        accept(s, row, at_limit, metrics)
+                    };
+                    if let Some(o) = outcome {
+                        ended.push((i, o));
                     }
+                }
+            }
+            Err(e) => {
+                for i in rows.iter().copied().chain(chunked.map(|c| c.0)) {
+                    held[seqs[i].slot as usize].clear();
+                    seqs[i].fail(e.to_string());
+                    ended.push((i, Outcome::Error));
                 }
             }
         }
@@ -312,6 +410,27 @@ fn run(
         }
         metrics.running.store(seqs.len(), Ordering::SeqCst);
     }
+}
+
+/// The free slot a request with `prompt` should take (an index into `free`, least recently used
+/// first) and how many of its first tokens that slot already holds (`held`): the longest
+/// shared prefix, at most all but the prompt's last token; with none, the least recently used
+/// slot.
+fn pick_slot(free: &[u32], held: &[Vec<u32>], prompt: &[u32]) -> (usize, usize) {
+    let limit = prompt.len().saturating_sub(1);
+    let mut best = (0, 0);
+    for (at, &slot) in free.iter().enumerate() {
+        let shared = held[slot as usize]
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(limit);
+        if shared > best.1 {
+            best = (at, shared);
+        }
+    }
+    best
 }
 
 /// [`Sequence::accept`], counted in the metrics.

@@ -102,6 +102,7 @@ pub struct Metrics {
     /// Requests holding a slot.
     pub(crate) running: AtomicUsize,
     prompt_tokens: AtomicU64,
+    reused_tokens: AtomicU64,
     generated_tokens: AtomicU64,
     /// Time from a request's arrival to its first token.
     pub ttft: Histogram,
@@ -119,6 +120,7 @@ impl Default for Metrics {
             queued: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             prompt_tokens: AtomicU64::new(0),
+            reused_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
             ttft: Histogram::new(TTFT_BOUNDS),
             itl: Histogram::new(ITL_BOUNDS),
@@ -139,6 +141,15 @@ impl Metrics {
 
     pub(crate) fn prompt(&self, tokens: usize) {
         self.prompt_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn reused(&self, tokens: usize) {
+        self.reused_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
+    }
+
+    /// Prompt tokens whose KV cache rows were kept from the slot's previous request.
+    pub fn reused_count(&self) -> u64 {
+        self.reused_tokens.load(Ordering::Relaxed)
     }
 
     pub(crate) fn generated(&self) {
@@ -212,6 +223,12 @@ impl Metrics {
             "tandem_prompt_tokens_total",
             "Prompt tokens of the requests that got a slot.",
             self.prompt_tokens.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "tandem_prompt_tokens_reused_total",
+            "Prompt tokens not prefilled: a prefix kept in the slot from its previous request.",
+            self.reused_count(),
         );
         counter(
             &mut out,

@@ -52,6 +52,10 @@ pub struct Args {
     /// The model's name in /v1/models and in responses (default: the model file's name).
     #[arg(long)]
     model_name: Option<String>,
+    /// Prefill every prompt whole: no request keeps the prefix it shares with what its slot
+    /// last held.
+    #[arg(long)]
+    no_prefix_reuse: bool,
     /// Seconds to let running requests finish after Ctrl-C or SIGTERM before cancelling them.
     #[arg(long, default_value_t = 30)]
     shutdown_timeout: u64,
@@ -76,6 +80,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         tokenizer.clone(),
         BatcherOptions {
             queue: args.queue as usize,
+            reuse_prefix: !args.no_prefix_reuse,
         },
     )
     .context("starting the batcher thread")?;

@@ -193,6 +193,26 @@ fn with_top_k(mut graph: Graph, k: usize) -> Result<Graph, ScheduleError> {
     Ok(graph)
 }
 
+/// Step shapes whose programs are kept at most. Every distinct row count is a shape, and a
+/// server's steps (decode rows of any number of slots, plus a prompt chunk of any length) make
+/// many; each program holds its activations in device memory. A released shape is built again
+/// when it next runs, which on the H100 costs far more than a step: `engine serve --parallel 64`
+/// on 1B q4_k under 64 clients gave 482 tok/s with 64 shapes kept and 2,774 with 512
+/// (`bench/results/2026-11-26-serve-vs-llama-server/`).
+pub const MAX_SHAPES: usize = 512;
+
+/// [`MAX_SHAPES`], or `TANDEM_STEP_SHAPES=n` (at least 1), for tuning runs.
+fn max_shapes() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("TANDEM_STEP_SHAPES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| *n >= 1)
+            .unwrap_or(MAX_SHAPES)
+    })
+}
+
 /// The units, the placement of every node per phase, and the programs compiled so far.
 pub struct SplitScheduler {
     units: Vec<Unit>,
@@ -202,6 +222,10 @@ pub struct SplitScheduler {
     ops: Vec<String>,
     kv: Option<KvHandoff>,
     programs: HashMap<StepKey, Vec<Scheduled>>,
+    /// When each built shape last ran (a step counter): the least recently run is released
+    /// when [`MAX_SHAPES`] are built and another is needed.
+    used: HashMap<StepKey, u64>,
+    steps: u64,
     micro_batches: usize,
     /// `0, 1, 2, ...`: the select rows of a micro-batch (grown, never shrunk).
     iota: Vec<u32>,
@@ -263,6 +287,8 @@ impl SplitScheduler {
             placement,
             kv,
             programs: HashMap::new(),
+            used: HashMap::new(),
+            steps: 0,
             micro_batches: 1,
             iota: Vec::new(),
             last: None,
@@ -280,8 +306,15 @@ impl SplitScheduler {
                 p.release(&mut self.units);
             }
             self.programs.clear();
+            self.used.clear();
             self.last = None;
         }
+    }
+
+    /// Step shapes whose programs are built now (at most [`MAX_SHAPES`], or
+    /// `TANDEM_STEP_SHAPES`).
+    pub fn shapes_built(&self) -> usize {
+        self.programs.len()
     }
 
     /// How values cross between units.
@@ -428,6 +461,21 @@ impl SplitScheduler {
         if self.programs.contains_key(&key) {
             return Ok(());
         }
+        // At the cap, the shape that ran least recently goes first.
+        while self.programs.len() >= max_shapes() {
+            let Some(old) = self.used.iter().min_by_key(|(_, &t)| t).map(|(k, _)| *k) else {
+                break;
+            };
+            self.used.remove(&old);
+            if let Some(schedules) = self.programs.remove(&old) {
+                for mut s in schedules {
+                    s.release(&mut self.units);
+                }
+            }
+            if self.last == Some(old) {
+                self.last = None;
+            }
+        }
         if self.mode == BoundaryMode::Device && self.units.len() > 1 {
             self.share_timelines()?;
         }
@@ -571,6 +619,8 @@ impl SplitScheduler {
         };
         let bounds = &bounds[..=m];
         self.programs_for(model, key, bounds)?;
+        self.steps += 1;
+        self.used.insert(key, self.steps);
         if let Some(kv) = self.kv.as_mut() {
             kv.hand_over(phase, model, &mut self.units, args.slots, lengths)?;
         }
