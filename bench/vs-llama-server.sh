@@ -17,7 +17,7 @@
 #
 # Parameters (environment): SHAPES ("gemma3-1b gemma3-4b"), DTYPE (q4_k), CLIENTS ("1,8,32,64"),
 # REQUESTS (64 per level), GEN_TOKENS (64), PARALLEL (64 slots for both), CONTEXT (1024 tokens a
-# slot), TANDEM_ARGS (extra `engine serve` flags), SKIP_PEER (set: tandem only), PEER (.peer),
+# slot), BACKEND (tandem's, vulkan), TANDEM_ARGS (extra `engine serve` flags), SKIP_PEER (set: tandem only), PEER (.peer),
 # OUT.
 set -uo pipefail
 SHAPES=${SHAPES:-"gemma3-1b gemma3-4b"}
@@ -42,7 +42,7 @@ fi
 export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
 export __EGL_VENDOR_LIBRARY_FILENAMES=${__EGL_VENDOR_LIBRARY_FILENAMES:-/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json}
 SERVER=/tmp/lcpp/build/bin/llama-server
-if [ ! -x "$SERVER" ]; then
+if [ -z "${SKIP_PEER:-}" ] && [ ! -x "$SERVER" ]; then
     # (llama-bench too: the kit checks the device with it.)
     OUTDIR=$W/peer TARGETS="llama-bench llama-server" MODELS="" bash "$PEER/build-and-bench.sh" >"$W/peer-build.log" 2>&1 ||
         { tail -20 "$W/peer-build.log"; echo "llama-server did not build"; }
@@ -69,8 +69,8 @@ printf 'shape\tserver\tclients\ttok_s\tttft_p50_ms\tttft_p99_ms\titl_p50_ms\titl
 for shape in $SHAPES; do
     g=$W/$shape-$DTYPE.gguf
     [ -s "$g" ] || "$E" synth --shape "$shape" --dtype "$DTYPE" --out "$g" >/dev/null || { echo "synth $shape failed"; continue; }
-    echo "== $shape: engine serve --backend vulkan --parallel $P --context $C $TANDEM_ARGS"
-    "$E" serve --model "$g" --backend vulkan --parallel "$P" --context "$C" --queue 256 --port 8090 $TANDEM_ARGS \
+    echo "== $shape: engine serve --backend ${BACKEND:-vulkan} --parallel $P --context $C $TANDEM_ARGS"
+    "$E" serve --model "$g" --backend "${BACKEND:-vulkan}" --parallel "$P" --context "$C" --queue 256 --port 8090 $TANDEM_ARGS \
         >"$W/tandem.log" 2>&1 &
     pid=$!
     if ready 8090; then load 8090 "$OUT/$shape-tandem.json"; else echo "   engine serve did not start"; fi

@@ -196,8 +196,10 @@ fn with_top_k(mut graph: Graph, k: usize) -> Result<Graph, ScheduleError> {
 /// Step shapes whose programs are kept at most. Every distinct row count is a shape, and a
 /// server's steps (decode rows of any number of slots, plus a prompt chunk of any length) make
 /// many; each program holds its activations in device memory. A released shape is built again
-/// when it next runs, which on the H100 costs far more than a step: `engine serve --parallel 64`
-/// on 1B q4_k under 64 clients gave 482 tok/s with 64 shapes kept and 2,774 with 512
+/// when it next runs, which on the H100 can cost far more than a step. On `engine serve
+/// --parallel 64` under 64 clients, 1B q4_k gave 482 tok/s with 64 shapes kept and 2,774 with
+/// 512, but 4B with 512 on a fresh machine gave 499. First builds, which are faster where the
+/// driver's pipeline cache is warm, confound the comparison
 /// (`bench/results/2026-11-26-serve-vs-llama-server/`).
 pub const MAX_SHAPES: usize = 512;
 
