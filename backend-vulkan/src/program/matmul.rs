@@ -31,39 +31,37 @@ const MATVEC_SUBGROUP_ROWS: u32 = 256;
 /// the device has it (prefill).
 const COOPMAT_ROWS: usize = 64;
 
+/// The tuning variable `name` as a whole number within `range`; `None` when unset, unparsable
+/// or out of range (the knobs below).
+fn env_usize(name: &str, range: std::ops::RangeInclusive<usize>) -> Option<usize> {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|v| range.contains(v))
+}
+
 /// `TANDEM_VULKAN_MATVEC_COLS` (1 to 16): a fixed `matvec_<fmt>` rows per workgroup, for tuning
 /// runs.
 fn matvec_cols_override() -> Option<usize> {
-    std::env::var("TANDEM_VULKAN_MATVEC_COLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|c| (1..=16).contains(c))
+    env_usize("TANDEM_VULKAN_MATVEC_COLS", 1..=16)
 }
 
 /// `TANDEM_VULKAN_TILED_ROWS`: a fixed row count from which matmuls take the tiled kernel, for
 /// tuning runs.
 fn tiled_rows_override() -> Option<usize> {
-    std::env::var("TANDEM_VULKAN_TILED_ROWS")
-        .ok()
-        .and_then(|v| v.parse().ok())
+    env_usize("TANDEM_VULKAN_TILED_ROWS", 0..=usize::MAX)
 }
 
 /// `TANDEM_VULKAN_COOPMAT_ROWS`: a fixed row count from which matmuls take the
 /// cooperative-matrix kernel, for tuning runs (batched decode).
 fn coopmat_rows_override() -> Option<usize> {
-    std::env::var("TANDEM_VULKAN_COOPMAT_ROWS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|r| *r >= 1)
+    env_usize("TANDEM_VULKAN_COOPMAT_ROWS", 1..=usize::MAX)
 }
 
 /// `TANDEM_VULKAN_ROWS_NC` (1 to 8: the kernel writes NC x R <= 64 sums): `matvec_rows_q4_k`'s
 /// weight rows per workgroup, for tuning runs (4 by default).
 fn rows_nc_override() -> Option<usize> {
-    std::env::var("TANDEM_VULKAN_ROWS_NC")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|c| (1..=8).contains(c))
+    env_usize("TANDEM_VULKAN_ROWS_NC", 1..=8)
 }
 
 /// `matmul_cm2_<fmt>`'s weight rows per tile from [`CM2_SMALL_ROWS`] rows: every split
@@ -154,10 +152,7 @@ const CM2_ROWS: usize = 16;
 /// `TANDEM_VULKAN_CM2_ROWS`: a fixed row count from which matmuls take `matmul_cm2_<fmt>` where
 /// the device has it, for tuning runs (batched decode).
 fn cm2_rows_override() -> Option<usize> {
-    std::env::var("TANDEM_VULKAN_CM2_ROWS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|r| *r >= 1)
+    env_usize("TANDEM_VULKAN_CM2_ROWS", 1..=usize::MAX)
 }
 
 /// `matmul_cm2_<fmt>`'s input rows per tile: 128, or the rows rounded up to 32 below that.
@@ -251,10 +246,7 @@ const DOT_MIN_GROUPS: usize = 1024;
 /// `TANDEM_VULKAN_DOT_NC` (1 to 8): `matvec_dot_<fmt>`'s weight rows per workgroup, for tuning
 /// runs.
 fn dot_nc_override() -> Option<usize> {
-    std::env::var("TANDEM_VULKAN_DOT_NC")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|c| (1..=8).contains(c))
+    env_usize("TANDEM_VULKAN_DOT_NC", 1..=8)
 }
 
 /// `TANDEM_VULKAN_DOT_Q4K1=1`: one-row q4_k products take `matvec_dot_q4_k` too (by default

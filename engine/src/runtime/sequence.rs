@@ -294,11 +294,6 @@ impl<'t> Sequence<'t> {
         self.prompt.len() - self.fed
     }
 
-    /// The prompt's ids.
-    pub fn prompt(&self) -> &[u32] {
-        &self.prompt
-    }
-
     /// Records that the slot already holds the prompt's first `n` tokens (a prefix kept from
     /// the slot's previous request): feeding starts after them. Before any feeding; at most
     /// all but the last prompt token, whose logits give the first pick.
