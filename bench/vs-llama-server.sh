@@ -16,7 +16,9 @@
 # serve.log.
 #
 # Parameters (environment): SHAPES ("gemma3-1b gemma3-4b"), DTYPE (q4_k), CLIENTS ("1,8,32,64"),
-# REQUESTS (64 per level), GEN_TOKENS (64), PARALLEL (64 slots for both), CONTEXT (1024 tokens a
+# REQUESTS (64 per level), GEN_TOKENS (64), PROMPT (loadgen's default prompt), DISTINCT (set:
+# `--distinct-prompts`, every request's prompt starts with its number, so neither server reuses
+# one request's prompt for another), PARALLEL (64 slots for both), CONTEXT (1024 tokens a
 # slot), BACKEND (tandem's, vulkan), TANDEM_ARGS (extra `engine serve` flags), SKIP_PEER (set: tandem only), PEER (.peer),
 # OUT.
 set -uo pipefail
@@ -28,13 +30,16 @@ G=${GEN_TOKENS:-64}
 P=${PARALLEL:-64}
 C=${CONTEXT:-1024}
 TANDEM_ARGS=${TANDEM_ARGS:-}
+PROMPT_ARGS=()
+[ -n "${PROMPT:-}" ] && PROMPT_ARGS+=(--prompt "$PROMPT")
+[ -n "${DISTINCT:-}" ] && PROMPT_ARGS+=(--distinct-prompts)
 PEER=${PEER:-.peer}
 OUT=${OUT:-$PWD/serve-out}
 W=/tmp/tandem-serve
 E=.devcarry/engine
 mkdir -p "$OUT" "$W"
 {
-echo "SHAPES=\"$SHAPES\" CLIENTS=$CLIENTS REQUESTS=$REQUESTS GEN_TOKENS=$G PARALLEL=$P CONTEXT=$C TANDEM_ARGS=\"$TANDEM_ARGS\" bash bench/vs-llama-server.sh"
+echo "SHAPES=\"$SHAPES\" CLIENTS=$CLIENTS REQUESTS=$REQUESTS GEN_TOKENS=$G PARALLEL=$P CONTEXT=$C TANDEM_ARGS=\"$TANDEM_ARGS\" PROMPT=\"${PROMPT:-}\" DISTINCT=${DISTINCT:-} bash bench/vs-llama-server.sh"
 if compgen -G ".gl/*.deb" >/dev/null; then
     for f in .gl/*.deb; do dpkg -x "$f" /; done
     ldconfig
@@ -61,8 +66,8 @@ ready() {
 }
 # Warms the server on port $1 up, then loads it; JSON into $2.
 load() {
-    "$E" loadgen --url "http://127.0.0.1:$1" --clients 8 --requests 16 --max-tokens "$G" --json >/dev/null 2>&1
-    "$E" loadgen --url "http://127.0.0.1:$1" --clients "$CLIENTS" --requests "$REQUESTS" --max-tokens "$G" \
+    "$E" loadgen --url "http://127.0.0.1:$1" --clients 8 --requests 16 --max-tokens "$G" "${PROMPT_ARGS[@]}" --json >/dev/null 2>&1
+    "$E" loadgen --url "http://127.0.0.1:$1" --clients "$CLIENTS" --requests "$REQUESTS" --max-tokens "$G" "${PROMPT_ARGS[@]}" \
         --duration 120 --json >"$2" 2>"$W/loadgen.err" || { echo "   loadgen failed"; tail -3 "$W/loadgen.err"; }
 }
 printf 'shape\tserver\tclients\ttok_s\tttft_p50_ms\tttft_p99_ms\titl_p50_ms\titl_p99_ms\n' >"$OUT/summary.tsv"
@@ -73,16 +78,22 @@ for shape in $SHAPES; do
     "$E" serve --model "$g" --backend "${BACKEND:-vulkan}" --parallel "$P" --context "$C" --queue 256 --port 8090 $TANDEM_ARGS \
         >"$W/tandem.log" 2>&1 &
     pid=$!
-    if ready 8090; then load 8090 "$OUT/$shape-tandem.json"; else echo "   engine serve did not start"; fi
+    t0=$(date +%s.%N)
+    if ready 8090; then
+        echo "   listening after $(python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$t0") s (load and warm-up)"
+        load 8090 "$OUT/$shape-tandem.json"; else echo "   engine serve did not start"; fi
     python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8090/metrics', timeout=5).read().decode())" \
-        2>/dev/null | grep -E "^tandem_(prompt|requests)" >"$OUT/$shape-tandem-metrics.txt"
+        2>/dev/null | grep -E "^tandem_(prompt|requests|step)" >"$OUT/$shape-tandem-metrics.txt"
     kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
     tail -5 "$W/tandem.log" >"$OUT/$shape-tandem.log"
     if [ -z "${SKIP_PEER:-}" ]; then
         echo "== $shape: llama-server -ngl 99 -fa on -np $P -c $((P * C))"
         "$SERVER" -m "$g" -ngl 99 -fa on -np "$P" -c $((P * C)) --port 8091 >"$W/llama.log" 2>&1 &
         pid=$!
-        if ready 8091; then load 8091 "$OUT/$shape-llama-server.json"; else echo "   llama-server did not start"; fi
+        t0=$(date +%s.%N)
+        if ready 8091; then
+            echo "   listening after $(python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$t0") s"
+            load 8091 "$OUT/$shape-llama-server.json"; else echo "   llama-server did not start"; fi
         kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
         tail -5 "$W/llama.log" >"$OUT/$shape-llama-server.log"
     fi

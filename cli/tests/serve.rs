@@ -108,20 +108,22 @@ fn assert_error(r: &http::Response, status: u16, what: &str) -> String {
 
 #[test]
 fn sixteen_concurrent_streams_each_equal_the_request_alone() {
-    sixteen_streams(&[], 0);
+    sixteen_streams(&[], 0, "off");
 }
 
 /// The same with top-k 40, every batched step reading back only each row's best 128 logits,
 /// ranked by the backend (what a GPU does; forced on the CPU here by `TANDEM_RANKED_LOGITS`): the
-/// samplers pick from those what `engine run` picks from the whole rows.
+/// samplers pick from those what `engine run` picks from the whole rows. And every step padded
+/// to a bucket of rows with rows of a slot set aside (what a GPU does; forced here): the padding
+/// changes no token.
 #[test]
-fn sixteen_concurrent_streams_from_each_rows_best_logits_equal_the_request_alone() {
-    sixteen_streams(&[("TANDEM_RANKED_LOGITS", "128")], 40);
+fn sixteen_concurrent_padded_streams_from_each_rows_best_logits_equal_the_request_alone() {
+    sixteen_streams(&[("TANDEM_RANKED_LOGITS", "128")], 40, "on");
 }
 
 /// 16 sampled requests (temperature 1, top-k `top_k`, seeds 1000..) at once, each against itself
-/// alone and a few against `engine run`; `env` for the server.
-fn sixteen_streams(env: &[(&str, &str)], top_k: u32) {
+/// alone and a few against `engine run`; `env` for the server, `buckets` its `--step-buckets`.
+fn sixteen_streams(env: &[(&str, &str)], top_k: u32, buckets: &str) {
     let install = Install::new(&["cpu"]);
     let model = text_published();
     // 8 slots for 16 requests: batches of every size, slots freed and reused, a queue; 4-token
@@ -139,6 +141,8 @@ fn sixteen_streams(env: &[(&str, &str)], top_k: u32) {
             "16",
             "--chunk",
             "4",
+            "--step-buckets",
+            buckets,
         ],
         env,
     );
@@ -177,6 +181,8 @@ fn sixteen_streams(env: &[(&str, &str)], top_k: u32) {
             + server.metric("tandem_requests_total{outcome=\"stop\"}")
             >= 16.0
     );
+    // Warm-up built its shapes before the server listened, and the count says so.
+    assert!(server.metric("tandem_step_shapes_built_total") >= 2.0);
     for (i, (doc, got)) in requests.iter().zip(&together).enumerate() {
         let alone = streamed(&addr, "/v1/completions", doc);
         assert_eq!(

@@ -43,6 +43,10 @@ pub struct Args {
     /// The prompt.
     #[arg(long, default_value = "Write a short story about a lighthouse keeper.")]
     prompt: String,
+    /// Start each request's prompt with its number (`#17: `), so that no two requests share
+    /// more than a token or two of prefix: a server can reuse no request's prompt for another.
+    #[arg(long)]
+    distinct_prompts: bool,
     /// Sent as `Authorization: Bearer KEY`.
     #[arg(long)]
     api_key: Option<String>,
@@ -86,11 +90,21 @@ pub fn run(_ctx: &Context, args: &Args) -> anyhow::Result<()> {
     }
     if args.json {
         let doc = json!({
-            "url": args.url, "max_tokens": args.max_tokens, "prompt": args.prompt, "levels": levels,
+            "url": args.url, "max_tokens": args.max_tokens, "prompt": args.prompt,
+            "distinct_prompts": args.distinct_prompts, "levels": levels,
         });
         println!("{doc}");
     }
     Ok(())
+}
+
+/// Request `n`'s prompt: `prompt`, after its number where every request's should differ.
+fn request_prompt(prompt: &str, n: usize, distinct: bool) -> String {
+    if distinct {
+        format!("#{n}: {prompt}")
+    } else {
+        prompt.to_string()
+    }
 }
 
 /// The server's address, refusing anything but loopback.
@@ -123,8 +137,9 @@ fn measure(addr: SocketAddr, args: &Args, clients: usize) -> anyhow::Result<Valu
                 if n >= total || Instant::now() >= deadline {
                     break;
                 }
+                let prompt = request_prompt(&args.prompt, n, args.distinct_prompts);
                 let body = json!({
-                    "prompt": args.prompt, "max_tokens": args.max_tokens, "temperature": 0,
+                    "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0,
                     "stream": true,
                 });
                 match one(addr, args.api_key.as_deref(), &body) {
@@ -262,6 +277,14 @@ fn one(addr: SocketAddr, key: Option<&str>, body: &Value) -> anyhow::Result<Samp
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn distinct_prompts_differ_from_their_first_characters() {
+        assert_eq!(request_prompt("Hi.", 3, false), "Hi.");
+        let (a, b) = (request_prompt("Hi.", 3, true), request_prompt("Hi.", 17, true));
+        assert!(a.ends_with("Hi.") && b.ends_with("Hi."));
+        assert_eq!(a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count(), 1);
+    }
 
     #[test]
     fn stream_chunks_count_their_ids_or_one_token_of_text() {

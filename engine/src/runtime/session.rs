@@ -147,6 +147,25 @@ impl Session {
         self.scheduler.shapes_built()
     }
 
+    /// Step shapes built so far (a released shape built again counts again) and the time
+    /// building them took.
+    pub fn step_builds(&self) -> (u64, std::time::Duration) {
+        self.scheduler.builds()
+    }
+
+    /// The most rows one slot may take in a step that starts from an empty slot: every layer's
+    /// cache holds them all (a sliding-window layer's ring is at least its window), within the
+    /// context.
+    pub fn fresh_rows(&self) -> usize {
+        self.model
+            .layers
+            .iter()
+            .map(|l| l.cache.capacity)
+            .min()
+            .unwrap_or(usize::MAX)
+            .min(self.model.cache_shape.context)
+    }
+
     /// Tokens held in `slot`'s cache.
     pub fn len(&self, slot: usize) -> usize {
         self.lengths.get(slot).copied().unwrap_or(0)

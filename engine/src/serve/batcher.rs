@@ -10,15 +10,19 @@
 //!    stays that of the slots: a prefix lives only in the slot that computed it, until another
 //!    request takes that slot;
 //! 2. drops the requests whose client has gone, freeing their slots;
-//! 3. runs one step that carries a row of every sequence with a token to feed and one chunk (at
-//!    most the session's step size) of the oldest prompt still being read, so that a long
-//!    prompt is interleaved with the others' decoding instead of stalling it and the unit sees
-//!    one batch per turn; samples each selected row with its sequence's sampler (the prompt's
+//! 3. runs one step that carries a row of every sequence with a token to feed and the next
+//!    chunks of the oldest prompts still being read, at most the session's step size of prompt
+//!    tokens in all (each prompt in the chunks it would be read in alone), so that a long
+//!    prompt is interleaved with the others' decoding instead of stalling it, many short ones
+//!    are read at once, and the unit sees one batch per turn; samples each selected row with its sequence's sampler (the prompt's
 //!    after its last chunk: its first token), then accepts the picks. Where the logits are
 //!    computed on a device and every row's sampler needs no more than a row's best
 //!    `Session::ranked_k` logits, the step reads back only those (`Session::step_top_k_in`)
 //!    and each sampler picks from them (`Sampler::sample_ranked`: the same pick); otherwise
 //!    whole rows, sampled on several threads where there are many (`sampler::sample_rows`).
+//!    Where steps are padded ([`super::buckets`]), the step's rows and selected rows are first
+//!    rounded up to a bucket with rows of a slot set aside for that, so that the unit meets a
+//!    few dozen step shapes, each built once (most of them by [`warm_up`]).
 //!
 //! Batching changes no result as long as the backend computes each row of a step independently
 //! of the others (the CPU backend does: activations are quantized per row, and every row's dot
@@ -31,6 +35,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::buckets::{self, Padder, StepBuckets};
 use super::error::SubmitError;
 use super::metrics::{Metrics, Outcome};
 use crate::runtime::sampler::{sample_rows, Sampler};
@@ -48,6 +53,9 @@ pub struct BatcherOptions {
     /// Whether a request may keep the prefix it shares with what its slot last held (a system
     /// prompt, a chat history) instead of prefilling it again.
     pub reuse_prefix: bool,
+    /// Whether steps are padded to a few shapes ([`buckets`]). Unless off, the session's last
+    /// slot is set aside for padding rows: load one slot more than the requests to serve at once.
+    pub step_buckets: StepBuckets,
 }
 
 /// What the batcher and its handles share.
@@ -71,28 +79,82 @@ pub struct Handle {
 /// Runs, and forgets, the steps the first requests need, so that their kernels and step
 /// programs are built before the server listens and the first request is not the slow one:
 /// a whole prompt chunk, a short prompt, and decode steps of one row and of every slot (with
-/// their best logits ranked where the batcher would ask for that). Leaves every slot empty.
-pub fn warm_up(session: &mut Session) -> Result<(), crate::runtime::session::SessionError> {
-    let slots = session.slots();
-    let fill = session.chunk().min(session.context().saturating_sub(2)).max(1);
-    let tokens: Vec<u32> = (0..fill as u32).map(|t| t % 2 + 1).collect();
+/// their best logits ranked where the batcher would ask for that). With a `padder`, instead,
+/// steps padded as the batcher pads them: decode steps of every bucket up to all `served`
+/// slots, and prompt steps of every bucket of rows a step can have (decode rows and a budget of
+/// prompt tokens), which build every kernel a step of the server needs; a step that mixes
+/// them meets no new kernel, only a program to build. Leaves every slot empty.
+pub fn warm_up(
+    session: &mut Session,
+    served: usize,
+    padder: Option<Padder>,
+) -> Result<(), crate::runtime::session::SessionError> {
+    let chunk = session.chunk();
+    let fill = chunk.min(session.context().saturating_sub(2)).max(1);
     let ranked_k = session.ranked_k();
-    let result = (|| {
-        for n in [fill, fill.min(7)] {
-            session.reset(0);
-            session.step_in(Phase::Prefill, &tokens[..n], &vec![0; n], &[n as u32 - 1])?;
+    let (mut tokens, mut slots, mut select) = (Vec::new(), Vec::new(), Vec::new());
+    // A step of `rows`: a prompt's (`fill` rows a slot, the last selected), else one decode
+    // row a slot, all selected.
+    let mut step = |session: &mut Session, rows: usize, prompt: bool, k: usize| {
+        tokens.clear();
+        slots.clear();
+        select.clear();
+        if prompt {
+            tokens.extend((0..rows as u32).map(|t| t % 2 + 1));
+            slots.extend((0..rows).map(|r| (r / fill) as u32));
+            select.push(rows as u32 - 1);
+        } else {
+            tokens.resize(rows, 1);
+            slots.extend(0..rows as u32);
+            select.extend(0..rows as u32);
         }
-        for rows in [1, slots] {
-            let ids: Vec<u32> = (0..rows as u32).collect();
-            let select: Vec<u32> = (0..rows as u32).collect();
-            session.step(&vec![1; rows], &ids, &select)?;
+        if let Some(p) = padder {
+            session.reset(p.sink as usize);
+            p.pad(&mut tokens, &mut slots, &mut select);
+        }
+        let phase = if prompt { Phase::Prefill } else { Phase::Decode };
+        let result = if k > 0 {
+            session
+                .step_top_k_in(phase, &tokens, &slots, &select, k)
+                .map(|_| ())
+        } else {
+            session.step_in(phase, &tokens, &slots, &select).map(|_| ())
+        };
+        for slot in 0..session.slots() {
+            session.reset(slot);
+        }
+        result
+    };
+    let (decode, prompts): (Vec<usize>, Vec<usize>) = match padder {
+        Some(_) => {
+            // Every bucket up to `most` rows, as many rows as the served slots can take.
+            let upto = |most: usize, cap: usize| {
+                let mut b: Vec<usize> = (1..=most).map(buckets::bucket).collect();
+                b.dedup();
+                b.into_iter().map(|b| b.min(cap)).collect::<Vec<_>>()
+            };
+            (
+                upto(served, served),
+                upto(served + chunk, fill * served).into_iter().skip(1).collect(),
+            )
+        }
+        None => (vec![1, served], vec![fill, fill.min(7)]),
+    };
+    let result = (|| {
+        for &rows in &prompts {
+            step(session, rows, true, 0)?;
+        }
+        for &rows in &decode {
+            if rows == 1 || rows == served {
+                step(session, rows, false, 0)?;
+            }
             if ranked_k > 0 {
-                session.step_top_k(&vec![1; rows], &ids, &select, ranked_k)?;
+                step(session, rows, false, ranked_k)?;
             }
         }
         Ok(())
     })();
-    for slot in 0..slots {
+    for slot in 0..session.slots() {
         session.reset(slot);
     }
     result
@@ -101,28 +163,51 @@ pub fn warm_up(session: &mut Session) -> Result<(), crate::runtime::session::Ses
 /// How long an idle batcher waits for a request before looking at its flags again.
 const IDLE_POLL: Duration = Duration::from_millis(20);
 
-/// Starts the batcher thread on `session` (one KV cache slot per parallel sequence), after
-/// [`warm_up`].
+/// Starts the batcher thread on `session` (one KV cache slot per parallel sequence, and one
+/// for padding rows unless `options.step_buckets` is off), after [`warm_up`].
 pub fn start(
     mut session: Session,
     tokenizer: Arc<Tokenizer>,
     options: BatcherOptions,
 ) -> std::io::Result<(Handle, JoinHandle<()>)> {
+    let all = session.slots();
+    let (served, padder) = match options.step_buckets {
+        StepBuckets::Off => (all, None),
+        buckets => {
+            let sink = all.checked_sub(1).filter(|&s| s > 0).ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("padded steps need a slot besides the served ones; the session has {all}"),
+                )
+            })?;
+            let on = buckets == StepBuckets::On
+                || session.backend().info().kind != tandem_backend_api::DeviceKind::Cpu;
+            (sink, on.then(|| Padder::new(&session, sink as u32)))
+        }
+    };
     // A unit that cannot run these steps fails the first request the same way, with its
     // message; the server still starts.
-    let _ = warm_up(&mut session);
+    let _ = warm_up(&mut session, served, padder);
     let (tx, rx) = sync_channel(options.queue.max(1));
     let shared = Arc::new(Shared {
         metrics: Metrics::default(),
         draining: AtomicBool::new(false),
         cancel: AtomicBool::new(false),
         limits: Limits::of(&session),
-        slots: session.slots(),
+        slots: served,
     });
+    shared.metrics.step_builds(session.step_builds());
     let thread_shared = shared.clone();
     let thread = std::thread::Builder::new()
         .name("tandem-batcher".into())
-        .spawn(move || run(session, &tokenizer, rx, &thread_shared, options.reuse_prefix))?;
+        .spawn(move || {
+            let setup = Setup {
+                served,
+                padder,
+                reuse_prefix: options.reuse_prefix,
+            };
+            run(session, &tokenizer, rx, &thread_shared, setup)
+        })?;
     Ok((Handle { tx, shared }, thread))
 }
 
@@ -178,20 +263,34 @@ impl Handle {
     }
 }
 
+/// How the batcher's loop uses its session.
+struct Setup {
+    /// Slots requests take: `0..served`.
+    served: usize,
+    /// Pads every step, where steps are padded.
+    padder: Option<Padder>,
+    reuse_prefix: bool,
+}
+
 /// The batcher's loop; returns when it is shut down and idle, or every handle is gone.
 fn run(
     mut session: Session,
     tokenizer: &Tokenizer,
     rx: Receiver<(Request<'static>, Sampler)>,
     shared: &Shared,
-    reuse_prefix: bool,
+    setup: Setup,
 ) {
+    let Setup {
+        served,
+        padder,
+        reuse_prefix,
+    } = setup;
     let metrics = &shared.metrics;
     let vocab = session.model().config.vocab_size;
     let chunk = session.chunk();
     // Free slots, least recently used first: a request without a shared prefix takes the
     // first, so the prefixes used last stay longest.
-    let mut free: Vec<u32> = (0..session.slots() as u32).collect();
+    let mut free: Vec<u32> = (0..served as u32).collect();
     // The ids whose K/V each slot holds, in order (what a new request's prompt is matched
     // against); emptied where a failed step leaves a slot's cache unknown.
     let mut held: Vec<Vec<u32>> = vec![Vec::new(); session.slots()];
@@ -201,6 +300,10 @@ fn run(
     let mut rows: Vec<usize> = Vec::new();
     let mut picks: Vec<u32> = Vec::new();
     let mut at_limits: Vec<bool> = Vec::new();
+    // The step's prompt chunks (sequence, tokens, whether it ends the prompt), and the
+    // sequences whose first pick it gives.
+    let mut chunks: Vec<(usize, usize, bool)> = Vec::new();
+    let mut picking: Vec<usize> = Vec::new();
     // How many of a row's best logits a batched step reads back instead of the row, for the
     // samplers that need no more (0: whole rows; `Session::ranked_k` says where and how many).
     let ranked_k = session.ranked_k();
@@ -278,10 +381,11 @@ fn run(
             continue;
         }
         let mut ended: Vec<(usize, Outcome)> = Vec::new();
-        // 3. One step: a row for every sequence with a token to feed, and one chunk (at most
-        //    the session's step size) of the oldest prompt still being read, so that a long
-        //    prompt is interleaved with the others' decoding instead of stalling it, and the
-        //    unit sees one batch per turn.
+        // 3. One step: a row for every sequence with a token to feed, and prompt chunks (each
+        //    at most the session's step size, together at most that: the budget) of the
+        //    oldest prompts still being read, so that a long prompt is interleaved with the
+        //    others' decoding instead of stalling it, many short prompts are read at once, and
+        //    the unit sees one batch per turn.
         tokens.clear();
         slots.clear();
         rows.clear();
@@ -293,27 +397,52 @@ fn run(
             }
         }
         let decoding = rows.len();
-        // The prompt chunk: its sequence, its length, and whether it ends the prompt.
-        let chunked = seqs.iter().position(Sequence::prefilling).map(|i| {
-            let s = &seqs[i];
+        // The prompt chunks: each one's sequence, length, and whether it ends the prompt. A
+        // prompt's chunks are those it would be fed in alone; the first always goes, later
+        // ones while they fit the budget.
+        chunks.clear();
+        let mut budget = chunk;
+        for (i, s) in seqs.iter().enumerate().filter(|(_, s)| s.prefilling()) {
             let piece = s.next_chunk(chunk);
+            if !chunks.is_empty() && piece.len() > budget {
+                break;
+            }
+            budget = budget.saturating_sub(piece.len());
             tokens.extend_from_slice(piece);
             slots.resize(tokens.len(), s.slot);
-            (i, piece.len(), piece.len() == s.prompt_left())
-        });
+            chunks.push((i, piece.len(), piece.len() == s.prompt_left()));
+            if budget == 0 {
+                break;
+            }
+        }
         if tokens.is_empty() {
             continue;
         }
         select.clear();
         select.extend(0..decoding as u32);
-        // The sequence whose prompt this step ends: its last row's logits give its first pick.
-        let first_pick = chunked.filter(|c| c.2).map(|c| c.0);
-        if first_pick.is_some() || decoding == 0 {
-            // (A chunk alone that ends no prompt still selects its last row: a step selects
-            // at least one.)
+        // The sequences whose prompts this step ends: the last row of each one's chunk gives
+        // its first pick.
+        picking.clear();
+        let mut end = decoding;
+        for &(i, n, ends) in chunks.iter() {
+            end += n;
+            if ends {
+                picking.push(i);
+                select.push(end as u32 - 1);
+            }
+        }
+        if select.is_empty() {
+            // (Chunks that end no prompt still select the last row: a step selects at least
+            // one.)
             select.push(tokens.len() as u32 - 1);
         }
-        let phase = if chunked.is_some() {
+        // The rows the requests fed, before any padding.
+        let fed = tokens.len();
+        if let Some(p) = padder {
+            session.reset(p.sink as usize);
+            p.pad(&mut tokens, &mut slots, &mut select);
+        }
+        let phase = if !chunks.is_empty() {
             Phase::Prefill
         } else {
             Phase::Decode
@@ -323,7 +452,7 @@ fn run(
         let ranked = ranked_k > 0
             && rows
                 .iter()
-                .chain(first_pick.as_ref())
+                .chain(&picking)
                 .all(|&i| seqs[i].fits_ranked(ranked_k));
         let stepped = if ranked {
             session
@@ -332,12 +461,13 @@ fn run(
         } else {
             session.step_in(phase, &tokens, &slots, &select).map(|_| ())
         };
+        metrics.step_builds(session.step_builds());
         match stepped {
             Ok(()) => {
-                for (t, s) in tokens.iter().zip(&slots) {
+                for (t, s) in tokens[..fed].iter().zip(&slots) {
                     held[*s as usize].push(*t);
                 }
-                if let Some((i, n, _)) = chunked {
+                for &(i, n, _) in chunks.iter() {
                     seqs[i].fed(n);
                 }
                 // Whether each picking sequence has reached the context, asked before the
@@ -345,7 +475,7 @@ fn run(
                 at_limits.clear();
                 at_limits.extend(
                     rows.iter()
-                        .chain(first_pick.as_ref())
+                        .chain(&picking)
                         .map(|&i| session.at_context_limit(seqs[i].slot as usize)),
                 );
                 let width = if ranked { 2 * ranked_k } else { vocab };
@@ -378,9 +508,12 @@ fn run(
                         ended.push((i, o));
                     }
                 }
-                if let (Some(i), Some(row)) = (first_pick, last.get_mut(..width)) {
+                for ((&i, row), &at_limit) in picking
+                    .iter()
+                    .zip(last.chunks_exact_mut(width))
+                    .zip(&at_limits[decoding..])
+                {
                     let s = &mut seqs[i];
-                    let at_limit = at_limits[decoding];
                     let outcome = if ranked {
                         let id = s.sampler_parts().0.sample_ranked(row);
                         accept_id(s, id, at_limit, metrics)
@@ -394,7 +527,7 @@ fn run(
                 }
             }
             Err(e) => {
-                for i in rows.iter().copied().chain(chunked.map(|c| c.0)) {
+                for i in rows.iter().copied().chain(chunks.iter().map(|c| c.0)) {
                     held[seqs[i].slot as usize].clear();
                     seqs[i].fail(e.to_string());
                     ended.push((i, Outcome::Error));

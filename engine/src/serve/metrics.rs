@@ -104,6 +104,9 @@ pub struct Metrics {
     prompt_tokens: AtomicU64,
     reused_tokens: AtomicU64,
     generated_tokens: AtomicU64,
+    /// Step shapes whose programs were built, and the nanoseconds that took.
+    step_builds: AtomicU64,
+    step_build_ns: AtomicU64,
     /// Time from a request's arrival to its first token.
     pub ttft: Histogram,
     /// Time between consecutive tokens of one request.
@@ -122,6 +125,8 @@ impl Default for Metrics {
             prompt_tokens: AtomicU64::new(0),
             reused_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
+            step_builds: AtomicU64::new(0),
+            step_build_ns: AtomicU64::new(0),
             ttft: Histogram::new(TTFT_BOUNDS),
             itl: Histogram::new(ITL_BOUNDS),
             http: Mutex::new(BTreeMap::new()),
@@ -154,6 +159,14 @@ impl Metrics {
 
     pub(crate) fn generated(&self) {
         self.generated_tokens.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sets the step shapes built so far and the time building them took (the session's
+    /// totals, warm-up included).
+    pub(crate) fn step_builds(&self, (n, took): (u64, Duration)) {
+        self.step_builds.store(n, Ordering::Relaxed);
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.step_build_ns.store(ns, Ordering::Relaxed);
     }
 
     /// Requests that ended with `outcome`.
@@ -235,6 +248,17 @@ impl Metrics {
             "tandem_generated_tokens_total",
             "Tokens generated.",
             self.generated_tokens.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "tandem_step_shapes_built_total",
+            "Step shapes whose programs were built (warm-up included; one released and met again counts again).",
+            self.step_builds.load(Ordering::Relaxed),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP tandem_step_shape_build_seconds_total Time spent building step programs, which the step that met the shape waited for.\n# TYPE tandem_step_shape_build_seconds_total counter\ntandem_step_shape_build_seconds_total {}",
+            self.step_build_ns.load(Ordering::Relaxed) as f64 / 1e9
         );
         self.ttft.render(
             &mut out,

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use tandem_engine::serve::{self, BatcherOptions, Handle};
+use tandem_engine::serve::{self, BatcherOptions, Handle, StepBuckets};
 use tandem_engine::tokenizer::chat::ChatTemplate;
 
 use super::load::{load, ModelArgs};
@@ -56,14 +56,25 @@ pub struct Args {
     /// last held.
     #[arg(long)]
     no_prefix_reuse: bool,
+    /// Pad steps to a few row counts (auto, on, off): on a GPU the first step of each shape
+    /// builds its programs, and unpadded a server meets hundreds of shapes while clients wait.
+    /// auto pads where the logits are computed on a device, not on the CPU. Unless off, one
+    /// KV cache slot more than --parallel is loaded for the padding rows.
+    #[arg(long, default_value = "auto", value_parser = parse_step_buckets)]
+    step_buckets: StepBuckets,
     /// Seconds to let running requests finish after Ctrl-C or SIGTERM before cancelling them.
     #[arg(long, default_value_t = 30)]
     shutdown_timeout: u64,
 }
 
+fn parse_step_buckets(s: &str) -> Result<StepBuckets, String> {
+    s.parse().map_err(|e| format!("--step-buckets {e}"))
+}
+
 /// Runs the command until Ctrl-C or SIGTERM.
 pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
-    let loaded = load(ctx, &args.model, args.parallel as usize)?;
+    let sink = usize::from(args.step_buckets != StepBuckets::Off);
+    let loaded = load(ctx, &args.model, args.parallel as usize + sink)?;
     let model_id = args.model_name.clone().unwrap_or_else(|| model_name(&args.model));
     let tokenizer = Arc::new(loaded.tokenizer);
     let chat = if tokenizer.has_vocabulary() {
@@ -81,6 +92,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         BatcherOptions {
             queue: args.queue as usize,
             reuse_prefix: !args.no_prefix_reuse,
+            step_buckets: args.step_buckets,
         },
     )
     .context("starting the batcher thread")?;

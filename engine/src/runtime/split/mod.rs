@@ -228,6 +228,8 @@ pub struct SplitScheduler {
     /// when [`MAX_SHAPES`] are built and another is needed.
     used: HashMap<StepKey, u64>,
     steps: u64,
+    /// Step shapes built so far (released ones counted), and the time their building took.
+    builds: (u64, std::time::Duration),
     micro_batches: usize,
     /// `0, 1, 2, ...`: the select rows of a micro-batch (grown, never shrunk).
     iota: Vec<u32>,
@@ -291,6 +293,7 @@ impl SplitScheduler {
             programs: HashMap::new(),
             used: HashMap::new(),
             steps: 0,
+            builds: (0, std::time::Duration::ZERO),
             micro_batches: 1,
             iota: Vec::new(),
             last: None,
@@ -317,6 +320,12 @@ impl SplitScheduler {
     /// `TANDEM_STEP_SHAPES`).
     pub fn shapes_built(&self) -> usize {
         self.programs.len()
+    }
+
+    /// Step shapes built so far, released ones counted (a shape built again counts again), and
+    /// the time building them took: what a step that met a new shape waited.
+    pub fn builds(&self) -> (u64, std::time::Duration) {
+        self.builds
     }
 
     /// How values cross between units.
@@ -463,6 +472,7 @@ impl SplitScheduler {
         if self.programs.contains_key(&key) {
             return Ok(());
         }
+        let started = std::time::Instant::now();
         // At the cap, the shape that ran least recently goes first.
         while self.programs.len() >= max_shapes() {
             let Some(old) = self.used.iter().min_by_key(|(_, &t)| t).map(|(k, _)| *k) else {
@@ -529,6 +539,8 @@ impl SplitScheduler {
             }
         }
         self.programs.insert(key, schedules);
+        self.builds.0 += 1;
+        self.builds.1 += started.elapsed();
         Ok(())
     }
 
