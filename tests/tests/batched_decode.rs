@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use tandem_backend_api::BackendError;
 use tandem_engine::checkpoint::hf::open_hf_dir;
 use tandem_engine::model::CacheShape;
 
@@ -187,4 +188,119 @@ fn step_programs_are_capped_and_rebuilt_when_needed() {
     assert_eq!(session.step_shapes(), MAX_SHAPES);
     // One row's programs were released (the least recently run): built again, same logits.
     assert_eq!(step(&mut session, 1), first);
+}
+
+/// A unit whose memory holds at most `max` programs: `compile` past them is out of memory,
+/// as a GPU's is when its activations do not fit.
+struct Limited {
+    inner: Box<dyn tandem_backend_api::ComputeBackend>,
+    max: usize,
+    live: usize,
+}
+
+impl tandem_backend_api::ComputeBackend for Limited {
+    fn info(&self) -> tandem_backend_api::BackendInfo {
+        self.inner.info()
+    }
+    fn supports(&self, op: &tandem_backend_api::Op) -> tandem_backend_api::Support {
+        self.inner.supports(op)
+    }
+    fn alloc(
+        &mut self,
+        desc: &tandem_backend_api::TensorDesc,
+        usage: tandem_backend_api::Usage,
+    ) -> Result<tandem_backend_api::BufferId, BackendError> {
+        self.inner.alloc(desc, usage)
+    }
+    fn write(
+        &mut self,
+        b: tandem_backend_api::BufferId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
+        self.inner.write(b, offset, data)
+    }
+    fn read(
+        &mut self,
+        b: tandem_backend_api::BufferId,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), BackendError> {
+        self.inner.read(b, offset, out)
+    }
+    fn free(&mut self, b: tandem_backend_api::BufferId) -> Result<(), BackendError> {
+        self.inner.free(b)
+    }
+    fn compile(
+        &mut self,
+        graph: &tandem_backend_api::Graph,
+    ) -> Result<tandem_backend_api::ProgramId, BackendError> {
+        if self.live >= self.max {
+            return Err(BackendError::OutOfMemory {
+                requested: 1,
+                available: 0,
+            });
+        }
+        let p = self.inner.compile(graph)?;
+        self.live += 1;
+        Ok(p)
+    }
+    fn execute(
+        &mut self,
+        p: tandem_backend_api::ProgramId,
+        args: &tandem_backend_api::StepArgs<'_>,
+    ) -> Result<tandem_backend_api::Ticket, BackendError> {
+        self.inner.execute(p, args)
+    }
+    fn wait(&mut self, t: tandem_backend_api::Ticket) -> Result<(), BackendError> {
+        self.inner.wait(t)
+    }
+    fn release(&mut self, p: tandem_backend_api::ProgramId) -> Result<(), BackendError> {
+        self.live -= 1;
+        self.inner.release(p)
+    }
+}
+
+/// Where a unit has no memory left for a new step shape's programs, the shapes run least
+/// recently are released to make room, however many the cap allows: a server keeps serving,
+/// and a released shape runs again with the same result.
+#[test]
+fn a_unit_out_of_memory_for_a_new_shape_releases_the_least_recent() {
+    let dir = fixture("text-published");
+    let cpu = tandem_conformance::discover()
+        .create("cpu", &Default::default())
+        .unwrap();
+    let (config, ckpt) = open_hf_dir(&dir).unwrap();
+    let shape = CacheShape {
+        slots: 12,
+        context: 8,
+        max_step_rows: 4,
+        dtype: tandem_backend_api::DType::F32,
+    };
+    let limited = Box::new(Limited {
+        inner: cpu,
+        max: 3,
+        live: 0,
+    });
+    let mut session = tandem_conformance::session_on("cpu", limited, config, &ckpt, shape);
+    let step = |session: &mut tandem_engine::runtime::session::Session, n: usize| {
+        for slot in 0..n {
+            session.reset(slot);
+        }
+        let slots: Vec<u32> = (0..n as u32).collect();
+        let tokens: Vec<u32> = slots.iter().map(|s| 3 + s % 50).collect();
+        session.step(&tokens, &slots, &[0]).map(<[f32]>::to_vec)
+    };
+    let first = step(&mut session, 1).unwrap();
+    for n in 2..=12 {
+        step(&mut session, n).unwrap_or_else(|e| panic!("{n} rows: {e}"));
+        assert!(
+            session.step_shapes() <= 3,
+            "{} shapes held",
+            session.step_shapes()
+        );
+    }
+    assert_eq!(session.step_shapes(), 3);
+    // The one-row shape was released along the way: built again, the same logits.
+    assert_eq!(step(&mut session, 1).unwrap(), first);
 }

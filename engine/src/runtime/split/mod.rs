@@ -462,7 +462,26 @@ impl SplitScheduler {
         (bounds, m)
     }
 
-    /// Builds (once per shape) the programs of `key`, one per micro-batch.
+    /// Releases the programs of the shape that ran least recently; false when none is built.
+    fn release_least_recent(&mut self) -> bool {
+        let Some(old) = self.used.iter().min_by_key(|(_, &t)| t).map(|(k, _)| *k) else {
+            return false;
+        };
+        self.used.remove(&old);
+        if let Some(schedules) = self.programs.remove(&old) {
+            for mut s in schedules {
+                s.release(&mut self.units);
+            }
+        }
+        if self.last == Some(old) {
+            self.last = None;
+        }
+        true
+    }
+
+    /// Builds (once per shape) the programs of `key`, one per micro-batch: at the cap, or
+    /// where a unit runs out of memory for them, after releasing the shapes that ran least
+    /// recently (a unit's memory holds as many shapes as fit, however many the cap allows).
     fn programs_for(
         &mut self,
         model: &Gemma3Model,
@@ -473,21 +492,29 @@ impl SplitScheduler {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        // At the cap, the shape that ran least recently goes first.
-        while self.programs.len() >= max_shapes() {
-            let Some(old) = self.used.iter().min_by_key(|(_, &t)| t).map(|(k, _)| *k) else {
-                break;
-            };
-            self.used.remove(&old);
-            if let Some(schedules) = self.programs.remove(&old) {
-                for mut s in schedules {
-                    s.release(&mut self.units);
+        while self.programs.len() >= max_shapes() && self.release_least_recent() {}
+        let schedules = loop {
+            match self.build(model, key, bounds) {
+                Ok(s) => break s,
+                Err(e)
+                    if matches!(e.error, BackendError::OutOfMemory { .. }) && self.release_least_recent() => {
                 }
+                Err(e) => return Err(e),
             }
-            if self.last == Some(old) {
-                self.last = None;
-            }
-        }
+        };
+        self.programs.insert(key, schedules);
+        self.builds.0 += 1;
+        self.builds.1 += started.elapsed();
+        Ok(())
+    }
+
+    /// The programs of `key`, one per micro-batch, built.
+    fn build(
+        &mut self,
+        model: &Gemma3Model,
+        key: StepKey,
+        bounds: &[usize],
+    ) -> Result<Vec<Scheduled>, ScheduleError> {
         if self.mode == BoundaryMode::Device && self.units.len() > 1 {
             self.share_timelines()?;
         }
@@ -538,10 +565,7 @@ impl SplitScheduler {
                 }
             }
         }
-        self.programs.insert(key, schedules);
-        self.builds.0 += 1;
-        self.builds.1 += started.elapsed();
-        Ok(())
+        Ok(schedules)
     }
 
     /// The index in `graphs` of the step graph of `shape` (rows, selected rows), built and checked
