@@ -13,15 +13,19 @@
 //!
 //! Modules, bottom up: [`contract`] (the kernel ABI), [`emu`], [`cost`], [`artefacts`],
 //! [`executor`] (the executor trait and the emulator's), [`device`] (the device executor),
-//! [`backend`] (`ComputeBackend`), and [`sim`] (the laptop simulation `npu-sim` prints).
+//! [`backend`] (`ComputeBackend`), [`sim`] (the per-op laptop roofline), [`params`] (every
+//! calibrated parameter with its source) and [`calibration`] (the model fitted to published
+//! XDNA2 figures and the placements it ranks, which `npu-sim` prints).
 
 pub mod artefacts;
 pub mod backend;
+pub mod calibration;
 pub mod contract;
 pub mod cost;
 pub mod device;
 pub mod emu;
 pub mod executor;
+pub mod params;
 pub mod sim;
 
 use tandem_backend_api::{BackendError, BackendOptions};
