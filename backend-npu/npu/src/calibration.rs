@@ -29,7 +29,7 @@ pub fn shape(name: &str) -> Option<&'static Shape> {
 
 /// Whether layer `l` is a local (sliding-window) layer: five of every six.
 fn local(l: usize) -> bool {
-    (l + 1) % 6 != 0
+    !(l + 1).is_multiple_of(6)
 }
 
 /// Matrix weights of one layer and of the logits head (the tied embedding).
@@ -122,10 +122,11 @@ fn solve<const N: usize>(mut a: [[f64; N]; N], mut b: [f64; N]) -> Option<[f64; 
         }
         a.swap(c, pivot);
         b.swap(c, pivot);
+        let pivot_row = a[c];
         for r in c + 1..N {
-            let f = a[r][c] / a[c][c];
-            for k in c..N {
-                a[r][k] -= f * a[c][k];
+            let f = a[r][c] / pivot_row[c];
+            for (x, p) in a[r][c..].iter_mut().zip(&pivot_row[c..]) {
+                *x -= f * p;
             }
             b[r] -= f * b[c];
         }
