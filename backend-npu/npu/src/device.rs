@@ -219,6 +219,8 @@ impl<D: NpuDevice> Executor for DeviceExecutor<D> {
     fn features(&self) -> Vec<String> {
         let i = self.device.info();
         let mut f = vec![
+            // What the engine's `auto` reads to know whether the NPU cost model has figures.
+            format!("generation={}", i.generation.name()),
             format!("pci={}", i.pci),
             format!("firmware={}", i.firmware_version.as_deref().unwrap_or("unknown")),
             format!("driver={}", i.driver_version),
@@ -1079,6 +1081,7 @@ mod tests {
                     .iter()
                     .any(|f| f == "pci=0000:c6:00.1 1022:17f0 rev 10" || f.starts_with("pci="))
         );
+        assert!(ex.features().iter().any(|f| f == "generation=npu4"));
     }
 
     // ----- Timelines (device-side boundaries) through the backend -----

@@ -10,13 +10,13 @@
 //!
 //! The six fitted terms ([`NpuParams`]) come from weighted least squares over FastFlowLM's
 //! table ([`params::FLM_GEMMA3`]); [`fit`] recomputes them and [`calibration`] prints each
-//! figure beside its prediction. The iGPU side is [`crate::sim`]'s roofline with
+//! figure beside its prediction. The iGPU side is [`crate::gpu`]'s roofline with
 //! [`params::RADEON_890M`] / [`params::RADEON_860M`].
 
 use serde::Serialize;
 
+use crate::gpu::{self, local, GpuModel, Shape, Step, GEMMA3_1B, GEMMA3_4B};
 use crate::params::{self, NpuParams, Published, FLM_GEMMA3, GPU_UNCERTAINTY, SHARED_BYTES_PER_S, XDNA2};
-use crate::sim::{self, GpuModel, Shape, Step, GEMMA3_1B, GEMMA3_4B};
 
 /// The Gemma 3 size named `1B` or `4B`.
 pub fn shape(name: &str) -> Option<&'static Shape> {
@@ -25,11 +25,6 @@ pub fn shape(name: &str) -> Option<&'static Shape> {
         "4B" => Some(&GEMMA3_4B),
         _ => None,
     }
-}
-
-/// Whether layer `l` is a local (sliding-window) layer: five of every six.
-fn local(l: usize) -> bool {
-    !(l + 1).is_multiple_of(6)
 }
 
 /// Matrix weights of one layer and of the logits head (the tied embedding).
@@ -275,25 +270,20 @@ pub struct Estimate {
     pub high: f64,
 }
 
-/// iGPU seconds for `case` from [`sim::simulate`]: (all ops, attention only).
+/// iGPU seconds for `case` from [`gpu::step`]: (all ops, attention only).
 fn gpu_s(s: &Shape, gpu: &'static GpuModel, case: Case) -> (f64, f64) {
-    let laptop = sim::Laptop {
-        name: "",
-        npu: &crate::cost::NPU4,
-        gpu,
-    };
-    let one = |rows, start, phase| sim::simulate(s, &laptop, Step { phase, rows, start });
+    let one = |rows, start, phase| gpu::step(s, gpu, Step { phase, rows, start });
     match case.phase {
         "decode" => {
             // b rows at once for the matrices; each row's attention over its own cache.
             let all = one(case.batch, case.context - 1, "decode");
-            let att = one(1, case.context - 1, "decode").gpu_attention_s * case.batch as f64;
-            (all.vulkan_s - all.gpu_attention_s + att, att)
+            let att = one(1, case.context - 1, "decode").attention_s * case.batch as f64;
+            (all.all_s - all.attention_s + att, att)
         }
         _ => {
             let o = one(case.context, 0, "prefill");
             let b = case.batch as f64;
-            (o.vulkan_s * b, o.gpu_attention_s * b)
+            (o.all_s * b, o.attention_s * b)
         }
     }
 }
@@ -479,6 +469,75 @@ pub fn calibrated() -> &'static NpuParams {
     &XDNA2
 }
 
+/// The laptop whose iGPU a backend's device name names (Mesa's `AMD Radeon 890M Graphics
+/// (RADV GFX1150)`, `... 860M ...`), when the model has figures for it.
+pub fn laptop_for_gpu(device: &str) -> Option<&'static Laptop> {
+    let d = device.to_ascii_lowercase();
+    if d.contains("890m") {
+        Some(&LAPTOPS[0])
+    } else if d.contains("860m") {
+        Some(&LAPTOPS[1])
+    } else {
+        None
+    }
+}
+
+/// Whether the model has figures for an NPU of this amdxdna generation: the XDNA2 parts
+/// (`npu4`, `npu5`, `npu6`), which FastFlowLM's figures and IRON's dispatch floor were
+/// measured on. Not `npu1` (XDNA, 4 columns), nor the early `npu2`.
+pub fn npu_has_figures(generation: &str) -> bool {
+    matches!(generation, "npu4" | "npu5" | "npu6")
+}
+
+/// What `auto` asks of the model on a machine with an XDNA2 NPU beside a known iGPU: one
+/// sequence's decode at `context` positions with the whole model on the iGPU, and with
+/// attention on the NPU and the rest on the iGPU (the two placements tandem can run with an NPU:
+/// its kernels are attention only).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AutoDecode {
+    /// [`PLACEMENTS`]`[0]`, `gpu-only`.
+    pub gpu_only: Estimate,
+    /// [`PLACEMENTS`]`[1]`, `npu-attention+gpu`.
+    pub npu_attention: Estimate,
+    /// The calibration's decode error, the NPU side's uncertainty.
+    pub npu_error: f64,
+}
+
+/// The model's [`AutoDecode`] for `s` on `laptop` at `context` positions (at least 1).
+pub fn auto_decode(s: &Shape, laptop: &Laptop, context: usize) -> AutoDecode {
+    let p = calibrated();
+    let npu_error = max_error(&calibration(p), "decode");
+    let case = Case {
+        phase: "decode",
+        batch: 1,
+        context: context.max(1),
+    };
+    let all = estimates(p, s, laptop, case, npu_error);
+    let find = |name: &str| all.iter().find(|e| e.placement == name).cloned();
+    // Batch-1 decode has no overlapped row; the other two are always there.
+    let (Some(gpu_only), Some(npu_attention)) = (find(PLACEMENTS[0]), find(PLACEMENTS[1])) else {
+        unreachable!("estimates always returns gpu-only and npu-attention+gpu")
+    };
+    AutoDecode {
+        gpu_only,
+        npu_attention,
+        npu_error,
+    }
+}
+
+/// Whether `a` is slower than `b` at every end of the model's uncertainty: the NPU's terms
+/// scaled by `1 +- npu_error` and the iGPU's by `1 +- GPU_UNCERTAINTY`, the same factor for
+/// both placements (they run on the same NPU and iGPU, so a parameter that is off is off for
+/// both). For placements whose time is `npu_s + gpu_s` (not the overlapped bound).
+pub fn slower_everywhere(a: &Estimate, b: &Estimate, npu_error: f64) -> bool {
+    let corners = [1.0 - npu_error, 1.0 + npu_error]
+        .into_iter()
+        .flat_map(|n| [1.0 - GPU_UNCERTAINTY, 1.0 + GPU_UNCERTAINTY].map(|g| (n, g)));
+    corners
+        .into_iter()
+        .all(|(n, g)| a.npu_s * n + a.gpu_s * g > b.npu_s * n + b.gpu_s * g)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -533,6 +592,37 @@ mod tests {
             .collect();
         let [a, b] = relative_least_squares(&rows).unwrap();
         assert!((a - 3.0).abs() < 1e-9 && (b - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn auto_knows_the_two_laptops_and_xdna2_only() {
+        assert_eq!(
+            laptop_for_gpu("AMD Radeon 890M Graphics (RADV GFX1150)").map(|l| l.name),
+            Some(LAPTOPS[0].name)
+        );
+        assert_eq!(
+            laptop_for_gpu("AMD Radeon 860M").map(|l| l.name),
+            Some(LAPTOPS[1].name)
+        );
+        assert!(laptop_for_gpu("NVIDIA H100 80GB HBM3").is_none());
+        assert!(npu_has_figures("npu4") && !npu_has_figures("npu1"));
+    }
+
+    #[test]
+    fn auto_decode_puts_npu_attention_behind_the_igpu_everywhere() {
+        for laptop in &LAPTOPS {
+            for s in [&GEMMA3_1B, &GEMMA3_4B] {
+                let a = auto_decode(s, laptop, 80);
+                assert!(a.npu_error > 0.0 && a.npu_error < DECODE_ERROR);
+                assert_eq!(a.gpu_only.npu_s, 0.0);
+                assert!(
+                    slower_everywhere(&a.npu_attention, &a.gpu_only, a.npu_error),
+                    "{a:?}"
+                );
+                assert!(!slower_everywhere(&a.gpu_only, &a.npu_attention, a.npu_error));
+                assert!(!slower_everywhere(&a.gpu_only, &a.gpu_only, a.npu_error));
+            }
+        }
     }
 
     #[test]

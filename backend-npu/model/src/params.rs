@@ -6,7 +6,7 @@
 //! figures were read from their sources on 2026-11-26 (see each `source`); the fitted values are
 //! what `npu-sim --calibration` computes from them, rounded.
 
-use crate::sim::GpuModel;
+use crate::gpu::GpuModel;
 
 /// The FastFlowLM benchmark page every NPU figure below comes from.
 pub const FLM_SOURCE: &str = "FastFlowLM docs/docs/benchmarks/gemma3_results.md (FastFlowLM v0.9.23, \
