@@ -336,8 +336,10 @@ impl<D: NpuDevice> Executor for DeviceExecutor<D> {
     }
 
     fn bytes_in_use(&self) -> u64 {
+        // The single-dispatch buffers and each chain position's own params, q and out.
         let staged: usize = [&self.params, &self.q, &self.out]
-            .iter()
+            .into_iter()
+            .chain(self.chain_staging.iter().flatten())
             .filter_map(|s| s.bo.map(|(_, n)| n))
             .sum();
         self.caches.values().map(|(_, e)| 2 * *e as u64).sum::<u64>() + staged as u64
@@ -1526,6 +1528,21 @@ mod tests {
             want[0], want[1],
             "the windowed layer differs, so order is checked"
         );
+    }
+
+    #[test]
+    fn a_chains_staging_buffers_count_in_the_memory_held() {
+        let (mut b, _) = device_backend("chain-bytes", FakeNpu::new());
+        let (p, _) = two_layer_program(&mut b);
+        let before = b.memory().unwrap().unwrap();
+        b.execute(p, &args()).unwrap();
+        let after = b.memory().unwrap().unwrap();
+        // Two chain positions, each with params, q and out buffers of the 4 KiB minimum.
+        assert_eq!(after.in_use_bytes - before.in_use_bytes, 2 * 3 * 4096);
+        assert_eq!(after.peak_bytes, after.in_use_bytes);
+        // A second step reuses them.
+        b.execute(p, &args()).unwrap();
+        assert_eq!(b.memory().unwrap().unwrap(), after);
     }
 
     #[test]
