@@ -40,7 +40,7 @@ use tandem_backend_api::{
 };
 
 use crate::contract::{bf16_round, bf16_to_f32, kernel_shape, AttnParams, KernelShape};
-use crate::executor::{span, Executor, KvId};
+use crate::executor::{span, Dispatch, Executor, KvId};
 
 /// What distinguishes `npu` from `npu-emu`: the name and how the executor is made.
 pub trait Flavor: Send + 'static {
@@ -275,8 +275,19 @@ impl<F: Flavor> NpuBackend<F> {
         let mut values: Vec<Vec<f32>> = vec![Vec::new(); g.value_count()];
         let mut times = Vec::with_capacity(g.nodes.len());
         let mut shapes = prog.shapes.iter();
+        // A step's attention dispatches go to the executor together (one chained submission on
+        // the device), flushed early only where a node reads what a pending one writes.
+        let mut pending: Vec<(usize, Dispatch)> = Vec::new();
+        let mut outputs = Vec::new();
+        let mut seconds_of = vec![0.0; g.nodes.len()];
         for (i, node) in g.nodes.iter().enumerate() {
-            let mut seconds = 0.0;
+            let reads: Vec<usize> = match &node.op {
+                Op::Attention { q, k, v, .. } => vec![q.0 as usize, k.0 as usize, v.0 as usize],
+                _ => Vec::new(),
+            };
+            if pending.iter().any(|(out, _)| reads.contains(out)) {
+                self.flush(&mut pending, &mut values, &mut seconds_of)?;
+            }
             match &node.op {
                 Op::Input {
                     buffer,
@@ -296,18 +307,9 @@ impl<F: Flavor> NpuBackend<F> {
                         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                         .collect();
                 }
-                Op::Output { x, buffer } => {
-                    let data: Vec<u8> = values[x.0 as usize]
-                        .iter()
-                        .flat_map(|v| v.to_le_bytes())
-                        .collect();
-                    match self.buffers.get_mut(*buffer) {
-                        Ok(Buffer::Host(host)) if host.len() >= data.len() => {
-                            host.bytes_mut()[..data.len()].copy_from_slice(&data)
-                        }
-                        _ => return Err(BackendError::internal("output buffer changed")),
-                    }
-                }
+                // Outputs are written once every dispatch has run (nothing in the program reads
+                // them), so they do not split the step's chain.
+                Op::Output { x, buffer } => outputs.push((*x, *buffer)),
                 Op::Attention {
                     q,
                     k,
@@ -353,10 +355,19 @@ impl<F: Flavor> NpuBackend<F> {
                         row_slots: args.slots.to_vec(),
                     };
                     let qb: Vec<u16> = values[q.0 as usize].iter().map(|x| bf16_round(*x)).collect();
-                    let mut out = vec![0u16; qb.len()];
-                    let t = self.exec.attention(shape, &params, &qb, kid, vid, &mut out)?;
-                    seconds = t.seconds;
-                    values[node.outputs[0].0 as usize] = out.into_iter().map(bf16_to_f32).collect();
+                    let out = vec![0u16; qb.len()];
+                    pending.push((
+                        node.outputs[0].0 as usize,
+                        Dispatch {
+                            node: i,
+                            shape,
+                            params,
+                            q: qb,
+                            k: kid,
+                            v: vid,
+                            out,
+                        },
+                    ));
                 }
                 other => {
                     return Err(BackendError::Unsupported {
@@ -365,13 +376,47 @@ impl<F: Flavor> NpuBackend<F> {
                     })
                 }
             }
+        }
+        self.flush(&mut pending, &mut values, &mut seconds_of)?;
+        for (x, buffer) in outputs {
+            let data: Vec<u8> = values[x.0 as usize]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            match self.buffers.get_mut(buffer) {
+                Ok(Buffer::Host(host)) if host.len() >= data.len() => {
+                    host.bytes_mut()[..data.len()].copy_from_slice(&data)
+                }
+                _ => return Err(BackendError::internal("output buffer changed")),
+            }
+        }
+        for (i, node) in g.nodes.iter().enumerate() {
             times.push(NodeTime {
                 node: i,
                 op: node.op.name(),
-                seconds,
+                seconds: seconds_of[i],
             });
         }
         prog.last = times;
+        Ok(())
+    }
+
+    /// Runs the pending dispatches as one chain and stores their outputs and times.
+    fn flush(
+        &mut self,
+        pending: &mut Vec<(usize, Dispatch)>,
+        values: &mut [Vec<f32>],
+        seconds_of: &mut [f64],
+    ) -> Result<(), BackendError> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let (outs, mut chain): (Vec<usize>, Vec<Dispatch>) = pending.drain(..).unzip();
+        let times = self.exec.attention_chain(&mut chain)?;
+        for ((out, d), t) in outs.into_iter().zip(chain).zip(times) {
+            seconds_of[d.node] = t.seconds;
+            values[out] = d.out.into_iter().map(bf16_to_f32).collect();
+        }
         Ok(())
     }
 
@@ -550,6 +595,11 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
                 _ => 0,
             };
             if let Some(shape) = self.check_node(graph, &node.op, cols)? {
+                // The kernels (and instruction streams) a step of this shape runs are loaded
+                // now, not on its first step.
+                if let Op::Attention { cache, .. } = &node.op {
+                    self.exec.prepare(shape, cache.capacity)?;
+                }
                 shapes.push(shape);
             }
         }

@@ -26,12 +26,13 @@ use std::time::{Duration, Instant};
 
 use tandem_backend_api::{BackendError, Ticket, TimelineId};
 use xrt_sys::{
-    BoHandle, BoKind, ContextHandle, NpuDevice, TimelineHandle, Xclbin, XrtError, MAX_TIMELINE_WAITS,
+    BoHandle, BoKind, ChainedRun, ContextHandle, NpuDevice, TimelineHandle, Xclbin, XrtError,
+    MAX_TIMELINE_WAITS,
 };
 
 use crate::artefacts::Artefacts;
 use crate::contract::{AttnParams, KernelShape, Phase};
-use crate::executor::{DispatchTime, Executor, KvId};
+use crate::executor::{on_node, Dispatch, DispatchTime, Executor, KvId};
 
 /// A loaded kernel: its hardware context and instruction stream.
 struct Loaded {
@@ -76,12 +77,15 @@ pub struct DeviceExecutor<D: NpuDevice> {
     armed_len: usize,
     /// The context of the program's last dispatch, until [`Executor::signal`].
     last_ctx: Option<ContextHandle>,
+    /// Per position in a chain, its own params, q and out buffers (a chain's commands are all
+    /// in flight at once).
+    chain_staging: Vec<[Staging; 3]>,
 }
 
 /// A device error as a backend error naming the call.
 fn dev(e: XrtError) -> BackendError {
     match e {
-        XrtError::Timeout { .. } => BackendError::DeviceLost {
+        XrtError::Timeout { .. } | XrtError::DeviceReset { .. } => BackendError::DeviceLost {
             device: format!("NPU: {e}"),
         },
         other => BackendError::internal(format!("NPU: {other}")),
@@ -108,6 +112,7 @@ impl<D: NpuDevice> DeviceExecutor<D> {
             armed: [(TimelineHandle(0), 0); MAX_TIMELINE_WAITS],
             armed_len: 0,
             last_ctx: None,
+            chain_staging: Vec::new(),
         }
     }
 
@@ -214,6 +219,8 @@ impl<D: NpuDevice> Executor for DeviceExecutor<D> {
     fn features(&self) -> Vec<String> {
         let i = self.device.info();
         let mut f = vec![
+            // What the engine's `auto` reads to know whether the NPU cost model has figures.
+            format!("generation={}", i.generation.name()),
             format!("pci={}", i.pci),
             format!("firmware={}", i.firmware_version.as_deref().unwrap_or("unknown")),
             format!("driver={}", i.driver_version),
@@ -329,11 +336,115 @@ impl<D: NpuDevice> Executor for DeviceExecutor<D> {
     }
 
     fn bytes_in_use(&self) -> u64 {
+        // The single-dispatch buffers and each chain position's own params, q and out.
         let staged: usize = [&self.params, &self.q, &self.out]
-            .iter()
+            .into_iter()
+            .chain(self.chain_staging.iter().flatten())
             .filter_map(|s| s.bo.map(|(_, n)| n))
             .sum();
         self.caches.values().map(|(_, e)| 2 * *e as u64).sum::<u64>() + staged as u64
+    }
+
+    /// Each run of consecutive dispatches on one hardware context goes to the device as one
+    /// `ERT_CMD_CHAIN` (a step's attention layers share one context), waited for once. A failed
+    /// command is reported with its node; a device reset drops the loaded kernels (their
+    /// contexts died with it), so the next step reloads them.
+    fn attention_chain(&mut self, chain: &mut [Dispatch]) -> Result<Vec<DispatchTime>, BackendError> {
+        let start = Instant::now();
+        let mut staged = Vec::with_capacity(chain.len());
+        for (i, d) in chain.iter().enumerate() {
+            let (kb, _) = self.cache(d.k).map_err(|e| on_node(d.node, e))?;
+            let (vb, _) = self.cache(d.v).map_err(|e| on_node(d.node, e))?;
+            let p = &d.params;
+            let context = (0..p.rows)
+                .map(|r| p.positions[r] as usize + 1 - p.lo(r))
+                .max()
+                .unwrap_or(1);
+            let loaded = self
+                .kernel(Phase::of_step(&p.row_slots), d.shape, context)
+                .map_err(|e| on_node(d.node, e))?;
+            let (ctx, instructions, words) = (loaded.ctx, loaded.instructions, loaded.words);
+            if self.chain_staging.len() <= i {
+                self.chain_staging.push(Default::default());
+            }
+            let [ps, qs, os] = &mut self.chain_staging[i];
+            let pw: Vec<u8> = p.encode().iter().flat_map(|w| w.to_le_bytes()).collect();
+            let pb = Self::staging(&mut self.device, ps, pw.len())?;
+            self.device.write(pb, 0, &pw).map_err(dev)?;
+            let qb = Self::staging(&mut self.device, qs, d.q.len() * 2)?;
+            self.device.write(qb, 0, &u16_bytes(&d.q)).map_err(dev)?;
+            let ob = Self::staging(&mut self.device, os, d.out.len() * 2)?;
+            staged.push((ctx, instructions, words, [pb, qb, kb, vb, ob]));
+        }
+        let mut first = 0;
+        while first < staged.len() {
+            let ctx = staged[first].0;
+            let end = (first..staged.len())
+                .find(|&j| staged[j].0 != ctx)
+                .unwrap_or(staged.len());
+            let runs: Vec<ChainedRun<'_>> = staged[first..end]
+                .iter()
+                .map(|(_, instructions, words, args)| ChainedRun {
+                    instructions: *instructions,
+                    words: *words,
+                    args,
+                })
+                .collect();
+            if self.armed_len > 0 {
+                let (armed, n) = (self.armed, std::mem::take(&mut self.armed_len));
+                self.device
+                    .wait_before(ctx, &armed[..n], self.timeout)
+                    .map_err(dev)?;
+            }
+            let node_of = |i: u32| {
+                chain
+                    .get(first + i as usize)
+                    .map_or(chain[first].node, |d| d.node)
+            };
+            let result = self
+                .device
+                .run_chain(ctx, &runs)
+                .and_then(|run| self.device.wait(run, self.timeout));
+            match result {
+                Ok(()) => {}
+                Err(XrtError::ChainCommandFailed { index, count, state }) => {
+                    return Err(BackendError::internal(format!(
+                        "NPU: attention node {}: command {index} of a chain of {count} finished in state {state}; \
+                         the commands after it did not run",
+                        node_of(index)
+                    )))
+                }
+                Err(e @ XrtError::DeviceReset { .. }) => {
+                    // The contexts died with the reset: load them again on the next step.
+                    self.kernels.clear();
+                    self.last_ctx = None;
+                    return Err(on_node(chain[first].node, dev(e)));
+                }
+                Err(e) => return Err(on_node(chain[first].node, dev(e))),
+            }
+            self.last_ctx = Some(ctx);
+            first = end;
+        }
+        let seconds = start.elapsed().as_secs_f64() / chain.len().max(1) as f64;
+        let mut times = Vec::with_capacity(chain.len());
+        for (d, (_, _, _, args)) in chain.iter_mut().zip(&staged) {
+            let mut bytes = vec![0u8; d.out.len() * 2];
+            self.device.read(args[4], 0, &mut bytes).map_err(dev)?;
+            for (o, c) in d.out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = u16::from_le_bytes([c[0], c[1]]);
+            }
+            times.push(DispatchTime { seconds });
+        }
+        Ok(times)
+    }
+
+    fn prepare(&mut self, shape: KernelShape, capacity: usize) -> Result<(), BackendError> {
+        for phase in [Phase::Decode, Phase::Prefill] {
+            if self.artefacts.find(phase, shape, capacity.min(1)).is_some() {
+                self.kernel(phase, shape, 1)?;
+            }
+        }
+        Ok(())
     }
 
     fn shares_timelines(&self) -> bool {
@@ -466,6 +577,25 @@ mod tests {
         unfinished: HashMap<u64, u32>,
         /// Signals waiting for a context's runs: (context, inode, point).
         pending: Vec<(u32, u64, u64)>,
+        /// Submissions and injected faults, shared with the test.
+        chains: Arc<Mutex<ChainLog>>,
+        /// What `wait` answers for a chain run.
+        chain_results: HashMap<u64, XrtError>,
+    }
+
+    /// What the fake saw of submissions, and the faults it is told to inject.
+    #[derive(Default)]
+    struct ChainLog {
+        /// `EXEC_CMD`s, single or chained.
+        submissions: usize,
+        /// Commands per chained submission, in order.
+        lengths: Vec<usize>,
+        /// Bytes of each chained command's instruction stream, in order.
+        stream_bytes: Vec<usize>,
+        /// The command index of the next chain that fails.
+        fail_at: Option<u32>,
+        /// The command index of the next chain during which the device resets.
+        reset_at: Option<u32>,
     }
 
     static FAKE_SYNCOBJS: AtomicU64 = AtomicU64::new(0);
@@ -500,7 +630,36 @@ mod tests {
                 events: Arc::default(),
                 unfinished: HashMap::new(),
                 pending: Vec::new(),
+                chains: Arc::default(),
+                chain_results: HashMap::new(),
             }
+        }
+
+        /// The emulated kernel over one command's buffers.
+        fn execute_one(&mut self, args: &[BoHandle]) -> Result<(), XrtError> {
+            let [pb, qb, kb, vb, ob] = args else {
+                panic!("{} arguments", args.len())
+            };
+            let header: Vec<u32> = self.bos[&pb.0].1[..PARAMS_HEADER_WORDS * 4]
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let words = PARAMS_HEADER_WORDS + 2 * header[1] as usize;
+            let all: Vec<u32> = self.bos[&pb.0].1[..words * 4]
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let p = AttnParams::decode(&all).expect("the host wrote valid params");
+            let (q, k, v) = (
+                self.u16s(*qb, p.q_elems()),
+                self.u16s(*kb, p.cache_elems()),
+                self.u16s(*vb, p.cache_elems()),
+            );
+            let mut out = vec![0u16; p.q_elems()];
+            emu::attention(&p, &q, &k, &v, &mut out).expect("the kernel runs");
+            let bytes: Vec<u8> = out.iter().flat_map(|x| x.to_le_bytes()).collect();
+            self.write(*ob, 0, &bytes)?;
+            Ok(())
         }
 
         /// A second device of the same machine: it sees the same timelines.
@@ -604,37 +763,69 @@ mod tests {
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
             self.runs.push((words, stream));
+            self.chains.lock().unwrap().submissions += 1;
             let ctx = self.contexts.len() as u32;
             self.log(Event::Exec { ctx });
             self.unfinished.insert(self.runs.len() as u64, ctx);
             if self.hang {
                 return Ok(RunHandle(self.runs.len() as u64));
             }
-            let [pb, qb, kb, vb, ob] = args else {
-                panic!("{} arguments", args.len())
-            };
-            let header: Vec<u32> = self.bos[&pb.0].1[..PARAMS_HEADER_WORDS * 4]
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            let words = PARAMS_HEADER_WORDS + 2 * header[1] as usize;
-            let all: Vec<u32> = self.bos[&pb.0].1[..words * 4]
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            let p = AttnParams::decode(&all).expect("the host wrote valid params");
-            let (q, k, v) = (
-                self.u16s(*qb, p.q_elems()),
-                self.u16s(*kb, p.cache_elems()),
-                self.u16s(*vb, p.cache_elems()),
-            );
-            let mut out = vec![0u16; p.q_elems()];
-            emu::attention(&p, &q, &k, &v, &mut out).expect("the kernel runs");
-            let bytes: Vec<u8> = out.iter().flat_map(|x| x.to_le_bytes()).collect();
-            self.write(*ob, 0, &bytes)?;
+            self.execute_one(args)?;
             Ok(RunHandle(self.runs.len() as u64))
         }
+        fn run_chain(
+            &mut self,
+            ctx: ContextHandle,
+            commands: &[xrt_sys::ChainedRun<'_>],
+        ) -> Result<RunHandle, XrtError> {
+            let (fail, reset) = {
+                let mut log = self.chains.lock().unwrap();
+                log.submissions += 1;
+                log.lengths.push(commands.len());
+                (log.fail_at.take(), log.reset_at.take())
+            };
+            let mut outcome = None;
+            for (i, c) in commands.iter().enumerate() {
+                let i = i as u32;
+                if reset == Some(i) {
+                    outcome = Some(XrtError::DeviceReset {
+                        what: format!("command {i} of a chain"),
+                    });
+                    break;
+                }
+                self.chains
+                    .lock()
+                    .unwrap()
+                    .stream_bytes
+                    .push(c.words as usize * 4);
+                let stream: Vec<u32> = self.bos[&c.instructions.0].1[..c.words as usize * 4]
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                self.runs.push((c.words, stream));
+                if fail == Some(i) {
+                    outcome = Some(XrtError::ChainCommandFailed {
+                        index: i,
+                        count: commands.len() as u32,
+                        state: xrt_sys::CommandState::Error,
+                    });
+                    break;
+                }
+                self.execute_one(c.args)?;
+            }
+            let id = self.runs.len() as u64 + 1_000_000;
+            self.log(Event::Exec { ctx: ctx.0 });
+            self.unfinished.insert(id, ctx.0);
+            if let Some(e) = outcome {
+                self.chain_results.insert(id, e);
+            }
+            Ok(RunHandle(id))
+        }
         fn wait(&mut self, run: RunHandle, timeout: Duration) -> Result<(), XrtError> {
+            if let Some(e) = self.chain_results.remove(&run.0) {
+                self.unfinished.remove(&run.0);
+                return Err(e);
+            }
             if self.hang {
                 return Err(XrtError::Timeout {
                     call: "DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT",
@@ -892,6 +1083,7 @@ mod tests {
                     .iter()
                     .any(|f| f == "pci=0000:c6:00.1 1022:17f0 rev 10" || f.starts_with("pci="))
         );
+        assert!(ex.features().iter().any(|f| f == "generation=npu4"));
     }
 
     // ----- Timelines (device-side boundaries) through the backend -----
@@ -1228,5 +1420,151 @@ mod tests {
         assert_eq!(b.execute(pb, &args()).unwrap(), Ticket(1));
         let ev = events.lock().unwrap().clone();
         assert_eq!(ev[1..], [Event::Exec { ctx: 1 }]);
+    }
+
+    // ----- One chained submission per step -----
+
+    /// Two attention layers (each with its own caches, the second windowed) over the same q,
+    /// k, v inputs, each output written: the NPU's nodes of one step.
+    fn two_layer_program(
+        b: &mut DeviceBackend,
+    ) -> (tandem_backend_api::ProgramId, [tandem_backend_api::BufferId; 2]) {
+        let act = |b: &mut DeviceBackend, cols: usize, seed: usize| {
+            let id = b
+                .alloc(&TensorDesc::new(DType::F32, [4, cols]), Usage::Activation)
+                .unwrap();
+            let data: Vec<u8> = (0..4 * cols)
+                .flat_map(|i| ((((i + seed) * 37 % 101) as f32 / 50.0 - 1.0) * 0.5).to_le_bytes())
+                .collect();
+            b.write(id, 0, &data).unwrap();
+            id
+        };
+        let (qb, kb, vb) = (act(b, 32, 0), act(b, 16, 5), act(b, 16, 9));
+        let mut g = GraphBuilder::new("two layers", 4, 4);
+        let input = |g: &mut GraphBuilder, buffer, cols| {
+            g.push1(Op::Input {
+                buffer,
+                cols,
+                selected: false,
+            })
+        };
+        let (q, k, v) = (
+            input(&mut g, qb, 32),
+            input(&mut g, kb, 16),
+            input(&mut g, vb, 16),
+        );
+        let mut outs = Vec::new();
+        for window in [None, Some(128)] {
+            let cache = TensorDesc::new(DType::F32, [4, 512, 16]);
+            let (kc, vc) = (
+                b.alloc(&cache, Usage::KvCache).unwrap(),
+                b.alloc(&cache, Usage::KvCache).unwrap(),
+            );
+            let a = g.push1(Op::Attention {
+                q,
+                k,
+                v,
+                cache: KvCacheRef {
+                    k: kc,
+                    v: vc,
+                    dtype: DType::F32,
+                    slots: 4,
+                    capacity: 512,
+                },
+                heads: 2,
+                kv_heads: 1,
+                head_dim: 16,
+                scale: 0.25,
+                window,
+                softcap: None,
+            });
+            let ob = b
+                .alloc(&TensorDesc::new(DType::F32, [4, 32]), Usage::Activation)
+                .unwrap();
+            g.push(Op::Output { x: a, buffer: ob });
+            outs.push(ob);
+        }
+        (b.compile(&g.finish()).unwrap(), [outs[0], outs[1]])
+    }
+
+    /// Runs the two-layer program once on `b`; its two outputs.
+    fn run_two_layers(b: &mut DeviceBackend) -> Result<[Vec<u8>; 2], BackendError> {
+        let (p, outs) = two_layer_program(b);
+        b.execute(p, &args())?;
+        Ok(outs.map(|o| {
+            let mut bytes = vec![0u8; 4 * 32 * 4];
+            b.read(o, 0, &mut bytes).unwrap();
+            bytes
+        }))
+    }
+
+    #[test]
+    fn a_step_is_one_chained_submission_with_streams_built_at_compile() {
+        let fake = FakeNpu::new();
+        let log = fake.chains.clone();
+        let (mut b, _) = device_backend("chain", fake);
+        let (p, outs) = two_layer_program(&mut b);
+        // Compiling loaded both phases' kernels: no submission yet, nothing loaded later.
+        assert_eq!(log.lock().unwrap().submissions, 0);
+        b.execute(p, &args()).unwrap();
+        b.execute(p, &args()).unwrap();
+        {
+            let l = log.lock().unwrap();
+            assert_eq!(l.submissions, 2, "one submission per step");
+            assert_eq!(l.lengths, [2, 2], "both layers in each chain");
+            // The decode kernel's stream, 3 words, per command.
+            assert_eq!(l.stream_bytes, [12, 12, 12, 12]);
+        }
+        // In order and complete: each layer's output is the emulator's.
+        let mut emu =
+            DeviceBackend::with_executor(Box::new(crate::executor::EmuExecutor::new(&crate::cost::NPU4)));
+        let want = run_two_layers(&mut emu).unwrap();
+        for (o, w) in outs.iter().zip(&want) {
+            let mut got = vec![0u8; w.len()];
+            b.read(*o, 0, &mut got).unwrap();
+            assert_eq!(&got, w);
+        }
+        assert_ne!(
+            want[0], want[1],
+            "the windowed layer differs, so order is checked"
+        );
+    }
+
+    #[test]
+    fn a_chains_staging_buffers_count_in_the_memory_held() {
+        let (mut b, _) = device_backend("chain-bytes", FakeNpu::new());
+        let (p, _) = two_layer_program(&mut b);
+        let before = b.memory().unwrap().unwrap();
+        b.execute(p, &args()).unwrap();
+        let after = b.memory().unwrap().unwrap();
+        // Two chain positions, each with params, q and out buffers of the 4 KiB minimum.
+        assert_eq!(after.in_use_bytes - before.in_use_bytes, 2 * 3 * 4096);
+        assert_eq!(after.peak_bytes, after.in_use_bytes);
+        // A second step reuses them.
+        b.execute(p, &args()).unwrap();
+        assert_eq!(b.memory().unwrap().unwrap(), after);
+    }
+
+    #[test]
+    fn a_failed_command_names_its_node_and_a_reset_leaves_the_backend_usable() {
+        let fake = FakeNpu::new();
+        let log = fake.chains.clone();
+        let (mut b, _) = device_backend("chain-fail", fake);
+        log.lock().unwrap().fail_at = Some(1);
+        let e = run_two_layers(&mut b).unwrap_err().to_string();
+        // Nodes 0-2 are the inputs, 3 the first attention, 4 its output, 5 the second.
+        assert!(
+            e.contains("attention node 5") && e.contains("command 1 of a chain of 2"),
+            "{e}"
+        );
+        log.lock().unwrap().reset_at = Some(0);
+        let e = run_two_layers(&mut b).unwrap_err();
+        assert!(matches!(e, BackendError::DeviceLost { .. }), "{e}");
+        assert!(e.to_string().contains("attention node 3"), "{e}");
+        // After the reset the kernels are loaded again and the step runs.
+        let got = run_two_layers(&mut b).unwrap();
+        let mut emu =
+            DeviceBackend::with_executor(Box::new(crate::executor::EmuExecutor::new(&crate::cost::NPU4)));
+        assert_eq!(got, run_two_layers(&mut emu).unwrap());
     }
 }

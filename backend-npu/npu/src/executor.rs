@@ -29,6 +29,26 @@ pub struct DispatchTime {
     pub seconds: f64,
 }
 
+/// One attention dispatch of a step, with the graph node it runs: what a chained submission
+/// carries per command.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dispatch {
+    /// The graph node (for errors).
+    pub node: usize,
+    /// The kernel shape.
+    pub shape: KernelShape,
+    /// The dispatch's parameters.
+    pub params: AttnParams,
+    /// bf16 `[rows, heads, head_dim]`.
+    pub q: Vec<u16>,
+    /// The K cache.
+    pub k: KvId,
+    /// The V cache.
+    pub v: KvId,
+    /// bf16 `[rows, heads, head_dim]`, written by the dispatch.
+    pub out: Vec<u16>,
+}
+
 /// An executor of the attention kernel.
 pub trait Executor: Send {
     /// The device as users would name it.
@@ -58,6 +78,28 @@ pub trait Executor: Send {
     ) -> Result<DispatchTime, BackendError>;
     /// Bytes held in cache buffers and staging now.
     fn bytes_in_use(&self) -> u64;
+
+    /// A step's dispatches, in order, as one submission where the executor can chain them
+    /// (the device: one `ERT_CMD_CHAIN` per hardware context); each `out` filled. An error
+    /// names the node whose dispatch failed. By default, one [`Executor::attention`] each.
+    fn attention_chain(&mut self, chain: &mut [Dispatch]) -> Result<Vec<DispatchTime>, BackendError> {
+        let mut times = Vec::with_capacity(chain.len());
+        for d in chain.iter_mut() {
+            let t = self
+                .attention(d.shape, &d.params, &d.q, d.k, d.v, &mut d.out)
+                .map_err(|e| on_node(d.node, e))?;
+            times.push(t);
+        }
+        Ok(times)
+    }
+
+    /// Loads at compile time what a program's dispatches of `shape` over caches of `capacity`
+    /// positions need (the device: each phase's xclbin context and instruction stream), so a
+    /// step builds nothing. Nothing by default.
+    fn prepare(&mut self, shape: KernelShape, capacity: usize) -> Result<(), BackendError> {
+        let _ = (shape, capacity);
+        Ok(())
+    }
 
     /// Whether [`Executor::export_timeline`] and [`Executor::import_timeline`] can work here.
     fn shares_timelines(&self) -> bool {
@@ -99,6 +141,19 @@ pub trait Executor: Send {
                 id.0
             ))),
         }
+    }
+}
+
+/// `e` with the graph node it happened at.
+pub fn on_node(node: usize, e: BackendError) -> BackendError {
+    match e {
+        BackendError::DeviceLost { device } => BackendError::DeviceLost {
+            device: format!("{device} (attention node {node})"),
+        },
+        BackendError::Internal { message } => {
+            BackendError::internal(format!("attention node {node}: {message}"))
+        }
+        other => other,
     }
 }
 

@@ -13,7 +13,10 @@
 //!
 //! Modules, bottom up: [`contract`] (the kernel ABI), [`emu`], [`cost`], [`artefacts`],
 //! [`executor`] (the executor trait and the emulator's), [`device`] (the device executor),
-//! [`backend`] (`ComputeBackend`), and [`sim`] (the laptop simulation `npu-sim` prints).
+//! [`backend`] (`ComputeBackend`), [`sim`] (the per-op laptop roofline). [`params`] (every
+//! calibrated parameter with its source) and [`calibration`] (the model fitted to published
+//! XDNA2 figures and the placements it ranks, which `npu-sim` prints) live in
+//! `tandem-npu-model`, pure arithmetic that the engine uses too, and are re-exported here.
 
 pub mod artefacts;
 pub mod backend;
@@ -23,6 +26,8 @@ pub mod device;
 pub mod emu;
 pub mod executor;
 pub mod sim;
+
+pub use tandem_npu_model::{calibration, params};
 
 use tandem_backend_api::{BackendError, BackendOptions};
 

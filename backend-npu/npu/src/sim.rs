@@ -15,72 +15,8 @@ use serde::Serialize;
 
 use crate::contract::AttnParams;
 use crate::cost::{self, NpuModel};
-
-/// A Gemma 3 size.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Shape {
-    /// `1B`, `4B`.
-    pub name: &'static str,
-    /// Hidden size.
-    pub hidden: usize,
-    /// FFN width.
-    pub intermediate: usize,
-    /// Layers.
-    pub layers: usize,
-    /// Query heads.
-    pub heads: usize,
-    /// KV heads.
-    pub kv_heads: usize,
-    /// Head size.
-    pub head_dim: usize,
-    /// Sliding window of the local layers.
-    pub window: usize,
-    /// Vocabulary.
-    pub vocab: usize,
-}
-
-/// Gemma 3 1B (`shared/design/gemma3.md`).
-pub const GEMMA3_1B: Shape = Shape {
-    name: "1B",
-    hidden: 1152,
-    intermediate: 6912,
-    layers: 26,
-    heads: 4,
-    kv_heads: 1,
-    head_dim: 256,
-    window: 512,
-    vocab: 262_144,
-};
-
-/// Gemma 3 4B's text model.
-pub const GEMMA3_4B: Shape = Shape {
-    name: "4B",
-    hidden: 2560,
-    intermediate: 10240,
-    layers: 34,
-    heads: 8,
-    kv_heads: 4,
-    head_dim: 256,
-    window: 1024,
-    vocab: 262_208,
-};
-
-/// An integrated GPU's figures.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct GpuModel {
-    /// The part.
-    pub name: &'static str,
-    /// DRAM bandwidth reached by streaming reads, bytes per second.
-    pub bytes_per_s: f64,
-    /// f16 matrix throughput reached by a good kernel, FLOP per second.
-    pub flops_per_s: f64,
-    /// The fixed cost of one dispatch inside a recorded command buffer.
-    pub node_s: f64,
-    /// A hand-off to or from another unit: the host waits for a fence, then submits.
-    pub handoff_s: f64,
-    /// Where the figures come from.
-    pub sources: &'static [&'static str],
-}
+use tandem_npu_model::gpu::{self, local};
+pub use tandem_npu_model::gpu::{GpuModel, Shape, Step, GEMMA3_1B, GEMMA3_4B, WEIGHT_BYTES};
 
 /// Radeon 780M (Phoenix), DDR5-5600 dual channel.
 pub const RADEON_780M: GpuModel = GpuModel {
@@ -136,17 +72,6 @@ pub const LAPTOPS: [Laptop; 2] = [
     },
 ];
 
-/// One step to cost: `rows` new tokens of one sequence, the first at position `start`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Step {
-    /// `decode` or `prefill`.
-    pub phase: &'static str,
-    /// Tokens in the step.
-    pub rows: usize,
-    /// Position of the first.
-    pub start: usize,
-}
-
 /// The answer for one (model, laptop, step).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Outcome {
@@ -164,93 +89,39 @@ pub struct Outcome {
     pub handoff_s: f64,
 }
 
-/// Bytes per weight of Q4_K_M (4.5 bits for most matrices).
-pub const WEIGHT_BYTES: f64 = 4.5 / 8.0;
-
-fn roofline(gpu: &GpuModel, bytes: f64, flops: f64) -> f64 {
-    gpu.node_s + (bytes / gpu.bytes_per_s).max(flops / gpu.flops_per_s)
-}
-
-/// Costs one step of `shape` on `laptop`.
+/// Costs one step of `shape` on `laptop`: the iGPU's ops from [`gpu::step`], the NPU's
+/// attention dispatches from [`cost::dispatch`].
 pub fn simulate(shape: &Shape, laptop: &Laptop, step: Step) -> Outcome {
-    let gpu = laptop.gpu;
-    let (h, d, rows) = (shape.hidden as f64, shape.head_dim as f64, step.rows as f64);
-    let q_cols = (shape.heads * shape.head_dim) as f64;
-    let kv_cols = (shape.kv_heads * shape.head_dim) as f64;
-    let matmul = |n: f64, k: f64| {
-        roofline(
-            gpu,
-            n * k * WEIGHT_BYTES + rows * (n + k) * 4.0,
-            2.0 * rows * n * k,
-        )
-    };
-    let elementwise = |cols: f64| roofline(gpu, rows * cols * 4.0 * 3.0, rows * cols * 4.0);
-    let mut vulkan = 0.0;
-    let mut rest = 0.0;
-    let mut gpu_attention = 0.0;
-    let mut npu = 0.0;
-    for layer in 0..shape.layers {
-        let local = (layer + 1) % 6 != 0;
-        let other = matmul(q_cols + 2.0 * kv_cols, h)
-            + matmul(h, q_cols)
-            + matmul(2.0 * shape.intermediate as f64, h)
-            + matmul(h, shape.intermediate as f64)
-            + 6.0 * elementwise(h)
-            + 2.0 * elementwise(q_cols)
-            + elementwise(shape.intermediate as f64);
-        // Attention: row r at position start + r sees `visible(r)` keys.
-        let visible = |r: usize| {
-            let p = step.start + r + 1;
-            if local {
-                p.min(shape.window)
-            } else {
-                p
-            }
-        };
-        let seen: f64 = (0..step.rows).map(|r| visible(r) as f64).sum();
-        let first = if local {
-            (step.start + 1).saturating_sub(shape.window)
-        } else {
-            0
-        };
-        let span = (step.start + step.rows - first) as f64;
-        // The GPU's cache is f16; each row block reads its span of K and V once.
-        let att_gpu = roofline(
-            gpu,
-            span * kv_cols * 2.0 * 2.0 + rows * q_cols * 8.0,
-            4.0 * seen * shape.heads as f64 * d,
-        );
-        let params = AttnParams {
-            rows: step.rows,
-            heads: shape.heads,
-            kv_heads: shape.kv_heads,
-            head_dim: shape.head_dim,
-            capacity: if local {
-                shape.window + step.rows
-            } else {
-                step.start + step.rows
-            },
-            window: local.then_some(shape.window),
-            scale: 1.0,
-            slots: 1,
-            positions: (step.start as u32..(step.start + step.rows) as u32).collect(),
-            row_slots: vec![0; step.rows],
-        };
-        let att_npu = cost::dispatch(laptop.npu, &params).seconds;
-        vulkan += other + att_gpu;
-        rest += other;
-        gpu_attention += att_gpu;
-        npu += att_npu;
-    }
-    let head = matmul(shape.vocab as f64, h) + roofline(gpu, shape.vocab as f64 * 4.0, 0.0);
-    vulkan += head;
-    rest += head;
-    let handoff = 2.0 * shape.layers as f64 * gpu.handoff_s;
+    let g = gpu::step(shape, laptop.gpu, step);
+    let npu: f64 = (0..shape.layers)
+        .map(|layer| {
+            let local = local(layer);
+            let params = AttnParams {
+                rows: step.rows,
+                heads: shape.heads,
+                kv_heads: shape.kv_heads,
+                head_dim: shape.head_dim,
+                capacity: if local {
+                    shape.window + step.rows
+                } else {
+                    step.start + step.rows
+                },
+                window: local.then_some(shape.window),
+                scale: 1.0,
+                slots: 1,
+                positions: (step.start as u32..(step.start + step.rows) as u32).collect(),
+                row_slots: vec![0; step.rows],
+            };
+            cost::dispatch(laptop.npu, &params).seconds
+        })
+        .sum();
+    let rest = g.all_s - g.attention_s;
+    let handoff = 2.0 * shape.layers as f64 * laptop.gpu.handoff_s;
     Outcome {
-        vulkan_s: vulkan,
+        vulkan_s: g.all_s,
         split_s: rest + npu + handoff,
         overlap_s: rest.max(npu) + handoff,
-        gpu_attention_s: gpu_attention,
+        gpu_attention_s: g.attention_s,
         npu_s: npu,
         handoff_s: handoff,
     }

@@ -113,6 +113,26 @@ pub enum XrtError {
         state: CommandState,
     },
 
+    /// A command of a chained submission finished in a state other than `COMPLETED`; the
+    /// commands before it completed, the ones after it did not run.
+    #[error("command {index} of a chain of {count} finished in state {state}")]
+    ChainCommandFailed {
+        /// The failing command's index in the chain (the driver's `error_index`).
+        index: u32,
+        /// Commands in the chain.
+        count: u32,
+        /// The chain's state read back from its packet header.
+        state: CommandState,
+    },
+
+    /// The device was reset (or lost its context) while a submission was in flight: the
+    /// context must be created again before anything else runs on it.
+    #[error("the NPU was reset while {what} was in flight")]
+    DeviceReset {
+        /// What was in flight.
+        what: String,
+    },
+
     /// The xclbin could not be parsed or lacks what the path needs.
     #[error("xclbin: {0}")]
     Axlf(#[from] AxlfError),

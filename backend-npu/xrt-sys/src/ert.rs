@@ -276,6 +276,43 @@ pub fn start_npu(
     finish(ERT_START_NPU, cu_index, payload)
 }
 
+/// Words of `struct amdxdna_cmd_chain` before the command handles: `command_count`,
+/// `submit_index`, `error_index`, `reserved[3]`.
+pub const CHAIN_HEADER_WORDS: usize = 6;
+
+/// `ERT_CMD_CHAIN`: header (type `ERT_DEFAULT`, no CU mask), then `struct amdxdna_cmd_chain {
+/// u32 command_count; u32 submit_index; u32 error_index; u32 reserved[3]; u64 data[]; }` where
+/// `data` holds each chained command BO's handle, low word first (the driver's
+/// `amdxdna_ctx.h`; its multi-command path runs them in order on one context and, when one
+/// fails, writes its index to `error_index`).
+pub fn cmd_chain(command_handles: &[u32]) -> Result<Vec<u32>, PacketError> {
+    let count = CHAIN_HEADER_WORDS + 2 * command_handles.len();
+    if count > usize::from(MAX_COUNT) {
+        return Err(PacketError::TooLong(count));
+    }
+    let header = Header {
+        state: CommandState::New.bits(),
+        stat_enabled: false,
+        extra_cu_masks: 0,
+        count: count as u16,
+        opcode: ERT_CMD_CHAIN,
+        cmd_type: ERT_DEFAULT,
+    };
+    let mut words = Vec::with_capacity(count + 1);
+    words.push(header.encode());
+    words.extend([command_handles.len() as u32, 0, 0, 0, 0, 0]);
+    for &h in command_handles {
+        words.extend(split(u64::from(h)));
+    }
+    Ok(words)
+}
+
+/// The `error_index` word of a chain packet read back (`words` from the header on), or `None`
+/// when the packet is too short to hold one.
+pub fn chain_error_index(words: &[u32]) -> Option<u32> {
+    words.get(3).copied()
+}
+
 /// The little-endian bytes of a packet, as written into the command BO.
 pub fn to_bytes(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
@@ -284,6 +321,16 @@ pub fn to_bytes(words: &[u32]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chain_lists_its_commands_after_the_chain_header() {
+        let p = cmd_chain(&[7, 9]).unwrap();
+        let h = Header::decode(p[0]);
+        assert_eq!((h.opcode, h.cmd_type, h.count), (ERT_CMD_CHAIN, ERT_DEFAULT, 10));
+        assert_eq!(&p[1..], &[2, 0, 0, 0, 0, 0, 7, 0, 9, 0]);
+        assert_eq!(chain_error_index(&p), Some(0));
+        assert_eq!(cmd_chain(&[1; 1021]), Err(PacketError::TooLong(2048)));
+    }
 
     #[test]
     fn header_bitfields() {

@@ -36,8 +36,8 @@ pub mod uapi;
 pub use axlf::{AxlfBuilder, AxlfError, Xclbin};
 pub use detect::{detect, Detection, DeviceInfo, Generation, PciId, Unavailable};
 pub use device::{
-    dup_fd, open_first, Amdxdna, BoHandle, BoKind, ContextHandle, ExecFormat, NpuDevice, RunHandle,
-    TimelineHandle, MAX_TIMELINE_WAITS,
+    dup_fd, open_first, Amdxdna, BoHandle, BoKind, ChainedRun, ContextHandle, ExecFormat, NpuDevice,
+    RunHandle, TimelineHandle, MAX_TIMELINE_WAITS,
 };
 pub use error::XrtError;
 pub use ert::CommandState;

@@ -5,11 +5,21 @@
 //! many layers as fit it, the rest on the CPU ([`Choice::gpu_layers`], see `runtime::load`).
 //! The figures are cached per model file, devices and candidates in the cache directory
 //! (`calibration.json`), so only the first run pays for them.
+//!
+//! With an NPU present, each `npu+X` (attention on the NPU, the rest on X) is a candidate too,
+//! and [`select`] asks the NPU cost model (`tandem-npu-model`, calibrated against published
+//! XDNA2 figures) which of the placements it has figures for are worth measuring: the model
+//! chooses what to measure, the measurement still chooses the placement.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use tandem_backend_api::{BackendInfo, DeviceKind};
+use tandem_npu_model::calibration::{self as npu_model, Estimate};
+use tandem_npu_model::gpu::Shape;
+
+use crate::checkpoint::config::Gemma3Config;
 
 use super::notice::Notice;
 use super::placement::Placement;
@@ -22,6 +32,9 @@ use super::settings::Settings;
 const PREFILL_TOKENS: usize = 64;
 /// Decode steps measured (after as many warm-up steps as it takes to compile).
 const DECODE_STEPS: usize = 16;
+/// The positions the measured decode steps reach: the context [`select`] asks the cost model
+/// about.
+pub const DECODE_CONTEXT: usize = PREFILL_TOKENS + DECODE_STEPS;
 
 /// A candidate placement: what `--backend` and `--gpu-layers` would say.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,6 +137,173 @@ pub fn layer_candidates(units: &[(String, Fit)]) -> Vec<Choice> {
             _ => None,
         })
         .collect()
+}
+
+/// The NPU plugin's name.
+pub const NPU: &str = "npu";
+
+/// At most this many of the placements the cost model ranks are measured: the best and the
+/// runner-up, when the runner-up is not slower at every end of the model's uncertainty.
+pub const MODEL_RANKED_MEASURED: usize = 2;
+
+/// The candidates an NPU adds: attention on it, the rest on each of `backends` (tandem's NPU
+/// kernels are attention only, so the NPU alone is no candidate).
+pub fn npu_candidates(backends: &[String]) -> Vec<Choice> {
+    backends
+        .iter()
+        .map(|b| Choice::whole(format!("{NPU}+{b}")))
+        .collect()
+}
+
+/// A unit `auto` found: its backend name and what the backend says about itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unit {
+    /// The backend name (`vulkan`, `npu`).
+    pub name: String,
+    /// Its device and kind.
+    pub info: BackendInfo,
+}
+
+/// Which candidates `auto` measures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    /// The candidates to measure, in their original order.
+    pub measure: Vec<Choice>,
+    /// The candidates the cost model ranked out (slower than the best at every end of its
+    /// uncertainty, or past [`MODEL_RANKED_MEASURED`]).
+    pub skipped: Vec<Choice>,
+    /// What to tell the user, when an NPU is present.
+    pub note: Option<String>,
+}
+
+/// The cost model's description of a Gemma 3 model: its layer counts and widths, with the
+/// sliding window of its local layers (the model takes five local layers in every six).
+pub fn shape_of(c: &Gemma3Config) -> Shape {
+    Shape {
+        name: "this model",
+        hidden: c.hidden_size,
+        intermediate: c.intermediate_size,
+        layers: c.num_hidden_layers,
+        heads: c.num_attention_heads,
+        kv_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+        window: c.sliding_window,
+        vocab: c.vocab_size,
+    }
+}
+
+/// The NPU generation a backend reports (`generation=npu4` among its features).
+fn generation(info: &BackendInfo) -> Option<&str> {
+    info.features.iter().find_map(|f| f.strip_prefix("generation="))
+}
+
+/// Which of `candidates` to measure on `units` for a model of `shape`, decoding at `context`
+/// positions. Without an NPU among `units`: all of them. With one, the cost model estimates the
+/// placements it has figures for (each iGPU it knows alone, and `npu+` that iGPU, on an XDNA2
+/// NPU); of those, the fastest is measured, and the next only when it is not slower at every
+/// end of the model's uncertainty, [`MODEL_RANKED_MEASURED`] at most. Candidates with a unit
+/// the model has no figures for (the CPU, another GPU) are measured. When it has no figures for
+/// the NPU or for any iGPU present, every candidate is measured.
+pub fn select(candidates: Vec<Choice>, units: &[Unit], shape: &Shape, context: usize) -> Selection {
+    let Some(npu) = units.iter().find(|u| u.info.kind == DeviceKind::Npu) else {
+        return Selection {
+            measure: candidates,
+            skipped: Vec::new(),
+            note: None,
+        };
+    };
+    let all = |why: String, measure: Vec<Choice>| Selection {
+        note: Some(format!(
+            "auto measures all {} candidates: the NPU cost model has no figures for {why}",
+            measure.len()
+        )),
+        measure,
+        skipped: Vec::new(),
+    };
+    if !generation(&npu.info).is_some_and(npu_model::npu_has_figures) {
+        return all(npu.info.device.clone(), candidates);
+    }
+    let known: Vec<(&str, &'static npu_model::Laptop)> = units
+        .iter()
+        .filter(|u| u.info.kind == DeviceKind::IntegratedGpu)
+        .filter_map(|u| Some((u.name.as_str(), npu_model::laptop_for_gpu(&u.info.device)?)))
+        .collect();
+    let Some(&(_, laptop)) = known.first() else {
+        let gpus: Vec<&str> = units
+            .iter()
+            .filter(|u| u.info.kind != DeviceKind::Npu && u.info.kind != DeviceKind::Cpu)
+            .map(|u| u.info.device.as_str())
+            .collect();
+        let why = if gpus.is_empty() {
+            "a machine without a GPU".to_string()
+        } else {
+            gpus.join(", ")
+        };
+        return all(why, candidates);
+    };
+    let model = npu_model::auto_decode(shape, laptop, context);
+    let is_known = |name: &str| known.iter().any(|(n, _)| *n == name);
+    // Some(true): attention on the NPU, the rest on a known iGPU; Some(false): a known iGPU alone.
+    let on_npu = |c: &Choice| -> Option<bool> {
+        if c.gpu_layers.is_some() {
+            return None;
+        }
+        let p = c.placement.as_str();
+        match p.strip_prefix(NPU).and_then(|rest| rest.strip_prefix('+')) {
+            Some(rest) => is_known(rest).then_some(true),
+            None => is_known(p).then_some(false),
+        }
+    };
+    let mut ranked: Vec<(&Choice, &Estimate)> = candidates
+        .iter()
+        .filter_map(|c| {
+            let e = if on_npu(c)? {
+                &model.npu_attention
+            } else {
+                &model.gpu_only
+            };
+            Some((c, e))
+        })
+        .collect();
+    ranked.sort_by(|a, b| b.1.tokens_per_s.total_cmp(&a.1.tokens_per_s));
+    let mut kept = Vec::new();
+    let mut skipped = Vec::new();
+    let mut why = Vec::new();
+    if let Some(&(best, best_e)) = ranked.first() {
+        for &(c, e) in &ranked {
+            let beaten = npu_model::slower_everywhere(e, best_e, model.npu_error);
+            if beaten || kept.len() >= MODEL_RANKED_MEASURED {
+                why.push(format!(
+                    "{c} at {:.0} decode tok/s ({:.0}-{:.0}) against {best}'s {:.0} ({:.0}-{:.0})",
+                    e.tokens_per_s, e.low, e.high, best_e.tokens_per_s, best_e.low, best_e.high
+                ));
+                skipped.push(c.clone());
+            } else {
+                kept.push(c.clone());
+            }
+        }
+    }
+    let measure: Vec<Choice> = candidates.into_iter().filter(|c| !skipped.contains(c)).collect();
+    let note = format!(
+        "auto measures {} of {} candidates: the NPU cost model (SIMULATED, calibrated against \
+         FastFlowLM's published XDNA2 figures; {}; NPU +-{:.0}%, iGPU +-{:.0}%) ranks {}{}",
+        measure.len(),
+        measure.len() + skipped.len(),
+        laptop.name,
+        model.npu_error * 100.0,
+        tandem_npu_model::params::GPU_UNCERTAINTY * 100.0,
+        kept.iter().map(Choice::to_string).collect::<Vec<_>>().join(", "),
+        if why.is_empty() {
+            String::new()
+        } else {
+            format!(" first and leaves out {}", why.join("; "))
+        }
+    );
+    Selection {
+        measure,
+        skipped,
+        note: Some(note),
+    }
 }
 
 /// The cache key: the model file's path, length and modification time, the devices, the
@@ -238,12 +418,25 @@ pub fn calibrate(
     cache: Option<&Path>,
     notices: &mut dyn FnMut(Notice),
 ) -> Result<(Calibration, bool), LoadError> {
+    calibrate_with(candidates, key, cache, notices, &mut |c| {
+        measure(discovery, settings, options, c)
+    })
+}
+
+/// [`calibrate`] with `measure` in place of loading and running each candidate.
+pub fn calibrate_with(
+    candidates: &[Choice],
+    key: &str,
+    cache: Option<&Path>,
+    notices: &mut dyn FnMut(Notice),
+    measure: &mut dyn FnMut(&Choice) -> Result<Measured, LoadError>,
+) -> Result<(Calibration, bool), LoadError> {
     if let Some(c) = cache.and_then(|p| cached(p, key)) {
         return Ok((c, true));
     }
     let mut figures = Vec::new();
     for c in candidates {
-        match measure(discovery, settings, options, c) {
+        match measure(c) {
             Ok(m) => figures.push(m),
             Err(e) => notices(Notice::Note(format!("calibration: {c} left out: {e}"))),
         }
@@ -298,6 +491,123 @@ mod tests {
         let c: Vec<String> = c.iter().map(Choice::to_string).collect();
         assert_eq!(c, ["vulkan", "cpu", "vulkan+cpu", "cpu+vulkan"]);
         assert_eq!(candidates(&["cpu".into()]), [Choice::whole("cpu")]);
+    }
+
+    fn unit(name: &str, kind: DeviceKind, device: &str, features: &[&str]) -> Unit {
+        Unit {
+            name: name.into(),
+            info: BackendInfo {
+                name: name.into(),
+                device: device.into(),
+                kind,
+                memory_bytes: None,
+                features: features.iter().map(|f| f.to_string()).collect(),
+            },
+        }
+    }
+
+    /// A Ryzen AI laptop as `auto` sees it: an 890M through Vulkan, the CPU and a fake XDNA2 NPU
+    /// (the `npu` plugin's device executor reports `generation=npu4`).
+    fn laptop(npu_features: &[&str], gpu: &str) -> Vec<Unit> {
+        vec![
+            unit("vulkan", DeviceKind::IntegratedGpu, gpu, &[]),
+            unit("cpu", DeviceKind::Cpu, "host", &[]),
+            unit(
+                NPU,
+                DeviceKind::Npu,
+                "AMD NPU npu4 (RyzenAI-npu4) at /dev/accel/accel0",
+                npu_features,
+            ),
+        ]
+    }
+
+    fn all_candidates() -> Vec<Choice> {
+        let names = ["vulkan".to_string(), "cpu".to_string()];
+        let mut c = candidates(&names);
+        c.extend(npu_candidates(&names));
+        c
+    }
+
+    fn names(c: &[Choice]) -> Vec<String> {
+        c.iter().map(Choice::to_string).collect()
+    }
+
+    #[test]
+    fn with_an_npu_the_model_chooses_what_is_measured() {
+        let shape = tandem_npu_model::gpu::GEMMA3_1B;
+        let units = laptop(&["generation=npu4"], "AMD Radeon 890M Graphics (RADV GFX1150)");
+        let s = select(all_candidates(), &units, &shape, DECODE_CONTEXT);
+        // The model ranks vulkan and npu+vulkan; npu+vulkan pays a dispatch and two hand-offs
+        // per layer and is slower at every end of the uncertainty. The CPU has no figures.
+        assert_eq!(
+            names(&s.measure),
+            ["vulkan", "cpu", "vulkan+cpu", "cpu+vulkan", "npu+cpu"]
+        );
+        assert_eq!(names(&s.skipped), ["npu+vulkan"]);
+        let note = s.note.unwrap();
+        assert!(note.starts_with("auto measures 5 of 6 candidates"), "{note}");
+        assert!(note.contains("leaves out npu+vulkan at"), "{note}");
+        // What calibration then measures is exactly the selection, and it still decides.
+        let mut measured = Vec::new();
+        let (c, cached) = calibrate_with(&s.measure, "k", None, &mut |_| {}, &mut |c| {
+            measured.push(c.to_string());
+            Ok(Measured {
+                choice: c.clone(),
+                decode_tokens_per_s: if c.placement == "npu+cpu" { 9.0 } else { 1.0 },
+                prefill_tokens_per_s: 1.0,
+            })
+        })
+        .unwrap();
+        assert!(!cached);
+        assert_eq!(measured, names(&s.measure));
+        assert_eq!(c.choice, Choice::whole("npu+cpu"));
+    }
+
+    #[test]
+    fn without_figures_for_the_device_every_candidate_is_measured() {
+        let shape = tandem_npu_model::gpu::GEMMA3_1B;
+        let cases = [
+            // A GPU the model does not know.
+            laptop(&["generation=npu4"], "NVIDIA H100 80GB HBM3"),
+            // An XDNA (npu1) NPU.
+            laptop(&["generation=npu1"], "AMD Radeon 780M"),
+            // The emulator behind the `npu` name: no generation, no NPU timings.
+            laptop(&["emulated", "simulated_timing=npu4"], "AMD Radeon 890M Graphics"),
+        ];
+        for units in &cases {
+            let s = select(all_candidates(), units, &shape, DECODE_CONTEXT);
+            assert_eq!(s.measure, all_candidates());
+            assert!(s.skipped.is_empty());
+            let note = s.note.unwrap();
+            assert!(note.starts_with("auto measures all 6 candidates"), "{note}");
+        }
+        // No NPU: unchanged, nothing said.
+        let units = &cases[0][..2];
+        let c = candidates(&["vulkan".into(), "cpu".into()]);
+        let s = select(c.clone(), units, &shape, DECODE_CONTEXT);
+        assert_eq!((s.measure, s.skipped, s.note), (c, vec![], None));
+    }
+
+    #[test]
+    fn two_backends_on_one_known_igpu_are_both_measured_and_capped() {
+        let shape = tandem_npu_model::gpu::GEMMA3_4B;
+        let mut units = laptop(&["generation=npu6"], "AMD Radeon 860M");
+        units.push(unit(
+            "wgpu",
+            DeviceKind::IntegratedGpu,
+            "AMD Radeon 860M (Vulkan)",
+            &[],
+        ));
+        let names_ = ["vulkan".to_string(), "wgpu".to_string()];
+        let mut c = candidates(&names_);
+        c.extend(npu_candidates(&names_));
+        let s = select(c, &units, &shape, DECODE_CONTEXT);
+        // vulkan and wgpu tie in the model; both npu+ placements are behind them.
+        assert_eq!(
+            names(&s.measure),
+            ["vulkan", "wgpu", "vulkan+wgpu", "wgpu+vulkan"]
+        );
+        assert_eq!(names(&s.skipped), ["npu+vulkan", "npu+wgpu"]);
     }
 
     #[test]

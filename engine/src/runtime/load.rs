@@ -92,7 +92,8 @@ pub fn load(
 
 /// For `auto` without `[placement]` lists, when two or more hardware backends are available:
 /// `options` with the placement that measured fastest (see [`super::calibrate`]), saying so in
-/// a note. When the model does not fit the fastest unit whole, the candidates are the layer
+/// a note. An NPU (the `npu` plugin) adds `npu+X` for each of them, and the NPU cost model
+/// chooses which of the placements it has figures for are measured ([`calibrate::select`]). When the model does not fit the fastest unit whole, the candidates are the layer
 /// splits that fit (each GPU with as many layers as it holds, the rest on the CPU) and each unit
 /// the model fits whole. `None` otherwise: auto's first-available rule stands (and
 /// [`budget::fit`] splits a model too large for it).
@@ -109,11 +110,16 @@ fn measured_auto(
     }
     let mut units = Vec::new();
     let mut devices = Vec::new();
+    let mut infos = Vec::new();
     for name in AUTO_ORDER {
         if let Ok(b) = discovery.create(name, &settings.backend_options(name)) {
             let info = b.info();
             if info.kind != DeviceKind::SoftwareGpu {
                 devices.push(format!("{name}={}", info.device));
+                infos.push(calibrate::Unit {
+                    name: name.to_string(),
+                    info,
+                });
                 units.push((name.to_string(), b));
             }
         }
@@ -121,13 +127,28 @@ fn measured_auto(
     if units.len() < 2 {
         return Ok(None);
     }
+    // An NPU runs attention beside the other units: it adds `npu+X` candidates.
+    let npu = discovery
+        .create(calibrate::NPU, &settings.backend_options(calibrate::NPU))
+        .ok()
+        .map(|b| b.info())
+        .filter(|info| info.kind == DeviceKind::Npu);
+    if let Some(info) = npu {
+        devices.push(format!("{}={}", calibrate::NPU, info.device));
+        infos.push(calibrate::Unit {
+            name: calibrate::NPU.to_string(),
+            info,
+        });
+    }
     let names: Vec<String> = units.iter().map(|(n, _)| n.clone()).collect();
     let mut fits = Vec::with_capacity(units.len());
     let mut too_large = None;
+    let mut shape = None;
     for (i, (name, b)) in units.into_iter().enumerate() {
         let one = Placement::single(name.clone(), b, "--backend auto".to_string());
         let (planned, _) = plan_placed(one, options, slots)?;
         if i == 0 {
+            shape = Some(calibrate::shape_of(&planned.model.config));
             too_large = planned.report().units.into_iter().find(|u| u.over_budget());
             if too_large.is_none() {
                 break;
@@ -135,9 +156,20 @@ fn measured_auto(
         }
         fits.push((name, budget::fit_of(planned, discovery, settings)?));
     }
-    let candidates = match &too_large {
-        None => calibrate::candidates(&names),
-        Some(u) => {
+    let candidates = match (&too_large, shape) {
+        (None, Some(shape)) => {
+            let mut c = calibrate::candidates(&names);
+            if infos.iter().any(|u| u.name == calibrate::NPU) {
+                c.extend(calibrate::npu_candidates(&names));
+            }
+            let chosen = calibrate::select(c, &infos, &shape, calibrate::DECODE_CONTEXT);
+            if let Some(note) = chosen.note {
+                notices(Notice::Note(note));
+            }
+            chosen.measure
+        }
+        (None, None) => calibrate::candidates(&names),
+        (Some(u), _) => {
             let c = calibrate::layer_candidates(&fits);
             let why = format!(
                 "the model does not fit {} whole ({} needed, {} allowed)",

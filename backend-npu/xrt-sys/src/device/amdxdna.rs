@@ -28,7 +28,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::time::Duration;
 
-use super::{BoHandle, BoKind, ContextHandle, NpuDevice, RunHandle, TimelineHandle, MAX_TIMELINE_WAITS};
+use super::{
+    BoHandle, BoKind, ChainedRun, ContextHandle, NpuDevice, RunHandle, TimelineHandle, MAX_TIMELINE_WAITS,
+};
 use crate::axlf::{AxlfError, Xclbin};
 use crate::detect::DeviceInfo;
 use crate::error::XrtError;
@@ -95,8 +97,20 @@ struct CmdBo {
 struct Run {
     ctx: u32,
     seq: u64,
+    /// The submitted packet: a start packet, or a chain of `chained`.
     cmd: CmdBo,
+    /// A chain's commands, in order (empty for a single run).
+    chained: Vec<CmdBo>,
     uses: Vec<u32>,
+}
+
+impl Run {
+    /// The command BOs' handles: the packet's, then a chain's commands'.
+    fn handles(&self) -> Vec<u32> {
+        std::iter::once(self.cmd.handle)
+            .chain(self.chained.iter().map(|c| c.handle))
+            .collect()
+    }
 }
 
 /// An NPU opened through its amdxdna accel node. Dropping it releases runs, contexts,
@@ -401,6 +415,113 @@ impl Amdxdna {
         })
     }
 
+    /// A command BO holding the start packet of one run (`ERT_START_CU` or `ERT_START_NPU`),
+    /// its buffers added to `uses`.
+    fn start_packet(
+        &mut self,
+        instructions: BoHandle,
+        words: u32,
+        args: &[BoHandle],
+        uses: &mut Vec<u32>,
+    ) -> Result<CmdBo, XrtError> {
+        let instr = self.bo(instructions)?;
+        if instr.kind != BoKind::Instructions {
+            return Err(XrtError::InvalidArgument(format!(
+                "buffer {} is not an instruction buffer",
+                instructions.0
+            )));
+        }
+        let bytes = words as usize * 4;
+        if words == 0 || bytes > instr.size {
+            return Err(XrtError::InvalidArgument(format!(
+                "{words} instruction words do not fit instruction buffer {} of {} bytes",
+                instructions.0, instr.size
+            )));
+        }
+        if args.len() > ert::MAX_BO_ARGS {
+            return Err(XrtError::InvalidArgument(format!(
+                "{} buffer arguments; an NPU kernel takes at most {}",
+                args.len(),
+                ert::MAX_BO_ARGS
+            )));
+        }
+        let instr_addr = instr.dev_addr;
+        let mut addrs = Vec::with_capacity(args.len());
+        if !uses.contains(&instructions.0) {
+            uses.push(instructions.0);
+        }
+        for a in args {
+            let b = self.bo(*a)?;
+            if b.kind != BoKind::Data {
+                return Err(XrtError::InvalidArgument(format!(
+                    "argument buffer {} is not a data buffer",
+                    a.0
+                )));
+            }
+            addrs.push(b.dev_addr);
+            if !uses.contains(&a.0) {
+                uses.push(a.0);
+            }
+        }
+        let packet = match self.exec_format {
+            ExecFormat::StartCu => ert::start_cu_mlir_aie(0, instr_addr, words, &addrs),
+            ExecFormat::StartNpu => ert::start_npu(0, instr_addr, bytes as u32, &addrs),
+        }
+        .map_err(|e| XrtError::InvalidArgument(e.to_string()))?;
+
+        let mut cmd = self.command_bo()?;
+        if !cmd.map.write(0, &ert::to_bytes(&packet)) {
+            self.idle_cmds.push(cmd);
+            return Err(XrtError::InvalidArgument(
+                "the command packet does not fit its buffer".into(),
+            ));
+        }
+        Ok(cmd)
+    }
+
+    /// Submits `cmd` (a start packet, or a chain listing `chained`) to `hwctx` and records the
+    /// run.
+    fn exec(
+        &mut self,
+        ctx: ContextHandle,
+        hwctx: u32,
+        cmd: CmdBo,
+        mut chained: Vec<CmdBo>,
+        uses: Vec<u32>,
+    ) -> Result<RunHandle, XrtError> {
+        let mut exec = amdxdna_drm_exec_cmd {
+            hwctx,
+            type_: AMDXDNA_CMD_SUBMIT_EXEC_BUF,
+            cmd_handles: u64::from(cmd.handle),
+            args: uses.as_ptr() as u64,
+            cmd_count: 1,
+            arg_count: uses.len() as u32,
+            ..Default::default()
+        };
+        if let Err(e) = sys::ioctl(self.fd(), DRM_IOCTL_AMDXDNA_EXEC_CMD, &mut exec) {
+            self.idle_cmds.push(cmd);
+            self.idle_cmds.append(&mut chained);
+            return Err(ioctl_err(
+                "DRM_IOCTL_AMDXDNA_EXEC_CMD",
+                e,
+                format!("submitting to context {hwctx}"),
+            ));
+        }
+        let id = self.next_run;
+        self.next_run += 1;
+        self.runs.insert(
+            id,
+            Run {
+                ctx: ctx.0,
+                seq: exec.seq,
+                cmd,
+                chained,
+                uses,
+            },
+        );
+        Ok(RunHandle(id))
+    }
+
     fn command_bo(&mut self) -> Result<CmdBo, XrtError> {
         if let Some(cmd) = self.idle_cmds.pop() {
             return Ok(cmd);
@@ -646,9 +767,11 @@ impl NpuDevice for Amdxdna {
         let result = self.destroy_context(context);
         for id in dead {
             if let Some(run) = self.runs.remove(&id) {
-                let handle = run.cmd.handle;
+                let handles = run.handles();
                 drop(run);
-                self.gem_close(handle);
+                for handle in handles {
+                    self.gem_close(handle);
+                }
             }
         }
         result
@@ -724,96 +847,54 @@ impl NpuDevice for Amdxdna {
         words: u32,
         args: &[BoHandle],
     ) -> Result<RunHandle, XrtError> {
-        let hwctx = self
-            .contexts
-            .get(&ctx.0)
-            .ok_or(XrtError::InvalidHandle {
-                kind: "context",
-                handle: ctx.0.into(),
-            })?
-            .handle;
-        let instr = self.bo(instructions)?;
-        if instr.kind != BoKind::Instructions {
-            return Err(XrtError::InvalidArgument(format!(
-                "buffer {} is not an instruction buffer",
-                instructions.0
-            )));
-        }
-        let bytes = words as usize * 4;
-        if words == 0 || bytes > instr.size {
-            return Err(XrtError::InvalidArgument(format!(
-                "{words} instruction words do not fit instruction buffer {} of {} bytes",
-                instructions.0, instr.size
-            )));
-        }
-        if args.len() > ert::MAX_BO_ARGS {
-            return Err(XrtError::InvalidArgument(format!(
-                "{} buffer arguments; an NPU kernel takes at most {}",
-                args.len(),
-                ert::MAX_BO_ARGS
-            )));
-        }
-        let instr_addr = instr.dev_addr;
-        let mut addrs = Vec::with_capacity(args.len());
-        let mut uses = vec![instructions.0];
-        for a in args {
-            let b = self.bo(*a)?;
-            if b.kind != BoKind::Data {
-                return Err(XrtError::InvalidArgument(format!(
-                    "argument buffer {} is not a data buffer",
-                    a.0
-                )));
-            }
-            addrs.push(b.dev_addr);
-            if !uses.contains(&a.0) {
-                uses.push(a.0);
-            }
-        }
-        let packet = match self.exec_format {
-            ExecFormat::StartCu => ert::start_cu_mlir_aie(0, instr_addr, words, &addrs),
-            ExecFormat::StartNpu => ert::start_npu(0, instr_addr, bytes as u32, &addrs),
-        }
-        .map_err(|e| XrtError::InvalidArgument(e.to_string()))?;
+        let hwctx = self.hwctx(ctx)?;
+        let mut uses = Vec::new();
+        let cmd = self.start_packet(instructions, words, args, &mut uses)?;
+        // One command BO per EXEC_CMD; a step's several commands go through `run_chain`.
+        self.exec(ctx, hwctx, cmd, Vec::new(), uses)
+    }
 
-        let mut cmd = self.command_bo()?;
-        if !cmd.map.write(0, &ert::to_bytes(&packet)) {
-            self.idle_cmds.push(cmd);
-            return Err(XrtError::InvalidArgument(
-                "the command packet does not fit its buffer".into(),
-            ));
+    fn run_chain(&mut self, ctx: ContextHandle, commands: &[ChainedRun<'_>]) -> Result<RunHandle, XrtError> {
+        let hwctx = self.hwctx(ctx)?;
+        if commands.is_empty() {
+            return Err(XrtError::InvalidArgument("an empty chain".into()));
         }
-        // One command BO per EXEC_CMD: the NPU backend submits each attention dispatch on its
-        // own and waits for it, so chained submission (several command BOs in one EXEC_CMD,
-        // `cmd_count` > 1) is not needed and not built.
-        let mut exec = amdxdna_drm_exec_cmd {
-            hwctx,
-            type_: AMDXDNA_CMD_SUBMIT_EXEC_BUF,
-            cmd_handles: u64::from(cmd.handle),
-            args: uses.as_ptr() as u64,
-            cmd_count: 1,
-            arg_count: uses.len() as u32,
-            ..Default::default()
+        let mut uses = Vec::new();
+        let mut chained: Vec<CmdBo> = Vec::with_capacity(commands.len());
+        for c in commands {
+            match self.start_packet(c.instructions, c.words, c.args, &mut uses) {
+                Ok(cmd) => chained.push(cmd),
+                Err(e) => {
+                    self.idle_cmds.append(&mut chained);
+                    return Err(e);
+                }
+            }
+        }
+        let handles: Vec<u32> = chained.iter().map(|c| c.handle).collect();
+        let packet = match ert::cmd_chain(&handles) {
+            Ok(p) => p,
+            Err(e) => {
+                self.idle_cmds.append(&mut chained);
+                return Err(XrtError::InvalidArgument(e.to_string()));
+            }
         };
-        if let Err(e) = sys::ioctl(self.fd(), DRM_IOCTL_AMDXDNA_EXEC_CMD, &mut exec) {
-            self.idle_cmds.push(cmd);
-            return Err(ioctl_err(
-                "DRM_IOCTL_AMDXDNA_EXEC_CMD",
-                e,
-                format!("submitting to context {hwctx}"),
+        let mut chain = match self.command_bo() {
+            Ok(c) => c,
+            Err(e) => {
+                self.idle_cmds.append(&mut chained);
+                return Err(e);
+            }
+        };
+        if !chain.map.write(0, &ert::to_bytes(&packet)) {
+            self.idle_cmds.push(chain);
+            self.idle_cmds.append(&mut chained);
+            return Err(XrtError::InvalidArgument(
+                "the chain packet does not fit its command buffer".into(),
             ));
         }
-        let id = self.next_run;
-        self.next_run += 1;
-        self.runs.insert(
-            id,
-            Run {
-                ctx: ctx.0,
-                seq: exec.seq,
-                cmd,
-                uses,
-            },
-        );
-        Ok(RunHandle(id))
+        // The chained command BOs travel as arguments too, so the driver holds them.
+        uses.extend(handles);
+        self.exec(ctx, hwctx, chain, chained, uses)
     }
 
     fn wait(&mut self, run: RunHandle, timeout: Duration) -> Result<(), XrtError> {
@@ -855,9 +936,18 @@ impl NpuDevice for Amdxdna {
             });
         };
         let header = done.cmd.map.read_u32_volatile(0).unwrap_or(0);
+        // A chain's `error_index` (word 3) names the command that failed.
+        let error_index = done.cmd.map.read_u32_volatile(12).unwrap_or(0);
+        let count = done.chained.len() as u32;
         self.idle_cmds.push(done.cmd);
+        self.idle_cmds.extend(done.chained);
         match CommandState::from_header(header) {
             CommandState::Completed => Ok(()),
+            state if count > 0 => Err(XrtError::ChainCommandFailed {
+                index: error_index,
+                count,
+                state,
+            }),
             state => Err(XrtError::CommandFailed { state }),
         }
     }
@@ -1065,9 +1155,11 @@ impl Drop for Amdxdna {
     fn drop(&mut self) {
         let runs: Vec<Run> = self.runs.drain().map(|(_, r)| r).collect();
         for run in runs {
-            let handle = run.cmd.handle;
+            let handles = run.handles();
             drop(run);
-            self.gem_close(handle);
+            for handle in handles {
+                self.gem_close(handle);
+            }
         }
         let idle: Vec<CmdBo> = self.idle_cmds.drain(..).collect();
         for cmd in idle {

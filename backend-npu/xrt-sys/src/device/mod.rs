@@ -29,6 +29,17 @@ pub struct RunHandle(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TimelineHandle(pub u32);
 
+/// One command of a chained submission: what [`NpuDevice::run`] takes for one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainedRun<'a> {
+    /// The instruction stream's buffer.
+    pub instructions: BoHandle,
+    /// Its length in u32 words.
+    pub words: u32,
+    /// Up to 5 data BOs, in order.
+    pub args: &'a [BoHandle],
+}
+
 /// The most timelines one [`NpuDevice::wait_before`] takes (fixed arrays: no allocation).
 pub const MAX_TIMELINE_WAITS: usize = 8;
 
@@ -75,8 +86,19 @@ pub trait NpuDevice: Send {
         args: &[BoHandle],
     ) -> Result<RunHandle, XrtError>;
 
-    /// Waits for `run` to finish, at most `timeout`.
+    /// Waits for `run` to finish, at most `timeout`. A chain ([`NpuDevice::run_chain`]) whose
+    /// command `i` failed answers [`XrtError::ChainCommandFailed`] with `index: i`.
     fn wait(&mut self, run: RunHandle, timeout: Duration) -> Result<(), XrtError>;
+
+    /// Starts `commands` on `ctx` as one chained submission (`ERT_CMD_CHAIN`: one `EXEC_CMD`
+    /// whose packet lists a command BO per entry), run in order; one [`NpuDevice::wait`] covers
+    /// them all. Refused by default.
+    fn run_chain(&mut self, ctx: ContextHandle, commands: &[ChainedRun<'_>]) -> Result<RunHandle, XrtError> {
+        let _ = (ctx, commands);
+        Err(XrtError::NotSupported {
+            what: "chained submission",
+        })
+    }
 
     // Timelines (device-side boundaries). Each has a default that refuses, so a device that
     // does not share timelines need not implement them.
