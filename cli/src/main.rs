@@ -22,31 +22,44 @@ struct Cli {
     command: Command,
 }
 
+/// Every subcommand takes negative numbers as values (`--temperature -1`), so that they reach
+/// the range checks and their messages instead of being read as unknown flags.
 #[derive(Debug, Subcommand)]
 enum Command {
     /// List every backend plugin found, its device, and why any is unavailable.
+    #[command(allow_negative_numbers = true)]
     Backends(commands::backends::Args),
     /// Generate text from a prompt or token ids.
+    #[command(allow_negative_numbers = true)]
     Run(commands::run::Args),
     /// Print the logits of every position of a token sequence.
+    #[command(allow_negative_numbers = true)]
     Logits(commands::logits::Args),
     /// Chat interactively, one user turn per input line.
+    #[command(allow_negative_numbers = true)]
     Chat(commands::chat::Args),
     /// Print the token ids the model sees for a text.
+    #[command(allow_negative_numbers = true)]
     Tokenize(commands::tokenize::Args),
     /// Perplexity of a text file (llama.cpp's method).
+    #[command(allow_negative_numbers = true)]
     Perplexity(commands::perplexity::Args),
     /// Write a random-weight Gemma 3 GGUF of a real shape.
+    #[command(allow_negative_numbers = true)]
     Synth(commands::synth::Args),
     /// Show where every node runs (`--backend A+B`, the config's [placement]) and what crosses
     /// between units.
+    #[command(allow_negative_numbers = true)]
     Placement(commands::placement::Args),
     /// Measure prefill and decode speed against the hardware's limits, or render saved results.
+    #[command(allow_negative_numbers = true)]
     Bench(commands::bench::Args),
     /// Serve the model over HTTP with OpenAI's API, batching concurrent requests.
+    #[command(allow_negative_numbers = true)]
     Serve(commands::serve::Args),
     /// Load a running `engine serve` (loopback only, bounded): tokens/s, TTFT, inter-token
     /// latency per number of concurrent clients.
+    #[command(allow_negative_numbers = true)]
     Loadgen(commands::loadgen::Args),
 }
 
@@ -62,6 +75,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of standard output went away (`engine run ... | head -c 10`): it has all it
+        // wanted, so the command ends quietly, as `cat` does.
+        Err(e) if closed_stdout(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
@@ -93,6 +109,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => commands::serve::run(&ctx, &args),
         Command::Loadgen(args) => commands::loadgen::run(&ctx, &args),
     }
+}
+
+/// Whether the error is a write to a pipe whose reader has closed it.
+fn closed_stdout(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<std::io::Error>())
+        .any(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 /// The error and its causes on one line, skipping causes the message already contains (typed

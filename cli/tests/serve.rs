@@ -311,6 +311,51 @@ fn a_full_queue_answers_503_with_retry_after() {
     assert_eq!(g.ids.len(), 2);
 }
 
+/// Two slots and one queue place hold three requests, however they arrive: on an idle server
+/// three sent at once all succeed (a bounded channel refused the third before the batcher had
+/// taken any into a slot); a fourth while three are held is 503.
+#[test]
+fn two_slots_and_a_queue_of_one_hold_three_simultaneous_requests() {
+    let install = Install::new(&["cpu"]);
+    let server = long_server(&install, &["--parallel", "2", "--queue", "1"]);
+    let addr = server.addr.clone();
+    for round in 0..3 {
+        let start = std::sync::Arc::new(std::sync::Barrier::new(3));
+        let answers: Vec<http::Response> = std::thread::scope(|scope| {
+            let sent: Vec<_> = (0..3)
+                .map(|i| {
+                    let (addr, start) = (addr.clone(), start.clone());
+                    scope.spawn(move || {
+                        start.wait();
+                        let doc = json!({"prompt": [2, 17, 5 + i], "max_tokens": 8, "temperature": 0});
+                        post(&addr, "/v1/completions", &doc)
+                    })
+                })
+                .collect();
+            sent.into_iter().map(|h| h.join().expect("a client")).collect()
+        });
+        for (i, r) in answers.iter().enumerate() {
+            assert_eq!(r.status, 200, "round {round}, request {i}: {}", r.text());
+            assert_eq!(r.json()["usage"]["completion_tokens"], 8, "round {round}, request {i}");
+        }
+    }
+    assert_eq!(server.metric("tandem_requests_rejected_total"), 0.0);
+    // Three held (two running, one waiting): the fourth is over capacity.
+    let mut held: Vec<Events> = (0..3)
+        .map(|_| Events::open(&server.addr, "/v1/completions", &long_request()))
+        .collect();
+    for ev in &mut held[..2] {
+        assert_eq!(ev.status, 200);
+        assert!(ev.next_data().is_some());
+    }
+    server.wait_for(10, "two running and one queued", |s| {
+        s.metric("tandem_running_sequences") == 2.0 && s.metric("tandem_queue_depth") == 1.0
+    });
+    let r = post(&server.addr, "/v1/completions", &long_request());
+    assert_error(&r, 503, "a fourth request");
+    assert_eq!(server.metric("tandem_requests_rejected_total"), 1.0);
+}
+
 #[test]
 fn a_wrong_or_missing_api_key_is_401() {
     let install = Install::new(&["cpu"]);
@@ -513,8 +558,28 @@ fn bad_input_is_a_4xx_in_openai_shape_and_the_server_keeps_serving() {
             None,
         ),
     ];
+    // Messages speak the API's field names, not the command line's flags or Rust's types.
+    let said = |what: &str| {
+        let (_, r, _, _) = cases.iter().find(|c| c.0 == what).expect("a case");
+        r.json()["error"]["message"].as_str().unwrap_or_default().to_string()
+    };
+    assert_eq!(
+        said("max_tokens a string"),
+        "`max_tokens` must be an integer >= 1, got the string \"3\""
+    );
+    assert_eq!(
+        said("stop a number"),
+        "`stop` must be a string or a list of strings, got the number 5"
+    );
+    assert_eq!(
+        said("negative temperature"),
+        "temperature must be >= 0 and finite (0 is greedy), got -1"
+    );
     for (what, r, status, param) in &cases {
-        assert_error(r, *status, what);
+        let message = assert_error(r, *status, what);
+        for word in ["--", "untagged", "expected u64", "expected f32", "invalid type"] {
+            assert!(!message.contains(word), "{what}: {message}");
+        }
         if let Some(p) = param {
             assert_eq!(r.json()["error"]["param"], *p, "{what}");
         }

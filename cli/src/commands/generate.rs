@@ -123,20 +123,26 @@ pub fn run(
     })
 }
 
-/// The engine's error, with the flag that changes it.
+/// The engine's error, told with the flag that changes it.
 fn explain(e: GenerateError) -> anyhow::Error {
-    let hint = match &e {
+    match &e {
         GenerateError::Request(RequestError::PromptTooLong { .. })
-        | GenerateError::Session(SessionError::ContextFull { .. }) => " (--context sets the context)",
-        GenerateError::Request(r) => match r.field() {
-            "temperature" => " (--temperature)",
-            "top_p" => " (--top-p)",
-            "min_p" => " (--min-p)",
-            "repetition_penalty" => " (--repeat-penalty)",
-            "max_tokens" => " (--max-tokens)",
-            _ => "",
-        },
-        GenerateError::Session(_) => "",
-    };
-    anyhow::anyhow!("{e}{hint}")
+        | GenerateError::Session(SessionError::ContextFull { .. }) => {
+            anyhow::anyhow!("{e} (--context sets the context)")
+        }
+        GenerateError::Request(RequestError::Sampling(s)) => {
+            let flag = match s.setting() {
+                "temperature" => "--temperature",
+                "top_p" => "--top-p",
+                "min_p" => "--min-p",
+                "repetition_penalty" => "--repeat-penalty",
+                other => other,
+            };
+            anyhow::anyhow!(s.with_name(flag))
+        }
+        GenerateError::Request(RequestError::MaxTokens { value, context }) => {
+            anyhow::anyhow!("--max-tokens must be between 1 and the context ({context}), got {value}")
+        }
+        _ => anyhow::anyhow!(e),
+    }
 }

@@ -21,7 +21,7 @@ pub struct SamplerConfig {
     /// `--min-p`: drop tokens less likely than `min_p` times the most likely one; `0` turns it
     /// off. In `[0, 1)`.
     pub min_p: f32,
-    /// `--repetition-penalty`: for each distinct token already in the history, positive logits
+    /// `repetition_penalty` (`--repeat-penalty`): for each distinct token already in the history, positive logits
     /// are divided by it and negative ones multiplied; `1` turns it off. Greater than 0.
     pub repetition_penalty: f32,
     /// `--seed`: seed of the random number generator.
@@ -59,31 +59,31 @@ impl SamplerConfig {
 
     /// Checks the ranges; the error names the setting and the accepted range.
     pub fn validate(&self) -> Result<(), SamplerError> {
-        let invalid = |setting, value, expected| {
+        let invalid = |setting, value, requirement| {
             Err(SamplerError::Invalid {
                 setting,
                 value,
-                expected,
+                requirement,
             })
         };
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return invalid(
                 "temperature",
                 self.temperature,
-                "0 (greedy) or a positive finite number",
+                ">= 0 and finite (0 is greedy)",
             );
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return invalid("top_p", self.top_p, "a number in (0, 1]; 1 turns it off");
+            return invalid("top_p", self.top_p, "in (0, 1] (1 turns it off)");
         }
         if !(self.min_p >= 0.0 && self.min_p < 1.0) {
-            return invalid("min_p", self.min_p, "a number in [0, 1); 0 turns it off");
+            return invalid("min_p", self.min_p, "in [0, 1) (0 turns it off)");
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
             return invalid(
                 "repetition_penalty",
                 self.repetition_penalty,
-                "a positive finite number; 1 turns it off",
+                "> 0 and finite (1 turns it off)",
             );
         }
         Ok(())
@@ -94,15 +94,34 @@ impl SamplerConfig {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SamplerError {
     /// A setting is out of range.
-    #[error("invalid {setting} {value}: expected {expected}")]
+    #[error("{setting} must be {requirement}, got {value}")]
     Invalid {
-        /// The setting, as the request field names it (`temperature`, `top_p`).
+        /// The setting, as the request field names it (`temperature`, `top_p`); a command line
+        /// names it by its flag instead (see [`SamplerError::with_name`]).
         setting: &'static str,
         /// The value given.
         value: f32,
-        /// The accepted range.
-        expected: &'static str,
+        /// The accepted range (`>= 0 and finite (0 is greedy)`).
+        requirement: &'static str,
     },
+}
+
+impl SamplerError {
+    /// The same message with the setting called `name` (a command-line flag: `--temperature`).
+    pub fn with_name(&self, name: &str) -> String {
+        match self {
+            SamplerError::Invalid {
+                value, requirement, ..
+            } => format!("{name} must be {requirement}, got {value}"),
+        }
+    }
+
+    /// The setting at fault, as the request field names it.
+    pub fn setting(&self) -> &'static str {
+        match self {
+            SamplerError::Invalid { setting, .. } => setting,
+        }
+    }
 }
 
 /// Picks tokens from logits according to a [`SamplerConfig`]; holds the random state and the
@@ -957,8 +976,18 @@ mod tests {
         ];
         for (c, setting) in cases {
             let err = Sampler::new(c).unwrap_err().to_string();
-            assert!(err.contains(setting), "{err}");
+            assert!(err.starts_with(&format!("{setting} must be ")), "{err}");
         }
+        let e = SamplerConfig {
+            temperature: -1.0,
+            ..SamplerConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(
+            e.with_name("--temperature"),
+            "--temperature must be >= 0 and finite (0 is greedy), got -1"
+        );
         assert!(SamplerConfig::default().validate().is_ok());
         assert!(SamplerConfig::greedy().validate().is_ok());
     }

@@ -221,6 +221,16 @@ pub enum SettingsError {
         /// What is wrong.
         message: String,
     },
+    /// A `[backend.NAME]` table for no backend tandem has, or a key its backend does not read.
+    #[error("{path}: line {line}: {what}")]
+    Unknown {
+        /// The file.
+        path: PathBuf,
+        /// The line of the table or key.
+        line: usize,
+        /// What is unknown and what is known (`backend.cpu.thread: not an option of cpu (...)`).
+        what: String,
+    },
     /// A backend option has a value that is not a string, number or boolean.
     #[error("{path}: backend.{backend}.{key}: expected a string, number or boolean")]
     OptionType {
@@ -261,6 +271,7 @@ impl Settings {
                 message: message.replace('\n', " "),
             }
         })?;
+        check_backend_tables(path, &text)?;
         let base = path.parent().unwrap_or(Path::new("."));
         for d in &mut s.plugin_dirs {
             if d.is_relative() {
@@ -337,6 +348,102 @@ impl Settings {
         }
         o
     }
+}
+
+/// Options every backend table takes (read by the engine).
+const COMMON_OPTIONS: [&str; 2] = ["strict", tandem_backend_api::MEMORY_LIMIT];
+
+/// The backends tandem ships and the options each reads from its `[backend.NAME]` table
+/// (besides [`COMMON_OPTIONS`]). A plugin that adds an option adds it here, so that a typo in
+/// the config is an error instead of a setting silently ignored.
+pub const BACKEND_OPTIONS: [(&str, &[&str]); 5] = [
+    ("cpu", &["threads", "kernels", "spin", "profile"]),
+    (
+        "vulkan",
+        &["device", "validation", "coopmat", "coopmat2", "profile", "fuse", "int_dot"],
+    ),
+    ("wgpu", &["adapter", "backends", "validation", "profile"]),
+    ("npu", &["root", "artefacts", "executor", "generation", "timeout_ms"]),
+    ("npu-emu", &["root", "artefacts", "executor", "generation", "timeout_ms"]),
+];
+
+/// Refuses a `[backend.NAME]` table for a backend tandem does not have and a key its backend
+/// does not read, naming the line (the second parse keeps the spans the first drops).
+fn check_backend_tables(path: &Path, text: &str) -> Result<(), SettingsError> {
+    use toml::Spanned;
+    type Table = BTreeMap<Spanned<String>, toml::Value>;
+    #[derive(Deserialize)]
+    struct Raw {
+        #[serde(default)]
+        backend: BTreeMap<Spanned<String>, Table>,
+    }
+    // The first parse has already reported any syntax error.
+    let Ok(raw) = toml::from_str::<Raw>(text) else {
+        return Ok(());
+    };
+    let line = |at: usize| text[..at.min(text.len())].matches('\n').count() + 1;
+    let known_names: Vec<&str> = BACKEND_OPTIONS.iter().map(|(n, _)| *n).collect();
+    for (name, table) in &raw.backend {
+        // `vulkan#2`: a second instance of `vulkan` takes its options.
+        let kind = name.get_ref().split('#').next().unwrap_or_default();
+        let Some((_, options)) = BACKEND_OPTIONS.iter().find(|(n, _)| *n == kind) else {
+            return Err(SettingsError::Unknown {
+                path: path.to_path_buf(),
+                line: line(name.span().start),
+                what: format!(
+                    "[backend.{}]: no backend of that name ({}){}",
+                    name.get_ref(),
+                    known_names.join(", "),
+                    suggest(kind, &known_names)
+                ),
+            });
+        };
+        for key in table.keys() {
+            let key_name = key.get_ref().as_str();
+            if COMMON_OPTIONS.contains(&key_name) || options.contains(&key_name) {
+                continue;
+            }
+            let all: Vec<&str> = options.iter().chain(COMMON_OPTIONS.iter()).copied().collect();
+            return Err(SettingsError::Unknown {
+                path: path.to_path_buf(),
+                line: line(key.span().start),
+                what: format!(
+                    "backend.{}.{key_name}: not an option of {kind} ({}){}",
+                    name.get_ref(),
+                    all.join(", "),
+                    suggest(key_name, &all)
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `; did you mean X?` for the known word closest to `word`, when one is close.
+fn suggest(word: &str, known: &[&str]) -> String {
+    known
+        .iter()
+        .map(|k| (edit_distance(word, k), *k))
+        .filter(|(d, k)| *d <= 2.max(k.len() / 4))
+        .min()
+        .map(|(_, k)| format!("; did you mean `{k}`?"))
+        .unwrap_or_default()
+}
+
+/// Levenshtein distance over chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 #[cfg(test)]
@@ -468,6 +575,27 @@ mod tests {
             let e = Settings::load(&p).unwrap_err().to_string();
             assert!(e.contains("tandem.toml") && e.contains(want), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn unknown_backend_tables_and_keys_name_file_line_and_key() {
+        let (_d, p) = write("[backend.cpu]\nthreads = 2\n\n[backend.vulkn]\nvalidation = true\n");
+        let e = Settings::load(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("tandem.toml: line 4: [backend.vulkn]") && e.contains("did you mean `vulkan`"),
+            "{e}"
+        );
+        let (_d, p) = write("[backend.cpu]\nthread = 2\n");
+        let e = Settings::load(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("tandem.toml: line 2: backend.cpu.thread") && e.contains("did you mean `threads`"),
+            "{e}"
+        );
+        // Every option a shipped backend reads, and a second instance's table, pass.
+        let (_d, p) = write(
+            "[backend.\"vulkan#2\"]\ndevice = \"1\"\nint_dot = false\nstrict = true\n[backend.wgpu]\nbackends = \"gl\"\n",
+        );
+        Settings::load(&p).unwrap();
     }
 
     #[test]

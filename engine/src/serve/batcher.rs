@@ -29,8 +29,8 @@
 //! products are summed in the same order whatever the number of rows); prompts are fed in the
 //! same chunks as when a request runs alone (after a kept prefix, from its end).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -67,12 +67,27 @@ struct Shared {
     cancel: AtomicBool,
     limits: Limits,
     slots: usize,
+    /// Requests taken and not yet ended (waiting or holding a slot). [`Handle::submit`] takes
+    /// a request while fewer than `capacity` are: the slots and the queue together, counted
+    /// here rather than by the channel's bound, which would refuse requests the batcher is
+    /// about to take into free slots (three at once into two slots and a queue of one).
+    admitted: AtomicUsize,
+    /// `slots + queue`.
+    capacity: usize,
+}
+
+impl Shared {
+    /// One admitted request has ended (finished, failed or cancelled).
+    fn leave(&self, outcome: Outcome) {
+        self.metrics.finished(outcome);
+        self.admitted.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The HTTP layer's side of the batcher: submits requests, reads the metrics. Cheap to clone.
 #[derive(Clone)]
 pub struct Handle {
-    tx: SyncSender<(Request<'static>, Sampler)>,
+    tx: Sender<(Request<'static>, Sampler)>,
     shared: Arc<Shared>,
 }
 
@@ -188,13 +203,16 @@ pub fn start(
     // A unit that cannot run these steps fails the first request the same way, with its
     // message; the server still starts.
     let _ = warm_up(&mut session, served, padder);
-    let (tx, rx) = sync_channel(options.queue.max(1));
+    // Unbounded: `Shared::admitted` bounds what is in it.
+    let (tx, rx) = channel();
     let shared = Arc::new(Shared {
         metrics: Metrics::default(),
         draining: AtomicBool::new(false),
         cancel: AtomicBool::new(false),
         limits: Limits::of(&session),
         slots: served,
+        admitted: AtomicUsize::new(0),
+        capacity: served + options.queue.max(1),
     });
     shared.metrics.step_builds(session.step_builds());
     let thread_shared = shared.clone();
@@ -236,19 +254,26 @@ impl Handle {
         }
         let sampler = request.check(self.shared.limits, 0)?;
         let metrics = &self.shared.metrics;
-        metrics.queued.fetch_add(1, Ordering::SeqCst);
-        match self.tx.try_send((request, sampler)) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => {
-                let queued = metrics.queued.fetch_sub(1, Ordering::SeqCst) - 1;
-                metrics.rejected();
-                Err(SubmitError::QueueFull { queued })
-            }
-            Err(TrySendError::Disconnected(_)) => {
-                metrics.queued.fetch_sub(1, Ordering::SeqCst);
-                Err(SubmitError::ShuttingDown)
-            }
+        let shared = &self.shared;
+        if shared
+            .admitted
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < shared.capacity).then_some(n + 1)
+            })
+            .is_err()
+        {
+            metrics.rejected();
+            return Err(SubmitError::QueueFull {
+                queued: metrics.queue_depth(),
+            });
         }
+        metrics.queued.fetch_add(1, Ordering::SeqCst);
+        if self.tx.send((request, sampler)).is_err() {
+            metrics.queued.fetch_sub(1, Ordering::SeqCst);
+            shared.admitted.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::ShuttingDown);
+        }
+        Ok(())
     }
 
     /// Stops taking requests; the batcher finishes the running and queued ones, then exits.
@@ -333,7 +358,7 @@ fn run(
                 request.sink.send(Event::Failed {
                     message: "the server is shutting down".into(),
                 });
-                metrics.finished(Outcome::Cancelled);
+                shared.leave(Outcome::Cancelled);
                 continue;
             }
             let (at, kept) = if reuse_prefix {
@@ -370,7 +395,7 @@ fn run(
                 s.fail("the server is shutting down".into());
             }
             free.push(s.slot);
-            metrics.finished(Outcome::Cancelled);
+            shared.leave(Outcome::Cancelled);
             false
         });
         metrics.running.store(seqs.len(), Ordering::SeqCst);
@@ -539,7 +564,7 @@ fn run(
         for (i, outcome) in ended {
             let s = seqs.remove(i);
             free.push(s.slot);
-            metrics.finished(outcome);
+            shared.leave(outcome);
         }
         metrics.running.store(seqs.len(), Ordering::SeqCst);
     }

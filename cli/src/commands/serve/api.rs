@@ -25,13 +25,34 @@ pub fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
-/// Field `name` of `obj` as `T`; absent or null is `None`.
-pub fn field<T: DeserializeOwned>(obj: &Map<String, Value>, name: &str) -> Result<Option<T>, ApiError> {
+/// Field `name` of `obj` as `T`; absent or null is `None`. A value of the wrong type is a 400
+/// in the API's words: `` `max_tokens` must be an integer >= 0, got the string "ten" ``.
+pub fn field<T: DeserializeOwned>(
+    obj: &Map<String, Value>,
+    name: &str,
+    expected: &str,
+) -> Result<Option<T>, ApiError> {
     match obj.get(name) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => T::deserialize(v)
-            .map(Some)
-            .map_err(|e| ApiError::invalid(format!("`{name}`: {e}"), Some(name))),
+        Some(v) => T::deserialize(v).map(Some).map_err(|_| {
+            ApiError::invalid(
+                format!("`{name}` must be {expected}, got {}", describe(v)),
+                Some(name),
+            )
+        }),
+    }
+}
+
+/// A JSON value as an error message shows it: its type, and the value where it is short.
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("the boolean {b}"),
+        Value::Number(n) => format!("the number {n}"),
+        Value::String(s) if s.chars().count() <= 32 => format!("the string {v}"),
+        Value::String(_) => "a string".into(),
+        Value::Array(a) => format!("a list of {} items", a.len()),
+        Value::Object(_) => "an object".into(),
     }
 }
 
@@ -85,28 +106,28 @@ fn fresh_seed() -> u64 {
 /// Reads the fields every generation request shares. `max_tokens_field` is `max_tokens`, or
 /// for chat also `max_completion_tokens` (which wins).
 pub fn common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiError> {
-    let n: Option<u64> = field(obj, "n")?;
+    let n: Option<u64> = field(obj, "n", "1")?;
     if n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
     }
-    let mut max_tokens: Option<u64> = field(obj, "max_tokens")?;
+    let mut max_tokens: Option<u64> = field(obj, "max_tokens", "an integer >= 1")?;
     if chat {
-        if let Some(m) = field::<u64>(obj, "max_completion_tokens")? {
+        if let Some(m) = field::<u64>(obj, "max_completion_tokens", "an integer >= 1")? {
             max_tokens = Some(m);
         }
     }
-    let top_k: Option<i64> = field(obj, "top_k")?;
-    let seed: Option<i64> = field(obj, "seed")?;
+    let top_k: Option<i64> = field(obj, "top_k", "an integer (0: off)")?;
+    let seed: Option<i64> = field(obj, "seed", "an integer")?;
     let sampling = SamplerConfig {
-        temperature: field(obj, "temperature")?.unwrap_or(1.0),
+        temperature: field(obj, "temperature", "a number >= 0")?.unwrap_or(1.0),
         top_k: top_k.map_or(0, |k| usize::try_from(k.max(0)).unwrap_or(usize::MAX)),
-        top_p: field(obj, "top_p")?.unwrap_or(1.0),
-        min_p: field(obj, "min_p")?.unwrap_or(0.0),
-        repetition_penalty: field(obj, "repetition_penalty")?.unwrap_or(1.0),
+        top_p: field(obj, "top_p", "a number in (0, 1]")?.unwrap_or(1.0),
+        min_p: field(obj, "min_p", "a number in [0, 1)")?.unwrap_or(0.0),
+        repetition_penalty: field(obj, "repetition_penalty", "a number > 0")?.unwrap_or(1.0),
         // A negative seed keeps its bits.
         seed: seed.map_or_else(fresh_seed, |s| s as u64),
     };
-    let stop = match field::<Stop>(obj, "stop")? {
+    let stop = match field::<Stop>(obj, "stop", "a string or a list of strings")? {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) => v,
@@ -117,12 +138,12 @@ pub fn common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiError> 
             Some("stop"),
         ));
     }
-    let stream = field(obj, "stream")?.unwrap_or(false);
+    let stream = field(obj, "stream", "true or false")?.unwrap_or(false);
     #[derive(Deserialize)]
     struct StreamOptions {
         include_usage: Option<bool>,
     }
-    let include_usage = field::<StreamOptions>(obj, "stream_options")?
+    let include_usage = field::<StreamOptions>(obj, "stream_options", "an object such as {\"include_usage\": true}")?
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
     Ok(Common {
@@ -146,7 +167,7 @@ pub fn prompt(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
             ))
         }
     };
-    match field::<PromptField>(obj, "prompt") {
+    match field::<PromptField>(obj, "prompt", "a string or a list of token ids") {
         Ok(Some(PromptField::Text(t))) => Ok(Prompt::Text(t)),
         Ok(Some(PromptField::Ids(ids))) => Ok(Prompt::Ids(ids)),
         Ok(Some(PromptField::Texts(mut v))) => {
@@ -184,7 +205,7 @@ pub fn messages(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
         role: String,
         content: Option<Content>,
     }
-    let raw: Vec<Raw> = field(obj, "messages")?
+    let raw: Vec<Raw> = field(obj, "messages", "a list of {\"role\", \"content\"} objects")?
         .ok_or_else(|| ApiError::invalid("missing field `messages`", Some("messages")))?;
     if raw.is_empty() {
         return Err(ApiError::invalid("`messages` is empty", Some("messages")));

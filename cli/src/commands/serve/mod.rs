@@ -14,7 +14,7 @@ mod api;
 mod error;
 mod routes;
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,9 +31,11 @@ use crate::Context;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Address to listen on (loopback by default; 0.0.0.0 opens it to the network).
+    /// Address or host name to listen on (loopback by default; 0.0.0.0 opens it to the
+    /// network; a name such as localhost listens on the first address it resolves to, IPv4
+    /// first).
     #[arg(long, default_value = "127.0.0.1")]
-    host: IpAddr,
+    host: String,
     /// Port to listen on (0: any free port; the address is printed on stderr).
     #[arg(long, default_value_t = 8080)]
     port: u16,
@@ -73,6 +75,8 @@ fn parse_step_buckets(s: &str) -> Result<StepBuckets, String> {
 
 /// Runs the command until Ctrl-C or SIGTERM.
 pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
+    // Resolved before the model loads, so that a wrong name is told at once.
+    let addrs = listen_addrs(&args.host, args.port)?;
     let sink = usize::from(args.step_buckets != StepBuckets::Off);
     let loaded = load(ctx, &args.model, args.parallel as usize + sink)?;
     let model_id = args.model_name.clone().unwrap_or_else(|| model_name(&args.model));
@@ -115,7 +119,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let grace = Duration::from_secs(args.shutdown_timeout);
     let served: anyhow::Result<()> = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind((args.host, args.port))
+        let listener = tokio::net::TcpListener::bind(&addrs[..])
             .await
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
         let addr = listener.local_addr()?;
@@ -140,6 +144,25 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     served?;
     eprintln!("stopped");
     Ok(())
+}
+
+/// The addresses `host` (an address or a name) and `port` resolve to, loopback first.
+fn listen_addrs(host: &str, port: u16) -> anyhow::Result<Vec<SocketAddr>> {
+    // `[::1]`, as URLs write it, is an address too.
+    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let mut addrs: Vec<SocketAddr> = (bare, port)
+        .to_socket_addrs()
+        .with_context(|| format!("--host {host}: not an address, and the name does not resolve"))?
+        .collect();
+    if addrs.is_empty() {
+        anyhow::bail!("--host {host}: the name resolves to no address");
+    }
+    // IPv4 first: `localhost` is then 127.0.0.1, which every client tries.
+    addrs.sort_by_key(|a| !a.is_ipv4());
+    Ok(addrs)
 }
 
 /// Resolves at Ctrl-C or SIGTERM: new requests are refused from then on, running ones get
