@@ -453,3 +453,107 @@ fn index_that_misplaces_a_tensor_names_the_tensor_and_shard() {
     let line = fail_logits(&install, dir.path());
     assert_names(&line, &[DOWN_PROJ, wrong, "model.safetensors.index.json"]);
 }
+
+/// Careless flags get the range check's answer, naming a flag that exists: a negative number
+/// is a value, not an unknown flag.
+#[test]
+fn careless_sampling_flags_reach_the_range_check_and_name_the_flag() {
+    let install = Install::new(&["cpu"]);
+    let dir = fixture("text-published");
+    let model = dir.to_str().unwrap();
+    for (flag, value, want) in [
+        (
+            "--temperature",
+            "-1",
+            "error: --temperature must be >= 0 and finite (0 is greedy), got -1",
+        ),
+        (
+            "--repeat-penalty",
+            "0",
+            "error: --repeat-penalty must be > 0 and finite (1 turns it off), got 0",
+        ),
+        (
+            "--top-p",
+            "-0.5",
+            "error: --top-p must be in (0, 1] (1 turns it off), got -0.5",
+        ),
+        (
+            "--min-p",
+            "1",
+            "error: --min-p must be in [0, 1) (0 turns it off), got 1",
+        ),
+        (
+            "--max-tokens",
+            "0",
+            "error: --max-tokens must be between 1 and the context",
+        ),
+    ] {
+        let args = [
+            "run",
+            "--model",
+            model,
+            "--tokens",
+            "2,5",
+            "--backend",
+            "cpu",
+            flag,
+            value,
+        ];
+        let line = fail(&install, &args);
+        assert!(line.starts_with(want), "{flag} {value}: {line}");
+    }
+}
+
+/// A typo in the config file, a table for a backend tandem does not have or a key its backend
+/// does not read, is an error naming the file, line and key instead of a setting ignored.
+#[test]
+fn config_typos_name_the_file_line_and_key() {
+    let install = Install::new(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tandem.toml");
+    for (text, want) in [
+        (
+            "[backend.cpu]\nthread = 2\n",
+            "line 2: backend.cpu.thread: not an option of cpu",
+        ),
+        (
+            "[placement]\ndefault = [\"cpu\"]\n[backend.vulkn]\n",
+            "line 3: [backend.vulkn]: no backend of that name",
+        ),
+    ] {
+        std::fs::write(&config, text).unwrap();
+        let line = fail(&install, &["--config", config.to_str().unwrap(), "backends"]);
+        assert_names(&line, &[config.to_str().unwrap(), want, "did you mean"]);
+    }
+}
+
+/// `engine run ... | head -c 10`: the reader leaves early, and the engine ends quietly.
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    let install = Install::new(&["cpu"]);
+    let model = fixture("text-published");
+    let mut child = std::process::Command::new(install.path().join("engine"))
+        .args([
+            "run",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "hello",
+            "--max-tokens",
+            "8",
+        ])
+        .args(["--temperature", "0", "--backend", "cpu"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("engine starts");
+    // The reader is gone before the first token is written: every write fails with EPIPE.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("engine ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(
+        !stderr.contains("error") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+}

@@ -336,7 +336,11 @@ fn two_slots_and_a_queue_of_one_hold_three_simultaneous_requests() {
         });
         for (i, r) in answers.iter().enumerate() {
             assert_eq!(r.status, 200, "round {round}, request {i}: {}", r.text());
-            assert_eq!(r.json()["usage"]["completion_tokens"], 8, "round {round}, request {i}");
+            assert_eq!(
+                r.json()["usage"]["completion_tokens"],
+                8,
+                "round {round}, request {i}"
+            );
         }
     }
     assert_eq!(server.metric("tandem_requests_rejected_total"), 0.0);
@@ -561,7 +565,10 @@ fn bad_input_is_a_4xx_in_openai_shape_and_the_server_keeps_serving() {
     // Messages speak the API's field names, not the command line's flags or Rust's types.
     let said = |what: &str| {
         let (_, r, _, _) = cases.iter().find(|c| c.0 == what).expect("a case");
-        r.json()["error"]["message"].as_str().unwrap_or_default().to_string()
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
     };
     assert_eq!(
         said("max_tokens a string"),

@@ -67,11 +67,7 @@ impl SamplerConfig {
             })
         };
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return invalid(
-                "temperature",
-                self.temperature,
-                ">= 0 and finite (0 is greedy)",
-            );
+            return invalid("temperature", self.temperature, ">= 0 and finite (0 is greedy)");
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return invalid("top_p", self.top_p, "in (0, 1] (1 turns it off)");

@@ -360,11 +360,25 @@ pub const BACKEND_OPTIONS: [(&str, &[&str]); 5] = [
     ("cpu", &["threads", "kernels", "spin", "profile"]),
     (
         "vulkan",
-        &["device", "validation", "coopmat", "coopmat2", "profile", "fuse", "int_dot"],
+        &[
+            "device",
+            "validation",
+            "coopmat",
+            "coopmat2",
+            "profile",
+            "fuse",
+            "int_dot",
+        ],
     ),
     ("wgpu", &["adapter", "backends", "validation", "profile"]),
-    ("npu", &["root", "artefacts", "executor", "generation", "timeout_ms"]),
-    ("npu-emu", &["root", "artefacts", "executor", "generation", "timeout_ms"]),
+    (
+        "npu",
+        &["root", "artefacts", "executor", "generation", "timeout_ms"],
+    ),
+    (
+        "npu-emu",
+        &["root", "artefacts", "executor", "generation", "timeout_ms"],
+    ),
 ];
 
 /// Refuses a `[backend.NAME]` table for a backend tandem does not have and a key its backend

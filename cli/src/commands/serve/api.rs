@@ -143,9 +143,13 @@ pub fn common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiError> 
     struct StreamOptions {
         include_usage: Option<bool>,
     }
-    let include_usage = field::<StreamOptions>(obj, "stream_options", "an object such as {\"include_usage\": true}")?
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false);
+    let include_usage = field::<StreamOptions>(
+        obj,
+        "stream_options",
+        "an object such as {\"include_usage\": true}",
+    )?
+    .and_then(|o| o.include_usage)
+    .unwrap_or(false);
     Ok(Common {
         max_tokens,
         sampling,

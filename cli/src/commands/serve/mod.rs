@@ -149,7 +149,10 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
 /// The addresses `host` (an address or a name) and `port` resolve to, loopback first.
 fn listen_addrs(host: &str, port: u16) -> anyhow::Result<Vec<SocketAddr>> {
     // `[::1]`, as URLs write it, is an address too.
-    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
     if let Ok(ip) = bare.parse::<IpAddr>() {
         return Ok(vec![SocketAddr::new(ip, port)]);
     }

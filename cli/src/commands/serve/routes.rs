@@ -142,7 +142,7 @@ fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
         let status = r.status();
         let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            "the request body is over the size limit (--max-body-bytes)".to_string()
+            "the request body is larger than this server accepts (a limit its operator sets)".to_string()
         } else {
             r.body_text()
         };
