@@ -72,6 +72,8 @@ pub struct Context {
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts: it may set an environment variable.
+    tandem_engine::prepare_for_gpu_probes();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

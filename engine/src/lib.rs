@@ -16,6 +16,7 @@
 /// modules below stay reachable for the rest (bench, serve, chat templates, file formats).
 pub use checkpoint::synth::{write_synthetic_gguf, SynthDtype, SynthShape};
 pub use model::files::{open_model, DEFAULT_MODEL_FILE};
+pub use runtime::environment::prepare_for_gpu_probes;
 pub use runtime::load::{load, plan, KvCacheType, LoadError, Loaded, ModelOptions, Planned};
 pub use runtime::notice::Notice;
 pub use runtime::plugins::{report as backend_report, PluginSearch};

@@ -15,6 +15,7 @@
 
 pub mod budget;
 pub mod calibrate;
+pub mod environment;
 pub mod layers;
 pub mod load;
 pub mod notice;

@@ -76,6 +76,9 @@ pub fn choose_from(
                         reasons.join("; ")
                     )));
                 }
+                if b.info().kind == DeviceKind::SoftwareGpu {
+                    notices(Notice::Note(software_gpu_note(c, &b.info().device)));
+                }
                 return Ok(b);
             }
             Err(e) if name == "auto" => reasons.push(e.to_string()),
@@ -91,6 +94,15 @@ pub fn choose_from(
         return Ok(b);
     }
     Err(PlacementError::NoneAvailable(reasons.join("; ")))
+}
+
+/// What a software GPU chosen by name is told.
+fn software_gpu_note(backend: &str, device: &str) -> String {
+    format!(
+        "{backend} runs on {device}, a software GPU: the CPU emulating a GPU, which runs tandem's \
+         GPU kernels many times slower than --backend cpu does (the README's start-up \
+         figures compare them)"
+    )
 }
 
 /// The backend names tandem ships plugins for (others may be found as plugins).
