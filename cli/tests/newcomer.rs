@@ -1,0 +1,242 @@
+//! The CLI as a new user first meets it: the README's usage block, command by command, on a
+//! fixture (each exits 0; no README command names a flag its `--help` does not know), and the
+//! first run with `--backend auto` on a machine without a display (lavapipe, `XDG_RUNTIME_DIR`
+//! unset) prints only tandem's own lines on stderr.
+
+mod common;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use common::Install;
+use serde_json::Value;
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/text-published")
+}
+
+fn readme() -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    std::fs::read_to_string(path).expect("README.md")
+}
+
+/// The README's "Using it" block: one entry per command (continuation lines joined).
+fn usage_commands() -> Vec<String> {
+    let text = readme();
+    let start = text.find("## Using it").expect("a \"Using it\" section");
+    let block = &text[start..];
+    let open = block.find("```sh\n").expect("a sh block") + "```sh\n".len();
+    let close = open + block[open..].find("```").expect("the block's end");
+    let mut commands: Vec<String> = Vec::new();
+    for line in block[open..close].lines() {
+        let code = line.split(" # ").next().unwrap_or_default().trim_end();
+        if code.trim_start().starts_with("engine ") {
+            commands.push(code.trim().to_string());
+        } else if let Some(last) = commands.last_mut() {
+            last.push(' ');
+            last.push_str(code.trim());
+        }
+    }
+    commands
+}
+
+/// Every `--flag` of every README command is known to that command's `--help`.
+#[test]
+fn every_flag_the_readme_names_is_one_help_knows() {
+    let install = Install::new(&[]);
+    let commands = usage_commands();
+    assert!(commands.len() >= 10, "{commands:?}");
+    for command in &commands {
+        let sub = command.split_whitespace().nth(1).expect("a subcommand");
+        let out = install.run(&[sub, "--help"]);
+        assert!(out.status.success(), "engine {sub} --help");
+        let help = String::from_utf8_lossy(&out.stdout);
+        for flag in command
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+        {
+            assert!(
+                help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")),
+                "the README's `{command}` names {flag}, which `engine {sub} --help` does not know"
+            );
+        }
+    }
+}
+
+/// Runs `engine args` in `install` with `stdin`, asserts exit 0 and that stderr holds only
+/// tandem's own lines; returns stdout.
+fn ok(install: &Install, args: &[&str], stdin: &str) -> String {
+    let mut child = Command::new(install.path().join("engine"))
+        .args(args)
+        .env_remove("TANDEM_PLUGIN_PATH")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("engine starts");
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(stdin.as_bytes()).expect("write stdin");
+    drop(input);
+    let out = child.wait_with_output().expect("engine ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "engine {args:?}: {:?}\n{stderr}",
+        out.status
+    );
+    assert_own_lines(&stderr, &args);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every stderr line is one tandem writes: a `note:` or `warning:`, or a line of a command's
+/// own report.
+fn assert_own_lines(stderr: &str, what: &dyn std::fmt::Debug) {
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        assert!(
+            !line.starts_with("error:") && !line.contains("XDG_RUNTIME_DIR"),
+            "{what:?}: a line tandem did not decide to print: {line}\n{stderr}"
+        );
+    }
+}
+
+/// The usage block's commands at tiny sizes on a fixture, each exiting 0 and printing what the
+/// README says it prints.
+#[test]
+fn the_readme_usage_block_runs_command_by_command() {
+    let install = Install::new(&["cpu"]);
+    let model = fixture();
+    let m = model.to_str().unwrap();
+    let listed: Value = serde_json::from_str(&ok(&install, &["backends", "--json"], "")).unwrap();
+    assert!(listed["backends"]
+        .as_array()
+        .is_some_and(|b| b.iter().any(|b| b["name"] == "cpu")));
+    let text = ok(
+        &install,
+        &["run", "--model", m, "--prompt", "Hello", "--max-tokens", "3"],
+        "",
+    );
+    assert!(!text.trim().is_empty());
+    let doc: Value = serde_json::from_str(&ok(
+        &install,
+        &[
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "Hello",
+            "--max-tokens",
+            "3",
+            "--temperature",
+            "0",
+            "--json",
+        ],
+        "",
+    ))
+    .unwrap();
+    for key in ["tokens", "text", "finish_reason", "prompt_tokens", "stats"] {
+        assert!(doc.get(key).is_some(), "run --json without {key}: {doc}");
+    }
+    let ids = ok(
+        &install,
+        &["run", "--model", m, "--tokens", "2,17,5", "--max-tokens", "2"],
+        "",
+    );
+    assert!(!ids.trim().is_empty());
+    let logits: Value = serde_json::from_str(&ok(
+        &install,
+        &["logits", "--model", m, "--tokens", "2,17,5", "--json"],
+        "",
+    ))
+    .unwrap();
+    assert!(logits.is_object() || logits.is_array());
+    let chat = ok(
+        &install,
+        &["chat", "--model", m, "--max-tokens", "3"],
+        "Hi\n/exit\n",
+    );
+    assert!(chat.starts_with("> "), "{chat}");
+    let tokens: Value = serde_json::from_str(&ok(
+        &install,
+        &["tokenize", "--model", m, "--prompt", "Hello", "--json"],
+        "",
+    ))
+    .unwrap();
+    assert!(tokens.is_object() || tokens.is_array(), "{tokens}");
+    let dir = tempfile::tempdir().unwrap();
+    let text_file = dir.path().join("text.txt");
+    std::fs::write(
+        &text_file,
+        "The quick brown fox jumps over the lazy dog. ".repeat(8),
+    )
+    .unwrap();
+    let ppl = ok(
+        &install,
+        &[
+            "perplexity",
+            "--model",
+            m,
+            "--file",
+            text_file.to_str().unwrap(),
+            "--ctx-size",
+            "32",
+        ],
+        "",
+    );
+    assert!(
+        ppl.to_lowercase().contains("perplexity") || ppl.contains("PPL"),
+        "{ppl}"
+    );
+    let placed = ok(&install, &["placement", "--model", m, "--json"], "");
+    assert!(serde_json::from_str::<Value>(&placed).is_ok(), "{placed}");
+}
+
+/// The first run on a machine without a display: `--backend auto` probes vulkan and wgpu on
+/// lavapipe, with `XDG_RUNTIME_DIR` unset, and stderr holds only tandem's own lines (once it
+/// held libwayland's `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` per
+/// probe). A software GPU named explicitly gets one note saying what it is.
+#[test]
+fn auto_without_a_display_prints_only_tandems_own_lines() {
+    let install = Install::new(&["cpu", "vulkan", "wgpu"]);
+    let model = fixture();
+    let run = |backend: &str| {
+        Command::new(install.path().join("engine"))
+            .args(["run", "--model", model.to_str().unwrap(), "--tokens", "2,17,5"])
+            .args(["--max-tokens", "2", "--temperature", "0", "--backend", backend])
+            .env_remove("TANDEM_PLUGIN_PATH")
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("WAYLAND_DISPLAY")
+            .env_remove("NODEVICE_SELECT")
+            .output()
+            .expect("engine runs")
+    };
+    let out = run("auto");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for line in stderr.lines() {
+        assert!(
+            line.starts_with("note: ") || line.starts_with("warning: "),
+            "a line tandem did not decide to print: {line:?}\n{stderr}"
+        );
+    }
+    // Where vulkan runs on a software GPU (lavapipe), naming it gets one note.
+    let listed = install.run(&["backends", "--json"]);
+    let listed: Value = serde_json::from_slice(&listed.stdout).expect("backends JSON");
+    let software = listed["backends"]
+        .as_array()
+        .and_then(|b| b.iter().find(|b| b["name"] == "vulkan"))
+        .is_some_and(|b| b["info"]["kind"] == "software_gpu");
+    if software {
+        let out = run("vulkan");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let notes: Vec<&str> = stderr.lines().filter(|l| l.contains("software GPU")).collect();
+        assert_eq!(notes.len(), 1, "{stderr}");
+        assert!(
+            notes[0].starts_with("note: vulkan runs on ") && notes[0].contains("slower than --backend cpu"),
+            "{stderr}"
+        );
+    } else {
+        assert!(std::env::var_os("CI").is_none(), "CI runs vulkan on lavapipe");
+    }
+}
