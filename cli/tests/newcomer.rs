@@ -240,3 +240,78 @@ fn auto_without_a_display_prints_only_tandems_own_lines() {
         assert!(std::env::var_os("CI").is_none(), "CI runs vulkan on lavapipe");
     }
 }
+
+/// A conversation that outgrows the context drops its oldest turns with one note, instead of
+/// ending; `/exit` after it still leaves cleanly.
+#[test]
+fn chat_past_the_context_drops_its_oldest_turns_with_one_note() {
+    let install = Install::new(&["cpu"]);
+    let model = fixture();
+    let args = ["chat", "--model", model.to_str().unwrap(), "--backend", "cpu"];
+    let turn = "tell me about the quick brown fox and the lazy dog\n";
+    let mut child = Command::new(install.path().join("engine"))
+        .args(args)
+        .args(["--context", "96", "--max-tokens", "8", "--temperature", "0"])
+        .env_remove("TANDEM_PLUGIN_PATH")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("engine starts");
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(turn.repeat(8).as_bytes()).unwrap();
+    input.write_all(b"/exit\n").unwrap();
+    drop(input);
+    let out = child.wait_with_output().expect("engine ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stderr.matches("oldest turns are dropped").count(), 1, "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // A prompt for each of the eight turns and one after the last.
+    assert_eq!(stdout.matches("> ").count(), 9, "{stdout}");
+}
+
+/// The default model is a base checkpoint without a chat template: chat says so once, naming
+/// the GGUF key that decided it.
+#[test]
+fn chat_on_a_model_without_a_template_says_so_once() {
+    let Some(home) = std::env::var_os("HOME") else {
+        return;
+    };
+    let cache = std::env::var_os("TANDEM_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(home).join(".cache/tandem"));
+    let model = cache.join("gemma-3-270m-q4_k_m.gguf");
+    if !model.exists() {
+        assert!(std::env::var_os("CI").is_none(), "CI fetches the default model");
+        return;
+    }
+    let install = Install::new(&["cpu"]);
+    let mut child = Command::new(install.path().join("engine"))
+        .args(["chat", "--model", model.to_str().unwrap(), "--backend", "cpu"])
+        .args(["--max-tokens", "2", "--temperature", "0"])
+        .env_remove("TANDEM_PLUGIN_PATH")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("engine starts");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"Hi\nHello\n")
+        .unwrap();
+    let out = child.wait_with_output().expect("engine ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let notes: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("no chat template"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{stderr}");
+    assert!(
+        notes[0].starts_with("note: ") && notes[0].contains("`tokenizer.chat_template`"),
+        "{stderr}"
+    );
+}

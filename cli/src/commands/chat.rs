@@ -34,6 +34,22 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let mut loaded = load(ctx, &args.model, 1)?;
     let tk = &loaded.tokenizer;
     let template = ChatTemplate::new(tk.chat_template(), tk.bos_token(), tk.eos_token())?;
+    if tk.chat_template().is_none() {
+        // Said once, on stderr: the replies of a base checkpoint read as if chat were broken.
+        let key = match &args.model.model {
+            Some(p) if p.is_dir() => "`chat_template` in tokenizer_config.json",
+            _ => "`tokenizer.chat_template` in the GGUF",
+        };
+        eprintln!(
+            "note: this model has no chat template ({key} is absent), so it is likely a base \
+             checkpoint, not instruction-tuned: chat uses Gemma's turn format, and the replies \
+             may wander; an instruction-tuned (-it) model answers"
+        );
+    }
+    let context = loaded.session.context();
+    // Room kept for a reply when old turns must go.
+    let reply_room = args.max_tokens.clamp(1, context / 4 + 1);
+    let mut dropped_note = false;
     let sampling = SamplerConfig {
         temperature: args.temperature,
         seed: args.seed,
@@ -61,8 +77,26 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             continue;
         }
         messages.push(Message::new(Role::User, text.to_string()));
-        let rendered = template.render(&messages, true)?;
-        let ids = loaded.tokenizer.encode(&rendered, false)?;
+        let mut ids = loaded
+            .tokenizer
+            .encode(&template.render(&messages, true)?, false)?;
+        // A conversation that outgrows the context loses its oldest turns (the system prompt
+        // stays), with one note, instead of ending.
+        let first_turn = usize::from(args.system.is_some());
+        while ids.len() + reply_room > context && messages.len() >= first_turn + 3 {
+            // A user turn and its reply: the roles still alternate.
+            messages.drain(first_turn..first_turn + 2);
+            ids = loaded
+                .tokenizer
+                .encode(&template.render(&messages, true)?, false)?;
+            if !dropped_note {
+                eprintln!(
+                    "note: the conversation outgrew the context ({context} tokens, --context sets \
+                     it): its oldest turns are dropped"
+                );
+                dropped_note = true;
+            }
+        }
         let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
         let keep = common > 0 && common < ids.len() && loaded.session.truncate(0, common);
         let feed = if keep { &ids[common..] } else { &ids[..] };
