@@ -1,0 +1,319 @@
+//! Fusion matching: which nodes of a graph run as one kernel, found at compile time so that the
+//! op set's contract stays one op per node. The same matching as the Vulkan backend's
+//! (`backend-vulkan/src/program/fuse.rs`), so both backends fuse the same chains of the same op
+//! graph. Every fused kernel still writes each value its nodes define (a later node may read any
+//! of them), and runs at the index of its last node; the arena is planned with those times
+//! (`plan_arena_at`), so no value a group touches shares bytes with another it touches.
+//!
+//! Groups:
+//! - `NormAdd`: a whole-row RmsNorm whose only reader is an Add (the residual add after Gemma's
+//!   post-attention and post-FFN norms), and, when the sum's first reader is a whole-row RmsNorm
+//!   (the next block's input norm), that norm too: three nodes, one workgroup per row
+//!   (`norm_add.wgsl`).
+//! - `NormRope`: a per-head RmsNorm whose only reader is a Rope over the same head size (Gemma's
+//!   q and k norms); when the rope's only reader is an Attention taking it as K, the kernel also
+//!   stores K and V into that attention's cache (its `kv_store` dispatch is then left out)
+//!   (`norm_rope.wgsl`).
+
+use tandem_backend_api::{DType, Graph, Op, ValueId, ValueShape};
+
+/// A unit of lowering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// One node by itself.
+    Single(usize),
+    /// RmsNorm, Add and optionally the next RmsNorm.
+    NormAdd {
+        norm: usize,
+        add: usize,
+        next: Option<usize>,
+    },
+    /// Per-head RmsNorm then Rope; `store`: the Attention whose cache receives K (this rope's
+    /// output) and V.
+    NormRope {
+        norm: usize,
+        rope: usize,
+        store: Option<usize>,
+    },
+}
+
+impl Group {
+    /// The graph nodes the group runs, in graph order.
+    pub fn nodes(&self) -> Vec<usize> {
+        match *self {
+            Group::Single(i) => vec![i],
+            Group::NormAdd { norm, add, next } => {
+                [Some(norm), Some(add), next].into_iter().flatten().collect()
+            }
+            Group::NormRope { norm, rope, .. } => vec![norm, rope],
+        }
+    }
+
+    /// Where the group runs: at its last node.
+    pub fn at(&self) -> usize {
+        self.nodes().into_iter().max().unwrap_or(0)
+    }
+}
+
+/// The fusion plan of a graph.
+pub struct Fusion {
+    /// Every node in exactly one group, groups in the order they run.
+    pub groups: Vec<Group>,
+    /// When each node runs (the index of its group's last node).
+    pub time: Vec<usize>,
+    /// Attention nodes whose K/V store a `NormRope` group does.
+    pub stored: Vec<bool>,
+}
+
+/// The largest head `norm_rope.wgsl` takes.
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// Weight formats the norm kernels read.
+fn norm_weight(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::Bf16)
+}
+
+/// Plans the groups of `graph`; with `enabled` false every node is its own group.
+pub fn plan(graph: &Graph, shapes: &[ValueShape], enabled: bool) -> Fusion {
+    let n = graph.nodes.len();
+    let mut def = vec![usize::MAX; shapes.len()];
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); shapes.len()];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        for o in &node.outputs {
+            def[o.0 as usize] = i;
+        }
+        for v in node.op.inputs() {
+            let u = &mut users[v.0 as usize];
+            if u.last() != Some(&i) {
+                u.push(i);
+            }
+        }
+    }
+    let only_user = |v: ValueId| match users[v.0 as usize].as_slice() {
+        [u] => Some(*u),
+        _ => None,
+    };
+    let out = |i: usize| graph.nodes[i].outputs.first().copied();
+    // A whole-row norm (one group per row) reading `x`.
+    let row_norm = |i: usize| match &graph.nodes[i].op {
+        Op::RmsNorm { x, weight, .. } => {
+            norm_weight(weight.desc.dtype) && weight.desc.numel() == shapes[x.0 as usize].cols
+        }
+        _ => false,
+    };
+    let mut taken = vec![false; n];
+    let mut groups_at: Vec<Option<Group>> = vec![None; n];
+    let mut stored = vec![false; n];
+    if enabled {
+        for i in 0..n {
+            if taken[i] {
+                continue;
+            }
+            let Op::RmsNorm { x, weight, .. } = &graph.nodes[i].op else {
+                continue;
+            };
+            let Some(y) = out(i) else { continue };
+            let Some(j) = only_user(y) else { continue };
+            if taken[j] || !norm_weight(weight.desc.dtype) {
+                continue;
+            }
+            let cols = shapes[x.0 as usize].cols;
+            match &graph.nodes[j].op {
+                Op::Add { a, b } if row_norm(i) && (*a == y) != (*b == y) => {
+                    let Some(s) = out(j) else { continue };
+                    // The sum's first reader, if a whole-row norm that nothing reads before it.
+                    let next = users[s.0 as usize]
+                        .first()
+                        .copied()
+                        .filter(|&k| !taken[k] && row_norm(k) && shapes[s.0 as usize].cols == cols);
+                    let g = Group::NormAdd {
+                        norm: i,
+                        add: j,
+                        next,
+                    };
+                    for m in g.nodes() {
+                        taken[m] = true;
+                    }
+                    groups_at[g.at()] = Some(g);
+                }
+                // norm_rope.wgsl holds a head of up to MAX_HEAD_DIM in workgroup memory and
+                // stores f16 caches two values (one word) at a time: even heads only.
+                Op::Rope { head_dim, .. }
+                    if weight.desc.numel() == *head_dim
+                        && cols.is_multiple_of(*head_dim)
+                        && *head_dim <= MAX_HEAD_DIM
+                        && head_dim.is_multiple_of(2) =>
+                {
+                    let r = j;
+                    let store = out(r).and_then(only_user).filter(|&a| {
+                        let Op::Attention {
+                            k,
+                            v,
+                            cache,
+                            kv_heads,
+                            head_dim: hd,
+                            ..
+                        } = &graph.nodes[a].op
+                        else {
+                            return false;
+                        };
+                        // V exists when the rope runs, the rope's output is K (of the cache's
+                        // width), and no node between the rope and the attention touches the cache.
+                        Some(*k) == out(r)
+                            && def[v.0 as usize] < r
+                            && *hd == *head_dim
+                            && kv_heads * hd == cols
+                            && shapes[v.0 as usize].cols == cols
+                            && !graph.nodes[r + 1..a].iter().any(|m| match &m.op {
+                                Op::Attention { cache: c, .. } => {
+                                    c.k == cache.k || c.v == cache.v || c.k == cache.v || c.v == cache.k
+                                }
+                                _ => false,
+                            })
+                    });
+                    if let Some(a) = store {
+                        stored[a] = true;
+                    }
+                    let g = Group::NormRope {
+                        norm: i,
+                        rope: r,
+                        store,
+                    };
+                    taken[i] = true;
+                    taken[r] = true;
+                    groups_at[g.at()] = Some(g);
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut groups = Vec::with_capacity(n);
+    let mut time: Vec<usize> = (0..n).collect();
+    for i in 0..n {
+        match groups_at[i] {
+            Some(g) => {
+                for m in g.nodes() {
+                    time[m] = i;
+                }
+                groups.push(g);
+            }
+            None if !taken[i] => groups.push(Group::Single(i)),
+            None => {}
+        }
+    }
+    Fusion { groups, time, stored }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_backend_api::{BufferId, GraphBuilder, KvCacheRef, TensorDesc, WeightRef};
+
+    fn w(id: u64, n: usize) -> WeightRef {
+        WeightRef {
+            buffer: BufferId(id),
+            desc: TensorDesc::new(DType::F32, [n]),
+        }
+    }
+
+    fn norm(g: &mut GraphBuilder, x: ValueId, n: usize) -> ValueId {
+        g.push1(Op::RmsNorm {
+            x,
+            weight: w(9, n),
+            eps: 1e-6,
+            weight_offset: 1.0,
+        })
+    }
+
+    /// Gemma's attention block and residual: q/k norms with rope (k stored by its group), the
+    /// post-norm, add and next norm as one group; the output reads the sum.
+    #[test]
+    fn gemma_blocks_fuse_and_run_at_their_last_node() {
+        let (hd, heads) = (8, 2);
+        let mut g = GraphBuilder::new("t", 2, 0);
+        let input = |g: &mut GraphBuilder, cols| {
+            g.push1(Op::Input {
+                buffer: BufferId(1),
+                cols,
+                selected: false,
+            })
+        };
+        let q = input(&mut g, heads * hd); // 0
+        let k = input(&mut g, hd); // 1
+        let v = input(&mut g, hd); // 2
+        let h = input(&mut g, heads * hd); // 3
+        let qn = norm(&mut g, q, hd); // 4
+        let kn = norm(&mut g, k, hd); // 5
+        let rope = |g: &mut GraphBuilder, x| {
+            g.push1(Op::Rope {
+                x,
+                head_dim: hd,
+                theta: 1e4,
+                factor: 1.0,
+            })
+        };
+        let qr = rope(&mut g, qn); // 6
+        let kr = rope(&mut g, kn); // 7
+        let a = g.push1(Op::Attention {
+            q: qr,
+            k: kr,
+            v,
+            cache: KvCacheRef {
+                k: BufferId(5),
+                v: BufferId(6),
+                dtype: DType::F32,
+                slots: 1,
+                capacity: 8,
+            },
+            heads,
+            kv_heads: 1,
+            head_dim: hd,
+            scale: 1.0,
+            window: None,
+            softcap: None,
+        }); // 8
+        let an = norm(&mut g, a, heads * hd); // 9
+        let s = g.push1(Op::Add { a: h, b: an }); // 10
+        let sn = norm(&mut g, s, heads * hd); // 11
+        g.push(Op::Output {
+            x: sn,
+            buffer: BufferId(7),
+        }); // 12
+        let graph = g.finish();
+        let shapes = graph.infer_shapes().unwrap();
+        let f = plan(&graph, &shapes, true);
+        assert_eq!(
+            f.groups[4..],
+            [
+                Group::NormRope {
+                    norm: 4,
+                    rope: 6,
+                    store: None
+                },
+                Group::NormRope {
+                    norm: 5,
+                    rope: 7,
+                    store: Some(8)
+                },
+                Group::Single(8),
+                Group::NormAdd {
+                    norm: 9,
+                    add: 10,
+                    next: Some(11)
+                },
+                Group::Single(12),
+            ]
+        );
+        assert!(f.stored[8]);
+        assert_eq!(f.time[4], 6);
+        assert_eq!(f.time[9], 11);
+        // Every node once.
+        let mut all: Vec<usize> = f.groups.iter().flat_map(|g| g.nodes()).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..graph.nodes.len()).collect::<Vec<_>>());
+        // Disabled: one group per node, in order.
+        let f = plan(&graph, &shapes, false);
+        assert!(f.groups.iter().enumerate().all(|(i, g)| *g == Group::Single(i)));
+        assert!(!f.stored.iter().any(|s| *s));
+    }
+}
