@@ -20,7 +20,7 @@ pub const VALIDATION_VAR: &str = "TANDEM_WGPU_VALIDATION";
 pub const FEATURES_VAR: &str = "TANDEM_WGPU_FEATURES";
 
 /// The optional features the kernels may use, by name (`features` option).
-pub const FEATURE_NAMES: [&str; 1] = ["subgroups"];
+pub const FEATURE_NAMES: [&str; 2] = ["subgroups", "f16"];
 
 /// Which kernel variants the options ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +43,7 @@ pub fn parse_features(value: &str) -> Result<FeatureRequest, BackendError> {
     for name in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         match name {
             "subgroups" | "subgroup" => variant.subgroups = true,
+            "f16" | "shader_f16" => variant.f16 = true,
             other => {
                 return Err(BackendError::invalid(format!(
                     "backend option 'features': unknown feature '{other}' (auto, portable, or a list of {})",
@@ -336,6 +337,7 @@ impl Gpu {
         let variant = match req.features {
             FeatureRequest::Auto => Variant {
                 subgroups: offered.contains(wgpu::Features::SUBGROUP),
+                f16: offered.contains(wgpu::Features::SHADER_F16),
             },
             FeatureRequest::Exactly(v) => {
                 if v.subgroups && !offered.contains(wgpu::Features::SUBGROUP) {
@@ -346,11 +348,22 @@ impl Gpu {
                         ),
                     });
                 }
+                if v.f16 && !offered.contains(wgpu::Features::SHADER_F16) {
+                    return Err(BackendError::Unavailable {
+                        reason: format!(
+                            "features = f16, but wgpu adapter {} does not offer f16 shaders (SHADER_F16)",
+                            describe(chosen, info)
+                        ),
+                    });
+                }
                 v
             }
         };
         if variant.subgroups {
             wanted |= wgpu::Features::SUBGROUP;
+        }
+        if variant.f16 {
+            wanted |= wgpu::Features::SHADER_F16;
         }
         // Everything the adapter offers: the weights need its largest buffers and bindings.
         let limits = adapter.limits();
@@ -492,7 +505,17 @@ mod tests {
         );
         assert_eq!(
             parse_features(" Subgroups ").unwrap(),
-            FeatureRequest::Exactly(Variant { subgroups: true })
+            FeatureRequest::Exactly(Variant {
+                subgroups: true,
+                f16: false
+            })
+        );
+        assert_eq!(
+            parse_features("f16,subgroups").unwrap(),
+            FeatureRequest::Exactly(Variant {
+                subgroups: true,
+                f16: true
+            })
         );
         let e = parse_features("subgroups,warp").unwrap_err().to_string();
         assert!(e.contains("'warp'") && e.contains("'features'"), "{e}");

@@ -6,7 +6,9 @@
 //! [`Variant`], fixed when the device opens): with `subgroups` (`wgpu::Features::SUBGROUP`) the
 //! reductions of the norms, attention and matvec run on subgroup operations
 //! (`parts/reduce_subgroup.wgsl`, `matvec_subgroup.wgsl`); without, the portable tree in
-//! workgroup memory (`parts/reduce.wgsl`, `matvec.wgsl`) that any adapter runs.
+//! workgroup memory (`parts/reduce.wgsl`, `matvec.wgsl`) that any adapter runs; with `f16`
+//! (`wgpu::Features::SHADER_F16`) the prefill matmul stages its tiles in f16
+//! (`matmul_tiled_f16.wgsl`), without it in f32 (`matmul_tiled.wgsl`).
 
 use std::collections::HashMap;
 
@@ -24,19 +26,28 @@ const NO_KV_STORE: &str = include_str!("../../shaders/wgsl/parts/no_kv_store.wgs
 /// The optional adapter features the kernels use, fixed when the device opens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Variant {
-    /// Subgroup reductions (`wgpu::Features::SUBGROUP`, WGSL `enable subgroups`).
+    /// Subgroup reductions (`wgpu::Features::SUBGROUP`).
     pub subgroups: bool,
+    /// f16 tiles in workgroup memory for the prefill matmul (`wgpu::Features::SHADER_F16`,
+    /// WGSL `enable f16`).
+    pub f16: bool,
 }
 
 impl Variant {
     /// The portable variant: no optional feature.
-    pub const PORTABLE: Variant = Variant { subgroups: false };
+    pub const PORTABLE: Variant = Variant {
+        subgroups: false,
+        f16: false,
+    };
 
     /// Names of the variants in use, for `engine backends` (`portable` when none).
     pub fn names(self) -> Vec<&'static str> {
         let mut v = Vec::new();
         if self.subgroups {
             v.push("subgroups");
+        }
+        if self.f16 {
+            v.push("f16");
         }
         if v.is_empty() {
             v.push("portable");
@@ -111,6 +122,7 @@ impl Kernel {
     fn source(self, variant: Variant) -> &'static str {
         match self {
             Kernel::MatVec if variant.subgroups => include_str!("../../shaders/wgsl/matvec_subgroup.wgsl"),
+            Kernel::MatMulTiled if variant.f16 => include_str!("../../shaders/wgsl/matmul_tiled_f16.wgsl"),
             Kernel::Embed => include_str!("../../shaders/wgsl/embed.wgsl"),
             Kernel::RmsNorm => include_str!("../../shaders/wgsl/rms_norm.wgsl"),
             Kernel::MatVec => include_str!("../../shaders/wgsl/matvec.wgsl"),
@@ -217,8 +229,13 @@ pub fn module_source(
     variant: Variant,
 ) -> Result<String, BackendError> {
     // Naga takes subgroup operations without `enable subgroups` (it does not parse that
-    // directive yet); the device's SUBGROUP feature is what allows them.
-    let mut s = String::from(COMMON);
+    // directive yet); the device's SUBGROUP feature is what allows them. `enable f16` leads the
+    // module of a kernel that uses f16.
+    let mut s = String::new();
+    if kernel == Kernel::MatMulTiled && variant.f16 {
+        s.push_str("enable f16;\n");
+    }
+    s.push_str(COMMON);
     let norm = matches!(
         kernel,
         Kernel::RmsNorm | Kernel::NormAdd | Kernel::NormRope | Kernel::NormRopeStore

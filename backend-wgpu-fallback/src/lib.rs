@@ -573,8 +573,12 @@ mod tests {
     fn every_kernel_compiles_for_every_format_and_variant() {
         let Some(b) = backend() else { return };
         if std::env::var_os("CI").is_some() {
-            // lavapipe offers subgroups: CI compiles both variants.
-            assert!(b.gpu.variant.subgroups, "CI's adapter lost its subgroup variant");
+            // lavapipe offers subgroups and f16: CI compiles both variants of every kernel.
+            assert!(
+                b.gpu.variant.subgroups && b.gpu.variant.f16,
+                "CI's adapter lost a variant: {:?}",
+                b.gpu.variant
+            );
         }
         let formats = [
             DType::F32,
