@@ -14,6 +14,10 @@
 //!   q and k norms); when the rope's only reader is an Attention taking it as K, the kernel also
 //!   stores K and V into that attention's cache (its `kv_store` dispatch is then left out)
 //!   (`norm_rope.wgsl`).
+//! - `MatMulGeGlu` (this backend's own): a MatMul of two equal splits both read only by one
+//!   GeGlu, as gate and up (Gemma's fused gate/up projection), where the backend's predicate
+//!   takes it (decode's matvec, the weight bound whole): the matvec computes the GeGlu itself, and
+//!   the two halves are never written.
 
 use tandem_backend_api::{DType, Graph, Op, ValueId, ValueShape};
 
@@ -35,6 +39,8 @@ pub enum Group {
         rope: usize,
         store: Option<usize>,
     },
+    /// A MatMul of two equal halves, gate and up of a GeGlu that alone reads them.
+    MatMulGeGlu { matmul: usize, geglu: usize },
 }
 
 impl Group {
@@ -46,6 +52,7 @@ impl Group {
                 [Some(norm), Some(add), next].into_iter().flatten().collect()
             }
             Group::NormRope { norm, rope, .. } => vec![norm, rope],
+            Group::MatMulGeGlu { matmul, geglu } => vec![matmul, geglu],
         }
     }
 
@@ -73,8 +80,9 @@ fn norm_weight(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::Bf16)
 }
 
-/// Plans the groups of `graph`; with `enabled` false every node is its own group.
-pub fn plan(graph: &Graph, shapes: &[ValueShape], enabled: bool) -> Fusion {
+/// Plans the groups of `graph`; with `enabled` false every node is its own group. `geglu_ok`
+/// says whether the backend computes a GeGlu in the MatMul node it is given.
+pub fn plan(graph: &Graph, shapes: &[ValueShape], enabled: bool, geglu_ok: &dyn Fn(usize) -> bool) -> Fusion {
     let n = graph.nodes.len();
     let mut def = vec![usize::MAX; shapes.len()];
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); shapes.len()];
@@ -187,6 +195,29 @@ pub fn plan(graph: &Graph, shapes: &[ValueShape], enabled: bool) -> Fusion {
             }
         }
     }
+    if enabled {
+        for i in 0..n {
+            let Op::MatMul { splits, .. } = &graph.nodes[i].op else {
+                continue;
+            };
+            let outs = &graph.nodes[i].outputs;
+            if taken[i] || splits.len() != 2 || splits[0] != splits[1] || outs.len() != 2 {
+                continue;
+            }
+            let (Some(j), Some(j2)) = (only_user(outs[0]), only_user(outs[1])) else {
+                continue;
+            };
+            let is_geglu =
+                matches!(&graph.nodes[j].op, Op::GeGlu { gate, up } if *gate == outs[0] && *up == outs[1]);
+            if j != j2 || taken[j] || !is_geglu || !geglu_ok(i) {
+                continue;
+            }
+            let g = Group::MatMulGeGlu { matmul: i, geglu: j };
+            taken[i] = true;
+            taken[j] = true;
+            groups_at[g.at()] = Some(g);
+        }
+    }
     let mut groups = Vec::with_capacity(n);
     let mut time: Vec<usize> = (0..n).collect();
     for i in 0..n {
@@ -281,7 +312,7 @@ mod tests {
         }); // 12
         let graph = g.finish();
         let shapes = graph.infer_shapes().unwrap();
-        let f = plan(&graph, &shapes, true);
+        let f = plan(&graph, &shapes, true, &|_| true);
         assert_eq!(
             f.groups[4..],
             [
@@ -312,8 +343,61 @@ mod tests {
         all.sort_unstable();
         assert_eq!(all, (0..graph.nodes.len()).collect::<Vec<_>>());
         // Disabled: one group per node, in order.
-        let f = plan(&graph, &shapes, false);
+        let f2 = plan(&graph, &shapes, false, &|_| true);
+        assert!(!f2.groups.iter().any(|g| matches!(g, Group::MatMulGeGlu { .. })));
+        let f = plan(&graph, &shapes, false, &|_| true);
         assert!(f.groups.iter().enumerate().all(|(i, g)| *g == Group::Single(i)));
         assert!(!f.stored.iter().any(|s| *s));
+    }
+
+    /// Gate and up over one weight then GeGlu fuse where the backend takes it; halves in the other
+    /// order, a half read elsewhere, or a refusing predicate leave the nodes alone.
+    #[test]
+    fn gate_up_and_geglu_fuse_where_the_backend_takes_them() {
+        let build = |swapped: bool, extra_reader: bool| {
+            let mut g = GraphBuilder::new("ffn", 1, 0);
+            let x = g.push1(Op::Input {
+                buffer: BufferId(1),
+                cols: 32,
+                selected: false,
+            });
+            let gu = g.push(Op::MatMul {
+                x,
+                weight: WeightRef {
+                    buffer: BufferId(2),
+                    desc: TensorDesc::new(DType::Q8_0, [8, 32]),
+                },
+                splits: vec![4, 4],
+            });
+            let (gate, up) = if swapped { (gu[1], gu[0]) } else { (gu[0], gu[1]) };
+            let m = g.push1(Op::GeGlu { gate, up });
+            g.push(Op::Output {
+                x: m,
+                buffer: BufferId(3),
+            });
+            if extra_reader {
+                g.push(Op::Output {
+                    x: gu[1],
+                    buffer: BufferId(4),
+                });
+            }
+            g.finish()
+        };
+        let graph = build(false, false);
+        let shapes = graph.infer_shapes().unwrap();
+        let f = plan(&graph, &shapes, true, &|i| i == 1);
+        assert_eq!(f.groups[1], Group::MatMulGeGlu { matmul: 1, geglu: 2 });
+        assert_eq!(f.time[1], 2);
+        let f = plan(&graph, &shapes, true, &|_| false);
+        assert_eq!(f.groups[1], Group::Single(1));
+        for graph in [build(true, false), build(false, true)] {
+            let shapes = graph.infer_shapes().unwrap();
+            let f = plan(&graph, &shapes, true, &|_| true);
+            assert!(
+                f.groups.iter().all(|g| matches!(g, Group::Single(_))),
+                "{:?}",
+                f.groups
+            );
+        }
     }
 }

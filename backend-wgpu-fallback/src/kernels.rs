@@ -77,12 +77,14 @@ pub enum Kernel {
     NormRopeStore,
     /// Decode attention by KV head (grouped queries).
     AttentionGqa,
+    /// matvec computing a GeGlu of its two halves (`fuse::Group::MatMulGeGlu`).
+    MatVecGeGlu,
 }
 
 impl Kernel {
     /// Every kernel.
     #[cfg(test)]
-    pub const ALL: [Kernel; 14] = [
+    pub const ALL: [Kernel; 15] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::MatVec,
@@ -97,6 +99,7 @@ impl Kernel {
         Kernel::NormRope,
         Kernel::NormRopeStore,
         Kernel::AttentionGqa,
+        Kernel::MatVecGeGlu,
     ];
 
     /// The kernel's name (its pipeline label).
@@ -116,16 +119,19 @@ impl Kernel {
             Kernel::NormRope => "norm_rope",
             Kernel::NormRopeStore => "norm_rope_store",
             Kernel::AttentionGqa => "attention_gqa",
+            Kernel::MatVecGeGlu => "matvec_geglu",
         }
     }
 
     fn source(self, variant: Variant) -> &'static str {
         match self {
-            Kernel::MatVec if variant.subgroups => include_str!("../../shaders/wgsl/matvec_subgroup.wgsl"),
+            Kernel::MatVec | Kernel::MatVecGeGlu if variant.subgroups => {
+                include_str!("../../shaders/wgsl/matvec_subgroup.wgsl")
+            }
             Kernel::MatMulTiled if variant.f16 => include_str!("../../shaders/wgsl/matmul_tiled_f16.wgsl"),
             Kernel::Embed => include_str!("../../shaders/wgsl/embed.wgsl"),
             Kernel::RmsNorm => include_str!("../../shaders/wgsl/rms_norm.wgsl"),
-            Kernel::MatVec => include_str!("../../shaders/wgsl/matvec.wgsl"),
+            Kernel::MatVec | Kernel::MatVecGeGlu => include_str!("../../shaders/wgsl/matvec.wgsl"),
             Kernel::MatMulTiled => include_str!("../../shaders/wgsl/matmul_tiled.wgsl"),
             Kernel::Rope => include_str!("../../shaders/wgsl/rope.wgsl"),
             Kernel::KvStore => include_str!("../../shaders/wgsl/kv_store.wgsl"),
@@ -141,7 +147,10 @@ impl Kernel {
 
     /// Whether the kernel decodes a weight format (binding 3 and a format's `load_group`).
     pub fn reads_format(self) -> bool {
-        matches!(self, Kernel::Embed | Kernel::MatVec | Kernel::MatMulTiled)
+        matches!(
+            self,
+            Kernel::Embed | Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled
+        )
     }
 
     /// Whether the kernel reduces through the reduce part (`parts/reduce*.wgsl`), which gives it
@@ -157,7 +166,7 @@ impl Kernel {
     pub fn bindings(self) -> &'static [u32] {
         match self {
             Kernel::Embed | Kernel::NormRope => &[0, 1, 2, 3],
-            Kernel::RmsNorm | Kernel::MatVec | Kernel::MatMulTiled => &[0, 1, 3],
+            Kernel::RmsNorm | Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled => &[0, 1, 3],
             Kernel::NormAdd => &[0, 1, 3, 6],
             Kernel::Rope | Kernel::SelectRows => &[0, 1, 2],
             Kernel::KvStore | Kernel::Attention | Kernel::AttentionGqa => &[0, 1, 2, 4, 5],
@@ -251,7 +260,7 @@ pub fn module_source(
             .ok_or_else(|| BackendError::unsupported(kernel.name(), format!("no {} decoder", f.dtype)))?;
         s.push_str(src);
     }
-    if matches!(kernel, Kernel::MatVec | Kernel::MatMulTiled) {
+    if matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled) {
         s.push_str(MATMUL_COMMON);
     }
     if kernel.reduces() {
@@ -312,10 +321,10 @@ impl Pipelines {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
         });
-        let constants: Vec<(&str, f64)> = if kernel == Kernel::MatVec {
-            vec![("R", f64::from(r))]
-        } else {
-            Vec::new()
+        let constants: Vec<(&str, f64)> = match kernel {
+            Kernel::MatVec => vec![("R", f64::from(r))],
+            Kernel::MatVecGeGlu => vec![("R", f64::from(r)), ("GEGLU", 1.0)],
+            _ => Vec::new(),
         };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),

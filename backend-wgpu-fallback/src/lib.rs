@@ -607,7 +607,11 @@ mod tests {
             for variant in [kernels::Variant::PORTABLE, b.gpu.variant] {
                 let mut pipelines = Pipelines::new(variant);
                 for f in &variants {
-                    let overrides = if kernel == Kernel::MatVec { 8 } else { 0 };
+                    let overrides = if matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu) {
+                        8
+                    } else {
+                        0
+                    };
                     pipelines
                         .get(&b.gpu.device, (kernel, *f, overrides))
                         .unwrap_or_else(|e| panic!("{} {f:?} {variant:?}: {e}", kernel.name()));

@@ -201,7 +201,23 @@ impl WgpuBackend {
         let used = check_buffers(graph, &shapes, |id| self.buffers.get(id).map(|b| b.desc.clone()))?;
         // Fused groups run at their last node; outputs are copied out after the pass: what they
         // read stays live to the end.
-        let fusion = fuse::plan(graph, &shapes, self.fuse);
+        let max_binding = self.gpu.limits.max_storage_buffer_binding_size;
+        let align = u64::from(self.gpu.limits.min_storage_buffer_offset_alignment);
+        // A GeGlu in decode's matvec, where the weight is bound whole (both halves in reach).
+        let geglu_ok = |i: usize| match &graph.nodes[i].op {
+            Op::MatMul { x, weight, .. } => {
+                let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
+                let row_bytes = weight.desc.dtype.row_bytes(k).unwrap_or(0) as u64;
+                value_rows(graph, &shapes[x.0 as usize]) < TILED_ROWS
+                    && Format::for_rows(weight.desc.dtype, k).is_some()
+                    && self.buffers.get(weight.buffer).is_ok_and(|b| {
+                        weight_chunks("", n, row_bytes, b.size, max_binding, align)
+                            .is_ok_and(|c| c.len() == 1)
+                    })
+            }
+            _ => false,
+        };
+        let fusion = fuse::plan(graph, &shapes, self.fuse, &geglu_ok);
         let mut groups_at: Vec<Option<Group>> = vec![None; graph.nodes.len()];
         for g in &fusion.groups {
             if !matches!(g, Group::Single(_)) {
@@ -235,7 +251,6 @@ impl WgpuBackend {
         let scratch_at = arena_bytes;
         arena_bytes += scratch_bytes;
         let arena_bytes = arena_bytes.max(16);
-        let max_binding = self.gpu.limits.max_storage_buffer_binding_size;
         if arena_bytes > max_binding || arena_bytes > self.gpu.limits.max_buffer_size {
             return Err(BackendError::unsupported(
                 "compile",
@@ -271,7 +286,6 @@ impl WgpuBackend {
         let mut planned: Vec<Planned> = Vec::new();
         let mut inputs = Vec::new();
         let mut outputs = Vec::new();
-        let align = u64::from(self.gpu.limits.min_storage_buffer_offset_alignment);
         for (i, node) in graph.nodes.iter().enumerate() {
             let rows_of = |x: &ValueId| value_rows(graph, &shapes[x.0 as usize]);
             if let Some(g) = groups_at[i] {
@@ -767,6 +781,49 @@ impl WgpuBackend {
         let bad = || BackendError::internal(format!("fused group {group:?} does not match its nodes"));
         match group {
             Group::Single(_) => Err(bad()),
+            Group::MatMulGeGlu { matmul, geglu } => {
+                let Op::MatMul { x, weight, .. } = &graph.nodes[matmul].op else {
+                    return Err(bad());
+                };
+                let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
+                let half = n / 2;
+                let format = Format::for_rows(weight.desc.dtype, k).ok_or_else(bad)?;
+                let row_bytes = weight.desc.dtype.row_bytes(k).unwrap_or(0) as u64;
+                let m = value_rows(graph, &shapes[x.0 as usize]);
+                let buf = self.buffers.get(weight.buffer)?;
+                let bind = (n as u64 * row_bytes + 4).div_ceil(4) * 4;
+                let r = m.next_power_of_two().min(8);
+                let [gx, gy] = spread(half as u32);
+                let out = elem(out(geglu)?)?;
+                Ok(Planned {
+                    node: group.at(),
+                    key: (Kernel::MatVecGeGlu, Some(format), r as u32),
+                    params: vec![
+                        elem(*x)?,
+                        k as u32,
+                        m as u32,
+                        row_bytes as u32,
+                        0,
+                        half as u32,
+                        half as u32,
+                        out,
+                        out,
+                        out,
+                        out,
+                        half as u32,
+                        half as u32,
+                        half as u32,
+                    ],
+                    weight: Some(WeightRange {
+                        buffer: weight.buffer,
+                        offset: 0,
+                        size: bind.min(buf.size),
+                    }),
+                    weight2: None,
+                    caches: None,
+                    groups: [gx, gy, div_up(m, r)],
+                })
+            }
             Group::NormAdd { norm, add, next } => {
                 let Op::RmsNorm {
                     x: a,

@@ -401,6 +401,45 @@ fn matmul_quantized(dtype: DType, rows: usize, k: usize, splits: Vec<usize>) -> 
     }
 }
 
+/// A matmul on block-quantized weights whose two equal halves only a GeGlu reads (Gemma's gate
+/// and up projections over one fused weight: a backend may compute the GeGlu in the matmul);
+/// the GeGlu is the output.
+fn matmul_geglu(dtype: DType, rows: usize, k: usize, half: usize) -> Case {
+    let mut rng = Rng::new(50 + rows as u64);
+    let x = rng.vec(rows * k, 2.0);
+    let (bytes, w) = quantized_weight(dtype, 2 * half, k, &mut rng);
+    let full = oracle::matmul(&f64s(&x), rows, &f64s(&w), 2 * half);
+    let parts = oracle::split_cols(&full, rows, &[half, half]);
+    let expected = oracle::geglu(&parts[0], &parts[1]);
+    let mut step = StepData::rows(rows);
+    step.inputs = vec![x];
+    Case {
+        name: format!(
+            "matmul {dtype} rows={rows} k={k} n={} then geglu of its halves",
+            2 * half
+        ),
+        tol: 1e-3,
+        rows,
+        selected_rows: 0,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let x = c.input(k, false)?;
+            let weight = c.weight_bytes(dtype, &[2 * half, k], &bytes)?;
+            let gu = c.push(Op::MatMul {
+                x,
+                weight,
+                splits: vec![half, half],
+            });
+            let m = c.push1(Op::GeGlu {
+                gate: gu[0],
+                up: gu[1],
+            });
+            c.output(m, rows * half)
+        }),
+        expected,
+    }
+}
+
 fn rope(positions: Vec<u32>, heads: usize, head_dim: usize, theta: f32, factor: f32) -> Case {
     let rows = positions.len();
     let cols = heads * head_dim;
@@ -1087,6 +1126,10 @@ pub fn all() -> Vec<Case> {
         (0..7).map(|p| (vec![p], vec![1])).collect(),
         false,
     ));
+    // Gate and up over one weight, then GeGlu: decode's row counts (one, a batch) and a prefill.
+    for rows in [1, 3, 20] {
+        v.push(matmul_geglu(DType::Q4K, rows, 512, 37));
+    }
     v.extend(elementwise(3, 29));
     v.extend(elementwise(1, 1));
     v.push(select_then_matmul(5, vec![4, 0, 4], 13, 9));
