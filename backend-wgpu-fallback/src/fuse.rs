@@ -18,6 +18,8 @@
 //!   GeGlu, as gate and up (Gemma's fused gate/up projection), where the backend's predicate
 //!   takes it (decode's matvec, the weight bound whole): the matvec computes the GeGlu itself, and
 //!   the two halves are never written.
+//! - `NormRopePair` (this backend's own): two `NormRope` groups of the same head size (Gemma's q
+//!   and k), the first storing nothing and read by no node before the second runs, as one kernel.
 
 use tandem_backend_api::{DType, Graph, Op, ValueId, ValueShape};
 
@@ -41,6 +43,13 @@ pub enum Group {
     },
     /// A MatMul of two equal halves, gate and up of a GeGlu that alone reads them.
     MatMulGeGlu { matmul: usize, geglu: usize },
+    /// Two `NormRope` groups of one head size run as one kernel (Gemma's q and k): `a` stores
+    /// nothing, `b` stores K and V into `store`'s cache where given.
+    NormRopePair {
+        a: (usize, usize),
+        b: (usize, usize),
+        store: Option<usize>,
+    },
 }
 
 impl Group {
@@ -53,6 +62,11 @@ impl Group {
             }
             Group::NormRope { norm, rope, .. } => vec![norm, rope],
             Group::MatMulGeGlu { matmul, geglu } => vec![matmul, geglu],
+            Group::NormRopePair { a, b, .. } => {
+                let mut v = vec![a.0, a.1, b.0, b.1];
+                v.sort_unstable();
+                v
+            }
         }
     }
 
@@ -218,6 +232,9 @@ pub fn plan(graph: &Graph, shapes: &[ValueShape], enabled: bool, geglu_ok: &dyn 
             groups_at[g.at()] = Some(g);
         }
     }
+    if enabled {
+        pair_norm_ropes(graph, &users, &mut groups_at);
+    }
     let mut groups = Vec::with_capacity(n);
     let mut time: Vec<usize> = (0..n).collect();
     for i in 0..n {
@@ -233,6 +250,54 @@ pub fn plan(graph: &Graph, shapes: &[ValueShape], enabled: bool, geglu_ok: &dyn 
         }
     }
     Fusion { groups, time, stored }
+}
+
+/// Pairs each `NormRope` group without a store with the next `NormRope` group of the same head
+/// size, when no node runs between them that reads the first's values (they become the
+/// second's, at its time).
+fn pair_norm_ropes(graph: &Graph, users: &[Vec<usize>], groups_at: &mut [Option<Group>]) {
+    let head_dim = |rope: usize| match &graph.nodes[rope].op {
+        Op::Rope { head_dim, .. } => Some(*head_dim),
+        _ => None,
+    };
+    let n = groups_at.len();
+    let mut t = 0;
+    while t < n {
+        let Some(Group::NormRope {
+            norm,
+            rope,
+            store: None,
+        }) = groups_at[t]
+        else {
+            t += 1;
+            continue;
+        };
+        let next = (t + 1..n).find(|&u| matches!(groups_at[u], Some(Group::NormRope { .. })));
+        let Some(u) = next else { break };
+        let Some(Group::NormRope {
+            norm: nb,
+            rope: rb,
+            store,
+        }) = groups_at[u]
+        else {
+            break;
+        };
+        let read_before = [norm, rope].iter().any(|&m| {
+            graph.nodes[m]
+                .outputs
+                .iter()
+                .any(|o| users[o.0 as usize].iter().any(|&r| r <= u && r != rope))
+        });
+        if head_dim(rope).is_some() && head_dim(rope) == head_dim(rb) && !read_before {
+            groups_at[t] = None;
+            groups_at[u] = Some(Group::NormRopePair {
+                a: (norm, rope),
+                b: (nb, rb),
+                store,
+            });
+        }
+        t = u + 1;
+    }
 }
 
 #[cfg(test)]
@@ -316,14 +381,10 @@ mod tests {
         assert_eq!(
             f.groups[4..],
             [
-                Group::NormRope {
-                    norm: 4,
-                    rope: 6,
-                    store: None
-                },
-                Group::NormRope {
-                    norm: 5,
-                    rope: 7,
+                // The q and k groups (the k one storing K and V) run as one kernel.
+                Group::NormRopePair {
+                    a: (4, 6),
+                    b: (5, 7),
                     store: Some(8)
                 },
                 Group::Single(8),
@@ -336,7 +397,8 @@ mod tests {
             ]
         );
         assert!(f.stored[8]);
-        assert_eq!(f.time[4], 6);
+        assert_eq!(f.time[4], 7);
+        assert_eq!(f.time[6], 7);
         assert_eq!(f.time[9], 11);
         // Every node once.
         let mut all: Vec<usize> = f.groups.iter().flat_map(|g| g.nodes()).collect();

@@ -71,7 +71,8 @@ pub enum Kernel {
     SelectRows,
     /// Fused RmsNorm, Add and optionally the next RmsNorm (`fuse::Group::NormAdd`).
     NormAdd,
-    /// Fused per-head RmsNorm and Rope (`fuse::Group::NormRope` without a store).
+    /// Fused per-head RmsNorm and Rope (`fuse::Group::NormRope` without a store), one or two
+    /// of them (`NormRopePair`).
     NormRope,
     /// Fused per-head RmsNorm and Rope that also stores K and V in the cache.
     NormRopeStore,
@@ -165,12 +166,13 @@ impl Kernel {
     /// The bindings its entry point uses (see `common.wgsl`).
     pub fn bindings(self) -> &'static [u32] {
         match self {
-            Kernel::Embed | Kernel::NormRope => &[0, 1, 2, 3],
+            Kernel::Embed => &[0, 1, 2, 3],
+            Kernel::NormRope => &[0, 1, 2, 3, 6],
             Kernel::RmsNorm | Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled => &[0, 1, 3],
             Kernel::NormAdd => &[0, 1, 3, 6],
             Kernel::Rope | Kernel::SelectRows => &[0, 1, 2],
             Kernel::KvStore | Kernel::Attention | Kernel::AttentionGqa => &[0, 1, 2, 4, 5],
-            Kernel::NormRopeStore => &[0, 1, 2, 3, 4, 5],
+            Kernel::NormRopeStore => &[0, 1, 2, 3, 4, 5, 6],
             Kernel::AttentionCombine | Kernel::Eltwise => &[0, 1],
         }
     }

@@ -881,64 +881,139 @@ impl WgpuBackend {
                     groups: [1, rows as u32, 1],
                 })
             }
-            Group::NormRope { norm, rope, store } => {
-                let Op::RmsNorm {
-                    x,
-                    weight,
-                    eps,
-                    weight_offset,
-                } = &graph.nodes[norm].op
-                else {
-                    return Err(bad());
-                };
-                let Op::Rope { head_dim, factor, .. } = &graph.nodes[rope].op else {
-                    return Err(bad());
-                };
-                let cols = shapes[x.0 as usize].cols;
-                let rows = value_rows(graph, &shapes[x.0 as usize]);
-                let table = tables.iter().find(|t| t.0 == rope).map_or(0, |t| t.1);
-                let (kernel, v, caches, capacity, f16) = match store {
-                    Some(a) => {
-                        let Op::Attention { v, cache, .. } = &graph.nodes[a].op else {
-                            return Err(bad());
-                        };
-                        (
-                            Kernel::NormRopeStore,
-                            elem(*v)?,
-                            Some((cache.k, cache.v)),
-                            cache.capacity as u32,
-                            u32::from(cache.dtype == DType::F16),
-                        )
-                    }
-                    None => (Kernel::NormRope, 0, None, 0, 0),
-                };
-                Ok(Planned {
-                    node: group.at(),
-                    key: (kernel, None, 0),
-                    params: vec![
-                        elem(*x)?,
-                        elem(out(norm)?)?,
-                        elem(out(rope)?)?,
-                        positions,
-                        table,
-                        cols as u32,
-                        *head_dim as u32,
-                        eps.to_bits(),
-                        weight_offset.to_bits(),
-                        norm_format(weight.desc.dtype),
-                        factor.to_bits(),
-                        v,
-                        slots_at,
-                        capacity,
-                        f16,
-                    ],
-                    weight: Some(norm_weight(weight)?),
-                    weight2: None,
-                    caches,
-                    groups: [(cols / head_dim) as u32, rows as u32, 1],
-                })
-            }
+            Group::NormRope { norm, rope, store } => self.plan_norm_rope(
+                graph,
+                shapes,
+                group,
+                (norm, rope),
+                None,
+                store,
+                elem,
+                tables,
+                positions,
+                slots_at,
+            ),
+            Group::NormRopePair { a, b, store } => self.plan_norm_rope(
+                graph,
+                shapes,
+                group,
+                a,
+                Some(b),
+                store,
+                elem,
+                tables,
+                positions,
+                slots_at,
+            ),
         }
+    }
+
+    /// The dispatch of one `NormRope` group (`b` None) or of a pair; the store is `b`'s where
+    /// there is a `b`, else `a`'s.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_norm_rope(
+        &self,
+        graph: &Graph,
+        shapes: &[tandem_backend_api::ValueShape],
+        group: Group,
+        a: (usize, usize),
+        b: Option<(usize, usize)>,
+        store: Option<usize>,
+        elem: &dyn Fn(ValueId) -> Result<u32, BackendError>,
+        tables: &[(usize, u32, Vec<f32>)],
+        positions: u32,
+        slots_at: u32,
+    ) -> Result<Planned, BackendError> {
+        let bad = || BackendError::internal(format!("fused group {group:?} does not match its nodes"));
+        // One set of parameters (9 words), its weight, heads, rows and head size.
+        let set = |(norm, rope): (usize, usize)| -> Result<(Vec<u32>, WeightRange, usize, usize, usize), BackendError> {
+            let Op::RmsNorm {
+                x,
+                weight,
+                eps,
+                weight_offset,
+            } = &graph.nodes[norm].op
+            else {
+                return Err(bad());
+            };
+            let Op::Rope { head_dim, factor, .. } = &graph.nodes[rope].op else {
+                return Err(bad());
+            };
+            let out = |i: usize| {
+                graph.nodes[i]
+                    .outputs
+                    .first()
+                    .copied()
+                    .ok_or_else(|| BackendError::internal(format!("node {i} has no output")))
+            };
+            let cols = shapes[x.0 as usize].cols;
+            let rows = value_rows(graph, &shapes[x.0 as usize]);
+            let table = tables.iter().find(|t| t.0 == rope).map_or(0, |t| t.1);
+            let w = WeightRange {
+                buffer: weight.buffer,
+                offset: 0,
+                size: self.buffers.get(weight.buffer)?.size,
+            };
+            let params = vec![
+                elem(*x)?,
+                elem(out(norm)?)?,
+                elem(out(rope)?)?,
+                table,
+                cols as u32,
+                eps.to_bits(),
+                weight_offset.to_bits(),
+                norm_format(weight.desc.dtype),
+                factor.to_bits(),
+            ];
+            Ok((params, w, cols / head_dim, rows, *head_dim))
+        };
+        let (pa, wa, heads_a, rows, head_dim) = set(a)?;
+        let (pb, wb, heads_b) = match b {
+            Some(b) => {
+                let (pb, wb, heads_b, rows_b, hd_b) = set(b)?;
+                if rows_b != rows || hd_b != head_dim {
+                    return Err(bad());
+                }
+                (pb, wb, heads_b)
+            }
+            None => (pa.clone(), wa, 0),
+        };
+        let (kernel, v, caches, capacity, f16) = match store {
+            Some(at) => {
+                let Op::Attention { v, cache, .. } = &graph.nodes[at].op else {
+                    return Err(bad());
+                };
+                (
+                    Kernel::NormRopeStore,
+                    elem(*v)?,
+                    Some((cache.k, cache.v)),
+                    cache.capacity as u32,
+                    u32::from(cache.dtype == DType::F16),
+                )
+            }
+            None => (Kernel::NormRope, 0, None, 0, 0),
+        };
+        let mut params = pa;
+        params.extend(pb);
+        params.extend([
+            heads_a as u32,
+            u32::from(b.is_some()),
+            positions,
+            head_dim as u32,
+            v,
+            slots_at,
+            capacity,
+            f16,
+        ]);
+        Ok(Planned {
+            node: group.at(),
+            key: (kernel, None, 0),
+            params,
+            weight: Some(wa),
+            weight2: Some(wb),
+            caches,
+            groups: [(heads_a + heads_b) as u32, rows as u32, 1],
+        })
     }
 
     /// Encodes and submits one step of `prog` (its arguments already written).

@@ -20,19 +20,7 @@ struct Params {
 }
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> act: array<f32>;
-@group(0) @binding(6) var<storage, read> wts2: array<u32>;
 const WG: u32 = 256u;
-
-fn weight2(i: u32) -> f32 {
-    if (p.fmt2 == 0u) {
-        return bitcast<f32>(wts2[i]);
-    }
-    let h = (wts2[i >> 1u] >> ((i & 1u) * 16u)) & 0xFFFFu;
-    if (p.fmt2 == 1u) {
-        return unpack2x16float(h).x;
-    }
-    return bitcast<f32>(h << 16u);
-}
 
 fn kernel(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
     let tid = lid.x;
@@ -56,6 +44,6 @@ fn kernel(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
     }
     let inv2 = 1.0 / sqrt(wg_sum(tid, sq2) / f32(p.cols) + p.eps2);
     for (var i = tid; i < p.cols; i += WG) {
-        act[p.y2 + base + i] = act[p.sum + base + i] * inv2 * (p.off2 + weight2(i));
+        act[p.y2 + base + i] = act[p.sum + base + i] * inv2 * (p.off2 + norm_weight2(p.fmt2, i));
     }
 }
