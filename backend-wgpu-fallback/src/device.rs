@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tandem_backend_api::{BackendError, BackendOptions, DeviceKind, MEMORY_LIMIT};
 
+use crate::kernels::Variant;
+
 /// Environment variable choosing the adapter (an index into `engine backends`' listing order
 /// or a name substring), like the `adapter` option.
 pub const ADAPTER_VAR: &str = "TANDEM_WGPU_ADAPTER";
@@ -14,6 +16,44 @@ pub const ADAPTER_VAR: &str = "TANDEM_WGPU_ADAPTER";
 pub const BACKENDS_VAR: &str = "TANDEM_WGPU_BACKENDS";
 /// Environment variable turning on the graphics API's validation layer.
 pub const VALIDATION_VAR: &str = "TANDEM_WGPU_VALIDATION";
+/// Environment variable choosing the kernel variants, like the `features` option.
+pub const FEATURES_VAR: &str = "TANDEM_WGPU_FEATURES";
+
+/// The optional features the kernels may use, by name (`features` option).
+pub const FEATURE_NAMES: [&str; 2] = ["subgroups", "f16"];
+
+/// Which kernel variants the options ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeatureRequest {
+    /// Every variant the adapter offers the feature for (the default).
+    Auto,
+    /// Exactly these (an error where the adapter lacks one); `Variant::PORTABLE` for `portable`.
+    Exactly(Variant),
+}
+
+/// Parses a `features` value: `auto`, `portable`, or a list of [`FEATURE_NAMES`].
+pub fn parse_features(value: &str) -> Result<FeatureRequest, BackendError> {
+    let v = value.trim().to_ascii_lowercase();
+    match v.as_str() {
+        "" | "auto" => return Ok(FeatureRequest::Auto),
+        "portable" | "none" => return Ok(FeatureRequest::Exactly(Variant::PORTABLE)),
+        _ => {}
+    }
+    let mut variant = Variant::PORTABLE;
+    for name in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match name {
+            "subgroups" | "subgroup" => variant.subgroups = true,
+            "f16" | "shader_f16" => variant.f16 = true,
+            other => {
+                return Err(BackendError::invalid(format!(
+                    "backend option 'features': unknown feature '{other}' (auto, portable, or a list of {})",
+                    FEATURE_NAMES.join(", ")
+                )))
+            }
+        }
+    }
+    Ok(FeatureRequest::Exactly(variant))
+}
 
 /// What the options ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +66,10 @@ pub struct Request {
     pub validation: bool,
     /// Per-node timestamps for `profile` (a timestamp query after every node).
     pub profile: bool,
+    /// The kernel variants asked for.
+    pub features: FeatureRequest,
+    /// Fuse the chains `fuse` finds into one kernel (option `fuse`, on by default).
+    pub fuse: bool,
 }
 
 fn truthy(v: &str) -> bool {
@@ -82,15 +126,39 @@ impl Request {
             Some(v) => truthy(v),
             None => std::env::var("TANDEM_WGPU_PROFILE").is_ok_and(|v| truthy(&v)),
         };
+        let fuse = match options
+            .get("fuse")
+            .map(str::to_string)
+            .or_else(|| std::env::var("TANDEM_WGPU_FUSE").ok())
+        {
+            Some(v) => truthy(&v),
+            None => true,
+        };
+        let features = match options
+            .get("features")
+            .map(str::to_string)
+            .or_else(|| std::env::var(FEATURES_VAR).ok())
+        {
+            Some(v) => parse_features(&v)?,
+            None => FeatureRequest::Auto,
+        };
         // `memory_limit` is checked against the adapter's limits by the backend, once they are
         // known; a malformed size is refused here, before any adapter is opened.
         options.bytes(MEMORY_LIMIT)?;
-        let known = ["adapter", "backends", "validation", "profile", MEMORY_LIMIT];
+        let known = [
+            "adapter",
+            "backends",
+            "validation",
+            "profile",
+            "features",
+            "fuse",
+            MEMORY_LIMIT,
+        ];
         for key in options.entries.keys() {
             if !known.contains(&key.as_str()) {
                 return Err(BackendError::invalid(format!(
                     "backend option '{key}' is not a wgpu option (adapter, backends, validation, profile, \
-                     {MEMORY_LIMIT})"
+                     features, fuse, {MEMORY_LIMIT})"
                 )));
             }
         }
@@ -99,6 +167,8 @@ impl Request {
             backends,
             validation,
             profile,
+            features,
+            fuse,
         })
     }
 }
@@ -140,6 +210,8 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// Timestamps inside compute passes are available and were asked for.
     pub timestamps: bool,
+    /// The kernel variants the device was opened for.
+    pub variant: Variant,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<AtomicBool>,
     lost_reason: Arc<Mutex<String>>,
@@ -262,6 +334,37 @@ impl Gpu {
         if timestamps {
             wanted |= wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         }
+        let variant = match req.features {
+            FeatureRequest::Auto => Variant {
+                subgroups: offered.contains(wgpu::Features::SUBGROUP),
+                f16: offered.contains(wgpu::Features::SHADER_F16),
+            },
+            FeatureRequest::Exactly(v) => {
+                if v.subgroups && !offered.contains(wgpu::Features::SUBGROUP) {
+                    return Err(BackendError::Unavailable {
+                        reason: format!(
+                            "features = subgroups, but wgpu adapter {} does not offer subgroup operations",
+                            describe(chosen, info)
+                        ),
+                    });
+                }
+                if v.f16 && !offered.contains(wgpu::Features::SHADER_F16) {
+                    return Err(BackendError::Unavailable {
+                        reason: format!(
+                            "features = f16, but wgpu adapter {} does not offer f16 shaders (SHADER_F16)",
+                            describe(chosen, info)
+                        ),
+                    });
+                }
+                v
+            }
+        };
+        if variant.subgroups {
+            wanted |= wgpu::Features::SUBGROUP;
+        }
+        if variant.f16 {
+            wanted |= wgpu::Features::SHADER_F16;
+        }
         // Everything the adapter offers: the weights need its largest buffers and bindings.
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
@@ -304,6 +407,7 @@ impl Gpu {
             ),
             format!("max_buffer={}MiB", limits.max_buffer_size >> 20),
         ];
+        features.push(format!("kernels={}", variant.names().join("+")));
         if timestamps {
             features.push("timestamps".into());
         }
@@ -318,6 +422,7 @@ impl Gpu {
             features,
             limits,
             timestamps,
+            variant,
             errors,
             lost,
             lost_reason,
@@ -389,6 +494,37 @@ mod tests {
         let e = parse_backends("vulkan,glide").unwrap_err().to_string();
         assert!(e.contains("'glide'") && e.contains("'backends'"), "{e}");
         assert!(parse_backends(" , ").is_err());
+    }
+
+    #[test]
+    fn feature_lists_parse_and_name_what_is_wrong() {
+        assert_eq!(parse_features("auto").unwrap(), FeatureRequest::Auto);
+        assert_eq!(
+            parse_features("portable").unwrap(),
+            FeatureRequest::Exactly(Variant::PORTABLE)
+        );
+        assert_eq!(
+            parse_features(" Subgroups ").unwrap(),
+            FeatureRequest::Exactly(Variant {
+                subgroups: true,
+                f16: false
+            })
+        );
+        assert_eq!(
+            parse_features("f16,subgroups").unwrap(),
+            FeatureRequest::Exactly(Variant {
+                subgroups: true,
+                f16: true
+            })
+        );
+        let e = parse_features("subgroups,warp").unwrap_err().to_string();
+        assert!(e.contains("'warp'") && e.contains("'features'"), "{e}");
+        let mut o = BackendOptions::default();
+        o.set("features", "portable");
+        assert_eq!(
+            Request::from_options(&o).unwrap().features,
+            FeatureRequest::Exactly(Variant::PORTABLE)
+        );
     }
 
     #[test]

@@ -1,6 +1,14 @@
 //! The WGSL kernels (`shaders/wgsl/`): each module is assembled from shared parts, a weight
 //! format's decoder where the kernel reads weights, and the kernel itself; pipelines are made
 //! once per (kernel, format, override constants) and kept.
+//!
+//! Variants by adapter feature, chosen when a module is put together (the backend's
+//! [`Variant`], fixed when the device opens): with `subgroups` (`wgpu::Features::SUBGROUP`) the
+//! reductions of the norms, attention and matvec run on subgroup operations
+//! (`parts/reduce_subgroup.wgsl`, `matvec_subgroup.wgsl`); without, the portable tree in
+//! workgroup memory (`parts/reduce.wgsl`, `matvec.wgsl`) that any adapter runs; with `f16`
+//! (`wgpu::Features::SHADER_F16`) the prefill matmul stages its tiles in f16
+//! (`matmul_tiled_f16.wgsl`), without it in f32 (`matmul_tiled.wgsl`).
 
 use std::collections::HashMap;
 
@@ -9,6 +17,44 @@ use tandem_backend_api::{BackendError, DType};
 const COMMON: &str = include_str!("../../shaders/wgsl/common.wgsl");
 const WEIGHTS: &str = include_str!("../../shaders/wgsl/weights.wgsl");
 const MATMUL_COMMON: &str = include_str!("../../shaders/wgsl/matmul_common.wgsl");
+const REDUCE: &str = include_str!("../../shaders/wgsl/parts/reduce.wgsl");
+const REDUCE_SUBGROUP: &str = include_str!("../../shaders/wgsl/parts/reduce_subgroup.wgsl");
+const KV_READ: &str = include_str!("../../shaders/wgsl/parts/kv_read.wgsl");
+const KV_STORE: &str = include_str!("../../shaders/wgsl/parts/kv_store.wgsl");
+const NO_KV_STORE: &str = include_str!("../../shaders/wgsl/parts/no_kv_store.wgsl");
+
+/// The optional adapter features the kernels use, fixed when the device opens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Variant {
+    /// Subgroup reductions (`wgpu::Features::SUBGROUP`).
+    pub subgroups: bool,
+    /// f16 tiles in workgroup memory for the prefill matmul (`wgpu::Features::SHADER_F16`,
+    /// WGSL `enable f16`).
+    pub f16: bool,
+}
+
+impl Variant {
+    /// The portable variant: no optional feature.
+    pub const PORTABLE: Variant = Variant {
+        subgroups: false,
+        f16: false,
+    };
+
+    /// Names of the variants in use, for `engine backends` (`portable` when none).
+    pub fn names(self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.subgroups {
+            v.push("subgroups");
+        }
+        if self.f16 {
+            v.push("f16");
+        }
+        if v.is_empty() {
+            v.push("portable");
+        }
+        v
+    }
+}
 
 /// A kernel: its source and the bindings its entry point uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -23,12 +69,23 @@ pub enum Kernel {
     AttentionCombine,
     Eltwise,
     SelectRows,
+    /// Fused RmsNorm, Add and optionally the next RmsNorm (`fuse::Group::NormAdd`).
+    NormAdd,
+    /// Fused per-head RmsNorm and Rope (`fuse::Group::NormRope` without a store), one or two
+    /// of them (`NormRopePair`).
+    NormRope,
+    /// Fused per-head RmsNorm and Rope that also stores K and V in the cache.
+    NormRopeStore,
+    /// Decode attention by KV head (grouped queries).
+    AttentionGqa,
+    /// matvec computing a GeGlu of its two halves (`fuse::Group::MatMulGeGlu`).
+    MatVecGeGlu,
 }
 
 impl Kernel {
     /// Every kernel.
     #[cfg(test)]
-    pub const ALL: [Kernel; 10] = [
+    pub const ALL: [Kernel; 15] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::MatVec,
@@ -39,8 +96,14 @@ impl Kernel {
         Kernel::AttentionCombine,
         Kernel::Eltwise,
         Kernel::SelectRows,
+        Kernel::NormAdd,
+        Kernel::NormRope,
+        Kernel::NormRopeStore,
+        Kernel::AttentionGqa,
+        Kernel::MatVecGeGlu,
     ];
 
+    /// The kernel's name (its pipeline label).
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Embed => "embed",
@@ -53,14 +116,23 @@ impl Kernel {
             Kernel::AttentionCombine => "attention_combine",
             Kernel::Eltwise => "eltwise",
             Kernel::SelectRows => "select_rows",
+            Kernel::NormAdd => "norm_add",
+            Kernel::NormRope => "norm_rope",
+            Kernel::NormRopeStore => "norm_rope_store",
+            Kernel::AttentionGqa => "attention_gqa",
+            Kernel::MatVecGeGlu => "matvec_geglu",
         }
     }
 
-    fn source(self) -> &'static str {
+    fn source(self, variant: Variant) -> &'static str {
         match self {
+            Kernel::MatVec | Kernel::MatVecGeGlu if variant.subgroups => {
+                include_str!("../../shaders/wgsl/matvec_subgroup.wgsl")
+            }
+            Kernel::MatMulTiled if variant.f16 => include_str!("../../shaders/wgsl/matmul_tiled_f16.wgsl"),
             Kernel::Embed => include_str!("../../shaders/wgsl/embed.wgsl"),
             Kernel::RmsNorm => include_str!("../../shaders/wgsl/rms_norm.wgsl"),
-            Kernel::MatVec => include_str!("../../shaders/wgsl/matvec.wgsl"),
+            Kernel::MatVec | Kernel::MatVecGeGlu => include_str!("../../shaders/wgsl/matvec.wgsl"),
             Kernel::MatMulTiled => include_str!("../../shaders/wgsl/matmul_tiled.wgsl"),
             Kernel::Rope => include_str!("../../shaders/wgsl/rope.wgsl"),
             Kernel::KvStore => include_str!("../../shaders/wgsl/kv_store.wgsl"),
@@ -68,21 +140,39 @@ impl Kernel {
             Kernel::AttentionCombine => include_str!("../../shaders/wgsl/attention_combine.wgsl"),
             Kernel::Eltwise => include_str!("../../shaders/wgsl/eltwise.wgsl"),
             Kernel::SelectRows => include_str!("../../shaders/wgsl/select_rows.wgsl"),
+            Kernel::NormAdd => include_str!("../../shaders/wgsl/norm_add.wgsl"),
+            Kernel::NormRope | Kernel::NormRopeStore => include_str!("../../shaders/wgsl/norm_rope.wgsl"),
+            Kernel::AttentionGqa => include_str!("../../shaders/wgsl/attention_gqa.wgsl"),
         }
     }
 
     /// Whether the kernel decodes a weight format (binding 3 and a format's `load_group`).
     pub fn reads_format(self) -> bool {
-        matches!(self, Kernel::Embed | Kernel::MatVec | Kernel::MatMulTiled)
+        matches!(
+            self,
+            Kernel::Embed | Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled
+        )
+    }
+
+    /// Whether the kernel reduces through the reduce part (`parts/reduce*.wgsl`), which gives it
+    /// its entry point.
+    fn reduces(self) -> bool {
+        matches!(
+            self,
+            Kernel::RmsNorm | Kernel::NormAdd | Kernel::NormRope | Kernel::NormRopeStore | Kernel::Attention
+        )
     }
 
     /// The bindings its entry point uses (see `common.wgsl`).
     pub fn bindings(self) -> &'static [u32] {
         match self {
             Kernel::Embed => &[0, 1, 2, 3],
-            Kernel::RmsNorm | Kernel::MatVec | Kernel::MatMulTiled => &[0, 1, 3],
+            Kernel::NormRope => &[0, 1, 2, 3, 6],
+            Kernel::RmsNorm | Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled => &[0, 1, 3],
+            Kernel::NormAdd => &[0, 1, 3, 6],
             Kernel::Rope | Kernel::SelectRows => &[0, 1, 2],
-            Kernel::KvStore | Kernel::Attention => &[0, 1, 2, 4, 5],
+            Kernel::KvStore | Kernel::Attention | Kernel::AttentionGqa => &[0, 1, 2, 4, 5],
+            Kernel::NormRopeStore => &[0, 1, 2, 3, 4, 5, 6],
             Kernel::AttentionCombine | Kernel::Eltwise => &[0, 1],
         }
     }
@@ -143,10 +233,25 @@ pub fn format_supported(dtype: DType) -> bool {
     format_source(dtype, false).is_some()
 }
 
-/// The WGSL module of `kernel` (with `format`'s decoder where it reads one).
-pub fn module_source(kernel: Kernel, format: Option<Format>) -> Result<String, BackendError> {
-    let mut s = String::from(COMMON);
-    if kernel.reads_format() || kernel == Kernel::RmsNorm {
+/// The WGSL module of `kernel` in `variant` (with `format`'s decoder where it reads one).
+pub fn module_source(
+    kernel: Kernel,
+    format: Option<Format>,
+    variant: Variant,
+) -> Result<String, BackendError> {
+    // Naga takes subgroup operations without `enable subgroups` (it does not parse that
+    // directive yet); the device's SUBGROUP feature is what allows them. `enable f16` leads the
+    // module of a kernel that uses f16.
+    let mut s = String::new();
+    if kernel == Kernel::MatMulTiled && variant.f16 {
+        s.push_str("enable f16;\n");
+    }
+    s.push_str(COMMON);
+    let norm = matches!(
+        kernel,
+        Kernel::RmsNorm | Kernel::NormAdd | Kernel::NormRope | Kernel::NormRopeStore
+    );
+    if kernel.reads_format() || norm {
         s.push_str(WEIGHTS);
     }
     if kernel.reads_format() {
@@ -157,10 +262,25 @@ pub fn module_source(kernel: Kernel, format: Option<Format>) -> Result<String, B
             .ok_or_else(|| BackendError::unsupported(kernel.name(), format!("no {} decoder", f.dtype)))?;
         s.push_str(src);
     }
-    if matches!(kernel, Kernel::MatVec | Kernel::MatMulTiled) {
+    if matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled) {
         s.push_str(MATMUL_COMMON);
     }
-    s.push_str(kernel.source());
+    if kernel.reduces() {
+        s.push_str(if variant.subgroups {
+            REDUCE_SUBGROUP
+        } else {
+            REDUCE
+        });
+    }
+    if matches!(kernel, Kernel::Attention | Kernel::AttentionGqa) {
+        s.push_str(KV_READ);
+    }
+    match kernel {
+        Kernel::NormRope => s.push_str(NO_KV_STORE),
+        Kernel::NormRopeStore => s.push_str(KV_STORE),
+        _ => {}
+    }
+    s.push_str(kernel.source(variant));
     Ok(s)
 }
 
@@ -168,13 +288,21 @@ pub fn module_source(kernel: Kernel, format: Option<Format>) -> Result<String, B
 /// per workgroup; 0 elsewhere).
 pub type PipelineKey = (Kernel, Option<Format>, u32);
 
-/// Pipelines made so far.
-#[derive(Default)]
+/// Pipelines made so far, all of one variant.
 pub struct Pipelines {
     map: HashMap<PipelineKey, wgpu::ComputePipeline>,
+    variant: Variant,
 }
 
 impl Pipelines {
+    /// No pipelines yet; those made will be of `variant`.
+    pub fn new(variant: Variant) -> Self {
+        Pipelines {
+            map: HashMap::new(),
+            variant,
+        }
+    }
+
     /// The pipeline for `key`, made on first use. Shader errors surface through the device's
     /// error sink, which the caller checks.
     pub fn get(
@@ -186,7 +314,7 @@ impl Pipelines {
             return Ok(p.clone());
         }
         let (kernel, format, r) = key;
-        let source = module_source(kernel, format)?;
+        let source = module_source(kernel, format, self.variant)?;
         let label = match format {
             Some(f) => format!("{}_{}{}", kernel.name(), f.dtype, if f.wide { "x4" } else { "" }),
             None => kernel.name().to_string(),
@@ -195,10 +323,10 @@ impl Pipelines {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
         });
-        let constants: Vec<(&str, f64)> = if kernel == Kernel::MatVec {
-            vec![("R", f64::from(r))]
-        } else {
-            Vec::new()
+        let constants: Vec<(&str, f64)> = match kernel {
+            Kernel::MatVec => vec![("R", f64::from(r))],
+            Kernel::MatVecGeGlu => vec![("R", f64::from(r)), ("GEGLU", 1.0)],
+            _ => Vec::new(),
         };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),

@@ -16,8 +16,17 @@
 //! `TANDEM_WGPU_ADAPTER` (an index or a name substring), `backends` / `TANDEM_WGPU_BACKENDS`
 //! (`vulkan,metal,dx12,gl`), `validation` / `TANDEM_WGPU_VALIDATION=1` (the API's validation
 //! layer; any message fails the next call), `profile` / `TANDEM_WGPU_PROFILE=1` (per-node
-//! timestamps for `profile`, where the adapter has timestamps inside passes), `memory_limit`
+//! timestamps for `profile`, where the adapter has timestamps inside passes; compile then also
+//! says on stderr how many dispatches each program has), `fuse` / `TANDEM_WGPU_FUSE=0` (every
+//! node its own kernel, for side-by-side measurement), `features` /
+//! `TANDEM_WGPU_FEATURES` (the kernel variants: `auto`, the default, takes every optional
+//! feature the adapter offers; `portable` none; or a list such as `subgroups`, an error where
+//! the adapter lacks one; `info().features` names them as `kernels=...`), `memory_limit`
 //! (the most device memory the backend may hold, `8GiB`; see below).
+//!
+//! Nodes fuse into one kernel where `fuse` finds the chains the Vulkan backend fuses (norm, add
+//! and norm; per-head norm, rope and the K/V store), and decode attention with grouped queries
+//! reads each KV head's cache once for its query heads (`attention_gqa.wgsl`).
 //!
 //! Memory: wgpu tells no heap size, so without `memory_limit` `info().memory_bytes` is `None`
 //! (unknown: the engine's budget check passes the unit by) and nothing bounds the total but the
@@ -27,6 +36,7 @@
 //! are `OutOfMemory`.
 
 mod device;
+mod fuse;
 mod kernels;
 mod program;
 
@@ -73,6 +83,10 @@ pub struct WgpuBackend {
     /// Option `memory_limit`: the most bytes buffers and programs may hold; `None` without the
     /// option.
     memory_limit: Option<u64>,
+    /// Option `fuse` (`TANDEM_WGPU_FUSE`, on by default): chains run as one kernel.
+    fuse: bool,
+    /// Option `profile`: compile also says on stderr how many dispatches a program has.
+    profile: bool,
 }
 
 impl BackendPlugin for WgpuBackend {
@@ -87,9 +101,10 @@ impl BackendPlugin for WgpuBackend {
         if let Some(limit) = memory_limit {
             gpu.features.push(format!("memory_limit={limit}"));
         }
+        let pipelines = Pipelines::new(gpu.variant);
         Ok(WgpuBackend {
             gpu,
-            pipelines: Pipelines::default(),
+            pipelines,
             buffers: Buffers::new(),
             programs: Programs::new(),
             tickets: Tickets::new(),
@@ -98,6 +113,8 @@ impl BackendPlugin for WgpuBackend {
             in_use: 0,
             peak: 0,
             memory_limit,
+            fuse: req.fuse,
+            profile: req.profile,
         })
     }
 }
@@ -390,6 +407,15 @@ impl ComputeBackend for WgpuBackend {
     fn compile(&mut self, graph: &tandem_backend_api::Graph) -> Result<ProgramId, BackendError> {
         self.gpu.check()?;
         let (prog, buffers) = self.build_program(graph)?;
+        if self.profile {
+            eprintln!(
+                "wgpu: program '{}' ({} rows): {} nodes, {} dispatches",
+                graph.name,
+                graph.rows,
+                graph.nodes.len(),
+                prog.dispatches.len()
+            );
+        }
         if let Err(e) = self.within_limit(prog.bytes) {
             prog.arena.destroy();
             prog.params.destroy();
@@ -544,8 +570,16 @@ mod tests {
     }
 
     #[test]
-    fn every_kernel_compiles_for_every_format() {
-        let Some(mut b) = backend() else { return };
+    fn every_kernel_compiles_for_every_format_and_variant() {
+        let Some(b) = backend() else { return };
+        if std::env::var_os("CI").is_some() {
+            // lavapipe offers subgroups and f16: CI compiles both variants of every kernel.
+            assert!(
+                b.gpu.variant.subgroups && b.gpu.variant.f16,
+                "CI's adapter lost a variant: {:?}",
+                b.gpu.variant
+            );
+        }
         let formats = [
             DType::F32,
             DType::F16,
@@ -569,14 +603,22 @@ mod tests {
             } else {
                 vec![None]
             };
-            for f in variants {
-                let overrides = if kernel == Kernel::MatVec { 8 } else { 0 };
-                b.pipelines
-                    .get(&b.gpu.device, (kernel, f, overrides))
-                    .unwrap_or_else(|e| panic!("{} {f:?}: {e}", kernel.name()));
-                b.gpu
-                    .check()
-                    .unwrap_or_else(|e| panic!("{} {f:?}: {e}", kernel.name()));
+            // The portable variant, and the one the adapter gets (subgroups on lavapipe).
+            for variant in [kernels::Variant::PORTABLE, b.gpu.variant] {
+                let mut pipelines = Pipelines::new(variant);
+                for f in &variants {
+                    let overrides = if matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu) {
+                        8
+                    } else {
+                        0
+                    };
+                    pipelines
+                        .get(&b.gpu.device, (kernel, *f, overrides))
+                        .unwrap_or_else(|e| panic!("{} {f:?} {variant:?}: {e}", kernel.name()));
+                    b.gpu
+                        .check()
+                        .unwrap_or_else(|e| panic!("{} {f:?} {variant:?}: {e}", kernel.name()));
+                }
             }
         }
     }

@@ -8,6 +8,7 @@ use tandem_backend_api::kit::plan::{
 };
 use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueId};
 
+use crate::fuse::{self, Group};
 use crate::kernels::{Format, Kernel, PipelineKey};
 use crate::WgpuBackend;
 
@@ -16,6 +17,18 @@ const ARENA_ALIGN: u64 = 256;
 
 /// Rows from which a matmul takes the tiled kernel instead of matvec.
 const TILED_ROWS: usize = 16;
+
+/// The largest head `attention_gqa.wgsl` takes.
+const GQA_MAX_HEAD_DIM: usize = 256;
+
+/// The norm kernels' weight format code: 0 f32, 1 f16, 2 bf16.
+fn norm_format(d: DType) -> u32 {
+    match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        _ => 2,
+    }
+}
 
 /// Bytes of each dispatch's parameter slot (the uniform-offset alignment WebGPU guarantees).
 const PARAM_SLOT: u64 = 256;
@@ -34,6 +47,8 @@ struct Planned {
     key: PipelineKey,
     params: Vec<u32>,
     weight: Option<WeightRange>,
+    /// A second weight (binding 6: the next norm's of a NormAdd group).
+    weight2: Option<WeightRange>,
     caches: Option<(BufferId, BufferId)>,
     groups: [u32; 3],
 }
@@ -184,7 +199,31 @@ impl WgpuBackend {
             }
         }
         let used = check_buffers(graph, &shapes, |id| self.buffers.get(id).map(|b| b.desc.clone()))?;
-        // Outputs are copied out after the pass: what they read stays live to the end.
+        // Fused groups run at their last node; outputs are copied out after the pass: what they
+        // read stays live to the end.
+        let max_binding = self.gpu.limits.max_storage_buffer_binding_size;
+        let align = u64::from(self.gpu.limits.min_storage_buffer_offset_alignment);
+        // A GeGlu in decode's matvec, where the weight is bound whole (both halves in reach).
+        let geglu_ok = |i: usize| match &graph.nodes[i].op {
+            Op::MatMul { x, weight, .. } => {
+                let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
+                let row_bytes = weight.desc.dtype.row_bytes(k).unwrap_or(0) as u64;
+                value_rows(graph, &shapes[x.0 as usize]) < TILED_ROWS
+                    && Format::for_rows(weight.desc.dtype, k).is_some()
+                    && self.buffers.get(weight.buffer).is_ok_and(|b| {
+                        weight_chunks("", n, row_bytes, b.size, max_binding, align)
+                            .is_ok_and(|c| c.len() == 1)
+                    })
+            }
+            _ => false,
+        };
+        let fusion = fuse::plan(graph, &shapes, self.fuse, &geglu_ok);
+        let mut groups_at: Vec<Option<Group>> = vec![None; graph.nodes.len()];
+        for g in &fusion.groups {
+            if !matches!(g, Group::Single(_)) {
+                groups_at[g.at()] = Some(*g);
+            }
+        }
         let last = graph.nodes.len().saturating_sub(1);
         let time: Vec<usize> = graph
             .nodes
@@ -194,7 +233,7 @@ impl WgpuBackend {
                 if matches!(n.op, Op::Output { .. }) {
                     last
                 } else {
-                    i
+                    fusion.time[i]
                 }
             })
             .collect();
@@ -212,7 +251,6 @@ impl WgpuBackend {
         let scratch_at = arena_bytes;
         arena_bytes += scratch_bytes;
         let arena_bytes = arena_bytes.max(16);
-        let max_binding = self.gpu.limits.max_storage_buffer_binding_size;
         if arena_bytes > max_binding || arena_bytes > self.gpu.limits.max_buffer_size {
             return Err(BackendError::unsupported(
                 "compile",
@@ -248,9 +286,16 @@ impl WgpuBackend {
         let mut planned: Vec<Planned> = Vec::new();
         let mut inputs = Vec::new();
         let mut outputs = Vec::new();
-        let align = u64::from(self.gpu.limits.min_storage_buffer_offset_alignment);
         for (i, node) in graph.nodes.iter().enumerate() {
             let rows_of = |x: &ValueId| value_rows(graph, &shapes[x.0 as usize]);
+            if let Some(g) = groups_at[i] {
+                planned.push(self.plan_group(graph, &shapes, g, &elem, &tables, positions, slots_at)?);
+                continue;
+            }
+            if fusion.time[i] != i {
+                // In a fused group that runs later.
+                continue;
+            }
             match &node.op {
                 Op::Input { buffer, .. } => {
                     let v = node.outputs[0];
@@ -297,6 +342,7 @@ impl WgpuBackend {
                                 offset,
                                 size,
                             }),
+                            weight2: None,
                             caches: None,
                             groups: [div_up(cols / format.group(), 64), rows, 1],
                         });
@@ -310,11 +356,7 @@ impl WgpuBackend {
                 } => {
                     let cols = shapes[x.0 as usize].cols;
                     let group = weight.desc.numel();
-                    let wfmt = match weight.desc.dtype {
-                        DType::F32 => 0,
-                        DType::F16 => 1,
-                        _ => 2,
-                    };
+                    let wfmt = norm_format(weight.desc.dtype);
                     let buf = self.buffers.get(weight.buffer)?;
                     planned.push(Planned {
                         node: i,
@@ -333,6 +375,7 @@ impl WgpuBackend {
                             offset: 0,
                             size: buf.size,
                         }),
+                        weight2: None,
                         caches: None,
                         groups: [(cols / group) as u32, rows_of(x) as u32, 1],
                     });
@@ -387,6 +430,7 @@ impl WgpuBackend {
                                 key: (Kernel::MatMulTiled, Some(format), 0),
                                 params,
                                 weight,
+                                weight2: None,
                                 caches: None,
                                 groups: [div_up(count, 64), div_up(m, 64), 1],
                             });
@@ -398,6 +442,7 @@ impl WgpuBackend {
                                 key: (Kernel::MatVec, Some(format), r as u32),
                                 params,
                                 weight,
+                                weight2: None,
                                 caches: None,
                                 groups: [gx, gy, div_up(m, r)],
                             });
@@ -422,6 +467,7 @@ impl WgpuBackend {
                             factor.to_bits(),
                         ],
                         weight: None,
+                        weight2: None,
                         caches: None,
                         groups: [div_up(cols / 2, 64), rows_of(x) as u32, 1],
                     });
@@ -441,28 +487,39 @@ impl WgpuBackend {
                     let f16 = u32::from(cache.dtype == DType::F16);
                     let kv_cols = kv_heads * head_dim;
                     let per_invocation = if f16 == 1 { 2 } else { 1 };
-                    planned.push(Planned {
-                        node: i,
-                        key: (Kernel::KvStore, None, 0),
-                        params: vec![
-                            elem(*k)?,
-                            elem(*v)?,
-                            positions,
-                            slots_at,
-                            kv_cols as u32,
-                            cache.capacity as u32,
-                            f16,
-                        ],
-                        weight: None,
-                        caches: Some((cache.k, cache.v)),
-                        groups: [div_up(kv_cols.div_ceil(per_invocation), 64), rows, 1],
-                    });
+                    // Stored by the NormRope group that makes K.
+                    if !fusion.stored[i] {
+                        planned.push(Planned {
+                            node: i,
+                            key: (Kernel::KvStore, None, 0),
+                            params: vec![
+                                elem(*k)?,
+                                elem(*v)?,
+                                positions,
+                                slots_at,
+                                kv_cols as u32,
+                                cache.capacity as u32,
+                                f16,
+                            ],
+                            weight: None,
+                            weight2: None,
+                            caches: Some((cache.k, cache.v)),
+                            groups: [div_up(kv_cols.div_ceil(per_invocation), 64), rows, 1],
+                        });
+                    }
                     let splits = attention_splits(graph.rows, *heads, *window, cache.capacity);
                     let out = elem(node.outputs[0])?;
                     let partial = (scratch_at / 4) as u32;
+                    // Decode with grouped queries: by KV head, each K/V row read once per group.
+                    let gqa = graph.rows < TILED_ROWS && heads > kv_heads && *head_dim <= GQA_MAX_HEAD_DIM;
+                    let (kernel, first_groups) = if gqa {
+                        (Kernel::AttentionGqa, *kv_heads as u32)
+                    } else {
+                        (Kernel::Attention, *heads as u32)
+                    };
                     planned.push(Planned {
                         node: i,
-                        key: (Kernel::Attention, None, 0),
+                        key: (kernel, None, 0),
                         params: vec![
                             elem(*q)?,
                             out,
@@ -483,8 +540,9 @@ impl WgpuBackend {
                             u32::from(graph.rows == 1),
                         ],
                         weight: None,
+                        weight2: None,
                         caches: Some((cache.k, cache.v)),
-                        groups: [*heads as u32, rows, splits as u32],
+                        groups: [first_groups, rows, splits as u32],
                     });
                     if splits > 1 {
                         planned.push(Planned {
@@ -492,6 +550,7 @@ impl WgpuBackend {
                             key: (Kernel::AttentionCombine, None, 0),
                             params: vec![partial, out, *heads as u32, *head_dim as u32, splits as u32],
                             weight: None,
+                            weight2: None,
                             caches: None,
                             groups: [*heads as u32, rows, 1],
                         });
@@ -507,6 +566,7 @@ impl WgpuBackend {
                         key: (Kernel::Eltwise, None, 0),
                         params: vec![elem(*a)?, elem(*b)?, elem(node.outputs[0])?, n as u32, op, 0],
                         weight: None,
+                        weight2: None,
                         caches: None,
                         groups: [gx, gy, 1],
                     });
@@ -521,6 +581,7 @@ impl WgpuBackend {
                         key: (Kernel::Eltwise, None, 0),
                         params: vec![a, a, elem(node.outputs[0])?, n as u32, 2, cap.to_bits()],
                         weight: None,
+                        weight2: None,
                         caches: None,
                         groups: [gx, gy, 1],
                     });
@@ -538,6 +599,7 @@ impl WgpuBackend {
                         key: (Kernel::SelectRows, None, 0),
                         params: vec![elem(*x)?, elem(node.outputs[0])?, select, cols as u32],
                         weight: None,
+                        weight2: None,
                         caches: None,
                         groups: [div_up(cols, 64), graph.selected_rows as u32, 1],
                     });
@@ -599,6 +661,16 @@ impl WgpuBackend {
                         let w = p
                             .weight
                             .ok_or_else(|| BackendError::internal("a weight kernel without a weight"))?;
+                        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &self.buffers.get(w.buffer)?.buf,
+                            offset: w.offset,
+                            size: wgpu::BufferSize::new(w.size),
+                        })
+                    }
+                    6 => {
+                        let w = p.weight2.ok_or_else(|| {
+                            BackendError::internal("a two-weight kernel without its second")
+                        })?;
                         wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                             buffer: &self.buffers.get(w.buffer)?.buf,
                             offset: w.offset,
@@ -678,6 +750,270 @@ impl WgpuBackend {
             last: None,
         };
         Ok((program, used))
+    }
+
+    /// The one dispatch of a fused group (`fuse::Group`, never `Single`).
+    #[allow(clippy::too_many_arguments)]
+    fn plan_group(
+        &self,
+        graph: &Graph,
+        shapes: &[tandem_backend_api::ValueShape],
+        group: Group,
+        elem: &dyn Fn(ValueId) -> Result<u32, BackendError>,
+        tables: &[(usize, u32, Vec<f32>)],
+        positions: u32,
+        slots_at: u32,
+    ) -> Result<Planned, BackendError> {
+        let out = |i: usize| {
+            graph.nodes[i]
+                .outputs
+                .first()
+                .copied()
+                .ok_or_else(|| BackendError::internal(format!("node {i} has no output")))
+        };
+        let norm_weight = |w: &tandem_backend_api::WeightRef| -> Result<WeightRange, BackendError> {
+            Ok(WeightRange {
+                buffer: w.buffer,
+                offset: 0,
+                size: self.buffers.get(w.buffer)?.size,
+            })
+        };
+        let bad = || BackendError::internal(format!("fused group {group:?} does not match its nodes"));
+        match group {
+            Group::Single(_) => Err(bad()),
+            Group::MatMulGeGlu { matmul, geglu } => {
+                let Op::MatMul { x, weight, .. } = &graph.nodes[matmul].op else {
+                    return Err(bad());
+                };
+                let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
+                let half = n / 2;
+                let format = Format::for_rows(weight.desc.dtype, k).ok_or_else(bad)?;
+                let row_bytes = weight.desc.dtype.row_bytes(k).unwrap_or(0) as u64;
+                let m = value_rows(graph, &shapes[x.0 as usize]);
+                let buf = self.buffers.get(weight.buffer)?;
+                let bind = (n as u64 * row_bytes + 4).div_ceil(4) * 4;
+                let r = m.next_power_of_two().min(8);
+                let [gx, gy] = spread(half as u32);
+                let out = elem(out(geglu)?)?;
+                Ok(Planned {
+                    node: group.at(),
+                    key: (Kernel::MatVecGeGlu, Some(format), r as u32),
+                    params: vec![
+                        elem(*x)?,
+                        k as u32,
+                        m as u32,
+                        row_bytes as u32,
+                        0,
+                        half as u32,
+                        half as u32,
+                        out,
+                        out,
+                        out,
+                        out,
+                        half as u32,
+                        half as u32,
+                        half as u32,
+                    ],
+                    weight: Some(WeightRange {
+                        buffer: weight.buffer,
+                        offset: 0,
+                        size: bind.min(buf.size),
+                    }),
+                    weight2: None,
+                    caches: None,
+                    groups: [gx, gy, div_up(m, r)],
+                })
+            }
+            Group::NormAdd { norm, add, next } => {
+                let Op::RmsNorm {
+                    x: a,
+                    weight: w1,
+                    eps: eps1,
+                    weight_offset: off1,
+                } = &graph.nodes[norm].op
+                else {
+                    return Err(bad());
+                };
+                let y1 = out(norm)?;
+                let Op::Add { a: aa, b: bb } = &graph.nodes[add].op else {
+                    return Err(bad());
+                };
+                let h = if *aa == y1 { *bb } else { *aa };
+                let sum = out(add)?;
+                let cols = shapes[a.0 as usize].cols;
+                let rows = value_rows(graph, &shapes[a.0 as usize]);
+                let (y2, w2, eps2, off2, has_next) = match next {
+                    Some(k) => {
+                        let Op::RmsNorm {
+                            weight,
+                            eps,
+                            weight_offset,
+                            ..
+                        } = &graph.nodes[k].op
+                        else {
+                            return Err(bad());
+                        };
+                        (elem(out(k)?)?, weight, *eps, *weight_offset, 1)
+                    }
+                    None => (elem(sum)?, w1, 0.0, 0.0, 0),
+                };
+                Ok(Planned {
+                    node: group.at(),
+                    key: (Kernel::NormAdd, None, 0),
+                    params: vec![
+                        elem(*a)?,
+                        elem(h)?,
+                        elem(y1)?,
+                        elem(sum)?,
+                        y2,
+                        cols as u32,
+                        eps1.to_bits(),
+                        off1.to_bits(),
+                        norm_format(w1.desc.dtype),
+                        eps2.to_bits(),
+                        off2.to_bits(),
+                        norm_format(w2.desc.dtype),
+                        has_next,
+                    ],
+                    weight: Some(norm_weight(w1)?),
+                    weight2: Some(norm_weight(w2)?),
+                    caches: None,
+                    groups: [1, rows as u32, 1],
+                })
+            }
+            Group::NormRope { norm, rope, store } => self.plan_norm_rope(
+                graph,
+                shapes,
+                group,
+                (norm, rope),
+                None,
+                store,
+                elem,
+                tables,
+                positions,
+                slots_at,
+            ),
+            Group::NormRopePair { a, b, store } => self.plan_norm_rope(
+                graph,
+                shapes,
+                group,
+                a,
+                Some(b),
+                store,
+                elem,
+                tables,
+                positions,
+                slots_at,
+            ),
+        }
+    }
+
+    /// The dispatch of one `NormRope` group (`b` None) or of a pair; the store is `b`'s where
+    /// there is a `b`, else `a`'s.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_norm_rope(
+        &self,
+        graph: &Graph,
+        shapes: &[tandem_backend_api::ValueShape],
+        group: Group,
+        a: (usize, usize),
+        b: Option<(usize, usize)>,
+        store: Option<usize>,
+        elem: &dyn Fn(ValueId) -> Result<u32, BackendError>,
+        tables: &[(usize, u32, Vec<f32>)],
+        positions: u32,
+        slots_at: u32,
+    ) -> Result<Planned, BackendError> {
+        let bad = || BackendError::internal(format!("fused group {group:?} does not match its nodes"));
+        // One set of parameters (9 words), its weight, heads, rows and head size.
+        let set = |(norm, rope): (usize, usize)| -> Result<(Vec<u32>, WeightRange, usize, usize, usize), BackendError> {
+            let Op::RmsNorm {
+                x,
+                weight,
+                eps,
+                weight_offset,
+            } = &graph.nodes[norm].op
+            else {
+                return Err(bad());
+            };
+            let Op::Rope { head_dim, factor, .. } = &graph.nodes[rope].op else {
+                return Err(bad());
+            };
+            let out = |i: usize| {
+                graph.nodes[i]
+                    .outputs
+                    .first()
+                    .copied()
+                    .ok_or_else(|| BackendError::internal(format!("node {i} has no output")))
+            };
+            let cols = shapes[x.0 as usize].cols;
+            let rows = value_rows(graph, &shapes[x.0 as usize]);
+            let table = tables.iter().find(|t| t.0 == rope).map_or(0, |t| t.1);
+            let w = WeightRange {
+                buffer: weight.buffer,
+                offset: 0,
+                size: self.buffers.get(weight.buffer)?.size,
+            };
+            let params = vec![
+                elem(*x)?,
+                elem(out(norm)?)?,
+                elem(out(rope)?)?,
+                table,
+                cols as u32,
+                eps.to_bits(),
+                weight_offset.to_bits(),
+                norm_format(weight.desc.dtype),
+                factor.to_bits(),
+            ];
+            Ok((params, w, cols / head_dim, rows, *head_dim))
+        };
+        let (pa, wa, heads_a, rows, head_dim) = set(a)?;
+        let (pb, wb, heads_b) = match b {
+            Some(b) => {
+                let (pb, wb, heads_b, rows_b, hd_b) = set(b)?;
+                if rows_b != rows || hd_b != head_dim {
+                    return Err(bad());
+                }
+                (pb, wb, heads_b)
+            }
+            None => (pa.clone(), wa, 0),
+        };
+        let (kernel, v, caches, capacity, f16) = match store {
+            Some(at) => {
+                let Op::Attention { v, cache, .. } = &graph.nodes[at].op else {
+                    return Err(bad());
+                };
+                (
+                    Kernel::NormRopeStore,
+                    elem(*v)?,
+                    Some((cache.k, cache.v)),
+                    cache.capacity as u32,
+                    u32::from(cache.dtype == DType::F16),
+                )
+            }
+            None => (Kernel::NormRope, 0, None, 0, 0),
+        };
+        let mut params = pa;
+        params.extend(pb);
+        params.extend([
+            heads_a as u32,
+            u32::from(b.is_some()),
+            positions,
+            head_dim as u32,
+            v,
+            slots_at,
+            capacity,
+            f16,
+        ]);
+        Ok(Planned {
+            node: group.at(),
+            key: (kernel, None, 0),
+            params,
+            weight: Some(wa),
+            weight2: Some(wb),
+            caches,
+            groups: [(heads_a + heads_b) as u32, rows as u32, 1],
+        })
     }
 
     /// Encodes and submits one step of `prog` (its arguments already written).

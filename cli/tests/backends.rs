@@ -87,6 +87,11 @@ fn json_output_reports_each_backend() {
     if wgpu["available"] == true {
         let features = wgpu["info"]["features"].to_string();
         assert!(features.contains("max_storage_binding="), "{wgpu}");
+        // The kernel variants the adapter gets: lavapipe offers subgroups and f16.
+        assert!(features.contains("kernels="), "{wgpu}");
+        if std::env::var_os("CI").is_some() {
+            assert!(features.contains("kernels=subgroups+f16"), "{wgpu}");
+        }
     } else {
         assert!(
             std::env::var_os("CI").is_none(),

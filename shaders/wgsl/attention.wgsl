@@ -3,7 +3,8 @@
 // splits divide that range evenly at run time), with an online softmax over chunks of 64
 // positions. All invocations score each position of a chunk together; each invocation then owns
 // output dimensions tid, tid + 64, ... With one split the result is written directly; otherwise the
-// split's maximum, sum and unnormalised output go to the partials for attention_combine.
+// split's maximum, sum and unnormalised output go to the partials for attention_combine. The
+// maximum and sum of each chunk are reduced by the reduce part (tree or subgroups).
 struct Params {
     q: u32,
     dst: u32,
@@ -28,90 +29,13 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> vc: array<u32>;
 
 const MAX_HEAD_DIM: u32 = 512u;
+const WG: u32 = 64u;
 const CHUNK: u32 = 64u;
 var<workgroup> probs: array<f32, 64>;
-var<workgroup> red: array<f32, 64>;
 var<workgroup> sc: array<f32, 4160>; // [CHUNK][64 + 1]: partial scores
 var<workgroup> qs: array<f32, 512>;
 
-fn k_at(i: u32) -> f32 {
-    if (p.f16 != 0u) {
-        return unpack2x16float(kc[i >> 1u])[i & 1u];
-    }
-    return bitcast<f32>(kc[i]);
-}
-
-fn v_at(i: u32) -> f32 {
-    if (p.f16 != 0u) {
-        return unpack2x16float(vc[i >> 1u])[i & 1u];
-    }
-    return bitcast<f32>(vc[i]);
-}
-
-// A query value, or 0 past the head.
-fn q_or0(qrow: u32, d: u32, hd: u32) -> f32 {
-    var v = 0.0;
-    if (d < hd) {
-        v = act[qrow + d];
-    }
-    return v;
-}
-
-// A cached value, or 0 past the head.
-fn k_or0(at: u32, d: u32, hd: u32) -> f32 {
-    return select(0.0, k_at(at + d), d < hd);
-}
-fn v_or0(at: u32, d: u32, hd: u32) -> f32 {
-    return select(0.0, v_at(at + d), d < hd);
-}
-
-// Values d .. d + 3 of a cached K row (0 past the head). Built whole, not by component in a
-// loop (a dynamically indexed vector can end up in memory).
-fn k4(at: u32, d: u32, hd: u32) -> vec4<f32> {
-    if (d + 4u <= hd) {
-        return vec4<f32>(k_at(at + d), k_at(at + d + 1u), k_at(at + d + 2u), k_at(at + d + 3u));
-    }
-    return vec4<f32>(k_or0(at, d, hd), k_or0(at, d + 1u, hd), k_or0(at, d + 2u, hd), k_or0(at, d + 3u, hd));
-}
-
-// Values d, d + 64, d + 128, d + 192 of a cached V row (0 past the head).
-fn v4(at: u32, d: u32, hd: u32) -> vec4<f32> {
-    if (d + 192u < hd) {
-        return vec4<f32>(v_at(at + d), v_at(at + d + 64u), v_at(at + d + 128u), v_at(at + d + 192u));
-    }
-    return vec4<f32>(v_or0(at, d, hd), v_or0(at, d + 64u, hd), v_or0(at, d + 128u, hd), v_or0(at, d + 192u, hd));
-}
-
-fn wg_max(tid: u32, v: f32) -> f32 {
-    red[tid] = v;
-    workgroupBarrier();
-    for (var stride = 32u; stride > 0u; stride = stride / 2u) {
-        if (tid < stride) {
-            red[tid] = max(red[tid], red[tid + stride]);
-        }
-        workgroupBarrier();
-    }
-    let m = red[0];
-    workgroupBarrier();
-    return m;
-}
-
-fn wg_sum(tid: u32, v: f32) -> f32 {
-    red[tid] = v;
-    workgroupBarrier();
-    for (var stride = 32u; stride > 0u; stride = stride / 2u) {
-        if (tid < stride) {
-            red[tid] += red[tid + stride];
-        }
-        workgroupBarrier();
-    }
-    let s = red[0];
-    workgroupBarrier();
-    return s;
-}
-
-@compute @workgroup_size(64)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+fn kernel(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
     let tid = lid.x;
     let h = wid.x;
     let r = wid.y;

@@ -16,4 +16,9 @@ fn tanh_safe(x: f32) -> f32 {
     return select(t, -t, x < 0.0);
 }
 
+// gelu with the tanh approximation (Op::GeGlu's gate).
+fn gelu_tanh(a: f32) -> f32 {
+    return 0.5 * a * (1.0 + tanh_safe(0.7978845608 * (a + 0.044715 * a * a * a)));
+}
+
 const NEG_INF: f32 = -3.402823466e+38;

@@ -24,8 +24,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>,
     if (p.op == 0u) {
         y = a + act[p.b + i];
     } else if (p.op == 1u) {
-        let g = 0.5 * a * (1.0 + tanh_safe(0.7978845608 * (a + 0.044715 * a * a * a)));
-        y = g * act[p.b + i];
+        y = gelu_tanh(a) * act[p.b + i];
     } else {
         y = p.cap * tanh_safe(a / p.cap);
     }

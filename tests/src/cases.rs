@@ -401,6 +401,45 @@ fn matmul_quantized(dtype: DType, rows: usize, k: usize, splits: Vec<usize>) -> 
     }
 }
 
+/// A matmul on block-quantized weights whose two equal halves only a GeGlu reads (Gemma's gate
+/// and up projections over one fused weight: a backend may compute the GeGlu in the matmul);
+/// the GeGlu is the output.
+fn matmul_geglu(dtype: DType, rows: usize, k: usize, half: usize) -> Case {
+    let mut rng = Rng::new(50 + rows as u64);
+    let x = rng.vec(rows * k, 2.0);
+    let (bytes, w) = quantized_weight(dtype, 2 * half, k, &mut rng);
+    let full = oracle::matmul(&f64s(&x), rows, &f64s(&w), 2 * half);
+    let parts = oracle::split_cols(&full, rows, &[half, half]);
+    let expected = oracle::geglu(&parts[0], &parts[1]);
+    let mut step = StepData::rows(rows);
+    step.inputs = vec![x];
+    Case {
+        name: format!(
+            "matmul {dtype} rows={rows} k={k} n={} then geglu of its halves",
+            2 * half
+        ),
+        tol: 1e-3,
+        rows,
+        selected_rows: 0,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let x = c.input(k, false)?;
+            let weight = c.weight_bytes(dtype, &[2 * half, k], &bytes)?;
+            let gu = c.push(Op::MatMul {
+                x,
+                weight,
+                splits: vec![half, half],
+            });
+            let m = c.push1(Op::GeGlu {
+                gate: gu[0],
+                up: gu[1],
+            });
+            c.output(m, rows * half)
+        }),
+        expected,
+    }
+}
+
 fn rope(positions: Vec<u32>, heads: usize, head_dim: usize, theta: f32, factor: f32) -> Case {
     let rows = positions.len();
     let cols = heads * head_dim;
@@ -521,6 +560,13 @@ fn attention(
 /// RmsNorm -> Add [-> RmsNorm] over whole rows (Gemma's post-norm, residual add and next
 /// pre-norm: a backend may run them as one kernel); every value is an output.
 fn norm_add_norm(dtype: DType, rows: usize, cols: usize, next: bool) -> Case {
+    norm_add_norm_outputs(dtype, rows, cols, next, true)
+}
+
+/// [`norm_add_norm`]; with `y1_out` false the first norm's result is read by the add alone (as in
+/// the model, where a backend's fusion of the three nodes applies), and only the sum and the
+/// next norm are outputs.
+fn norm_add_norm_outputs(dtype: DType, rows: usize, cols: usize, next: bool, y1_out: bool) -> Case {
     let mut rng = Rng::new(11);
     let a = rng.vec(rows * cols, 3.0);
     let h = rng.vec(rows * cols, 2.0);
@@ -529,7 +575,11 @@ fn norm_add_norm(dtype: DType, rows: usize, cols: usize, next: bool) -> Case {
     let eps = 1e-6f32;
     let y1 = oracle::rms_norm(&f64s(&a), &f64s(&w1), eps as f64, 1.0);
     let sum = oracle::add(&f64s(&h), &y1);
-    let mut expected = [y1, sum.clone()].concat();
+    let mut expected = if y1_out {
+        [y1, sum.clone()].concat()
+    } else {
+        sum.clone()
+    };
     if next {
         expected.extend(oracle::rms_norm(&sum, &f64s(&w2), eps as f64, 0.0));
     }
@@ -537,8 +587,13 @@ fn norm_add_norm(dtype: DType, rows: usize, cols: usize, next: bool) -> Case {
     step.inputs = vec![a, h];
     Case {
         name: format!(
-            "rms_norm+add{} {dtype} rows={rows} cols={cols}",
-            if next { "+rms_norm" } else { "" }
+            "rms_norm+add{} {dtype} rows={rows} cols={cols}{}",
+            if next { "+rms_norm" } else { "" },
+            if y1_out {
+                ""
+            } else {
+                " (norm read by the add alone)"
+            }
         ),
         tol: 1e-5,
         rows,
@@ -555,7 +610,9 @@ fn norm_add_norm(dtype: DType, rows: usize, cols: usize, next: bool) -> Case {
                 weight_offset: 1.0,
             });
             let s = c.push1(Op::Add { a: h, b: y1 });
-            c.output(y1, rows * cols)?;
+            if y1_out {
+                c.output(y1, rows * cols)?;
+            }
             if next {
                 let weight = c.weight(dtype, &[cols], &w2)?;
                 let y2 = c.push1(Op::RmsNorm {
@@ -581,6 +638,19 @@ fn qk_norm_rope_attention(
     cache_dtype: DType,
     capacity: usize,
     steps: Vec<AttnStep>,
+) -> Case {
+    qk_norm_rope_attention_outputs(spec, cache_dtype, capacity, steps, true)
+}
+
+/// [`qk_norm_rope_attention`]; with `k_out` false the roped K is read by the attention alone (as
+/// in the model, where a backend may store K and V from the norm and rope kernel), and only the
+/// attention is an output.
+fn qk_norm_rope_attention_outputs(
+    spec: AttentionSpec,
+    cache_dtype: DType,
+    capacity: usize,
+    steps: Vec<AttnStep>,
+    k_out: bool,
 ) -> Case {
     let rows = steps[0].0.len();
     let hd = spec.head_dim;
@@ -620,7 +690,9 @@ fn qk_norm_rope_attention(
         expected.extend(oracle::attention(
             &spec, &mut hist, &qr, &kr_cached, &vr, positions, slot_ids,
         ));
-        expected.extend(kr);
+        if k_out {
+            expected.extend(kr);
+        }
         data.push(StepData {
             tokens: vec![0; rows],
             positions: positions.clone(),
@@ -639,7 +711,8 @@ fn qk_norm_rope_attention(
     } = spec;
     Case {
         name: format!(
-            "qk_norm+rope+attention heads={heads}/{kv_heads} head_dim={head_dim} window={window:?} kv={cache_dtype} capacity={capacity} rows={rows}"
+            "qk_norm+rope+attention heads={heads}/{kv_heads} head_dim={head_dim} window={window:?} kv={cache_dtype} capacity={capacity} rows={rows}{}",
+            if k_out { "" } else { " (K read by the attention alone)" }
         ),
         // f16 keys: the oracle rounds its f64 roped keys, a backend its f32 ones.
         tol: if cache_dtype == DType::F16 { 2e-3 } else { 1e-4 },
@@ -681,7 +754,10 @@ fn qk_norm_rope_attention(
                 softcap: softcap.map(|s| s as f32),
             });
             c.output(o, rows * qc)?;
-            c.output(kr, rows * kvc)
+            if k_out {
+                c.output(kr, rows * kvc)?;
+            }
+            Ok(())
         }),
         expected,
     }
@@ -1029,6 +1105,31 @@ pub fn all() -> Vec<Case> {
         8,
         (0..7).map(|p| (vec![p], vec![1])).collect(),
     ));
+    // The same chains as the model has them: the first norm read by the add alone, the roped K
+    // by the attention alone (K and V stored by the fused kernel), f32 and f16 caches.
+    v.push(norm_add_norm_outputs(DType::F32, 2, 300, true, false));
+    v.push(qk_norm_rope_attention_outputs(
+        spec(4, 2, 8, None, None),
+        DType::F32,
+        16,
+        vec![
+            ((0..2).collect(), vec![0, 0]),
+            (vec![2, 0], vec![0, 1]),
+            (vec![3, 1], vec![0, 1]),
+        ],
+        false,
+    ));
+    v.push(qk_norm_rope_attention_outputs(
+        spec(2, 1, 64, Some(4), None),
+        DType::F16,
+        8,
+        (0..7).map(|p| (vec![p], vec![1])).collect(),
+        false,
+    ));
+    // Gate and up over one weight, then GeGlu: decode's row counts (one, a batch) and a prefill.
+    for rows in [1, 3, 20] {
+        v.push(matmul_geglu(DType::Q4K, rows, 512, 37));
+    }
     v.extend(elementwise(3, 29));
     v.extend(elementwise(1, 1));
     v.push(select_then_matmul(5, vec![4, 0, 4], 13, 9));

@@ -502,3 +502,48 @@ fn vulkan_integer_dot_products_match_the_oracle() {
         assert_close(&case.name, "vulkan(int_dot)", &got, &case.expected, case.tol);
     }
 }
+
+/// The wgpu backend's kernel variants: the main test runs the variant the adapter gets (on
+/// lavapipe, subgroup reductions); here the portable variant is forced (`features = portable`,
+/// what an adapter without optional features runs) and, with fusion off, the unfused kernels
+/// of the chains the backend fuses. Every case wgpu supports, against the oracle at the case's
+/// own tolerance.
+#[test]
+fn wgpu_variants_match_the_oracle() {
+    for (label, key, value, want) in [
+        ("wgpu(portable)", "features", "portable", "kernels=portable"),
+        ("wgpu(unfused)", "fuse", "false", "kernels="),
+    ] {
+        let mut options = options_for("wgpu");
+        options.set(key, value);
+        let mut backend = match tandem_conformance::discover().create("wgpu", &options) {
+            Ok(b) => b,
+            Err(e) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipping: the wgpu backend is unavailable here: {e}");
+                return;
+            }
+            Err(e) => panic!("CI must run the wgpu backend (lavapipe): {e}"),
+        };
+        let features = backend.info().features;
+        assert!(
+            features.iter().any(|f| f.starts_with(want)),
+            "{label}: {features:?}"
+        );
+        let mut ran = 0;
+        for case in cases::all() {
+            // The unfused kernels differ from the fused ones only in the chains.
+            if key == "fuse" && !(case.name.contains("rms_norm+") || case.name.contains("qk_norm")) {
+                continue;
+            }
+            match case.run(backend.as_mut()) {
+                Ok(got) => {
+                    assert_close(&case.name, label, &got, &case.expected, case.tol);
+                    ran += 1;
+                }
+                Err(BackendError::Unsupported { .. }) if case.name.starts_with("top_k") => {}
+                Err(e) => panic!("{} on {label}: {e}", case.name),
+            }
+        }
+        assert!(ran >= 5, "{label} ran {ran} cases");
+    }
+}
