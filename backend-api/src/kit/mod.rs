@@ -34,6 +34,7 @@
 //! memory, for their [`crate::MEMORY_LIMIT`] budget.
 
 pub mod buffers;
+pub mod fuse;
 pub mod host;
 pub mod plan;
 pub mod programs;

@@ -1,202 +1,26 @@
-//! Fusion matching: which nodes of a graph run as one kernel, found at compile time so that the
-//! op set's contract stays one op per node. Every fused kernel still writes each value its nodes
-//! define (a later node may read any of them), and runs at the index of its last node; the arena
-//! is planned with those times (`plan_arena_at`), so no value a group touches shares bytes with
-//! another it touches.
-//!
-//! Groups:
-//! - `NormAdd`: a whole-row RmsNorm whose only reader is an Add (the residual add after Gemma's
-//!   post-attention and post-FFN norms), and, when the sum's first reader is a whole-row RmsNorm
-//!   (the next block's input norm), that norm too: three nodes, one workgroup per row.
-//! - `NormRope`: a per-head RmsNorm whose only reader is a Rope over the same head size (Gemma's
-//!   q and k norms); when the rope's only reader is an Attention taking it as K, the kernel also
-//!   stores K and V into that attention's cache (its `kv_store` dispatch is then left out).
+//! Fusion matching for this backend: the shared matching (`tandem_backend_api::kit::fuse`, the
+//! same as the wgpu backend's) under this backend's rules: `NormAdd` (`norm_add.comp`) and
+//! `NormRope` (`norm_rope.comp`, storing K and V where the rope's reader is the attention), of
+//! any head size; no GeGlu in a matmul, no paired norm-ropes.
 
-use tandem_backend_api::{DType, Graph, Op, ValueId, ValueShape};
-
-/// A unit of lowering.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Group {
-    /// One node by itself.
-    Single(usize),
-    /// RmsNorm, Add and optionally the next RmsNorm.
-    NormAdd {
-        norm: usize,
-        add: usize,
-        next: Option<usize>,
-    },
-    /// Per-head RmsNorm then Rope; `store`: the Attention whose cache receives K (this rope's
-    /// output) and V.
-    NormRope {
-        norm: usize,
-        rope: usize,
-        store: Option<usize>,
-    },
-}
-
-impl Group {
-    /// The graph nodes the group runs, in graph order.
-    pub fn nodes(&self) -> Vec<usize> {
-        match *self {
-            Group::Single(i) => vec![i],
-            Group::NormAdd { norm, add, next } => {
-                [Some(norm), Some(add), next].into_iter().flatten().collect()
-            }
-            Group::NormRope { norm, rope, .. } => vec![norm, rope],
-        }
-    }
-
-    /// Where the group runs: at its last node.
-    pub fn at(&self) -> usize {
-        self.nodes().into_iter().max().unwrap_or(0)
-    }
-}
-
-/// The fusion plan of a graph.
-pub struct Fusion {
-    /// Every node in exactly one group, groups in the order they run.
-    pub groups: Vec<Group>,
-    /// When each node runs (the index of its group's last node).
-    pub time: Vec<usize>,
-    /// Attention nodes whose K/V store a `NormRope` group does.
-    pub stored: Vec<bool>,
-}
-
-/// Weight formats the norm kernels read.
-fn norm_weight(d: DType) -> bool {
-    matches!(d, DType::F32 | DType::F16 | DType::Bf16)
-}
+use tandem_backend_api::kit::fuse::{self, Rules};
+pub use tandem_backend_api::kit::fuse::{Fusion, Group};
+use tandem_backend_api::{Graph, ValueShape};
 
 /// Plans the groups of `graph`; with `enabled` false every node is its own group.
 pub fn plan(graph: &Graph, shapes: &[ValueShape], enabled: bool) -> Fusion {
-    let n = graph.nodes.len();
-    let mut def = vec![usize::MAX; shapes.len()];
-    let mut users: Vec<Vec<usize>> = vec![Vec::new(); shapes.len()];
-    for (i, node) in graph.nodes.iter().enumerate() {
-        for o in &node.outputs {
-            def[o.0 as usize] = i;
-        }
-        for v in node.op.inputs() {
-            let u = &mut users[v.0 as usize];
-            if u.last() != Some(&i) {
-                u.push(i);
-            }
-        }
-    }
-    let only_user = |v: ValueId| match users[v.0 as usize].as_slice() {
-        [u] => Some(*u),
-        _ => None,
+    let rules = Rules {
+        rope_head: &|_| true,
+        geglu: None,
+        pair_norm_ropes: false,
     };
-    let out = |i: usize| graph.nodes[i].outputs.first().copied();
-    // A whole-row norm (one group per row) reading `x`.
-    let row_norm = |i: usize| match &graph.nodes[i].op {
-        Op::RmsNorm { x, weight, .. } => {
-            norm_weight(weight.desc.dtype) && weight.desc.numel() == shapes[x.0 as usize].cols
-        }
-        _ => false,
-    };
-    let mut taken = vec![false; n];
-    let mut groups_at: Vec<Option<Group>> = vec![None; n];
-    let mut stored = vec![false; n];
-    if enabled {
-        for i in 0..n {
-            if taken[i] {
-                continue;
-            }
-            let Op::RmsNorm { x, weight, .. } = &graph.nodes[i].op else {
-                continue;
-            };
-            let Some(y) = out(i) else { continue };
-            let Some(j) = only_user(y) else { continue };
-            if taken[j] || !norm_weight(weight.desc.dtype) {
-                continue;
-            }
-            let cols = shapes[x.0 as usize].cols;
-            match &graph.nodes[j].op {
-                Op::Add { a, b } if row_norm(i) && (*a == y) != (*b == y) => {
-                    let Some(s) = out(j) else { continue };
-                    // The sum's first reader, if a whole-row norm that nothing reads before it.
-                    let next = users[s.0 as usize]
-                        .first()
-                        .copied()
-                        .filter(|&k| !taken[k] && row_norm(k) && shapes[s.0 as usize].cols == cols);
-                    let g = Group::NormAdd {
-                        norm: i,
-                        add: j,
-                        next,
-                    };
-                    for m in g.nodes() {
-                        taken[m] = true;
-                    }
-                    groups_at[g.at()] = Some(g);
-                }
-                Op::Rope { head_dim, .. }
-                    if weight.desc.numel() == *head_dim && cols.is_multiple_of(*head_dim) =>
-                {
-                    let r = j;
-                    let store = out(r).and_then(only_user).filter(|&a| {
-                        let Op::Attention {
-                            k,
-                            v,
-                            cache,
-                            kv_heads,
-                            head_dim: hd,
-                            ..
-                        } = &graph.nodes[a].op
-                        else {
-                            return false;
-                        };
-                        // V exists when the rope runs, the rope's output is K (of the cache's
-                        // width), and no node between the rope and the attention touches the cache.
-                        Some(*k) == out(r)
-                            && def[v.0 as usize] < r
-                            && *hd == *head_dim
-                            && kv_heads * hd == cols
-                            && shapes[v.0 as usize].cols == cols
-                            && !graph.nodes[r + 1..a].iter().any(|m| match &m.op {
-                                Op::Attention { cache: c, .. } => {
-                                    c.k == cache.k || c.v == cache.v || c.k == cache.v || c.v == cache.k
-                                }
-                                _ => false,
-                            })
-                    });
-                    if let Some(a) = store {
-                        stored[a] = true;
-                    }
-                    let g = Group::NormRope {
-                        norm: i,
-                        rope: r,
-                        store,
-                    };
-                    taken[i] = true;
-                    taken[r] = true;
-                    groups_at[g.at()] = Some(g);
-                }
-                _ => {}
-            }
-        }
-    }
-    let mut groups = Vec::with_capacity(n);
-    let mut time: Vec<usize> = (0..n).collect();
-    for i in 0..n {
-        match groups_at[i] {
-            Some(g) => {
-                for m in g.nodes() {
-                    time[m] = i;
-                }
-                groups.push(g);
-            }
-            None if !taken[i] => groups.push(Group::Single(i)),
-            None => {}
-        }
-    }
-    Fusion { groups, time, stored }
+    fuse::plan(graph, shapes, enabled.then_some(&rules))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tandem_backend_api::{BufferId, GraphBuilder, KvCacheRef, TensorDesc, WeightRef};
+    use tandem_backend_api::{BufferId, DType, GraphBuilder, KvCacheRef, Op, TensorDesc, ValueId, WeightRef};
 
     fn w(id: u64, n: usize) -> WeightRef {
         WeightRef {

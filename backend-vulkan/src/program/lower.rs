@@ -25,6 +25,10 @@ impl VulkanBackend {
             Group::Single(i) => self.lower_node(ctx, i),
             Group::NormAdd { norm, add, next } => self.lower_norm_add(ctx, norm, add, next),
             Group::NormRope { norm, rope, store } => self.lower_norm_rope(ctx, norm, rope, store),
+            // Its rules ask for neither (`fuse::plan`).
+            Group::MatMulGeGlu { .. } | Group::NormRopePair { .. } => Err(BackendError::internal(format!(
+                "no kernel for the fused group {group:?}"
+            ))),
         }
     }
 
