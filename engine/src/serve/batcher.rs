@@ -169,9 +169,7 @@ pub fn warm_up(
         }
         Ok(())
     })();
-    for slot in 0..session.slots() {
-        session.reset(slot);
-    }
+    // (Every step above, run or failed, left every slot empty.)
     result
 }
 
