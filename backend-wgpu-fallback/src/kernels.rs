@@ -130,6 +130,9 @@ impl Kernel {
                 include_str!("../../shaders/wgsl/matvec_subgroup.wgsl")
             }
             Kernel::MatMulTiled if variant.f16 => include_str!("../../shaders/wgsl/matmul_tiled_f16.wgsl"),
+            Kernel::AttentionGqa if variant.subgroups => {
+                include_str!("../../shaders/wgsl/attention_gqa_subgroup.wgsl")
+            }
             Kernel::Embed => include_str!("../../shaders/wgsl/embed.wgsl"),
             Kernel::RmsNorm => include_str!("../../shaders/wgsl/rms_norm.wgsl"),
             Kernel::MatVec | Kernel::MatVecGeGlu => include_str!("../../shaders/wgsl/matvec.wgsl"),

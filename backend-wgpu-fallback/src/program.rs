@@ -511,7 +511,11 @@ impl WgpuBackend {
                     let out = elem(node.outputs[0])?;
                     let partial = (scratch_at / 4) as u32;
                     // Decode with grouped queries: by KV head, each K/V row read once per group.
-                    let gqa = graph.rows < TILED_ROWS && heads > kv_heads && *head_dim <= GQA_MAX_HEAD_DIM;
+                    // The subgroup variant takes heads of an even size (pairs of dimensions).
+                    let gqa = graph.rows < TILED_ROWS
+                        && heads > kv_heads
+                        && *head_dim <= GQA_MAX_HEAD_DIM
+                        && (!self.gpu.variant.subgroups || head_dim.is_multiple_of(2));
                     let (kernel, first_groups) = if gqa {
                         (Kernel::AttentionGqa, *kv_heads as u32)
                     } else {

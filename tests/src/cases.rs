@@ -1083,6 +1083,23 @@ pub fn all() -> Vec<Case> {
             steps,
         ));
     }
+    // Batched decode with few splits (rows x heads large), so that one split holds more
+    // positions than the grouped kernels take per chunk (wgpu's subgroup kernel: 64), and two
+    // passes of query heads per KV head.
+    // Slot 0's prompt in chunks of 8 rows, then one row in each slot.
+    let mut steps: Vec<(Vec<u32>, Vec<u32>)> = (0..18u32)
+        .map(|c| ((8 * c..8 * c + 8).collect(), vec![0; 8]))
+        .collect();
+    let positions = std::iter::once(144).chain(std::iter::repeat_n(0, 7)).collect();
+    steps.push((positions, (0..8).collect()));
+    v.push(attention(
+        "long-batched-decode",
+        spec(64, 8, 32, None, None),
+        DType::F16,
+        8,
+        160,
+        steps,
+    ));
     // Chains a backend may fuse: whole-row norm, add, norm; per-head norms, rope and attention,
     // prefill then decode, in two slots.
     v.push(norm_add_norm(DType::F16, 3, 300, true));
