@@ -7,9 +7,10 @@
 //! groups, per-step encoding), and here the trait.
 //!
 //! Everything a step needs is made at compile: pipelines, one uniform slot of parameters per
-//! dispatch, every bind group. A step writes its arguments (`queue.write_buffer`), then records
-//! one command encoder: copies of the program's inputs into its arena, one compute pass, copies
-//! of its outputs, and submits once. Weights larger than the adapter's binding limit are bound
+//! dispatch, every bind group. A step writes its arguments (`queue.write_buffer`) and submits
+//! one command buffer: copies of the program's inputs into its arena, one compute pass, copies
+//! of its outputs. That command buffer was recorded right after the program's previous step was
+//! submitted, while the device ran it, so recording is off the host's path of a step. Weights larger than the adapter's binding limit are bound
 //! in chunks of rows.
 //!
 //! Options (`[backend.wgpu]` in the config, or the environment): `adapter` /
@@ -428,9 +429,10 @@ impl ComputeBackend for WgpuBackend {
 
     fn execute(&mut self, program: ProgramId, args: &StepArgs<'_>) -> Result<Ticket, BackendError> {
         self.gpu.check()?;
-        let c = self.programs.get(program)?;
+        let c = self.programs.get_mut(program)?;
         c.step().check(args)?;
-        let prog = &c.program;
+        let ready = c.program.ready.take();
+        let prog = &self.programs.get(program)?.program;
         let mut words: Vec<u32> = Vec::with_capacity(3 * args.tokens.len() + args.select.len());
         words.extend_from_slice(args.tokens);
         words.extend_from_slice(args.positions);
@@ -440,13 +442,23 @@ impl ComputeBackend for WgpuBackend {
         self.gpu
             .queue
             .write_buffer(&prog.args, 0, bytemuck::cast_slice(&words));
-        let index = self.encode(prog)?;
+        let commands = match ready {
+            Some(c) => c,
+            None => self.encode(prog)?,
+        };
+        let index = self.gpu.queue.submit([commands]);
+        self.gpu.check()?;
+        // The next step's commands, recorded while the device runs this one: on the host's
+        // path of a step there is then only the arguments' write and the submit.
+        let next = self.encode(prog)?;
         let ticket = self.tickets.issue();
         self.submissions.push_back((ticket.0, index.clone()));
         if self.submissions.len() > TICKETS_KEPT {
             self.submissions.pop_front();
         }
-        self.programs.get_mut(program)?.program.last = Some(index);
+        let prog = &mut self.programs.get_mut(program)?.program;
+        prog.last = Some(index);
+        prog.ready = Some(next);
         Ok(ticket)
     }
 

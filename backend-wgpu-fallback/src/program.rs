@@ -90,6 +90,9 @@ pub struct Program {
     pub bytes: u64,
     /// The last submission, and whether its timestamps were resolved.
     pub last: Option<wgpu::SubmissionIndex>,
+    /// The next step's commands, recorded after the last submission while the device runs it
+    /// (a step's commands never depend on its arguments, which live in `args`).
+    pub ready: Option<wgpu::CommandBuffer>,
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -752,6 +755,7 @@ impl WgpuBackend {
             dispatches,
             timestamps,
             last: None,
+            ready: None,
         };
         Ok((program, used))
     }
@@ -1020,8 +1024,9 @@ impl WgpuBackend {
         })
     }
 
-    /// Encodes and submits one step of `prog` (its arguments already written).
-    pub(crate) fn encode(&self, prog: &Program) -> Result<wgpu::SubmissionIndex, BackendError> {
+    /// Records the commands of one step of `prog`: the input copies, the pass, the output
+    /// copies (and the timestamps' resolve where profiling).
+    pub(crate) fn encode(&self, prog: &Program) -> Result<wgpu::CommandBuffer, BackendError> {
         let dev = &self.gpu.device;
         let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         for c in &prog.inputs {
@@ -1060,9 +1065,7 @@ impl WgpuBackend {
             enc.resolve_query_set(&t.set, 0..count, &t.resolve, 0);
             enc.copy_buffer_to_buffer(&t.resolve, 0, &t.readback, 0, t.resolve.size());
         }
-        let index = self.gpu.queue.submit([enc.finish()]);
-        self.gpu.check()?;
-        Ok(index)
+        Ok(enc.finish())
     }
 }
 
