@@ -80,12 +80,14 @@ pub enum Kernel {
     AttentionGqa,
     /// matvec computing a GeGlu of its two halves (`fuse::Group::MatMulGeGlu`).
     MatVecGeGlu,
+    /// One pass of Op::TopK's sorts (`kit::top_k`).
+    TopK,
 }
 
 impl Kernel {
     /// Every kernel.
     #[cfg(test)]
-    pub const ALL: [Kernel; 15] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::MatVec,
@@ -101,6 +103,7 @@ impl Kernel {
         Kernel::NormRopeStore,
         Kernel::AttentionGqa,
         Kernel::MatVecGeGlu,
+        Kernel::TopK,
     ];
 
     /// The kernel's name (its pipeline label).
@@ -121,6 +124,7 @@ impl Kernel {
             Kernel::NormRopeStore => "norm_rope_store",
             Kernel::AttentionGqa => "attention_gqa",
             Kernel::MatVecGeGlu => "matvec_geglu",
+            Kernel::TopK => "top_k",
         }
     }
 
@@ -146,6 +150,7 @@ impl Kernel {
             Kernel::NormAdd => include_str!("../../shaders/wgsl/norm_add.wgsl"),
             Kernel::NormRope | Kernel::NormRopeStore => include_str!("../../shaders/wgsl/norm_rope.wgsl"),
             Kernel::AttentionGqa => include_str!("../../shaders/wgsl/attention_gqa.wgsl"),
+            Kernel::TopK => include_str!("../../shaders/wgsl/top_k.wgsl"),
         }
     }
 
@@ -176,7 +181,7 @@ impl Kernel {
             Kernel::Rope | Kernel::SelectRows => &[0, 1, 2],
             Kernel::KvStore | Kernel::Attention | Kernel::AttentionGqa => &[0, 1, 2, 4, 5],
             Kernel::NormRopeStore => &[0, 1, 2, 3, 4, 5, 6],
-            Kernel::AttentionCombine | Kernel::Eltwise => &[0, 1],
+            Kernel::AttentionCombine | Kernel::Eltwise | Kernel::TopK => &[0, 1],
         }
     }
 }

@@ -6,7 +6,8 @@ use tandem_backend_api::kit::check_buffers;
 use tandem_backend_api::kit::plan::{
     attention_scratch_bytes, attention_splits, div_up, plan_arena_at, spread, value_bytes, value_rows,
 };
-use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueId};
+use tandem_backend_api::kit::top_k;
+use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueId, TOP_K_MAX};
 
 use crate::fuse::{self, Group};
 use crate::kernels::{Format, Kernel, PipelineKey};
@@ -146,9 +147,7 @@ pub fn weight_chunks(
 /// Support of one op by the kernels (independent of buffers, so `supports` and `compile` agree).
 pub fn op_support(op: &Op) -> Result<(), String> {
     match op {
-        Op::TopK { .. } => {
-            Err("top_k is not implemented by the WGSL kernels (a sampler reads the whole row)".into())
-        }
+        Op::TopK { k, .. } if *k == 0 || *k > TOP_K_MAX => Err(format!("top_k of {k} (1 to {TOP_K_MAX})")),
         Op::Embed { table: w, .. } | Op::MatMul { weight: w, .. } => {
             let d = w.desc.dtype;
             if !crate::kernels::format_supported(d) {
@@ -253,6 +252,9 @@ impl WgpuBackend {
         let scratch_bytes = attention_scratch_bytes(graph);
         let scratch_at = arena_bytes;
         arena_bytes += scratch_bytes;
+        // Top-k's lists after them.
+        let top_k_at = (arena_bytes / 4) as u32;
+        arena_bytes += top_k::scratch_bytes(graph, &shapes);
         let arena_bytes = arena_bytes.max(16);
         if arena_bytes > max_binding || arena_bytes > self.gpu.limits.max_buffer_size {
             return Err(BackendError::unsupported(
@@ -593,11 +595,46 @@ impl WgpuBackend {
                         groups: [gx, gy, 1],
                     });
                 }
-                Op::TopK { .. } => {
-                    return Err(BackendError::Unsupported {
-                        op: node.op.name(),
-                        reason: "top_k is not implemented by the WGSL kernels".into(),
-                    })
+                Op::TopK { x, k } => {
+                    // The passes `kit::top_k` plans; their lists in the two areas after the
+                    // attention scratch, written in turn.
+                    let s = shapes[x.0 as usize];
+                    let rows = value_rows(graph, &s);
+                    let passes = top_k::passes(s.cols, *k);
+                    let area = (top_k::area_bytes(rows, s.cols, *k) / 4) as u32;
+                    let areas = [top_k_at, top_k_at + area];
+                    let count = passes.len();
+                    for (p, pass) in passes.iter().enumerate() {
+                        let last = p + 1 == count;
+                        let src = if pass.from_values {
+                            elem(*x)?
+                        } else {
+                            areas[(p + 1) % 2]
+                        };
+                        let dst = if last {
+                            elem(node.outputs[0])?
+                        } else {
+                            areas[p % 2]
+                        };
+                        planned.push(Planned {
+                            node: i,
+                            key: (Kernel::TopK, None, 0),
+                            params: vec![
+                                src,
+                                dst,
+                                pass.n as u32,
+                                *k as u32,
+                                pass.per as u32,
+                                u32::from(pass.from_values),
+                                u32::from(last),
+                                pass.groups as u32,
+                            ],
+                            weight: None,
+                            weight2: None,
+                            caches: None,
+                            groups: [pass.groups as u32, rows as u32, 1],
+                        });
+                    }
                 }
                 Op::SelectRows { x } => {
                     let cols = shapes[x.0 as usize].cols;

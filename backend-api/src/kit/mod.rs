@@ -40,6 +40,7 @@ pub mod plan;
 pub mod programs;
 pub mod quant;
 pub mod step;
+pub mod top_k;
 
 pub use buffers::{check_buffers, named_buffers, unknown_buffer, Buffers};
 pub use host::{check_host_region, host_memory_bytes};
