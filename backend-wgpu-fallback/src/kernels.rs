@@ -22,6 +22,7 @@ const REDUCE_SUBGROUP: &str = include_str!("../../shaders/wgsl/parts/reduce_subg
 const KV_READ: &str = include_str!("../../shaders/wgsl/parts/kv_read.wgsl");
 const KV_STORE: &str = include_str!("../../shaders/wgsl/parts/kv_store.wgsl");
 const NO_KV_STORE: &str = include_str!("../../shaders/wgsl/parts/no_kv_store.wgsl");
+const SLOT_BLOCK: &str = include_str!("../../shaders/wgsl/parts/slot_block.wgsl");
 
 /// The optional adapter features the kernels use, fixed when the device opens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -80,12 +81,15 @@ pub enum Kernel {
     AttentionGqa,
     /// matvec computing a GeGlu of its two halves (`fuse::Group::MatMulGeGlu`).
     MatVecGeGlu,
+    /// Prefill attention, flash-attention style: blocks of rows of one slot over key tiles in
+    /// workgroup memory (`attention_tiled.wgsl`).
+    AttentionTiled,
 }
 
 impl Kernel {
     /// Every kernel.
     #[cfg(test)]
-    pub const ALL: [Kernel; 15] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::MatVec,
@@ -101,6 +105,7 @@ impl Kernel {
         Kernel::NormRopeStore,
         Kernel::AttentionGqa,
         Kernel::MatVecGeGlu,
+        Kernel::AttentionTiled,
     ];
 
     /// The kernel's name (its pipeline label).
@@ -121,6 +126,7 @@ impl Kernel {
             Kernel::NormRopeStore => "norm_rope_store",
             Kernel::AttentionGqa => "attention_gqa",
             Kernel::MatVecGeGlu => "matvec_geglu",
+            Kernel::AttentionTiled => "attention_tiled",
         }
     }
 
@@ -143,6 +149,7 @@ impl Kernel {
             Kernel::NormAdd => include_str!("../../shaders/wgsl/norm_add.wgsl"),
             Kernel::NormRope | Kernel::NormRopeStore => include_str!("../../shaders/wgsl/norm_rope.wgsl"),
             Kernel::AttentionGqa => include_str!("../../shaders/wgsl/attention_gqa.wgsl"),
+            Kernel::AttentionTiled => include_str!("../../shaders/wgsl/attention_tiled.wgsl"),
         }
     }
 
@@ -171,9 +178,12 @@ impl Kernel {
             Kernel::RmsNorm | Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled => &[0, 1, 3],
             Kernel::NormAdd => &[0, 1, 3, 6],
             Kernel::Rope | Kernel::SelectRows => &[0, 1, 2],
-            Kernel::KvStore | Kernel::Attention | Kernel::AttentionGqa => &[0, 1, 2, 4, 5],
+            Kernel::KvStore | Kernel::Attention | Kernel::AttentionGqa | Kernel::AttentionTiled => {
+                &[0, 1, 2, 4, 5]
+            }
             Kernel::NormRopeStore => &[0, 1, 2, 3, 4, 5, 6],
-            Kernel::AttentionCombine | Kernel::Eltwise => &[0, 1],
+            Kernel::AttentionCombine => &[0, 1, 2],
+            Kernel::Eltwise => &[0, 1],
         }
     }
 }
@@ -272,8 +282,11 @@ pub fn module_source(
             REDUCE
         });
     }
-    if matches!(kernel, Kernel::Attention | Kernel::AttentionGqa) {
+    if matches!(kernel, Kernel::Attention | Kernel::AttentionGqa | Kernel::AttentionTiled) {
         s.push_str(KV_READ);
+    }
+    if matches!(kernel, Kernel::Attention | Kernel::AttentionTiled | Kernel::AttentionCombine) {
+        s.push_str(SLOT_BLOCK);
     }
     match kernel {
         Kernel::NormRope => s.push_str(NO_KV_STORE),
