@@ -66,9 +66,9 @@ pub fn scratch_bytes(graph: &Graph, workgroup_limit: u32) -> u64 {
         .nodes
         .iter()
         .filter_map(|node| match &node.op {
-            Op::Attention { heads, head_dim, .. } if use_tiled(rows, *head_dim, workgroup_limit) => {
-                Some(attention_partial_bytes(rows, *heads, *head_dim, splits(rows, *heads)))
-            }
+            Op::Attention { heads, head_dim, .. } if use_tiled(rows, *head_dim, workgroup_limit) => Some(
+                attention_partial_bytes(rows, *heads, *head_dim, splits(rows, *heads)),
+            ),
             _ => None,
         })
         .max()

@@ -282,10 +282,16 @@ pub fn module_source(
             REDUCE
         });
     }
-    if matches!(kernel, Kernel::Attention | Kernel::AttentionGqa | Kernel::AttentionTiled) {
+    if matches!(
+        kernel,
+        Kernel::Attention | Kernel::AttentionGqa | Kernel::AttentionTiled
+    ) {
         s.push_str(KV_READ);
     }
-    if matches!(kernel, Kernel::Attention | Kernel::AttentionTiled | Kernel::AttentionCombine) {
+    if matches!(
+        kernel,
+        Kernel::Attention | Kernel::AttentionTiled | Kernel::AttentionCombine
+    ) {
         s.push_str(SLOT_BLOCK);
     }
     match kernel {

@@ -26,7 +26,9 @@
 //!
 //! Nodes fuse into one kernel where `fuse` finds the chains the Vulkan backend fuses (norm, add
 //! and norm; per-head norm, rope and the K/V store), and decode attention with grouped queries
-//! reads each KV head's cache once for its query heads (`attention_gqa.wgsl`).
+//! reads each KV head's cache once for its query heads (`attention_gqa.wgsl`). Prefill attention
+//! runs flash-attention style by blocks of rows over key tiles in workgroup memory
+//! (`attention_tiled.wgsl`, where the adapter has 32 KiB of it; see `attention_tiled`).
 //!
 //! Memory: wgpu tells no heap size, so without `memory_limit` `info().memory_bytes` is `None`
 //! (unknown: the engine's budget check passes the unit by) and nothing bounds the total but the

@@ -515,7 +515,11 @@ impl WgpuBackend {
                     // Prefill: attention_tiled first, over the blocks of rows of one slot; the
                     // plain kernel below then skips those rows.
                     let tiled = attention_tiled::use_tiled(graph.rows, *head_dim, workgroup_limit);
-                    let skip_block = if tiled { attention_tiled::BLOCK_ROWS as u32 } else { 0 };
+                    let skip_block = if tiled {
+                        attention_tiled::BLOCK_ROWS as u32
+                    } else {
+                        0
+                    };
                     if tiled {
                         let tsplits = attention_tiled::splits(graph.rows, *heads) as u32;
                         let tpartial = ((scratch_at + scratch_bytes) / 4) as u32;
@@ -542,7 +546,11 @@ impl WgpuBackend {
                             weight: None,
                             weight2: None,
                             caches: Some((cache.k, cache.v)),
-                            groups: [*heads as u32, div_up(graph.rows, attention_tiled::BLOCK_ROWS), tsplits],
+                            groups: [
+                                *heads as u32,
+                                div_up(graph.rows, attention_tiled::BLOCK_ROWS),
+                                tsplits,
+                            ],
                         });
                         if tsplits > 1 {
                             planned.push(Planned {

@@ -1067,7 +1067,10 @@ pub fn all() -> Vec<Case> {
         DType::F32,
         1,
         80,
-        vec![((0..40).collect(), vec![0; 40]), ((40..80).collect(), vec![0; 40])],
+        vec![
+            ((0..40).collect(), vec![0; 40]),
+            ((40..80).collect(), vec![0; 40]),
+        ],
     ));
     // Several sequences in one step, at different positions, f16 cache, soft-capped scores.
     v.push(attention(
