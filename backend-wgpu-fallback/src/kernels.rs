@@ -22,6 +22,7 @@ const REDUCE_SUBGROUP: &str = include_str!("../../shaders/wgsl/parts/reduce_subg
 const KV_READ: &str = include_str!("../../shaders/wgsl/parts/kv_read.wgsl");
 const KV_STORE: &str = include_str!("../../shaders/wgsl/parts/kv_store.wgsl");
 const NO_KV_STORE: &str = include_str!("../../shaders/wgsl/parts/no_kv_store.wgsl");
+const SLOT_BLOCK: &str = include_str!("../../shaders/wgsl/parts/slot_block.wgsl");
 
 /// The optional adapter features the kernels use, fixed when the device opens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -82,12 +83,15 @@ pub enum Kernel {
     MatVecGeGlu,
     /// One pass of Op::TopK's sorts (`kit::top_k`).
     TopK,
+    /// Prefill attention, flash-attention style: blocks of rows of one slot over key tiles in
+    /// workgroup memory (`attention_tiled.wgsl`).
+    AttentionTiled,
 }
 
 impl Kernel {
     /// Every kernel.
     #[cfg(test)]
-    pub const ALL: [Kernel; 16] = [
+    pub const ALL: [Kernel; 17] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::MatVec,
@@ -104,6 +108,7 @@ impl Kernel {
         Kernel::AttentionGqa,
         Kernel::MatVecGeGlu,
         Kernel::TopK,
+        Kernel::AttentionTiled,
     ];
 
     /// The kernel's name (its pipeline label).
@@ -125,6 +130,7 @@ impl Kernel {
             Kernel::AttentionGqa => "attention_gqa",
             Kernel::MatVecGeGlu => "matvec_geglu",
             Kernel::TopK => "top_k",
+            Kernel::AttentionTiled => "attention_tiled",
         }
     }
 
@@ -151,6 +157,7 @@ impl Kernel {
             Kernel::NormRope | Kernel::NormRopeStore => include_str!("../../shaders/wgsl/norm_rope.wgsl"),
             Kernel::AttentionGqa => include_str!("../../shaders/wgsl/attention_gqa.wgsl"),
             Kernel::TopK => include_str!("../../shaders/wgsl/top_k.wgsl"),
+            Kernel::AttentionTiled => include_str!("../../shaders/wgsl/attention_tiled.wgsl"),
         }
     }
 
@@ -179,9 +186,12 @@ impl Kernel {
             Kernel::RmsNorm | Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled => &[0, 1, 3],
             Kernel::NormAdd => &[0, 1, 3, 6],
             Kernel::Rope | Kernel::SelectRows => &[0, 1, 2],
-            Kernel::KvStore | Kernel::Attention | Kernel::AttentionGqa => &[0, 1, 2, 4, 5],
+            Kernel::KvStore | Kernel::Attention | Kernel::AttentionGqa | Kernel::AttentionTiled => {
+                &[0, 1, 2, 4, 5]
+            }
             Kernel::NormRopeStore => &[0, 1, 2, 3, 4, 5, 6],
-            Kernel::AttentionCombine | Kernel::Eltwise | Kernel::TopK => &[0, 1],
+            Kernel::AttentionCombine => &[0, 1, 2],
+            Kernel::Eltwise | Kernel::TopK => &[0, 1],
         }
     }
 }
@@ -280,8 +290,17 @@ pub fn module_source(
             REDUCE
         });
     }
-    if matches!(kernel, Kernel::Attention | Kernel::AttentionGqa) {
+    if matches!(
+        kernel,
+        Kernel::Attention | Kernel::AttentionGqa | Kernel::AttentionTiled
+    ) {
         s.push_str(KV_READ);
+    }
+    if matches!(
+        kernel,
+        Kernel::Attention | Kernel::AttentionTiled | Kernel::AttentionCombine
+    ) {
+        s.push_str(SLOT_BLOCK);
     }
     match kernel {
         Kernel::NormRope => s.push_str(NO_KV_STORE),

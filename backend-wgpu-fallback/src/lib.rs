@@ -27,7 +27,9 @@
 //!
 //! Nodes fuse into one kernel where `fuse` finds the chains the Vulkan backend fuses (norm, add
 //! and norm; per-head norm, rope and the K/V store), and decode attention with grouped queries
-//! reads each KV head's cache once for its query heads (`attention_gqa.wgsl`).
+//! reads each KV head's cache once for its query heads (`attention_gqa.wgsl`). Prefill attention
+//! runs flash-attention style by blocks of rows over key tiles in workgroup memory
+//! (`attention_tiled.wgsl`, where the adapter has 32 KiB of it; see `attention_tiled`).
 //!
 //! Memory: wgpu tells no heap size, so without `memory_limit` `info().memory_bytes` is `None`
 //! (unknown: the engine's budget check passes the unit by) and nothing bounds the total but the
@@ -36,6 +38,7 @@
 //! check it against), and buffers, program arenas and the bandwidth measurement's buffers past it
 //! are `OutOfMemory`.
 
+mod attention_tiled;
 mod device;
 mod fuse;
 mod kernels;
@@ -605,6 +608,11 @@ mod tests {
             DType::Q6K,
         ];
         for kernel in Kernel::ALL {
+            if kernel == Kernel::AttentionTiled
+                && b.gpu.limits.max_compute_workgroup_storage_size < attention_tiled::WORKGROUP_BYTES
+            {
+                continue; // never planned on this adapter
+            }
             let variants: Vec<Option<Format>> = if kernel.reads_format() {
                 formats
                     .iter()

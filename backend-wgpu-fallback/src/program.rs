@@ -9,6 +9,7 @@ use tandem_backend_api::kit::plan::{
 use tandem_backend_api::kit::top_k;
 use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueId, TOP_K_MAX};
 
+use crate::attention_tiled;
 use crate::fuse::{self, Group};
 use crate::kernels::{Format, Kernel, PipelineKey};
 use crate::WgpuBackend;
@@ -248,10 +249,11 @@ impl WgpuBackend {
                 arena_bytes += value_bytes(graph, &shapes[v], ARENA_ALIGN);
             }
         }
-        // Attention's per-split partials after the values.
+        // Attention's per-split partials after the values, attention_tiled's after attention's.
+        let workgroup_limit = self.gpu.limits.max_compute_workgroup_storage_size;
         let scratch_bytes = attention_scratch_bytes(graph);
         let scratch_at = arena_bytes;
-        arena_bytes += scratch_bytes;
+        arena_bytes += scratch_bytes + attention_tiled::scratch_bytes(graph, workgroup_limit);
         // Top-k's lists after them.
         let top_k_at = (arena_bytes / 4) as u32;
         arena_bytes += top_k::scratch_bytes(graph, &shapes);
@@ -515,12 +517,75 @@ impl WgpuBackend {
                     let splits = attention_splits(graph.rows, *heads, *window, cache.capacity);
                     let out = elem(node.outputs[0])?;
                     let partial = (scratch_at / 4) as u32;
+                    // Prefill: attention_tiled first, over the blocks of rows of one slot; the
+                    // plain kernel below then skips those rows.
+                    let tiled = attention_tiled::use_tiled(graph.rows, *head_dim, workgroup_limit);
+                    let skip_block = if tiled {
+                        attention_tiled::BLOCK_ROWS as u32
+                    } else {
+                        0
+                    };
+                    if tiled {
+                        let tsplits = attention_tiled::splits(graph.rows, *heads) as u32;
+                        let tpartial = ((scratch_at + scratch_bytes) / 4) as u32;
+                        planned.push(Planned {
+                            node: i,
+                            key: (Kernel::AttentionTiled, None, 0),
+                            params: vec![
+                                elem(*q)?,
+                                out,
+                                positions,
+                                slots_at,
+                                tpartial,
+                                *heads as u32,
+                                *kv_heads as u32,
+                                *head_dim as u32,
+                                cache.capacity as u32,
+                                scale.to_bits(),
+                                window.unwrap_or(0) as u32,
+                                softcap.unwrap_or(0.0).to_bits(),
+                                f16,
+                                tsplits,
+                                rows,
+                            ],
+                            weight: None,
+                            weight2: None,
+                            caches: Some((cache.k, cache.v)),
+                            groups: [
+                                *heads as u32,
+                                div_up(graph.rows, attention_tiled::BLOCK_ROWS),
+                                tsplits,
+                            ],
+                        });
+                        if tsplits > 1 {
+                            planned.push(Planned {
+                                node: i,
+                                key: (Kernel::AttentionCombine, None, 0),
+                                params: vec![
+                                    tpartial,
+                                    out,
+                                    *heads as u32,
+                                    *head_dim as u32,
+                                    tsplits,
+                                    slots_at,
+                                    skip_block,
+                                    1,
+                                ],
+                                weight: None,
+                                weight2: None,
+                                caches: None,
+                                groups: [*heads as u32, rows, 1],
+                            });
+                        }
+                    }
                     // Decode with grouped queries: by KV head, each K/V row read once per group.
                     // The subgroup variant takes heads of an even size (pairs of dimensions).
                     let gqa = graph.rows < TILED_ROWS
                         && heads > kv_heads
                         && *head_dim <= GQA_MAX_HEAD_DIM
                         && (!self.gpu.variant.subgroups || head_dim.is_multiple_of(2));
+                    // The rows attention_tiled leaves are the plain kernel's (it has skip_block).
+                    let gqa = gqa && !tiled;
                     let (kernel, first_groups) = if gqa {
                         (Kernel::AttentionGqa, *kv_heads as u32)
                     } else {
@@ -547,6 +612,7 @@ impl WgpuBackend {
                             // Cooperative scoring for single-row steps only: on the H100 it
                             // raised batch-1 decode and lowered batch-8 decode and prefill.
                             u32::from(graph.rows == 1),
+                            skip_block,
                         ],
                         weight: None,
                         weight2: None,
@@ -557,7 +623,16 @@ impl WgpuBackend {
                         planned.push(Planned {
                             node: i,
                             key: (Kernel::AttentionCombine, None, 0),
-                            params: vec![partial, out, *heads as u32, *head_dim as u32, splits as u32],
+                            params: vec![
+                                partial,
+                                out,
+                                *heads as u32,
+                                *head_dim as u32,
+                                splits as u32,
+                                slots_at,
+                                skip_block,
+                                if tiled { 2 } else { 0 },
+                            ],
                             weight: None,
                             weight2: None,
                             caches: None,

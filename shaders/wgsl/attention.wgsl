@@ -4,7 +4,9 @@
 // positions. All invocations score each position of a chunk together; each invocation then owns
 // output dimensions tid, tid + 64, ... With one split the result is written directly; otherwise the
 // split's maximum, sum and unnormalised output go to the partials for attention_combine. The
-// maximum and sum of each chunk are reduced by the reduce part (tree or subgroups).
+// maximum and sum of each chunk are reduced by the reduce part (tree or subgroups). With
+// `skip_block` set (prefill, after attention_tiled), workgroups of the rows that kernel took
+// exit at once.
 struct Params {
     q: u32,
     dst: u32,
@@ -21,6 +23,7 @@ struct Params {
     f16: u32,
     splits: u32,
     coop: u32,     // 1: all invocations score each position together (decode); 0: one each
+    skip_block: u32, // n > 0: rows of blocks of n rows of one slot are attention_tiled's; skip them
 }
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> act: array<f32>;
@@ -40,6 +43,9 @@ fn kernel(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
     let h = wid.x;
     let r = wid.y;
     let split = wid.z;
+    if (p.skip_block != 0u && one_slot_block(p.slots, r, nwg.y, p.skip_block)) {
+        return;
+    }
     let hd = p.head_dim;
     let g = h / (p.heads / p.kv_heads);
     let kv_cols = p.kv_heads * hd;

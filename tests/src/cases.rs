@@ -1042,6 +1042,36 @@ pub fn all() -> Vec<Case> {
         611,
         vec![((0..512).collect(), vec![0; 512])],
     ));
+    // Gemma 3's head of 256 with grouped queries in prefill blocks (the tiled kernels: 32 rows):
+    // a first chunk of 70 rows (two whole blocks and a partial one), then 30 more rows of that
+    // sequence followed by the 40 first of another, so the first block spans both slots and the
+    // next ones are the second's; window shorter than the chunk, soft-capped scores, f16 cache.
+    v.push(attention(
+        "gemma-prefill",
+        spec(4, 1, 256, Some(40), Some(30.0)),
+        DType::F16,
+        2,
+        112,
+        vec![
+            ((0..70).collect(), vec![0; 70]),
+            (
+                (70..100).chain(0..40).collect(),
+                [vec![0; 30], vec![1; 40]].concat(),
+            ),
+        ],
+    ));
+    // The same head over an f32 cache, no window or cap, two chunks of 40 rows.
+    v.push(attention(
+        "gemma-prefill-f32",
+        spec(8, 2, 256, None, None),
+        DType::F32,
+        1,
+        80,
+        vec![
+            ((0..40).collect(), vec![0; 40]),
+            ((40..80).collect(), vec![0; 40]),
+        ],
+    ));
     // Several sequences in one step, at different positions, f16 cache, soft-capped scores.
     v.push(attention(
         "batched",
