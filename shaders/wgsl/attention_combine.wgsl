@@ -17,6 +17,9 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> act: array<f32>;
 @group(0) @binding(2) var<storage, read> args: array<u32>;
 
+var<workgroup> ms: array<f32, 64>; // per split: maximum, then its weight e^(m_s - M)
+var<workgroup> ls: array<f32, 64>; // per split: sum
+
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -28,25 +31,45 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     }
     let hd = p.head_dim;
     let base = p.partial + (r * p.heads + h) * p.splits * (hd + 2u);
+    // Split s's maximum and sum by invocation s (splits <= 64: attention_splits' bound), then
+    // every invocation reads them from workgroup memory: no loop of dependent loads.
+    if (tid < p.splits) {
+        let at = base + tid * (hd + 2u);
+        ms[tid] = act[at];
+        ls[tid] = act[at + 1u];
+    }
+    workgroupBarrier();
     var mx = NEG_INF;
     for (var s = 0u; s < p.splits; s++) {
-        mx = max(mx, act[base + s * (hd + 2u)]);
+        mx = max(mx, ms[s]);
     }
+    workgroupBarrier();
+    if (tid < p.splits) {
+        ms[tid] = select(exp(ms[tid] - mx), 0.0, ms[tid] == NEG_INF);
+    }
+    workgroupBarrier();
     var l = 0.0;
     for (var s = 0u; s < p.splits; s++) {
-        let ms = act[base + s * (hd + 2u)];
-        if (ms != NEG_INF) {
-            l += exp(ms - mx) * act[base + s * (hd + 2u) + 1u];
-        }
+        l += ms[s] * ls[s];
     }
-    for (var d = tid; d < hd; d += 64u) {
-        var acc = 0.0;
+    // Each invocation's dimensions of every split at once (independent loads).
+    let out = p.dst + (r * p.heads + h) * hd;
+    for (var d0 = tid; d0 < hd; d0 += 256u) {
+        var acc = vec4<f32>(0.0);
         for (var s = 0u; s < p.splits; s++) {
-            let ms = act[base + s * (hd + 2u)];
-            if (ms != NEG_INF) {
-                acc += exp(ms - mx) * act[base + s * (hd + 2u) + 2u + d];
+            let at = base + s * (hd + 2u) + 2u;
+            let w = ms[s];
+            acc += w * vec4<f32>(
+                select(0.0, act[at + d0], d0 < hd),
+                select(0.0, act[at + d0 + 64u], d0 + 64u < hd),
+                select(0.0, act[at + d0 + 128u], d0 + 128u < hd),
+                select(0.0, act[at + d0 + 192u], d0 + 192u < hd));
+        }
+        for (var i = 0u; i < 4u; i++) {
+            let d = d0 + 64u * i;
+            if (d < hd) {
+                act[out + d] = acc[i] / l;
             }
         }
-        act[p.dst + (r * p.heads + h) * hd + d] = acc / l;
     }
 }
