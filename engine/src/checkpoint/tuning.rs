@@ -183,8 +183,7 @@ fn judge_gguf(m: &BTreeMap<String, GgufValue>, has_template: bool, end_of_turn: 
         Some(GgufValue::I32(id)) => u32::try_from(*id).ok(),
         _ => None,
     };
-    if eos.is_some() && eos == end_of_turn {
-        let id = eos.unwrap_or_default();
+    if let Some(id) = eos.filter(|&id| Some(id) == end_of_turn) {
         return Verdict::new(
             Tuning::Instruct,
             "tokenizer.ggml.eos_token_id",
@@ -206,7 +205,7 @@ fn judge_hf(dir: &Path, has_template: bool, end_of_turn: Option<u32>) -> Verdict
     if !has_template {
         return Verdict::new(
             Tuning::NoTemplate,
-            "tokenizer_config.json chat_template (nor chat_template.jinja)",
+            "tokenizer_config.json chat_template",
             ABSENT,
         );
     }
