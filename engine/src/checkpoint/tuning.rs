@@ -203,11 +203,7 @@ fn judge_gguf(m: &BTreeMap<String, GgufValue>, has_template: bool, end_of_turn: 
 
 fn judge_hf(dir: &Path, has_template: bool, end_of_turn: Option<u32>) -> Verdict {
     if !has_template {
-        return Verdict::new(
-            Tuning::NoTemplate,
-            "tokenizer_config.json chat_template",
-            ABSENT,
-        );
+        return Verdict::new(Tuning::NoTemplate, "tokenizer_config.json chat_template", ABSENT);
     }
     let read = |file: &str| -> Option<Json> {
         let text = std::fs::read_to_string(dir.join(file)).ok()?;
