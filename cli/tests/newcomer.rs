@@ -4,6 +4,7 @@
 //! unset) prints only tandem's own lines on stderr.
 
 mod common;
+mod http;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -314,4 +315,138 @@ fn chat_on_a_model_without_a_template_says_so_once() {
         notes[0].starts_with("note: ") && notes[0].contains("`tokenizer.chat_template`"),
         "{stderr}"
     );
+}
+
+/// The usage block's commands that run longer, at tiny sizes, each exiting 0 and printing what
+/// the README says: `perplexity` llama.cpp's `Final estimate: PPL = ...`, `synth` a GGUF file
+/// of the shape, `bench` its table of tokens/s per batch (on that file, CPU), `serve` the
+/// address it listens on and OpenAI's completion for one request, `loadgen` tokens/s, TTFT and
+/// ITL per number of clients against it.
+#[test]
+fn the_readme_perplexity_synth_bench_serve_and_loadgen_print_what_it_says() {
+    let commands = usage_commands();
+    for sub in ["perplexity", "synth", "bench", "serve", "loadgen"] {
+        assert!(
+            commands.iter().any(|c| c.starts_with(&format!("engine {sub} "))),
+            "the README's usage block has no `engine {sub}`: {commands:?}"
+        );
+    }
+    let install = Install::new(&["cpu"]);
+    let model = fixture();
+    let m = model.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+
+    let text_file = dir.path().join("text.txt");
+    std::fs::write(
+        &text_file,
+        "The quick brown fox jumps over the lazy dog. ".repeat(8),
+    )
+    .unwrap();
+    let text_arg = text_file.to_str().unwrap();
+    let ppl = ok(
+        &install,
+        &[
+            "perplexity",
+            "--model",
+            m,
+            "--file",
+            text_arg,
+            "--ctx-size",
+            "32",
+            "--backend",
+            "cpu",
+        ],
+        "",
+    );
+    let estimate = ppl
+        .lines()
+        .find_map(|l| l.strip_prefix("Final estimate: PPL = "))
+        .unwrap_or_else(|| panic!("no `Final estimate: PPL = `: {ppl}"));
+    let value: f64 = estimate.split_whitespace().next().unwrap().parse().unwrap();
+    // Every token scored with probability at most 1, and a finite loss.
+    assert!(value.is_finite() && value >= 1.0, "{ppl}");
+
+    let synth = dir.path().join("tiny.gguf");
+    let synth_arg = synth.to_str().unwrap();
+    ok(
+        &install,
+        &["synth", "--shape", "tiny", "--dtype", "q4_k", "--out", synth_arg],
+        "",
+    );
+    let mut magic = [0u8; 4];
+    std::io::Read::read_exact(&mut std::fs::File::open(&synth).unwrap(), &mut magic).unwrap();
+    assert_eq!(&magic, b"GGUF");
+
+    let table = ok(
+        &install,
+        &[
+            "bench",
+            "--model",
+            synth_arg,
+            "--backend",
+            "cpu",
+            "--prompt-tokens",
+            "8",
+            "--gen-tokens",
+            "4",
+            "--batch",
+            "1,2",
+            "--repeat",
+            "1",
+        ],
+        "",
+    );
+    assert!(table.contains("prefill tok/s  decode tok/s"), "{table}");
+    let rows: Vec<&str> = table
+        .lines()
+        .filter(|l| l.split_whitespace().next().is_some_and(|w| w == "1" || w == "2"))
+        .collect();
+    assert_eq!(rows.len(), 2, "a row per batch size: {table}");
+    for row in rows {
+        let decode: f64 = row.split_whitespace().nth(2).unwrap().parse().unwrap();
+        assert!(decode > 0.0, "{table}");
+    }
+
+    let server = http::Server::start(
+        &install.path().join("engine"),
+        &["--model", m, "--backend", "cpu", "--parallel", "2"],
+    );
+    let r = http::post(
+        &server.addr,
+        "/v1/completions",
+        &serde_json::json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let doc = r.json();
+    assert_eq!(doc["object"], "text_completion", "{doc}");
+    assert!(
+        doc["choices"][0]["text"].is_string() && doc["usage"]["completion_tokens"] == 3,
+        "{doc}"
+    );
+    let url = format!("http://{}", server.addr);
+    let load = ok(
+        &install,
+        &[
+            "loadgen",
+            "--url",
+            &url,
+            "--clients",
+            "1,2",
+            "--requests",
+            "2",
+            "--max-tokens",
+            "2",
+        ],
+        "",
+    );
+    let levels: Vec<&str> = load.lines().filter(|l| l.starts_with("clients")).collect();
+    assert_eq!(levels.len(), 2, "a line per client count: {load}");
+    for level in levels {
+        assert!(
+            level.contains("tok/s") && level.contains("TTFT p50") && level.contains("ITL p50"),
+            "{load}"
+        );
+    }
+    let log = server.stderr.lock().unwrap().clone();
+    assert_own_lines(&log, &"serve");
 }

@@ -787,6 +787,86 @@ fn chat_streams_and_whole_answers_agree_and_stop_strings_cut_the_text() {
     }
 }
 
+/// The instruction-tuned chat fixture (tests/fixtures/chat/README.md): every reply is
+/// " answer" (id 394), then `<end_of_turn>` (id 6).
+fn chat_fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/chat/gemma3-tiny-it")
+}
+
+/// Chat stops at the template's end-of-turn token, which the text does not show, whole and
+/// streamed; an instruction-tuned model gets no warning, and one without a chat template
+/// (the fixture with `chat_template` taken out) gets one in the log, once, and in every chat
+/// response, naming the key, while completions carry none.
+#[test]
+fn chat_stops_at_end_of_turn_and_a_model_without_a_template_is_warned_of() {
+    let install = Install::new(&["cpu"]);
+    let engine = install.path().join("engine");
+    let model = chat_fixture();
+    let server = Server::start(&engine, &["--model", model.to_str().unwrap(), "--backend", "cpu"]);
+    let addr = server.addr.as_str();
+    let doc =
+        json!({"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 8, "temperature": 0});
+    let r = post(addr, "/v1/chat/completions", &doc);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let c = &v["choices"][0];
+    assert_eq!(
+        (c["message"]["content"].as_str(), c["finish_reason"].as_str()),
+        (Some(" answer"), Some("stop")),
+        "{v}"
+    );
+    assert_eq!(ids(&c["token_ids"]), [394, 6]);
+    assert!(v.get("warning").is_none(), "{v}");
+    let mut s = doc.clone();
+    s["stream"] = json!(true);
+    let g = streamed(addr, "/v1/chat/completions", &s);
+    assert_eq!(
+        (g.text.as_str(), g.finish.as_str(), g.ids.as_slice()),
+        (" answer", "stop", &[394, 6][..])
+    );
+    assert!(
+        !server.stderr.lock().unwrap().contains("note:"),
+        "{}",
+        server.stderr.lock().unwrap()
+    );
+    drop(server);
+
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&model).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let config_path = dir.path().join("tokenizer_config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
+    config.as_object_mut().unwrap().remove("chat_template");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let server = Server::start(
+        &engine,
+        &["--model", dir.path().to_str().unwrap(), "--backend", "cpu"],
+    );
+    let addr = server.addr.as_str();
+    let v = post(addr, "/v1/chat/completions", &doc).json();
+    let warning = v["warning"].as_str().unwrap_or_else(|| panic!("no warning: {v}"));
+    assert!(
+        warning.contains("no chat template") && warning.contains("`tokenizer_config.json chat_template"),
+        "{warning}"
+    );
+    // Gemma's built-in turn format renders what the template would.
+    assert_eq!(v["choices"][0]["message"]["content"], " answer", "{v}");
+    let mut ev = Events::open(addr, "/v1/chat/completions", &s);
+    let first: Value = serde_json::from_str(&ev.next_data().expect("a chunk")).unwrap();
+    assert_eq!(first["warning"].as_str(), Some(warning), "{first}");
+    let v = post(addr, "/v1/completions", &json!({"prompt": "Hi", "max_tokens": 1})).json();
+    assert!(v.get("warning").is_none(), "{v}");
+    let log = server.stderr.lock().unwrap().clone();
+    assert_eq!(log.matches("no chat template").count(), 1, "{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.starts_with("note: this model has no chat template")),
+        "{log}"
+    );
+}
+
 #[test]
 fn sigterm_finishes_the_running_request_and_exits_cleanly() {
     let install = Install::new(&["cpu"]);

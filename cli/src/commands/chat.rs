@@ -27,6 +27,10 @@ pub struct Args {
     /// Random seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Print each turn's prompt, as the chat template renders the conversation, on stderr
+    /// (one line: `prompt: ` and the text as a JSON string).
+    #[arg(long)]
+    show_prompt: bool,
 }
 
 /// Runs the command: one user turn per line of standard input, until end of input or `/exit`.
@@ -34,17 +38,10 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let mut loaded = load(ctx, &args.model, 1)?;
     let tk = &loaded.tokenizer;
     let template = ChatTemplate::new(tk.chat_template(), tk.bos_token(), tk.eos_token())?;
-    if tk.chat_template().is_none() {
-        // Said once, on stderr: the replies of a base checkpoint read as if chat were broken.
-        let key = match &args.model.model {
-            Some(p) if p.is_dir() => "`chat_template` in tokenizer_config.json",
-            _ => "`tokenizer.chat_template` in the GGUF",
-        };
-        eprintln!(
-            "note: this model has no chat template ({key} is absent), so it is likely a base \
-             checkpoint, not instruction-tuned: chat uses Gemma's turn format, and the replies \
-             may wander; an instruction-tuned (-it) model answers"
-        );
+    // Said once, on stderr, naming the key that decided it: the replies of a base checkpoint
+    // read as if chat were broken.
+    if let Some(advice) = loaded.tuning.advice() {
+        eprintln!("note: {advice}");
     }
     let context = loaded.session.context();
     // Room kept for a reply when old turns must go.
@@ -77,18 +74,16 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             continue;
         }
         messages.push(Message::new(Role::User, text.to_string()));
-        let mut ids = loaded
-            .tokenizer
-            .encode(&template.render(&messages, true)?, false)?;
+        let mut rendered = template.render(&messages, true)?;
+        let mut ids = loaded.tokenizer.encode(&rendered, false)?;
         // A conversation that outgrows the context loses its oldest turns (the system prompt
         // stays), with one note, instead of ending.
         let first_turn = usize::from(args.system.is_some());
         while ids.len() + reply_room > context && messages.len() >= first_turn + 3 {
             // A user turn and its reply: the roles still alternate.
             messages.drain(first_turn..first_turn + 2);
-            ids = loaded
-                .tokenizer
-                .encode(&template.render(&messages, true)?, false)?;
+            rendered = template.render(&messages, true)?;
+            ids = loaded.tokenizer.encode(&rendered, false)?;
             if !dropped_note {
                 eprintln!(
                     "note: the conversation outgrew the context ({context} tokens, --context sets \
@@ -96,6 +91,9 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
                 );
                 dropped_note = true;
             }
+        }
+        if args.show_prompt {
+            eprintln!("prompt: {}", serde_json::Value::from(rendered.as_str()));
         }
         let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
         let keep = common > 0 && common < ids.len() && loaded.session.truncate(0, common);

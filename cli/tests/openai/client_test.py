@@ -112,6 +112,14 @@ def _():
     assert "".join(parts) == whole, ("".join(parts), whole)
 
 
+@check("chat on the base default model: the client keeps tandem's warning field as an extra")
+def _():
+    messages = [{"role": "user", "content": "Hi"}]
+    r = client.chat.completions.create(model="m", messages=messages, max_tokens=2, temperature=0)
+    warning = (r.model_extra or {}).get("warning", "")
+    assert "tokenizer.chat_template" in warning or "base checkpoint" in warning, r
+
+
 @check("seeded sampling is reproducible")
 def _():
     a = client.completions.create(model="m", prompt=PROMPT, max_tokens=16, seed=5, temperature=1)

@@ -6,6 +6,7 @@
 //!   canonical tensor names, whatever the format.
 //! - [`quantize`]: encoding f32 into ggml's block formats; [`synth`]: random-weight GGUF files
 //!   of the real Gemma 3 shapes.
+//! - [`tuning`]: whether the metadata says instruction-tuned, base, or no chat template.
 
 pub mod config;
 pub mod error;
@@ -15,5 +16,6 @@ pub mod quantize;
 pub mod safetensors;
 pub mod source;
 pub mod synth;
+pub mod tuning;
 
 pub use error::CheckpointError;

@@ -8,6 +8,7 @@ use crate::checkpoint::config::Gemma3Config;
 use crate::checkpoint::gguf::{gemma3_config, GgufFile, GgufWeights};
 use crate::checkpoint::hf::open_hf_dir;
 use crate::checkpoint::source::WeightSource;
+use crate::checkpoint::tuning::{judge, Metadata, Verdict};
 use crate::tokenizer::Tokenizer;
 
 /// The default model's file name.
@@ -29,6 +30,8 @@ pub struct ModelFiles {
     pub tokenizer: Tokenizer,
     /// Where it was loaded from.
     pub path: PathBuf,
+    /// Whether the metadata says it is made for chat, and which key decided it.
+    pub tuning: Verdict,
 }
 
 /// tandem's cache directory: `$TANDEM_CACHE_DIR`, else `$XDG_CACHE_HOME/tandem`, else
@@ -118,11 +121,13 @@ pub fn open_model(path: Option<&Path>) -> Result<ModelFiles, ModelError> {
     if path.is_dir() {
         let (config, weights) = open_hf_dir(&path)?;
         let tokenizer = Tokenizer::from_dir(&path)?;
+        let tuning = judge_tokenizer(Metadata::HfDir(&path), &tokenizer);
         return Ok(ModelFiles {
             config,
             weights: Box::new(weights),
             tokenizer,
             path,
+            tuning,
         });
     }
     if !path.exists() {
@@ -135,18 +140,29 @@ pub fn open_model(path: Option<&Path>) -> Result<ModelFiles, ModelError> {
         let file = GgufFile::open(&path)?;
         let config = gemma3_config(&file)?;
         let tokenizer = crate::tokenizer::gguf::from_gguf(&file)?;
+        let tuning = judge_tokenizer(Metadata::Gguf(file.metadata()), &tokenizer);
         let weights = GgufWeights::new(file);
         return Ok(ModelFiles {
             config,
             weights: Box::new(weights),
             tokenizer,
             path,
+            tuning,
         });
     }
     Err(ModelError::Layout {
         path,
         message: "not a model: expected a GGUF file or a Hugging Face model directory".into(),
     })
+}
+
+/// [`judge`] with what the tokenizer found: its chat template and `<end_of_turn>`.
+fn judge_tokenizer(metadata: Metadata<'_>, tokenizer: &Tokenizer) -> Verdict {
+    judge(
+        metadata,
+        tokenizer.chat_template().is_some(),
+        tokenizer.token_id("<end_of_turn>"),
+    )
 }
 
 /// Whether `path` starts with the GGUF magic.

@@ -19,6 +19,7 @@ use super::session::Session;
 use super::split::{Phase, ScheduleError, SplitScheduler, Unit};
 use crate::checkpoint::config::Gemma3Config;
 use crate::checkpoint::source::WeightSource;
+use crate::checkpoint::tuning::Verdict;
 use crate::model::files::{open_model, ModelFiles};
 use crate::model::{CacheShape, Gemma3Model, LoadProgress, ModelError, Part, Region};
 use crate::tokenizer::Tokenizer;
@@ -127,6 +128,8 @@ pub struct Loaded {
     pub session: Session,
     /// The tokenizer.
     pub tokenizer: Tokenizer,
+    /// Whether the model's metadata says it is made for chat ([`crate::checkpoint::tuning`]).
+    pub tuning: Verdict,
 }
 
 /// The caches' sizes and element type for `options`, with `slots` sequences, for a model of
@@ -345,6 +348,7 @@ pub fn load_planned(
     Ok(Loaded {
         session,
         tokenizer: files.tokenizer,
+        tuning: files.tuning,
     })
 }
 

@@ -441,6 +441,30 @@ mod tests {
         assert_eq!(t.render(&msgs, false).unwrap(), "[\n  1,\n  2\n]");
     }
 
+    /// The chat fixture's template (Gemma 3's) renders each conversation of its
+    /// `chat_reference.json` as transformers' `apply_chat_template(messages, tokenize=False,
+    /// add_generation_prompt=True)` did (tests/fixtures/chat/make_chat_fixture.py made it), and
+    /// so does the built-in Gemma format.
+    #[test]
+    fn the_chat_fixture_renders_as_transformers_does() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/chat/gemma3-tiny-it");
+        let tk = crate::tokenizer::Tokenizer::from_dir(&dir).unwrap();
+        let jinja = ChatTemplate::new(tk.chat_template(), tk.bos_token(), tk.eos_token()).unwrap();
+        assert!(matches!(jinja.format, Format::Jinja(_)));
+        let builtin = ChatTemplate::new(None, tk.bos_token(), tk.eos_token()).unwrap();
+        let text = std::fs::read_to_string(dir.join("chat_reference.json")).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let cases = doc["cases"].as_array().unwrap();
+        assert_eq!(cases.len(), 4);
+        for case in cases {
+            let messages: Vec<Message> = serde_json::from_value(case["messages"].clone()).unwrap();
+            let want = case["text"].as_str().unwrap();
+            assert_eq!(jinja.render(&messages, true).unwrap(), want);
+            assert_eq!(builtin.render(&messages, true).unwrap(), want);
+        }
+    }
+
     #[test]
     fn role_serialises_lowercase() {
         assert_eq!(serde_json::to_string(&Role::Assistant).unwrap(), "\"assistant\"");

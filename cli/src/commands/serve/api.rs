@@ -265,6 +265,10 @@ pub struct Header {
     pub id: String,
     pub created: u64,
     pub model: String,
+    /// tandem's `warning` field (OpenAI's clients ignore fields they do not know): set on
+    /// chat responses when the model is a base checkpoint or has no chat template; in a
+    /// stream, the first chunk carries it.
+    pub warning: Option<String>,
 }
 
 /// The usage object.
@@ -297,10 +301,19 @@ impl Header {
             Kind::Completion => "text_completion",
             Kind::Chat => "chat.completion",
         };
-        json!({
+        let mut doc = json!({
             "id": self.id, "object": object, "created": self.created, "model": self.model,
             "choices": [choice], "usage": usage,
-        })
+        });
+        self.warn(&mut doc);
+        doc
+    }
+
+    /// Adds the `warning` field to `doc` when there is one.
+    fn warn(&self, doc: &mut Value) {
+        if let (Some(w), Some(obj)) = (&self.warning, doc.as_object_mut()) {
+            obj.insert("warning".into(), Value::from(w.as_str()));
+        }
     }
 
     /// One streamed chunk: `text` (and for chat the assistant role in the first), the ids it
@@ -332,10 +345,14 @@ impl Header {
                 )
             }
         };
-        json!({
+        let mut doc = json!({
             "id": self.id, "object": object, "created": self.created, "model": self.model,
             "choices": [choice],
-        })
+        });
+        if first {
+            self.warn(&mut doc);
+        }
+        doc
     }
 
     /// The last chunk of a stream with `stream_options.include_usage`: no choices, the usage.

@@ -80,6 +80,11 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let sink = usize::from(args.step_buckets != StepBuckets::Off);
     let loaded = load(ctx, &args.model, args.parallel as usize + sink)?;
     let model_id = args.model_name.clone().unwrap_or_else(|| model_name(&args.model));
+    // Said once in the log, and in every chat response's `warning` field.
+    let chat_warning = loaded.tuning.advice();
+    if let Some(advice) = &chat_warning {
+        eprintln!("note: {advice}");
+    }
     let tokenizer = Arc::new(loaded.tokenizer);
     let chat = if tokenizer.has_vocabulary() {
         Some(ChatTemplate::new(
@@ -107,6 +112,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         handle: handle.clone(),
         tokenizer,
         chat,
+        chat_warning,
         model_id,
         api_key: args.api_key.clone(),
         created,

@@ -32,6 +32,9 @@ pub struct AppState {
     pub tokenizer: Arc<Tokenizer>,
     /// The chat template (`None` without a tokenizer vocabulary).
     pub chat: Option<ChatTemplate>,
+    /// What chat responses carry in their `warning` field: the model is a base checkpoint or
+    /// has no chat template ([`tandem_engine::checkpoint::tuning`]).
+    pub chat_warning: Option<String>,
     /// The model's name in `/v1/models` and in responses.
     pub model_id: String,
     /// `--api-key`.
@@ -256,6 +259,10 @@ async fn generate(
         id: format!("{prefix}-{:x}-{n}", st.created),
         created: unix_now(),
         model: st.model_id.clone(),
+        warning: match kind {
+            Kind::Chat => st.chat_warning.clone(),
+            Kind::Completion => None,
+        },
     };
     if common.stream {
         Ok(stream(header, rx, common.include_usage).into_response())
