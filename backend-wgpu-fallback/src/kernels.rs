@@ -311,8 +311,9 @@ pub fn module_source(
     Ok(s)
 }
 
-/// The key of a pipeline: kernel, format, and the override constant R of matvec (input rows
-/// per workgroup; 0 elsewhere).
+/// The key of a pipeline: kernel, format, and matvec's override constants (R, its input rows
+/// per workgroup, in the low byte; NC, the subgroup variant's output columns per workgroup,
+/// above it where more than 1; 0 elsewhere).
 pub type PipelineKey = (Kernel, Option<Format>, u32);
 
 /// Pipelines made so far, all of one variant.
@@ -351,8 +352,17 @@ impl Pipelines {
             source: wgpu::ShaderSource::Wgsl(source.into()),
         });
         let constants: Vec<(&str, f64)> = match kernel {
-            Kernel::MatVec => vec![("R", f64::from(r))],
-            Kernel::MatVecGeGlu => vec![("R", f64::from(r)), ("GEGLU", 1.0)],
+            Kernel::MatVec | Kernel::MatVecGeGlu => {
+                // R in the low byte; NC (the subgroup variant's columns per workgroup) above.
+                let mut c = vec![("R", f64::from(r & 0xFF))];
+                if kernel == Kernel::MatVecGeGlu {
+                    c.push(("GEGLU", 1.0));
+                }
+                if r >> 8 > 1 {
+                    c.push(("NC", f64::from(r >> 8)));
+                }
+                c
+            }
             _ => Vec::new(),
         };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

@@ -20,6 +20,12 @@ const ARENA_ALIGN: u64 = 256;
 /// Rows from which a matmul takes the tiled kernel instead of matvec.
 const TILED_ROWS: usize = 16;
 
+/// Output columns from which the subgroup matvec takes [`MATVEC_COLUMNS`] per workgroup.
+const MATVEC_LONG: usize = 32_768;
+
+/// Output columns per workgroup of the subgroup matvec on a long matrix.
+const MATVEC_COLUMNS: usize = 4;
+
 /// The largest head `attention_gqa.wgsl` takes.
 const GQA_MAX_HEAD_DIM: usize = 256;
 
@@ -443,10 +449,16 @@ impl WgpuBackend {
                             });
                         } else {
                             let r = m.next_power_of_two().min(8);
-                            let [gx, gy] = spread(count as u32);
+                            // A long matrix (the logits'): several columns per workgroup.
+                            let nc = if self.gpu.variant.subgroups && count >= MATVEC_LONG {
+                                MATVEC_COLUMNS
+                            } else {
+                                1
+                            };
+                            let [gx, gy] = spread(div_up(count, nc));
                             planned.push(Planned {
                                 node: i,
-                                key: (Kernel::MatVec, Some(format), r as u32),
+                                key: (Kernel::MatVec, Some(format), r as u32 | (nc as u32) << 8),
                                 params,
                                 weight,
                                 weight2: None,

@@ -6,6 +6,9 @@ override R: u32 = 1u;
 // With GEGLU (a MatMul whose two equal halves only a GeGlu reads, fuse.rs): output column j is
 // gelu_tanh(row j . x) * (row j + n_count . x), both rows decoded against one load of x.
 override GEGLU: bool = false;
+// Output columns per workgroup, one after another (a long matrix, such as the logits', is
+// otherwise hundreds of thousands of small workgroups).
+override NC: u32 = 1u;
 const WG: u32 = 64u;
 var<workgroup> red: array<f32, 512>;
 var<workgroup> red_up: array<f32, 512>; // GEGLU: the up half's sums // [R <= 8][subgroups <= WG]
@@ -17,9 +20,15 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(subgroup_id) sg_id: u32,
         @builtin(num_subgroups) sg_num: u32,
         @builtin(subgroup_invocation_id) sg_lane: u32) {
-    let tid = lid.x;
-    let col = wid.x + wid.y * nwg.x;
-    let r0 = wid.z * R;
+    for (var cc = 0u; cc < NC; cc++) {
+        column((wid.x + wid.y * nwg.x) * NC + cc, lid.x, wid.z, sg_id, sg_num, sg_lane);
+        workgroupBarrier();
+    }
+}
+
+// Output column `col` of the input rows of workgroup layer z.
+fn column(col: u32, tid: u32, z: u32, sg_id: u32, sg_num: u32, sg_lane: u32) {
+    let r0 = z * R;
     let groups = p.k / GROUP;
     let wrow = col * p.row_bytes;
     for (var r = 0u; r < R; r++) {

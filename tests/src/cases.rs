@@ -945,6 +945,11 @@ pub fn all() -> Vec<Case> {
             v.push(matmul_quantized(d, rows, k, vec![64, 37]));
         }
     }
+    // A long matrix, as the logits' is (a GPU may give a workgroup several of its columns),
+    // with a column count that is no multiple of 4, split in two.
+    for rows in [1, 3] {
+        v.push(matmul_quantized(DType::Q8_0, rows, 32, vec![20_000, 20_001]));
+    }
     v.push(rope(vec![0, 5, 17, 300], 3, 10, 10_000.0, 1.0));
     v.push(rope(vec![4095], 2, 16, 1_000_000.0, 8.0));
     let spec = |heads, kv_heads, head_dim, window, softcap| AttentionSpec {
