@@ -313,7 +313,7 @@ pub fn module_source(
 
 /// The key of a pipeline: kernel, format, and matvec's override constants (R, its input rows
 /// per workgroup, in the low byte; NC, the subgroup variant's output columns per workgroup,
-/// above it where more than 1; 0 elsewhere).
+/// in the next; its workgroup size over 64 from bit 16, where more than 1; 0 elsewhere).
 pub type PipelineKey = (Kernel, Option<Format>, u32);
 
 /// Pipelines made so far, all of one variant.
@@ -358,8 +358,11 @@ impl Pipelines {
                 if kernel == Kernel::MatVecGeGlu {
                     c.push(("GEGLU", 1.0));
                 }
-                if r >> 8 > 1 {
-                    c.push(("NC", f64::from(r >> 8)));
+                if (r >> 8) & 0xFF > 1 {
+                    c.push(("NC", f64::from((r >> 8) & 0xFF)));
+                }
+                if r >> 16 > 1 {
+                    c.push(("WG", f64::from(64 * (r >> 16))));
                 }
                 c
             }

@@ -26,6 +26,47 @@ const MATVEC_LONG: usize = 32_768;
 /// Output columns per workgroup of the subgroup matvec on a long matrix.
 const MATVEC_COLUMNS: usize = 4;
 
+/// `TANDEM_WGPU_MATVEC_NC=n` (1 to 16): the subgroup matvec's output columns per workgroup
+/// on every matrix, for tuning runs.
+fn matvec_columns_override() -> Option<usize> {
+    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("TANDEM_WGPU_MATVEC_NC")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| (1..=16).contains(n))
+    })
+}
+
+/// Groups of a row (`Format::group` values each) from which the subgroup matvec takes 128
+/// invocations per output column rather than 64. On the H100, 1B q4_k decode at batch 1 went
+/// from 270.8 to 286.3 tok/s with 128 on its rows of 6,912 values (256 gave 278.3), and to
+/// 289.9 with 128 on its rows of 1,152 values as well (from 256 groups; from 128: 283.6).
+const MATVEC_WIDE_GROUPS: usize = 256;
+
+/// [`MATVEC_WIDE_GROUPS`], or `TANDEM_WGPU_MATVEC_WIDE=n`, for tuning runs.
+fn matvec_wide_groups() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("TANDEM_WGPU_MATVEC_WIDE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(MATVEC_WIDE_GROUPS)
+    })
+}
+
+/// `TANDEM_WGPU_MATVEC_WIDTH=n` (1 to 4): the subgroup matvec's invocations over 64 on long
+/// rows, for tuning runs.
+fn matvec_width_override() -> Option<usize> {
+    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("TANDEM_WGPU_MATVEC_WIDTH")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| (1..=4).contains(n))
+    })
+}
+
 /// The largest head `attention_gqa.wgsl` takes.
 const GQA_MAX_HEAD_DIM: usize = 256;
 
@@ -450,15 +491,30 @@ impl WgpuBackend {
                         } else {
                             let r = m.next_power_of_two().min(8);
                             // A long matrix (the logits'): several columns per workgroup.
-                            let nc = if self.gpu.variant.subgroups && count >= MATVEC_LONG {
+                            let nc = if !self.gpu.variant.subgroups {
+                                1
+                            } else if let Some(n) = matvec_columns_override() {
+                                n
+                            } else if count >= MATVEC_LONG {
                                 MATVEC_COLUMNS
                             } else {
                                 1
                             };
+                            // Long rows: more invocations per row, fewer loads each.
+                            let wide =
+                                if self.gpu.variant.subgroups && k / format.group() >= matvec_wide_groups() {
+                                    matvec_width_override().unwrap_or(2)
+                                } else {
+                                    1
+                                };
                             let [gx, gy] = spread(div_up(count, nc));
                             planned.push(Planned {
                                 node: i,
-                                key: (Kernel::MatVec, Some(format), r as u32 | (nc as u32) << 8),
+                                key: (
+                                    Kernel::MatVec,
+                                    Some(format),
+                                    r as u32 | (nc as u32) << 8 | (wide as u32) << 16,
+                                ),
                                 params,
                                 weight,
                                 weight2: None,

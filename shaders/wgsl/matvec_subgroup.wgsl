@@ -9,11 +9,12 @@ override GEGLU: bool = false;
 // Output columns per workgroup, one after another (a long matrix, such as the logits', is
 // otherwise hundreds of thousands of small workgroups).
 override NC: u32 = 1u;
-const WG: u32 = 64u;
+// Invocations per workgroup (64, or more for long rows; at most 64 subgroups).
+override WG: u32 = 64u;
 var<workgroup> red: array<f32, 512>;
 var<workgroup> red_up: array<f32, 512>; // GEGLU: the up half's sums // [R <= 8][subgroups <= WG]
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>,
@@ -64,8 +65,8 @@ fn column(col: u32, tid: u32, z: u32, sg_id: u32, sg_num: u32, sg_lane: u32) {
         let t = subgroupAdd(s);
         let tu = subgroupAdd(su);
         if (sg_lane == 0u) {
-            red[r * WG + sg_id] = t;
-            red_up[r * WG + sg_id] = tu;
+            red[r * 64u + sg_id] = t;
+            red_up[r * 64u + sg_id] = tu;
         }
     }
     workgroupBarrier();
@@ -75,8 +76,8 @@ fn column(col: u32, tid: u32, z: u32, sg_id: u32, sg_num: u32, sg_lane: u32) {
             var t = 0.0;
             var tu = 0.0;
             for (var i = 0u; i < sg_num; i++) {
-                t += red[tid * WG + i];
-                tu += red_up[tid * WG + i];
+                t += red[tid * 64u + i];
+                tu += red_up[tid * 64u + i];
             }
             if (GEGLU) {
                 t = gelu_tanh(t) * tu;

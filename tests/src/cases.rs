@@ -950,6 +950,11 @@ pub fn all() -> Vec<Case> {
     for rows in [1, 3] {
         v.push(matmul_quantized(DType::Q8_0, rows, 32, vec![20_000, 20_001]));
     }
+    // Rows long enough that a GPU may give each output column more invocations (wgpu's
+    // subgroup matvec: from 256 groups of 4 values).
+    for rows in [1, 5] {
+        v.push(matmul_quantized(DType::Q4K, rows, 2048, vec![40, 25]));
+    }
     v.push(rope(vec![0, 5, 17, 300], 3, 10, 10_000.0, 1.0));
     v.push(rope(vec![4095], 2, 16, 1_000_000.0, 8.0));
     let spec = |heads, kv_heads, head_dim, window, softcap| AttentionSpec {
