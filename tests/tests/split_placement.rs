@@ -937,7 +937,11 @@ fn calibration_measures_each_candidate_and_caches_the_choice() {
         &k,
         Some(&cache),
         // Progress lines (one per candidate measured) are for a terminal.
-        &mut |n| if !n.is_progress() { notes.push(n) },
+        &mut |n| {
+            if !n.is_progress() {
+                notes.push(n)
+            }
+        },
     )
     .unwrap();
     assert!(!from_cache);
@@ -986,7 +990,11 @@ fn calibration_measures_each_candidate_and_caches_the_choice() {
         "other",
         None,
         // Progress lines (one per candidate measured) are for a terminal.
-        &mut |n| if !n.is_progress() { notes.push(n) },
+        &mut |n| {
+            if !n.is_progress() {
+                notes.push(n)
+            }
+        },
     )
     .unwrap();
     assert_eq!(c.choice, Choice::whole("cpu"));
@@ -1019,7 +1027,11 @@ fn calibration_measures_a_layer_split() {
         "layers",
         Some(&cache),
         // Progress lines (one per candidate measured) are for a terminal.
-        &mut |n| if !n.is_progress() { notes.push(n) },
+        &mut |n| {
+            if !n.is_progress() {
+                notes.push(n)
+            }
+        },
     )
     .unwrap();
     assert!(!from_cache);

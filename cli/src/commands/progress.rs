@@ -28,9 +28,10 @@ pub fn line(notice: &Notice, terminal: bool) -> Option<String> {
 
 /// What a load's bar says it loads: the model's file or directory name, or the default model.
 pub fn load_label(model: Option<&Path>) -> String {
-    let name = model
-        .and_then(|m| m.file_name())
-        .map_or_else(|| "the default model".to_string(), |n| n.to_string_lossy().into_owned());
+    let name = model.and_then(|m| m.file_name()).map_or_else(
+        || "the default model".to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
     format!("loading {name}")
 }
 
@@ -80,7 +81,10 @@ impl Progress {
         let label = &self.label;
         let bar = self.bar.get_or_insert_with(|| {
             let bar = indicatif::ProgressBar::new(total);
-            let template = format!("{} {{bar:40}} {{bytes}}/{{total_bytes}} {{elapsed}}", label.replace('{', "{{").replace('}', "}}"));
+            let template = format!(
+                "{} {{bar:40}} {{bytes}}/{{total_bytes}} {{elapsed}}",
+                label.replace('{', "{{").replace('}', "}}")
+            );
             bar.set_style(
                 indicatif::ProgressStyle::with_template(&template)
                     .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
@@ -108,15 +112,24 @@ mod tests {
         let step = Notice::Progress("auto: measuring vulkan (1 of 3: ...)".into());
         let note = Notice::Note("using the cpu backend".into());
         assert_eq!(line(&step, false), None);
-        assert_eq!(line(&step, true).as_deref(), Some("auto: measuring vulkan (1 of 3: ...)"));
+        assert_eq!(
+            line(&step, true).as_deref(),
+            Some("auto: measuring vulkan (1 of 3: ...)")
+        );
         assert_eq!(line(&note, false).as_deref(), Some("note: using the cpu backend"));
         assert_eq!(line(&note, true).as_deref(), Some("note: using the cpu backend"));
     }
 
     #[test]
     fn the_bar_names_the_model_and_waits_for_a_long_load() {
-        assert_eq!(load_label(Some(Path::new("/m/gemma-3-4b.gguf"))), "loading gemma-3-4b.gguf");
-        assert_eq!(load_label(Some(Path::new("models/gemma-3-1b/"))), "loading gemma-3-1b");
+        assert_eq!(
+            load_label(Some(Path::new("/m/gemma-3-4b.gguf"))),
+            "loading gemma-3-4b.gguf"
+        );
+        assert_eq!(
+            load_label(Some(Path::new("models/gemma-3-1b/"))),
+            "loading gemma-3-1b"
+        );
         assert_eq!(load_label(None), "loading the default model");
         let t0 = Instant::now();
         let later = t0 + BAR_AFTER;

@@ -436,7 +436,16 @@ fn machine_fingerprint() -> String {
             }
         }
     }
-    for module in ["nvidia", "amdgpu", "i915", "xe", "radeon", "nouveau", "amdxdna", "intel_vpu"] {
+    for module in [
+        "nvidia",
+        "amdgpu",
+        "i915",
+        "xe",
+        "radeon",
+        "nouveau",
+        "amdxdna",
+        "intel_vpu",
+    ] {
         if let Ok(v) = std::fs::read_to_string(format!("/sys/module/{module}/version")) {
             text.push_str(&format!("{module} {}\n", v.trim()));
         }
@@ -447,7 +456,10 @@ fn machine_fingerprint() -> String {
         }
     }
     for node in entries(Path::new("/dev")) {
-        if node.file_name().is_some_and(|n| n.to_string_lossy().starts_with("nvidia")) {
+        if node
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("nvidia"))
+        {
             text.push_str(&format!("{}\n", node.display()));
         }
     }
@@ -533,7 +545,10 @@ mod tests {
             .map(|n| kind(&a.facts(n, &mut |n| notes.push(n))))
             .collect();
         let cpu = a.facts("cpu", &mut |n| notes.push(n));
-        assert!(matches!(a.take_as("cpu", &cpu, &mut |n| notes.push(n)), Taken::Same(_)));
+        assert!(matches!(
+            a.take_as("cpu", &cpu, &mut |n| notes.push(n)),
+            Taken::Same(_)
+        ));
         a.save();
         kinds
     }
@@ -604,11 +619,17 @@ mod tests {
         let mut a = Adapters::new(m, Some(path.clone()));
         let cached = a.facts("vulkan", &mut |n| notes.push(n));
         assert_eq!(kind(&cached), Some(DeviceKind::SoftwareGpu));
-        assert!(matches!(a.take_as("vulkan", &cached, &mut |n| notes.push(n)), Taken::Changed));
+        assert!(matches!(
+            a.take_as("vulkan", &cached, &mut |n| notes.push(n)),
+            Taken::Changed
+        ));
         let fresh = a.facts("vulkan", &mut |n| notes.push(n));
         assert_eq!(kind(&fresh), Some(DeviceKind::DiscreteGpu));
         // The backend created to find out is the one taken next: created once.
-        assert!(matches!(a.take_as("vulkan", &fresh, &mut |n| notes.push(n)), Taken::Same(_)));
+        assert!(matches!(
+            a.take_as("vulkan", &fresh, &mut |n| notes.push(n)),
+            Taken::Same(_)
+        ));
         assert_eq!(*created.borrow(), ["vulkan"]);
         a.save();
         let text = std::fs::read_to_string(&path).unwrap();

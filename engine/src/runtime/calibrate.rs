@@ -580,8 +580,14 @@ mod tests {
             })
             .collect();
         assert_eq!(lines.len(), 5);
-        assert!(lines[0].starts_with("auto: measuring vulkan (1 of 5: "), "{lines:?}");
-        assert!(lines[4].starts_with("auto: measuring npu+cpu (5 of 5: "), "{lines:?}");
+        assert!(
+            lines[0].starts_with("auto: measuring vulkan (1 of 5: "),
+            "{lines:?}"
+        );
+        assert!(
+            lines[4].starts_with("auto: measuring npu+cpu (5 of 5: "),
+            "{lines:?}"
+        );
     }
 
     #[test]

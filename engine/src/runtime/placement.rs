@@ -441,7 +441,8 @@ impl Placement {
         notices: &mut dyn FnMut(Notice),
     ) -> Result<Placement, PlacementError> {
         let mut adapters = Adapters::for_plugins(discovery, settings);
-        let placement = Placement::decide_with(&mut adapters, discovery, settings, backend, gpu_layers, notices);
+        let placement =
+            Placement::decide_with(&mut adapters, discovery, settings, backend, gpu_layers, notices);
         adapters.save();
         placement
     }
