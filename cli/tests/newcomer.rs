@@ -450,3 +450,37 @@ fn the_readme_perplexity_synth_bench_serve_and_loadgen_print_what_it_says() {
     let log = server.stderr.lock().unwrap().clone();
     assert_own_lines(&log, &"serve");
 }
+
+/// Start-up off a terminal: with stderr a pipe, a load prints no progress (no bar, no steps),
+/// only tandem's notes; `auto` caches what it learnt of the adapters (`adapters.json` in the
+/// cache directory) and its next start, reading them, says the same.
+#[test]
+fn start_up_off_a_terminal_prints_no_progress_and_auto_reads_its_adapter_cache() {
+    let install = Install::new(&["cpu", "vulkan", "wgpu"]);
+    let cache = tempfile::tempdir().unwrap();
+    let model = fixture();
+    let run = |backend: &str| {
+        let out = Command::new(install.path().join("engine"))
+            .args(["run", "--model", model.to_str().unwrap(), "--tokens", "2,17,5"])
+            .args(["--max-tokens", "1", "--temperature", "0", "--backend", backend])
+            .env_remove("TANDEM_PLUGIN_PATH")
+            .env("TANDEM_CACHE_DIR", cache.path())
+            .output()
+            .expect("engine runs");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{backend}: {stderr}");
+        stderr
+    };
+    assert_eq!(run("cpu"), "", "nothing but notes off a terminal");
+    let first = run("auto");
+    for line in first.lines() {
+        assert!(
+            line.starts_with("note: ") || line.starts_with("warning: "),
+            "{first}"
+        );
+    }
+    assert!(!first.contains('\r') && !first.contains("loading"), "{first}");
+    let cached = std::fs::read_to_string(cache.path().join("adapters.json")).expect("adapters.json");
+    assert!(cached.contains("\"backend\": \"vulkan\""), "{cached}");
+    assert_eq!(run("auto"), first, "the second start, from the cache");
+}

@@ -936,7 +936,12 @@ fn calibration_measures_each_candidate_and_caches_the_choice() {
         &cands,
         &k,
         Some(&cache),
-        &mut |n| notes.push(n),
+        // Progress lines (one per candidate measured) are for a terminal.
+        &mut |n| {
+            if !n.is_progress() {
+                notes.push(n)
+            }
+        },
     )
     .unwrap();
     assert!(!from_cache);
@@ -984,7 +989,12 @@ fn calibration_measures_each_candidate_and_caches_the_choice() {
         &bad,
         "other",
         None,
-        &mut |n| notes.push(n),
+        // Progress lines (one per candidate measured) are for a terminal.
+        &mut |n| {
+            if !n.is_progress() {
+                notes.push(n)
+            }
+        },
     )
     .unwrap();
     assert_eq!(c.choice, Choice::whole("cpu"));
@@ -1016,7 +1026,12 @@ fn calibration_measures_a_layer_split() {
         &cands,
         "layers",
         Some(&cache),
-        &mut |n| notes.push(n),
+        // Progress lines (one per candidate measured) are for a terminal.
+        &mut |n| {
+            if !n.is_progress() {
+                notes.push(n)
+            }
+        },
     )
     .unwrap();
     assert!(!from_cache);

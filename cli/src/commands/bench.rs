@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context as _};
 use tandem_engine::bench::run::{BenchEvent, BenchOptions};
 
-use super::load::{print_notice, LoadBar, ModelArgs};
+use super::load::ModelArgs;
+use super::progress::{self, Progress};
 use crate::Context;
 
 /// Flags of `engine bench`.
@@ -97,7 +98,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         );
         bar
     });
-    let mut load_bar = LoadBar::default();
+    let mut load_bar = Progress::new(progress::load_label(args.model.model.as_deref()));
     let mut settings = ctx.settings.clone();
     if args.profile {
         for name in ["cpu", "vulkan", "wgpu"] {
@@ -105,9 +106,9 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         }
     }
     let result = tandem_engine::bench::run::run(&ctx.search, &settings, &options, &mut |event| match event {
-        BenchEvent::Notice(n) => print_notice(n),
+        BenchEvent::Notice(n) => load_bar.notice(n),
         BenchEvent::WritingSynthetic(path) => eprintln!("writing {}", path.display()),
-        BenchEvent::Loading { done, total } => load_bar.update(done, total),
+        BenchEvent::Loading { done, total } => load_bar.bytes(done, total),
         BenchEvent::Loaded => load_bar.finish(),
         BenchEvent::Tokens(n) => {
             if let Some(b) = &bar {

@@ -1,12 +1,14 @@
 //! What `run`, `logits`, `chat` and `bench` share: the model flags, and loading the model with
-//! a progress bar on a terminal and the engine's notices on stderr.
+//! progress on a terminal ([`super::progress`]) and the engine's notices on stderr.
 
+use std::cell::RefCell;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
 use tandem_engine::{KvCacheType, Loaded, ModelOptions, Notice};
 
+use super::progress::{self, Progress};
 use crate::Context;
 
 /// Flags every model command takes.
@@ -57,52 +59,26 @@ impl ModelArgs {
     }
 }
 
-/// Prints a notice from the engine on stderr.
+/// Prints a notice from the engine on stderr (a progress step only where stderr is a terminal).
 pub fn print_notice(notice: Notice) {
-    eprintln!("{notice}");
-}
-
-/// A load progress bar on a terminal (none otherwise), created at the first update.
-#[derive(Default)]
-pub struct LoadBar(Option<indicatif::ProgressBar>);
-
-impl LoadBar {
-    /// `done` of `total` bytes uploaded.
-    pub fn update(&mut self, done: u64, total: u64) {
-        if !std::io::stderr().is_terminal() {
-            return;
-        }
-        let bar = self.0.get_or_insert_with(|| {
-            let bar = indicatif::ProgressBar::new(total);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} {elapsed}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            bar
-        });
-        bar.set_position(done);
-    }
-
-    /// Clears the bar.
-    pub fn finish(&mut self) {
-        if let Some(b) = self.0.take() {
-            b.finish_and_clear();
-        }
+    if let Some(text) = progress::line(&notice, std::io::stderr().is_terminal()) {
+        eprintln!("{text}");
     }
 }
 
-/// Loads `--model` onto the chosen backend, with a progress bar on a terminal.
+/// Loads `--model` onto the chosen backend, with progress on a terminal ([`Progress`]).
 pub fn load(ctx: &Context, args: &ModelArgs, slots: usize) -> anyhow::Result<Loaded> {
-    let mut bar = LoadBar::default();
+    // The engine calls one of the two at a time, never one inside the other.
+    let progress = RefCell::new(Progress::new(progress::load_label(args.model.as_deref())));
     let loaded = tandem_engine::load(
         &ctx.search,
         &ctx.settings,
         &args.options(),
         slots,
-        &mut print_notice,
-        &mut |done, total| bar.update(done, total),
+        &mut |n| progress.borrow_mut().notice(n),
+        &mut |done, total| progress.borrow_mut().bytes(done, total),
     );
-    bar.finish();
+    progress.borrow_mut().finish();
     Ok(loaded?)
 }
 

@@ -9,6 +9,7 @@ pub mod loadgen;
 pub mod logits;
 pub mod perplexity;
 pub mod placement;
+pub mod progress;
 pub mod run;
 pub mod serve;
 pub mod synth;

@@ -435,7 +435,8 @@ pub fn calibrate_with(
         return Ok((c, true));
     }
     let mut figures = Vec::new();
-    for c in candidates {
+    for (i, c) in candidates.iter().enumerate() {
+        notices(Notice::Progress(measuring_line(c, i, candidates.len())));
         match measure(c) {
             Ok(m) => figures.push(m),
             Err(e) => notices(Notice::Note(format!("calibration: {c} left out: {e}"))),
@@ -454,6 +455,14 @@ pub fn calibrate_with(
         store(p, &calibration);
     }
     Ok((calibration, false))
+}
+
+/// The progress line before candidate `index` (from 0) of `count` is measured.
+pub fn measuring_line(c: &Choice, index: usize, count: usize) -> String {
+    format!(
+        "auto: measuring {c} ({} of {count}: a {PREFILL_TOKENS}-token prefill and {DECODE_STEPS} decode steps, twice)",
+        index + 1
+    )
 }
 
 /// The line `auto` prints: the choice and the figures behind it.
@@ -549,7 +558,8 @@ mod tests {
         assert!(note.contains("leaves out npu+vulkan at"), "{note}");
         // What calibration then measures is exactly the selection, and it still decides.
         let mut measured = Vec::new();
-        let (c, cached) = calibrate_with(&s.measure, "k", None, &mut |_| {}, &mut |c| {
+        let mut steps = Vec::new();
+        let (c, cached) = calibrate_with(&s.measure, "k", None, &mut |n| steps.push(n), &mut |c| {
             measured.push(c.to_string());
             Ok(Measured {
                 choice: c.clone(),
@@ -561,6 +571,23 @@ mod tests {
         assert!(!cached);
         assert_eq!(measured, names(&s.measure));
         assert_eq!(c.choice, Choice::whole("npu+cpu"));
+        // A progress line before each candidate, counting them.
+        let lines: Vec<String> = steps
+            .iter()
+            .map(|n| match n {
+                Notice::Progress(m) => m.clone(),
+                other => panic!("not a progress step: {other}"),
+            })
+            .collect();
+        assert_eq!(lines.len(), 5);
+        assert!(
+            lines[0].starts_with("auto: measuring vulkan (1 of 5: "),
+            "{lines:?}"
+        );
+        assert!(
+            lines[4].starts_with("auto: measuring npu+cpu (5 of 5: "),
+            "{lines:?}"
+        );
     }
 
     #[test]

@@ -4,10 +4,11 @@
 //! ([`super::planned`]) places and uploads the model. What `engine run`, `chat`, `serve`,
 //! `placement` and `bench` share.
 
-use tandem_backend_api::DeviceKind;
+use tandem_backend_api::{ComputeBackend, DeviceKind};
 
+use super::adapters::{Adapters, Facts, Taken};
 use super::notice::Notice;
-use super::placement::{discover, Placement, AUTO_ORDER};
+use super::placement::{discover, Candidate, Placement, AUTO_ORDER};
 use super::placement_report::gib;
 use super::planned::{load_planned, plan_placed};
 pub use super::planned::{KvCacheType, LoadError, Loaded, ModelOptions, Planned};
@@ -28,10 +29,27 @@ pub fn decide(
     slots: usize,
     notices: &mut dyn FnMut(Notice),
 ) -> Result<(ModelOptions, Placement), LoadError> {
-    let options =
-        measured_auto(discovery, settings, options, slots, notices)?.unwrap_or_else(|| options.clone());
-    let placement = Placement::decide(discovery, settings, &options.backend, options.gpu_layers, notices)?;
-    Ok((options, placement))
+    // One set of facts for both: what measuring learns (and the backends it created) is what
+    // the choice uses, so no backend is created twice.
+    let mut adapters = Adapters::for_plugins(discovery, settings);
+    let measured = measured_auto(&mut adapters, discovery, settings, options, slots, notices);
+    let options = match measured {
+        Ok(m) => m.unwrap_or_else(|| options.clone()),
+        Err(e) => {
+            adapters.save();
+            return Err(e);
+        }
+    };
+    let placement = Placement::decide_with(
+        &mut adapters,
+        discovery,
+        settings,
+        &options.backend,
+        options.gpu_layers,
+        notices,
+    );
+    adapters.save();
+    Ok((options, placement?))
 }
 
 /// Decides the placement, plans the model on it and checks every unit's memory budget
@@ -98,6 +116,7 @@ pub fn load(
 /// the model fits whole. `None` otherwise: auto's first-available rule stands (and
 /// [`budget::fit`] splits a model too large for it).
 fn measured_auto(
+    adapters: &mut Adapters,
     discovery: &Discovery,
     settings: &Settings,
     options: &ModelOptions,
@@ -108,31 +127,45 @@ fn measured_auto(
     if !plain_auto(settings, options) || p.default.is_some() {
         return Ok(None);
     }
-    let mut units = Vec::new();
-    let mut devices = Vec::new();
-    let mut infos = Vec::new();
+    // The hardware units, from their facts (cached, or learnt by creating them); each is created
+    // only where it is measured, the facts checked as it is.
+    let mut hardware = Vec::new();
     for name in AUTO_ORDER {
-        if let Ok(b) = discovery.create(name, &settings.backend_options(name)) {
-            let info = b.info();
+        let facts = adapters.facts(name, notices);
+        if let Facts::Available(info) = &facts {
             if info.kind != DeviceKind::SoftwareGpu {
-                devices.push(format!("{name}={}", info.device));
-                infos.push(calibrate::Unit {
-                    name: name.to_string(),
-                    info,
-                });
-                units.push((name.to_string(), b));
+                hardware.push((name, facts));
             }
         }
     }
-    if units.len() < 2 {
+    if hardware.len() < 2 {
         return Ok(None);
     }
+    let mut units: Vec<(String, Box<dyn ComputeBackend>)> = Vec::new();
+    let mut devices = Vec::new();
+    let mut infos = Vec::new();
+    for (name, facts) in hardware {
+        let Taken::Same(b) = adapters.take_as(name, &facts, notices) else {
+            // Stale facts, now replaced by what creating it found: decide again on those (the
+            // units created so far kept for it).
+            for (n, b) in units {
+                adapters.give_back(&n, b);
+            }
+            return measured_auto(adapters, discovery, settings, options, slots, notices);
+        };
+        let info = b.info();
+        devices.push(format!("{name}={}", info.device));
+        infos.push(calibrate::Unit {
+            name: name.to_string(),
+            info,
+        });
+        units.push((name.to_string(), b));
+    }
     // An NPU runs attention beside the other units: it adds `npu+X` candidates.
-    let npu = discovery
-        .create(calibrate::NPU, &settings.backend_options(calibrate::NPU))
-        .ok()
-        .map(|b| b.info())
-        .filter(|info| info.kind == DeviceKind::Npu);
+    let npu = match adapters.facts(calibrate::NPU, notices) {
+        Facts::Available(info) if info.kind == DeviceKind::Npu => Some(info),
+        _ => None,
+    };
     if let Some(info) = npu {
         devices.push(format!("{}={}", calibrate::NPU, info.device));
         infos.push(calibrate::Unit {
@@ -144,13 +177,23 @@ fn measured_auto(
     let mut fits = Vec::with_capacity(units.len());
     let mut too_large = None;
     let mut shape = None;
-    for (i, (name, b)) in units.into_iter().enumerate() {
+    let mut units = units.into_iter().enumerate();
+    while let Some((i, (name, b))) = units.next() {
         let one = Placement::single(name.clone(), b, "--backend auto".to_string());
         let (planned, _) = plan_placed(one, options, slots)?;
         if i == 0 {
             shape = Some(calibrate::shape_of(&planned.model.config));
             too_large = planned.report().units.into_iter().find(|u| u.over_budget());
             if too_large.is_none() {
+                // Every unit created so far is handed back: the one chosen is not created again.
+                for (n, c) in planned.placement.candidates {
+                    if let Candidate::Ready(b) = c {
+                        adapters.give_back(&n, b);
+                    }
+                }
+                for (_, (n, b)) in units.by_ref() {
+                    adapters.give_back(&n, b);
+                }
                 break;
             }
         }

@@ -4,7 +4,8 @@
 //!   every node of the step graph on one ([`layers`] places whole layers: `--gpu-layers`,
 //!   `[placement.layers]`); [`budget`] checks what each unit holds against its memory, and fits
 //!   layers to it; [`placement_report`] says what that costs;
-//! - [`load`] decides the placement (with [`calibrate`] measuring for `auto`), then [`planned`]
+//! - [`load`] decides the placement (with [`adapters`] telling `auto` what each backend offers
+//!   and [`calibrate`] measuring), then [`planned`]
 //!   uploads the model onto its units: the one load path, one backend being a split of one;
 //! - [`split`] is the split scheduler: the step's programs per unit, the copies between units,
 //!   micro-batches, the KV hand-off between phases;
@@ -13,6 +14,7 @@
 //!   tokens, [`stop`] finds stop strings;
 //! - [`notice`] carries warnings and notes for the user.
 
+pub mod adapters;
 pub mod budget;
 pub mod calibrate;
 pub mod environment;

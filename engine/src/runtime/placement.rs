@@ -5,6 +5,7 @@
 
 use tandem_backend_api::{ComputeBackend, DeviceKind, Graph, Support};
 
+use super::adapters::{Adapters, Facts, Taken};
 use super::layers::{LayerError, LayerRule, RegionUnits};
 use super::notice::Notice;
 use super::plugins::{Discovery, PluginLookupError, PluginSearch};
@@ -40,9 +41,25 @@ pub fn discover(search: &PluginSearch, notices: &mut dyn FnMut(Notice)) -> Disco
 
 /// Creates the one backend `name` names (`cpu`, `vulkan`, ..., or `auto`: the first available of
 /// the configured `[placement] default` list, else of [`AUTO_ORDER`]) among the plugins found.
-/// The reasons `auto` passed a candidate over go to `notices`.
+/// The reasons `auto` passed a candidate over go to `notices`. `auto` learns what each candidate
+/// offers from the adapter cache where it can ([`Adapters`]).
 pub fn choose_from(
     discovery: &Discovery,
+    settings: &Settings,
+    name: &str,
+    notices: &mut dyn FnMut(Notice),
+) -> Result<Box<dyn ComputeBackend>, PlacementError> {
+    let mut adapters = Adapters::for_plugins(discovery, settings);
+    let chosen = choose_with(&mut adapters, settings, name, notices);
+    adapters.save();
+    chosen
+}
+
+/// [`choose_from`] with the facts and backends of `adapters`: under `auto`, only the backend
+/// chosen is created (or taken, where learning its facts created it), unless the facts it was
+/// chosen by prove stale, when the choice is made again with what creating it found.
+pub fn choose_with(
+    adapters: &mut Adapters,
     settings: &Settings,
     name: &str,
     notices: &mut dyn FnMut(Notice),
@@ -59,41 +76,60 @@ pub fn choose_from(
             .map_or_else(|| AUTO_ORDER.to_vec(), |v| v.iter().map(String::as_str).collect()),
         // A split is placed node by node (`PlacementSpec`), not chosen here.
         n if n.contains('+') => return Err(SpecError::Form(n.to_string()).into()),
-        n => vec![n],
-    };
-    let mut reasons = Vec::new();
-    let mut software = None;
-    for c in &candidates {
-        match discovery.create(c, &settings.backend_options(c)) {
-            Ok(b) if skip_software && b.info().kind == DeviceKind::SoftwareGpu => {
-                reasons.push(format!("{c} runs on {}, a software GPU", b.info().device));
-                software.get_or_insert(b);
+        n => {
+            let b = adapters.take(n)?;
+            if b.info().kind == DeviceKind::SoftwareGpu {
+                notices(Notice::Note(software_gpu_note(n, &b.info().device)));
             }
-            Ok(b) => {
-                if !reasons.is_empty() {
-                    notices(Notice::Note(format!(
-                        "using the {c} backend ({})",
-                        reasons.join("; ")
-                    )));
-                }
-                if b.info().kind == DeviceKind::SoftwareGpu {
-                    notices(Notice::Note(software_gpu_note(c, &b.info().device)));
-                }
-                return Ok(b);
-            }
-            Err(e) if name == "auto" => reasons.push(e.to_string()),
-            Err(e) => return Err(e.into()),
+            return Ok(b);
         }
+    };
+    // Each pass either chooses or replaces a cached fact with one learnt by creating the
+    // backend, which is never replaced again: at most one pass per candidate, and one more.
+    'choose: for _ in 0..=candidates.len() {
+        let mut reasons = Vec::new();
+        let mut software = None;
+        for c in &candidates {
+            let facts = adapters.facts(c, notices);
+            match &facts {
+                Facts::Unavailable(reason) => reasons.push(reason.clone()),
+                Facts::Available(info) if skip_software && info.kind == DeviceKind::SoftwareGpu => {
+                    reasons.push(format!("{c} runs on {}, a software GPU", info.device));
+                    software.get_or_insert((*c, facts.clone()));
+                }
+                Facts::Available(_) => {
+                    let Taken::Same(b) = adapters.take_as(c, &facts, notices) else {
+                        continue 'choose;
+                    };
+                    if !reasons.is_empty() {
+                        notices(Notice::Note(format!(
+                            "using the {c} backend ({})",
+                            reasons.join("; ")
+                        )));
+                    }
+                    if b.info().kind == DeviceKind::SoftwareGpu {
+                        notices(Notice::Note(software_gpu_note(c, &b.info().device)));
+                    }
+                    return Ok(b);
+                }
+            }
+        }
+        if let Some((c, facts)) = software {
+            let Taken::Same(b) = adapters.take_as(c, &facts, notices) else {
+                continue 'choose;
+            };
+            notices(Notice::Note(format!(
+                "using {} on a software GPU ({})",
+                b.info().name,
+                reasons.join("; ")
+            )));
+            return Ok(b);
+        }
+        return Err(PlacementError::NoneAvailable(reasons.join("; ")));
     }
-    if let Some(b) = software {
-        notices(Notice::Note(format!(
-            "using {} on a software GPU ({})",
-            b.info().name,
-            reasons.join("; ")
-        )));
-        return Ok(b);
-    }
-    Err(PlacementError::NoneAvailable(reasons.join("; ")))
+    Err(PlacementError::NoneAvailable(
+        "the backends' facts kept changing while they were created".to_string(),
+    ))
 }
 
 /// What a software GPU chosen by name is told.
@@ -404,10 +440,26 @@ impl Placement {
         gpu_layers: Option<usize>,
         notices: &mut dyn FnMut(Notice),
     ) -> Result<Placement, PlacementError> {
+        let mut adapters = Adapters::for_plugins(discovery, settings);
+        let placement =
+            Placement::decide_with(&mut adapters, discovery, settings, backend, gpu_layers, notices);
+        adapters.save();
+        placement
+    }
+
+    /// [`Placement::decide`] with the facts and backends `adapters` holds.
+    pub fn decide_with(
+        adapters: &mut Adapters,
+        discovery: &Discovery,
+        settings: &Settings,
+        backend: &str,
+        gpu_layers: Option<usize>,
+        notices: &mut dyn FnMut(Notice),
+    ) -> Result<Placement, PlacementError> {
         let known: Vec<String> = discovery.plugins.iter().map(|p| p.name().to_string()).collect();
         match PlacementSpec::resolve(backend, settings, &known, gpu_layers)? {
             None => {
-                let b = choose_from(discovery, settings, backend, notices)?;
+                let b = choose_with(adapters, settings, backend, notices)?;
                 let name = b.info().name;
                 let single = Placement::single(name, b, format!("--backend {backend}"));
                 match gpu_layers {

@@ -33,6 +33,8 @@ pub struct Fake {
     registry: Arc<Mutex<Registry>>,
     /// Whether it imports host memory and shares timelines.
     pub device_side: bool,
+    /// The kind of device its info says (the CPU unless set).
+    pub kind: DeviceKind,
     buffers: HashMap<u64, Storage>,
     programs: HashMap<u64, (Graph, Vec<ValueShape>)>,
     next: u64,
@@ -50,6 +52,7 @@ impl Fake {
             id,
             registry: registry.clone(),
             device_side,
+            kind: DeviceKind::Cpu,
             buffers: HashMap::new(),
             programs: HashMap::new(),
             next: 1,
@@ -81,7 +84,7 @@ impl ComputeBackend for Fake {
         BackendInfo {
             name: format!("fake{}", self.id),
             device: "host".into(),
-            kind: DeviceKind::Cpu,
+            kind: self.kind,
             memory_bytes: None,
             features: vec![],
         }

@@ -29,7 +29,7 @@
 //! ([`SplitScheduler::set_micro_batches`]).
 
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 mod kv;
 pub mod plan;
 pub mod program;
