@@ -407,7 +407,10 @@ mod tests {
         assert!(formats.len() >= 13, "{formats:?}");
         for f in formats {
             let source = module_source(Kernel::MatMulTiled, Some(f), variant).unwrap();
-            assert!(source.contains("coopMultiplyAdd"), "{f:?}: not the coopmat kernel");
+            assert!(
+                source.contains("coopMultiplyAdd"),
+                "{f:?}: not the coopmat kernel"
+            );
             let module = naga::front::wgsl::parse_str(&source)
                 .unwrap_or_else(|e| panic!("{f:?}: {}", e.emit_to_string(&source)));
             let info = naga::valid::Validator::new(

@@ -956,7 +956,12 @@ pub fn all() -> Vec<Case> {
     // the block formats: GPU kernels may stage the input and weights in f16 (the wgpu and
     // Vulkan backends' f16 tiles and cooperative matrices).
     let prefill_splits = vec![100, 60, 37];
-    for (d, k) in [(DType::F32, 100), (DType::F16, 100), (DType::F16, 33), (DType::Bf16, 100)] {
+    for (d, k) in [
+        (DType::F32, 100),
+        (DType::F16, 100),
+        (DType::F16, 33),
+        (DType::Bf16, 100),
+    ] {
         v.push(matmul_within(d, 37, k, prefill_splits.clone(), 1e-3));
     }
     for d in [
