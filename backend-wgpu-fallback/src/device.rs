@@ -20,7 +20,7 @@ pub const VALIDATION_VAR: &str = "TANDEM_WGPU_VALIDATION";
 pub const FEATURES_VAR: &str = "TANDEM_WGPU_FEATURES";
 
 /// The optional features the kernels may use, by name (`features` option).
-pub const FEATURE_NAMES: [&str; 2] = ["subgroups", "f16"];
+pub const FEATURE_NAMES: [&str; 3] = ["subgroups", "f16", "coopmat"];
 
 /// Which kernel variants the options ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +44,7 @@ pub fn parse_features(value: &str) -> Result<FeatureRequest, BackendError> {
         match name {
             "subgroups" | "subgroup" => variant.subgroups = true,
             "f16" | "shader_f16" => variant.f16 = true,
+            "coopmat" | "cooperative_matrix" => variant.coopmat = true,
             other => {
                 return Err(BackendError::invalid(format!(
                     "backend option 'features': unknown feature '{other}' (auto, portable, or a list of {})",
@@ -334,10 +335,12 @@ impl Gpu {
         if timestamps {
             wanted |= wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         }
+        let coopmat = coopmat_offered(adapter, info);
         let variant = match req.features {
             FeatureRequest::Auto => Variant {
                 subgroups: offered.contains(wgpu::Features::SUBGROUP),
                 f16: offered.contains(wgpu::Features::SHADER_F16),
+                coopmat: coopmat.is_ok(),
             },
             FeatureRequest::Exactly(v) => {
                 if v.subgroups && !offered.contains(wgpu::Features::SUBGROUP) {
@@ -356,6 +359,14 @@ impl Gpu {
                         ),
                     });
                 }
+                if let (true, Err(why)) = (v.coopmat, &coopmat) {
+                    return Err(BackendError::Unavailable {
+                        reason: format!(
+                            "features = coopmat, but wgpu adapter {} {why}",
+                            describe(chosen, info)
+                        ),
+                    });
+                }
                 v
             }
         };
@@ -365,12 +376,28 @@ impl Gpu {
         if variant.f16 {
             wanted |= wgpu::Features::SHADER_F16;
         }
+        if variant.coopmat {
+            // The cooperative-matrix matmul also uses f16 and subgroup builtins.
+            wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+                | wgpu::Features::SHADER_F16
+                | wgpu::Features::SUBGROUP;
+        }
+        let experimental_features = if variant.coopmat {
+            // SAFETY: wgpu asks callers of its experimental features to accept that its
+            // implementation of them may have bugs; the only one used is cooperative matrices, in
+            // one kernel (matmul_coopmat.wgsl) that loads and stores them in bounds of its
+            // workgroup arrays, and `features = portable` or `f16,subgroups` opts out of it.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         // Everything the adapter offers: the weights need its largest buffers and bindings.
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("tandem"),
             required_features: wanted,
             required_limits: limits.clone(),
+            experimental_features,
             ..Default::default()
         }))
         .map_err(|e| BackendError::Unavailable {
@@ -475,6 +502,49 @@ impl Gpu {
     }
 }
 
+/// Workgroup memory of `matmul_coopmat.wgsl`: f16 tiles of 64 and 128 rows of 72, and eight
+/// 16x16 f32 slots.
+const COOPMAT_WORKGROUP_BYTES: u32 = (64 + 128) * 72 * 2 + 8 * 256 * 4;
+
+/// Whether the adapter runs `matmul_coopmat.wgsl`, or why not: cooperative matrices offering
+/// the 16x16x16 f16 x f16 -> f32 configuration, f16 and subgroups, subgroups of exactly 32
+/// invocations (its 256 invocations are 8 subgroups, one per 32 x 32 block of the tile), and
+/// its workgroup memory.
+fn coopmat_offered(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo) -> Result<(), String> {
+    let f = adapter.features();
+    if !f.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        return Err("does not offer cooperative matrices (EXPERIMENTAL_COOPERATIVE_MATRIX)".into());
+    }
+    if !f.contains(wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP) {
+        return Err("does not offer f16 shaders and subgroups, which the coopmat kernel needs".into());
+    }
+    let f16_f32 = adapter.cooperative_matrix_properties().iter().any(|c| {
+        (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
+            && c.ab_type == wgpu::CooperativeScalarType::F16
+            && c.cr_type == wgpu::CooperativeScalarType::F32
+    });
+    if !f16_f32 {
+        return Err("does not list the 16x16x16 f16 x f16 -> f32 cooperative matrix configuration".into());
+    }
+    if (info.subgroup_min_size, info.subgroup_max_size) != (32, 32) {
+        return Err(format!(
+            "has subgroups of {} to {} invocations (the coopmat kernel needs exactly 32)",
+            info.subgroup_min_size, info.subgroup_max_size
+        ));
+    }
+    let limits = adapter.limits();
+    if limits.max_compute_workgroup_storage_size < COOPMAT_WORKGROUP_BYTES
+        || limits.max_compute_invocations_per_workgroup < 256
+    {
+        return Err(format!(
+            "offers {} bytes of workgroup memory and {} invocations per workgroup (the coopmat \
+             kernel needs {COOPMAT_WORKGROUP_BYTES} and 256)",
+            limits.max_compute_workgroup_storage_size, limits.max_compute_invocations_per_workgroup
+        ));
+    }
+    Ok(())
+}
+
 fn compute_capable(a: &wgpu::Adapter) -> bool {
     a.get_downlevel_capabilities()
         .flags
@@ -507,14 +577,22 @@ mod tests {
             parse_features(" Subgroups ").unwrap(),
             FeatureRequest::Exactly(Variant {
                 subgroups: true,
-                f16: false
+                ..Variant::PORTABLE
             })
         );
         assert_eq!(
             parse_features("f16,subgroups").unwrap(),
             FeatureRequest::Exactly(Variant {
                 subgroups: true,
-                f16: true
+                f16: true,
+                coopmat: false
+            })
+        );
+        assert_eq!(
+            parse_features("coopmat").unwrap(),
+            FeatureRequest::Exactly(Variant {
+                coopmat: true,
+                ..Variant::PORTABLE
             })
         );
         let e = parse_features("subgroups,warp").unwrap_err().to_string();

@@ -8,7 +8,10 @@
 //! (`parts/reduce_subgroup.wgsl`, `matvec_subgroup.wgsl`); without, the portable tree in
 //! workgroup memory (`parts/reduce.wgsl`, `matvec.wgsl`) that any adapter runs; with `f16`
 //! (`wgpu::Features::SHADER_F16`) the prefill matmul stages its tiles in f16
-//! (`matmul_tiled_f16.wgsl`), without it in f32 (`matmul_tiled.wgsl`).
+//! (`matmul_tiled_f16.wgsl`), without it in f32 (`matmul_tiled.wgsl`); with `coopmat`
+//! (`wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX` offering 16x16x16 f16 x f16 -> f32, with
+//! f16 and 32-wide subgroups) it runs on cooperative matrices (`matmul_coopmat.wgsl`, tiles of
+//! [`Variant::matmul_tile`]).
 
 use std::collections::HashMap;
 
@@ -32,6 +35,10 @@ pub struct Variant {
     /// f16 tiles in workgroup memory for the prefill matmul (`wgpu::Features::SHADER_F16`,
     /// WGSL `enable f16`).
     pub f16: bool,
+    /// The prefill matmul on cooperative matrices (`wgpu::Features::
+    /// EXPERIMENTAL_COOPERATIVE_MATRIX`, WGSL `enable wgpu_cooperative_matrix`); needs `f16`
+    /// and `subgroups` too.
+    pub coopmat: bool,
 }
 
 impl Variant {
@@ -39,7 +46,17 @@ impl Variant {
     pub const PORTABLE: Variant = Variant {
         subgroups: false,
         f16: false,
+        coopmat: false,
     };
+
+    /// The prefill matmul's output tile: (weight rows, input rows) per workgroup.
+    pub fn matmul_tile(self) -> (usize, usize) {
+        if self.coopmat {
+            (128, 64)
+        } else {
+            (64, 64)
+        }
+    }
 
     /// Names of the variants in use, for `engine backends` (`portable` when none).
     pub fn names(self) -> Vec<&'static str> {
@@ -49,6 +66,9 @@ impl Variant {
         }
         if self.f16 {
             v.push("f16");
+        }
+        if self.coopmat {
+            v.push("coopmat");
         }
         if v.is_empty() {
             v.push("portable");
@@ -138,6 +158,9 @@ impl Kernel {
         match self {
             Kernel::MatVec | Kernel::MatVecGeGlu if variant.subgroups => {
                 include_str!("../../shaders/wgsl/matvec_subgroup.wgsl")
+            }
+            Kernel::MatMulTiled if variant.coopmat => {
+                include_str!("../../shaders/wgsl/matmul_coopmat.wgsl")
             }
             Kernel::MatMulTiled if variant.f16 => include_str!("../../shaders/wgsl/matmul_tiled_f16.wgsl"),
             Kernel::AttentionGqa if variant.subgroups => {
@@ -261,8 +284,11 @@ pub fn module_source(
     // directive yet); the device's SUBGROUP feature is what allows them. `enable f16` leads the
     // module of a kernel that uses f16.
     let mut s = String::new();
-    if kernel == Kernel::MatMulTiled && variant.f16 {
+    if kernel == Kernel::MatMulTiled && (variant.f16 || variant.coopmat) {
         s.push_str("enable f16;\n");
+    }
+    if kernel == Kernel::MatMulTiled && variant.coopmat {
+        s.push_str("enable wgpu_cooperative_matrix;\n");
     }
     s.push_str(COMMON);
     let norm = matches!(
@@ -382,5 +408,90 @@ impl Pipelines {
         });
         self.map.insert(key, pipeline.clone());
         Ok(pipeline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cooperative-matrix matmul through naga, as wgpu compiles it for Vulkan: parsed,
+    /// validated and written as SPIR-V, for every weight format. No test adapter offers
+    /// cooperative matrices (lavapipe of Mesa 22 lacks VK_KHR_cooperative_matrix), so this is
+    /// what CI checks of it. `TANDEM_SPIRV_DUMP=dir` writes the SPIR-V there for a validator
+    /// (`spirv-val --target-env vulkan1.3`, SPIRV-Tools 2024 or later).
+    #[test]
+    fn coopmat_matmul_compiles_to_spirv_for_every_format() {
+        let variant = Variant {
+            subgroups: true,
+            f16: true,
+            coopmat: true,
+        };
+        let dtypes = [
+            DType::F32,
+            DType::F16,
+            DType::Bf16,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+            DType::Q4K,
+            DType::Q6K,
+        ];
+        let formats: Vec<Format> = dtypes
+            .iter()
+            .flat_map(|&d| [Format::for_rows(d, 256), Format::for_rows(d, 257)])
+            .flatten()
+            .collect();
+        assert!(formats.len() >= 13, "{formats:?}");
+        for f in formats {
+            let source = module_source(Kernel::MatMulTiled, Some(f), variant).unwrap();
+            assert!(
+                source.contains("coopMultiplyAdd"),
+                "{f:?}: not the coopmat kernel"
+            );
+            let module = naga::front::wgsl::parse_str(&source)
+                .unwrap_or_else(|e| panic!("{f:?}: {}", e.emit_to_string(&source)));
+            let info = naga::valid::Validator::new(
+                naga::valid::ValidationFlags::all(),
+                naga::valid::Capabilities::all(),
+            )
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{f:?}: {}", e.emit_to_string(&source)));
+            let options = naga::back::spv::Options {
+                lang_version: (1, 3),
+                ..Default::default()
+            };
+            let words = naga::back::spv::write_vec(&module, &info, &options, None)
+                .unwrap_or_else(|e| panic!("{f:?}: {e}"));
+            // OpCooperativeMatrixMulAddKHR (4459), one word count of 6, is in the code.
+            assert!(
+                words.contains(&((6 << 16) | 4459)),
+                "{f:?}: no cooperative multiply-add in the SPIR-V"
+            );
+            if let Some(dir) = std::env::var_os("TANDEM_SPIRV_DUMP") {
+                // For a look with a SPIR-V validator that knows SPV_KHR_cooperative_matrix.
+                let name = format!("matmul_coopmat_{}{}.spv", f.dtype, if f.wide { "x4" } else { "" });
+                std::fs::write(
+                    std::path::Path::new(&dir).join(name),
+                    bytemuck::cast_slice::<u32, u8>(&words),
+                )
+                .unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn variants_name_what_they_use() {
+        assert_eq!(Variant::PORTABLE.names(), ["portable"]);
+        let all = Variant {
+            subgroups: true,
+            f16: true,
+            coopmat: true,
+        };
+        assert_eq!(all.names(), ["subgroups", "f16", "coopmat"]);
+        assert_eq!(all.matmul_tile(), (128, 64));
+        assert_eq!(Variant::PORTABLE.matmul_tile(), (64, 64));
     }
 }

@@ -585,6 +585,31 @@ mod tests {
     }
 
     #[test]
+    fn coopmat_opens_where_offered_and_is_refused_naming_why_elsewhere() {
+        let mut o = BackendOptions::default();
+        o.set("validation", "true").set("features", "coopmat");
+        match WgpuBackend::create(&o) {
+            Ok(b) => {
+                assert!(b.gpu.variant.coopmat, "{:?}", b.gpu.variant);
+                assert!(
+                    b.gpu.features.iter().any(|f| f.starts_with("kernels=coopmat")),
+                    "{:?}",
+                    b.gpu.features
+                );
+            }
+            Err(BackendError::Unavailable { reason }) => {
+                // lavapipe (Mesa 22.3) has no cooperative matrices; no adapter at all is the
+                // other way here (outside CI).
+                assert!(
+                    reason.contains("features = coopmat") || std::env::var_os("CI").is_none(),
+                    "{reason}"
+                );
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
     fn every_kernel_compiles_for_every_format_and_variant() {
         let Some(b) = backend() else { return };
         if std::env::var_os("CI").is_some() {

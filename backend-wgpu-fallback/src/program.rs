@@ -479,6 +479,7 @@ impl WgpuBackend {
                             size,
                         });
                         if m >= TILED_ROWS {
+                            let (tile_n, tile_m) = self.gpu.variant.matmul_tile();
                             planned.push(Planned {
                                 node: i,
                                 key: (Kernel::MatMulTiled, Some(format), 0),
@@ -486,7 +487,7 @@ impl WgpuBackend {
                                 weight,
                                 weight2: None,
                                 caches: None,
-                                groups: [div_up(count, 64), div_up(m, 64), 1],
+                                groups: [div_up(count, tile_n), div_up(m, tile_m), 1],
                             });
                         } else {
                             let r = m.next_power_of_two().min(8);

@@ -305,6 +305,11 @@ fn rms_norm(dtype: DType, rows: usize, cols: usize, group: usize, offset: f32) -
 }
 
 fn matmul(dtype: DType, rows: usize, k: usize, splits: Vec<usize>) -> Case {
+    matmul_within(dtype, rows, k, splits, 1e-5)
+}
+
+/// `matmul` within `tol` of the largest output.
+fn matmul_within(dtype: DType, rows: usize, k: usize, splits: Vec<usize>, tol: f64) -> Case {
     let n: usize = splits.iter().sum();
     let mut rng = Rng::new(4 + k as u64);
     let x = rng.vec(rows * k, 1.0);
@@ -315,7 +320,7 @@ fn matmul(dtype: DType, rows: usize, k: usize, splits: Vec<usize>) -> Case {
     step.inputs = vec![x];
     Case {
         name: format!("matmul {dtype} rows={rows} k={k} n={n} splits={splits:?}"),
-        tol: 1e-5,
+        tol,
         rows,
         selected_rows: 0,
         steps: vec![step],
@@ -954,6 +959,36 @@ pub fn all() -> Vec<Case> {
     // subgroup matvec: from 256 groups of 4 values).
     for rows in [1, 5] {
         v.push(matmul_quantized(DType::Q4K, rows, 2048, vec![40, 25]));
+    }
+    // The prefill kernels (16 rows and more) on every weight format: a row count that is not a
+    // multiple of any tile, k not a multiple of a 64-wide slice where the format allows, more
+    // than one tile of 128 weight rows, and splits across tile boundaries. Tolerance 1e-3 as for
+    // the block formats: GPU kernels may stage the input and weights in f16 (the wgpu and
+    // Vulkan backends' f16 tiles and cooperative matrices).
+    let prefill_splits = vec![100, 60, 37];
+    for (d, k) in [
+        (DType::F32, 100),
+        (DType::F16, 100),
+        (DType::F16, 33),
+        (DType::Bf16, 100),
+    ] {
+        v.push(matmul_within(d, 37, k, prefill_splits.clone(), 1e-3));
+    }
+    for d in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::Q6K,
+    ] {
+        let k = if matches!(d, DType::Q4K | DType::Q6K) {
+            256
+        } else {
+            96
+        };
+        v.push(matmul_quantized(d, 37, k, prefill_splits.clone()));
     }
     v.push(rope(vec![0, 5, 17, 300], 3, 10, 10_000.0, 1.0));
     v.push(rope(vec![4095], 2, 16, 1_000_000.0, 8.0));
