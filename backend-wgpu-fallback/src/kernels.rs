@@ -23,6 +23,7 @@ const MATMUL_COMMON: &str = include_str!("../../shaders/wgsl/matmul_common.wgsl"
 const REDUCE: &str = include_str!("../../shaders/wgsl/parts/reduce.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("../../shaders/wgsl/parts/reduce_subgroup.wgsl");
 const KV_READ: &str = include_str!("../../shaders/wgsl/parts/kv_read.wgsl");
+const ATTENTION_PARAMS: &str = include_str!("../../shaders/wgsl/parts/attention_params.wgsl");
 const KV_STORE: &str = include_str!("../../shaders/wgsl/parts/kv_store.wgsl");
 const NO_KV_STORE: &str = include_str!("../../shaders/wgsl/parts/no_kv_store.wgsl");
 const SLOT_BLOCK: &str = include_str!("../../shaders/wgsl/parts/slot_block.wgsl");
@@ -320,6 +321,7 @@ pub fn module_source(
         kernel,
         Kernel::Attention | Kernel::AttentionGqa | Kernel::AttentionTiled
     ) {
+        s.push_str(ATTENTION_PARAMS);
         s.push_str(KV_READ);
     }
     if matches!(

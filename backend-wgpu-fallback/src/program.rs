@@ -615,6 +615,8 @@ impl WgpuBackend {
                                 softcap.unwrap_or(0.0).to_bits(),
                                 f16,
                                 tsplits,
+                                0, // coop: attention.wgsl's
+                                0, // skip_block: attention.wgsl's
                                 rows,
                             ],
                             weight: None,

@@ -6,30 +6,7 @@
 // split's maximum, sum and unnormalised output go to the partials for attention_combine. The
 // maximum and sum of each chunk are reduced by the reduce part (tree or subgroups). With
 // `skip_block` set (prefill, after attention_tiled), workgroups of the rows that kernel took
-// exit at once.
-struct Params {
-    q: u32,
-    dst: u32,
-    positions: u32,
-    slots: u32,
-    partial: u32,
-    heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    capacity: u32,
-    scale: f32,
-    window: u32,   // 0: none
-    softcap: f32,  // 0: none
-    f16: u32,
-    splits: u32,
-    coop: u32,     // 1: all invocations score each position together (decode); 0: one each
-    skip_block: u32, // n > 0: rows of blocks of n rows of one slot are attention_tiled's; skip them
-}
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> act: array<f32>;
-@group(0) @binding(2) var<storage, read> args: array<u32>;
-@group(0) @binding(4) var<storage, read_write> kc: array<u32>;
-@group(0) @binding(5) var<storage, read_write> vc: array<u32>;
+// exit at once. Parameters: parts/attention_params.wgsl.
 
 const MAX_HEAD_DIM: u32 = 512u;
 const WG: u32 = 64u;

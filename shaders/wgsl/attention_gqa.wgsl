@@ -12,29 +12,7 @@
 // - values: invocation tid owns output dimensions tid, tid + 64, tid + 128, tid + 192 of every
 //   head of the pass, accumulated in workgroup memory; each V row is loaded once for the pass.
 // The results go where attention.wgsl puts them (the output, or the split partials that
-// attention_combine merges). Parameters are attention.wgsl's.
-struct Params {
-    q: u32,
-    dst: u32,
-    positions: u32,
-    slots: u32,
-    partial: u32,
-    heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    capacity: u32,
-    scale: f32,
-    window: u32,   // 0: none
-    softcap: f32,  // 0: none
-    f16: u32,
-    splits: u32,
-    coop: u32,     // unused here
-}
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> act: array<f32>;
-@group(0) @binding(2) var<storage, read> args: array<u32>;
-@group(0) @binding(4) var<storage, read_write> kc: array<u32>;
-@group(0) @binding(5) var<storage, read_write> vc: array<u32>;
+// attention_combine merges). Parameters: parts/attention_params.wgsl.
 
 const WG: u32 = 64u;
 const GP: u32 = 4u;          // query heads per pass

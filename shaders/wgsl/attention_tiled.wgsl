@@ -24,28 +24,6 @@
 //
 // Workgroup memory: 31,756 bytes; the backend runs this kernel only where the adapter's
 // max_compute_workgroup_storage_size allows it (lib: attention_tiled.rs).
-struct Params {
-    q: u32,
-    dst: u32,
-    positions: u32,
-    slots: u32,
-    partial: u32,
-    heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    capacity: u32,
-    scale: f32,
-    window: u32,   // 0: none
-    softcap: f32,  // 0: none
-    f16: u32,
-    splits: u32,
-    rows: u32,
-}
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> act: array<f32>;
-@group(0) @binding(2) var<storage, read> args: array<u32>;
-@group(0) @binding(4) var<storage, read_write> kc: array<u32>;
-@group(0) @binding(5) var<storage, read_write> vc: array<u32>;
 
 const BR: u32 = 32u;
 const BC: u32 = 32u;
