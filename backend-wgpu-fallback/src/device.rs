@@ -385,8 +385,10 @@ impl Gpu {
         let experimental_features = if variant.coopmat {
             // SAFETY: wgpu asks callers of its experimental features to accept that its
             // implementation of them may have bugs; the only one used is cooperative matrices, in
-            // one kernel (matmul_coopmat.wgsl) that loads and stores them in bounds of its
-            // workgroup arrays, and `features = portable` or `f16,subgroups` opts out of it.
+            // the prefill matmuls: matmul_coopmat.wgsl loads and stores them in bounds of its
+            // workgroup arrays, matmul_half.wgsl loads whole 16x16 tiles in bounds of a staging
+            // buffer padded to its tiles (or of f16 weights whose rows fill them), and
+            // `features = portable` or `f16,subgroups` opts out of both.
             unsafe { wgpu::ExperimentalFeatures::enabled() }
         } else {
             wgpu::ExperimentalFeatures::disabled()

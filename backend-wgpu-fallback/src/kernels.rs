@@ -27,6 +27,8 @@ const ATTENTION_PARAMS: &str = include_str!("../../shaders/wgsl/parts/attention_
 const KV_STORE: &str = include_str!("../../shaders/wgsl/parts/kv_store.wgsl");
 const NO_KV_STORE: &str = include_str!("../../shaders/wgsl/parts/no_kv_store.wgsl");
 const SLOT_BLOCK: &str = include_str!("../../shaders/wgsl/parts/slot_block.wgsl");
+const X_GROUP: &str = include_str!("../../shaders/wgsl/parts/x_group.wgsl");
+const HALF: &str = include_str!("../../shaders/wgsl/parts/half.wgsl");
 
 /// The optional adapter features the kernels use, fixed when the device opens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -107,12 +109,20 @@ pub enum Kernel {
     /// Prefill attention, flash-attention style: blocks of rows of one slot over key tiles in
     /// workgroup memory (`attention_tiled.wgsl`).
     AttentionTiled,
+    /// Prefill matmul input rows as f16 in the staging buffer (`stage_half.wgsl`).
+    StageHalf,
+    /// Prefill matmul weight rows decoded to f16 in the staging buffer (`dequant_half.wgsl`).
+    DequantHalf,
+    /// The cooperative-matrix prefill matmul on staged f16 rows (`matmul_half.wgsl`).
+    MatMulHalf,
+    /// The same with f16 weights read where they are stored (binding 3).
+    MatMulHalfNative,
 }
 
 impl Kernel {
     /// Every kernel.
     #[cfg(test)]
-    pub const ALL: [Kernel; 17] = [
+    pub const ALL: [Kernel; 21] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::MatVec,
@@ -130,6 +140,10 @@ impl Kernel {
         Kernel::MatVecGeGlu,
         Kernel::TopK,
         Kernel::AttentionTiled,
+        Kernel::StageHalf,
+        Kernel::DequantHalf,
+        Kernel::MatMulHalf,
+        Kernel::MatMulHalfNative,
     ];
 
     /// The kernel's name (its pipeline label).
@@ -152,6 +166,10 @@ impl Kernel {
             Kernel::MatVecGeGlu => "matvec_geglu",
             Kernel::TopK => "top_k",
             Kernel::AttentionTiled => "attention_tiled",
+            Kernel::StageHalf => "stage_half",
+            Kernel::DequantHalf => "dequant_half",
+            Kernel::MatMulHalf => "matmul_half",
+            Kernel::MatMulHalfNative => "matmul_half_native",
         }
     }
 
@@ -182,6 +200,11 @@ impl Kernel {
             Kernel::AttentionGqa => include_str!("../../shaders/wgsl/attention_gqa.wgsl"),
             Kernel::TopK => include_str!("../../shaders/wgsl/top_k.wgsl"),
             Kernel::AttentionTiled => include_str!("../../shaders/wgsl/attention_tiled.wgsl"),
+            Kernel::StageHalf => include_str!("../../shaders/wgsl/stage_half.wgsl"),
+            Kernel::DequantHalf => include_str!("../../shaders/wgsl/dequant_half.wgsl"),
+            Kernel::MatMulHalf | Kernel::MatMulHalfNative => {
+                include_str!("../../shaders/wgsl/matmul_half.wgsl")
+            }
         }
     }
 
@@ -189,7 +212,16 @@ impl Kernel {
     pub fn reads_format(self) -> bool {
         matches!(
             self,
-            Kernel::Embed | Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled
+            Kernel::Embed | Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled | Kernel::DequantHalf
+        )
+    }
+
+    /// Whether the kernel belongs to the cooperative-matrix prefill path (staging buffer,
+    /// f16): made only in a variant with `coopmat`.
+    pub fn needs_coopmat(self) -> bool {
+        matches!(
+            self,
+            Kernel::StageHalf | Kernel::DequantHalf | Kernel::MatMulHalf | Kernel::MatMulHalfNative
         )
     }
 
@@ -216,6 +248,9 @@ impl Kernel {
             Kernel::NormRopeStore => &[0, 1, 2, 3, 4, 5, 6],
             Kernel::AttentionCombine => &[0, 1, 2],
             Kernel::Eltwise | Kernel::TopK => &[0, 1],
+            Kernel::StageHalf | Kernel::MatMulHalf => &[0, 1, 7],
+            Kernel::DequantHalf => &[0, 3, 7],
+            Kernel::MatMulHalfNative => &[0, 1, 3, 7],
         }
     }
 }
@@ -285,10 +320,18 @@ pub fn module_source(
     // directive yet); the device's SUBGROUP feature is what allows them. `enable f16` leads the
     // module of a kernel that uses f16.
     let mut s = String::new();
-    if kernel == Kernel::MatMulTiled && (variant.f16 || variant.coopmat) {
+    if kernel.needs_coopmat() && !variant.coopmat {
+        return Err(BackendError::internal(format!(
+            "kernel {} needs the coopmat variant",
+            kernel.name()
+        )));
+    }
+    if (kernel == Kernel::MatMulTiled && (variant.f16 || variant.coopmat)) || kernel.needs_coopmat() {
         s.push_str("enable f16;\n");
     }
-    if kernel == Kernel::MatMulTiled && variant.coopmat {
+    if (kernel == Kernel::MatMulTiled && variant.coopmat)
+        || matches!(kernel, Kernel::MatMulHalf | Kernel::MatMulHalfNative)
+    {
         s.push_str("enable wgpu_cooperative_matrix;\n");
     }
     s.push_str(COMMON);
@@ -307,8 +350,15 @@ pub fn module_source(
             .ok_or_else(|| BackendError::unsupported(kernel.name(), format!("no {} decoder", f.dtype)))?;
         s.push_str(src);
     }
-    if matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled) {
+    if matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled) || kernel.needs_coopmat()
+    {
         s.push_str(MATMUL_COMMON);
+    }
+    if matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled) {
+        s.push_str(X_GROUP);
+    }
+    if kernel.needs_coopmat() {
+        s.push_str(HALF);
     }
     if kernel.reduces() {
         s.push_str(if variant.subgroups {
@@ -335,7 +385,14 @@ pub fn module_source(
         Kernel::NormRopeStore => s.push_str(KV_STORE),
         _ => {}
     }
-    s.push_str(kernel.source(variant));
+    match kernel {
+        Kernel::MatMulHalf => s.push_str(&kernel.source(variant).replace("WSRC", "hs")),
+        Kernel::MatMulHalfNative => {
+            s.push_str("@group(0) @binding(3) var<storage, read> wh: array<f16>;\n");
+            s.push_str(&kernel.source(variant).replace("WSRC", "wh"));
+        }
+        _ => s.push_str(kernel.source(variant)),
+    }
     Ok(s)
 }
 
@@ -417,13 +474,13 @@ impl Pipelines {
 mod tests {
     use super::*;
 
-    /// The cooperative-matrix matmul through naga, as wgpu compiles it for Vulkan: parsed,
+    /// The cooperative-matrix prefill kernels through naga, as wgpu compiles them for Vulkan: parsed,
     /// validated and written as SPIR-V, for every weight format. No test adapter offers
     /// cooperative matrices (lavapipe of Mesa 22 lacks VK_KHR_cooperative_matrix), so this is
     /// what CI checks of it. `TANDEM_SPIRV_DUMP=dir` writes the SPIR-V there for a validator
     /// (`spirv-val --target-env vulkan1.3`, SPIRV-Tools 2024 or later).
     #[test]
-    fn coopmat_matmul_compiles_to_spirv_for_every_format() {
+    fn coopmat_kernels_compile_to_spirv_for_every_format() {
         let variant = Variant {
             subgroups: true,
             f16: true,
@@ -447,34 +504,58 @@ mod tests {
             .flatten()
             .collect();
         assert!(formats.len() >= 13, "{formats:?}");
-        for f in formats {
-            let source = module_source(Kernel::MatMulTiled, Some(f), variant).unwrap();
+        // The staged matmul and the weight decoder for every format; the rest once.
+        let mut modules: Vec<(Kernel, Option<Format>)> = Vec::new();
+        for f in &formats {
+            modules.push((Kernel::MatMulTiled, Some(*f)));
+            modules.push((Kernel::DequantHalf, Some(*f)));
+        }
+        for k in [Kernel::StageHalf, Kernel::MatMulHalf, Kernel::MatMulHalfNative] {
+            modules.push((k, None));
+        }
+        for (kernel, f) in modules {
+            let what = format!("{} {f:?}", kernel.name());
+            let source = module_source(kernel, f, variant).unwrap();
+            let coop = matches!(
+                kernel,
+                Kernel::MatMulTiled | Kernel::MatMulHalf | Kernel::MatMulHalfNative
+            );
+            assert_eq!(source.contains("coopMultiplyAdd"), coop, "{what}");
             assert!(
-                source.contains("coopMultiplyAdd"),
-                "{f:?}: not the coopmat kernel"
+                !source.contains("WSRC"),
+                "{what}: the weights' array is not named"
             );
             let module = naga::front::wgsl::parse_str(&source)
-                .unwrap_or_else(|e| panic!("{f:?}: {}", e.emit_to_string(&source)));
+                .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&source)));
             let info = naga::valid::Validator::new(
                 naga::valid::ValidationFlags::all(),
                 naga::valid::Capabilities::all(),
             )
             .validate(&module)
-            .unwrap_or_else(|e| panic!("{f:?}: {}", e.emit_to_string(&source)));
+            .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&source)));
             let options = naga::back::spv::Options {
                 lang_version: (1, 3),
                 ..Default::default()
             };
             let words = naga::back::spv::write_vec(&module, &info, &options, None)
-                .unwrap_or_else(|e| panic!("{f:?}: {e}"));
-            // OpCooperativeMatrixMulAddKHR (4459), one word count of 6, is in the code.
-            assert!(
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            // OpCooperativeMatrixMulAddKHR (4459), one word count of 6, is in the matmuls.
+            assert_eq!(
                 words.contains(&((6 << 16) | 4459)),
-                "{f:?}: no cooperative multiply-add in the SPIR-V"
+                coop,
+                "{what}: cooperative multiply-add in the SPIR-V"
             );
             if let Some(dir) = std::env::var_os("TANDEM_SPIRV_DUMP") {
                 // For a look with a SPIR-V validator that knows SPV_KHR_cooperative_matrix.
-                let name = format!("matmul_coopmat_{}{}.spv", f.dtype, if f.wide { "x4" } else { "" });
+                let name = match f {
+                    Some(f) => format!(
+                        "{}_{}{}.spv",
+                        kernel.name(),
+                        f.dtype,
+                        if f.wide { "x4" } else { "" }
+                    ),
+                    None => format!("{}.spv", kernel.name()),
+                };
                 std::fs::write(
                     std::path::Path::new(&dir).join(name),
                     bytemuck::cast_slice::<u32, u8>(&words),
@@ -482,6 +563,8 @@ mod tests {
                 .unwrap();
             }
         }
+        // Without the coopmat variant the path's kernels are refused, not half made.
+        assert!(module_source(Kernel::MatMulHalf, None, Variant::PORTABLE).is_err());
     }
 
     #[test]

@@ -650,6 +650,9 @@ mod tests {
             };
             // The portable variant, and the one the adapter gets (subgroups on lavapipe).
             for variant in [kernels::Variant::PORTABLE, b.gpu.variant] {
+                if kernel.needs_coopmat() && !variant.coopmat {
+                    continue; // the coopmat path's kernels: SPIR-V checked in kernels.rs
+                }
                 let mut pipelines = Pipelines::new(variant);
                 for f in &variants {
                     let overrides = if matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu) {

@@ -67,6 +67,22 @@ fn matvec_width_override() -> Option<usize> {
     })
 }
 
+/// The cooperative-matrix prefill path's tile (`matmul_half.wgsl`): input rows and weight rows.
+const HALF_BM: usize = 64;
+const HALF_BN: usize = 128;
+
+/// The most bytes the f16 staging buffer of the cooperative-matrix prefill path may take (a
+/// step's input rows and the largest weight it decodes); a matmul needing more keeps
+/// `matmul_coopmat.wgsl`, which stages in workgroup memory.
+const HALF_STAGING_MAX: u64 = 256 << 20;
+
+/// `TANDEM_WGPU_COOPMAT=staged`: the prefill matmul stages its tiles in workgroup memory
+/// (`matmul_coopmat.wgsl`) even where the f16 staging buffer would serve, for A/B runs.
+fn coopmat_staged() -> bool {
+    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *S.get_or_init(|| std::env::var("TANDEM_WGPU_COOPMAT").is_ok_and(|v| v == "staged"))
+}
+
 /// The largest head `attention_gqa.wgsl` takes.
 const GQA_MAX_HEAD_DIM: usize = 256;
 
@@ -131,6 +147,9 @@ pub struct Program {
     pub arena: wgpu::Buffer,
     pub args: wgpu::Buffer,
     pub params: wgpu::Buffer,
+    /// The f16 staging buffer of the cooperative-matrix prefill matmuls, where they run: held
+    /// for the program's life (its bind groups use it).
+    pub _half: Option<wgpu::Buffer>,
     pub inputs: Vec<Copy>,
     pub outputs: Vec<Copy>,
     pub dispatches: Vec<Dispatch>,
@@ -338,6 +357,8 @@ impl WgpuBackend {
         }
 
         let mut planned: Vec<Planned> = Vec::new();
+        // Bytes of the cooperative-matrix prefill path's f16 staging buffer (0: none).
+        let mut half_needed: u64 = 0;
         let mut inputs = Vec::new();
         let mut outputs = Vec::new();
         for (i, node) in graph.nodes.iter().enumerate() {
@@ -453,9 +474,46 @@ impl WgpuBackend {
                     }
                     let buf = self.buffers.get(weight.buffer)?;
                     let what = format!("weight {}", weight.desc);
-                    for (r0, r1, offset, size) in
-                        weight_chunks(&what, n, row_bytes, buf.size, max_binding, align)?
-                    {
+                    let chunks = weight_chunks(&what, n, row_bytes, buf.size, max_binding, align)?;
+                    // The cooperative-matrix prefill path: the input rows staged as f16 once,
+                    // each chunk read in place (f16 rows needing no padding) or decoded to f16.
+                    let kp = k.next_multiple_of(16);
+                    let mp = m.next_multiple_of(HALF_BM);
+                    let native = |count: usize| dt == DType::F16 && k % 16 == 0 && count % HALF_BN == 0;
+                    let decoded = chunks
+                        .iter()
+                        .filter(|c| !native(c.1 - c.0))
+                        .map(|c| (c.1 - c.0).next_multiple_of(HALF_BN) * kp)
+                        .max()
+                        .unwrap_or(0);
+                    let half_bytes = 2 * (mp * kp + decoded) as u64;
+                    let half = m >= TILED_ROWS
+                        && self.gpu.variant.coopmat
+                        && !coopmat_staged()
+                        && mp <= 65_535
+                        && half_bytes <= HALF_STAGING_MAX.min(max_binding);
+                    let half_words = |base: &[u32], np: usize| {
+                        let mut v = base.to_vec();
+                        v.extend([0, (mp * kp) as u32, kp as u32, np as u32]);
+                        v
+                    };
+                    if half {
+                        half_needed = half_needed.max(half_bytes);
+                        let base = [elem(*x)?, k as u32, m as u32];
+                        planned.push(Planned {
+                            node: i,
+                            key: (Kernel::StageHalf, None, 0),
+                            params: half_words(
+                                &[base[0], base[1], base[2], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                                0,
+                            ),
+                            weight: None,
+                            weight2: None,
+                            caches: None,
+                            groups: [div_up(kp / 4, 64), mp as u32, 1],
+                        });
+                    }
+                    for (r0, r1, offset, size) in chunks {
                         let count = r1 - r0;
                         let params = vec![
                             elem(*x)?,
@@ -478,7 +536,42 @@ impl WgpuBackend {
                             offset,
                             size,
                         });
-                        if m >= TILED_ROWS {
+                        if half {
+                            let np = count.next_multiple_of(HALF_BN);
+                            let in_place = native(count);
+                            if !in_place {
+                                planned.push(Planned {
+                                    node: i,
+                                    key: (Kernel::DequantHalf, Some(format), 0),
+                                    params: half_words(&params, np),
+                                    weight,
+                                    weight2: None,
+                                    caches: None,
+                                    groups: [div_up(kp / 4, 64), np.min(32_768) as u32, div_up(np, 32_768)],
+                                });
+                            }
+                            let mut words = half_words(&params, np);
+                            if in_place {
+                                words[15] = 0; // h_b: the bound f16 rows themselves
+                            }
+                            planned.push(Planned {
+                                node: i,
+                                key: (
+                                    if in_place {
+                                        Kernel::MatMulHalfNative
+                                    } else {
+                                        Kernel::MatMulHalf
+                                    },
+                                    None,
+                                    0,
+                                ),
+                                params: words,
+                                weight: in_place.then_some(weight).flatten(),
+                                weight2: None,
+                                caches: None,
+                                groups: [(np / HALF_BN) as u32, (mp / HALF_BM) as u32, 1],
+                            });
+                        } else if m >= TILED_ROWS {
                             let (tile_n, tile_m) = self.gpu.variant.matmul_tile();
                             planned.push(Planned {
                                 node: i,
@@ -805,6 +898,15 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        // The f16 staging buffer, which the prefill matmuls of the program take in turn.
+        let half = (half_needed > 0).then(|| {
+            dev.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("f16 staging"),
+                size: half_needed.div_ceil(4) * 4,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        });
         let args_bytes = ((args_words * 4) as u64).max(16).div_ceil(4) * 4;
         let args = dev.create_buffer(&wgpu::BufferDescriptor {
             label: Some("step arguments"),
@@ -885,6 +987,10 @@ impl WgpuBackend {
                         }
                         buf.buf.as_entire_binding()
                     }
+                    7 => half
+                        .as_ref()
+                        .ok_or_else(|| BackendError::internal("a prefill matmul without its staging buffer"))?
+                        .as_entire_binding(),
                     _ => return Err(BackendError::internal(format!("binding {b}"))),
                 };
                 entries.push(wgpu::BindGroupEntry { binding: b, resource });
@@ -929,8 +1035,9 @@ impl WgpuBackend {
         self.gpu.check()?;
         let program = Program {
             graph: graph.clone(),
-            bytes: arena_bytes + args_bytes + params.size(),
+            bytes: arena_bytes + args_bytes + params.size() + half.as_ref().map_or(0, |h| h.size()),
             arena,
+            _half: half,
             args,
             params,
             inputs,

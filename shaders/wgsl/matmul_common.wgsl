@@ -1,7 +1,10 @@
 // Parameters and output placement shared by matvec.wgsl and matmul_tiled.wgsl. The weight rows
 // bound are rows n_base .. n_base + n_count of the matrix (a large weight is bound in chunks of
 // rows, each within the device's binding limit); output column j = n_base + local row goes to
-// split s, the first with j < end_s (end_3 = n).
+// split s, the first with j < end_s (end_3 = n). The cooperative-matrix prefill path
+// (matmul_half.wgsl and its staging kernels) also reads: h_a, h_b, the f16 staging buffer's
+// offsets (in halves) of the input rows and of the weight rows; kp, the staged rows' stride (k
+// rounded up to 16, zeros past k); np, the staged weight rows (n_count rounded up to the tile).
 struct Params {
     x: u32,
     k: u32,
@@ -17,6 +20,10 @@ struct Params {
     end0: u32,
     end1: u32,
     end2: u32,
+    h_a: u32,
+    h_b: u32,
+    kp: u32,
+    np: u32,
 }
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> act: array<f32>;
@@ -39,12 +46,4 @@ fn store(j: u32, row: u32, v: f32) {
         end = p.end2;
     }
     act[dst + row * (end - start) + (j - start)] = v;
-}
-
-// Values g * GROUP .. of input row x (a vec4 with zeros past GROUP).
-fn x_group(at: u32) -> vec4<f32> {
-    if (GROUP == 4u) {
-        return vec4<f32>(act[at], act[at + 1u], act[at + 2u], act[at + 3u]);
-    }
-    return vec4<f32>(act[at], 0.0, 0.0, 0.0);
 }

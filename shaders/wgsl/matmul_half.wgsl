@@ -1,0 +1,95 @@
+// Op::MatMul for many rows (prefill) on cooperative matrices, from f16 rows staged once per step
+// (stage_half.wgsl for the input; dequant_half.wgsl for the weights, or the f16 weights
+// themselves where their rows need no padding): no workgroup staging, so the loop is nothing
+// but cooperative loads and multiply-adds. A workgroup of 4 subgroups of 32 invocations computes
+// a 64 (input rows) x 128 (weight rows) output tile, each subgroup 32 x 64 of it as 2 x 4 16x16
+// f32 accumulators, over k in steps of 16. WSRC is the weights' array: `hs` (staged) or `wh`
+// (the f16 weights, binding 3); the module assembler names it. The results go through a
+// 16x16 f32 slot per subgroup in workgroup memory to the split outputs and row bounds.
+const BM: u32 = 64u;
+const BN: u32 = 128u;
+
+var<workgroup> cs: array<f32, 1024>; // [4 subgroups][16 x 16], row-major
+
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(subgroup_id) sg: u32,
+        @builtin(subgroup_invocation_id) lane: u32,
+        @builtin(subgroup_size) sg_size: u32) {
+    let n0 = wid.x * BN;
+    let m0 = wid.y * BM;
+    // This subgroup's 32 x 64 block of the tile: input rows wm.., weight rows wn...
+    let wm = (sg & 1u) * 32u;
+    let wn = (sg >> 1u) * 64u;
+    let kp = p.kp;
+    let a_at = p.h_a + (m0 + wm) * kp;
+    let b_at = p.h_b + (n0 + wn) * kp;
+    let s16 = 16u * kp;
+    var c00 = coop_mat16x16<f32, C>();
+    var c01 = coop_mat16x16<f32, C>();
+    var c02 = coop_mat16x16<f32, C>();
+    var c03 = coop_mat16x16<f32, C>();
+    var c10 = coop_mat16x16<f32, C>();
+    var c11 = coop_mat16x16<f32, C>();
+    var c12 = coop_mat16x16<f32, C>();
+    var c13 = coop_mat16x16<f32, C>();
+    for (var kk = 0u; kk < kp; kk += 16u) {
+        // A: input rows x k, row-major. B[k][n] = W[n][k]: weight rows are B's columns.
+        let a0 = coopLoadT<coop_mat16x16<f16, A>>(&hs[a_at + kk], kp);
+        let a1 = coopLoadT<coop_mat16x16<f16, A>>(&hs[a_at + s16 + kk], kp);
+        let b0 = coopLoad<coop_mat16x16<f16, B>>(&WSRC[b_at + kk], kp);
+        let b1 = coopLoad<coop_mat16x16<f16, B>>(&WSRC[b_at + s16 + kk], kp);
+        let b2 = coopLoad<coop_mat16x16<f16, B>>(&WSRC[b_at + 2u * s16 + kk], kp);
+        let b3 = coopLoad<coop_mat16x16<f16, B>>(&WSRC[b_at + 3u * s16 + kk], kp);
+        c00 = coopMultiplyAdd(a0, b0, c00);
+        c01 = coopMultiplyAdd(a0, b1, c01);
+        c02 = coopMultiplyAdd(a0, b2, c02);
+        c03 = coopMultiplyAdd(a0, b3, c03);
+        c10 = coopMultiplyAdd(a1, b0, c10);
+        c11 = coopMultiplyAdd(a1, b1, c11);
+        c12 = coopMultiplyAdd(a1, b2, c12);
+        c13 = coopMultiplyAdd(a1, b3, c13);
+    }
+    // Each accumulator through this subgroup's slot (all subgroups in step: the barriers are
+    // the workgroup's).
+    let slot = sg * 256u;
+    for (var t = 0u; t < 8u; t++) {
+        switch t {
+            case 0u: {
+                coopStoreT(c00, &cs[slot], 16u);
+            }
+            case 1u: {
+                coopStoreT(c01, &cs[slot], 16u);
+            }
+            case 2u: {
+                coopStoreT(c02, &cs[slot], 16u);
+            }
+            case 3u: {
+                coopStoreT(c03, &cs[slot], 16u);
+            }
+            case 4u: {
+                coopStoreT(c10, &cs[slot], 16u);
+            }
+            case 5u: {
+                coopStoreT(c11, &cs[slot], 16u);
+            }
+            case 6u: {
+                coopStoreT(c12, &cs[slot], 16u);
+            }
+            default: {
+                coopStoreT(c13, &cs[slot], 16u);
+            }
+        }
+        workgroupBarrier();
+        let i = t >> 2u;
+        let j = t & 3u;
+        for (var e = lane; e < 256u; e += sg_size) {
+            let row = m0 + wm + i * 16u + e / 16u;
+            let col = n0 + wn + j * 16u + e % 16u;
+            if (row < p.rows && col < p.n_count) {
+                store(p.n_base + col, row, cs[slot + e]);
+            }
+        }
+        workgroupBarrier();
+    }
+}
