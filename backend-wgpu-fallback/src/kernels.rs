@@ -10,8 +10,10 @@
 //! (`wgpu::Features::SHADER_F16`) the prefill matmul stages its tiles in f16
 //! (`matmul_tiled_f16.wgsl`), without it in f32 (`matmul_tiled.wgsl`); with `coopmat`
 //! (`wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX` offering 16x16x16 f16 x f16 -> f32, with
-//! f16 and 32-wide subgroups) it runs on cooperative matrices (`matmul_coopmat.wgsl`, tiles of
-//! [`Variant::matmul_tile`]).
+//! f16 and 32-wide subgroups) it runs on cooperative matrices: `matmul_half.wgsl` on f16 rows
+//! staged once per step in a buffer of their own (`stage_half.wgsl`, `dequant_half.wgsl`; f16
+//! weights in place), or, where that buffer would be too large or for A/B runs,
+//! `matmul_coopmat.wgsl`, staging in workgroup memory (tiles of [`Variant::matmul_tile`]).
 
 use std::collections::HashMap;
 
@@ -398,7 +400,9 @@ pub fn module_source(
 
 /// The key of a pipeline: kernel, format, and matvec's override constants (R, its input rows
 /// per workgroup, in the low byte; NC, the subgroup variant's output columns per workgroup,
-/// in the next; its workgroup size over 64 from bit 16, where more than 1; 0 elsewhere).
+/// in the next; its workgroup size over 64 from bit 16, where more than 1), or
+/// matmul_half's (its subgroups along input rows in the low byte, along weight rows in the
+/// next, each subgroup's 16-row blocks of input rows above); 0 elsewhere.
 pub type PipelineKey = (Kernel, Option<Format>, u32);
 
 /// Pipelines made so far, all of one variant.
@@ -450,6 +454,17 @@ impl Pipelines {
                     c.push(("WG", f64::from(64 * (r >> 16))));
                 }
                 c
+            }
+            Kernel::MatMulHalf | Kernel::MatMulHalfNative => {
+                // Subgroups along the input rows in the low byte, along the weight rows above.
+                // FM (each subgroup's 16-row blocks of input rows) from bit 16.
+                let (sgm, sgn, fm) = (r & 0xFF, (r >> 8) & 0xFF, (r >> 16) & 0xFF);
+                vec![
+                    ("SGM", f64::from(sgm)),
+                    ("SGN", f64::from(sgn)),
+                    ("WGS", f64::from(32 * sgm * sgn)),
+                    ("FM", f64::from(fm)),
+                ]
             }
             _ => Vec::new(),
         };
@@ -533,6 +548,23 @@ mod tests {
             )
             .validate(&module)
             .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&source)));
+            // The override constants as the widest workgroup the host asks for sets them.
+            let constants: naga::back::PipelineConstants = match kernel {
+                Kernel::MatMulHalf | Kernel::MatMulHalfNative => {
+                    [("SGM", 2.0), ("SGN", 4.0), ("WGS", 256.0), ("FM", 4.0)]
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), v))
+                        .collect()
+                }
+                _ => Default::default(),
+            };
+            let (module, info) = naga::back::pipeline_constants::process_overrides(
+                &module,
+                &info,
+                Some((naga::ShaderStage::Compute, "main")),
+                &constants,
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
             let options = naga::back::spv::Options {
                 lang_version: (1, 3),
                 ..Default::default()

@@ -67,9 +67,44 @@ fn matvec_width_override() -> Option<usize> {
     })
 }
 
-/// The cooperative-matrix prefill path's tile (`matmul_half.wgsl`): input rows and weight rows.
-const HALF_BM: usize = 64;
-const HALF_BN: usize = 128;
+/// The cooperative-matrix prefill matmul's workgroup (`matmul_half.wgsl`): subgroups along the
+/// input rows and along the weight rows (64 each). On the H100 (4B, 512-token prefill, FM 4)
+/// 1 x 2, 2 x 2, 2 x 1 and 1 x 4 came within 3% of each other (f16: 4,991, 5,021, 5,010,
+/// 4,911 tok/s; q4_k: 4,664, 4,616, 4,707, 4,768).
+const HALF_SUBGROUPS: (usize, usize) = (1, 2);
+
+/// Each subgroup's blocks of 16 input rows in `matmul_half.wgsl` (2 or 4): with 4, half a
+/// load per multiply-add instead of three quarters. On the H100, 4B prefill went 4,113 ->
+/// 4,991 tok/s (f16) and 3,863 -> 4,664 (q4_k) from 2 to 4.
+const HALF_FM: usize = 4;
+
+/// [`HALF_FM`], or `TANDEM_WGPU_HALF_FM=2|4`, for tuning runs.
+fn half_fm() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("TANDEM_WGPU_HALF_FM")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| *n == 2 || *n == 4)
+            .unwrap_or(HALF_FM)
+    })
+}
+
+/// [`HALF_SUBGROUPS`], or `TANDEM_WGPU_HALF_TILE=MxN` (each 1 to 8, at most 8 in all), for
+/// tuning runs.
+fn half_subgroups() -> (usize, usize) {
+    static T: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        std::env::var("TANDEM_WGPU_HALF_TILE")
+            .ok()
+            .and_then(|v| {
+                let (a, b) = v.split_once('x')?;
+                Some((a.parse().ok()?, b.parse().ok()?))
+            })
+            .filter(|&(a, b): &(usize, usize)| a >= 1 && b >= 1 && a * b <= 8)
+            .unwrap_or(HALF_SUBGROUPS)
+    })
+}
 
 /// The most bytes the f16 staging buffer of the cooperative-matrix prefill path may take (a
 /// step's input rows and the largest weight it decodes); a matmul needing more keeps
@@ -477,13 +512,16 @@ impl WgpuBackend {
                     let chunks = weight_chunks(&what, n, row_bytes, buf.size, max_binding, align)?;
                     // The cooperative-matrix prefill path: the input rows staged as f16 once,
                     // each chunk read in place (f16 rows needing no padding) or decoded to f16.
+                    let ((sgm, sgn), fm) = (half_subgroups(), half_fm());
+                    let (bm, bn) = (16 * fm * sgm, 64 * sgn);
                     let kp = k.next_multiple_of(16);
-                    let mp = m.next_multiple_of(HALF_BM);
-                    let native = |count: usize| dt == DType::F16 && k % 16 == 0 && count % HALF_BN == 0;
+                    let mp = m.next_multiple_of(bm);
+                    let native =
+                        |count: usize| dt == DType::F16 && k.is_multiple_of(16) && count.is_multiple_of(bn);
                     let decoded = chunks
                         .iter()
                         .filter(|c| !native(c.1 - c.0))
-                        .map(|c| (c.1 - c.0).next_multiple_of(HALF_BN) * kp)
+                        .map(|c| (c.1 - c.0).next_multiple_of(bn) * kp)
                         .max()
                         .unwrap_or(0);
                     let half_bytes = 2 * (mp * kp + decoded) as u64;
@@ -537,7 +575,7 @@ impl WgpuBackend {
                             size,
                         });
                         if half {
-                            let np = count.next_multiple_of(HALF_BN);
+                            let np = count.next_multiple_of(bn);
                             let in_place = native(count);
                             if !in_place {
                                 planned.push(Planned {
@@ -563,13 +601,13 @@ impl WgpuBackend {
                                         Kernel::MatMulHalf
                                     },
                                     None,
-                                    0,
+                                    (sgm | sgn << 8 | fm << 16) as u32,
                                 ),
                                 params: words,
                                 weight: in_place.then_some(weight).flatten(),
                                 weight2: None,
                                 caches: None,
-                                groups: [(np / HALF_BN) as u32, (mp / HALF_BM) as u32, 1],
+                                groups: [(mp / bm) as u32, (np / bn) as u32, 1],
                             });
                         } else if m >= TILED_ROWS {
                             let (tile_n, tile_m) = self.gpu.variant.matmul_tile();
