@@ -5,7 +5,8 @@
 //! Variants by adapter feature, chosen when a module is put together (the backend's
 //! [`Variant`], fixed when the device opens): with `subgroups` (`wgpu::Features::SUBGROUP`) the
 //! reductions of the norms, attention and matvec run on subgroup operations
-//! (`parts/reduce_subgroup.wgsl`, `matvec_subgroup.wgsl`); without, the portable tree in
+//! (`parts/reduce_subgroup.wgsl`, `matvec_subgroup.wgsl`, and for q4_k weights
+//! `matvec_q4k.wgsl`, both around `parts/matvec_subgroup_main.wgsl`); without, the portable tree in
 //! workgroup memory (`parts/reduce.wgsl`, `matvec.wgsl`) that any adapter runs; with `f16`
 //! (`wgpu::Features::SHADER_F16`) the prefill matmul stages its tiles in f16
 //! (`matmul_tiled_f16.wgsl`), without it in f32 (`matmul_tiled.wgsl`); with `coopmat`
@@ -31,6 +32,7 @@ const NO_KV_STORE: &str = include_str!("../../shaders/wgsl/parts/no_kv_store.wgs
 const SLOT_BLOCK: &str = include_str!("../../shaders/wgsl/parts/slot_block.wgsl");
 const X_GROUP: &str = include_str!("../../shaders/wgsl/parts/x_group.wgsl");
 const HALF: &str = include_str!("../../shaders/wgsl/parts/half.wgsl");
+const MATVEC_SUBGROUP_MAIN: &str = include_str!("../../shaders/wgsl/parts/matvec_subgroup_main.wgsl");
 
 /// The optional adapter features the kernels use, fixed when the device opens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -175,8 +177,13 @@ impl Kernel {
         }
     }
 
-    fn source(self, variant: Variant) -> &'static str {
+    /// The kernel's own source, for weights in `format` where it reads them.
+    fn source(self, format: Option<Format>, variant: Variant) -> &'static str {
+        let q4k = format.is_some_and(|f| f.dtype == DType::Q4K);
         match self {
+            Kernel::MatVec | Kernel::MatVecGeGlu if variant.subgroups && q4k => {
+                include_str!("../../shaders/wgsl/matvec_q4k.wgsl")
+            }
             Kernel::MatVec | Kernel::MatVecGeGlu if variant.subgroups => {
                 include_str!("../../shaders/wgsl/matvec_subgroup.wgsl")
             }
@@ -387,13 +394,16 @@ pub fn module_source(
         Kernel::NormRopeStore => s.push_str(KV_STORE),
         _ => {}
     }
+    if matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu) && variant.subgroups {
+        s.push_str(MATVEC_SUBGROUP_MAIN);
+    }
     match kernel {
-        Kernel::MatMulHalf => s.push_str(&kernel.source(variant).replace("WSRC", "hs")),
+        Kernel::MatMulHalf => s.push_str(&kernel.source(format, variant).replace("WSRC", "hs")),
         Kernel::MatMulHalfNative => {
             s.push_str("@group(0) @binding(3) var<storage, read> wh: array<f16>;\n");
-            s.push_str(&kernel.source(variant).replace("WSRC", "wh"));
+            s.push_str(&kernel.source(format, variant).replace("WSRC", "wh"));
         }
-        _ => s.push_str(kernel.source(variant)),
+        _ => s.push_str(kernel.source(format, variant)),
     }
     Ok(s)
 }
@@ -597,6 +607,41 @@ mod tests {
         }
         // Without the coopmat variant the path's kernels are refused, not half made.
         assert!(module_source(Kernel::MatMulHalf, None, Variant::PORTABLE).is_err());
+    }
+
+    /// The subgroup variant's matvecs on q4_k weights are the q4_k kernel (`matvec_q4k.wgsl`),
+    /// parsed and validated by naga as wgpu does; other formats and the portable variant keep
+    /// theirs.
+    #[test]
+    fn q4k_subgroup_matvec_is_its_own_kernel_and_validates() {
+        let subgroups = Variant {
+            subgroups: true,
+            ..Variant::PORTABLE
+        };
+        let q4k = Format::for_rows(DType::Q4K, 256);
+        let q6k = Format::for_rows(DType::Q6K, 256);
+        for kernel in [Kernel::MatVec, Kernel::MatVecGeGlu] {
+            for (format, variant, want) in [
+                (q4k, subgroups, true),
+                (q6k, subgroups, false),
+                (q4k, Variant::PORTABLE, false),
+            ] {
+                let source = module_source(kernel, format, variant).unwrap();
+                assert_eq!(
+                    source.contains("fn q4k_dot"),
+                    want,
+                    "{kernel:?} {format:?} {variant:?}"
+                );
+                let module = naga::front::wgsl::parse_str(&source)
+                    .unwrap_or_else(|e| panic!("{kernel:?} {format:?}: {}", e.emit_to_string(&source)));
+                naga::valid::Validator::new(
+                    naga::valid::ValidationFlags::all(),
+                    naga::valid::Capabilities::all(),
+                )
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{kernel:?} {format:?}: {}", e.emit_to_string(&source)));
+            }
+        }
     }
 
     #[test]

@@ -957,9 +957,13 @@ pub fn all() -> Vec<Case> {
     }
     // Rows long enough that a GPU may give each output column more invocations (wgpu's
     // subgroup matvec: from 256 groups of 4 values).
-    for rows in [1, 5] {
+    for rows in [1, 3, 5] {
         v.push(matmul_quantized(DType::Q4K, rows, 2048, vec![40, 25]));
     }
+    // q4_k rows of one super-block, and of 10 (a GPU kernel taking one word of a super-block per
+    // invocation may leave some of them idle on its last pass over the row).
+    v.push(matmul_quantized(DType::Q4K, 1, 256, vec![9]));
+    v.push(matmul_quantized(DType::Q4K, 2, 2560, vec![19]));
     // The prefill kernels (16 rows and more) on every weight format: a row count that is not a
     // multiple of any tile, k not a multiple of a 64-wide slice where the format allows, more
     // than one tile of 128 weight rows, and splits across tile boundaries. Tolerance 1e-3 as for

@@ -1,0 +1,88 @@
+// The subgroup matvec for q4_k weights (formats/q4_k.wgsl's layout; entry point and reduction in
+// parts/matvec_subgroup_main.wgsl). Work item t of a row is nibble word w = t % 32 of super-block
+// t / 32: the row's invocations take items tid, tid + WG, ..., so 32 neighbouring invocations read
+// the 32 consecutive nibble words of one super-block (128 bytes). Word w holds 4 values of
+// sub-block 2j (low nibbles) and the 4 values 32 further on of sub-block 2j + 1 (high nibbles),
+// j = w / 8; each invocation reads its super-block's 4 header words (the same address across the
+// 32: a broadcast) and extracts the scales and mins of those two sub-blocks together, instead of
+// a whole header decode per 4 values (`load_group`).
+
+// The 8 input values that item t multiplies: 4 at the low nibbles, 4 at the high (32 further).
+struct Q4kX {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+fn q4k_x(xb: u32, t: u32) -> Q4kX {
+    // Super-block t / 32, chunk j = (t % 32) / 8 of 64 values, values 4 * (t % 8) .. of it.
+    let at = xb + (t >> 5u) * 256u + (t & 24u) * 8u + (t & 7u) * 4u;
+    return Q4kX(
+        vec4<f32>(act[at], act[at + 1u], act[at + 2u], act[at + 3u]),
+        vec4<f32>(act[at + 32u], act[at + 33u], act[at + 34u], act[at + 35u]),
+    );
+}
+
+// Item t of the row at word w0 against its input values x.
+fn q4k_dot(w0: u32, t: u32, x: Q4kX) -> f32 {
+    let b = w0 + (t >> 5u) * 36u;
+    let dm = unpack2x16float(wts[b]);
+    // Sub-blocks s = 2j and 2j + 1 take bytes s % 4 and s % 4 + 1 of each 4-byte word of the
+    // 12 scale bytes (a: bytes 0-3, c: 4-7, e: 8-11), both bytes as one 16-bit pair.
+    let shift = (t & 8u) * 2u;
+    let a = (wts[b + 1u] >> shift) & 0xFFFFu;
+    let c = (wts[b + 2u] >> shift) & 0xFFFFu;
+    let e = (wts[b + 3u] >> shift) & 0xFFFFu;
+    // s < 4: scale = a & 63, min = c & 63. s >= 4: scale = (e & 15) | (a >> 6) << 4,
+    // min = (e >> 4) | (c >> 6) << 4 (bytewise on the pairs).
+    let high = (t & 16u) != 0u;
+    let sc = select(a & 0x3F3Fu, (e & 0x0F0Fu) | ((a >> 2u) & 0x3030u), high);
+    let mn = select(c & 0x3F3Fu, ((e >> 4u) & 0x0F0Fu) | ((c >> 2u) & 0x3030u), high);
+    let v = wts[b + 4u + (t & 31u)];
+    let ql = vec4<f32>(vec4<u32>(v, v >> 8u, v >> 16u, v >> 24u) & vec4<u32>(15u));
+    let qh = vec4<f32>(vec4<u32>(v >> 4u, v >> 12u, v >> 20u, v >> 28u) & vec4<u32>(15u));
+    let one = vec4<f32>(1.0);
+    let q = f32(sc & 0xFFu) * dot(ql, x.lo) + f32(sc >> 8u) * dot(qh, x.hi);
+    let m = f32(mn & 0xFFu) * dot(x.lo, one) + f32(mn >> 8u) * dot(x.hi, one);
+    return dm.x * q - dm.y * m;
+}
+
+// Output column `col` of the input rows of workgroup layer z.
+fn column(col: u32, tid: u32, z: u32, sg_id: u32, sg_num: u32, sg_lane: u32) {
+    let r0 = z * R;
+    // q4_k rows are whole super-blocks of 256 values, 32 nibble words each.
+    let items = (p.k / 256u) * 32u;
+    let w0 = (col * p.row_bytes) >> 2u;
+    for (var r = 0u; r < R; r++) {
+        var s = 0.0;
+        var su = 0.0;
+        let row = r0 + r;
+        if (col < p.n_count && row < p.rows) {
+            let xb = p.x + row * p.k;
+            let wu = ((col + p.n_count) * p.row_bytes) >> 2u;
+            var s1 = 0.0;
+            var su1 = 0.0;
+            var t = tid;
+            for (; t + WG < items; t += 2u * WG) {
+                let x0 = q4k_x(xb, t);
+                let x1 = q4k_x(xb, t + WG);
+                s += q4k_dot(w0, t, x0);
+                s1 += q4k_dot(w0, t + WG, x1);
+                if (GEGLU) {
+                    su += q4k_dot(wu, t, x0);
+                    su1 += q4k_dot(wu, t + WG, x1);
+                }
+            }
+            if (t < items) {
+                let x0 = q4k_x(xb, t);
+                s += q4k_dot(w0, t, x0);
+                if (GEGLU) {
+                    su += q4k_dot(wu, t, x0);
+                }
+            }
+            s += s1;
+            su += su1;
+        }
+        publish(r, s, su, sg_id, sg_lane);
+    }
+    finish(col, r0, tid, sg_num);
+}

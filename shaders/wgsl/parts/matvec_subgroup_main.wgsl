@@ -1,0 +1,60 @@
+// The entry point and reduction of the subgroup matvecs (wgpu::Features::SUBGROUP:
+// matvec_subgroup.wgsl, matvec_q4k.wgsl), which define `column`: each output's partial sums
+// are added by subgroupAdd within each subgroup, whose first lane leaves the subgroup's sum in
+// workgroup memory (`publish`); after one barrier, invocation r < R adds the subgroups' sums of
+// input row r (`finish`, instead of a tree of log2(64) barriers).
+override R: u32 = 1u;
+// With GEGLU (a MatMul whose two equal halves only a GeGlu reads, fuse.rs): output column j is
+// gelu_tanh(row j . x) * (row j + n_count . x), both rows decoded against one load of x.
+override GEGLU: bool = false;
+// Output columns per workgroup, one after another (a long matrix, such as the logits', is
+// otherwise hundreds of thousands of small workgroups).
+override NC: u32 = 1u;
+// Invocations per workgroup (64, or more for long rows; at most 64 subgroups).
+override WG: u32 = 64u;
+var<workgroup> red: array<f32, 512>;
+var<workgroup> red_up: array<f32, 512>; // GEGLU: the up half's sums // [R <= 8][subgroups <= WG]
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(subgroup_id) sg_id: u32,
+        @builtin(num_subgroups) sg_num: u32,
+        @builtin(subgroup_invocation_id) sg_lane: u32) {
+    for (var cc = 0u; cc < NC; cc++) {
+        column((wid.x + wid.y * nwg.x) * NC + cc, lid.x, wid.z, sg_id, sg_num, sg_lane);
+        workgroupBarrier();
+    }
+}
+
+// This invocation's partial sums of input row r (s; su, the up half's, with GEGLU) into the
+// subgroup's entry of workgroup memory. Every invocation calls it, for every r < R in turn.
+fn publish(r: u32, s: f32, su: f32, sg_id: u32, sg_lane: u32) {
+    let t = subgroupAdd(s);
+    let tu = subgroupAdd(su);
+    if (sg_lane == 0u) {
+        red[r * 64u + sg_id] = t;
+        red_up[r * 64u + sg_id] = tu;
+    }
+}
+
+// After every row's `publish`: output column `col` of input rows r0 .. r0 + R.
+fn finish(col: u32, r0: u32, tid: u32, sg_num: u32) {
+    workgroupBarrier();
+    if (tid < R) {
+        let row = r0 + tid;
+        if (col < p.n_count && row < p.rows) {
+            var t = 0.0;
+            var tu = 0.0;
+            for (var i = 0u; i < sg_num; i++) {
+                t += red[tid * 64u + i];
+                tu += red_up[tid * 64u + i];
+            }
+            if (GEGLU) {
+                t = gelu_tanh(t) * tu;
+            }
+            store(p.n_base + col, row, t);
+        }
+    }
+}
