@@ -177,11 +177,15 @@ impl Kernel {
         }
     }
 
+    /// Whether a matvec on weights in `format` takes `matvec_q4k.wgsl` in `variant`.
+    fn q4k_subgroup(format: Option<Format>, variant: Variant) -> bool {
+        variant.subgroups && format.is_some_and(|f| f.dtype == DType::Q4K)
+    }
+
     /// The kernel's own source, for weights in `format` where it reads them.
     fn source(self, format: Option<Format>, variant: Variant) -> &'static str {
-        let q4k = format.is_some_and(|f| f.dtype == DType::Q4K);
         match self {
-            Kernel::MatVec | Kernel::MatVecGeGlu if variant.subgroups && q4k => {
+            Kernel::MatVec | Kernel::MatVecGeGlu if Self::q4k_subgroup(format, variant) => {
                 include_str!("../../shaders/wgsl/matvec_q4k.wgsl")
             }
             Kernel::MatVec | Kernel::MatVecGeGlu if variant.subgroups => {
@@ -243,9 +247,12 @@ impl Kernel {
         )
     }
 
-    /// The bindings its entry point uses (see `common.wgsl`).
-    pub fn bindings(self) -> &'static [u32] {
+    /// The bindings its entry point uses (see `common.wgsl`) in `variant`, with weights in
+    /// `format`: the q4_k subgroup matvec also reads the arena (8) and its weights (9) through
+    /// 16-byte views.
+    pub fn bindings(self, format: Option<Format>, variant: Variant) -> &'static [u32] {
         match self {
+            Kernel::MatVec | Kernel::MatVecGeGlu if Self::q4k_subgroup(format, variant) => &[0, 1, 3, 8, 9],
             Kernel::Embed => &[0, 1, 2, 3],
             Kernel::NormRope => &[0, 1, 2, 3, 6],
             Kernel::RmsNorm | Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled => &[0, 1, 3],
@@ -460,8 +467,8 @@ impl Pipelines {
                 if (r >> 8) & 0xFF > 1 {
                     c.push(("NC", f64::from((r >> 8) & 0xFF)));
                 }
-                if r >> 16 > 1 {
-                    c.push(("WG", f64::from(64 * (r >> 16))));
+                if (r >> 16) & 0xFF > 1 {
+                    c.push(("WG", f64::from(64 * ((r >> 16) & 0xFF))));
                 }
                 c
             }

@@ -358,7 +358,8 @@ impl WgpuBackend {
         // Top-k's lists after them.
         let top_k_at = (arena_bytes / 4) as u32;
         arena_bytes += top_k::scratch_bytes(graph, &shapes);
-        let arena_bytes = arena_bytes.max(16);
+        // A whole number of 16-byte values (the arena is also bound as vec4s).
+        let arena_bytes = arena_bytes.max(16).next_multiple_of(16);
         if arena_bytes > max_binding || arena_bytes > self.gpu.limits.max_buffer_size {
             return Err(BackendError::unsupported(
                 "compile",
@@ -978,16 +979,18 @@ impl WgpuBackend {
             let pipeline = self.pipelines.get(&self.gpu.device, p.key)?;
             let layout = pipeline.get_bind_group_layout(0);
             let mut entries: Vec<wgpu::BindGroupEntry<'_>> = Vec::new();
-            for &b in p.key.0.bindings() {
+            for &b in p.key.0.bindings(p.key.1, self.gpu.variant) {
                 let resource = match b {
                     0 => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                         buffer: &params,
                         offset: j as u64 * slot,
                         size: wgpu::BufferSize::new(PARAM_SLOT.min(slot)),
                     }),
-                    1 => arena.as_entire_binding(),
+                    // 8: the arena again, as 16-byte values (matvec_q4k.wgsl).
+                    1 | 8 => arena.as_entire_binding(),
                     2 => args.as_entire_binding(),
-                    3 => {
+                    // 9: the weights again, as 16-byte words (matvec_q4k.wgsl).
+                    3 | 9 => {
                         let w = p
                             .weight
                             .ok_or_else(|| BackendError::internal("a weight kernel without a weight"))?;

@@ -7,31 +7,37 @@
 // 32: a broadcast) and extracts the scales and mins of those two sub-blocks together, instead of
 // a whole header decode per 4 values (`load_group`).
 
+// Wider views of the two buffers this kernel reads, bound to the same ranges as `act` (binding
+// 1, the arena) and `wts` (binding 3): the input runs and a super-block's header are each one
+// 16-byte load. `act4` is only read here, at the input row, never where the outputs go.
+@group(0) @binding(8) var<storage, read_write> act4: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read> wts4: array<vec4<u32>>;
+
 // The 8 input values that item t multiplies: 4 at the low nibbles, 4 at the high (32 further).
 struct Q4kX {
     lo: vec4<f32>,
     hi: vec4<f32>,
 }
 
+// xb is a multiple of 4 (arena values are 256-byte aligned, k a multiple of 256).
 fn q4k_x(xb: u32, t: u32) -> Q4kX {
     // Super-block t / 32, chunk j = (t % 32) / 8 of 64 values, values 4 * (t % 8) .. of it.
-    let at = xb + (t >> 5u) * 256u + (t & 24u) * 8u + (t & 7u) * 4u;
-    return Q4kX(
-        vec4<f32>(act[at], act[at + 1u], act[at + 2u], act[at + 3u]),
-        vec4<f32>(act[at + 32u], act[at + 33u], act[at + 34u], act[at + 35u]),
-    );
+    let at = (xb + (t >> 5u) * 256u + (t & 24u) * 8u + (t & 7u) * 4u) >> 2u;
+    return Q4kX(act4[at], act4[at + 8u]);
 }
 
 // Item t of the row at word w0 against its input values x.
 fn q4k_dot(w0: u32, t: u32, x: Q4kX) -> f32 {
+    // Super-blocks are 36 words, rows a multiple of them: b is a multiple of 4.
     let b = w0 + (t >> 5u) * 36u;
-    let dm = unpack2x16float(wts[b]);
+    let hd = wts4[b >> 2u];
+    let dm = unpack2x16float(hd.x);
     // Sub-blocks s = 2j and 2j + 1 take bytes s % 4 and s % 4 + 1 of each 4-byte word of the
     // 12 scale bytes (a: bytes 0-3, c: 4-7, e: 8-11), both bytes as one 16-bit pair.
     let shift = (t & 8u) * 2u;
-    let a = (wts[b + 1u] >> shift) & 0xFFFFu;
-    let c = (wts[b + 2u] >> shift) & 0xFFFFu;
-    let e = (wts[b + 3u] >> shift) & 0xFFFFu;
+    let a = (hd.y >> shift) & 0xFFFFu;
+    let c = (hd.z >> shift) & 0xFFFFu;
+    let e = (hd.w >> shift) & 0xFFFFu;
     // s < 4: scale = a & 63, min = c & 63. s >= 4: scale = (e & 15) | (a >> 6) << 4,
     // min = (e >> 4) | (c >> 6) << 4 (bytewise on the pairs).
     let high = (t & 16u) != 0u;
