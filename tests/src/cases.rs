@@ -1226,6 +1226,8 @@ pub fn all() -> Vec<Case> {
     for rows in [1, 3, 20] {
         v.push(matmul_geglu(DType::Q4K, rows, 512, 37));
     }
+    // Rows long enough for more than one pass of a 64-invocation workgroup over q4_k words.
+    v.push(matmul_geglu(DType::Q4K, 1, 1024, 37));
     v.extend(elementwise(3, 29));
     v.extend(elementwise(1, 1));
     v.push(select_then_matmul(5, vec![4, 0, 4], 13, 9));
