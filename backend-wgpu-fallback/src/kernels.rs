@@ -32,6 +32,7 @@ const NO_KV_STORE: &str = include_str!("../../shaders/wgsl/parts/no_kv_store.wgs
 const SLOT_BLOCK: &str = include_str!("../../shaders/wgsl/parts/slot_block.wgsl");
 const X_GROUP: &str = include_str!("../../shaders/wgsl/parts/x_group.wgsl");
 const HALF: &str = include_str!("../../shaders/wgsl/parts/half.wgsl");
+const COOP_OUT: &str = include_str!("../../shaders/wgsl/parts/coop_out.wgsl");
 const MATVEC_SUBGROUP_MAIN: &str = include_str!("../../shaders/wgsl/parts/matvec_subgroup_main.wgsl");
 
 /// The optional adapter features the kernels use, fixed when the device opens.
@@ -375,6 +376,11 @@ pub fn module_source(
     }
     if kernel.needs_coopmat() {
         s.push_str(HALF);
+    }
+    if (kernel == Kernel::MatMulTiled && variant.coopmat)
+        || matches!(kernel, Kernel::MatMulHalf | Kernel::MatMulHalfNative)
+    {
+        s.push_str(COOP_OUT);
     }
     if kernel.reduces() {
         s.push_str(if variant.subgroups {

@@ -43,6 +43,7 @@ mod device;
 mod fuse;
 mod kernels;
 mod program;
+mod tuning;
 
 use std::collections::VecDeque;
 

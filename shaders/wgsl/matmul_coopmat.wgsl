@@ -5,7 +5,8 @@
 // k the input tile (f32 -> f16) and the weight tile (dequantised by the format's load_group, then
 // rounded to f16) are staged in workgroup memory, then multiplied as
 // coop_mat16x16<f16> x coop_mat16x16<f16> -> coop_mat16x16<f32>. The results go through a
-// 16x16 f32 slot per subgroup in workgroup memory to the split outputs and row bounds.
+// 16x16 f32 slot per subgroup in workgroup memory to the split outputs and row bounds
+// (parts/coop_out.wgsl).
 // The host takes this kernel only where the adapter lists the 16x16x16 f16 x f16 -> f32
 // configuration and its subgroups are exactly 32 wide (8 subgroups fill the workgroup).
 const BM: u32 = 64u;
@@ -19,7 +20,6 @@ const F16_MAX: f32 = 65504.0;
 
 var<workgroup> xs: array<f16, 4608>; // [BM][SK]: input row r, k column c at r * SK + c
 var<workgroup> ws: array<f16, 9216>; // [BN][SK]: weight row r, k column c at r * SK + c
-var<workgroup> cs: array<f32, 2048>; // [8 subgroups][16 x 16], row-major
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>,
@@ -103,13 +103,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>,
             }
         }
         workgroupBarrier();
-        for (var e = lane; e < 256u; e += sg_size) {
-            let row = m0 + wm + i * 16u + e / 16u;
-            let col = n0 + wn + j * 16u + e % 16u;
-            if (row < p.rows && col < p.n_count) {
-                store(p.n_base + col, row, cs[slot + e]);
-            }
-        }
+        write_slot(slot, m0 + wm + i * 16u, n0 + wn + j * 16u, lane, sg_size);
         workgroupBarrier();
     }
 }

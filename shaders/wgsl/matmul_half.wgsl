@@ -7,13 +7,11 @@
 // steps of 16. Workgroups along x take the input rows' tiles, so those sharing a slab of weight
 // rows run together. WSRC is the weights' array: `hs` (staged) or `wh` (the f16 weights,
 // binding 3); the module assembler names it. The results go through a 16x16 f32 slot per
-// subgroup in workgroup memory to the split outputs and row bounds.
+// subgroup in workgroup memory to the split outputs and row bounds (parts/coop_out.wgsl).
 override SGM: u32 = 2u;
 override SGN: u32 = 2u;
 override WGS: u32 = 128u;
 override FM: u32 = 2u;
-
-var<workgroup> cs: array<f32, 2048>; // [subgroups <= 8][16 x 16], row-major
 
 @compute @workgroup_size(WGS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
@@ -131,13 +129,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         workgroupBarrier();
         let i = t >> 2u;
         let j = t & 3u;
-        for (var e = lane; e < 256u; e += sg_size) {
-            let row = m0 + wm + i * 16u + e / 16u;
-            let col = n0 + wn + j * 16u + e % 16u;
-            if (row < p.rows && col < p.n_count) {
-                store(p.n_base + col, row, cs[slot + e]);
-            }
-        }
+        write_slot(slot, m0 + wm + i * 16u, n0 + wn + j * 16u, lane, sg_size);
         workgroupBarrier();
     }
 }
