@@ -196,7 +196,16 @@ fn load_options(opts: &ModelOptions, placement: &str) -> (Loaded, Vec<Notice>) {
         &mut |n| notices.push(n),
         &mut |_: u64, _: u64| {},
     )
-    .unwrap_or_else(|e| panic!("loading {opts:?} with {placement:?}: {e}"));
+    .unwrap_or_else(|e| {
+        // The whole chain: an upload error's cause is in its source.
+        let mut why = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            why.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        panic!("loading {opts:?} with {placement:?}: {why}")
+    });
     (loaded, notices)
 }
 
