@@ -641,7 +641,7 @@ mod tests {
             ] {
                 let source = module_source(kernel, format, variant).unwrap();
                 assert_eq!(
-                    source.contains("fn q4k_dot"),
+                    source.contains("struct Q4kX"),
                     want,
                     "{kernel:?} {format:?} {variant:?}"
                 );

@@ -448,31 +448,11 @@ impl WgpuBackend {
                         && !coopmat_staged()
                         && mp <= 65_535
                         && half_bytes <= HALF_STAGING_MAX.min(max_binding);
-                    let half_words = |base: &[u32], np: usize| {
-                        let mut v = base.to_vec();
-                        v.extend([0, (mp * kp) as u32, kp as u32, np as u32]);
-                        v
-                    };
-                    if half {
-                        half_needed = half_needed.max(half_bytes);
-                        let base = [elem(*x)?, k as u32, m as u32];
-                        planned.push(Planned {
-                            node: i,
-                            key: (Kernel::StageHalf, None, 0),
-                            params: half_words(
-                                &[base[0], base[1], base[2], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-                                0,
-                            ),
-                            weight: None,
-                            weight2: None,
-                            caches: None,
-                            groups: [div_up(kp / 4, 64), mp as u32, 1],
-                        });
-                    }
-                    for (r0, r1, offset, size) in chunks {
-                        let count = r1 - r0;
-                        let params = vec![
-                            elem(*x)?,
+                    // Params (matmul_common.wgsl) of the chunk of rows r0 .. r0 + count.
+                    let x_at = elem(*x)?;
+                    let chunk_params = |r0: usize, count: usize| {
+                        vec![
+                            x_at,
                             k as u32,
                             m as u32,
                             row_bytes as u32,
@@ -486,7 +466,30 @@ impl WgpuBackend {
                             ends[0],
                             ends[1],
                             ends[2],
-                        ];
+                        ]
+                    };
+                    // The same with the staging fields: the input rows at 0, the weight rows
+                    // at h_b, np staged weight rows.
+                    let half_params = |r0: usize, count: usize, h_b: usize, np: usize| {
+                        let mut v = chunk_params(r0, count);
+                        v.extend([0, h_b as u32, kp as u32, np as u32]);
+                        v
+                    };
+                    if half {
+                        half_needed = half_needed.max(half_bytes);
+                        planned.push(Planned {
+                            node: i,
+                            key: (Kernel::StageHalf, None, 0),
+                            params: half_params(0, 0, 0, 0),
+                            weight: None,
+                            weight2: None,
+                            caches: None,
+                            groups: [div_up(kp / 4, 64), mp as u32, 1],
+                        });
+                    }
+                    for (r0, r1, offset, size) in chunks {
+                        let count = r1 - r0;
+                        let params = chunk_params(r0, count);
                         let weight = Some(WeightRange {
                             buffer: weight.buffer,
                             offset,
@@ -499,17 +502,15 @@ impl WgpuBackend {
                                 planned.push(Planned {
                                     node: i,
                                     key: (Kernel::DequantHalf, Some(format), 0),
-                                    params: half_words(&params, np),
+                                    params: half_params(r0, count, mp * kp, np),
                                     weight,
                                     weight2: None,
                                     caches: None,
                                     groups: [div_up(kp / 4, 64), np.min(32_768) as u32, div_up(np, 32_768)],
                                 });
                             }
-                            let mut words = half_words(&params, np);
-                            if in_place {
-                                words[15] = 0; // h_b: the bound f16 rows themselves
-                            }
+                            // In place, the weight rows are the bound f16 rows themselves.
+                            let h_b = if in_place { 0 } else { mp * kp };
                             planned.push(Planned {
                                 node: i,
                                 key: (
@@ -521,7 +522,7 @@ impl WgpuBackend {
                                     None,
                                     (sgm | sgn << 8 | fm << 16) as u32,
                                 ),
-                                params: words,
+                                params: half_params(r0, count, h_b, np),
                                 weight: in_place.then_some(weight).flatten(),
                                 weight2: None,
                                 caches: None,

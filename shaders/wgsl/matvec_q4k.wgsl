@@ -1,5 +1,5 @@
-// The subgroup matvec for q4_k weights (formats/q4_k.wgsl's layout; entry point and reduction in
-// parts/matvec_subgroup_main.wgsl). Work item t of a row is nibble word w = t % 32 of super-block
+// The subgroup matvec for q4_k weights (formats/q4_k.wgsl's layout; entry point, pass and
+// reduction in parts/matvec_subgroup_main.wgsl, whose items this file defines). Work item t of a row is nibble word w = t % 32 of super-block
 // t / 32: the row's invocations take items tid, tid + WG, ..., so 32 neighbouring invocations read
 // the 32 consecutive nibble words of one super-block (128 bytes). Word w holds 4 values of
 // sub-block 2j (low nibbles) and the 4 values 32 further on of sub-block 2j + 1 (high nibbles),
@@ -18,16 +18,27 @@ struct Q4kX {
     lo: vec4<f32>,
     hi: vec4<f32>,
 }
+alias ItemX = Q4kX;
+
+// q4_k rows are whole super-blocks of 256 values, 32 nibble words each.
+fn row_items() -> u32 {
+    return (p.k / 256u) * 32u;
+}
+
+// Weight rows start at word offsets (super-blocks are 36 words).
+fn row_at(col: u32) -> u32 {
+    return (col * p.row_bytes) >> 2u;
+}
 
 // xb is a multiple of 4 (arena values are 256-byte aligned, k a multiple of 256).
-fn q4k_x(xb: u32, t: u32) -> Q4kX {
+fn item_x(xb: u32, t: u32) -> ItemX {
     // Super-block t / 32, chunk j = (t % 32) / 8 of 64 values, values 4 * (t % 8) .. of it.
     let at = (xb + (t >> 5u) * 256u + (t & 24u) * 8u + (t & 7u) * 4u) >> 2u;
     return Q4kX(act4[at], act4[at + 8u]);
 }
 
 // Item t of the row at word w0 against its input values x.
-fn q4k_dot(w0: u32, t: u32, x: Q4kX) -> f32 {
+fn item_dot(w0: u32, t: u32, x: ItemX) -> f32 {
     // Super-blocks are 36 words, rows a multiple of them: b is a multiple of 4.
     let b = w0 + (t >> 5u) * 36u;
     let hd = wts4[b >> 2u];
@@ -50,45 +61,4 @@ fn q4k_dot(w0: u32, t: u32, x: Q4kX) -> f32 {
     let q = f32(sc & 0xFFu) * dot(ql, x.lo) + f32(sc >> 8u) * dot(qh, x.hi);
     let m = f32(mn & 0xFFu) * dot(x.lo, one) + f32(mn >> 8u) * dot(x.hi, one);
     return dm.x * q - dm.y * m;
-}
-
-// Output column `col` of the input rows of workgroup layer z.
-fn column(col: u32, tid: u32, z: u32, sg_id: u32, sg_num: u32, sg_lane: u32) {
-    let r0 = z * R;
-    // q4_k rows are whole super-blocks of 256 values, 32 nibble words each.
-    let items = (p.k / 256u) * 32u;
-    let w0 = (col * p.row_bytes) >> 2u;
-    for (var r = 0u; r < R; r++) {
-        var s = 0.0;
-        var su = 0.0;
-        let row = r0 + r;
-        if (col < p.n_count && row < p.rows) {
-            let xb = p.x + row * p.k;
-            let wu = ((col + p.n_count) * p.row_bytes) >> 2u;
-            var s1 = 0.0;
-            var su1 = 0.0;
-            var t = tid;
-            for (; t + WG < items; t += 2u * WG) {
-                let x0 = q4k_x(xb, t);
-                let x1 = q4k_x(xb, t + WG);
-                s += q4k_dot(w0, t, x0);
-                s1 += q4k_dot(w0, t + WG, x1);
-                if (GEGLU) {
-                    su += q4k_dot(wu, t, x0);
-                    su1 += q4k_dot(wu, t + WG, x1);
-                }
-            }
-            if (t < items) {
-                let x0 = q4k_x(xb, t);
-                s += q4k_dot(w0, t, x0);
-                if (GEGLU) {
-                    su += q4k_dot(wu, t, x0);
-                }
-            }
-            s += s1;
-            su += su1;
-        }
-        publish(r, s, su, sg_id, sg_lane);
-    }
-    finish(col, r0, tid, sg_num);
 }

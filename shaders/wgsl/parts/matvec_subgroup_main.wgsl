@@ -1,8 +1,12 @@
-// The entry point and reduction of the subgroup matvecs (wgpu::Features::SUBGROUP:
-// matvec_subgroup.wgsl, matvec_q4k.wgsl), which define `column`: each output's partial sums
-// are added by subgroupAdd within each subgroup, whose first lane leaves the subgroup's sum in
-// workgroup memory (`publish`); after one barrier, invocation r < R adds the subgroups' sums of
-// input row r (`finish`, instead of a tree of log2(64) barriers).
+// The entry point, the pass over a row and the reduction of the subgroup matvecs
+// (wgpu::Features::SUBGROUP). The kernel file (matvec_subgroup.wgsl, matvec_q4k.wgsl) says what
+// a work item is: `ItemX`, the input values an item multiplies; `row_items()`, the items of a
+// row; `row_at(col)`, where weight row `col` starts in the kernel's units; `item_x(xb, t)`, item
+// t's input values from input row xb; `item_dot(w, t, x)`, item t of the row at w against x. The
+// row's invocations take items tid, tid + WG, ... Each output's partial sums are added by
+// subgroupAdd within each subgroup, whose first lane leaves the subgroup's sum in workgroup
+// memory (`publish`); after one barrier, invocation r < R adds the subgroups' sums of input row r
+// (`finish`, instead of a tree of log2(64) barriers).
 override R: u32 = 1u;
 // With GEGLU (a MatMul whose two equal halves only a GeGlu reads, fuse.rs): output column j is
 // gelu_tanh(row j . x) * (row j + n_count . x), both rows decoded against one load of x.
@@ -26,6 +30,47 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>,
         column((wid.x + wid.y * nwg.x) * NC + cc, lid.x, wid.z, sg_id, sg_num, sg_lane);
         workgroupBarrier();
     }
+}
+
+// Output column `col` of the input rows of workgroup layer z.
+fn column(col: u32, tid: u32, z: u32, sg_id: u32, sg_num: u32, sg_lane: u32) {
+    let r0 = z * R;
+    let items = row_items();
+    let w = row_at(col);
+    for (var r = 0u; r < R; r++) {
+        var s = 0.0;
+        var su = 0.0;
+        let row = r0 + r;
+        if (col < p.n_count && row < p.rows) {
+            let xb = p.x + row * p.k;
+            let wu = row_at(col + p.n_count);
+            // Two items at a time, so both sets of loads are in flight together.
+            var s1 = 0.0;
+            var su1 = 0.0;
+            var t = tid;
+            for (; t + WG < items; t += 2u * WG) {
+                let x0 = item_x(xb, t);
+                let x1 = item_x(xb, t + WG);
+                s += item_dot(w, t, x0);
+                s1 += item_dot(w, t + WG, x1);
+                if (GEGLU) {
+                    su += item_dot(wu, t, x0);
+                    su1 += item_dot(wu, t + WG, x1);
+                }
+            }
+            if (t < items) {
+                let x0 = item_x(xb, t);
+                s += item_dot(w, t, x0);
+                if (GEGLU) {
+                    su += item_dot(wu, t, x0);
+                }
+            }
+            s += s1;
+            su += su1;
+        }
+        publish(r, s, su, sg_id, sg_lane);
+    }
+    finish(col, r0, tid, sg_num);
 }
 
 // This invocation's partial sums of input row r (s; su, the up half's, with GEGLU) into the
