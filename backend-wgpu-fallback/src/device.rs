@@ -553,6 +553,28 @@ fn compute_capable(a: &wgpu::Adapter) -> bool {
         .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
 }
 
+/// A shader module from `desc`, with wgpu's runtime checks, less the loop counter where
+/// `unbounded_loops` (the kernels' default, `kernels::Pipelines`).
+pub(crate) fn shader_module(
+    device: &wgpu::Device,
+    desc: wgpu::ShaderModuleDescriptor<'_>,
+    unbounded_loops: bool,
+) -> wgpu::ShaderModule {
+    if !unbounded_loops {
+        return device.create_shader_module(desc);
+    }
+    let mut checks = wgpu::ShaderRuntimeChecks::checked();
+    checks.force_loop_bounding = false;
+    // SAFETY: the one check given up is wgpu's counter on every loop, there so that a loop
+    // which never ends cannot be assumed away by the driver. Every loop of the kernels in
+    // shaders/wgsl ends: each counts up by a positive constant, workgroup or subgroup size to a
+    // bound taken from the dispatch's parameters (element counts of bound buffers, far below
+    // u32::MAX less the step, so the counter cannot wrap), counts a stride down to 0 by
+    // halving, or doubles up to an override constant (top_k's N, at most TOP_K_MAX). Bounds
+    // checks and integer-division checks stay on.
+    unsafe { device.create_shader_module_trusted(desc, checks) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -655,18 +655,21 @@ mod tests {
                     continue; // the coopmat path's kernels: SPIR-V checked in kernels.rs
                 }
                 let mut pipelines = Pipelines::new(variant);
+                // matvec_q4k_rows: its smallest shape, and its largest with the GeGlu.
+                let overrides: &[u32] = match kernel {
+                    Kernel::MatVec | Kernel::MatVecGeGlu => &[8],
+                    Kernel::MatVecQ4kRows => &[1 | 1 << 8, 4 | 8 << 8 | 1 << 16],
+                    _ => &[0],
+                };
                 for f in &variants {
-                    let overrides = if matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu) {
-                        8
-                    } else {
-                        0
-                    };
-                    pipelines
-                        .get(&b.gpu.device, (kernel, *f, overrides))
-                        .unwrap_or_else(|e| panic!("{} {f:?} {variant:?}: {e}", kernel.name()));
-                    b.gpu
-                        .check()
-                        .unwrap_or_else(|e| panic!("{} {f:?} {variant:?}: {e}", kernel.name()));
+                    for &o in overrides {
+                        pipelines
+                            .get(&b.gpu.device, (kernel, *f, o))
+                            .unwrap_or_else(|e| panic!("{} {f:?} {variant:?} {o:#x}: {e}", kernel.name()));
+                        b.gpu
+                            .check()
+                            .unwrap_or_else(|e| panic!("{} {f:?} {variant:?} {o:#x}: {e}", kernel.name()));
+                    }
                 }
             }
         }

@@ -14,7 +14,7 @@ use crate::fuse::{self, Group};
 use crate::kernels::{Format, Kernel, PipelineKey};
 use crate::tuning::{
     coopmat_staged, half_fm, half_subgroups, matvec_columns_override, matvec_wide_groups,
-    matvec_width_override,
+    matvec_width_override, q4k_rows_off, q4k_rows_shape,
 };
 use crate::WgpuBackend;
 
@@ -539,6 +539,18 @@ impl WgpuBackend {
                                 caches: None,
                                 groups: [div_up(count, tile_n), div_up(m, tile_m), 1],
                             });
+                        } else if m == 1 && dt == DType::Q4K && !q4k_rows_off() {
+                            let (nr, w) = q4k_rows_shape(count, k / 256);
+                            let [gx, gy] = spread(div_up(count, 4 * nr));
+                            planned.push(Planned {
+                                node: i,
+                                key: (Kernel::MatVecQ4kRows, Some(format), (nr | w << 8) as u32),
+                                params,
+                                weight,
+                                weight2: None,
+                                caches: None,
+                                groups: [gx, gy, 1],
+                            });
                         } else {
                             let r = m.next_power_of_two().min(8);
                             // A long matrix (the logits'): several columns per workgroup.
@@ -1050,11 +1062,22 @@ impl WgpuBackend {
                 let buf = self.buffers.get(weight.buffer)?;
                 let bind = (n as u64 * row_bytes + 4).div_ceil(4) * 4;
                 let r = m.next_power_of_two().min(8);
-                let [gx, gy] = spread(half as u32);
+                let rows_kernel = m == 1 && weight.desc.dtype == DType::Q4K && !q4k_rows_off();
+                let (key, [gx, gy]) = if rows_kernel {
+                    let (nr, w) = q4k_rows_shape(half, k / 256);
+                    let key = (
+                        Kernel::MatVecQ4kRows,
+                        Some(format),
+                        (nr | w << 8 | 1 << 16) as u32,
+                    );
+                    (key, spread(div_up(half, 4 * nr)))
+                } else {
+                    ((Kernel::MatVecGeGlu, Some(format), r as u32), spread(half as u32))
+                };
                 let out = elem(out(geglu)?)?;
                 Ok(Planned {
                     node: group.at(),
-                    key: (Kernel::MatVecGeGlu, Some(format), r as u32),
+                    key,
                     params: vec![
                         elem(*x)?,
                         k as u32,
