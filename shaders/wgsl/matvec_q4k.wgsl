@@ -37,8 +37,19 @@ fn item_x(xb: u32, t: u32) -> ItemX {
     return Q4kX(act4[at], act4[at + 8u]);
 }
 
-// Item t of the row at word w0 against its input values x.
-fn item_dot(w0: u32, t: u32, x: ItemX) -> f32 {
+// Item t decoded: its 8 nibbles as f = 1 + q / 16 (no int-to-float conversion: nibble q moved
+// to the top of the mantissa of 1.0), lo the 4 low, hi the 4 high; value = a f - off per
+// sub-block, a = 16 d scale, off = a + dmin min (so that q . x = 16 (f . x - sum x)).
+struct Q4kW {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+    a: vec2<f32>,
+    off: vec2<f32>,
+}
+alias ItemW = Q4kW;
+
+// Item t of the row at word w0.
+fn item_w(w0: u32, t: u32) -> ItemW {
     // Super-blocks are 36 words, rows a multiple of them: b is a multiple of 4.
     let b = w0 + (t >> 5u) * 36u;
     let hd = wts4[b >> 2u];
@@ -55,10 +66,19 @@ fn item_dot(w0: u32, t: u32, x: ItemX) -> f32 {
     let sc = select(a & 0x3F3Fu, (e & 0x0F0Fu) | ((a >> 2u) & 0x3030u), high);
     let mn = select(c & 0x3F3Fu, ((e >> 4u) & 0x0F0Fu) | ((c >> 2u) & 0x3030u), high);
     let v = wts[b + 4u + (t & 31u)];
-    let ql = vec4<f32>(vec4<u32>(v, v >> 8u, v >> 16u, v >> 24u) & vec4<u32>(15u));
-    let qh = vec4<f32>(vec4<u32>(v >> 4u, v >> 12u, v >> 20u, v >> 28u) & vec4<u32>(15u));
+    var w: Q4kW;
+    let m = vec4<u32>(0x00780000u);
+    let one = vec4<u32>(0x3F800000u);
+    w.lo = bitcast<vec4<f32>>((vec4<u32>(v << 19u, v << 11u, v << 3u, v >> 5u) & m) | one);
+    w.hi = bitcast<vec4<f32>>((vec4<u32>(v << 15u, v << 7u, v >> 1u, v >> 9u) & m) | one);
+    w.a = 16.0 * dm.x * vec2<f32>(f32(sc & 0xFFu), f32(sc >> 8u));
+    w.off = w.a + dm.y * vec2<f32>(f32(mn & 0xFFu), f32(mn >> 8u));
+    return w;
+}
+
+// Decoded item w against its input values x.
+fn item_dot(w: ItemW, x: ItemX) -> f32 {
     let one = vec4<f32>(1.0);
-    let q = f32(sc & 0xFFu) * dot(ql, x.lo) + f32(sc >> 8u) * dot(qh, x.hi);
-    let m = f32(mn & 0xFFu) * dot(x.lo, one) + f32(mn >> 8u) * dot(x.hi, one);
-    return dm.x * q - dm.y * m;
+    return w.a.x * dot(w.lo, x.lo) + w.a.y * dot(w.hi, x.hi) - w.off.x * dot(x.lo, one)
+        - w.off.y * dot(x.hi, one);
 }

@@ -3,6 +3,7 @@
 // GROUP values through the format's `load_group`, each output's partial sums added by subgroup
 // operations.
 alias ItemX = vec4<f32>;
+alias ItemW = vec4<f32>;
 
 fn row_items() -> u32 {
     return p.k / GROUP;
@@ -17,6 +18,10 @@ fn item_x(xb: u32, g: u32) -> ItemX {
     return x_group(xb + g * GROUP);
 }
 
-fn item_dot(w: u32, g: u32, x: ItemX) -> f32 {
-    return dot(load_group(w, g), x);
+fn item_w(w: u32, g: u32) -> ItemW {
+    return load_group(w, g);
+}
+
+fn item_dot(w: ItemW, x: ItemX) -> f32 {
+    return dot(w, x);
 }

@@ -1,9 +1,10 @@
 // The entry point, the pass over a row and the reduction of the subgroup matvecs
 // (wgpu::Features::SUBGROUP). The kernel file (matvec_subgroup.wgsl, matvec_q4k.wgsl) says what
-// a work item is: `ItemX`, the input values an item multiplies; `row_items()`, the items of a
-// row; `row_at(col)`, where weight row `col` starts in the kernel's units; `item_x(xb, t)`, item
-// t's input values from input row xb; `item_dot(w, t, x)`, item t of the row at w against x. The
-// row's invocations take items tid, tid + WG, ... Each output's partial sums are added by
+// a work item is: `ItemX`, the input values an item multiplies; `ItemW`, its weights decoded;
+// `row_items()`, the items of a row; `row_at(col)`, where weight row `col` starts in the
+// kernel's units; `item_x(xb, t)`, item t's input values from input row xb; `item_w(w, t)`, item
+// t of the row at w decoded; `item_dot(w, x)`, decoded weights against input values. The row's
+// invocations take items tid, tid + WG, ..., each item decoded once for all R input rows. Each output's partial sums are added by
 // subgroupAdd within each subgroup, whose first lane leaves the subgroup's sum in workgroup
 // memory (`publish`); after one barrier, invocation r < R adds the subgroups' sums of input row r
 // (`finish`, instead of a tree of log2(64) barriers).
@@ -37,38 +38,53 @@ fn column(col: u32, tid: u32, z: u32, sg_id: u32, sg_num: u32, sg_lane: u32) {
     let r0 = z * R;
     let items = row_items();
     let w = row_at(col);
-    for (var r = 0u; r < R; r++) {
-        var s = 0.0;
-        var su = 0.0;
-        let row = r0 + r;
-        if (col < p.n_count && row < p.rows) {
-            let xb = p.x + row * p.k;
-            let wu = row_at(col + p.n_count);
-            // Two items at a time, so both sets of loads are in flight together.
-            var s1 = 0.0;
-            var su1 = 0.0;
-            var t = tid;
-            for (; t + WG < items; t += 2u * WG) {
-                let x0 = item_x(xb, t);
-                let x1 = item_x(xb, t + WG);
-                s += item_dot(w, t, x0);
-                s1 += item_dot(w, t + WG, x1);
-                if (GEGLU) {
-                    su += item_dot(wu, t, x0);
-                    su1 += item_dot(wu, t + WG, x1);
+    // Partial sums by input row (R <= 8), and the up half's with GEGLU.
+    var s: array<f32, 8>;
+    var su: array<f32, 8>;
+    if (col < p.n_count) {
+        let wu = row_at(col + p.n_count);
+        // Two items at a time, so both sets of loads are in flight together.
+        var t = tid;
+        for (; t + WG < items; t += 2u * WG) {
+            let w0 = item_w(w, t);
+            let w1 = item_w(w, t + WG);
+            var u0 = w0;
+            var u1 = w1;
+            if (GEGLU) {
+                u0 = item_w(wu, t);
+                u1 = item_w(wu, t + WG);
+            }
+            for (var r = 0u; r < R; r++) {
+                if (r0 + r < p.rows) {
+                    let xb = p.x + (r0 + r) * p.k;
+                    let x0 = item_x(xb, t);
+                    let x1 = item_x(xb, t + WG);
+                    s[r] += item_dot(w0, x0) + item_dot(w1, x1);
+                    if (GEGLU) {
+                        su[r] += item_dot(u0, x0) + item_dot(u1, x1);
+                    }
                 }
             }
-            if (t < items) {
-                let x0 = item_x(xb, t);
-                s += item_dot(w, t, x0);
-                if (GEGLU) {
-                    su += item_dot(wu, t, x0);
-                }
-            }
-            s += s1;
-            su += su1;
         }
-        publish(r, s, su, sg_id, sg_lane);
+        if (t < items) {
+            let w0 = item_w(w, t);
+            var u0 = w0;
+            if (GEGLU) {
+                u0 = item_w(wu, t);
+            }
+            for (var r = 0u; r < R; r++) {
+                if (r0 + r < p.rows) {
+                    let x0 = item_x(p.x + (r0 + r) * p.k, t);
+                    s[r] += item_dot(w0, x0);
+                    if (GEGLU) {
+                        su[r] += item_dot(u0, x0);
+                    }
+                }
+            }
+        }
+    }
+    for (var r = 0u; r < R; r++) {
+        publish(r, s[r], su[r], sg_id, sg_lane);
     }
     finish(col, r0, tid, sg_num);
 }
