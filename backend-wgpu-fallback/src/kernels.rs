@@ -7,7 +7,8 @@
 //! reductions of the norms, attention and matvec run on subgroup operations
 //! (`parts/reduce_subgroup.wgsl`, `matvec_subgroup.wgsl`, and for q4_k weights
 //! `matvec_q4k.wgsl`, both around `parts/matvec_subgroup_main.wgsl`); without, the portable tree in
-//! workgroup memory (`parts/reduce.wgsl`, `matvec.wgsl`) that any adapter runs; with `f16`
+//! workgroup memory (`parts/reduce.wgsl`, `matvec.wgsl`) that any adapter runs (in every
+//! variant, q4_k weights against one input row take `matvec_q4k_rows.wgsl`); with `f16`
 //! (`wgpu::Features::SHADER_F16`) the prefill matmul stages its tiles in f16
 //! (`matmul_tiled_f16.wgsl`), without it in f32 (`matmul_tiled.wgsl`); with `coopmat`
 //! (`wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX` offering 16x16x16 f16 x f16 -> f32, with

@@ -1,5 +1,7 @@
-// The subgroup matvec for q4_k weights (formats/q4_k.wgsl's layout; entry point, pass and
-// reduction in parts/matvec_subgroup_main.wgsl, whose items this file defines). Work item t of a row is nibble word w = t % 32 of super-block
+// The subgroup matvec for q4_k weights against 2 to 15 input rows (batched decode; one row takes
+// matvec_q4k_rows.wgsl) (formats/q4_k.wgsl's layout; entry point, pass and reduction in
+// parts/matvec_subgroup_main.wgsl, whose items this file defines). Work item t of a row is
+// nibble word w = t % 32 of super-block
 // t / 32: the row's invocations take items tid, tid + WG, ..., so 32 neighbouring invocations read
 // the 32 consecutive nibble words of one super-block (128 bytes). Word w holds 4 values of
 // sub-block 2j (low nibbles) and the 4 values 32 further on of sub-block 2j + 1 (high nibbles),
