@@ -3,6 +3,8 @@
 
 use std::sync::OnceLock;
 
+use tandem_backend_api::kit::plan::q4k_matvec_shape;
+
 /// Environment variable `name` parsed as `T`; `None` when unset or unparsable.
 fn knob<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -78,17 +80,13 @@ pub(crate) fn coopmat_staged() -> bool {
     *S.get_or_init(|| std::env::var("TANDEM_WGPU_COOPMAT").is_ok_and(|v| v == "staged"))
 }
 
-/// `matvec_q4k_rows.wgsl`'s shape for `n` output columns of `blocks` q4_k blocks: (NR, W), as
-/// the Vulkan backend's `matvec_q4k` chooses it. A workgroup of W lane groups of 32 covers 4 NR
-/// columns; the W groups split each row's blocks.
-/// - NR (columns per lane group, sharing each load of the input): 1 below 2048 columns, 2
-///   below 16384, else 4.
-/// - W: the fewest block trips per invocation with W <= 8 that keep >= 90% of the invocations
-///   busy (10 blocks: W = 5, two trips each).
+/// `matvec_q4k_rows.wgsl`'s shape for `n` output columns of `blocks` q4_k blocks: (NR, W), the
+/// Vulkan backend's rule (`kit::plan::q4k_matvec_shape`), or `TANDEM_WGPU_Q4K_ROWS=NRxW` (NR 1,
+/// 2 or 4; W 1 to 8) for tuning runs.
 ///
-/// On the H100 (decode at batch 1, loops unbounded) this shape gave 198.2 tok/s on 4B q4_k
-/// against 188.1 (1 x 5), 193.7 (2 x 8), 185.0 (4 x 5) and 184.6 for the item kernel; 1B
-/// q4_k 334.2 against 322.7, 323.3, 314.9 and 327.6.
+/// On the H100 (decode at batch 1, loops unbounded) the rule gave 198.2 tok/s on 4B q4_k
+/// against 188.1 (1 x 5), 193.7 (2 x 8), 185.0 (4 x 5) and 184.6 for the item kernel; 1B q4_k
+/// 334.2 against 322.7, 323.3, 314.9 and 327.6.
 pub(crate) fn q4k_rows_shape(n: usize, blocks: usize) -> (usize, usize) {
     static S: OnceLock<Option<(usize, usize)>> = OnceLock::new();
     let forced = *S.get_or_init(|| {
@@ -97,22 +95,7 @@ pub(crate) fn q4k_rows_shape(n: usize, blocks: usize) -> (usize, usize) {
         let (nr, w): (usize, usize) = (nr.parse().ok()?, w.parse().ok()?);
         (matches!(nr, 1 | 2 | 4) && (1..=8).contains(&w)).then_some((nr, w))
     });
-    if let Some(s) = forced {
-        return s;
-    }
-    let nr = if n < 2048 {
-        1
-    } else if n < 16384 {
-        2
-    } else {
-        4
-    };
-    let b = blocks.max(1);
-    let w = (1..=b)
-        .map(|t| (b.div_ceil(t), t))
-        .find(|&(w, t)| w <= 8 && 10 * b >= 9 * w * t)
-        .map_or(1, |(w, _)| w);
-    (nr, w)
+    forced.unwrap_or_else(|| q4k_matvec_shape(n, blocks))
 }
 
 /// `TANDEM_WGPU_Q4K_ROWS=items`: one-row q4_k matvecs take the item kernel

@@ -25,6 +25,29 @@ pub fn attention_splits(rows: usize, heads: usize, window: Option<usize>, capaci
     want.min(visible.div_ceil(16)).clamp(1, 64)
 }
 
+/// The q4_k decode matvec's shape (the Vulkan backend's `matvec_q4k`, the wgpu backend's
+/// `matvec_q4k_rows`) for `n` output columns of `blocks` q4_k super-blocks each: (NR, W). A
+/// workgroup of W lane groups of 32 covers 4 NR columns; the W groups split each row's blocks.
+/// - NR (columns per lane group, sharing each load of the input): 1 below 2048 columns (1B's
+///   1152 rows still make 288 workgroups), 2 below 16384, else 4.
+/// - W: the fewest block trips per invocation with W <= 8 that keep >= 90% of the invocations
+///   busy (10 blocks: W = 5, two trips; 27: W = 7, four trips; 40: W = 8, five).
+pub fn q4k_matvec_shape(n: usize, blocks: usize) -> (usize, usize) {
+    let nr = if n < 2048 {
+        1
+    } else if n < 16384 {
+        2
+    } else {
+        4
+    };
+    let b = blocks.max(1);
+    let w = (1..=b)
+        .map(|t| (b.div_ceil(t), t))
+        .find(|&(w, t)| w <= 8 && 10 * b >= 9 * w * t)
+        .map_or(1, |(w, _)| w);
+    (nr, w)
+}
+
 /// Bytes of the f32 partial results (`[rows][heads][splits][2 + head_dim]`: maximum, sum,
 /// unnormalised output) of an attention of `rows` rows split `splits` ways; 0 when unsplit.
 pub fn attention_partial_bytes(rows: usize, heads: usize, head_dim: usize, splits: usize) -> u64 {
@@ -185,6 +208,24 @@ mod tests {
     use super::*;
     use crate::{BufferId, Op};
     use crate::{DType, GraphBuilder, TensorDesc, WeightRef};
+
+    #[test]
+    fn q4k_matvec_shapes_keep_invocations_busy() {
+        // (rows, blocks) -> (NR, W): Gemma 3 4B (k = 2048, 2560, 10240), 1B's and 27B's FFN down.
+        assert_eq!(q4k_matvec_shape(2560, 8), (2, 8));
+        assert_eq!(q4k_matvec_shape(4096, 10), (2, 5));
+        assert_eq!(q4k_matvec_shape(20480, 10), (4, 5));
+        assert_eq!(q4k_matvec_shape(2560, 40), (2, 8));
+        assert_eq!(q4k_matvec_shape(1152, 27), (1, 7));
+        assert_eq!(q4k_matvec_shape(5376, 84), (2, 8));
+        assert_eq!(q4k_matvec_shape(37, 1), (1, 1));
+        assert_eq!(q4k_matvec_shape(37, 9), (1, 5));
+        for b in 1..200 {
+            let (_, w) = q4k_matvec_shape(1, b);
+            let t = b.div_ceil(w);
+            assert!((1..=8).contains(&w) && 10 * b >= 9 * w * t, "{b} blocks: {w}");
+        }
+    }
 
     #[test]
     fn fused_nodes_keep_every_value_they_touch_apart() {

@@ -1,6 +1,6 @@
 //! Which kernel runs a matmul, and why: the one place that decides it.
 
-use tandem_backend_api::kit::plan::{div_up, spread, value_rows};
+use tandem_backend_api::kit::plan::{div_up, q4k_matvec_shape, spread, value_rows};
 use tandem_backend_api::{BackendError, DType, ValueId, ValueShape, WeightRef};
 
 use super::cmd::{Access, Cmd, Push};
@@ -206,28 +206,6 @@ fn q4k_matvec_override() -> Option<Option<(u32, u32)>> {
     (matches!(nr, 1 | 2 | 4) && (1..=8).contains(&w)).then_some(Some((nr, w)))
 }
 
-/// `matvec_q4k`'s shape for `n` weight rows of `blocks` q4_k blocks: (NR, W). A workgroup of W
-/// subgroups of 32 covers 4 NR rows; the W subgroups split the blocks of each row.
-/// - NR (rows per lane group, sharing each load of x): 1 below 2048 rows (1B's 1152 rows still
-///   make 288 workgroups), 2 below 16384, else 4.
-/// - W: the fewest block trips per invocation with W <= 8 that keep >= 90% of the invocations
-///   busy (10 blocks: W = 5, two trips; 27: W = 7, four trips; 40: W = 8, five).
-pub fn q4k_matvec_shape(n: usize, blocks: usize) -> (u32, u32) {
-    let nr = if n < 2048 {
-        1
-    } else if n < 16384 {
-        2
-    } else {
-        4
-    };
-    let b = blocks.max(1);
-    let w = (1..=b)
-        .map(|t| (b.div_ceil(t), t))
-        .find(|&(w, t)| w <= 8 && 10 * b >= 9 * w * t)
-        .map_or(1, |(w, _)| w);
-    (nr, w as u32)
-}
-
 /// What the device offers a matmul: cooperative matrices (`coopmat`), NV cooperative matrix 2
 /// where the node suits it (`cm2`), packed 8-bit integer dot products (`int_dot`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -405,7 +383,10 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
     if dt == DType::Q4K && rows == 1 && k.is_multiple_of(256) {
         let shape = match q4k_matvec_override() {
             Some(forced) => forced,
-            None => Some(q4k_matvec_shape(n, k / 256)),
+            None => {
+                let (nr, w) = q4k_matvec_shape(n, k / 256);
+                Some((nr as u32, w as u32))
+            }
         };
         if let Some((nr, w)) = shape {
             let [gx, gy] = spread(div_up(n, 4 * nr as usize));
@@ -779,27 +760,6 @@ mod tests {
             assert_eq!(
                 choose(512, 2560, 2560, DType::Q4K, u(false, true)).kernel,
                 "matmul_tiled_q4_k"
-            );
-        }
-    }
-
-    #[test]
-    fn q4k_matvec_shapes_keep_invocations_busy() {
-        // (rows, blocks) -> (NR, W): Gemma 3 4B (k = 2048, 2560, 10240), 1B's and 27B's FFN down.
-        assert_eq!(q4k_matvec_shape(2560, 8), (2, 8));
-        assert_eq!(q4k_matvec_shape(4096, 10), (2, 5));
-        assert_eq!(q4k_matvec_shape(20480, 10), (4, 5));
-        assert_eq!(q4k_matvec_shape(2560, 40), (2, 8));
-        assert_eq!(q4k_matvec_shape(1152, 27), (1, 7));
-        assert_eq!(q4k_matvec_shape(5376, 84), (2, 8));
-        assert_eq!(q4k_matvec_shape(37, 1), (1, 1));
-        assert_eq!(q4k_matvec_shape(37, 9), (1, 5));
-        for b in 1..200 {
-            let (_, w) = q4k_matvec_shape(1, b);
-            let t = b.div_ceil(w as usize);
-            assert!(
-                (1..=8).contains(&w) && 10 * b >= 9 * w as usize * t,
-                "{b} blocks: {w}"
             );
         }
     }
