@@ -926,6 +926,11 @@ pub fn all() -> Vec<Case> {
     v.push(rms_norm(DType::F32, 1, 45, 45, 1.0));
     v.push(rms_norm(DType::Bf16, 3, 18, 6, 0.0));
     v.push(rms_norm(DType::F16, 2, 96, 32, 1.0));
+    // Rows of many values per invocation of a GPU kernel's workgroup of 256 (both GPU backends'),
+    // and rows past 6,144 values (what a kernel holding a row in registers would hold: the
+    // Vulkan backend's norm_add does, 512 x 12).
+    v.push(rms_norm(DType::F16, 2, 2560, 2560, 0.0));
+    v.push(rms_norm(DType::F32, 1, 6500, 6500, 1.0));
     v.push(matmul(DType::F32, 1, 50, vec![37]));
     v.push(matmul(DType::F16, 5, 33, vec![7, 5, 7]));
     v.push(matmul(DType::Bf16, 7, 64, vec![20, 20]));
