@@ -439,15 +439,6 @@ pub fn module_source(
 /// next, each subgroup's 16-row blocks of input rows above); 0 elsewhere.
 pub type PipelineKey = (Kernel, Option<Format>, u32);
 
-/// `TANDEM_WGPU_LOOP_BOUNDS=1`: wgpu's counter on every shader loop stays on (by default the
-/// kernels are made without it: on the H100, decode at batch 1 went from 169.0 to 198.2 tok/s
-/// on 4B q4_k, 288.3 to 334.2 on 1B q4_k, 146.8 to 153.7 on 4B f16 and 305.9 to 339.7 on 1B
-/// f16, prefill by 5-8%), for A/B runs and for telling a hang apart.
-fn loop_bounds_forced() -> bool {
-    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *S.get_or_init(|| std::env::var("TANDEM_WGPU_LOOP_BOUNDS").is_ok_and(|v| v == "1"))
-}
-
 /// Pipelines made so far, all of one variant.
 pub struct Pipelines {
     map: HashMap<PipelineKey, wgpu::ComputePipeline>,
@@ -483,7 +474,7 @@ impl Pipelines {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
         };
-        let module = crate::device::shader_module(device, desc, !loop_bounds_forced());
+        let module = crate::device::shader_module(device, desc, !crate::tuning::loop_bounds_forced());
         let constants: Vec<(&str, f64)> = match kernel {
             Kernel::MatVec | Kernel::MatVecGeGlu => {
                 // R in the low byte; NC (the subgroup variant's columns per workgroup) above.

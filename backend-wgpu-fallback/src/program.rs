@@ -540,16 +540,15 @@ impl WgpuBackend {
                                 groups: [div_up(count, tile_n), div_up(m, tile_m), 1],
                             });
                         } else if m == 1 && dt == DType::Q4K && !q4k_rows_off() {
-                            let (nr, w) = q4k_rows_shape(count, k / 256);
-                            let [gx, gy] = spread(div_up(count, 4 * nr));
+                            let (r, groups) = q4k_rows_launch(count, k, false);
                             planned.push(Planned {
                                 node: i,
-                                key: (Kernel::MatVecQ4kRows, Some(format), (nr | w << 8) as u32),
+                                key: (Kernel::MatVecQ4kRows, Some(format), r),
                                 params,
                                 weight,
                                 weight2: None,
                                 caches: None,
-                                groups: [gx, gy, 1],
+                                groups,
                             });
                         } else {
                             let r = m.next_power_of_two().min(8);
@@ -1062,17 +1061,15 @@ impl WgpuBackend {
                 let buf = self.buffers.get(weight.buffer)?;
                 let bind = (n as u64 * row_bytes + 4).div_ceil(4) * 4;
                 let r = m.next_power_of_two().min(8);
-                let rows_kernel = m == 1 && weight.desc.dtype == DType::Q4K && !q4k_rows_off();
-                let (key, [gx, gy]) = if rows_kernel {
-                    let (nr, w) = q4k_rows_shape(half, k / 256);
-                    let key = (
-                        Kernel::MatVecQ4kRows,
-                        Some(format),
-                        (nr | w << 8 | 1 << 16) as u32,
-                    );
-                    (key, spread(div_up(half, 4 * nr)))
+                let (key, groups) = if m == 1 && weight.desc.dtype == DType::Q4K && !q4k_rows_off() {
+                    let (r, groups) = q4k_rows_launch(half, k, true);
+                    ((Kernel::MatVecQ4kRows, Some(format), r), groups)
                 } else {
-                    ((Kernel::MatVecGeGlu, Some(format), r as u32), spread(half as u32))
+                    let [gx, gy] = spread(half as u32);
+                    (
+                        (Kernel::MatVecGeGlu, Some(format), r as u32),
+                        [gx, gy, div_up(m, r)],
+                    )
                 };
                 let out = elem(out(geglu)?)?;
                 Ok(Planned {
@@ -1101,7 +1098,7 @@ impl WgpuBackend {
                     }),
                     weight2: None,
                     caches: None,
-                    groups: [gx, gy, div_up(m, r)],
+                    groups,
                 })
             }
             Group::NormAdd { norm, add, next } => {
@@ -1343,6 +1340,14 @@ impl WgpuBackend {
 
 fn node_name(graph: &Graph, i: usize) -> String {
     graph.nodes.get(i).map_or_else(String::new, |n| n.op.name())
+}
+
+/// `matvec_q4k_rows.wgsl`'s override constants (NR, W from bit 8, GEGLU at bit 16) and
+/// workgroups for `n` output columns of q4_k rows of `k` values against one input row.
+fn q4k_rows_launch(n: usize, k: usize, geglu: bool) -> (u32, [u32; 3]) {
+    let (nr, w) = q4k_rows_shape(n, k / 256);
+    let [gx, gy] = spread(div_up(n, 4 * nr));
+    ((nr | w << 8 | usize::from(geglu) << 16) as u32, [gx, gy, 1])
 }
 
 #[cfg(test)]
