@@ -35,6 +35,7 @@ const X_GROUP: &str = include_str!("../../shaders/wgsl/parts/x_group.wgsl");
 const HALF: &str = include_str!("../../shaders/wgsl/parts/half.wgsl");
 const COOP_OUT: &str = include_str!("../../shaders/wgsl/parts/coop_out.wgsl");
 const MATVEC_SUBGROUP_MAIN: &str = include_str!("../../shaders/wgsl/parts/matvec_subgroup_main.wgsl");
+const Q4K_PAIR: &str = include_str!("../../shaders/wgsl/parts/q4k_pair.wgsl");
 
 /// The optional adapter features the kernels use, fixed when the device opens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -420,6 +421,11 @@ pub fn module_source(
     }
     if matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu) && variant.subgroups {
         s.push_str(MATVEC_SUBGROUP_MAIN);
+    }
+    if kernel == Kernel::MatVecQ4kRows
+        || (matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu) && Kernel::q4k_subgroup(format, variant))
+    {
+        s.push_str(Q4K_PAIR);
     }
     match kernel {
         Kernel::MatMulHalf => s.push_str(&kernel.source(format, variant).replace("WSRC", "hs")),

@@ -14,12 +14,9 @@
 // - bg (0..W-1): blocks bg, bg + W, ... of each row.
 // Nibbles become floats without an int-to-float conversion: nibble q moved to the top of the
 // mantissa of 1.0 is f = 1 + q / 16 exactly, so q . x = 16 (f . x - sum x).
-// Partial sums meet in workgroup memory, over the block groups and then over the pieces.
+// Partial sums meet in workgroup memory, over the block groups and then over the pieces. Views,
+// chunk factors and nibble floats: parts/q4k_pair.wgsl.
 
-// The arena (binding 1) and the weight range (binding 3) again as 16-byte values: the input is
-// only read here, never where the outputs go (binding 1's `act`).
-@group(0) @binding(8) var<storage, read_write> act4: array<vec4<f32>>;
-@group(0) @binding(9) var<storage, read> wts4: array<vec4<u32>>;
 
 // Rows per lane group (1, 2 or 4), sharing each load of the input.
 override NR: u32 = 1u;
@@ -49,37 +46,16 @@ struct X32 {
     sh: f32,
 }
 
-// 1 + q / 16 for the low nibbles of v's 4 bytes, then for the high.
-fn nib_lo(v: u32) -> vec4<f32> {
-    let m = vec4<u32>(v << 19u, v << 11u, v << 3u, v >> 5u) & vec4<u32>(0x00780000u);
-    return bitcast<vec4<f32>>(m | vec4<u32>(0x3F800000u));
-}
-fn nib_hi(v: u32) -> vec4<f32> {
-    let m = vec4<u32>(v << 15u, v << 7u, v >> 1u, v >> 9u) & vec4<u32>(0x00780000u);
-    return bitcast<vec4<f32>>(m | vec4<u32>(0x3F800000u));
-}
-
-// Piece `piece` of the block at 16-byte index `blk` against its input values x. Sub-blocks 2c
-// and 2c + 1 take bytes 2c % 4 and the next of each 4-byte word of the 12 scale bytes (a: bytes
-// 0-3, z: 4-7, u: 8-11), as one 16-bit pair (sh: 16 (c % 2)); for c < 2 scale = a & 63 and
-// min = z & 63, else scale = (u & 15) | (a >> 6) << 4 and min = (u >> 4) | (z >> 6) << 4.
-fn piece_dot(blk: u32, piece: u32, sh: u32, upper: bool, x: X32) -> f32 {
-    let h = wts4[blk];
+// Piece `piece` (of chunk c = piece / 2) of the block at 16-byte index `blk` against its input
+// values x.
+fn piece_dot(blk: u32, piece: u32, x: X32) -> f32 {
     let q = wts4[blk + 1u + piece];
-    let dm = unpack2x16float(h.x);
-    let a = h.y >> sh;
-    let z = h.z >> sh;
-    let u = h.w >> sh;
-    let sc = select(a & 0x3F3Fu, (u & 0x0F0Fu) | ((a >> 2u) & 0x3030u), upper);
-    let mn = select(z & 0x3F3Fu, ((u >> 4u) & 0x0F0Fu) | ((z >> 2u) & 0x3030u), upper);
-    // Value d sc q - dmin m with q = 16 (f - 1).
-    let a16 = 16.0 * dm.x * vec2<f32>(f32(sc & 0xFFu), f32(sc >> 8u));
-    let off = a16 + dm.y * vec2<f32>(f32(mn & 0xFFu), f32(mn >> 8u));
+    let f = q4k_pair(wts4[blk], piece >> 1u);
     let dl = dot(nib_lo(q.x), x.l0) + dot(nib_lo(q.y), x.l1) + dot(nib_lo(q.z), x.l2)
         + dot(nib_lo(q.w), x.l3);
     let dh = dot(nib_hi(q.x), x.h0) + dot(nib_hi(q.y), x.h1) + dot(nib_hi(q.z), x.h2)
         + dot(nib_hi(q.w), x.h3);
-    return a16.x * dl + a16.y * dh - off.x * x.sl - off.y * x.sh;
+    return f.a.x * dl + f.a.y * dh - f.off.x * x.sl - f.off.y * x.sh;
 }
 
 @compute @workgroup_size(WG)
@@ -93,8 +69,6 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>,
     let rs = (tid >> 3u) & 3u;
     let bg = tid >> 5u;
     let c = piece >> 1u;
-    let sh = 16u * (c & 1u);
-    let upper = c >= 2u;
     // This invocation's first vec4 of input within a block (low nibbles; high: 8 further).
     let xoff = 16u * c + 4u * (piece & 1u);
     // Rows are whole blocks of 144 bytes (9 16-byte values).
@@ -120,9 +94,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>,
         for (var jj = 0u; jj < NR; jj++) {
             // Past the last column: a valid row, its sum never stored.
             let col = min(j0 + NR * rs + jj, p.n_count - 1u);
-            acc[jj] += piece_dot(col * row16 + 9u * b, piece, sh, upper, x);
+            acc[jj] += piece_dot(col * row16 + 9u * b, piece, x);
             if (GEGLU) {
-                acc[NR + jj] += piece_dot((col + p.n_count) * row16 + 9u * b, piece, sh, upper, x);
+                acc[NR + jj] += piece_dot((col + p.n_count) * row16 + 9u * b, piece, x);
             }
         }
     }

@@ -4,10 +4,10 @@
 // `row_items()`, the items of a row; `row_at(col)`, where weight row `col` starts in the
 // kernel's units; `item_x(xb, t)`, item t's input values from input row xb; `item_w(w, t)`, item
 // t of the row at w decoded; `item_dot(w, x)`, decoded weights against input values. The row's
-// invocations take items tid, tid + WG, ..., each item decoded once for all R input rows. Each output's partial sums are added by
-// subgroupAdd within each subgroup, whose first lane leaves the subgroup's sum in workgroup
-// memory (`publish`); after one barrier, invocation r < R adds the subgroups' sums of input row r
-// (`finish`, instead of a tree of log2(64) barriers).
+// invocations take items tid, tid + WG, ..., each item decoded once for all R input rows. Each
+// output's partial sums are added by subgroupAdd within each subgroup, whose first lane leaves
+// the subgroup's sum in workgroup memory (`publish`); after one barrier, invocation r < R adds
+// the subgroups' sums of input row r (`finish`, instead of a tree of log2(64) barriers).
 override R: u32 = 1u;
 // With GEGLU (a MatMul whose two equal halves only a GeGlu reads, fuse.rs): output column j is
 // gelu_tanh(row j . x) * (row j + n_count . x), both rows decoded against one load of x.
