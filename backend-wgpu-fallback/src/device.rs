@@ -20,7 +20,7 @@ pub const VALIDATION_VAR: &str = "TANDEM_WGPU_VALIDATION";
 pub const FEATURES_VAR: &str = "TANDEM_WGPU_FEATURES";
 
 /// The optional features the kernels may use, by name (`features` option).
-pub const FEATURE_NAMES: [&str; 3] = ["subgroups", "f16", "coopmat"];
+pub const FEATURE_NAMES: [&str; 4] = ["subgroups", "f16", "coopmat", "int_dot"];
 
 /// Which kernel variants the options ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +45,7 @@ pub fn parse_features(value: &str) -> Result<FeatureRequest, BackendError> {
             "subgroups" | "subgroup" => variant.subgroups = true,
             "f16" | "shader_f16" => variant.f16 = true,
             "coopmat" | "cooperative_matrix" => variant.coopmat = true,
+            "int_dot" | "dot4" | "packed_4x8_integer_dot_product" => variant.int_dot = true,
             other => {
                 return Err(BackendError::invalid(format!(
                     "backend option 'features': unknown feature '{other}' (auto, portable, or a list of {})",
@@ -336,11 +337,14 @@ impl Gpu {
             wanted |= wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         }
         let coopmat = coopmat_offered(adapter, info);
+        let int_dot = int_dot_offered(adapter);
         let variant = match req.features {
             FeatureRequest::Auto => Variant {
                 subgroups: offered.contains(wgpu::Features::SUBGROUP),
                 f16: offered.contains(wgpu::Features::SHADER_F16),
                 coopmat: coopmat.is_ok(),
+                // Where the packed dot product is accelerated: emulated, the f32 matvecs win.
+                int_dot: int_dot == Ok(true),
             },
             FeatureRequest::Exactly(v) => {
                 if v.subgroups && !offered.contains(wgpu::Features::SUBGROUP) {
@@ -363,6 +367,14 @@ impl Gpu {
                     return Err(BackendError::Unavailable {
                         reason: format!(
                             "features = coopmat, but wgpu adapter {} {why}",
+                            describe(chosen, info)
+                        ),
+                    });
+                }
+                if let (true, Err(why)) = (v.int_dot, &int_dot) {
+                    return Err(BackendError::Unavailable {
+                        reason: format!(
+                            "features = int_dot, but wgpu adapter {} {why}",
                             describe(chosen, info)
                         ),
                     });
@@ -437,6 +449,19 @@ impl Gpu {
             format!("max_buffer={}MiB", limits.max_buffer_size >> 20),
         ];
         features.push(format!("kernels={}", variant.names().join("+")));
+        if let Ok(fast) = int_dot {
+            // Like the Vulkan backend's: whether the device's packed dot product is
+            // accelerated, and whether the kernels take it.
+            features.push(
+                match (variant.int_dot, fast) {
+                    (true, true) => "int8_dot",
+                    (true, false) => "int8_dot(not accelerated)",
+                    (false, true) => "int8_dot(off)",
+                    (false, false) => "int8_dot(not accelerated, off)",
+                }
+                .into(),
+            );
+        }
         if timestamps {
             features.push("timestamps".into());
         }
@@ -502,6 +527,46 @@ impl Gpu {
         })?;
         self.check()
     }
+}
+
+/// Whether the adapter runs `dot4I8Packed` as the device's packed 8-bit dot product, and if so
+/// whether that is accelerated (`Ok(accelerated)`), or why not. wgpu lowers it to SPIR-V's
+/// OpSDot where the Vulkan device has `shaderIntegerDotProduct` (Vulkan 1.3, or
+/// VK_KHR_shader_integer_dot_product) and to shifts and multiplies elsewhere, so only a Vulkan
+/// adapter with the feature offers it.
+fn int_dot_offered(adapter: &wgpu::Adapter) -> Result<bool, String> {
+    use wgpu::hal::api::Vulkan;
+    // SAFETY: the guard is only read (the physical device's handle and the instance), never
+    // destroyed; it is dropped before this function returns, while `adapter` lives on.
+    let Some(hal) = (unsafe { adapter.as_hal::<Vulkan>() }) else {
+        return Err(
+            "is not a Vulkan adapter (packed dot products come through Vulkan's shaderIntegerDotProduct)"
+                .into(),
+        );
+    };
+    let caps = hal.physical_device_capabilities();
+    let has_ext = caps.supports_extension(ash::khr::shader_integer_dot_product::NAME);
+    if caps.properties().api_version < ash::vk::API_VERSION_1_3 && !has_ext {
+        return Err("has neither Vulkan 1.3 nor VK_KHR_shader_integer_dot_product".into());
+    }
+    let instance = hal.shared_instance().raw_instance();
+    let physical = hal.raw_physical_device();
+    let mut feat = ash::vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
+    let mut f2 = ash::vk::PhysicalDeviceFeatures2::default().push_next(&mut feat);
+    let mut prop = ash::vk::PhysicalDeviceShaderIntegerDotProductProperties::default();
+    let mut p2 = ash::vk::PhysicalDeviceProperties2::default().push_next(&mut prop);
+    // SAFETY: `physical` is the adapter's device of this live instance (wgpu holds both); both
+    // chains are valid structures on this frame, defined by Vulkan 1.3 or the extension, which
+    // the device was just checked for; wgpu's instance is Vulkan 1.1 or later where it exposes
+    // adapters, so the `2` queries are core.
+    unsafe {
+        instance.get_physical_device_features2(physical, &mut f2);
+        instance.get_physical_device_properties2(physical, &mut p2);
+    }
+    if feat.shader_integer_dot_product != ash::vk::TRUE {
+        return Err("does not offer shaderIntegerDotProduct".into());
+    }
+    Ok(prop.integer_dot_product4x8_bit_packed_signed_accelerated == ash::vk::TRUE)
 }
 
 /// Workgroup memory of `matmul_coopmat.wgsl`: f16 tiles of 64 and 128 rows of 72, and eight
@@ -609,7 +674,14 @@ mod tests {
             FeatureRequest::Exactly(Variant {
                 subgroups: true,
                 f16: true,
-                coopmat: false
+                ..Variant::PORTABLE
+            })
+        );
+        assert_eq!(
+            parse_features("int_dot").unwrap(),
+            FeatureRequest::Exactly(Variant {
+                int_dot: true,
+                ..Variant::PORTABLE
             })
         );
         assert_eq!(

@@ -15,7 +15,11 @@
 //! f16 and 32-wide subgroups) it runs on cooperative matrices: `matmul_half.wgsl` on f16 rows
 //! staged once per step in a buffer of their own (`stage_half.wgsl`, `dequant_half.wgsl`; f16
 //! weights in place), or, where that buffer would be too large or for A/B runs,
-//! `matmul_coopmat.wgsl`, staging in workgroup memory (tiles of [`Variant::matmul_tile`]).
+//! `matmul_coopmat.wgsl`, staging in workgroup memory (tiles of [`Variant::matmul_tile`]); with
+//! `int_dot` (the Vulkan device's `shaderIntegerDotProduct`, by default where its packed 8-bit
+//! dot product is accelerated) decode's matvecs on block-format weights quantise their input
+//! once (`quantize_q8.wgsl`) and take `dot4I8Packed` (`matvec_dot.wgsl` with the format's
+//! `dot/<format>.wgsl`).
 
 use std::collections::HashMap;
 
@@ -36,6 +40,8 @@ const HALF: &str = include_str!("../../shaders/wgsl/parts/half.wgsl");
 const COOP_OUT: &str = include_str!("../../shaders/wgsl/parts/coop_out.wgsl");
 const MATVEC_SUBGROUP_MAIN: &str = include_str!("../../shaders/wgsl/parts/matvec_subgroup_main.wgsl");
 const Q4K_PAIR: &str = include_str!("../../shaders/wgsl/parts/q4k_pair.wgsl");
+const DOT_INPUT: &str = include_str!("../../shaders/wgsl/parts/dot_input.wgsl");
+const Q5_COMMON: &str = include_str!("../../shaders/wgsl/dot/q5_common.wgsl");
 
 /// The optional adapter features the kernels use, fixed when the device opens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -49,6 +55,10 @@ pub struct Variant {
     /// EXPERIMENTAL_COOPERATIVE_MATRIX`, WGSL `enable wgpu_cooperative_matrix`); needs `f16`
     /// and `subgroups` too.
     pub coopmat: bool,
+    /// Decode's matvecs on block-format weights through packed 8-bit integer dot products
+    /// (WGSL's `dot4I8Packed`, lowered to SPIR-V's OpSDot where the Vulkan device has
+    /// `shaderIntegerDotProduct`): `quantize_q8.wgsl` and `matvec_dot.wgsl`.
+    pub int_dot: bool,
 }
 
 impl Variant {
@@ -57,6 +67,7 @@ impl Variant {
         subgroups: false,
         f16: false,
         coopmat: false,
+        int_dot: false,
     };
 
     /// The prefill matmul's output tile: (weight rows, input rows) per workgroup.
@@ -79,6 +90,9 @@ impl Variant {
         }
         if self.coopmat {
             v.push("coopmat");
+        }
+        if self.int_dot {
+            v.push("int_dot");
         }
         if v.is_empty() {
             v.push("portable");
@@ -127,12 +141,19 @@ pub enum Kernel {
     /// Decode's matvec on q4_k weights for one input row, a workgroup per 4 NR output columns
     /// (`matvec_q4k_rows.wgsl`), optionally with the fused GeGlu.
     MatVecQ4kRows,
+    /// Decode's input rows quantised to blocks of 32 integers for `MatVecDot`
+    /// (`quantize_q8.wgsl`).
+    QuantizeQ8,
+    /// Decode's matvec on block-format weights through packed integer dot products
+    /// (`matvec_dot.wgsl` with the format's `dot/<format>.wgsl`), optionally with the fused
+    /// GeGlu.
+    MatVecDot,
 }
 
 impl Kernel {
     /// Every kernel.
     #[cfg(test)]
-    pub const ALL: [Kernel; 22] = [
+    pub const ALL: [Kernel; 24] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::MatVec,
@@ -155,6 +176,8 @@ impl Kernel {
         Kernel::MatMulHalf,
         Kernel::MatMulHalfNative,
         Kernel::MatVecQ4kRows,
+        Kernel::QuantizeQ8,
+        Kernel::MatVecDot,
     ];
 
     /// The kernel's name (its pipeline label).
@@ -182,6 +205,8 @@ impl Kernel {
             Kernel::MatMulHalf => "matmul_half",
             Kernel::MatMulHalfNative => "matmul_half_native",
             Kernel::MatVecQ4kRows => "matvec_q4k_rows",
+            Kernel::QuantizeQ8 => "quantize_q8",
+            Kernel::MatVecDot => "matvec_dot",
         }
     }
 
@@ -227,6 +252,8 @@ impl Kernel {
                 include_str!("../../shaders/wgsl/matmul_half.wgsl")
             }
             Kernel::MatVecQ4kRows => include_str!("../../shaders/wgsl/matvec_q4k_rows.wgsl"),
+            Kernel::QuantizeQ8 => include_str!("../../shaders/wgsl/quantize_q8.wgsl"),
+            Kernel::MatVecDot => include_str!("../../shaders/wgsl/matvec_dot.wgsl"),
         }
     }
 
@@ -277,6 +304,10 @@ impl Kernel {
             Kernel::DequantHalf => &[0, 3, 7],
             Kernel::MatMulHalfNative => &[0, 1, 3, 7],
             Kernel::MatVecQ4kRows => &[0, 1, 8, 9],
+            Kernel::QuantizeQ8 => &[0, 1, 10],
+            // q4_k units are read through the 16-byte view.
+            Kernel::MatVecDot if format.is_some_and(|f| f.dtype == DType::Q4K) => &[0, 1, 9, 10],
+            Kernel::MatVecDot => &[0, 1, 3, 10],
         }
     }
 }
@@ -331,6 +362,25 @@ fn format_source(dtype: DType, wide: bool) -> Option<&'static str> {
     })
 }
 
+/// `matvec_dot.wgsl`'s unit decoder for `dtype` (`shaders/wgsl/dot/`), where there is one.
+fn dot_source(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
+        DType::Q4_0 => include_str!("../../shaders/wgsl/dot/q4_0.wgsl"),
+        DType::Q4_1 => include_str!("../../shaders/wgsl/dot/q4_1.wgsl"),
+        DType::Q5_0 => include_str!("../../shaders/wgsl/dot/q5_0.wgsl"),
+        DType::Q5_1 => include_str!("../../shaders/wgsl/dot/q5_1.wgsl"),
+        DType::Q8_0 => include_str!("../../shaders/wgsl/dot/q8_0.wgsl"),
+        DType::Q4K => include_str!("../../shaders/wgsl/dot/q4_k.wgsl"),
+        DType::Q6K => include_str!("../../shaders/wgsl/dot/q6_k.wgsl"),
+        _ => return None,
+    })
+}
+
+/// Whether `matvec_dot.wgsl` takes weights stored in `dtype` (the block formats).
+pub fn dot_supported(dtype: DType) -> bool {
+    dot_source(dtype).is_some()
+}
+
 /// Whether the kernels decode weights stored in `dtype`.
 pub fn format_supported(dtype: DType) -> bool {
     format_source(dtype, false).is_some()
@@ -365,8 +415,22 @@ pub fn module_source(
         kernel,
         Kernel::RmsNorm | Kernel::NormAdd | Kernel::NormRope | Kernel::NormRopeStore
     );
-    if kernel.reads_format() || norm {
+    if kernel.reads_format() || norm || kernel == Kernel::MatVecDot {
         s.push_str(WEIGHTS);
+    }
+    if kernel == Kernel::MatVecDot {
+        let dt = format
+            .ok_or_else(|| BackendError::internal("kernel matvec_dot needs a weight format"))?
+            .dtype;
+        let src = dot_source(dt)
+            .ok_or_else(|| BackendError::unsupported(kernel.name(), format!("no {dt} unit decoder")))?;
+        if matches!(dt, DType::Q5_0 | DType::Q5_1) {
+            s.push_str(Q5_COMMON);
+        }
+        s.push_str(src);
+    }
+    if matches!(kernel, Kernel::MatVecDot | Kernel::QuantizeQ8) {
+        s.push_str(DOT_INPUT);
     }
     if kernel.reads_format() {
         let f = format.ok_or_else(|| {
@@ -378,7 +442,12 @@ pub fn module_source(
     }
     if matches!(
         kernel,
-        Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled | Kernel::MatVecQ4kRows
+        Kernel::MatVec
+            | Kernel::MatVecGeGlu
+            | Kernel::MatMulTiled
+            | Kernel::MatVecQ4kRows
+            | Kernel::MatVecDot
+            | Kernel::QuantizeQ8
     ) || kernel.needs_coopmat()
     {
         s.push_str(MATMUL_COMMON);
@@ -422,7 +491,9 @@ pub fn module_source(
     if matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu) && variant.subgroups {
         s.push_str(MATVEC_SUBGROUP_MAIN);
     }
+    let q4k = format.is_some_and(|f| f.dtype == DType::Q4K);
     if kernel == Kernel::MatVecQ4kRows
+        || (kernel == Kernel::MatVecDot && q4k)
         || (matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu) && Kernel::q4k_subgroup(format, variant))
     {
         s.push_str(Q4K_PAIR);
@@ -442,7 +513,8 @@ pub fn module_source(
 /// per workgroup, in the low byte; NC, the subgroup variant's output columns per workgroup,
 /// in the next; its workgroup size over 64 from bit 16, where more than 1), or
 /// matmul_half's (its subgroups along input rows in the low byte, along weight rows in the
-/// next, each subgroup's 16-row blocks of input rows above); 0 elsewhere.
+/// next, each subgroup's 16-row blocks of input rows above), matvec_q4k_rows' (NR, W, GEGLU),
+/// matvec_dot's (R, NC, WIDE at bit 16, GEGLU at 17) or quantize_q8's (WIDE); 0 elsewhere.
 pub type PipelineKey = (Kernel, Option<Format>, u32);
 
 /// Pipelines made so far, all of one variant.
@@ -507,6 +579,19 @@ impl Pipelines {
                 }
                 c
             }
+            Kernel::MatVecDot => {
+                // R in the low byte, NC in the next, WIDE at bit 16, GEGLU at bit 17.
+                let mut c = vec![
+                    ("R", f64::from(r & 0xFF)),
+                    ("NC", f64::from((r >> 8) & 0xFF)),
+                    ("WIDE", f64::from((r >> 16) & 1)),
+                ];
+                if (r >> 17) & 1 == 1 {
+                    c.push(("GEGLU", 1.0));
+                }
+                c
+            }
+            Kernel::QuantizeQ8 => vec![("WIDE", f64::from(r & 1))],
             Kernel::MatMulHalf | Kernel::MatMulHalfNative => {
                 // Subgroups along the input rows in the low byte, along the weight rows above.
                 // FM (each subgroup's 16-row blocks of input rows) from bit 16.
@@ -552,6 +637,7 @@ mod tests {
             subgroups: true,
             f16: true,
             coopmat: true,
+            int_dot: false,
         };
         let dtypes = [
             DType::F32,
@@ -693,8 +779,9 @@ mod tests {
             subgroups: true,
             f16: true,
             coopmat: true,
+            int_dot: true,
         };
-        assert_eq!(all.names(), ["subgroups", "f16", "coopmat"]);
+        assert_eq!(all.names(), ["subgroups", "f16", "coopmat", "int_dot"]);
         assert_eq!(all.matmul_tile(), (128, 64));
         assert_eq!(Variant::PORTABLE.matmul_tile(), (64, 64));
     }

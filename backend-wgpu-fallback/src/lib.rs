@@ -639,7 +639,14 @@ mod tests {
             {
                 continue; // never planned on this adapter
             }
-            let variants: Vec<Option<Format>> = if kernel.reads_format() {
+            let variants: Vec<Option<Format>> = if kernel == Kernel::MatVecDot {
+                // The block formats, each with its unit decoder.
+                formats
+                    .iter()
+                    .filter(|&&d| kernels::dot_supported(d))
+                    .map(|&d| Format::for_rows(d, 256))
+                    .collect()
+            } else if kernel.reads_format() {
                 formats
                     .iter()
                     .flat_map(|&d| [Format::for_rows(d, 256), Format::for_rows(d, 257)])
@@ -659,6 +666,12 @@ mod tests {
                 let overrides: &[u32] = match kernel {
                     Kernel::MatVec | Kernel::MatVecGeGlu => &[8],
                     Kernel::MatVecQ4kRows => &[1 | 1 << 8, 4 | 8 << 8 | 1 << 16],
+                    // matvec_dot: one row and one column at 16 bits, 8 rows at 8 bits, 4
+                    // columns, and 2 GeGlu columns of 2 rows at 16 bits.
+                    Kernel::MatVecDot => {
+                        &[1 | 1 << 8 | 1 << 16, 8 | 1 << 8, 1 | 4 << 8, 2 | 2 << 8 | 3 << 16]
+                    }
+                    Kernel::QuantizeQ8 => &[0, 1],
                     _ => &[0],
                 };
                 for f in &variants {

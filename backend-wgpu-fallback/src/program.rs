@@ -11,10 +11,10 @@ use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueId, TOP_
 
 use crate::attention_tiled;
 use crate::fuse::{self, Group};
-use crate::kernels::{Format, Kernel, PipelineKey};
+use crate::kernels::{dot_supported, Format, Kernel, PipelineKey};
 use crate::tuning::{
-    coopmat_staged, half_fm, half_subgroups, matvec_columns_override, matvec_wide_groups,
-    matvec_width_override, q4k_rows_off, q4k_rows_shape,
+    coopmat_staged, dot_columns_override, dot_q4k_one_row, dot_wide, half_fm, half_subgroups,
+    matvec_columns_override, matvec_wide_groups, matvec_width_override, q4k_rows_off, q4k_rows_shape,
 };
 use crate::WgpuBackend;
 
@@ -99,8 +99,9 @@ pub struct Program {
     pub arena: wgpu::Buffer,
     pub args: wgpu::Buffer,
     pub params: wgpu::Buffer,
-    /// The f16 staging buffer of the cooperative-matrix prefill matmuls, where they run: held
-    /// for the program's life (its bind groups use it).
+    /// The staging buffer of the cooperative-matrix prefill matmuls (f16 rows) and of the
+    /// integer-dot decode matvecs (quantised input), where they run: held for the program's
+    /// life (its bind groups use it).
     pub _half: Option<wgpu::Buffer>,
     pub inputs: Vec<Copy>,
     pub outputs: Vec<Copy>,
@@ -317,7 +318,7 @@ impl WgpuBackend {
         for (i, node) in graph.nodes.iter().enumerate() {
             let rows_of = |x: &ValueId| value_rows(graph, &shapes[x.0 as usize]);
             if let Some(g) = groups_at[i] {
-                planned.push(self.plan_group(graph, &shapes, g, &elem, &tables, positions, slots_at)?);
+                planned.extend(self.plan_group(graph, &shapes, g, &elem, &tables, positions, slots_at)?);
                 continue;
             }
             if fusion.time[i] != i {
@@ -475,6 +476,10 @@ impl WgpuBackend {
                         v.extend([0, h_b as u32, kp as u32, np as u32]);
                         v
                     };
+                    let dot = self.dot_takes(m, k, dt);
+                    if dot {
+                        planned.push(quantize_planned(i, chunk_params(0, 0), m, k));
+                    }
                     if half {
                         half_needed = half_needed.max(half_bytes);
                         planned.push(Planned {
@@ -538,6 +543,17 @@ impl WgpuBackend {
                                 weight2: None,
                                 caches: None,
                                 groups: [div_up(count, tile_n), div_up(m, tile_m), 1],
+                            });
+                        } else if dot {
+                            let (r, groups) = dot_launch(count, m, false);
+                            planned.push(Planned {
+                                node: i,
+                                key: (Kernel::MatVecDot, Some(format), r),
+                                params,
+                                weight,
+                                weight2: None,
+                                caches: None,
+                                groups,
                             });
                         } else if m == 1 && dt == DType::Q4K && !q4k_rows_off() {
                             let (r, groups) = q4k_rows_launch(count, k, false);
@@ -866,11 +882,29 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        // The f16 staging buffer, which the prefill matmuls of the program take in turn.
-        let half = (half_needed > 0).then(|| {
+        // The staging buffer, which the matmuls of the program take in turn: the prefill
+        // matmuls' f16 rows (binding 7), decode's quantised input rows (binding 10).
+        let dot_needed = planned
+            .iter()
+            .filter(|p| p.key.0 == Kernel::QuantizeQ8)
+            .map(|p| dot_input_bytes(p.params[2] as usize, p.params[1] as usize))
+            .max()
+            .unwrap_or(0);
+        let staging_needed = half_needed.max(dot_needed);
+        if staging_needed > max_binding {
+            return Err(BackendError::unsupported(
+                "compile",
+                format!(
+                    "graph '{}' needs a staging buffer of {staging_needed} bytes, over the adapter's \
+                     max_storage_buffer_binding_size of {max_binding} bytes",
+                    graph.name
+                ),
+            ));
+        }
+        let half = (staging_needed > 0).then(|| {
             dev.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("f16 staging"),
-                size: half_needed.div_ceil(4) * 4,
+                label: Some("staging"),
+                size: staging_needed.next_multiple_of(16),
                 usage: wgpu::BufferUsages::STORAGE,
                 mapped_at_creation: false,
             })
@@ -957,9 +991,9 @@ impl WgpuBackend {
                         }
                         buf.buf.as_entire_binding()
                     }
-                    7 => half
+                    7 | 10 => half
                         .as_ref()
-                        .ok_or_else(|| BackendError::internal("a prefill matmul without its staging buffer"))?
+                        .ok_or_else(|| BackendError::internal("a matmul without its staging buffer"))?
                         .as_entire_binding(),
                     _ => return Err(BackendError::internal(format!("binding {b}"))),
                 };
@@ -1020,7 +1054,8 @@ impl WgpuBackend {
         Ok((program, used))
     }
 
-    /// The one dispatch of a fused group (`fuse::Group`, never `Single`).
+    /// The dispatches of a fused group (`fuse::Group`, never `Single`): one, or for a
+    /// MatMulGeGlu on the integer-dot path the input's quantisation and then the matvec.
     #[allow(clippy::too_many_arguments)]
     fn plan_group(
         &self,
@@ -1031,7 +1066,7 @@ impl WgpuBackend {
         tables: &[(usize, u32, Vec<f32>)],
         positions: u32,
         slots_at: u32,
-    ) -> Result<Planned, BackendError> {
+    ) -> Result<Vec<Planned>, BackendError> {
         let out = |i: usize| {
             graph.nodes[i]
                 .outputs
@@ -1061,7 +1096,11 @@ impl WgpuBackend {
                 let buf = self.buffers.get(weight.buffer)?;
                 let bind = (n as u64 * row_bytes + 4).div_ceil(4) * 4;
                 let r = m.next_power_of_two().min(8);
-                let (key, groups) = if m == 1 && weight.desc.dtype == DType::Q4K && !q4k_rows_off() {
+                let dot = self.dot_takes(m, k, weight.desc.dtype);
+                let (key, groups) = if dot {
+                    let (r, groups) = dot_launch(half, m, true);
+                    ((Kernel::MatVecDot, Some(format), r), groups)
+                } else if m == 1 && weight.desc.dtype == DType::Q4K && !q4k_rows_off() {
                     let (r, groups) = q4k_rows_launch(half, k, true);
                     ((Kernel::MatVecQ4kRows, Some(format), r), groups)
                 } else {
@@ -1072,25 +1111,30 @@ impl WgpuBackend {
                     )
                 };
                 let out = elem(out(geglu)?)?;
-                Ok(Planned {
+                let params = vec![
+                    elem(*x)?,
+                    k as u32,
+                    m as u32,
+                    row_bytes as u32,
+                    0,
+                    half as u32,
+                    half as u32,
+                    out,
+                    out,
+                    out,
+                    out,
+                    half as u32,
+                    half as u32,
+                    half as u32,
+                ];
+                let mut v = Vec::new();
+                if dot {
+                    v.push(quantize_planned(group.at(), params.clone(), m, k));
+                }
+                v.push(Planned {
                     node: group.at(),
                     key,
-                    params: vec![
-                        elem(*x)?,
-                        k as u32,
-                        m as u32,
-                        row_bytes as u32,
-                        0,
-                        half as u32,
-                        half as u32,
-                        out,
-                        out,
-                        out,
-                        out,
-                        half as u32,
-                        half as u32,
-                        half as u32,
-                    ],
+                    params,
                     weight: Some(WeightRange {
                         buffer: weight.buffer,
                         offset: 0,
@@ -1099,7 +1143,8 @@ impl WgpuBackend {
                     weight2: None,
                     caches: None,
                     groups,
-                })
+                });
+                Ok(v)
             }
             Group::NormAdd { norm, add, next } => {
                 let Op::RmsNorm {
@@ -1134,7 +1179,7 @@ impl WgpuBackend {
                     }
                     None => (elem(sum)?, w1, 0.0, 0.0, 0),
                 };
-                Ok(Planned {
+                Ok(vec![Planned {
                     node: group.at(),
                     key: (Kernel::NormAdd, None, 0),
                     params: vec![
@@ -1156,9 +1201,9 @@ impl WgpuBackend {
                     weight2: Some(norm_weight(w2)?),
                     caches: None,
                     groups: [1, rows as u32, 1],
-                })
+                }])
             }
-            Group::NormRope { norm, rope, store } => self.plan_norm_rope(
+            Group::NormRope { norm, rope, store } => Ok(vec![self.plan_norm_rope(
                 graph,
                 shapes,
                 group,
@@ -1169,8 +1214,8 @@ impl WgpuBackend {
                 tables,
                 positions,
                 slots_at,
-            ),
-            Group::NormRopePair { a, b, store } => self.plan_norm_rope(
+            )?]),
+            Group::NormRopePair { a, b, store } => Ok(vec![self.plan_norm_rope(
                 graph,
                 shapes,
                 group,
@@ -1181,7 +1226,7 @@ impl WgpuBackend {
                 tables,
                 positions,
                 slots_at,
-            ),
+            )?]),
         }
     }
 
@@ -1348,6 +1393,71 @@ fn q4k_rows_launch(n: usize, k: usize, geglu: bool) -> (u32, [u32; 3]) {
     let (nr, w) = q4k_rows_shape(n, k / 256);
     let [gx, gy] = spread(div_up(n, 4 * nr));
     ((nr | w << 8 | usize::from(geglu) << 16) as u32, [gx, gy, 1])
+}
+
+/// Workgroups `matvec_dot.wgsl` aims for when choosing its output columns per workgroup (4, 2
+/// or 1) below 4 input rows per workgroup (from 4 it takes 1), as the Vulkan backend's
+/// `matvec_dot` does.
+const DOT_MIN_GROUPS: usize = 1024;
+
+/// `matvec_dot.wgsl`'s override constants (R, NC from bit 8, WIDE at bit 16, GEGLU at 17) and
+/// workgroups for `n` output columns (with `geglu`, gate rows) against `m` input rows: R = m
+/// up to 2, else 4 or 8 input rows per workgroup.
+fn dot_launch(n: usize, m: usize, geglu: bool) -> (u32, [u32; 3]) {
+    let r = match m {
+        0..=2 => m.max(1),
+        3..=4 => 4,
+        _ => 8,
+    };
+    let slices = m.div_ceil(r);
+    let nc = dot_columns_override().unwrap_or(if r >= 4 {
+        1
+    } else if div_up(n, 4) as usize * slices >= DOT_MIN_GROUPS {
+        4
+    } else if div_up(n, 2) as usize * slices >= DOT_MIN_GROUPS {
+        2
+    } else {
+        1
+    });
+    // The kernel holds at most 4 weight rows' units: a GeGlu's columns are two rows each.
+    let nc = if geglu { nc.min(2) } else { nc };
+    let [gx, gy] = spread(div_up(n, nc));
+    let key = r | nc << 8 | usize::from(dot_wide()) << 16 | usize::from(geglu) << 17;
+    (key as u32, [gx, gy, slices as u32])
+}
+
+/// Bytes of the quantised input of `m` rows of `k` values (`parts/dot_input.wgsl`).
+fn dot_input_bytes(m: usize, k: usize) -> u64 {
+    (m * (k / 32) * if dot_wide() { 80 } else { 48 }) as u64
+}
+
+/// The dispatch quantising a matmul's `m` input rows of `k` values for `matvec_dot.wgsl`, with
+/// the matmul's parameters (x, k, rows): one invocation per block of 32.
+fn quantize_planned(node: usize, params: Vec<u32>, m: usize, k: usize) -> Planned {
+    let [gx, gy] = spread(div_up(m * (k / 32), 64));
+    Planned {
+        node,
+        key: (Kernel::QuantizeQ8, None, u32::from(dot_wide())),
+        params,
+        weight: None,
+        weight2: None,
+        caches: None,
+        groups: [gx, gy, 1],
+    }
+}
+
+impl WgpuBackend {
+    /// Whether a matmul of `m` input rows over weights of `dt` with rows of `k` values takes the
+    /// integer-dot path: the `int_dot` variant, a block format, k a multiple of 32 and decode's
+    /// row counts; one-row q4_k keeps `matvec_q4k_rows.wgsl` (`TANDEM_WGPU_DOT_Q4K1=1` sends
+    /// it here too), as the Vulkan backend keeps `matvec_q4k`.
+    fn dot_takes(&self, m: usize, k: usize, dt: DType) -> bool {
+        self.gpu.variant.int_dot
+            && dot_supported(dt)
+            && k.is_multiple_of(32)
+            && m < TILED_ROWS
+            && (dt != DType::Q4K || m > 1 || q4k_rows_off() || dot_q4k_one_row())
+    }
 }
 
 #[cfg(test)]

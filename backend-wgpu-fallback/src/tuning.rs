@@ -114,3 +114,26 @@ pub(crate) fn loop_bounds_forced() -> bool {
     static S: OnceLock<bool> = OnceLock::new();
     *S.get_or_init(|| std::env::var("TANDEM_WGPU_LOOP_BOUNDS").is_ok_and(|v| v == "1"))
 }
+
+/// Whether `matvec_dot.wgsl` takes its input at 16 bits (two byte planes, twice the dot
+/// products; as exact as the CPU backend's activations) rather than 8 (ggml's q8_1, which moves
+/// the default model's logits past the tests' tolerance; the Vulkan backend's `dot_wide`).
+/// `TANDEM_WGPU_DOT_BITS=8` takes 8, for tuning runs.
+pub(crate) fn dot_wide() -> bool {
+    static S: OnceLock<bool> = OnceLock::new();
+    *S.get_or_init(|| std::env::var("TANDEM_WGPU_DOT_BITS").map_or(true, |v| v != "8"))
+}
+
+/// `TANDEM_WGPU_DOT_NC=n` (1, 2 or 4): `matvec_dot.wgsl`'s output columns per workgroup, for
+/// tuning runs (a fused GeGlu takes at most 2).
+pub(crate) fn dot_columns_override() -> Option<usize> {
+    static N: OnceLock<Option<usize>> = OnceLock::new();
+    *N.get_or_init(|| knob("TANDEM_WGPU_DOT_NC").filter(|n| matches!(n, 1 | 2 | 4)))
+}
+
+/// `TANDEM_WGPU_DOT_Q4K1=1`: one-row q4_k matvecs take `matvec_dot.wgsl` too (by default they
+/// take `matvec_q4k_rows.wgsl`, as the Vulkan backend's take `matvec_q4k`), for A/B runs.
+pub(crate) fn dot_q4k_one_row() -> bool {
+    static S: OnceLock<bool> = OnceLock::new();
+    *S.get_or_init(|| std::env::var("TANDEM_WGPU_DOT_Q4K1").is_ok_and(|v| v == "1"))
+}

@@ -505,34 +505,46 @@ fn vulkan_integer_dot_products_match_the_oracle() {
 
 /// The wgpu backend's kernel variants: the main test runs the variant the adapter gets (on
 /// lavapipe, subgroup reductions); here the portable variant is forced (`features = portable`,
-/// what an adapter without optional features runs) and, with fusion off, the unfused kernels
-/// of the chains the backend fuses. Every case wgpu supports, against the oracle at the case's
-/// own tolerance.
+/// what an adapter without optional features runs), with fusion off the unfused kernels of the
+/// chains the backend fuses, and the integer-dot decode matvecs (`features = int_dot`, taken by
+/// default where the device's packed dot product is accelerated; lavapipe has it, not
+/// accelerated) on every block format at decode's row counts and on the fused gate/up GeGlu.
+/// Every case wgpu supports, against the oracle at the case's own tolerance.
 #[test]
 fn wgpu_variants_match_the_oracle() {
     for (label, key, value, want) in [
         ("wgpu(portable)", "features", "portable", "kernels=portable"),
         ("wgpu(unfused)", "fuse", "false", "kernels="),
+        ("wgpu(int_dot)", "features", "int_dot", "kernels=int_dot"),
     ] {
         let mut options = options_for("wgpu");
         options.set(key, value);
         let mut backend = match tandem_conformance::discover().create("wgpu", &options) {
             Ok(b) => b,
             Err(e) if std::env::var_os("CI").is_none() => {
-                eprintln!("skipping: the wgpu backend is unavailable here: {e}");
-                return;
+                eprintln!("skipping {label}: unavailable here: {e}");
+                continue;
             }
-            Err(e) => panic!("CI must run the wgpu backend (lavapipe): {e}"),
+            Err(e) => panic!("CI must run {label} (lavapipe): {e}"),
         };
         let features = backend.info().features;
         assert!(
             features.iter().any(|f| f.starts_with(want)),
             "{label}: {features:?}"
         );
+        let int_dot = value == "int_dot";
+        let mut cases = cases::all();
+        if int_dot {
+            cases.extend(cases::int_dot_matmuls());
+        }
         let mut ran = 0;
-        for case in cases::all() {
-            // The unfused kernels differ from the fused ones only in the chains.
+        for case in cases {
+            // The unfused kernels differ from the fused ones only in the chains; the integer-dot
+            // variant from the portable one only in the matmuls.
             if key == "fuse" && !(case.name.contains("rms_norm+") || case.name.contains("qk_norm")) {
+                continue;
+            }
+            if int_dot && !case.name.starts_with("matmul") {
                 continue;
             }
             match case.run(backend.as_mut()) {
