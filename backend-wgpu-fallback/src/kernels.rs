@@ -40,6 +40,7 @@ const HALF: &str = include_str!("../../shaders/wgsl/parts/half.wgsl");
 const COOP_OUT: &str = include_str!("../../shaders/wgsl/parts/coop_out.wgsl");
 const MATVEC_SUBGROUP_MAIN: &str = include_str!("../../shaders/wgsl/parts/matvec_subgroup_main.wgsl");
 const Q4K_PAIR: &str = include_str!("../../shaders/wgsl/parts/q4k_pair.wgsl");
+const VIEWS16: &str = include_str!("../../shaders/wgsl/parts/views16.wgsl");
 const DOT_INPUT: &str = include_str!("../../shaders/wgsl/parts/dot_input.wgsl");
 const Q5_COMMON: &str = include_str!("../../shaders/wgsl/dot/q5_common.wgsl");
 
@@ -148,12 +149,15 @@ pub enum Kernel {
     /// (`matvec_dot.wgsl` with the format's `dot/<format>.wgsl`), optionally with the fused
     /// GeGlu.
     MatVecDot,
+    /// Decode's subgroup matvec on f16 weights with rows of a multiple of 8 values, items of 8
+    /// (`matvec_f16.wgsl`), optionally with the fused GeGlu.
+    MatVecF16,
 }
 
 impl Kernel {
     /// Every kernel.
     #[cfg(test)]
-    pub const ALL: [Kernel; 24] = [
+    pub const ALL: [Kernel; 25] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::MatVec,
@@ -178,6 +182,7 @@ impl Kernel {
         Kernel::MatVecQ4kRows,
         Kernel::QuantizeQ8,
         Kernel::MatVecDot,
+        Kernel::MatVecF16,
     ];
 
     /// The kernel's name (its pipeline label).
@@ -207,6 +212,7 @@ impl Kernel {
             Kernel::MatVecQ4kRows => "matvec_q4k_rows",
             Kernel::QuantizeQ8 => "quantize_q8",
             Kernel::MatVecDot => "matvec_dot",
+            Kernel::MatVecF16 => "matvec_f16",
         }
     }
 
@@ -254,6 +260,7 @@ impl Kernel {
             Kernel::MatVecQ4kRows => include_str!("../../shaders/wgsl/matvec_q4k_rows.wgsl"),
             Kernel::QuantizeQ8 => include_str!("../../shaders/wgsl/quantize_q8.wgsl"),
             Kernel::MatVecDot => include_str!("../../shaders/wgsl/matvec_dot.wgsl"),
+            Kernel::MatVecF16 => include_str!("../../shaders/wgsl/matvec_f16.wgsl"),
         }
     }
 
@@ -263,6 +270,11 @@ impl Kernel {
             self,
             Kernel::Embed | Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatMulTiled | Kernel::DequantHalf
         )
+    }
+
+    /// Whether the kernel needs the `subgroups` variant (made only in one with it).
+    pub fn needs_subgroups(self) -> bool {
+        self == Kernel::MatVecF16
     }
 
     /// Whether the kernel belongs to the cooperative-matrix prefill path (staging buffer,
@@ -308,6 +320,7 @@ impl Kernel {
             // q4_k units are read through the 16-byte view.
             Kernel::MatVecDot if format.is_some_and(|f| f.dtype == DType::Q4K) => &[0, 1, 9, 10],
             Kernel::MatVecDot => &[0, 1, 3, 10],
+            Kernel::MatVecF16 => &[0, 1, 8, 9],
         }
     }
 }
@@ -402,6 +415,12 @@ pub fn module_source(
             kernel.name()
         )));
     }
+    if kernel.needs_subgroups() && !variant.subgroups {
+        return Err(BackendError::internal(format!(
+            "kernel {} needs the subgroups variant",
+            kernel.name()
+        )));
+    }
     if (kernel == Kernel::MatMulTiled && (variant.f16 || variant.coopmat)) || kernel.needs_coopmat() {
         s.push_str("enable f16;\n");
     }
@@ -448,6 +467,7 @@ pub fn module_source(
             | Kernel::MatVecQ4kRows
             | Kernel::MatVecDot
             | Kernel::QuantizeQ8
+            | Kernel::MatVecF16
     ) || kernel.needs_coopmat()
     {
         s.push_str(MATMUL_COMMON);
@@ -488,14 +508,19 @@ pub fn module_source(
         Kernel::NormRopeStore => s.push_str(KV_STORE),
         _ => {}
     }
-    if matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu) && variant.subgroups {
+    if (matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu) && variant.subgroups)
+        || kernel == Kernel::MatVecF16
+    {
         s.push_str(MATVEC_SUBGROUP_MAIN);
     }
     let q4k = format.is_some_and(|f| f.dtype == DType::Q4K);
-    if kernel == Kernel::MatVecQ4kRows
+    let q4k_kernel = kernel == Kernel::MatVecQ4kRows
         || (kernel == Kernel::MatVecDot && q4k)
-        || (matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu) && Kernel::q4k_subgroup(format, variant))
-    {
+        || (matches!(kernel, Kernel::MatVec | Kernel::MatVecGeGlu) && Kernel::q4k_subgroup(format, variant));
+    if q4k_kernel || kernel == Kernel::MatVecF16 {
+        s.push_str(VIEWS16);
+    }
+    if q4k_kernel {
         s.push_str(Q4K_PAIR);
     }
     match kernel {
@@ -554,10 +579,11 @@ impl Pipelines {
         };
         let module = crate::device::shader_module(device, desc, !crate::tuning::loop_bounds_forced());
         let constants: Vec<(&str, f64)> = match kernel {
-            Kernel::MatVec | Kernel::MatVecGeGlu => {
-                // R in the low byte; NC (the subgroup variant's columns per workgroup) above.
+            Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatVecF16 => {
+                // R in the low byte; NC (the subgroup variant's columns per workgroup) above;
+                // matvec_f16's GEGLU at bit 24.
                 let mut c = vec![("R", f64::from(r & 0xFF))];
-                if kernel == Kernel::MatVecGeGlu {
+                if kernel == Kernel::MatVecGeGlu || (r >> 24) & 1 == 1 {
                     c.push(("GEGLU", 1.0));
                 }
                 if (r >> 8) & 0xFF > 1 {

@@ -661,11 +661,16 @@ mod tests {
                 if kernel.needs_coopmat() && !variant.coopmat {
                     continue; // the coopmat path's kernels: SPIR-V checked in kernels.rs
                 }
+                if kernel.needs_subgroups() && !variant.subgroups {
+                    continue;
+                }
                 let mut pipelines = Pipelines::new(variant);
                 // matvec_q4k_rows: its smallest shape, and its largest with the GeGlu.
                 let overrides: &[u32] = match kernel {
                     Kernel::MatVec | Kernel::MatVecGeGlu => &[8],
                     Kernel::MatVecQ4kRows => &[1 | 1 << 8, 4 | 8 << 8 | 1 << 16],
+                    // matvec_f16: one row, and 8 rows of 128 invocations with the GeGlu.
+                    Kernel::MatVecF16 => &[1, 8 | 2 << 16 | 1 << 24],
                     // matvec_dot: one row and one column at 16 bits, 8 rows at 8 bits, 4
                     // columns, and 2 GeGlu columns of 2 rows at 16 bits.
                     Kernel::MatVecDot => {

@@ -13,7 +13,7 @@ use crate::attention_tiled;
 use crate::fuse::{self, Group};
 use crate::kernels::{dot_supported, Format, Kernel, PipelineKey};
 use crate::tuning::{
-    coopmat_staged, dot_columns_override, dot_q4k_one_row, dot_wide, half_fm, half_subgroups,
+    coopmat_staged, dot_columns_override, dot_q4k_one_row, dot_wide, f16_items_off, half_fm, half_subgroups,
     matvec_columns_override, matvec_wide_groups, matvec_width_override, q4k_rows_off, q4k_rows_shape,
 };
 use crate::WgpuBackend;
@@ -586,10 +586,15 @@ impl WgpuBackend {
                                     1
                                 };
                             let [gx, gy] = spread(div_up(count, nc));
+                            let kernel = if self.f16_items(dt, k, offset) {
+                                Kernel::MatVecF16
+                            } else {
+                                Kernel::MatVec
+                            };
                             planned.push(Planned {
                                 node: i,
                                 key: (
-                                    Kernel::MatVec,
+                                    kernel,
                                     Some(format),
                                     r as u32 | (nc as u32) << 8 | (wide as u32) << 16,
                                 ),
@@ -1103,6 +1108,12 @@ impl WgpuBackend {
                 } else if m == 1 && weight.desc.dtype == DType::Q4K && !q4k_rows_off() {
                     let (r, groups) = q4k_rows_launch(half, k, true);
                     ((Kernel::MatVecQ4kRows, Some(format), r), groups)
+                } else if self.f16_items(weight.desc.dtype, k, 0) {
+                    let [gx, gy] = spread(half as u32);
+                    (
+                        (Kernel::MatVecF16, Some(format), r as u32 | 1 << 24),
+                        [gx, gy, div_up(m, r)],
+                    )
                 } else {
                     let [gx, gy] = spread(half as u32);
                     (
@@ -1451,6 +1462,17 @@ impl WgpuBackend {
     /// integer-dot path: the `int_dot` variant, a block format, k a multiple of 32 and decode's
     /// row counts; one-row q4_k keeps `matvec_q4k_rows.wgsl` (`TANDEM_WGPU_DOT_Q4K1=1` sends
     /// it here too), as the Vulkan backend keeps `matvec_q4k`.
+    /// Whether a matvec over `dt` weights with rows of `k` values, bound from byte `offset`,
+    /// takes `matvec_f16.wgsl`: the subgroups variant, f16 rows of a multiple of 8 values bound
+    /// 16-byte aligned (`TANDEM_WGPU_F16_ITEMS=4` keeps `matvec_subgroup.wgsl`'s items of 4).
+    fn f16_items(&self, dt: DType, k: usize, offset: u64) -> bool {
+        self.gpu.variant.subgroups
+            && dt == DType::F16
+            && k.is_multiple_of(8)
+            && offset.is_multiple_of(16)
+            && !f16_items_off()
+    }
+
     fn dot_takes(&self, m: usize, k: usize, dt: DType) -> bool {
         self.gpu.variant.int_dot
             && dot_supported(dt)

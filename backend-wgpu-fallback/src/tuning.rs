@@ -137,3 +137,10 @@ pub(crate) fn dot_q4k_one_row() -> bool {
     static S: OnceLock<bool> = OnceLock::new();
     *S.get_or_init(|| std::env::var("TANDEM_WGPU_DOT_Q4K1").is_ok_and(|v| v == "1"))
 }
+
+/// `TANDEM_WGPU_F16_ITEMS=4`: f16 matvecs take `matvec_subgroup.wgsl`'s items of 4 values rather
+/// than `matvec_f16.wgsl`'s of 8, for A/B runs.
+pub(crate) fn f16_items_off() -> bool {
+    static S: OnceLock<bool> = OnceLock::new();
+    *S.get_or_init(|| std::env::var("TANDEM_WGPU_F16_ITEMS").is_ok_and(|v| v == "4"))
+}

@@ -406,13 +406,18 @@ fn matmul_quantized(dtype: DType, rows: usize, k: usize, splits: Vec<usize>) -> 
     }
 }
 
-/// A matmul on block-quantized weights whose two equal halves only a GeGlu reads (Gemma's gate
-/// and up projections over one fused weight: a backend may compute the GeGlu in the matmul);
-/// the GeGlu is the output.
+/// A matmul on block-quantized or float weights whose two equal halves only a GeGlu reads
+/// (Gemma's gate and up projections over one fused weight: a backend may compute the GeGlu in
+/// the matmul); the GeGlu is the output.
 fn matmul_geglu(dtype: DType, rows: usize, k: usize, half: usize) -> Case {
     let mut rng = Rng::new(50 + rows as u64);
     let x = rng.vec(rows * k, 2.0);
-    let (bytes, w) = quantized_weight(dtype, 2 * half, k, &mut rng);
+    let (bytes, w) = if matches!(dtype, DType::F32 | DType::F16 | DType::Bf16) {
+        let w = rounded(dtype, &rng.vec(2 * half * k, 0.5));
+        (encode(dtype, &w), w)
+    } else {
+        quantized_weight(dtype, 2 * half, k, &mut rng)
+    };
     let full = oracle::matmul(&f64s(&x), rows, &f64s(&w), 2 * half);
     let parts = oracle::split_cols(&full, rows, &[half, half]);
     let expected = oracle::geglu(&parts[0], &parts[1]);
@@ -1233,6 +1238,12 @@ pub fn all() -> Vec<Case> {
     }
     // Rows long enough for more than one pass of a 64-invocation workgroup over q4_k words.
     v.push(matmul_geglu(DType::Q4K, 1, 1024, 37));
+    // f16 at decode's row counts with rows of a multiple of 8 values (wgpu's matvec_f16 takes
+    // items of 8), one of more than 64 items, with and without the GeGlu.
+    v.push(matmul(DType::F16, 1, 520, vec![37]));
+    v.push(matmul(DType::F16, 8, 72, vec![20, 13]));
+    v.push(matmul_geglu(DType::F16, 3, 64, 37));
+    v.push(matmul_geglu(DType::F16, 1, 520, 9));
     v.extend(elementwise(3, 29));
     v.extend(elementwise(1, 1));
     v.push(select_then_matmul(5, vec![4, 0, 4], 13, 9));

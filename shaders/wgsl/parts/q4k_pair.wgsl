@@ -1,13 +1,6 @@
-// Shared by the q4_k decode matvecs (matvec_q4k.wgsl, matvec_q4k_rows.wgsl, dot/q4_k.wgsl):
-// 16-byte views of the arena and the weights, and the decoding of one 64-value chunk of a
-// super-block (formats/q4_k.wgsl's layout), whose 32 nibble bytes hold sub-block 2j in their low
+// Shared by the q4_k decode matvecs (matvec_q4k.wgsl, matvec_q4k_rows.wgsl, dot/q4_k.wgsl),
+// which read through parts/views16.wgsl: the decoding of one 64-value chunk of a super-block (formats/q4_k.wgsl's layout), whose 32 nibble bytes hold sub-block 2j in their low
 // nibbles and sub-block 2j + 1 in their high ones.
-
-// The arena (binding 1) and the weight range (binding 3) again, as 16-byte values: the input runs
-// and a super-block's header are each one load. `act4` is only read, at the input rows, never
-// where the outputs go (binding 1's `act`).
-@group(0) @binding(8) var<storage, read_write> act4: array<vec4<f32>>;
-@group(0) @binding(9) var<storage, read> wts4: array<vec4<u32>>;
 
 // Chunk j's two sub-blocks: value = a f - off, with f = 1 + q / 16 the nibble as a float
 // (`nib_lo`, `nib_hi`), a = 16 d scale and off = a + dmin min, so that q . x = 16 (f . x - sum x).
