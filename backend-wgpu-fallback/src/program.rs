@@ -1406,14 +1406,17 @@ fn q4k_rows_launch(n: usize, k: usize, geglu: bool) -> (u32, [u32; 3]) {
     ((nr | w << 8 | usize::from(geglu) << 16) as u32, [gx, gy, 1])
 }
 
-/// Workgroups `matvec_dot.wgsl` aims for when choosing its output columns per workgroup (4, 2
-/// or 1) below 4 input rows per workgroup (from 4 it takes 1), as the Vulkan backend's
-/// `matvec_dot` does.
+/// Workgroups `matvec_dot.wgsl` aims for when choosing its output columns per workgroup: 4, 2
+/// or 1 below 4 input rows per workgroup, 2 or 1 from 4, the most that leave this many
+/// workgroups. Unlike the Vulkan backend's `matvec_dot` (1 from 4 rows), 2 at 8 rows: on the
+/// H100, decode at batch 8 went from 657.8 to 727.9 tok/s on 4B q4_k and from 1,098.7 to
+/// 1,294.9 on 1B.
 const DOT_MIN_GROUPS: usize = 1024;
 
 /// `matvec_dot.wgsl`'s override constants (R, NC from bit 8, WIDE at bit 16, GEGLU at 17) and
 /// workgroups for `n` output columns (with `geglu`, gate rows) against `m` input rows: R = m
-/// up to 2, else 4 or 8 input rows per workgroup.
+/// up to 2, else 4 or 8 input rows per workgroup. The kernel holds at most 4 weight rows (a
+/// GeGlu's columns are two each) and 32 sums (weight rows x R).
 fn dot_launch(n: usize, m: usize, geglu: bool) -> (u32, [u32; 3]) {
     let r = match m {
         0..=2 => m.max(1),
@@ -1421,16 +1424,13 @@ fn dot_launch(n: usize, m: usize, geglu: bool) -> (u32, [u32; 3]) {
         _ => 8,
     };
     let slices = m.div_ceil(r);
-    let nc = dot_columns_override().unwrap_or(if r >= 4 {
-        1
-    } else if div_up(n, 4) as usize * slices >= DOT_MIN_GROUPS {
+    let nc = dot_columns_override().unwrap_or(if r < 4 && div_up(n, 4) as usize * slices >= DOT_MIN_GROUPS {
         4
     } else if div_up(n, 2) as usize * slices >= DOT_MIN_GROUPS {
         2
     } else {
         1
     });
-    // The kernel holds at most 4 weight rows' units: a GeGlu's columns are two rows each.
     let nc = if geglu { nc.min(2) } else { nc };
     let [gx, gy] = spread(div_up(n, nc));
     let key = r | nc << 8 | usize::from(dot_wide()) << 16 | usize::from(geglu) << 17;
@@ -1485,6 +1485,30 @@ impl WgpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dot_launches_stay_within_the_kernels_rows_and_sums() {
+        for m in 1..16 {
+            for n in [1, 37, 1152, 2560, 10_240, 262_144] {
+                for geglu in [false, true] {
+                    let (key, groups) = dot_launch(n, m, geglu);
+                    let (r, nc) = ((key & 0xFF) as usize, ((key >> 8) & 0xFF) as usize);
+                    let nw = if geglu { 2 * nc } else { nc };
+                    assert!(matches!(r, 1 | 2 | 4 | 8) && r >= m.min(2), "m={m}: R={r}");
+                    assert!(nw <= 4 && nw * r <= 32, "m={m} n={n} geglu={geglu}: {nc} x {r}");
+                    assert_eq!((key >> 17) & 1, u32::from(geglu));
+                    // Every column and input row is some workgroup's.
+                    let wgs = (groups[0] * groups[1]) as usize;
+                    assert!(wgs * nc >= n, "m={m} n={n}: {groups:?} NC={nc}");
+                    assert!(groups[2] as usize * r >= m, "m={m}: {groups:?} R={r}");
+                }
+            }
+        }
+        // Batch 8 on 4B's 2560 columns: two columns per workgroup (1,280 workgroups).
+        assert_eq!((dot_launch(2560, 8, false).0 >> 8) & 0xFF, 2);
+        // One row of 1B's 1152 columns: one column per workgroup (fewer leave under 1,024).
+        assert_eq!((dot_launch(1152, 1, false).0 >> 8) & 0xFF, 1);
+    }
 
     #[test]
     fn large_weights_bind_in_aligned_chunks_within_the_limit() {

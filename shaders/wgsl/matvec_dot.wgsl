@@ -15,7 +15,7 @@
 
 // Input rows per workgroup (1, 2, 4 or 8).
 override R: u32 = 1u;
-// Output columns per workgroup (1, 2 or 4; with GEGLU at most 2).
+// Output columns per workgroup (1, 2 or 4; with GEGLU at most 2); NW R <= 32.
 override NC: u32 = 1u;
 // The input's 16-bit form (two byte planes, twice the dot products) rather than 8 bits.
 override WIDE: bool = true;
@@ -24,10 +24,11 @@ override GEGLU: bool = false;
 
 const WG: u32 = 64u;
 
-// [slot s R + r][invocation], slots: weight rows of the workgroup (NW <= 4) x input rows.
-var<workgroup> part: array<f32, 1024>;
+// [slot s R + r][invocation], slots: weight rows of the workgroup (NW <= 4) x input rows, at
+// most 32.
+var<workgroup> part: array<f32, 2048>;
 // The same summed over groups of 8 invocations.
-var<workgroup> part2: array<f32, 128>;
+var<workgroup> part2: array<f32, 256>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>,
@@ -39,7 +40,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>,
     let nw = select(NC, 2u * NC, GEGLU);
     let units = p.k / 32u;
     let stride = dq_stride(WIDE);
-    var acc: array<f32, 16>;
+    var acc: array<f32, 32>;
     for (var u = tid; u < units; u += WG) {
         var q: array<u32, 32>;
         var c: array<vec4<f32>, 4>;
