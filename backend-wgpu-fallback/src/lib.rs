@@ -10,8 +10,10 @@
 //! dispatch, every bind group. A step writes its arguments (`queue.write_buffer`) and submits
 //! one command buffer: copies of the program's inputs into its arena, one compute pass, copies
 //! of its outputs. That command buffer was recorded right after the program's previous step was
-//! submitted, while the device ran it, so recording is off the host's path of a step. Weights larger than the adapter's binding limit are bound
-//! in chunks of rows.
+//! submitted, while the device ran it, so recording is off the host's path of a step. Each
+//! output is also copied to a host-mappable mirror of its buffer, so reading it (the logits,
+//! every step) maps that mirror: no submission, copy or wait beyond the step's own. Weights
+//! larger than the adapter's binding limit are bound in chunks of rows.
 //!
 //! Options (`[backend.wgpu]` in the config, or the environment): `adapter` /
 //! `TANDEM_WGPU_ADAPTER` (an index or a name substring), `backends` / `TANDEM_WGPU_BACKENDS`
@@ -22,7 +24,9 @@
 //! node its own kernel, for side-by-side measurement), `features` /
 //! `TANDEM_WGPU_FEATURES` (the kernel variants: `auto`, the default, takes every optional
 //! feature the adapter offers; `portable` none; or a list such as `subgroups`, an error where
-//! the adapter lacks one; `info().features` names them as `kernels=...`), `memory_limit`
+//! the adapter lacks one: `subgroups`, `f16`, `coopmat`, `int_dot`; `info().features` names
+//! them as `kernels=...`, and `int8_dot` whether the packed dot product is accelerated, the
+//! condition for `auto` to take it), `memory_limit`
 //! (the most device memory the backend may hold, `8GiB`; see below).
 //!
 //! Nodes fuse into one kernel where `fuse` finds the chains the Vulkan backend fuses (norm, add
@@ -71,6 +75,14 @@ pub(crate) struct Buffer {
     pub len: u64,
     /// The buffer's size: `len` rounded up, with room for a decoder's last word.
     pub size: u64,
+    /// A host-mappable copy (`MAP_READ`) of a program output, of `size` bytes, which every
+    /// program writing this buffer also writes in the same commands: reading an output is then
+    /// a map of it, with no submission, copy or wait of its own. Made when a program that
+    /// outputs here is compiled.
+    pub mirror: Option<wgpu::Buffer>,
+    /// The submission that last wrote the buffer, where it also wrote the mirror, and the
+    /// bytes from 0 it wrote; `None` once anything else writes the buffer.
+    pub mirrored: Option<(wgpu::SubmissionIndex, u64)>,
 }
 
 /// The wgpu backend.
@@ -229,19 +241,54 @@ impl WgpuBackend {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         enc.copy_buffer_to_buffer(src, offset, rb, 0, len);
         let index = self.gpu.queue.submit([enc.finish()]);
-        map_and_copy(&self.gpu, rb, index, out)
+        map_and_copy(&self.gpu, rb, index, 0, out)
+    }
+
+    /// Gives each output buffer of `prog` a mirror (`Buffer::mirror`) where it has none and the
+    /// memory limit allows one; a new mirror drops the other programs' recorded commands, so
+    /// that every program writing the buffer writes it too. Without a mirror, reads copy.
+    fn mirror_outputs(&mut self, prog: &Program) -> Result<(), BackendError> {
+        let mut made = false;
+        for c in &prog.outputs {
+            let b = self.buffers.get(c.buffer)?;
+            if b.mirror.is_some() || self.within_limit(b.size).is_err() {
+                continue;
+            }
+            let (size, label) = (b.size, format!("mirror of {}", b.desc));
+            let mirror = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(&label),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let b = self.buffers.get_mut(c.buffer)?;
+            b.mirror = Some(mirror);
+            b.mirrored = None;
+            self.track(size);
+            made = true;
+        }
+        if made {
+            for c in self.programs.iter_mut() {
+                c.program.ready = None;
+            }
+        }
+        Ok(())
     }
 }
 
-/// Maps `rb` once the submission `index` has finished and copies its first bytes to `out`.
+/// Maps `rb` once the submission `index` has finished and copies its bytes from `at` to `out`
+/// (the range mapped from `at` down to a multiple of 8 up to a multiple of 4, within `rb`).
 fn map_and_copy(
     gpu: &Gpu,
     rb: &wgpu::Buffer,
     index: wgpu::SubmissionIndex,
+    at: u64,
     out: &mut [u8],
 ) -> Result<(), BackendError> {
-    let len = out.len() as u64;
-    let slice = rb.slice(0..len);
+    let from = at / wgpu::MAP_ALIGNMENT * wgpu::MAP_ALIGNMENT;
+    let to = (at + out.len() as u64).div_ceil(4) * 4;
+    let skip = (at - from) as usize;
+    let slice = rb.slice(from..to);
     let (tx, rx) = std::sync::mpsc::channel();
     slice.map_async(wgpu::MapMode::Read, move |r| {
         let _ = tx.send(r);
@@ -266,7 +313,7 @@ fn map_and_copy(
         let view = slice
             .get_mapped_range()
             .map_err(|e| BackendError::internal(format!("{}: readback view: {e}", gpu.name)))?;
-        out.copy_from_slice(&view[..out.len()]);
+        out.copy_from_slice(&view[skip..skip + out.len()]);
     }
     rb.unmap();
     Ok(())
@@ -322,6 +369,8 @@ impl ComputeBackend for WgpuBackend {
             buf,
             len,
             size,
+            mirror: None,
+            mirrored: None,
         });
         self.track(size);
         self.gpu.check()?;
@@ -330,8 +379,9 @@ impl ComputeBackend for WgpuBackend {
 
     fn write(&mut self, buffer: BufferId, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         self.gpu.check()?;
-        let b = self.buffers.get(buffer)?;
+        let b = self.buffers.get_mut(buffer)?;
         Self::range(b, buffer, offset, data.len())?;
+        b.mirrored = None;
         if data.is_empty() {
             return Ok(());
         }
@@ -385,6 +435,20 @@ impl ComputeBackend for WgpuBackend {
         let buf = b.buf.clone();
         let start = offset / 4 * 4;
         let end = (offset + out.len() as u64).div_ceil(4) * 4;
+        if let (Some(mirror), Some((index, written))) = (&b.mirror, &b.mirrored) {
+            if end <= *written {
+                // The last step's own copy: map it where it lies.
+                map_and_copy(&self.gpu, mirror, index.clone(), offset, out)?;
+                return self.gpu.check();
+            }
+        }
+        if start == offset && end == offset + out.len() as u64 {
+            // Whole words: straight into `out`.
+            for (i, part) in out.chunks_mut(CHUNK_BYTES).enumerate() {
+                self.read_aligned(&buf, offset + (i * CHUNK_BYTES) as u64, part)?;
+            }
+            return self.gpu.check();
+        }
         let mut at = start;
         while at < end {
             let n = ((end - at) as usize).min(CHUNK_BYTES);
@@ -406,6 +470,10 @@ impl ComputeBackend for WgpuBackend {
         // wgpu keeps the memory until the submissions using it have finished.
         b.buf.destroy();
         self.in_use = self.in_use.saturating_sub(b.size);
+        if let Some(m) = b.mirror {
+            m.destroy();
+            self.in_use = self.in_use.saturating_sub(b.size);
+        }
         Ok(())
     }
 
@@ -428,6 +496,7 @@ impl ComputeBackend for WgpuBackend {
             return Err(e);
         }
         self.track(prog.bytes);
+        self.mirror_outputs(&prog)?;
         Ok(self.programs.insert(prog, buffers, StepShape::of(graph)))
     }
 
@@ -459,6 +528,13 @@ impl ComputeBackend for WgpuBackend {
         self.submissions.push_back((ticket.0, index.clone()));
         if self.submissions.len() > TICKETS_KEPT {
             self.submissions.pop_front();
+        }
+        let prog = &self.programs.get(program)?.program;
+        // The outputs as `encode` wrote them: with their mirrors where they have one.
+        let written: Vec<(BufferId, u64)> = prog.outputs.iter().map(|c| (c.buffer, c.size)).collect();
+        for (id, size) in written {
+            let b = self.buffers.get_mut(id)?;
+            b.mirrored = b.mirror.is_some().then(|| (index.clone(), size));
         }
         let prog = &mut self.programs.get_mut(program)?.program;
         prog.last = Some(index);
@@ -493,7 +569,7 @@ impl ComputeBackend for WgpuBackend {
         };
         let n = prog.graph.nodes.len();
         let mut raw = vec![0u8; (n + 1) * 8];
-        map_and_copy(&self.gpu, &t.readback, last, &mut raw)?;
+        map_and_copy(&self.gpu, &t.readback, last, 0, &mut raw)?;
         let ts: Vec<u64> = raw
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
@@ -809,6 +885,68 @@ mod tests {
         let bw = b.copy_bandwidth().unwrap().expect("a figure");
         // Any real device copies faster than 10 MB/s and slower than 100 TB/s.
         assert!(bw > 1e7 && bw < 1e14, "{bw}");
+    }
+
+    /// Outputs are read from their mirror, which the step's own commands fill; a host write to
+    /// the buffer after the step wins over it, and the next step's output over that.
+    #[test]
+    fn outputs_read_the_latest_write_through_their_mirror() {
+        let Some(mut b) = backend() else { return };
+        let table = TensorDesc::new(DType::F32, [4, 16]);
+        let t = b.alloc(&table, Usage::Weight).unwrap();
+        let vals: Vec<f32> = (0..64).map(|i| i as f32).collect();
+        b.write(t, 0, bytemuck::cast_slice(&vals)).unwrap();
+        let out = b
+            .alloc(&TensorDesc::new(DType::F32, [1, 16]), Usage::Activation)
+            .unwrap();
+        let mut g = tandem_backend_api::GraphBuilder::new("embed", 1, 0);
+        let e = g.push1(Op::Embed {
+            table: tandem_backend_api::WeightRef {
+                buffer: t,
+                desc: table,
+            },
+            scale: 1.0,
+        });
+        g.push(Op::Output { x: e, buffer: out });
+        let p = b.compile(&g.finish()).unwrap();
+        assert!(b.buffers.get(out).unwrap().mirror.is_some());
+        let step = |b: &mut WgpuBackend, token: u32| {
+            let args = tandem_backend_api::StepArgs {
+                tokens: &[token],
+                positions: &[0],
+                slots: &[0],
+                select: &[],
+            };
+            let ticket = b.execute(p, &args).unwrap();
+            b.wait(ticket).unwrap();
+        };
+        let read = |b: &mut WgpuBackend, at: u64, n: usize| {
+            let mut bytes = vec![0u8; n];
+            b.read(out, at, &mut bytes).unwrap();
+            bytes
+        };
+        let row = |r: usize| -> Vec<u8> { bytemuck::cast_slice(&vals[16 * r..16 * r + 16]).to_vec() };
+        step(&mut b, 2);
+        assert!(b.buffers.get(out).unwrap().mirrored.is_some());
+        assert_eq!(read(&mut b, 0, 64), row(2));
+        // Unaligned, from the mirror.
+        assert_eq!(read(&mut b, 5, 7), row(2)[5..12].to_vec());
+        b.write(out, 8, &[7; 8]).unwrap();
+        let mut want = row(2);
+        want[8..16].copy_from_slice(&[7; 8]);
+        assert_eq!(read(&mut b, 0, 64), want);
+        step(&mut b, 3);
+        assert_eq!(read(&mut b, 0, 64), row(3));
+        b.release(p).unwrap();
+        // The mirror goes with its buffer, and its bytes from the count.
+        let before = b.in_use;
+        b.free(out).unwrap();
+        assert_eq!(before - b.in_use, 2 * b_size(64));
+    }
+
+    /// A buffer's size for `len` bytes (`alloc`'s rounding).
+    fn b_size(len: u64) -> u64 {
+        (len + 4).div_ceil(16) * 16
     }
 
     #[test]

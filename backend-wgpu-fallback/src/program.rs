@@ -1382,8 +1382,11 @@ impl WgpuBackend {
             }
         }
         for c in &prog.outputs {
-            let dst = &self.buffers.get(c.buffer)?.buf;
-            enc.copy_buffer_to_buffer(&prog.arena, c.arena_offset, dst, 0, c.size);
+            let b = self.buffers.get(c.buffer)?;
+            enc.copy_buffer_to_buffer(&prog.arena, c.arena_offset, &b.buf, 0, c.size);
+            if let Some(m) = &b.mirror {
+                enc.copy_buffer_to_buffer(&prog.arena, c.arena_offset, m, 0, c.size);
+            }
         }
         if let Some(t) = &prog.timestamps {
             let count = prog.graph.nodes.len() as u32 + 1;

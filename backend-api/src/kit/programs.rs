@@ -147,6 +147,11 @@ impl<P> Programs<P> {
         self.entries.values()
     }
 
+    /// Every program, mutably, in no particular order.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Compiled<P>> {
+        self.entries.values_mut()
+    }
+
     /// Removes every program (a backend being dropped) and returns the backends' parts.
     pub fn drain(&mut self) -> impl Iterator<Item = P> + '_ {
         self.entries.drain().map(|(_, c)| c.program)
