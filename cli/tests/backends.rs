@@ -87,10 +87,12 @@ fn json_output_reports_each_backend() {
     if wgpu["available"] == true {
         let features = wgpu["info"]["features"].to_string();
         assert!(features.contains("max_storage_binding="), "{wgpu}");
-        // The kernel variants the adapter gets: lavapipe offers subgroups and f16.
+        // The kernel variants the adapter gets: lavapipe offers subgroups and f16, and packed
+        // integer dot products that are not accelerated, which `auto` leaves off.
         assert!(features.contains("kernels="), "{wgpu}");
         if std::env::var_os("CI").is_some() {
-            assert!(features.contains("kernels=subgroups+f16"), "{wgpu}");
+            assert!(features.contains("kernels=subgroups+f16\""), "{wgpu}");
+            assert!(features.contains("int8_dot(not accelerated, off)"), "{wgpu}");
         }
     } else {
         assert!(
