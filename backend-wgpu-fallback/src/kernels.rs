@@ -42,7 +42,7 @@ const MATVEC_SUBGROUP_MAIN: &str = include_str!("../../shaders/wgsl/parts/matvec
 const Q4K_PAIR: &str = include_str!("../../shaders/wgsl/parts/q4k_pair.wgsl");
 const VIEWS16: &str = include_str!("../../shaders/wgsl/parts/views16.wgsl");
 const DOT_INPUT: &str = include_str!("../../shaders/wgsl/parts/dot_input.wgsl");
-const Q5_COMMON: &str = include_str!("../../shaders/wgsl/dot/q5_common.wgsl");
+const NIBBLES: &str = include_str!("../../shaders/wgsl/dot/nibbles.wgsl");
 
 /// The optional adapter features the kernels use, fixed when the device opens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -443,8 +443,8 @@ pub fn module_source(
             .dtype;
         let src = dot_source(dt)
             .ok_or_else(|| BackendError::unsupported(kernel.name(), format!("no {dt} unit decoder")))?;
-        if matches!(dt, DType::Q5_0 | DType::Q5_1) {
-            s.push_str(Q5_COMMON);
+        if matches!(dt, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1) {
+            s.push_str(NIBBLES);
         }
         s.push_str(src);
     }

@@ -848,16 +848,7 @@ mod tests {
         let fill = b
             .alloc(&TensorDesc::new(DType::F32, [(left - 4) / 4]), Usage::KvCache)
             .expect("the rest of the budget");
-        let mut g = tandem_backend_api::GraphBuilder::new("embed", 1, 0);
-        let e = g.push1(Op::Embed {
-            table: tandem_backend_api::WeightRef {
-                buffer: t,
-                desc: table,
-            },
-            scale: 1.0,
-        });
-        g.push(Op::Output { x: e, buffer: out });
-        let graph = g.finish();
+        let graph = embed_graph(t, table, out);
         let err = b.compile(&graph).expect_err("no budget left for an arena");
         assert!(
             matches!(err, BackendError::OutOfMemory { available: 0, .. }),
@@ -899,16 +890,7 @@ mod tests {
         let out = b
             .alloc(&TensorDesc::new(DType::F32, [1, 16]), Usage::Activation)
             .unwrap();
-        let mut g = tandem_backend_api::GraphBuilder::new("embed", 1, 0);
-        let e = g.push1(Op::Embed {
-            table: tandem_backend_api::WeightRef {
-                buffer: t,
-                desc: table,
-            },
-            scale: 1.0,
-        });
-        g.push(Op::Output { x: e, buffer: out });
-        let p = b.compile(&g.finish()).unwrap();
+        let p = b.compile(&embed_graph(t, table.clone(), out)).unwrap();
         assert!(b.buffers.get(out).unwrap().mirror.is_some());
         let step = |b: &mut WgpuBackend, token: u32| {
             let args = tandem_backend_api::StepArgs {
@@ -942,6 +924,20 @@ mod tests {
         let before = b.in_use;
         b.free(out).unwrap();
         assert_eq!(before - b.in_use, 2 * b_size(64));
+    }
+
+    /// One row's embedding from `table` (buffer `t`) to the output buffer `out`.
+    fn embed_graph(t: BufferId, table: TensorDesc, out: BufferId) -> tandem_backend_api::Graph {
+        let mut g = tandem_backend_api::GraphBuilder::new("embed", 1, 0);
+        let e = g.push1(Op::Embed {
+            table: tandem_backend_api::WeightRef {
+                buffer: t,
+                desc: table,
+            },
+            scale: 1.0,
+        });
+        g.push(Op::Output { x: e, buffer: out });
+        g.finish()
     }
 
     /// A buffer's size for `len` bytes (`alloc`'s rounding).
