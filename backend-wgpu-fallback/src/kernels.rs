@@ -798,6 +798,62 @@ mod tests {
         }
     }
 
+    /// `matvec_dot` through naga as wgpu compiles it for Vulkan: with the capabilities wgpu
+    /// enables where the device has `shaderIntegerDotProduct`, each `dot4I8Packed` is SPIR-V's
+    /// OpSDot on packed 8-bit vectors (the hardware instruction); without them, naga's polyfill
+    /// (shifts and multiplies), with no OpSDot left.
+    #[test]
+    fn matvec_dot_is_packed_sdot_where_the_device_has_integer_dot_products() {
+        use naga::back::spv::Capability;
+        let q4k = Format::for_rows(DType::Q4K, 256);
+        let source = module_source(Kernel::MatVecDot, q4k, Variant::PORTABLE).unwrap();
+        let module =
+            naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{}", e.emit_to_string(&source)));
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&source)));
+        let constants: naga::back::PipelineConstants =
+            [("R", 8.0), ("NC", 2.0), ("WIDE", 1.0), ("GEGLU", 1.0)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+        let (module, info) = naga::back::pipeline_constants::process_overrides(
+            &module,
+            &info,
+            Some((naga::ShaderStage::Compute, "main")),
+            &constants,
+        )
+        .unwrap();
+        let spirv = |dot: bool| {
+            let mut caps: naga::FastHashSet<Capability> = [Capability::Shader].into_iter().collect();
+            if dot {
+                caps.extend([
+                    Capability::DotProductInputAll,
+                    Capability::DotProductInput4x8Bit,
+                    Capability::DotProductInput4x8BitPacked,
+                    Capability::DotProduct,
+                ]);
+            }
+            let options = naga::back::spv::Options {
+                lang_version: (1, 3),
+                capabilities: Some(caps),
+                ..Default::default()
+            };
+            naga::back::spv::write_vec(&module, &info, &options, None).unwrap()
+        };
+        // OpSDot (4450): result type, result, two operands and the packed format, 6 words.
+        let sdot = (6 << 16) | 4450;
+        let with = spirv(true);
+        assert!(
+            with.iter().filter(|&&w| w == sdot).count() >= 16,
+            "16 packed dot products per unit and row"
+        );
+        assert!(!spirv(false).contains(&sdot));
+    }
+
     #[test]
     fn variants_name_what_they_use() {
         assert_eq!(Variant::PORTABLE.names(), ["portable"]);
