@@ -261,9 +261,8 @@ impl WgpuBackend {
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            let b = self.buffers.get_mut(c.buffer)?;
-            b.mirror = Some(mirror);
-            b.mirrored = None;
+            // `mirrored` is None: only a buffer with a mirror is ever marked.
+            self.buffers.get_mut(c.buffer)?.mirror = Some(mirror);
             self.track(size);
             made = true;
         }
@@ -529,12 +528,10 @@ impl ComputeBackend for WgpuBackend {
         if self.submissions.len() > TICKETS_KEPT {
             self.submissions.pop_front();
         }
-        let prog = &self.programs.get(program)?.program;
         // The outputs as `encode` wrote them: with their mirrors where they have one.
-        let written: Vec<(BufferId, u64)> = prog.outputs.iter().map(|c| (c.buffer, c.size)).collect();
-        for (id, size) in written {
-            let b = self.buffers.get_mut(id)?;
-            b.mirrored = b.mirror.is_some().then(|| (index.clone(), size));
+        for c in &self.programs.get(program)?.program.outputs {
+            let b = self.buffers.get_mut(c.buffer)?;
+            b.mirrored = b.mirror.is_some().then(|| (index.clone(), c.size));
         }
         let prog = &mut self.programs.get_mut(program)?.program;
         prog.last = Some(index);

@@ -544,65 +544,16 @@ impl WgpuBackend {
                                 caches: None,
                                 groups: [div_up(count, tile_n), div_up(m, tile_m), 1],
                             });
-                        } else if dot {
-                            let (r, groups) = dot_launch(count, m, false);
-                            planned.push(Planned {
-                                node: i,
-                                key: (Kernel::MatVecDot, Some(format), r),
-                                params,
-                                weight,
-                                weight2: None,
-                                caches: None,
-                                groups,
-                            });
-                        } else if m == 1 && dt == DType::Q4K && !q4k_rows_off() {
-                            let (r, groups) = q4k_rows_launch(count, k, false);
-                            planned.push(Planned {
-                                node: i,
-                                key: (Kernel::MatVecQ4kRows, Some(format), r),
-                                params,
-                                weight,
-                                weight2: None,
-                                caches: None,
-                                groups,
-                            });
                         } else {
-                            let r = m.next_power_of_two().min(8);
-                            // A long matrix (the logits'): several columns per workgroup.
-                            let nc = if !self.gpu.variant.subgroups {
-                                1
-                            } else if let Some(n) = matvec_columns_override() {
-                                n
-                            } else if count >= MATVEC_LONG {
-                                MATVEC_COLUMNS
-                            } else {
-                                1
-                            };
-                            // Long rows: more invocations per row, fewer loads each.
-                            let wide =
-                                if self.gpu.variant.subgroups && k / format.group() >= matvec_wide_groups() {
-                                    matvec_width_override().unwrap_or(2)
-                                } else {
-                                    1
-                                };
-                            let [gx, gy] = spread(div_up(count, nc));
-                            let kernel = if self.f16_items(dt, k, offset) {
-                                Kernel::MatVecF16
-                            } else {
-                                Kernel::MatVec
-                            };
+                            let (key, groups) = self.decode_matvec(m, count, k, format, offset, false);
                             planned.push(Planned {
                                 node: i,
-                                key: (
-                                    kernel,
-                                    Some(format),
-                                    r as u32 | (nc as u32) << 8 | (wide as u32) << 16,
-                                ),
+                                key,
                                 params,
                                 weight,
                                 weight2: None,
                                 caches: None,
-                                groups: [gx, gy, div_up(m, r)],
+                                groups,
                             });
                         }
                     }
@@ -1100,27 +1051,8 @@ impl WgpuBackend {
                 let m = value_rows(graph, &shapes[x.0 as usize]);
                 let buf = self.buffers.get(weight.buffer)?;
                 let bind = (n as u64 * row_bytes + 4).div_ceil(4) * 4;
-                let r = m.next_power_of_two().min(8);
                 let dot = self.dot_takes(m, k, weight.desc.dtype);
-                let (key, groups) = if dot {
-                    let (r, groups) = dot_launch(half, m, true);
-                    ((Kernel::MatVecDot, Some(format), r), groups)
-                } else if m == 1 && weight.desc.dtype == DType::Q4K && !q4k_rows_off() {
-                    let (r, groups) = q4k_rows_launch(half, k, true);
-                    ((Kernel::MatVecQ4kRows, Some(format), r), groups)
-                } else if self.f16_items(weight.desc.dtype, k, 0) {
-                    let [gx, gy] = spread(half as u32);
-                    (
-                        (Kernel::MatVecF16, Some(format), r as u32 | 1 << 24),
-                        [gx, gy, div_up(m, r)],
-                    )
-                } else {
-                    let [gx, gy] = spread(half as u32);
-                    (
-                        (Kernel::MatVecGeGlu, Some(format), r as u32),
-                        [gx, gy, div_up(m, r)],
-                    )
-                };
+                let (key, groups) = self.decode_matvec(m, half, k, format, 0, true);
                 let out = elem(out(geglu)?)?;
                 let params = vec![
                     elem(*x)?,
@@ -1412,8 +1344,7 @@ fn q4k_rows_launch(n: usize, k: usize, geglu: bool) -> (u32, [u32; 3]) {
 /// Workgroups `matvec_dot.wgsl` aims for when choosing its output columns per workgroup: 4, 2
 /// or 1 below 4 input rows per workgroup, 2 or 1 from 4, the most that leave this many
 /// workgroups. Unlike the Vulkan backend's `matvec_dot` (1 from 4 rows), 2 at 8 rows: on the
-/// H100, decode at batch 8 went from 657.8 to 727.9 tok/s on 4B q4_k and from 1,098.7 to
-/// 1,294.9 on 1B.
+/// H100, decode at batch 8 went from 618.8 to 732.1 tok/s on 4B q4_k (1B: 1,125.8 to 1,129.0).
 const DOT_MIN_GROUPS: usize = 1024;
 
 /// `matvec_dot.wgsl`'s override constants (R, NC from bit 8, WIDE at bit 16, GEGLU at 17) and
@@ -1461,10 +1392,60 @@ fn quantize_planned(node: usize, params: Vec<u32>, m: usize, k: usize) -> Planne
 }
 
 impl WgpuBackend {
-    /// Whether a matmul of `m` input rows over weights of `dt` with rows of `k` values takes the
-    /// integer-dot path: the `int_dot` variant, a block format, k a multiple of 32 and decode's
-    /// row counts; one-row q4_k keeps `matvec_q4k_rows.wgsl` (`TANDEM_WGPU_DOT_Q4K1=1` sends
-    /// it here too), as the Vulkan backend keeps `matvec_q4k`.
+    /// Decode's kernel (fewer than [`TILED_ROWS`] input rows) for `n` output columns of weights
+    /// in `format` with rows of `k` values, bound from byte `offset`, against `m` input rows,
+    /// with its key and workgroups; with `geglu`, the fused gate/up GeGlu, `n` its gate rows.
+    /// In order: `matvec_dot` ([`Self::dot_takes`]), `matvec_q4k_rows` for one row of q4_k,
+    /// `matvec_f16` ([`Self::f16_items`]), else `matvec` (`matvec_geglu` with `geglu`).
+    fn decode_matvec(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        format: Format,
+        offset: u64,
+        geglu: bool,
+    ) -> (PipelineKey, [u32; 3]) {
+        let dt = format.dtype;
+        if self.dot_takes(m, k, dt) {
+            let (r, groups) = dot_launch(n, m, geglu);
+            return ((Kernel::MatVecDot, Some(format), r), groups);
+        }
+        if m == 1 && dt == DType::Q4K && !q4k_rows_off() {
+            let (r, groups) = q4k_rows_launch(n, k, geglu);
+            return ((Kernel::MatVecQ4kRows, Some(format), r), groups);
+        }
+        let r = m.next_power_of_two().min(8);
+        let subgroups = self.gpu.variant.subgroups;
+        // A long matrix (the logits'): several columns per workgroup. A GeGlu's columns take
+        // one workgroup each, of 64 invocations.
+        let nc = if geglu || !subgroups {
+            1
+        } else if let Some(n) = matvec_columns_override() {
+            n
+        } else if n >= MATVEC_LONG {
+            MATVEC_COLUMNS
+        } else {
+            1
+        };
+        // Long rows: more invocations per row, fewer loads each.
+        let wide = if !geglu && subgroups && k / format.group() >= matvec_wide_groups() {
+            matvec_width_override().unwrap_or(2)
+        } else {
+            1
+        };
+        let f16 = self.f16_items(dt, k, offset);
+        let kernel = match (f16, geglu) {
+            (true, _) => Kernel::MatVecF16,
+            (false, true) => Kernel::MatVecGeGlu,
+            (false, false) => Kernel::MatVec,
+        };
+        // matvec_f16 takes its GEGLU from bit 24; matvec_geglu is a kernel of its own.
+        let key = r | nc << 8 | wide << 16 | usize::from(f16 && geglu) << 24;
+        let [gx, gy] = spread(div_up(n, nc));
+        ((kernel, Some(format), key as u32), [gx, gy, div_up(m, r)])
+    }
+
     /// Whether a matvec over `dt` weights with rows of `k` values, bound from byte `offset`,
     /// takes `matvec_f16.wgsl`: the subgroups variant, f16 rows of a multiple of 8 values bound
     /// 16-byte aligned (`TANDEM_WGPU_F16_ITEMS=4` keeps `matvec_subgroup.wgsl`'s items of 4).
@@ -1476,6 +1457,10 @@ impl WgpuBackend {
             && !f16_items_off()
     }
 
+    /// Whether a matmul of `m` input rows over weights of `dt` with rows of `k` values takes the
+    /// integer-dot path: the `int_dot` variant, a block format, k a multiple of 32 and decode's
+    /// row counts; one-row q4_k keeps `matvec_q4k_rows.wgsl` (`TANDEM_WGPU_DOT_Q4K1=1` sends
+    /// it here too), as the Vulkan backend keeps `matvec_q4k`.
     fn dot_takes(&self, m: usize, k: usize, dt: DType) -> bool {
         self.gpu.variant.int_dot
             && dot_supported(dt)
