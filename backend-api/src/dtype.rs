@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::block::{self, BlockLayout};
+
 /// How the elements of a tensor are stored.
 ///
 /// Activations inside a graph are always `F32`; weights and the KV cache may use any type a
@@ -57,31 +59,34 @@ impl DType {
         DType::Q6K,
     ];
 
+    /// The storage block's layout: values, bytes and fields ([`crate::block`], the one
+    /// definition).
+    pub const fn layout(self) -> BlockLayout {
+        match self {
+            DType::F32 => block::fp32::LAYOUT,
+            DType::F16 => block::fp16::LAYOUT,
+            DType::Bf16 => block::bf16::LAYOUT,
+            DType::Q4_0 => block::q4_0::LAYOUT,
+            DType::Q4_1 => block::q4_1::LAYOUT,
+            DType::Q5_0 => block::q5_0::LAYOUT,
+            DType::Q5_1 => block::q5_1::LAYOUT,
+            DType::Q8_0 => block::q8_0::LAYOUT,
+            DType::Q2K => block::q2_k::LAYOUT,
+            DType::Q3K => block::q3_k::LAYOUT,
+            DType::Q4K => block::q4_k::LAYOUT,
+            DType::Q5K => block::q5_k::LAYOUT,
+            DType::Q6K => block::q6_k::LAYOUT,
+        }
+    }
+
     /// Elements per storage block (1 for the floating-point types).
     pub const fn block_elems(self) -> usize {
-        match self {
-            DType::F32 | DType::F16 | DType::Bf16 => 1,
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => 32,
-            DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K => 256,
-        }
+        self.layout().elems
     }
 
     /// Bytes per storage block.
     pub const fn block_bytes(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::F16 | DType::Bf16 => 2,
-            DType::Q4_0 => 18,
-            DType::Q4_1 => 20,
-            DType::Q5_0 => 22,
-            DType::Q5_1 => 24,
-            DType::Q8_0 => 34,
-            DType::Q2K => 84,
-            DType::Q3K => 110,
-            DType::Q4K => 144,
-            DType::Q5K => 176,
-            DType::Q6K => 210,
-        }
+        self.layout().bytes
     }
 
     /// Whether this is a block-quantized type.
@@ -152,5 +157,14 @@ mod tests {
         assert_eq!(DType::Q6K.row_bytes(256), Some(210));
         assert!(DType::Q5_1.is_quantized());
         assert!(!DType::F16.is_quantized());
+    }
+
+    #[test]
+    fn layouts_are_the_block_table_in_order() {
+        for (d, layout) in DType::ALL.into_iter().zip(block::ALL) {
+            assert_eq!(d.layout(), layout, "{d}");
+            assert_eq!(layout.name, d.name());
+            assert_eq!(layout.is_quantized(), d.is_quantized(), "{d}");
+        }
     }
 }

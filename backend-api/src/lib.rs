@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+pub mod block;
 pub mod boundary;
 mod dtype;
 mod error;

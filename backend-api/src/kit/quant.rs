@@ -7,29 +7,15 @@
 //! min times a small integer (again exact); so each value is rounded once at most, and the result
 //! does not depend on the order of the products or on fused multiply-adds.
 //!
-//! The block layouts, all little-endian, with `f16` scales (`d`, `dmin`, `m`) in IEEE binary16:
-//!
-//! - `q4_0` (18 bytes): `d`, 16 bytes holding element `j` in the low nibble of byte `j` and
-//!   element `j + 16` in the high one; value `(q - 8) * d`.
-//! - `q4_1` (20): `d`, `m`, 16 bytes as `q4_0`; value `q * d + m`.
-//! - `q5_0` (22): `d`, a `u32` of fifth bits (bit `j` for element `j`), 16 bytes as `q4_0`; value
-//!   `(q - 16) * d`.
-//! - `q5_1` (24): `d`, `m`, a `u32` of fifth bits, 16 bytes as `q4_0`; value `q * d + m`.
-//! - `q8_0` (34): `d`, 32 x `i8`; value `q * d`.
-//! - `q2_k` (84): 16 scale bytes (low nibble scale, high nibble min), 64 bytes of 2-bit values,
-//!   `d`, `dmin`.
-//! - `q3_k` (110): 32 bytes of high-bit masks, 64 bytes of 2-bit values, 12 bytes packing 16
-//!   6-bit scales, `d`.
-//! - `q4_k` (144): `d`, `dmin`, 12 bytes packing 8 6-bit scales and 8 6-bit mins, 128 bytes of
-//!   nibbles.
-//! - `q5_k` (176): `d`, `dmin`, 12 bytes of scales and mins as `q4_k`, 32 bytes of fifth bits,
-//!   128 bytes of nibbles.
-//! - `q6_k` (210): 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 x `i8` scales, `d`.
+//! The block layouts (which field lies where, and the sizes) are [`crate::block`]'s, the one
+//! definition the decoders below read their offsets from; all fields are little-endian, with
+//! `f16` scales (`d`, `dmin`, `m`) in IEEE binary16.
 //!
 //! The functions below spell out, per format, which bits hold which element.
 
 use half::f16;
 
+use crate::block::{q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0};
 use crate::dtype::DType;
 
 /// Why a row could not be decoded.
@@ -119,8 +105,8 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 /// `d: f16, qs: [u8; 16]`; element `j < 16` is the low nibble of `qs[j]`, element `j + 16` the
 /// high nibble, each offset by 8.
 fn q4_0(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(b, 0);
-    let qs = &b[2..18];
+    let d = f16_at(b, q4_0::D.at);
+    let qs = &b[q4_0::QS.range()];
     for (j, &q) in qs.iter().enumerate() {
         out[j] = (i32::from(q & 0x0F) - 8) as f32 * d;
         out[j + 16] = (i32::from(q >> 4) - 8) as f32 * d;
@@ -129,9 +115,9 @@ fn q4_0(b: &[u8], out: &mut [f32]) {
 
 /// `d: f16, m: f16, qs: [u8; 16]`, nibbles as `q4_0`, unsigned, plus `m`.
 fn q4_1(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(b, 0);
-    let m = f16_at(b, 2);
-    let qs = &b[4..20];
+    let d = f16_at(b, q4_1::D.at);
+    let m = f16_at(b, q4_1::M.at);
+    let qs = &b[q4_1::QS.range()];
     for (j, &q) in qs.iter().enumerate() {
         out[j] = f32::from(q & 0x0F) * d + m;
         out[j + 16] = f32::from(q >> 4) * d + m;
@@ -148,9 +134,9 @@ fn fifth_bits(qh: u32, j: usize) -> (u8, u8) {
 /// `d: f16, qh: u32, qs: [u8; 16]`; nibbles as `q4_0`, bit `j` of `qh` is bit 4 of element `j`;
 /// offset by 16.
 fn q5_0(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(b, 0);
-    let qh = u32_at(b, 2);
-    let qs = &b[6..22];
+    let d = f16_at(b, q5_0::D.at);
+    let qh = u32_at(b, q5_0::QH.at);
+    let qs = &b[q5_0::QS.range()];
     for (j, &q) in qs.iter().enumerate() {
         let (h0, h1) = fifth_bits(qh, j);
         out[j] = (i32::from((q & 0x0F) | h0) - 16) as f32 * d;
@@ -160,10 +146,10 @@ fn q5_0(b: &[u8], out: &mut [f32]) {
 
 /// `d: f16, m: f16, qh: u32, qs: [u8; 16]`; as `q5_0`, unsigned, plus `m`.
 fn q5_1(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(b, 0);
-    let m = f16_at(b, 2);
-    let qh = u32_at(b, 4);
-    let qs = &b[8..24];
+    let d = f16_at(b, q5_1::D.at);
+    let m = f16_at(b, q5_1::M.at);
+    let qh = u32_at(b, q5_1::QH.at);
+    let qs = &b[q5_1::QS.range()];
     for (j, &q) in qs.iter().enumerate() {
         let (h0, h1) = fifth_bits(qh, j);
         out[j] = f32::from((q & 0x0F) | h0) * d + m;
@@ -173,8 +159,8 @@ fn q5_1(b: &[u8], out: &mut [f32]) {
 
 /// `d: f16, qs: [i8; 32]`.
 fn q8_0(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(b, 0);
-    for (o, &q) in out.iter_mut().zip(&b[2..34]) {
+    let d = f16_at(b, q8_0::D.at);
+    for (o, &q) in out.iter_mut().zip(&b[q8_0::QS.range()]) {
         *o = f32::from(q as i8) * d;
     }
 }
@@ -185,10 +171,10 @@ fn q8_0(b: &[u8], out: &mut [f32]) {
 /// of byte `l` is element `32 s + l`. Sub-block `i` of 16 elements has scale `d * (scales[i] &
 /// 0xF)` and min `dmin * (scales[i] >> 4)`; value `scale * q - min`.
 fn q2_k(b: &[u8], out: &mut [f32]) {
-    let scales = &b[0..16];
-    let qs = &b[16..80];
-    let d = f16_at(b, 80);
-    let dmin = f16_at(b, 82);
+    let scales = &b[q2_k::SCALES.range()];
+    let qs = &b[q2_k::QS.range()];
+    let d = f16_at(b, q2_k::D.at);
+    let dmin = f16_at(b, q2_k::DMIN.at);
     for (i, &sc) in scales.iter().enumerate() {
         let dl = d * f32::from(sc & 0x0F);
         let ml = dmin * f32::from(sc >> 4);
@@ -219,10 +205,10 @@ fn q3_k_scale(packed: &[u8], i: usize) -> i32 {
 /// `32 b + l`, and a clear bit subtracts 4. Sub-block `i` of 16 elements has scale
 /// `d * q3_k_scale(i)`; value `scale * q`.
 fn q3_k(b: &[u8], out: &mut [f32]) {
-    let hmask = &b[0..32];
-    let qs = &b[32..96];
-    let packed = &b[96..108];
-    let d = f16_at(b, 108);
+    let hmask = &b[q3_k::HMASK.range()];
+    let qs = &b[q3_k::QS.range()];
+    let packed = &b[q3_k::SCALES.range()];
+    let d = f16_at(b, q3_k::D.at);
     for i in 0..16 {
         let dl = d * q3_k_scale(packed, i) as f32;
         let (half, shift, first) = (i / 8, 2 * ((i % 8) / 2), 16 * (i % 2));
@@ -254,10 +240,10 @@ fn k_scale_min(packed: &[u8], j: usize) -> (u8, u8) {
 /// Each 64 elements use 32 bytes of `qs`: low nibbles are the first 32 (sub-block `2c`), high
 /// nibbles the next 32 (sub-block `2c + 1`). Value `d * scale * q - dmin * min`.
 fn q4_k(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(b, 0);
-    let dmin = f16_at(b, 2);
-    let packed = &b[4..16];
-    let qs = &b[16..144];
+    let d = f16_at(b, q4_k::D.at);
+    let dmin = f16_at(b, q4_k::DMIN.at);
+    let packed = &b[q4_k::SCALES.range()];
+    let qs = &b[q4_k::QS.range()];
     for c in 0..4 {
         let (sc1, m1) = k_scale_min(packed, 2 * c);
         let (sc2, m2) = k_scale_min(packed, 2 * c + 1);
@@ -274,11 +260,11 @@ fn q4_k(b: &[u8], out: &mut [f32]) {
 ///
 /// As `q4_k`, with bit 4 of element `32 s + l` in bit `s` of `qh[l]`.
 fn q5_k(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(b, 0);
-    let dmin = f16_at(b, 2);
-    let packed = &b[4..16];
-    let qh = &b[16..48];
-    let qs = &b[48..176];
+    let d = f16_at(b, q5_k::D.at);
+    let dmin = f16_at(b, q5_k::DMIN.at);
+    let packed = &b[q5_k::SCALES.range()];
+    let qh = &b[q5_k::QH.range()];
+    let qs = &b[q5_k::QS.range()];
     for c in 0..4 {
         let (sc1, m1) = k_scale_min(packed, 2 * c);
         let (sc2, m2) = k_scale_min(packed, 2 * c + 1);
@@ -301,11 +287,11 @@ fn q5_k(b: &[u8], out: &mut [f32]) {
 /// nibble otherwise) and its high 2 bits from `qh[l]` at shift `2 s`; offset by 32. Sub-block `i`
 /// of 16 elements has scale `scales[i]`; value `d * scale * q`, left to right.
 fn q6_k(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(b, 208);
+    let d = f16_at(b, q6_k::D.at);
     for half in 0..2 {
-        let ql = &b[64 * half..64 * half + 64];
-        let qh = &b[128 + 32 * half..128 + 32 * half + 32];
-        let scales = &b[192 + 8 * half..192 + 8 * half + 8];
+        let ql = &b[q6_k::QL.range()][64 * half..64 * half + 64];
+        let qh = &b[q6_k::QH.range()][32 * half..32 * half + 32];
+        let scales = &b[q6_k::SCALES.range()][8 * half..8 * half + 8];
         let out = &mut out[128 * half..128 * half + 128];
         for l in 0..32 {
             for s in 0..4 {
