@@ -17,8 +17,6 @@ use ash::vk;
 use tandem_backend_api::boundary::VULKAN_OPAQUE_FD;
 use tandem_backend_api::{BackendError, DeviceKind, SharedTimeline, TimelineId};
 
-use crate::memory::BUFFER_USAGE;
-
 /// The validation layer's name.
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 
@@ -959,6 +957,16 @@ impl Gpu {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// Every buffer's usage: storage, transfer source and destination, with a device address (the
+/// feature the device is opened with; `memory` makes every buffer so, and host imports are
+/// checked for it here).
+pub const BUFFER_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
+    vk::BufferUsageFlags::STORAGE_BUFFER.as_raw()
+        | vk::BufferUsageFlags::TRANSFER_SRC.as_raw()
+        | vk::BufferUsageFlags::TRANSFER_DST.as_raw()
+        | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS.as_raw(),
+);
 
 /// Whether `physical` can import host allocations as buffers of [`BUFFER_USAGE`].
 fn host_import_supported(instance: &ash::Instance, physical: vk::PhysicalDevice) -> bool {

@@ -40,10 +40,12 @@ mod program;
 use ash::vk;
 use tandem_backend_api::kit::{check_ticket, Buffers, Programs, StepShape};
 use tandem_backend_api::{
-    BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, DType, MemoryUse,
-    NodeTime, Op, ProgramId, SharedTimeline, StepArgs, Support, TensorDesc, Ticket, TimelineId, Usage,
-    MEMORY_LIMIT,
+    BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, MemoryUse, NodeTime,
+    Op, ProgramId, SharedTimeline, StepArgs, Support, TensorDesc, Ticket, TimelineId, Usage, MEMORY_LIMIT,
 };
+
+use tandem_gpu_kit::options::{flag, setting, tristate};
+use tandem_gpu_kit::{op_support, Coverage};
 
 use device::{DeviceRequest, Gpu};
 use memory::{GpuBuffer, Memory, Place};
@@ -111,90 +113,41 @@ pub struct VulkanBackend {
     fuse: bool,
 }
 
-/// Whether an op is supported, and why not.
-pub(crate) enum SupportCheck {
-    Yes,
-    No(String),
-}
-
-/// The capability answer, independent of buffers (so `supports` and `compile` agree).
-pub(crate) fn op_support(op: &Op) -> SupportCheck {
-    match op {
-        Op::Embed { table, .. } | Op::MatMul { weight: table, .. } => {
-            let d = table.desc.dtype;
-            if !program::weight_format_supported(d) {
-                return SupportCheck::No(format!(
-                    "weights in {d} are not implemented by the Vulkan kernels (f32, f16, bf16, q4_0, \
-                     q4_1, q5_0, q5_1, q8_0, q4_k, q6_k are)"
-                ));
-            }
-            if let Op::MatMul { splits, .. } = op {
-                if splits.len() > 4 {
-                    return SupportCheck::No(format!("{} output splits (at most 4)", splits.len()));
-                }
-            }
-            SupportCheck::Yes
-        }
-        Op::RmsNorm { weight, .. } => match weight.desc.dtype {
-            DType::F32 | DType::F16 | DType::Bf16 => SupportCheck::Yes,
-            d => SupportCheck::No(format!("norm weights in {d} (f32, f16 or bf16 only)")),
-        },
-        Op::Attention { head_dim, .. } if *head_dim > 512 => {
-            SupportCheck::No(format!("head_dim {head_dim} (at most 512)"))
-        }
-        _ => SupportCheck::Yes,
-    }
-}
-
-fn truthy(v: &str) -> bool {
-    matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
-}
+/// What the Vulkan kernels cover, for the shared op support rule
+/// ([`tandem_gpu_kit::op_support`]): the weight formats with a `matmul_<fmt>` kernel, up to 4
+/// output splits, heads up to 512; top-k of any k, f16 caches of any width.
+pub(crate) const COVERAGE: Coverage = Coverage {
+    kernels: "Vulkan",
+    weight_format: program::weight_format_supported,
+    max_splits: 4,
+    max_head_dim: 512,
+    top_k_max: None,
+    f16_kv_pairs: false,
+};
 
 impl BackendPlugin for VulkanBackend {
     const NAME: &'static str = "vulkan";
 
     fn create(options: &BackendOptions) -> Result<Self, BackendError> {
-        let device = options
-            .get("device")
-            .map(str::to_string)
-            .or_else(|| std::env::var(DEVICE_VAR).ok())
-            .filter(|s| !s.is_empty());
-        let validation = match options.get("validation") {
-            Some(v) => truthy(v),
-            None => std::env::var(VALIDATION_VAR).is_ok_and(|v| truthy(&v)),
-        };
+        let device = setting(options, "device", DEVICE_VAR).filter(|s| !s.is_empty());
+        let validation = flag(options, "validation", VALIDATION_VAR, false);
         // `coopmat = false` / TANDEM_VULKAN_COOPMAT=0: the tiled f32 prefill kernel even where
         // the device has cooperative matrices (side-by-side measurement).
-        let coopmat = match options.get("coopmat") {
-            Some(v) => truthy(v),
-            None => std::env::var("TANDEM_VULKAN_COOPMAT").map_or(true, |v| truthy(&v)),
-        };
+        let coopmat = flag(options, "coopmat", "TANDEM_VULKAN_COOPMAT", true);
         // `coopmat2 = false` / TANDEM_VULKAN_COOPMAT2=0: the subgroup-scope cooperative-matrix
         // kernel even where the device has VK_NV_cooperative_matrix2.
-        let coopmat2 = match options.get("coopmat2") {
-            Some(v) => truthy(v),
-            None => std::env::var("TANDEM_VULKAN_COOPMAT2").map_or(true, |v| truthy(&v)),
-        };
+        let coopmat2 = flag(options, "coopmat2", "TANDEM_VULKAN_COOPMAT2", true);
         // `profile` / TANDEM_VULKAN_PROFILE=1: per-node timestamps (and a barrier after every
         // node) for `profile`; off by default, as they cost speed.
-        let profile = match options.get("profile") {
-            Some(v) => truthy(v),
-            None => std::env::var("TANDEM_VULKAN_PROFILE").is_ok_and(|v| truthy(&v)),
-        };
+        let profile = flag(options, "profile", "TANDEM_VULKAN_PROFILE", false);
         // `fuse = false` / TANDEM_VULKAN_FUSE=0: every node its own kernel (side-by-side
         // measurement and tests of the fused kernels).
-        let fuse = match options.get("fuse") {
-            Some(v) => truthy(v),
-            None => std::env::var("TANDEM_VULKAN_FUSE").map_or(true, |v| truthy(&v)),
-        };
+        let fuse = flag(options, "fuse", "TANDEM_VULKAN_FUSE", true);
         // `int_dot = false` / TANDEM_VULKAN_INT_DOT=0: the f32 matrix-vector kernels even where
         // the device has accelerated integer dot products; `true` / 1: the integer kernels
         // wherever the device has the feature (lavapipe's are not accelerated; the tests force
         // them there).
-        let int_dot = match options.get("int_dot") {
-            Some(v) => Some(truthy(v)),
-            None => std::env::var("TANDEM_VULKAN_INT_DOT").ok().map(|v| truthy(&v)),
-        };
+        let int_dot = tristate(options, "int_dot", "TANDEM_VULKAN_INT_DOT");
         let mut gpu = Gpu::open(&DeviceRequest {
             device,
             validation,
@@ -447,9 +400,9 @@ impl ComputeBackend for VulkanBackend {
     }
 
     fn supports(&self, op: &Op) -> Support {
-        match op_support(op) {
-            SupportCheck::Yes => Support::Yes,
-            SupportCheck::No(reason) => Support::No { reason },
+        match op_support(op, &COVERAGE) {
+            Ok(()) => Support::Yes,
+            Err(reason) => Support::No { reason },
         }
     }
 
@@ -803,6 +756,7 @@ impl Drop for VulkanBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tandem_backend_api::DType;
 
     #[test]
     fn large_copies_split_over_threads_copy_every_byte() {

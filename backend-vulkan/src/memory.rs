@@ -15,7 +15,7 @@ use gpu_allocator::vulkan::{
 use gpu_allocator::MemoryLocation;
 use tandem_backend_api::BackendError;
 
-use crate::device::Gpu;
+use crate::device::{Gpu, BUFFER_USAGE};
 
 /// Where a buffer lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,14 +68,6 @@ impl GpuBuffer {
         }
     }
 }
-
-/// Every buffer's usage: storage, transfer source and destination, with a device address.
-pub const BUFFER_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
-    vk::BufferUsageFlags::STORAGE_BUFFER.as_raw()
-        | vk::BufferUsageFlags::TRANSFER_SRC.as_raw()
-        | vk::BufferUsageFlags::TRANSFER_DST.as_raw()
-        | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS.as_raw(),
-);
 
 /// The memory type among `bits` for imported host memory: host-visible and coherent where one
 /// is, else any.

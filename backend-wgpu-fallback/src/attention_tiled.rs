@@ -11,51 +11,34 @@
 //! `TANDEM_WGPU_ATTENTION=plain` leaves every step to `attention` (side-by-side measurement);
 //! `TANDEM_WGPU_TILED_SPLITS=n` forces n splits (1 to 64), for tuning runs.
 
-use tandem_backend_api::kit::plan::attention_partial_bytes;
 use tandem_backend_api::{Graph, Op};
+use tandem_gpu_kit::attention::{attention_partial_bytes, takes_tiled};
 
 /// The kernel's block of query rows (its `BR`).
-pub const BLOCK_ROWS: usize = 32;
-
-/// Rows from which attention runs `attention_tiled` first (prefill chunks, large batches).
-const MIN_ROWS: usize = 16;
-
-/// The kernel's largest head (four 64-wide chunks in registers).
-const MAX_HEAD_DIM: usize = 256;
+pub use tandem_gpu_kit::attention::TILED_BLOCK_ROWS as BLOCK_ROWS;
 
 /// Bytes of workgroup memory the kernel declares (its arrays, summed).
 pub const WORKGROUP_BYTES: u32 = 2 * 64 * 17 * 8 + 32 * 9 * 16 + 32 * 64 * 4 + 32 * 8 * 4 + 4 * 32 * 4 + 16;
 
-/// Workgroups the kernel aims for: its blocks times their splits.
-const TARGET_GROUPS: usize = 1024;
-
-/// Most splits of a block's key tiles.
-const MAX_SPLITS: usize = 16;
-
 /// Whether an attention of `rows` rows and heads of `head_dim` runs `attention_tiled` first, on
-/// an adapter with `workgroup_limit` bytes of workgroup memory.
+/// an adapter with `workgroup_limit` bytes of workgroup memory: where the kernel fits, the
+/// shared rule (`tandem_gpu_kit::attention::takes_tiled`), never under
+/// `TANDEM_WGPU_ATTENTION=plain`.
 pub fn use_tiled(rows: usize, head_dim: usize, workgroup_limit: u32) -> bool {
-    if head_dim > MAX_HEAD_DIM || workgroup_limit < WORKGROUP_BYTES {
+    if workgroup_limit < WORKGROUP_BYTES {
         return false;
     }
-    if std::env::var("TANDEM_WGPU_ATTENTION").as_deref() == Ok("plain") {
-        return false;
-    }
-    rows >= MIN_ROWS
+    let plain = std::env::var("TANDEM_WGPU_ATTENTION").as_deref() == Ok("plain");
+    takes_tiled(rows, head_dim, plain.then_some(false))
 }
 
-/// How many workgroups share the key tiles of one (head, block of rows): enough for some
-/// [`TARGET_GROUPS`] workgroups (a block sees at most as many tiles as it has positions before
-/// it, so the first blocks leave most splits empty).
+/// How many workgroups share the key tiles of one (head, block of rows)
+/// (`tandem_gpu_kit::attention::tiled_splits`), or `TANDEM_WGPU_TILED_SPLITS`'s count.
 pub fn splits(rows: usize, heads: usize) -> usize {
-    if let Some(n) = std::env::var("TANDEM_WGPU_TILED_SPLITS")
+    let forced = std::env::var("TANDEM_WGPU_TILED_SPLITS")
         .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        return n.clamp(1, 64);
-    }
-    let groups = heads * rows.div_ceil(BLOCK_ROWS);
-    TARGET_GROUPS.div_ceil(groups.max(1)).clamp(1, MAX_SPLITS)
+        .and_then(|v| v.parse::<usize>().ok());
+    tandem_gpu_kit::attention::tiled_splits(rows, heads, forced)
 }
 
 /// Bytes of scratch the tiled attentions of `graph` need for their split partials (the largest
@@ -84,8 +67,9 @@ mod tests {
         if std::env::var_os("TANDEM_WGPU_ATTENTION").is_some() {
             return;
         }
-        assert!(use_tiled(MIN_ROWS, 256, 32 << 10));
-        assert!(!use_tiled(MIN_ROWS - 1, 256, 32 << 10));
+        let min = tandem_gpu_kit::attention::TILED_MIN_ROWS;
+        assert!(use_tiled(min, 256, 32 << 10));
+        assert!(!use_tiled(min - 1, 256, 32 << 10));
         assert!(!use_tiled(512, 512, 32 << 10));
         // WebGPU's default 16 KiB is too little.
         assert!(!use_tiled(512, 256, 16 << 10));
@@ -97,8 +81,9 @@ mod tests {
             return;
         }
         // Gemma 3 1B, 512 rows: 4 heads x 16 blocks.
-        assert_eq!(splits(512, 4), MAX_SPLITS);
+        let max = tandem_gpu_kit::attention::TILED_MAX_SPLITS;
+        assert_eq!(splits(512, 4), max);
         assert_eq!(splits(512, 64), 1);
-        assert_eq!(splits(40, 8), 64usize.min(MAX_SPLITS));
+        assert_eq!(splits(40, 8), 64usize.min(max));
     }
 }

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tandem_backend_api::{BackendError, BackendOptions, DeviceKind, MEMORY_LIMIT};
+use tandem_gpu_kit::options::{flag, setting};
 
 use crate::kernels::Variant;
 
@@ -74,10 +75,6 @@ pub struct Request {
     pub fuse: bool,
 }
 
-fn truthy(v: &str) -> bool {
-    matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
-}
-
 /// Parses a `backends` list, naming the entry it does not know.
 pub fn parse_backends(list: &str) -> Result<wgpu::Backends, BackendError> {
     let mut b = wgpu::Backends::empty();
@@ -105,42 +102,17 @@ pub fn parse_backends(list: &str) -> Result<wgpu::Backends, BackendError> {
 impl Request {
     /// Reads `[backend.wgpu]` options, then the environment.
     pub fn from_options(options: &BackendOptions) -> Result<Self, BackendError> {
-        let adapter = options
-            .get("adapter")
-            .map(str::to_string)
-            .or_else(|| std::env::var(ADAPTER_VAR).ok())
-            .filter(|s| !s.is_empty());
-        let backends = match options
-            .get("backends")
-            .map(str::to_string)
-            .or_else(|| std::env::var(BACKENDS_VAR).ok())
-        {
+        let adapter = setting(options, "adapter", ADAPTER_VAR).filter(|s| !s.is_empty());
+        let backends = match setting(options, "backends", BACKENDS_VAR) {
             Some(list) => parse_backends(&list)?,
             None => {
                 wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12 | wgpu::Backends::GL
             }
         };
-        let validation = match options.get("validation") {
-            Some(v) => truthy(v),
-            None => std::env::var(VALIDATION_VAR).is_ok_and(|v| truthy(&v)),
-        };
-        let profile = match options.get("profile") {
-            Some(v) => truthy(v),
-            None => std::env::var("TANDEM_WGPU_PROFILE").is_ok_and(|v| truthy(&v)),
-        };
-        let fuse = match options
-            .get("fuse")
-            .map(str::to_string)
-            .or_else(|| std::env::var("TANDEM_WGPU_FUSE").ok())
-        {
-            Some(v) => truthy(&v),
-            None => true,
-        };
-        let features = match options
-            .get("features")
-            .map(str::to_string)
-            .or_else(|| std::env::var(FEATURES_VAR).ok())
-        {
+        let validation = flag(options, "validation", VALIDATION_VAR, false);
+        let profile = flag(options, "profile", "TANDEM_WGPU_PROFILE", false);
+        let fuse = flag(options, "fuse", "TANDEM_WGPU_FUSE", true);
+        let features = match setting(options, "features", FEATURES_VAR) {
             Some(v) => parse_features(&v)?,
             None => FeatureRequest::Auto,
         };
@@ -616,28 +588,6 @@ fn compute_capable(a: &wgpu::Adapter) -> bool {
     a.get_downlevel_capabilities()
         .flags
         .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
-}
-
-/// A shader module from `desc`, with wgpu's runtime checks, less the loop counter where
-/// `unbounded_loops` (the kernels' default, `kernels::Pipelines`).
-pub(crate) fn shader_module(
-    device: &wgpu::Device,
-    desc: wgpu::ShaderModuleDescriptor<'_>,
-    unbounded_loops: bool,
-) -> wgpu::ShaderModule {
-    if !unbounded_loops {
-        return device.create_shader_module(desc);
-    }
-    let mut checks = wgpu::ShaderRuntimeChecks::checked();
-    checks.force_loop_bounding = false;
-    // SAFETY: the one check given up is wgpu's counter on every loop, there so that a loop
-    // which never ends cannot be assumed away by the driver. Every loop of the kernels in
-    // shaders/wgsl ends: each counts up by a positive constant, workgroup or subgroup size to a
-    // bound taken from the dispatch's parameters (element counts of bound buffers, far below
-    // u32::MAX less the step, so the counter cannot wrap), counts a stride down to 0 by
-    // halving, or doubles up to an override constant (top_k's N, at most TOP_K_MAX). Bounds
-    // checks and integer-division checks stay on.
-    unsafe { device.create_shader_module_trusted(desc, checks) }
 }
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
-//! Fusion matching for this backend: the shared matching (`tandem_backend_api::kit::fuse`, the
+//! Fusion matching for this backend: the shared matching (`tandem_gpu_kit::fuse`, the
 //! same as the Vulkan backend's, so both fuse the same chains of the same op graph) under this
 //! backend's rules. Its kernels: `norm_add.wgsl`, `norm_rope.wgsl` (a layer's q and k as one
 //! dispatch: `NormRopePair`), and a decode matvec that computes the GeGlu of its halves
 //! (`MatMulGeGlu`, where the backend's predicate takes the MatMul).
 
-use tandem_backend_api::kit::fuse::{self, Rules};
-pub use tandem_backend_api::kit::fuse::{Fusion, Group};
 use tandem_backend_api::{Graph, ValueShape};
+use tandem_gpu_kit::fuse::{self, Rules};
+pub use tandem_gpu_kit::fuse::{Fusion, Group};
 
 /// The largest head `norm_rope.wgsl` takes.
 pub const MAX_HEAD_DIM: usize = 512;

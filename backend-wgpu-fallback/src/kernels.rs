@@ -394,6 +394,19 @@ pub fn dot_supported(dtype: DType) -> bool {
     dot_source(dtype).is_some()
 }
 
+/// What the WGSL kernels cover, for the shared op support rule
+/// ([`tandem_gpu_kit::op_support`]): the weight formats with a decoder ([`format_supported`]),
+/// up to 4 output splits, heads up to 512, top-k of 1 to `TOP_K_MAX`, f16 KV caches of an even
+/// width (two values per 32-bit word).
+pub const COVERAGE: tandem_gpu_kit::Coverage = tandem_gpu_kit::Coverage {
+    kernels: "WGSL",
+    weight_format: format_supported,
+    max_splits: 4,
+    max_head_dim: 512,
+    top_k_max: Some(tandem_backend_api::TOP_K_MAX),
+    f16_kv_pairs: true,
+};
+
 /// Whether the kernels decode weights stored in `dtype`.
 pub fn format_supported(dtype: DType) -> bool {
     format_source(dtype, false).is_some()
@@ -577,7 +590,7 @@ impl Pipelines {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
         };
-        let module = crate::device::shader_module(device, desc, !crate::tuning::loop_bounds_forced());
+        let module = shader_module(device, desc, !crate::tuning::loop_bounds_forced());
         let constants: Vec<(&str, f64)> = match kernel {
             Kernel::MatVec | Kernel::MatVecGeGlu | Kernel::MatVecF16 => {
                 // R in the low byte; NC (the subgroup variant's columns per workgroup) above;
@@ -646,6 +659,28 @@ impl Pipelines {
         self.map.insert(key, pipeline.clone());
         Ok(pipeline)
     }
+}
+
+/// A shader module from `desc`, with wgpu's runtime checks, less the loop counter where
+/// `unbounded_loops` (the kernels' default, [`Pipelines`]).
+pub(crate) fn shader_module(
+    device: &wgpu::Device,
+    desc: wgpu::ShaderModuleDescriptor<'_>,
+    unbounded_loops: bool,
+) -> wgpu::ShaderModule {
+    if !unbounded_loops {
+        return device.create_shader_module(desc);
+    }
+    let mut checks = wgpu::ShaderRuntimeChecks::checked();
+    checks.force_loop_bounding = false;
+    // SAFETY: the one check given up is wgpu's counter on every loop, there so that a loop
+    // which never ends cannot be assumed away by the driver. Every loop of the kernels in
+    // shaders/wgsl ends: each counts up by a positive constant, workgroup or subgroup size to a
+    // bound taken from the dispatch's parameters (element counts of bound buffers, far below
+    // u32::MAX less the step, so the counter cannot wrap), counts a stride down to 0 by
+    // halving, or doubles up to an override constant (top_k's N, at most TOP_K_MAX). Bounds
+    // checks and integer-division checks stay on.
+    unsafe { device.create_shader_module_trusted(desc, checks) }
 }
 
 #[cfg(test)]

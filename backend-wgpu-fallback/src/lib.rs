@@ -330,7 +330,7 @@ impl ComputeBackend for WgpuBackend {
     }
 
     fn supports(&self, op: &Op) -> Support {
-        match program::op_support(op).and_then(|()| self.fits_limits(op)) {
+        match tandem_gpu_kit::op_support(op, &kernels::COVERAGE).and_then(|()| self.fits_limits(op)) {
             Ok(()) => Support::Yes,
             Err(reason) => Support::No { reason },
         }
@@ -572,11 +572,7 @@ impl ComputeBackend for WgpuBackend {
             .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
             .collect();
         let period = f64::from(self.gpu.queue.get_timestamp_period());
-        Ok(tandem_backend_api::kit::plan::node_times(
-            &prog.graph,
-            &ts,
-            period,
-        ))
+        Ok(tandem_gpu_kit::plan::node_times(&prog.graph, &ts, period))
     }
 
     /// A device-to-device `copy_buffer_to_buffer` of up to 256 MiB, timed on the host clock

@@ -3,15 +3,18 @@
 //! one command encoder: the input copies, one compute pass, the output copies, one submit.
 
 use tandem_backend_api::kit::check_buffers;
-use tandem_backend_api::kit::plan::{
-    attention_scratch_bytes, attention_splits, div_up, plan_arena_at, spread, value_bytes, value_rows,
-};
+use tandem_backend_api::kit::plan::value_rows;
 use tandem_backend_api::kit::top_k;
-use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueId, TOP_K_MAX};
+use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueId, ValueShape, WeightRef};
+use tandem_gpu_kit::attention::{attention_scratch_bytes, attention_splits};
+use tandem_gpu_kit::launch::{div_up, spread};
+use tandem_gpu_kit::matmul::{dot_columns, dot_rows, DECODE_ROWS};
+use tandem_gpu_kit::params::{norm_format, rope_inv_freq, split_ends};
+use tandem_gpu_kit::plan::{plan_arena_at, value_bytes};
 
 use crate::attention_tiled;
 use crate::fuse::{self, Group};
-use crate::kernels::{dot_supported, Format, Kernel, PipelineKey};
+use crate::kernels::{dot_supported, Format, Kernel, PipelineKey, COVERAGE};
 use crate::tuning::{
     coopmat_staged, dot_columns_override, dot_q4k_one_row, dot_wide, f16_items_off, half_fm, half_subgroups,
     matvec_columns_override, matvec_wide_groups, matvec_width_override, q4k_rows_off, q4k_rows_shape,
@@ -21,8 +24,9 @@ use crate::WgpuBackend;
 /// Alignment of values in the arena (bytes).
 const ARENA_ALIGN: u64 = 256;
 
-/// Rows from which a matmul takes the tiled kernel instead of matvec.
-const TILED_ROWS: usize = 16;
+/// Rows from which a matmul takes the tiled kernel instead of matvec: where decode ends
+/// (`tandem_gpu_kit::matmul::DECODE_ROWS`, the Vulkan backend's too for block formats).
+const TILED_ROWS: usize = DECODE_ROWS;
 
 /// Output columns from which the subgroup matvec takes [`MATVEC_COLUMNS`] per workgroup.
 const MATVEC_LONG: usize = 32_768;
@@ -37,15 +41,6 @@ const HALF_STAGING_MAX: u64 = 256 << 20;
 
 /// The largest head `attention_gqa.wgsl` takes.
 const GQA_MAX_HEAD_DIM: usize = 256;
-
-/// The norm kernels' weight format code: 0 f32, 1 f16, 2 bf16.
-fn norm_format(d: DType) -> u32 {
-    match d {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        _ => 2,
-    }
-}
 
 /// Bytes of each dispatch's parameter slot (the uniform-offset alignment WebGPU guarantees).
 const PARAM_SLOT: u64 = 256;
@@ -164,68 +159,141 @@ pub fn weight_chunks(
     Ok(out)
 }
 
-/// Support of one op by the kernels (independent of buffers, so `supports` and `compile` agree).
-pub fn op_support(op: &Op) -> Result<(), String> {
-    match op {
-        Op::TopK { k, .. } if *k == 0 || *k > TOP_K_MAX => Err(format!("top_k of {k} (1 to {TOP_K_MAX})")),
-        Op::Embed { table: w, .. } | Op::MatMul { weight: w, .. } => {
-            let d = w.desc.dtype;
-            if !crate::kernels::format_supported(d) {
-                return Err(format!(
-                    "weights in {d} are not implemented by the WGSL kernels (f32, f16, bf16, q4_0, q4_1, \
-                     q5_0, q5_1, q8_0, q4_k, q6_k are)"
-                ));
+/// The step-argument buffer's layout in 32-bit words: tokens, positions, slots and selected
+/// rows, then each rope's inverse frequencies.
+struct Args {
+    tokens: u32,
+    positions: u32,
+    slots: u32,
+    select: u32,
+    /// Words in all.
+    words: usize,
+    /// (rope node, word offset, inverse frequencies).
+    tables: Vec<(usize, u32, Vec<f32>)>,
+}
+
+impl Args {
+    fn of(graph: &Graph) -> Args {
+        let rows = graph.rows as u32;
+        let mut words = 3 * graph.rows + graph.selected_rows;
+        let mut tables = Vec::new();
+        for (i, node) in graph.nodes.iter().enumerate() {
+            if let Op::Rope { head_dim, theta, .. } = &node.op {
+                let t = rope_inv_freq(*head_dim, *theta);
+                let at = words as u32;
+                words += t.len();
+                tables.push((i, at, t));
             }
-            if let Op::MatMul { splits, .. } = op {
-                if splits.len() > 4 {
-                    return Err(format!("{} output splits (at most 4)", splits.len()));
-                }
-            }
-            Ok(())
         }
-        Op::RmsNorm { weight, .. } => match weight.desc.dtype {
-            DType::F32 | DType::F16 | DType::Bf16 => Ok(()),
-            d => Err(format!("norm weights in {d} (f32, f16 or bf16 only)")),
-        },
-        Op::Attention {
-            head_dim,
-            kv_heads,
-            cache,
-            ..
-        } => {
-            if *head_dim > 512 {
-                return Err(format!("head_dim {head_dim} (at most 512)"));
-            }
-            if cache.dtype == DType::F16 && !(kv_heads * head_dim).is_multiple_of(2) {
-                return Err(format!(
-                    "an f16 KV cache of odd width {} (stored two values per 32-bit word)",
-                    kv_heads * head_dim
-                ));
-            }
-            Ok(())
+        Args {
+            tokens: 0,
+            positions: rows,
+            slots: 2 * rows,
+            select: 3 * rows,
+            words,
+            tables,
         }
-        _ => Ok(()),
     }
 }
 
+/// Where a program's values and scratch areas are in its arena, with the fusion and step
+/// arguments they were planned for: what choosing each node's dispatches reads.
+struct Layout<'a> {
+    graph: &'a Graph,
+    shapes: &'a [ValueShape],
+    fusion: &'a fuse::Fusion,
+    /// Per value, its byte offset in the arena.
+    offsets: Vec<Option<u64>>,
+    /// The arena's bytes: values, attention's partials, top-k's lists.
+    arena_bytes: u64,
+    /// Byte offset of attention's split partials (`scratch_bytes` of them); `attention_tiled`'s
+    /// follow.
+    scratch_at: u64,
+    scratch_bytes: u64,
+    /// Word offset of top-k's two list areas.
+    top_k_at: u32,
+    args: Args,
+}
+
+impl Layout<'_> {
+    /// The word offset of value `v` in the arena.
+    fn elem(&self, v: ValueId) -> Result<u32, BackendError> {
+        self.offsets[v.0 as usize]
+            .map(|o| (o / 4) as u32)
+            .ok_or_else(|| BackendError::internal(format!("value {} has no storage", v.0)))
+    }
+}
+
+/// A program's dispatches before their device objects exist, and the copies around its pass.
+#[derive(Default)]
+struct Dispatches {
+    planned: Vec<Planned>,
+    /// Bytes of the cooperative-matrix prefill path's f16 staging buffer (0: none).
+    half_needed: u64,
+    inputs: Vec<Copy>,
+    outputs: Vec<Copy>,
+}
+
+/// A program's own device buffers.
+struct DeviceBuffers {
+    arena: wgpu::Buffer,
+    /// The staging buffer of the prefill matmuls' f16 rows and decode's quantised inputs.
+    half: Option<wgpu::Buffer>,
+    args: wgpu::Buffer,
+    args_bytes: u64,
+    /// One slot of `slot` bytes of parameters per dispatch.
+    params: wgpu::Buffer,
+    slot: u64,
+}
+
 impl WgpuBackend {
-    /// Validates, plans and builds `graph`; returns the program and the buffers it uses.
+    /// Validates, plans and builds `graph`; returns the program and the buffers it uses. The
+    /// steps: [`Self::validate`], [`Self::plan_fusion`], [`Self::plan_layout`],
+    /// [`Self::plan_dispatches`] (each node's kernels), [`Self::make_buffers`],
+    /// [`Self::bind_dispatches`], [`Self::make_timestamps`].
     pub(crate) fn build_program(&mut self, graph: &Graph) -> Result<(Program, Vec<BufferId>), BackendError> {
+        let (shapes, used) = self.validate(graph)?;
+        let fusion = self.plan_fusion(graph, &shapes);
+        let layout = self.plan_layout(graph, &shapes, &fusion)?;
+        let d = self.plan_dispatches(&layout)?;
+        let b = self.make_buffers(&layout, &d)?;
+        let dispatches = self.bind_dispatches(graph, &d.planned, &b)?;
+        let timestamps = self.make_timestamps(graph);
+        self.gpu.check()?;
+        let program = Program {
+            graph: graph.clone(),
+            bytes: layout.arena_bytes
+                + b.args_bytes
+                + b.params.size()
+                + b.half.as_ref().map_or(0, |h| h.size()),
+            arena: b.arena,
+            _half: b.half,
+            args: b.args,
+            params: b.params,
+            inputs: d.inputs,
+            outputs: d.outputs,
+            dispatches,
+            timestamps,
+            last: None,
+            ready: None,
+        };
+        Ok((program, used))
+    }
+
+    /// The graph's shapes and the buffers it uses, once every op is one the kernels take
+    /// ([`COVERAGE`]) and every buffer it names is one this backend holds, as the graph says.
+    fn validate(&self, graph: &Graph) -> Result<(Vec<ValueShape>, Vec<BufferId>), BackendError> {
         let shapes = graph.infer_shapes()?;
-        for (i, node) in graph.nodes.iter().enumerate() {
-            if let Err(reason) = op_support(&node.op) {
-                return Err(BackendError::unsupported(
-                    node.op.name(),
-                    format!("node {i}: {reason}"),
-                ));
-            }
-        }
+        tandem_gpu_kit::check_ops(graph, &COVERAGE)?;
         let used = check_buffers(graph, &shapes, |id| self.buffers.get(id).map(|b| b.desc.clone()))?;
-        // Fused groups run at their last node; outputs are copied out after the pass: what they
-        // read stays live to the end.
+        Ok((shapes, used))
+    }
+
+    /// Which nodes run as one kernel (`fuse`): a GeGlu in decode's matvec only where the weight
+    /// is bound whole (both halves in reach).
+    fn plan_fusion(&self, graph: &Graph, shapes: &[ValueShape]) -> fuse::Fusion {
         let max_binding = self.gpu.limits.max_storage_buffer_binding_size;
         let align = u64::from(self.gpu.limits.min_storage_buffer_offset_alignment);
-        // A GeGlu in decode's matvec, where the weight is bound whole (both halves in reach).
         let geglu_ok = |i: usize| match &graph.nodes[i].op {
             Op::MatMul { x, weight, .. } => {
                 let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
@@ -239,13 +307,20 @@ impl WgpuBackend {
             }
             _ => false,
         };
-        let fusion = fuse::plan(graph, &shapes, self.fuse, &geglu_ok);
-        let mut groups_at: Vec<Option<Group>> = vec![None; graph.nodes.len()];
-        for g in &fusion.groups {
-            if !matches!(g, Group::Single(_)) {
-                groups_at[g.at()] = Some(*g);
-            }
-        }
+        fuse::plan(graph, shapes, self.fuse, &geglu_ok)
+    }
+
+    /// The arena (every value, fused groups at their last node, outputs live to the end as
+    /// they are copied out after the pass; then the inputs' values, copied in before it;
+    /// attention's partials; top-k's lists) and the step arguments. An arena past the
+    /// adapter's binding limit is `Unsupported`.
+    fn plan_layout<'a>(
+        &self,
+        graph: &'a Graph,
+        shapes: &'a [ValueShape],
+        fusion: &'a fuse::Fusion,
+    ) -> Result<Layout<'a>, BackendError> {
+        let max_binding = self.gpu.limits.max_storage_buffer_binding_size;
         let last = graph.nodes.len().saturating_sub(1);
         let time: Vec<usize> = graph
             .nodes
@@ -259,7 +334,7 @@ impl WgpuBackend {
                 }
             })
             .collect();
-        let (mut offsets, mut arena_bytes) = plan_arena_at(graph, &shapes, ARENA_ALIGN, &time);
+        let (mut offsets, mut arena_bytes) = plan_arena_at(graph, shapes, ARENA_ALIGN, &time);
         // The values of Input nodes are copied into the arena before the pass.
         for node in &graph.nodes {
             if let Op::Input { .. } = node.op {
@@ -275,7 +350,7 @@ impl WgpuBackend {
         arena_bytes += scratch_bytes + attention_tiled::scratch_bytes(graph, workgroup_limit);
         // Top-k's lists after them.
         let top_k_at = (arena_bytes / 4) as u32;
-        arena_bytes += top_k::scratch_bytes(graph, &shapes);
+        arena_bytes += top_k::scratch_bytes(graph, shapes);
         // A whole number of 16-byte values (the arena is also bound as vec4s).
         let arena_bytes = arena_bytes.max(16).next_multiple_of(16);
         if arena_bytes > max_binding || arena_bytes > self.gpu.limits.max_buffer_size {
@@ -288,572 +363,633 @@ impl WgpuBackend {
                 ),
             ));
         }
-        let elem = |v: ValueId| -> Result<u32, BackendError> {
-            offsets[v.0 as usize]
-                .map(|o| (o / 4) as u32)
-                .ok_or_else(|| BackendError::internal(format!("value {} has no storage", v.0)))
-        };
+        Ok(Layout {
+            graph,
+            shapes,
+            fusion,
+            offsets,
+            arena_bytes,
+            scratch_at,
+            scratch_bytes,
+            top_k_at,
+            args: Args::of(graph),
+        })
+    }
 
-        // Step arguments (u32 words), then each rope's inverse frequencies.
-        let rows = graph.rows as u32;
-        let (tokens, positions, slots_at, select) = (0u32, rows, 2 * rows, 3 * rows);
-        let mut args_words = 3 * graph.rows + graph.selected_rows;
-        let mut tables: Vec<(usize, u32, Vec<f32>)> = Vec::new();
-        for (i, node) in graph.nodes.iter().enumerate() {
-            if let Op::Rope { head_dim, theta, .. } = &node.op {
-                let t: Vec<f32> = (0..head_dim / 2)
-                    .map(|d| 1.0 / theta.powf((2 * d) as f32 / *head_dim as f32))
-                    .collect();
-                let at = args_words as u32;
-                args_words += t.len();
-                tables.push((i, at, t));
+    /// Every node's dispatches in graph order: a fused group's at its last node
+    /// ([`Self::plan_group`]), each other node's by [`Self::plan_node`].
+    fn plan_dispatches(&self, l: &Layout) -> Result<Dispatches, BackendError> {
+        let mut groups_at: Vec<Option<Group>> = vec![None; l.graph.nodes.len()];
+        for g in &l.fusion.groups {
+            if !matches!(g, Group::Single(_)) {
+                groups_at[g.at()] = Some(*g);
             }
         }
-
-        let mut planned: Vec<Planned> = Vec::new();
-        // Bytes of the cooperative-matrix prefill path's f16 staging buffer (0: none).
-        let mut half_needed: u64 = 0;
-        let mut inputs = Vec::new();
-        let mut outputs = Vec::new();
-        for (i, node) in graph.nodes.iter().enumerate() {
-            let rows_of = |x: &ValueId| value_rows(graph, &shapes[x.0 as usize]);
-            if let Some(g) = groups_at[i] {
-                planned.extend(self.plan_group(graph, &shapes, g, &elem, &tables, positions, slots_at)?);
+        let elem = |v: ValueId| l.elem(v);
+        let mut d = Dispatches::default();
+        for (i, group) in groups_at.iter().enumerate() {
+            if let Some(g) = *group {
+                d.planned.extend(self.plan_group(
+                    l.graph,
+                    l.shapes,
+                    g,
+                    &elem,
+                    &l.args.tables,
+                    l.args.positions,
+                    l.args.slots,
+                )?);
                 continue;
             }
-            if fusion.time[i] != i {
+            if l.fusion.time[i] != i {
                 // In a fused group that runs later.
                 continue;
             }
-            match &node.op {
-                Op::Input { buffer, .. } => {
-                    let v = node.outputs[0];
-                    let s = shapes[v.0 as usize];
-                    inputs.push(Copy {
-                        buffer: *buffer,
-                        arena_offset: u64::from(elem(v)?) * 4,
-                        size: (value_rows(graph, &s) * s.cols * 4) as u64,
-                    });
-                }
-                Op::Output { x, buffer } => {
-                    let s = shapes[x.0 as usize];
-                    outputs.push(Copy {
-                        buffer: *buffer,
-                        arena_offset: u64::from(elem(*x)?) * 4,
-                        size: (value_rows(graph, &s) * s.cols * 4) as u64,
-                    });
-                }
-                Op::Embed { table, scale } => {
-                    let (vocab, cols) = (table.desc.shape[0], table.desc.shape[1]);
-                    let dt = table.desc.dtype;
-                    let format = Format::for_rows(dt, cols)
-                        .ok_or_else(|| BackendError::unsupported(node.op.name(), "no decoder"))?;
-                    let row_bytes = dt.row_bytes(cols).unwrap_or(0) as u64;
-                    let buf = self.buffers.get(table.buffer)?;
-                    let what = format!("embedding table {}", table.desc);
-                    for (r0, r1, offset, size) in
-                        weight_chunks(&what, vocab, row_bytes, buf.size, max_binding, align)?
-                    {
-                        planned.push(Planned {
-                            node: i,
-                            key: (Kernel::Embed, Some(format), 0),
-                            params: vec![
-                                elem(node.outputs[0])?,
-                                tokens,
-                                cols as u32,
-                                row_bytes as u32,
-                                r0 as u32,
-                                r1 as u32,
-                                scale.to_bits(),
-                            ],
-                            weight: Some(WeightRange {
-                                buffer: table.buffer,
-                                offset,
-                                size,
-                            }),
-                            weight2: None,
-                            caches: None,
-                            groups: [div_up(cols / format.group(), 64), rows, 1],
-                        });
-                    }
-                }
-                Op::RmsNorm {
-                    x,
-                    weight,
-                    eps,
-                    weight_offset,
-                } => {
-                    let cols = shapes[x.0 as usize].cols;
-                    let group = weight.desc.numel();
-                    let wfmt = norm_format(weight.desc.dtype);
-                    let buf = self.buffers.get(weight.buffer)?;
+            self.plan_node(l, i, &mut d)?;
+        }
+        Ok(d)
+    }
+
+    /// The dispatches (or copies) of node `i`, run by itself.
+    fn plan_node(&self, l: &Layout, i: usize, d: &mut Dispatches) -> Result<(), BackendError> {
+        let (graph, shapes) = (l.graph, l.shapes);
+        let node = &graph.nodes[i];
+        let elem = |v: ValueId| l.elem(v);
+        let rows_of = |x: &ValueId| value_rows(graph, &shapes[x.0 as usize]);
+        let rows = graph.rows as u32;
+        let (tokens, positions, select) = (l.args.tokens, l.args.positions, l.args.select);
+        let top_k_at = l.top_k_at;
+        let max_binding = self.gpu.limits.max_storage_buffer_binding_size;
+        let align = u64::from(self.gpu.limits.min_storage_buffer_offset_alignment);
+        let tables = &l.args.tables;
+        let planned = &mut d.planned;
+        match &node.op {
+            Op::Input { buffer, .. } => {
+                let v = node.outputs[0];
+                let s = shapes[v.0 as usize];
+                d.inputs.push(Copy {
+                    buffer: *buffer,
+                    arena_offset: u64::from(elem(v)?) * 4,
+                    size: (value_rows(graph, &s) * s.cols * 4) as u64,
+                });
+            }
+            Op::Output { x, buffer } => {
+                let s = shapes[x.0 as usize];
+                d.outputs.push(Copy {
+                    buffer: *buffer,
+                    arena_offset: u64::from(elem(*x)?) * 4,
+                    size: (value_rows(graph, &s) * s.cols * 4) as u64,
+                });
+            }
+            Op::Embed { table, scale } => {
+                let (vocab, cols) = (table.desc.shape[0], table.desc.shape[1]);
+                let dt = table.desc.dtype;
+                let format = Format::for_rows(dt, cols)
+                    .ok_or_else(|| BackendError::unsupported(node.op.name(), "no decoder"))?;
+                let row_bytes = dt.row_bytes(cols).unwrap_or(0) as u64;
+                let buf = self.buffers.get(table.buffer)?;
+                let what = format!("embedding table {}", table.desc);
+                for (r0, r1, offset, size) in
+                    weight_chunks(&what, vocab, row_bytes, buf.size, max_binding, align)?
+                {
                     planned.push(Planned {
                         node: i,
-                        key: (Kernel::RmsNorm, None, 0),
+                        key: (Kernel::Embed, Some(format), 0),
                         params: vec![
-                            elem(*x)?,
                             elem(node.outputs[0])?,
+                            tokens,
                             cols as u32,
-                            group as u32,
-                            eps.to_bits(),
-                            weight_offset.to_bits(),
-                            wfmt,
+                            row_bytes as u32,
+                            r0 as u32,
+                            r1 as u32,
+                            scale.to_bits(),
                         ],
                         weight: Some(WeightRange {
-                            buffer: weight.buffer,
-                            offset: 0,
-                            size: buf.size,
+                            buffer: table.buffer,
+                            offset,
+                            size,
                         }),
                         weight2: None,
                         caches: None,
-                        groups: [(cols / group) as u32, rows_of(x) as u32, 1],
-                    });
-                }
-                Op::MatMul { x, weight, splits } => {
-                    let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
-                    let dt = weight.desc.dtype;
-                    let format = Format::for_rows(dt, k)
-                        .ok_or_else(|| BackendError::unsupported(node.op.name(), "no decoder"))?;
-                    let row_bytes = dt.row_bytes(k).unwrap_or(0) as u64;
-                    let m = rows_of(x);
-                    let mut dsts = [0u32; 4];
-                    let mut ends = [n as u32; 3];
-                    let mut acc = 0usize;
-                    for (s, (width, out)) in splits.iter().zip(&node.outputs).enumerate() {
-                        dsts[s] = elem(*out)?;
-                        acc += width;
-                        if s < 3 {
-                            ends[s] = acc as u32;
-                        }
-                    }
-                    let buf = self.buffers.get(weight.buffer)?;
-                    let what = format!("weight {}", weight.desc);
-                    let chunks = weight_chunks(&what, n, row_bytes, buf.size, max_binding, align)?;
-                    // The cooperative-matrix prefill path: the input rows staged as f16 once,
-                    // each chunk read in place (f16 rows needing no padding) or decoded to f16.
-                    let ((sgm, sgn), fm) = (half_subgroups(), half_fm());
-                    let (bm, bn) = (16 * fm * sgm, 64 * sgn);
-                    let kp = k.next_multiple_of(16);
-                    let mp = m.next_multiple_of(bm);
-                    let native =
-                        |count: usize| dt == DType::F16 && k.is_multiple_of(16) && count.is_multiple_of(bn);
-                    let decoded = chunks
-                        .iter()
-                        .filter(|c| !native(c.1 - c.0))
-                        .map(|c| (c.1 - c.0).next_multiple_of(bn) * kp)
-                        .max()
-                        .unwrap_or(0);
-                    let half_bytes = 2 * (mp * kp + decoded) as u64;
-                    let half = m >= TILED_ROWS
-                        && self.gpu.variant.coopmat
-                        && !coopmat_staged()
-                        && mp <= 65_535
-                        && half_bytes <= HALF_STAGING_MAX.min(max_binding);
-                    // Params (matmul_common.wgsl) of the chunk of rows r0 .. r0 + count.
-                    let x_at = elem(*x)?;
-                    let chunk_params = |r0: usize, count: usize| {
-                        vec![
-                            x_at,
-                            k as u32,
-                            m as u32,
-                            row_bytes as u32,
-                            r0 as u32,
-                            count as u32,
-                            n as u32,
-                            dsts[0],
-                            dsts[1],
-                            dsts[2],
-                            dsts[3],
-                            ends[0],
-                            ends[1],
-                            ends[2],
-                        ]
-                    };
-                    // The same with the staging fields: the input rows at 0, the weight rows
-                    // at h_b, np staged weight rows.
-                    let half_params = |r0: usize, count: usize, h_b: usize, np: usize| {
-                        let mut v = chunk_params(r0, count);
-                        v.extend([0, h_b as u32, kp as u32, np as u32]);
-                        v
-                    };
-                    let dot = self.dot_takes(m, k, dt);
-                    if dot {
-                        planned.push(quantize_planned(i, chunk_params(0, 0), m, k));
-                    }
-                    if half {
-                        half_needed = half_needed.max(half_bytes);
-                        planned.push(Planned {
-                            node: i,
-                            key: (Kernel::StageHalf, None, 0),
-                            params: half_params(0, 0, 0, 0),
-                            weight: None,
-                            weight2: None,
-                            caches: None,
-                            groups: [div_up(kp / 4, 64), mp as u32, 1],
-                        });
-                    }
-                    for (r0, r1, offset, size) in chunks {
-                        let count = r1 - r0;
-                        let params = chunk_params(r0, count);
-                        let weight = Some(WeightRange {
-                            buffer: weight.buffer,
-                            offset,
-                            size,
-                        });
-                        if half {
-                            let np = count.next_multiple_of(bn);
-                            let in_place = native(count);
-                            if !in_place {
-                                planned.push(Planned {
-                                    node: i,
-                                    key: (Kernel::DequantHalf, Some(format), 0),
-                                    params: half_params(r0, count, mp * kp, np),
-                                    weight,
-                                    weight2: None,
-                                    caches: None,
-                                    groups: [div_up(kp / 4, 64), np.min(32_768) as u32, div_up(np, 32_768)],
-                                });
-                            }
-                            // In place, the weight rows are the bound f16 rows themselves.
-                            let h_b = if in_place { 0 } else { mp * kp };
-                            planned.push(Planned {
-                                node: i,
-                                key: (
-                                    if in_place {
-                                        Kernel::MatMulHalfNative
-                                    } else {
-                                        Kernel::MatMulHalf
-                                    },
-                                    None,
-                                    (sgm | sgn << 8 | fm << 16) as u32,
-                                ),
-                                params: half_params(r0, count, h_b, np),
-                                weight: in_place.then_some(weight).flatten(),
-                                weight2: None,
-                                caches: None,
-                                groups: [(mp / bm) as u32, (np / bn) as u32, 1],
-                            });
-                        } else if m >= TILED_ROWS {
-                            let (tile_n, tile_m) = self.gpu.variant.matmul_tile();
-                            planned.push(Planned {
-                                node: i,
-                                key: (Kernel::MatMulTiled, Some(format), 0),
-                                params,
-                                weight,
-                                weight2: None,
-                                caches: None,
-                                groups: [div_up(count, tile_n), div_up(m, tile_m), 1],
-                            });
-                        } else {
-                            let (key, groups) = self.decode_matvec(m, count, k, format, offset, false);
-                            planned.push(Planned {
-                                node: i,
-                                key,
-                                params,
-                                weight,
-                                weight2: None,
-                                caches: None,
-                                groups,
-                            });
-                        }
-                    }
-                }
-                Op::Rope {
-                    x, head_dim, factor, ..
-                } => {
-                    let cols = shapes[x.0 as usize].cols;
-                    let table = tables.iter().find(|t| t.0 == i).map_or(0, |t| t.1);
-                    planned.push(Planned {
-                        node: i,
-                        key: (Kernel::Rope, None, 0),
-                        params: vec![
-                            elem(*x)?,
-                            elem(node.outputs[0])?,
-                            positions,
-                            table,
-                            cols as u32,
-                            *head_dim as u32,
-                            factor.to_bits(),
-                        ],
-                        weight: None,
-                        weight2: None,
-                        caches: None,
-                        groups: [div_up(cols / 2, 64), rows_of(x) as u32, 1],
-                    });
-                }
-                Op::Attention {
-                    q,
-                    k,
-                    v,
-                    cache,
-                    heads,
-                    kv_heads,
-                    head_dim,
-                    scale,
-                    window,
-                    softcap,
-                } => {
-                    let f16 = u32::from(cache.dtype == DType::F16);
-                    let kv_cols = kv_heads * head_dim;
-                    let per_invocation = if f16 == 1 { 2 } else { 1 };
-                    // Stored by the NormRope group that makes K.
-                    if !fusion.stored[i] {
-                        planned.push(Planned {
-                            node: i,
-                            key: (Kernel::KvStore, None, 0),
-                            params: vec![
-                                elem(*k)?,
-                                elem(*v)?,
-                                positions,
-                                slots_at,
-                                kv_cols as u32,
-                                cache.capacity as u32,
-                                f16,
-                            ],
-                            weight: None,
-                            weight2: None,
-                            caches: Some((cache.k, cache.v)),
-                            groups: [div_up(kv_cols.div_ceil(per_invocation), 64), rows, 1],
-                        });
-                    }
-                    let splits = attention_splits(graph.rows, *heads, *window, cache.capacity);
-                    let out = elem(node.outputs[0])?;
-                    let partial = (scratch_at / 4) as u32;
-                    // Prefill: attention_tiled first, over the blocks of rows of one slot; the
-                    // plain kernel below then skips those rows.
-                    let tiled = attention_tiled::use_tiled(graph.rows, *head_dim, workgroup_limit);
-                    let skip_block = if tiled {
-                        attention_tiled::BLOCK_ROWS as u32
-                    } else {
-                        0
-                    };
-                    if tiled {
-                        let tsplits = attention_tiled::splits(graph.rows, *heads) as u32;
-                        let tpartial = ((scratch_at + scratch_bytes) / 4) as u32;
-                        planned.push(Planned {
-                            node: i,
-                            key: (Kernel::AttentionTiled, None, 0),
-                            params: vec![
-                                elem(*q)?,
-                                out,
-                                positions,
-                                slots_at,
-                                tpartial,
-                                *heads as u32,
-                                *kv_heads as u32,
-                                *head_dim as u32,
-                                cache.capacity as u32,
-                                scale.to_bits(),
-                                window.unwrap_or(0) as u32,
-                                softcap.unwrap_or(0.0).to_bits(),
-                                f16,
-                                tsplits,
-                                0, // coop: attention.wgsl's
-                                0, // skip_block: attention.wgsl's
-                                rows,
-                            ],
-                            weight: None,
-                            weight2: None,
-                            caches: Some((cache.k, cache.v)),
-                            groups: [
-                                *heads as u32,
-                                div_up(graph.rows, attention_tiled::BLOCK_ROWS),
-                                tsplits,
-                            ],
-                        });
-                        if tsplits > 1 {
-                            planned.push(Planned {
-                                node: i,
-                                key: (Kernel::AttentionCombine, None, 0),
-                                params: vec![
-                                    tpartial,
-                                    out,
-                                    *heads as u32,
-                                    *head_dim as u32,
-                                    tsplits,
-                                    slots_at,
-                                    skip_block,
-                                    1,
-                                ],
-                                weight: None,
-                                weight2: None,
-                                caches: None,
-                                groups: [*heads as u32, rows, 1],
-                            });
-                        }
-                    }
-                    // Decode with grouped queries: by KV head, each K/V row read once per group.
-                    // The subgroup variant takes heads of an even size (pairs of dimensions).
-                    let gqa = graph.rows < TILED_ROWS
-                        && heads > kv_heads
-                        && *head_dim <= GQA_MAX_HEAD_DIM
-                        && (!self.gpu.variant.subgroups || head_dim.is_multiple_of(2));
-                    // The rows attention_tiled leaves are the plain kernel's (it has skip_block).
-                    let gqa = gqa && !tiled;
-                    let (kernel, first_groups) = if gqa {
-                        (Kernel::AttentionGqa, *kv_heads as u32)
-                    } else {
-                        (Kernel::Attention, *heads as u32)
-                    };
-                    planned.push(Planned {
-                        node: i,
-                        key: (kernel, None, 0),
-                        params: vec![
-                            elem(*q)?,
-                            out,
-                            positions,
-                            slots_at,
-                            partial,
-                            *heads as u32,
-                            *kv_heads as u32,
-                            *head_dim as u32,
-                            cache.capacity as u32,
-                            scale.to_bits(),
-                            window.unwrap_or(0) as u32,
-                            softcap.unwrap_or(0.0).to_bits(),
-                            f16,
-                            splits as u32,
-                            // Cooperative scoring for single-row steps only: on the H100 it
-                            // raised batch-1 decode and lowered batch-8 decode and prefill.
-                            u32::from(graph.rows == 1),
-                            skip_block,
-                        ],
-                        weight: None,
-                        weight2: None,
-                        caches: Some((cache.k, cache.v)),
-                        groups: [first_groups, rows, splits as u32],
-                    });
-                    if splits > 1 {
-                        planned.push(Planned {
-                            node: i,
-                            key: (Kernel::AttentionCombine, None, 0),
-                            params: vec![
-                                partial,
-                                out,
-                                *heads as u32,
-                                *head_dim as u32,
-                                splits as u32,
-                                slots_at,
-                                skip_block,
-                                if tiled { 2 } else { 0 },
-                            ],
-                            weight: None,
-                            weight2: None,
-                            caches: None,
-                            groups: [*heads as u32, rows, 1],
-                        });
-                    }
-                }
-                Op::GeGlu { gate: a, up: b } | Op::Add { a, b } => {
-                    let s = shapes[a.0 as usize];
-                    let n = value_rows(graph, &s) * s.cols;
-                    let op = u32::from(matches!(node.op, Op::GeGlu { .. }));
-                    let [gx, gy] = spread(div_up(n, 64));
-                    planned.push(Planned {
-                        node: i,
-                        key: (Kernel::Eltwise, None, 0),
-                        params: vec![elem(*a)?, elem(*b)?, elem(node.outputs[0])?, n as u32, op, 0],
-                        weight: None,
-                        weight2: None,
-                        caches: None,
-                        groups: [gx, gy, 1],
-                    });
-                }
-                Op::Softcap { x, cap } => {
-                    let s = shapes[x.0 as usize];
-                    let n = value_rows(graph, &s) * s.cols;
-                    let [gx, gy] = spread(div_up(n, 64));
-                    let a = elem(*x)?;
-                    planned.push(Planned {
-                        node: i,
-                        key: (Kernel::Eltwise, None, 0),
-                        params: vec![a, a, elem(node.outputs[0])?, n as u32, 2, cap.to_bits()],
-                        weight: None,
-                        weight2: None,
-                        caches: None,
-                        groups: [gx, gy, 1],
-                    });
-                }
-                Op::TopK { x, k } => {
-                    // The passes `kit::top_k` plans; their lists in the two areas after the
-                    // attention scratch, written in turn.
-                    let s = shapes[x.0 as usize];
-                    let rows = value_rows(graph, &s);
-                    let passes = top_k::passes(s.cols, *k);
-                    let area = (top_k::area_bytes(rows, s.cols, *k) / 4) as u32;
-                    let areas = [top_k_at, top_k_at + area];
-                    let count = passes.len();
-                    for (p, pass) in passes.iter().enumerate() {
-                        let last = p + 1 == count;
-                        let src = if pass.from_values {
-                            elem(*x)?
-                        } else {
-                            areas[(p + 1) % 2]
-                        };
-                        let dst = if last {
-                            elem(node.outputs[0])?
-                        } else {
-                            areas[p % 2]
-                        };
-                        planned.push(Planned {
-                            node: i,
-                            key: (Kernel::TopK, None, 0),
-                            params: vec![
-                                src,
-                                dst,
-                                pass.n as u32,
-                                *k as u32,
-                                pass.per as u32,
-                                u32::from(pass.from_values),
-                                u32::from(last),
-                                pass.groups as u32,
-                            ],
-                            weight: None,
-                            weight2: None,
-                            caches: None,
-                            groups: [pass.groups as u32, rows as u32, 1],
-                        });
-                    }
-                }
-                Op::SelectRows { x } => {
-                    let cols = shapes[x.0 as usize].cols;
-                    planned.push(Planned {
-                        node: i,
-                        key: (Kernel::SelectRows, None, 0),
-                        params: vec![elem(*x)?, elem(node.outputs[0])?, select, cols as u32],
-                        weight: None,
-                        weight2: None,
-                        caches: None,
-                        groups: [div_up(cols, 64), graph.selected_rows as u32, 1],
+                        groups: [div_up(cols / format.group(), 64), rows, 1],
                     });
                 }
             }
+            Op::RmsNorm {
+                x,
+                weight,
+                eps,
+                weight_offset,
+            } => {
+                let cols = shapes[x.0 as usize].cols;
+                let group = weight.desc.numel();
+                let wfmt = norm_format(weight.desc.dtype);
+                let buf = self.buffers.get(weight.buffer)?;
+                planned.push(Planned {
+                    node: i,
+                    key: (Kernel::RmsNorm, None, 0),
+                    params: vec![
+                        elem(*x)?,
+                        elem(node.outputs[0])?,
+                        cols as u32,
+                        group as u32,
+                        eps.to_bits(),
+                        weight_offset.to_bits(),
+                        wfmt,
+                    ],
+                    weight: Some(WeightRange {
+                        buffer: weight.buffer,
+                        offset: 0,
+                        size: buf.size,
+                    }),
+                    weight2: None,
+                    caches: None,
+                    groups: [(cols / group) as u32, rows_of(x) as u32, 1],
+                });
+            }
+            Op::MatMul { x, weight, splits } => self.plan_matmul(l, i, x, weight, splits, d)?,
+            Op::Rope {
+                x, head_dim, factor, ..
+            } => {
+                let cols = shapes[x.0 as usize].cols;
+                let table = tables.iter().find(|t| t.0 == i).map_or(0, |t| t.1);
+                planned.push(Planned {
+                    node: i,
+                    key: (Kernel::Rope, None, 0),
+                    params: vec![
+                        elem(*x)?,
+                        elem(node.outputs[0])?,
+                        positions,
+                        table,
+                        cols as u32,
+                        *head_dim as u32,
+                        factor.to_bits(),
+                    ],
+                    weight: None,
+                    weight2: None,
+                    caches: None,
+                    groups: [div_up(cols / 2, 64), rows_of(x) as u32, 1],
+                });
+            }
+            Op::Attention { .. } => self.plan_attention(l, i, planned)?,
+            Op::GeGlu { gate: a, up: b } | Op::Add { a, b } => {
+                let s = shapes[a.0 as usize];
+                let n = value_rows(graph, &s) * s.cols;
+                let op = u32::from(matches!(node.op, Op::GeGlu { .. }));
+                let [gx, gy] = spread(div_up(n, 64));
+                planned.push(Planned {
+                    node: i,
+                    key: (Kernel::Eltwise, None, 0),
+                    params: vec![elem(*a)?, elem(*b)?, elem(node.outputs[0])?, n as u32, op, 0],
+                    weight: None,
+                    weight2: None,
+                    caches: None,
+                    groups: [gx, gy, 1],
+                });
+            }
+            Op::Softcap { x, cap } => {
+                let s = shapes[x.0 as usize];
+                let n = value_rows(graph, &s) * s.cols;
+                let [gx, gy] = spread(div_up(n, 64));
+                let a = elem(*x)?;
+                planned.push(Planned {
+                    node: i,
+                    key: (Kernel::Eltwise, None, 0),
+                    params: vec![a, a, elem(node.outputs[0])?, n as u32, 2, cap.to_bits()],
+                    weight: None,
+                    weight2: None,
+                    caches: None,
+                    groups: [gx, gy, 1],
+                });
+            }
+            Op::TopK { x, k } => {
+                // The passes `kit::top_k` plans; their lists in the two areas after the
+                // attention scratch, written in turn.
+                let s = shapes[x.0 as usize];
+                let rows = value_rows(graph, &s);
+                let passes = top_k::passes(s.cols, *k);
+                let area = (top_k::area_bytes(rows, s.cols, *k) / 4) as u32;
+                let areas = [top_k_at, top_k_at + area];
+                let count = passes.len();
+                for (p, pass) in passes.iter().enumerate() {
+                    let last = p + 1 == count;
+                    let src = if pass.from_values {
+                        elem(*x)?
+                    } else {
+                        areas[(p + 1) % 2]
+                    };
+                    let dst = if last {
+                        elem(node.outputs[0])?
+                    } else {
+                        areas[p % 2]
+                    };
+                    planned.push(Planned {
+                        node: i,
+                        key: (Kernel::TopK, None, 0),
+                        params: vec![
+                            src,
+                            dst,
+                            pass.n as u32,
+                            *k as u32,
+                            pass.per as u32,
+                            u32::from(pass.from_values),
+                            u32::from(last),
+                            pass.groups as u32,
+                        ],
+                        weight: None,
+                        weight2: None,
+                        caches: None,
+                        groups: [pass.groups as u32, rows as u32, 1],
+                    });
+                }
+            }
+            Op::SelectRows { x } => {
+                let cols = shapes[x.0 as usize].cols;
+                planned.push(Planned {
+                    node: i,
+                    key: (Kernel::SelectRows, None, 0),
+                    params: vec![elem(*x)?, elem(node.outputs[0])?, select, cols as u32],
+                    weight: None,
+                    weight2: None,
+                    caches: None,
+                    groups: [div_up(cols, 64), graph.selected_rows as u32, 1],
+                });
+            }
         }
+        Ok(())
+    }
 
-        // Device objects: arena, arguments (with the rope tables), parameters.
+    /// A matmul node's dispatches: per chunk of weight rows bound, the cooperative-matrix
+    /// prefill path (the input staged as f16 once, each chunk read in place or decoded to f16),
+    /// the tiled kernel from [`TILED_ROWS`] rows, else decode's matvec
+    /// ([`Self::decode_matvec`]), after the input's quantisation where it takes integer dots.
+    fn plan_matmul(
+        &self,
+        l: &Layout,
+        i: usize,
+        x: &ValueId,
+        weight: &WeightRef,
+        splits: &[usize],
+        d: &mut Dispatches,
+    ) -> Result<(), BackendError> {
+        let node = &l.graph.nodes[i];
+        let elem = |v: ValueId| l.elem(v);
+        let rows_of = |x: &ValueId| value_rows(l.graph, &l.shapes[x.0 as usize]);
+        let max_binding = self.gpu.limits.max_storage_buffer_binding_size;
+        let align = u64::from(self.gpu.limits.min_storage_buffer_offset_alignment);
+        let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
+        let dt = weight.desc.dtype;
+        let format =
+            Format::for_rows(dt, k).ok_or_else(|| BackendError::unsupported(node.op.name(), "no decoder"))?;
+        let row_bytes = dt.row_bytes(k).unwrap_or(0) as u64;
+        let m = rows_of(x);
+        let mut dsts = [0u32; 4];
+        for (s, out) in node.outputs.iter().take(splits.len()).enumerate() {
+            dsts[s] = elem(*out)?;
+        }
+        let ends = split_ends(splits, n);
+        let buf = self.buffers.get(weight.buffer)?;
+        let what = format!("weight {}", weight.desc);
+        let chunks = weight_chunks(&what, n, row_bytes, buf.size, max_binding, align)?;
+        // The cooperative-matrix prefill path: the input rows staged as f16 once,
+        // each chunk read in place (f16 rows needing no padding) or decoded to f16.
+        let ((sgm, sgn), fm) = (half_subgroups(), half_fm());
+        let (bm, bn) = (16 * fm * sgm, 64 * sgn);
+        let kp = k.next_multiple_of(16);
+        let mp = m.next_multiple_of(bm);
+        let native = |count: usize| dt == DType::F16 && k.is_multiple_of(16) && count.is_multiple_of(bn);
+        let decoded = chunks
+            .iter()
+            .filter(|c| !native(c.1 - c.0))
+            .map(|c| (c.1 - c.0).next_multiple_of(bn) * kp)
+            .max()
+            .unwrap_or(0);
+        let half_bytes = 2 * (mp * kp + decoded) as u64;
+        let half = m >= TILED_ROWS
+            && self.gpu.variant.coopmat
+            && !coopmat_staged()
+            && mp <= 65_535
+            && half_bytes <= HALF_STAGING_MAX.min(max_binding);
+        // Params (matmul_common.wgsl) of the chunk of rows r0 .. r0 + count.
+        let x_at = elem(*x)?;
+        let chunk_params = |r0: usize, count: usize| {
+            vec![
+                x_at,
+                k as u32,
+                m as u32,
+                row_bytes as u32,
+                r0 as u32,
+                count as u32,
+                n as u32,
+                dsts[0],
+                dsts[1],
+                dsts[2],
+                dsts[3],
+                ends[0],
+                ends[1],
+                ends[2],
+            ]
+        };
+        // The same with the staging fields: the input rows at 0, the weight rows
+        // at h_b, np staged weight rows.
+        let half_params = |r0: usize, count: usize, h_b: usize, np: usize| {
+            let mut v = chunk_params(r0, count);
+            v.extend([0, h_b as u32, kp as u32, np as u32]);
+            v
+        };
+        let dot = self.dot_takes(m, k, dt);
+        if dot {
+            d.planned.push(quantize_planned(i, chunk_params(0, 0), m, k));
+        }
+        if half {
+            d.half_needed = d.half_needed.max(half_bytes);
+            d.planned.push(Planned {
+                node: i,
+                key: (Kernel::StageHalf, None, 0),
+                params: half_params(0, 0, 0, 0),
+                weight: None,
+                weight2: None,
+                caches: None,
+                groups: [div_up(kp / 4, 64), mp as u32, 1],
+            });
+        }
+        for (r0, r1, offset, size) in chunks {
+            let count = r1 - r0;
+            let params = chunk_params(r0, count);
+            let weight = Some(WeightRange {
+                buffer: weight.buffer,
+                offset,
+                size,
+            });
+            if half {
+                let np = count.next_multiple_of(bn);
+                let in_place = native(count);
+                if !in_place {
+                    d.planned.push(Planned {
+                        node: i,
+                        key: (Kernel::DequantHalf, Some(format), 0),
+                        params: half_params(r0, count, mp * kp, np),
+                        weight,
+                        weight2: None,
+                        caches: None,
+                        groups: [div_up(kp / 4, 64), np.min(32_768) as u32, div_up(np, 32_768)],
+                    });
+                }
+                // In place, the weight rows are the bound f16 rows themselves.
+                let h_b = if in_place { 0 } else { mp * kp };
+                d.planned.push(Planned {
+                    node: i,
+                    key: (
+                        if in_place {
+                            Kernel::MatMulHalfNative
+                        } else {
+                            Kernel::MatMulHalf
+                        },
+                        None,
+                        (sgm | sgn << 8 | fm << 16) as u32,
+                    ),
+                    params: half_params(r0, count, h_b, np),
+                    weight: in_place.then_some(weight).flatten(),
+                    weight2: None,
+                    caches: None,
+                    groups: [(mp / bm) as u32, (np / bn) as u32, 1],
+                });
+            } else if m >= TILED_ROWS {
+                let (tile_n, tile_m) = self.gpu.variant.matmul_tile();
+                d.planned.push(Planned {
+                    node: i,
+                    key: (Kernel::MatMulTiled, Some(format), 0),
+                    params,
+                    weight,
+                    weight2: None,
+                    caches: None,
+                    groups: [div_up(count, tile_n), div_up(m, tile_m), 1],
+                });
+            } else {
+                let (key, groups) = self.decode_matvec(m, count, k, format, offset, false);
+                d.planned.push(Planned {
+                    node: i,
+                    key,
+                    params,
+                    weight,
+                    weight2: None,
+                    caches: None,
+                    groups,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// An attention node's dispatches: the K/V store (unless its NormRope group stored them),
+    /// `attention_tiled` first for prefill (and the combination of its splits), then
+    /// `attention_gqa` for decode with grouped queries or `attention` for the rows left, and
+    /// the combination of their splits.
+    fn plan_attention(&self, l: &Layout, i: usize, planned: &mut Vec<Planned>) -> Result<(), BackendError> {
+        let graph = l.graph;
+        let node = &graph.nodes[i];
+        let Op::Attention {
+            q,
+            k,
+            v,
+            cache,
+            heads,
+            kv_heads,
+            head_dim,
+            scale,
+            window,
+            softcap,
+        } = &node.op
+        else {
+            return Err(BackendError::internal(format!("node {i} is not an attention")));
+        };
+        let elem = |v: ValueId| l.elem(v);
+        let rows = graph.rows as u32;
+        let (positions, slots_at) = (l.args.positions, l.args.slots);
+        let (scratch_at, scratch_bytes) = (l.scratch_at, l.scratch_bytes);
+        let workgroup_limit = self.gpu.limits.max_compute_workgroup_storage_size;
+        let fusion = l.fusion;
+        let f16 = u32::from(cache.dtype == DType::F16);
+        let kv_cols = kv_heads * head_dim;
+        let per_invocation = if f16 == 1 { 2 } else { 1 };
+        // Stored by the NormRope group that makes K.
+        if !fusion.stored[i] {
+            planned.push(Planned {
+                node: i,
+                key: (Kernel::KvStore, None, 0),
+                params: vec![
+                    elem(*k)?,
+                    elem(*v)?,
+                    positions,
+                    slots_at,
+                    kv_cols as u32,
+                    cache.capacity as u32,
+                    f16,
+                ],
+                weight: None,
+                weight2: None,
+                caches: Some((cache.k, cache.v)),
+                groups: [div_up(kv_cols.div_ceil(per_invocation), 64), rows, 1],
+            });
+        }
+        let splits = attention_splits(graph.rows, *heads, *window, cache.capacity);
+        let out = elem(node.outputs[0])?;
+        let partial = (scratch_at / 4) as u32;
+        // Prefill: attention_tiled first, over the blocks of rows of one slot; the
+        // plain kernel below then skips those rows.
+        let tiled = attention_tiled::use_tiled(graph.rows, *head_dim, workgroup_limit);
+        let skip_block = if tiled {
+            attention_tiled::BLOCK_ROWS as u32
+        } else {
+            0
+        };
+        if tiled {
+            let tsplits = attention_tiled::splits(graph.rows, *heads) as u32;
+            let tpartial = ((scratch_at + scratch_bytes) / 4) as u32;
+            planned.push(Planned {
+                node: i,
+                key: (Kernel::AttentionTiled, None, 0),
+                params: vec![
+                    elem(*q)?,
+                    out,
+                    positions,
+                    slots_at,
+                    tpartial,
+                    *heads as u32,
+                    *kv_heads as u32,
+                    *head_dim as u32,
+                    cache.capacity as u32,
+                    scale.to_bits(),
+                    window.unwrap_or(0) as u32,
+                    softcap.unwrap_or(0.0).to_bits(),
+                    f16,
+                    tsplits,
+                    0, // coop: attention.wgsl's
+                    0, // skip_block: attention.wgsl's
+                    rows,
+                ],
+                weight: None,
+                weight2: None,
+                caches: Some((cache.k, cache.v)),
+                groups: [
+                    *heads as u32,
+                    div_up(graph.rows, attention_tiled::BLOCK_ROWS),
+                    tsplits,
+                ],
+            });
+            if tsplits > 1 {
+                planned.push(Planned {
+                    node: i,
+                    key: (Kernel::AttentionCombine, None, 0),
+                    params: vec![
+                        tpartial,
+                        out,
+                        *heads as u32,
+                        *head_dim as u32,
+                        tsplits,
+                        slots_at,
+                        skip_block,
+                        1,
+                    ],
+                    weight: None,
+                    weight2: None,
+                    caches: None,
+                    groups: [*heads as u32, rows, 1],
+                });
+            }
+        }
+        // Decode with grouped queries: by KV head, each K/V row read once per group.
+        // The subgroup variant takes heads of an even size (pairs of dimensions).
+        let gqa = graph.rows < TILED_ROWS
+            && heads > kv_heads
+            && *head_dim <= GQA_MAX_HEAD_DIM
+            && (!self.gpu.variant.subgroups || head_dim.is_multiple_of(2));
+        // The rows attention_tiled leaves are the plain kernel's (it has skip_block).
+        let gqa = gqa && !tiled;
+        let (kernel, first_groups) = if gqa {
+            (Kernel::AttentionGqa, *kv_heads as u32)
+        } else {
+            (Kernel::Attention, *heads as u32)
+        };
+        planned.push(Planned {
+            node: i,
+            key: (kernel, None, 0),
+            params: vec![
+                elem(*q)?,
+                out,
+                positions,
+                slots_at,
+                partial,
+                *heads as u32,
+                *kv_heads as u32,
+                *head_dim as u32,
+                cache.capacity as u32,
+                scale.to_bits(),
+                window.unwrap_or(0) as u32,
+                softcap.unwrap_or(0.0).to_bits(),
+                f16,
+                splits as u32,
+                // Cooperative scoring for single-row steps only: on the H100 it
+                // raised batch-1 decode and lowered batch-8 decode and prefill.
+                u32::from(graph.rows == 1),
+                skip_block,
+            ],
+            weight: None,
+            weight2: None,
+            caches: Some((cache.k, cache.v)),
+            groups: [first_groups, rows, splits as u32],
+        });
+        if splits > 1 {
+            planned.push(Planned {
+                node: i,
+                key: (Kernel::AttentionCombine, None, 0),
+                params: vec![
+                    partial,
+                    out,
+                    *heads as u32,
+                    *head_dim as u32,
+                    splits as u32,
+                    slots_at,
+                    skip_block,
+                    if tiled { 2 } else { 0 },
+                ],
+                weight: None,
+                weight2: None,
+                caches: None,
+                groups: [*heads as u32, rows, 1],
+            });
+        }
+        Ok(())
+    }
+
+    /// The program's own buffers: its arena, the staging buffer its matmuls share (where any
+    /// takes it; past the binding limit `Unsupported`), the step arguments with the rope
+    /// tables written, and every dispatch's parameters written into their slots.
+    fn make_buffers(&self, l: &Layout, d: &Dispatches) -> Result<DeviceBuffers, BackendError> {
+        let max_binding = self.gpu.limits.max_storage_buffer_binding_size;
         let dev = &self.gpu.device;
         let arena = dev.create_buffer(&wgpu::BufferDescriptor {
             label: Some("program arena"),
-            size: arena_bytes,
+            size: l.arena_bytes,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         // The staging buffer, which the matmuls of the program take in turn: the prefill
         // matmuls' f16 rows (binding 7), decode's quantised input rows (binding 10).
-        let dot_needed = planned
+        let dot_needed = d
+            .planned
             .iter()
             .filter(|p| p.key.0 == Kernel::QuantizeQ8)
             .map(|p| dot_input_bytes(p.params[2] as usize, p.params[1] as usize))
             .max()
             .unwrap_or(0);
-        let staging_needed = half_needed.max(dot_needed);
+        let staging_needed = d.half_needed.max(dot_needed);
         if staging_needed > max_binding {
             return Err(BackendError::unsupported(
                 "compile",
                 format!(
                     "graph '{}' needs a staging buffer of {staging_needed} bytes, over the adapter's \
                      max_storage_buffer_binding_size of {max_binding} bytes",
-                    graph.name
+                    l.graph.name
                 ),
             ));
         }
@@ -865,26 +1001,26 @@ impl WgpuBackend {
                 mapped_at_creation: false,
             })
         });
-        let args_bytes = ((args_words * 4) as u64).max(16).div_ceil(4) * 4;
+        let args_bytes = ((l.args.words * 4) as u64).max(16).div_ceil(4) * 4;
         let args = dev.create_buffer(&wgpu::BufferDescriptor {
             label: Some("step arguments"),
             size: args_bytes,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        for (_, at, t) in &tables {
+        for (_, at, t) in &l.args.tables {
             let bytes: &[u8] = bytemuck::cast_slice(t);
             self.gpu.queue.write_buffer(&args, u64::from(*at) * 4, bytes);
         }
         let slot = PARAM_SLOT.max(u64::from(self.gpu.limits.min_uniform_buffer_offset_alignment));
         let params = dev.create_buffer(&wgpu::BufferDescriptor {
             label: Some("dispatch parameters"),
-            size: (planned.len() as u64).max(1) * slot,
+            size: (d.planned.len() as u64).max(1) * slot,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut all_params = vec![0u8; (planned.len() as u64 * slot) as usize];
-        for (j, p) in planned.iter().enumerate() {
+        let mut all_params = vec![0u8; (d.planned.len() as u64 * slot) as usize];
+        for (j, p) in d.planned.iter().enumerate() {
             let bytes: &[u8] = bytemuck::cast_slice(&p.params);
             let at = j * slot as usize;
             all_params[at..at + bytes.len()].copy_from_slice(bytes);
@@ -892,22 +1028,40 @@ impl WgpuBackend {
         if !all_params.is_empty() {
             self.gpu.queue.write_buffer(&params, 0, &all_params);
         }
+        Ok(DeviceBuffers {
+            arena,
+            half,
+            args,
+            args_bytes,
+            params,
+            slot,
+        })
+    }
 
+    /// Each planned dispatch's pipeline and bind group: its parameter slot, the arena, the
+    /// step arguments, its weights, caches and staging buffer as its kernel's bindings say.
+    fn bind_dispatches(
+        &mut self,
+        graph: &Graph,
+        planned: &[Planned],
+        b: &DeviceBuffers,
+    ) -> Result<Vec<Dispatch>, BackendError> {
+        let max_binding = self.gpu.limits.max_storage_buffer_binding_size;
         let mut dispatches = Vec::with_capacity(planned.len());
         for (j, p) in planned.iter().enumerate() {
             let pipeline = self.pipelines.get(&self.gpu.device, p.key)?;
             let layout = pipeline.get_bind_group_layout(0);
             let mut entries: Vec<wgpu::BindGroupEntry<'_>> = Vec::new();
-            for &b in p.key.0.bindings(p.key.1, self.gpu.variant) {
-                let resource = match b {
+            for &binding in p.key.0.bindings(p.key.1, self.gpu.variant) {
+                let resource = match binding {
                     0 => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &params,
-                        offset: j as u64 * slot,
-                        size: wgpu::BufferSize::new(PARAM_SLOT.min(slot)),
+                        buffer: &b.params,
+                        offset: j as u64 * b.slot,
+                        size: wgpu::BufferSize::new(PARAM_SLOT.min(b.slot)),
                     }),
                     // 8: the arena again, as 16-byte values (matvec_q4k.wgsl).
-                    1 | 8 => arena.as_entire_binding(),
-                    2 => args.as_entire_binding(),
+                    1 | 8 => b.arena.as_entire_binding(),
+                    2 => b.args.as_entire_binding(),
                     // 9: the weights again, as 16-byte words (matvec_q4k.wgsl).
                     3 | 9 => {
                         let w = p
@@ -933,7 +1087,7 @@ impl WgpuBackend {
                         let (kc, vc) = p
                             .caches
                             .ok_or_else(|| BackendError::internal("an attention kernel without caches"))?;
-                        let id = if b == 4 { kc } else { vc };
+                        let id = if binding == 4 { kc } else { vc };
                         let buf = self.buffers.get(id)?;
                         if buf.size > max_binding {
                             return Err(BackendError::unsupported(
@@ -947,15 +1101,16 @@ impl WgpuBackend {
                         }
                         buf.buf.as_entire_binding()
                     }
-                    7 | 10 => half
+                    7 | 10 => b
+                        .half
                         .as_ref()
                         .ok_or_else(|| BackendError::internal("a matmul without its staging buffer"))?
                         .as_entire_binding(),
-                    _ => return Err(BackendError::internal(format!("binding {b}"))),
+                    _ => return Err(BackendError::internal(format!("binding {binding}"))),
                 };
-                entries.push(wgpu::BindGroupEntry { binding: b, resource });
+                entries.push(wgpu::BindGroupEntry { binding, resource });
             }
-            let bind_group = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+            let bind_group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: None,
                 layout: &layout,
                 entries: &entries,
@@ -967,7 +1122,14 @@ impl WgpuBackend {
                 groups: p.groups,
             });
         }
-        let timestamps = if self.gpu.timestamps {
+        Ok(dispatches)
+    }
+
+    /// Per-node timestamps (a query set, its resolve and readback buffers) where the adapter
+    /// has timestamps inside passes and profiling was asked for.
+    fn make_timestamps(&self, graph: &Graph) -> Option<Timestamps> {
+        let dev = &self.gpu.device;
+        if self.gpu.timestamps {
             let count = graph.nodes.len() as u32 + 1;
             let bytes = u64::from(count) * 8;
             Some(Timestamps {
@@ -991,23 +1153,7 @@ impl WgpuBackend {
             })
         } else {
             None
-        };
-        self.gpu.check()?;
-        let program = Program {
-            graph: graph.clone(),
-            bytes: arena_bytes + args_bytes + params.size() + half.as_ref().map_or(0, |h| h.size()),
-            arena,
-            _half: half,
-            args,
-            params,
-            inputs,
-            outputs,
-            dispatches,
-            timestamps,
-            last: None,
-            ready: None,
-        };
-        Ok((program, used))
+        }
     }
 
     /// The dispatches of a fused group (`fuse::Group`, never `Single`): one, or for a
@@ -1341,30 +1487,20 @@ fn q4k_rows_launch(n: usize, k: usize, geglu: bool) -> (u32, [u32; 3]) {
     ((nr | w << 8 | usize::from(geglu) << 16) as u32, [gx, gy, 1])
 }
 
-/// Workgroups `matvec_dot.wgsl` aims for when choosing its output columns per workgroup: 4, 2
-/// or 1 below 4 input rows per workgroup, 2 or 1 from 4, the most that leave this many
-/// workgroups. Unlike the Vulkan backend's `matvec_dot` (1 from 4 rows), 2 at 8 rows: on the
-/// H100, decode at batch 8 went from 618.8 to 732.1 tok/s on 4B q4_k (1B: 1,125.8 to 1,129.0).
-const DOT_MIN_GROUPS: usize = 1024;
-
 /// `matvec_dot.wgsl`'s override constants (R, NC from bit 8, WIDE at bit 16, GEGLU at 17) and
 /// workgroups for `n` output columns (with `geglu`, gate rows) against `m` input rows: R = m
-/// up to 2, else 4 or 8 input rows per workgroup. The kernel holds at most 4 weight rows (a
-/// GeGlu's columns are two each) and 32 sums (weight rows x R).
+/// up to 2, else 4 or 8 input rows per workgroup (`tandem_gpu_kit::matmul::dot_rows`). The
+/// kernel holds at most 4 weight rows (a GeGlu's columns are two each) and 32 sums (weight
+/// rows x R). Its output columns per workgroup are the shared rule's
+/// (`tandem_gpu_kit::matmul::dot_columns`: the most that leave 1024 workgroups): 4, 2 or 1
+/// below 4 input rows per workgroup, 2 or 1 from 4. Unlike the Vulkan backend's `matvec_dot`
+/// (1 from 4 rows), 2 at 8 rows: on the H100, decode at batch 8 went from 618.8 to 732.1 tok/s
+/// on 4B q4_k (1B: 1,125.8 to 1,129.0).
 fn dot_launch(n: usize, m: usize, geglu: bool) -> (u32, [u32; 3]) {
-    let r = match m {
-        0..=2 => m.max(1),
-        3..=4 => 4,
-        _ => 8,
-    };
+    let r = dot_rows(m);
     let slices = m.div_ceil(r);
-    let nc = dot_columns_override().unwrap_or(if r < 4 && div_up(n, 4) as usize * slices >= DOT_MIN_GROUPS {
-        4
-    } else if div_up(n, 2) as usize * slices >= DOT_MIN_GROUPS {
-        2
-    } else {
-        1
-    });
+    let most = if r < 4 { 4 } else { 2 };
+    let nc = dot_columns_override().unwrap_or(dot_columns(n, slices, most));
     let nc = if geglu { nc.min(2) } else { nc };
     let [gx, gy] = spread(div_up(n, nc));
     let key = r | nc << 8 | usize::from(dot_wide()) << 16 | usize::from(geglu) << 17;
@@ -1373,7 +1509,7 @@ fn dot_launch(n: usize, m: usize, geglu: bool) -> (u32, [u32; 3]) {
 
 /// Bytes of the quantised input of `m` rows of `k` values (`parts/dot_input.wgsl`).
 fn dot_input_bytes(m: usize, k: usize) -> u64 {
-    (m * (k / 32) * if dot_wide() { 80 } else { 48 }) as u64
+    tandem_gpu_kit::matmul::dot_input_bytes(m, k, dot_wide())
 }
 
 /// The dispatch quantising a matmul's `m` input rows of `k` values for `matvec_dot.wgsl`, with

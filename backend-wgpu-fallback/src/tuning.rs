@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use tandem_backend_api::kit::plan::q4k_matvec_shape;
+use tandem_gpu_kit::matmul::q4k_matvec_shape;
 
 /// Environment variable `name` parsed as `T`; `None` when unset or unparsable.
 fn knob<T: std::str::FromStr>(name: &str) -> Option<T> {
@@ -81,8 +81,8 @@ pub(crate) fn coopmat_staged() -> bool {
 }
 
 /// `matvec_q4k_rows.wgsl`'s shape for `n` output columns of `blocks` q4_k blocks: (NR, W), the
-/// Vulkan backend's rule (`kit::plan::q4k_matvec_shape`), or `TANDEM_WGPU_Q4K_ROWS=NRxW` (NR 1,
-/// 2 or 4; W 1 to 8) for tuning runs.
+/// Vulkan backend's rule (`tandem_gpu_kit::matmul::q4k_matvec_shape`), or
+/// `TANDEM_WGPU_Q4K_ROWS=NRxW` (NR 1, 2 or 4; W 1 to 8) for tuning runs.
 ///
 /// On the H100 (decode at batch 1, loops unbounded) the rule gave 198.2 tok/s on 4B q4_k
 /// against 188.1 (1 x 5), 193.7 (2 x 8), 185.0 (4 x 5) and 184.6 for the item kernel; 1B q4_k

@@ -17,9 +17,9 @@
 //!   buffer up with `buffers.get(id)?` (`unknown buffer N`).
 //! - `compile`: `graph.infer_shapes()?`, the backend's own op checks,
 //!   [`buffers::check_buffers`] (every buffer the graph names against what it holds; returns
-//!   the buffers the program uses), the backend's planning ([`plan`] for GPUs: arena,
-//!   workgroups, attention splits), then `programs.insert(program, used,
-//!   StepShape::of(graph))`.
+//!   the buffers the program uses), the backend's planning (for GPUs the crate
+//!   `tandem-gpu-kit`: arena, workgroups, attention splits, fusion), then
+//!   `programs.insert(program, used, StepShape::of(graph))`.
 //! - `execute`: `programs.for_step(id, args)?` finds the program and checks the step's
 //!   arguments against its graph ([`step::StepShape::check`]), then the backend runs it and
 //!   returns `tickets.issue()` (or its queue's submission number).
@@ -29,12 +29,11 @@
 //!   (`buffer 7 is used by program 3: release it first`) and hands back the buffer to destroy.
 //! - `release`: `programs.release(id)?` hands back the program to destroy.
 //!
-//! [`quant`] decodes ggml's block formats (reference decoders, for CPU kernels and tests);
+//! [`plan::value_rows`] counts a value's rows. [`quant`] decodes ggml's block formats (reference decoders, for CPU kernels and tests);
 //! [`host::host_memory_bytes`] is the device figure of backends that keep buffers in host
 //! memory, for their [`crate::MEMORY_LIMIT`] budget.
 
 pub mod buffers;
-pub mod fuse;
 pub mod host;
 pub mod plan;
 pub mod programs;

@@ -10,8 +10,8 @@
 //!   cached K and V row is read once per group; scores of 4 positions per subgroup at once with
 //!   vec4 loads, values accumulated by (4 dimensions, every R-th position) invocations with their
 //!   own online softmax, merged at the end. Grid `[kv_heads, rows, splits]`.
-//! - `attention_tiled` first for steps of at least [`TILED_MIN_ROWS`] rows where `head_dim <=
-//!   256` (prefill chunks): one workgroup of 256 per (query head, block of [`TILED_ROWS`] rows)
+//! - `attention_tiled` first for steps of at least 16 rows where `head_dim <= 256` (prefill
+//!   chunks; the rule is `tandem_gpu_kit::attention::takes_tiled`, shared with wgpu): one workgroup of 256 per (query head, block of [`TILED_ROWS`] rows)
 //!   whose rows all belong to one slot; K and V tiles of 32 positions are loaded once into
 //!   shared memory for the block's rows (flash attention, f32 arithmetic). Grid
 //!   `[heads, rows / 32, 1]`. Blocks of several slots (batched decode) exit at once, and
@@ -33,8 +33,11 @@
 //! ([`scratch_bytes`]); `attention_combine` (one workgroup of 256 per (head, row, 64
 //! dimensions)) merges them, once for each kernel's rows.
 
-use tandem_backend_api::kit::plan::{attention_partial_bytes as partial_bytes, attention_splits, div_up};
 use tandem_backend_api::{BackendError, DType, Graph, Op};
+use tandem_gpu_kit::attention::{
+    attention_partial_bytes as partial_bytes, attention_splits, takes_tiled, TILED_BLOCK_ROWS as TILED_ROWS,
+};
+use tandem_gpu_kit::launch::div_up;
 
 use super::cmd::{Access, Cmd, Push};
 use super::{Ctx, WG};
@@ -59,37 +62,14 @@ const GQA_MAX_ROWS: usize = 64;
 /// at 4,096).
 const PLAIN_TARGET_GROUPS: usize = 4096;
 
-/// `attention_tiled`'s block of query rows (its `BR`).
-const TILED_ROWS: usize = 32;
-
-/// `attention_tiled`'s largest head (its `MAX_HEAD_DIM`).
-const TILED_MAX_HEAD_DIM: usize = 256;
-
-/// Rows from which attention runs `attention_tiled` first (then `attention` on the blocks of
-/// several slots only): prefill chunks. Below, `attention` alone.
-const TILED_MIN_ROWS: usize = 16;
-
-/// Workgroups `attention_tiled` aims for: its blocks times their splits.
-const TILED_TARGET_GROUPS: usize = 1024;
-
-/// Most splits of a block's key tiles.
-const TILED_MAX_SPLITS: usize = 16;
-
-/// How many workgroups share the key tiles of one (head, block of rows) in `attention_tiled`:
-/// enough for some [`TILED_TARGET_GROUPS`] workgroups (a block sees at most as many tiles as
-/// it has positions before it, so the first blocks leave most splits empty).
-/// `TANDEM_VULKAN_TILED_SPLITS=n` forces n (1 to 64), for tuning runs.
+/// How many workgroups share the key tiles of one (head, block of rows) in `attention_tiled`
+/// (`tandem_gpu_kit::attention::tiled_splits`); `TANDEM_VULKAN_TILED_SPLITS=n` forces n (1 to
+/// 64), for tuning runs.
 fn tiled_splits(rows: usize, heads: usize) -> usize {
-    if let Some(n) = std::env::var("TANDEM_VULKAN_TILED_SPLITS")
+    let forced = std::env::var("TANDEM_VULKAN_TILED_SPLITS")
         .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        return n.clamp(1, 64);
-    }
-    let groups = heads * rows.div_ceil(TILED_ROWS);
-    TILED_TARGET_GROUPS
-        .div_ceil(groups.max(1))
-        .clamp(1, TILED_MAX_SPLITS)
+        .and_then(|v| v.parse::<usize>().ok());
+    tandem_gpu_kit::attention::tiled_splits(rows, heads, forced)
 }
 
 /// Bytes of scratch the attention nodes of `graph` need for their split partials: the largest
@@ -125,16 +105,15 @@ pub(super) fn scratch_bytes(graph: &Graph) -> u64 {
         .unwrap_or(0)
 }
 
-/// Whether an attention of `rows` rows and heads of `head_dim` runs `attention_tiled` first.
+/// Whether an attention of `rows` rows and heads of `head_dim` runs `attention_tiled` first
+/// (`tandem_gpu_kit::attention::takes_tiled`, unless `TANDEM_VULKAN_ATTENTION` forces a kernel).
 fn use_tiled(rows: usize, head_dim: usize) -> bool {
-    if head_dim > TILED_MAX_HEAD_DIM {
-        return false;
-    }
-    match std::env::var("TANDEM_VULKAN_ATTENTION").as_deref() {
-        Ok("gqa" | "plain") => false,
-        Ok("tiled") => true,
-        _ => rows >= TILED_MIN_ROWS,
-    }
+    let forced = match std::env::var("TANDEM_VULKAN_ATTENTION").as_deref() {
+        Ok("gqa" | "plain") => Some(false),
+        Ok("tiled") => Some(true),
+        _ => None,
+    };
+    takes_tiled(rows, head_dim, forced)
 }
 
 /// Whether an attention of `rows` rows and heads of `head_dim` takes `attention_gqa` (for the
@@ -335,8 +314,9 @@ mod tests {
         assert!(use_gqa(gqa_max_rows(), 64));
         assert!(!use_gqa(gqa_max_rows() + 1, 64));
         assert!(!use_gqa(1, 512));
-        assert!(use_tiled(TILED_MIN_ROWS, 256));
-        assert!(!use_tiled(TILED_MIN_ROWS - 1, 256));
+        let min = tandem_gpu_kit::attention::TILED_MIN_ROWS;
+        assert!(use_tiled(min, 256));
+        assert!(!use_tiled(min - 1, 256));
         assert!(!use_tiled(512, 512));
     }
 }

@@ -1,11 +1,11 @@
-//! Fusion matching for this backend: the shared matching (`tandem_backend_api::kit::fuse`, the
+//! Fusion matching for this backend: the shared matching (`tandem_gpu_kit::fuse`, the
 //! same as the wgpu backend's) under this backend's rules: `NormAdd` (`norm_add.comp`) and
 //! `NormRope` (`norm_rope.comp`, storing K and V where the rope's reader is the attention), of
 //! any head size; no GeGlu in a matmul, no paired norm-ropes.
 
-use tandem_backend_api::kit::fuse::{self, Rules};
-pub use tandem_backend_api::kit::fuse::{Fusion, Group};
 use tandem_backend_api::{Graph, ValueShape};
+use tandem_gpu_kit::fuse::{self, Rules};
+pub use tandem_gpu_kit::fuse::{Fusion, Group};
 
 /// Plans the groups of `graph`; with `enabled` false every node is its own group.
 pub fn plan(graph: &Graph, shapes: &[ValueShape], enabled: bool) -> Fusion {

@@ -1,22 +1,14 @@
 //! Lowering: the commands of each group, every op but matmul and attention (their own modules),
 //! and the fused groups of `fuse`.
 
-use tandem_backend_api::kit::plan::{div_up, spread};
 use tandem_backend_api::{BackendError, DType, Op, ValueId, WeightRef};
+use tandem_gpu_kit::launch::{div_up, spread};
+use tandem_gpu_kit::params::norm_format;
 
 use super::cmd::{Access, Cmd, Push};
 use super::fuse::Group;
 use super::{format_name, Ctx, WG};
 use crate::VulkanBackend;
-
-/// The norm kernels' weight format code: 0 f32, 1 f16, 2 bf16.
-fn norm_format(d: DType) -> u32 {
-    match d {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        _ => 2,
-    }
-}
 
 impl VulkanBackend {
     /// The commands of one group.

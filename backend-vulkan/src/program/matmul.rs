@@ -1,7 +1,9 @@
 //! Which kernel runs a matmul, and why: the one place that decides it.
 
-use tandem_backend_api::kit::plan::{div_up, q4k_matvec_shape, spread, value_rows};
+use tandem_backend_api::kit::plan::value_rows;
 use tandem_backend_api::{BackendError, DType, ValueId, ValueShape, WeightRef};
+use tandem_gpu_kit::launch::{div_up, spread};
+use tandem_gpu_kit::matmul::{dot_columns, dot_rows, q4k_matvec_shape, DECODE_ROWS};
 
 use super::cmd::{Access, Cmd, Push};
 use super::{format_name, Ctx, WG};
@@ -9,8 +11,8 @@ use crate::VulkanBackend;
 
 /// Rows from which a matmul takes the tiled matrix-matrix kernel instead of the matrix-vector
 /// one (block formats other than q4_k: at 32 rows on the H100 the tiled kernel took 5.5 ms per
-/// step for a 4B model's q8_0 logits, `matvec_q8_0` 14.4).
-const TILED_ROWS: usize = 16;
+/// step for a 4B model's q8_0 logits, `matvec_q8_0` 14.4): where decode ends for both backends.
+const TILED_ROWS: usize = DECODE_ROWS;
 
 /// The same for q4_k and the float formats: up to a tile's worth of rows (batched decode) their
 /// matrix-vector kernels, reading each weight once per 8 rows, beat the tiled kernel on the
@@ -215,11 +217,12 @@ pub struct Unit {
     pub int_dot: bool,
 }
 
-/// Workgroups `matvec_dot_<fmt>` aims for when choosing its weight rows per workgroup (4, 2
-/// or 1) below 4 input rows per workgroup (from 4 it takes 1: H100, 8 sequences, 8-bit input,
-/// 1B 1,791 tok/s against 1,552 with 4 rows, 4B 933 against 832): 1B's 1152-wide products at
-/// one row take 1 (1,152 workgroups).
-const DOT_MIN_GROUPS: usize = 1024;
+/// `matvec_dot_<fmt>`'s weight rows per workgroup (4, 2 or 1) are the most that leave
+/// `tandem_gpu_kit::matmul::DOT_MIN_GROUPS` (1024) workgroups below 4 input rows per
+/// workgroup; from 4 it takes 1 (H100, 8 sequences, 8-bit input, 1B 1,791 tok/s against 1,552
+/// with 4 rows, 4B 933 against 832): 1B's 1152-wide products at one row take 1 (1,152
+/// workgroups).
+const DOT_MOST_COLUMNS_FROM_4_ROWS: usize = 1;
 
 /// `TANDEM_VULKAN_DOT_NC` (1 to 8): `matvec_dot_<fmt>`'s weight rows per workgroup, for tuning
 /// runs.
@@ -244,7 +247,7 @@ fn dot_wide() -> bool {
 /// Bytes of `matvec_dot`'s quantised input of `rows` x `k`: 80 per 32 elements at 16 bits, 48
 /// at 8.
 fn dot_input_bytes(rows: usize, k: usize) -> u64 {
-    (rows * (k / 32) * if dot_wide() { 80 } else { 48 }) as u64
+    tandem_gpu_kit::matmul::dot_input_bytes(rows, k, dot_wide())
 }
 
 /// Bytes of scratch the integer-dot-product matmuls of `graph` need (0 without `int_dot`): the
@@ -361,17 +364,10 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
     if int_dot && !float && k.is_multiple_of(32) && (dt != DType::Q4K || rows > 1 || dot_q4k_one_row()) {
         // Integer dot products on the quantised input: R = 1, 2, 4 or 8 input rows and NC
         // weight rows per workgroup.
-        let r = if rows <= 2 { rows } else { r as usize };
+        let r = dot_rows(rows);
         let slices = rows.div_ceil(r);
-        let nc = dot_nc_override().unwrap_or(if r >= 4 {
-            1
-        } else if div_up(n, 4) as usize * slices >= DOT_MIN_GROUPS {
-            4
-        } else if div_up(n, 2) as usize * slices >= DOT_MIN_GROUPS {
-            2
-        } else {
-            1
-        });
+        let most = if r >= 4 { DOT_MOST_COLUMNS_FROM_4_ROWS } else { 4 };
+        let nc = dot_nc_override().unwrap_or(dot_columns(n, slices, most));
         let [gx, gy] = spread(div_up(n, nc));
         return Choice {
             kernel: format!("matvec_dot_{fmt}"),

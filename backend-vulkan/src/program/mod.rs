@@ -19,6 +19,8 @@ mod top_k;
 use ash::vk;
 use tandem_backend_api::{BackendError, BufferId, DType, Graph, Op, ValueId, ValueShape};
 
+use tandem_gpu_kit::params::rope_inv_freq;
+
 use crate::memory::{GpuBuffer, Place};
 use crate::VulkanBackend;
 use cmd::Span;
@@ -129,14 +131,7 @@ pub fn weight_format_supported(d: DType) -> bool {
 impl VulkanBackend {
     /// Checks that every op is supported and the buffers a graph names; returns those it uses.
     fn check_buffers(&self, graph: &Graph, shapes: &[ValueShape]) -> Result<Vec<BufferId>, BackendError> {
-        for (i, node) in graph.nodes.iter().enumerate() {
-            if let crate::SupportCheck::No(reason) = crate::op_support(&node.op) {
-                return Err(BackendError::unsupported(
-                    node.op.name(),
-                    format!("node {i}: {reason}"),
-                ));
-            }
-        }
+        tandem_gpu_kit::check_ops(graph, &crate::COVERAGE)?;
         tandem_backend_api::kit::check_buffers(graph, shapes, |id| {
             self.buffers.get(id).map(|b| b.desc.clone())
         })
@@ -148,7 +143,7 @@ impl VulkanBackend {
         let buffers = self.check_buffers(graph, &shapes)?;
         let fusion = fuse::plan(graph, &shapes, self.fuse);
         let (offsets, arena_size) =
-            tandem_backend_api::kit::plan::plan_arena_at(graph, &shapes, ARENA_ALIGN, &fusion.time);
+            tandem_gpu_kit::plan::plan_arena_at(graph, &shapes, ARENA_ALIGN, &fusion.time);
 
         // Step arguments, then each rope's inverse frequencies.
         let rows = graph.rows as u64;
@@ -162,11 +157,7 @@ impl VulkanBackend {
         let mut args_size = rows * 12 + graph.selected_rows as u64 * 4;
         for (i, node) in graph.nodes.iter().enumerate() {
             if let Op::Rope { head_dim, theta, .. } = &node.op {
-                let half = head_dim / 2;
-                let t: Vec<f32> = (0..half)
-                    .map(|d| 1.0 / theta.powf((2 * d) as f32 / *head_dim as f32))
-                    .collect();
-                tables.push((i, t));
+                tables.push((i, rope_inv_freq(*head_dim, *theta)));
             }
         }
         let mut table_at = Vec::new();

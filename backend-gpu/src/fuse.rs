@@ -3,7 +3,7 @@
 //! same chains of the same op graph; each says through [`Rules`] which its kernels take. Every
 //! fused kernel still writes each value its nodes define (a later node may read any of them),
 //! and runs at the index of its last node; the arena is planned with those times
-//! ([`super::plan::plan_arena_at`]), so no value a group touches shares bytes with another it
+//! ([`crate::plan::plan_arena_at`]), so no value a group touches shares bytes with another it
 //! touches.
 //!
 //! Groups:
@@ -21,7 +21,7 @@
 //!   size (Gemma's q and k), the first storing nothing and read by no node before the second
 //!   runs, as one kernel.
 
-use crate::{DType, Graph, Op, ValueId, ValueShape};
+use tandem_backend_api::{DType, Graph, Op, ValueId, ValueShape};
 
 /// A unit of lowering (node indices of the graph).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,232 @@
+//! Which ops a GPU backend's kernels take: one rule for both backends, parameterised by what
+//! each one's kernels cover ([`Coverage`]), answered without buffers so that `supports` and
+//! `compile` agree.
+
+use tandem_backend_api::{BackendError, DType, Graph, Op};
+
+use crate::params::NORM_FORMATS;
+
+/// What a backend's kernels cover.
+#[derive(Debug, Clone, Copy)]
+pub struct Coverage {
+    /// The kernels' name in messages: `Vulkan` ("the Vulkan kernels"), `WGSL`.
+    pub kernels: &'static str,
+    /// Whether the embedding and matmul kernels decode weights of this format.
+    pub weight_format: fn(DType) -> bool,
+    /// The most output splits of one matmul.
+    pub max_splits: usize,
+    /// The largest attention head.
+    pub max_head_dim: usize,
+    /// The largest `k` of a top-k, which then must be at least 1; `None`: any.
+    pub top_k_max: Option<usize>,
+    /// Whether an f16 KV cache must have an even width (`kv_heads * head_dim`), its values
+    /// stored two per 32-bit word.
+    pub f16_kv_pairs: bool,
+}
+
+impl Coverage {
+    /// The weight formats [`Coverage::weight_format`] takes, in [`DType::ALL`]'s order.
+    pub fn weight_formats(&self) -> Vec<DType> {
+        DType::ALL
+            .into_iter()
+            .filter(|d| (self.weight_format)(*d))
+            .collect()
+    }
+}
+
+/// Whether `op` runs on the kernels `coverage` describes; `Err` says why not.
+pub fn op_support(op: &Op, coverage: &Coverage) -> Result<(), String> {
+    match op {
+        Op::TopK { k, .. } => match coverage.top_k_max {
+            Some(max) if *k == 0 || *k > max => Err(format!("top_k of {k} (1 to {max})")),
+            _ => Ok(()),
+        },
+        Op::Embed { table: w, .. } | Op::MatMul { weight: w, .. } => {
+            let d = w.desc.dtype;
+            if !(coverage.weight_format)(d) {
+                let names: Vec<String> = coverage.weight_formats().iter().map(|d| d.to_string()).collect();
+                return Err(format!(
+                    "weights in {d} are not implemented by the {} kernels ({} are)",
+                    coverage.kernels,
+                    names.join(", ")
+                ));
+            }
+            if let Op::MatMul { splits, .. } = op {
+                if splits.len() > coverage.max_splits {
+                    return Err(format!(
+                        "{} output splits (at most {})",
+                        splits.len(),
+                        coverage.max_splits
+                    ));
+                }
+            }
+            Ok(())
+        }
+        Op::RmsNorm { weight, .. } => match weight.desc.dtype {
+            d if NORM_FORMATS.contains(&d) => Ok(()),
+            d => Err(format!("norm weights in {d} (f32, f16 or bf16 only)")),
+        },
+        Op::Attention {
+            head_dim,
+            kv_heads,
+            cache,
+            ..
+        } => {
+            if *head_dim > coverage.max_head_dim {
+                return Err(format!("head_dim {head_dim} (at most {})", coverage.max_head_dim));
+            }
+            if coverage.f16_kv_pairs && cache.dtype == DType::F16 && !(kv_heads * head_dim).is_multiple_of(2)
+            {
+                return Err(format!(
+                    "an f16 KV cache of odd width {} (stored two values per 32-bit word)",
+                    kv_heads * head_dim
+                ));
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// [`op_support`] for every node of `graph`, for `compile`: the first node refused is an
+/// `Unsupported` error naming the op and the node (`node 3: head_dim 640 (at most 512)`).
+pub fn check_ops(graph: &Graph, coverage: &Coverage) -> Result<(), BackendError> {
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if let Err(reason) = op_support(&node.op, coverage) {
+            return Err(BackendError::unsupported(
+                node.op.name(),
+                format!("node {i}: {reason}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_backend_api::{BufferId, KvCacheRef, TensorDesc, ValueId, WeightRef};
+
+    /// The two backends' kernels as they cover ops today.
+    fn vulkan() -> Coverage {
+        Coverage {
+            kernels: "Vulkan",
+            weight_format: |d| !matches!(d, DType::Q2K | DType::Q3K | DType::Q5K),
+            max_splits: 4,
+            max_head_dim: 512,
+            top_k_max: None,
+            f16_kv_pairs: false,
+        }
+    }
+
+    fn wgsl() -> Coverage {
+        Coverage {
+            kernels: "WGSL",
+            top_k_max: Some(tandem_backend_api::TOP_K_MAX),
+            f16_kv_pairs: true,
+            ..vulkan()
+        }
+    }
+
+    fn matmul(dtype: DType, splits: Vec<usize>) -> Op {
+        Op::MatMul {
+            x: ValueId(0),
+            weight: WeightRef {
+                buffer: BufferId::UNBOUND,
+                desc: TensorDesc::new(dtype, [splits.iter().sum::<usize>(), 256]),
+            },
+            splits,
+        }
+    }
+
+    fn attention(head_dim: usize, kv_heads: usize, dtype: DType) -> Op {
+        Op::Attention {
+            q: ValueId(0),
+            k: ValueId(1),
+            v: ValueId(2),
+            cache: KvCacheRef {
+                k: BufferId(1),
+                v: BufferId(2),
+                dtype,
+                slots: 1,
+                capacity: 16,
+            },
+            heads: 2 * kv_heads,
+            kv_heads,
+            head_dim,
+            scale: 1.0,
+            window: None,
+            softcap: None,
+        }
+    }
+
+    #[test]
+    fn unsupported_weight_formats_name_the_kernels_and_the_formats_they_take() {
+        assert_eq!(
+            op_support(&matmul(DType::Q5K, vec![8]), &vulkan()).unwrap_err(),
+            "weights in q5_k are not implemented by the Vulkan kernels (f32, f16, bf16, q4_0, q4_1, \
+             q5_0, q5_1, q8_0, q4_k, q6_k are)"
+        );
+        assert_eq!(
+            op_support(&matmul(DType::Q2K, vec![8]), &wgsl()).unwrap_err(),
+            "weights in q2_k are not implemented by the WGSL kernels (f32, f16, bf16, q4_0, q4_1, \
+             q5_0, q5_1, q8_0, q4_k, q6_k are)"
+        );
+        assert!(op_support(&matmul(DType::Q4K, vec![8]), &vulkan()).is_ok());
+    }
+
+    #[test]
+    fn too_many_splits_and_too_large_heads_are_refused() {
+        let five = matmul(DType::F16, vec![1; 5]);
+        assert_eq!(
+            op_support(&five, &wgsl()).unwrap_err(),
+            "5 output splits (at most 4)"
+        );
+        assert!(op_support(&matmul(DType::F16, vec![1; 4]), &wgsl()).is_ok());
+        for c in [vulkan(), wgsl()] {
+            assert_eq!(
+                op_support(&attention(640, 1, DType::F32), &c).unwrap_err(),
+                "head_dim 640 (at most 512)"
+            );
+            assert!(op_support(&attention(512, 1, DType::F32), &c).is_ok());
+        }
+    }
+
+    #[test]
+    fn odd_f16_caches_and_out_of_range_top_k_only_where_the_kernels_say() {
+        let odd = attention(5, 1, DType::F16);
+        assert_eq!(
+            op_support(&odd, &wgsl()).unwrap_err(),
+            "an f16 KV cache of odd width 5 (stored two values per 32-bit word)"
+        );
+        assert!(op_support(&odd, &vulkan()).is_ok());
+        assert!(op_support(&attention(5, 1, DType::F32), &wgsl()).is_ok());
+        let max = tandem_backend_api::TOP_K_MAX;
+        let top = |k| Op::TopK { x: ValueId(0), k };
+        assert_eq!(
+            op_support(&top(0), &wgsl()).unwrap_err(),
+            format!("top_k of 0 (1 to {max})")
+        );
+        assert!(op_support(&top(max + 1), &wgsl()).is_err());
+        assert!(op_support(&top(max), &wgsl()).is_ok());
+        assert!(op_support(&top(0), &vulkan()).is_ok());
+    }
+
+    #[test]
+    fn norm_weights_are_float_only() {
+        let norm = |dtype| Op::RmsNorm {
+            x: ValueId(0),
+            weight: WeightRef {
+                buffer: BufferId(1),
+                desc: TensorDesc::new(dtype, [32]),
+            },
+            eps: 1e-6,
+            weight_offset: 0.0,
+        };
+        assert!(op_support(&norm(DType::Bf16), &vulkan()).is_ok());
+        assert_eq!(
+            op_support(&norm(DType::Q8_0), &vulkan()).unwrap_err(),
+            "norm weights in q8_0 (f32, f16 or bf16 only)"
+        );
+    }
+}
