@@ -21,11 +21,10 @@ pub use runtime::load::{load, plan, KvCacheType, LoadError, Loaded, ModelOptions
 pub use runtime::notice::Notice;
 pub use runtime::plugins::{report as backend_report, PluginSearch};
 pub use runtime::sampler::SamplerConfig;
-pub use runtime::sequence::{
-    generate, Event, EventSink, FinishReason, GenerateError, GenerationStats, Request, RequestError,
-};
-pub use runtime::session::{Session, SessionError};
+pub use runtime::sequence::{Event, EventSink, FinishReason, GenerationStats, Request, RequestError};
+pub use runtime::session::{Logits, Session, SessionError, Step};
 pub use runtime::settings::Settings;
+pub use runtime::stepper::{generate, GenerateError};
 pub use tokenizer::Tokenizer;
 
 pub mod bench;

@@ -307,7 +307,8 @@ pub fn greedy_ids(
     prompt: &[u32],
     n: usize,
 ) -> Vec<u32> {
-    use tandem_engine::runtime::sequence::{generate, Request};
+    use tandem_engine::runtime::sequence::Request;
+    use tandem_engine::runtime::stepper::generate;
     let mut got = Vec::new();
     let request = Request {
         prompt: prompt.to_vec(),

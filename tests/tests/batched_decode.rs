@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use tandem_backend_api::BackendError;
 use tandem_engine::checkpoint::hf::open_hf_dir;
 use tandem_engine::model::CacheShape;
+use tandem_engine::runtime::session::{Logits, Step};
 
 fn fixture(case: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -49,7 +50,7 @@ fn two_sequences_decoded_in_one_step_match_the_reference() {
         session.prefill(0, &a[..a.len() - 1], false).unwrap();
         session.prefill(1, &b[..b.len() - 1], false).unwrap();
         let logits = session
-            .step(&[a[a.len() - 1], b[b.len() - 1]], &[0, 1], &[0, 1])
+            .step(Step::decode(&[a[a.len() - 1], b[b.len() - 1]], &[0, 1], &[0, 1]))
             .unwrap()
             .to_vec();
         for (row, (want_row, label)) in [
@@ -72,7 +73,7 @@ fn two_sequences_decoded_in_one_step_match_the_reference() {
     }
 }
 
-/// A batched step that reads back each row's best logits (`Session::step_top_k`, the logits
+/// A batched step that reads back each row's best logits (`Logits::Best`, the logits
 /// ranked where they are computed) lets every sampler that fits pick what it picks from the
 /// whole rows, on every backend under test that ranks (the CPU; Vulkan on lavapipe in CI).
 #[test]
@@ -121,9 +122,15 @@ fn a_steps_best_logits_give_the_picks_of_its_whole_rows() {
             }
             let (tokens, slots) = ([5, 6, 7], [0, 1, 2]);
             if ranked {
-                session.step_top_k(&tokens, &slots, &slots, k).unwrap().to_vec()
+                session
+                    .step(Step::decode(&tokens, &slots, &slots).with(Logits::Best(k)))
+                    .unwrap()
+                    .to_vec()
             } else {
-                session.step(&tokens, &slots, &slots).unwrap().to_vec()
+                session
+                    .step(Step::decode(&tokens, &slots, &slots))
+                    .unwrap()
+                    .to_vec()
             }
         };
         let whole = step(&mut session, false);
@@ -174,7 +181,10 @@ fn step_programs_are_capped_and_rebuilt_when_needed() {
         }
         let slots: Vec<u32> = (0..n as u32).collect();
         let tokens: Vec<u32> = slots.iter().map(|s| 3 + s % 50).collect();
-        session.step(&tokens, &slots, &[0]).unwrap().to_vec()
+        session
+            .step(Step::decode(&tokens, &slots, &[0]))
+            .unwrap()
+            .to_vec()
     };
     let first = step(&mut session, 1);
     for n in 2..=rows {
@@ -289,7 +299,9 @@ fn a_unit_out_of_memory_for_a_new_shape_releases_the_least_recent() {
         }
         let slots: Vec<u32> = (0..n as u32).collect();
         let tokens: Vec<u32> = slots.iter().map(|s| 3 + s % 50).collect();
-        session.step(&tokens, &slots, &[0]).map(<[f32]>::to_vec)
+        session
+            .step(Step::decode(&tokens, &slots, &[0]))
+            .map(<[f32]>::to_vec)
     };
     let first = step(&mut session, 1).unwrap();
     for n in 2..=12 {

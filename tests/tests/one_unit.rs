@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use tandem_backend_api::{BufferId, DType, GraphBuilder, StepArgs, TensorDesc, Usage};
 use tandem_engine::checkpoint::hf::open_hf_dir;
 use tandem_engine::model::{CacheShape, Gemma3Model};
+use tandem_engine::runtime::session::Step;
 use tandem_engine::runtime::split::{SplitScheduler, Unit};
 
 fn fixture(case: &str) -> PathBuf {
@@ -42,7 +43,7 @@ fn one_unit_through_the_split_scheduler_equals_the_unsplit_graph_bit_for_bit() {
 
     let mut session = tandem_conformance::session_on("cpu", cpu(), config.clone(), &ckpt, shape());
     let prefill = session.prefill(0, &prompt, true).unwrap();
-    let decode = session.step(&[next], &[0], &[0]).unwrap().to_vec();
+    let decode = session.step(Step::decode(&[next], &[0], &[0])).unwrap().to_vec();
 
     // The unsplit path: every planned tensor on one backend, the graph's ids replaced by hand.
     let model = Gemma3Model::plan(config, &ckpt, shape()).unwrap();

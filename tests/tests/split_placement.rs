@@ -22,7 +22,7 @@ use tandem_engine::runtime::load::{load, plan, KvCacheType, Loaded, ModelOptions
 use tandem_engine::runtime::notice::Notice;
 use tandem_engine::runtime::placement_report::PlacementReport;
 use tandem_engine::runtime::plugins::PluginSearch;
-use tandem_engine::runtime::session::Session;
+use tandem_engine::runtime::session::{Session, Step};
 use tandem_engine::runtime::settings::Settings;
 
 // ---------------------------------------------------------------------------------------------
@@ -278,7 +278,7 @@ fn assert_sequences(label: &str, session: &mut Session, r: &Value, prefilled: us
             );
         }
         for (p, &t) in tokens.iter().enumerate().skip(prefilled) {
-            let got = session.step(&[t], &[0], &[0]).unwrap();
+            let got = session.step(Step::decode(&[t], &[0], &[0])).unwrap();
             assert_row(
                 &format!("{label}: sequence {si}, decoded position {p}"),
                 got,
@@ -472,7 +472,7 @@ fn device_boundaries_share_what_the_host_path_copies() {
             s.prefill(0, &tokens[..CHUNK], false).unwrap();
             let mut got = Vec::new();
             for (i, &t) in tokens[CHUNK..CHUNK + 3].iter().enumerate() {
-                got.extend_from_slice(s.step(&[t], &[0], &[0]).unwrap());
+                got.extend_from_slice(s.step(Step::decode(&[t], &[0], &[0])).unwrap());
                 let c = s.boundary_counts();
                 let label = format!("{first}/{second}, boundaries {mode:?}, step {i}");
                 assert_eq!(c.shared_values + c.copied_values, 2, "{label}: {c:?}");
@@ -650,7 +650,7 @@ fn host_copies_are_what_the_report_predicts() {
         "after a prefill step of {chunk} rows"
     );
     for (i, &t) in tokens[chunk..].iter().take(decode_steps as usize).enumerate() {
-        s.step(&[t], &[0], &[0]).unwrap();
+        s.step(Step::decode(&[t], &[0], &[0])).unwrap();
         assert_eq!(
             s.moved_bytes(),
             (prefill + (i as u64 + 1) * split.decode_bytes_per_token, 0),
@@ -667,7 +667,10 @@ fn host_copies_are_what_the_report_predicts() {
     assert_eq!(whole.programs_per_step, (1, 1));
     let (mut loaded, _) = load_with("cpu", "", chunk);
     loaded.session.prefill(0, &tokens[..chunk], false).unwrap();
-    loaded.session.step(&[tokens[chunk]], &[0], &[0]).unwrap();
+    loaded
+        .session
+        .step(Step::decode(&[tokens[chunk]], &[0], &[0]))
+        .unwrap();
     assert_eq!(loaded.session.moved_bytes(), (0, 0));
 }
 
@@ -713,10 +716,10 @@ fn kv_handoff_between_phases_is_what_the_report_predicts() {
         let s = &mut loaded.session;
         s.prefill(0, &tokens[..p], false).unwrap();
         assert_eq!(s.moved_bytes(), (0, 0), "{placement}: prefill hands nothing over");
-        s.step(&[tokens[p]], &[0], &[0]).unwrap();
+        s.step(Step::decode(&[tokens[p]], &[0], &[0])).unwrap();
         let first = rep.kv_handoff_bytes_per_token * p as u64;
         assert_eq!(s.moved_bytes(), (0, first), "{placement}: the first decode step");
-        let got = s.step(&[tokens[p + 1]], &[0], &[0]).unwrap();
+        let got = s.step(Step::decode(&[tokens[p + 1]], &[0], &[0])).unwrap();
         assert_row(
             &format!("{placement}: position {}", p + 1),
             got,
@@ -743,7 +746,7 @@ fn kv_handoff_between_phases_is_what_the_report_predicts() {
         s.reset(0);
         let long = 12usize;
         s.prefill(0, &tokens[..long], false).unwrap();
-        s.step(&[tokens[long]], &[0], &[0]).unwrap();
+        s.step(Step::decode(&[tokens[long]], &[0], &[0])).unwrap();
         let held: u64 = capacities.iter().map(|&cap| 2 * row * cap.min(long as u64)).sum();
         assert!(
             held < rep.kv_handoff_bytes_per_token * long as u64,
@@ -784,7 +787,7 @@ fn f16_kv_caches_are_handed_over_at_two_bytes_a_value() {
     let p = 3usize;
     s.prefill(0, &tokens[..p], false).unwrap();
     for (i, &t) in tokens.iter().enumerate().skip(p).take(6) {
-        let got = s.step(&[t], &[0], &[0]).unwrap();
+        let got = s.step(Step::decode(&[t], &[0], &[0])).unwrap();
         // The fixtures' f16-cache tolerance (cli/tests/fixtures.rs).
         assert_row(&format!("f16 caches: position {i}"), got, &want[i], 1e-2);
     }
@@ -823,12 +826,12 @@ fn decode_steps_of_a_split_allocate_nothing() {
         let mut next = argmax(&logits);
         // Warm-up: the first decode step builds and compiles the decode programs.
         for _ in 0..3 {
-            next = argmax(s.step(&[next], &[0], &[0]).unwrap());
+            next = argmax(s.step(Step::decode(&[next], &[0], &[0])).unwrap());
         }
         let (last, allocations) = count_allocations(|| {
             let mut next = next;
             for _ in 0..steps {
-                next = argmax(s.step(&[next], &[0], &[0]).unwrap());
+                next = argmax(s.step(Step::decode(&[next], &[0], &[0])).unwrap());
             }
             next
         });
@@ -896,9 +899,18 @@ fn micro_batches_match(tokens: &[u32], batch: usize, layers: &str) {
     let vocab = whole.session.model().config.vocab_size;
     let mut next: Vec<u32> = tokens[..batch].to_vec();
     for step in 0..4 {
-        let want = whole.session.step(&next, &slots, &slots).unwrap().to_vec();
-        let (got, allocations) =
-            count_allocations(|| piped.session.step(&next, &slots, &slots).unwrap().to_vec());
+        let want = whole
+            .session
+            .step(Step::decode(&next, &slots, &slots))
+            .unwrap()
+            .to_vec();
+        let (got, allocations) = count_allocations(|| {
+            piped
+                .session
+                .step(Step::decode(&next, &slots, &slots))
+                .unwrap()
+                .to_vec()
+        });
         assert_eq!(got.len(), batch * vocab);
         let worst = got
             .iter()

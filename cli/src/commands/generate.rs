@@ -143,6 +143,9 @@ fn explain(e: GenerateError) -> anyhow::Error {
         GenerateError::Request(RequestError::MaxTokens { value, context }) => {
             anyhow::anyhow!("--max-tokens must be between 1 and the context ({context}), got {value}")
         }
+        GenerateError::Request(RequestError::StopWithoutText) => {
+            anyhow::anyhow!("--stop needs a tokenizer, and this model has none (no tokenizer.json)")
+        }
         _ => anyhow::anyhow!(e),
     }
 }

@@ -9,6 +9,7 @@ use anyhow::{bail, Context as _};
 
 use super::load::{load, ModelArgs};
 use crate::Context;
+use tandem_engine::Step;
 
 /// Flags of `engine perplexity`.
 #[derive(Debug, clap::Args)]
@@ -62,7 +63,6 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         );
     }
     let vocab = loaded.session.model().config.vocab_size;
-    let step_rows = model_args.chunk.min(n_ctx);
     let first = n_ctx / 2;
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
     let mut out = std::io::stdout().lock();
@@ -74,8 +74,8 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         }
         loaded.session.reset(0);
         let mut pos = 0;
-        while pos < n_ctx {
-            let end = (pos + step_rows).min(n_ctx);
+        for piece in loaded.session.chunks(&chunk) {
+            let end = pos + piece.len();
             // Rows whose logits predict a scored token: positions first-1 ..= n_ctx-2.
             let select: Vec<u32> = (pos..end)
                 .filter(|&p| p + 1 >= first && p + 1 < n_ctx)
@@ -86,8 +86,8 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             } else {
                 select.clone()
             };
-            let slots = vec![0u32; end - pos];
-            let logits = loaded.session.step(&chunk[pos..end], &slots, &sel)?;
+            let slots = vec![0u32; piece.len()];
+            let logits = loaded.session.step(Step::prefill(piece, &slots, &sel))?;
             for (i, &row) in select.iter().enumerate() {
                 let target = chunk[pos + row as usize + 1] as usize;
                 let l = &logits[i * vocab..(i + 1) * vocab];

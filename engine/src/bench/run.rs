@@ -20,6 +20,7 @@ use crate::runtime::load::{load, ModelOptions};
 use crate::runtime::notice::Notice;
 use crate::runtime::placement::{choose_from, discover, plugin_name};
 use crate::runtime::plugins::PluginSearch;
+use crate::runtime::session::Step;
 use crate::runtime::settings::Settings;
 
 /// What to measure.
@@ -204,7 +205,7 @@ pub fn run(
             for _ in 1..args.gen_tokens {
                 let toks: Vec<u32> = (0..batch).map(|_| next_token()).collect();
                 let ts = Instant::now();
-                loaded.session.step(&toks, &slots, &slots)?;
+                loaded.session.step(Step::decode(&toks, &slots, &slots))?;
                 steps.push(ts.elapsed().as_secs_f64() * 1e3);
                 events(BenchEvent::Tokens(batch as u64));
             }

@@ -5,38 +5,25 @@
 //! by layers, as many on that unit as fit, the rest on the CPU. A model that fits nowhere is an
 //! error naming the sizes, never an allocation failure halfway through a load.
 
-use super::calibrate::Fit;
 use super::layers::LayerRule;
+pub use super::load_error::BudgetError;
+use super::load_error::LoadError;
 use super::notice::Notice;
 use super::placement::{region_units, Candidate};
 use super::placement_report::{gib, UnitReport};
-use super::planned::{LoadError, Planned};
+use super::planned::Planned;
 use super::plugins::Discovery;
 use super::settings::Settings;
 
-/// A unit that cannot hold what the placement gives it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "the model does not fit {unit}: it needs {} there (weights {}, KV cache {}, activations about {}) and {unit} may use {} ({source_of_budget}); {hint}",
-    gib(*need), gib(*weights), gib(*kv_cache), gib(*activations), gib(*budget)
-)]
-pub struct BudgetError {
-    /// The unit's instance name.
-    pub unit: String,
-    /// Bytes it would need.
-    pub need: u64,
-    /// Of which weights.
-    pub weights: u64,
-    /// Of which KV caches.
-    pub kv_cache: u64,
-    /// Of which activations (an estimate).
-    pub activations: u64,
-    /// Bytes it may use.
-    pub budget: u64,
-    /// Where that budget comes from.
-    pub source_of_budget: String,
-    /// What to do about it.
-    pub hint: String,
+/// How much of a model one unit holds within its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fit {
+    /// All of it.
+    Whole,
+    /// Its first `n` layers (with the embedding and the head), the rest going to the CPU.
+    FirstLayers(usize),
+    /// Not even one layer.
+    Nothing,
 }
 
 fn budget_source(settings: &Settings, unit: &str) -> String {
@@ -204,10 +191,4 @@ pub fn fit_of(planned: Planned, discovery: &Discovery, settings: &Settings) -> R
         },
         _ => Fit::Nothing,
     })
-}
-
-impl From<BudgetError> for LoadError {
-    fn from(e: BudgetError) -> Self {
-        LoadError::Budget(Box::new(e))
-    }
 }

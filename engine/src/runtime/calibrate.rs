@@ -21,11 +21,14 @@ use tandem_npu_model::gpu::Shape;
 
 use crate::checkpoint::config::Gemma3Config;
 
+pub use super::budget::Fit;
+use super::fitted::{load_fitted, plan_fitted};
+use super::load_error::LoadError;
 use super::notice::Notice;
 use super::placement::Placement;
-use super::planned::{load_placed, LoadError, ModelOptions};
+use super::planned::ModelOptions;
 use super::plugins::Discovery;
-use super::session::{Session, SessionError};
+use super::session::{Session, SessionError, Step};
 use super::settings::Settings;
 
 /// Prompt tokens of the measured prefill.
@@ -112,17 +115,6 @@ pub fn candidates(backends: &[String]) -> Vec<Choice> {
         }
     }
     out
-}
-
-/// How much of a model one unit holds within its budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fit {
-    /// All of it.
-    Whole,
-    /// Its first `n` layers (with the embedding and the head), the rest going to the CPU.
-    FirstLayers(usize),
-    /// Not even one layer.
-    Nothing,
 }
 
 /// The candidates for a model that does not fit the fastest unit whole: each unit (in auto's
@@ -372,7 +364,11 @@ fn measure(
         choice.gpu_layers,
         &mut |_| {},
     )?;
-    let mut loaded = load_placed(chosen, &opts, 1, 1, &mut |_| {}, &mut |_: u64, _: u64| {})?;
+    // The load path `runtime::load` takes once `auto` has chosen (calibration only runs under
+    // plain `auto`, where a model too large for its unit may be split): budgets fitted,
+    // micro-batches and boundaries as configured.
+    let (planned, files) = plan_fitted(chosen, &opts, discovery, settings, true, 1, &mut |_| {})?;
+    let mut loaded = load_fitted(planned, files, settings, &mut |_| {}, &mut |_: u64, _: u64| {})?;
     let s = &mut loaded.session;
     let vocab = s.model().config.vocab_size as u32;
     let prompt: Vec<u32> = (0..PREFILL_TOKENS as u32)
@@ -386,7 +382,7 @@ fn measure(
         let mut steps = Vec::with_capacity(DECODE_STEPS);
         for i in 0..DECODE_STEPS as u32 {
             let t = Instant::now();
-            s.step(&[(3 + i) % vocab.max(1)], &[0], &[0])
+            s.step(Step::decode(&[(3 + i) % vocab.max(1)], &[0], &[0]))
                 .map_err(session_err)?;
             steps.push(t.elapsed().as_secs_f64());
         }

@@ -7,11 +7,13 @@
 use tandem_backend_api::{ComputeBackend, DeviceKind};
 
 use super::adapters::{Adapters, Facts, Taken};
+use super::fitted::{load_fitted, plan_fitted};
+pub use super::load_error::LoadError;
 use super::notice::Notice;
 use super::placement::{discover, Candidate, Placement, AUTO_ORDER};
 use super::placement_report::gib;
-use super::planned::{load_planned, plan_placed};
-pub use super::planned::{KvCacheType, LoadError, Loaded, ModelOptions, Planned};
+use super::planned::plan_placed;
+pub use super::planned::{KvCacheType, Loaded, ModelOptions, Planned};
 use super::plugins::{Discovery, PluginSearch};
 use super::settings::Settings;
 use super::{budget, calibrate};
@@ -63,10 +65,10 @@ fn plan_files(
 ) -> Result<(Planned, ModelFiles), LoadError> {
     let discovery = discover(search, notices);
     let (resolved, placement) = decide(&discovery, settings, options, slots, notices)?;
-    let (planned, files) = plan_placed(placement, &resolved, slots)?;
     let may_split = plain_auto(settings, options);
-    let planned = budget::fit(planned, &discovery, settings, may_split, notices)?;
-    Ok((planned, files))
+    plan_fitted(
+        placement, &resolved, &discovery, settings, may_split, slots, notices,
+    )
 }
 
 /// `--backend auto` with neither `[placement]` lists nor `--gpu-layers`: what may split a model
@@ -100,12 +102,7 @@ pub fn load(
     progress: &mut dyn LoadProgress,
 ) -> Result<Loaded, LoadError> {
     let (planned, files) = plan_files(search, settings, options, slots, notices)?;
-    let micro_batches = settings.placement.micro_batches.unwrap_or(1);
-    let mut loaded = load_planned(planned, files, micro_batches, notices, progress)?;
-    loaded
-        .session
-        .set_boundaries(settings.placement.boundaries.unwrap_or_default());
-    Ok(loaded)
+    load_fitted(planned, files, settings, notices, progress)
 }
 
 /// For `auto` without `[placement]` lists, when two or more hardware backends are available:

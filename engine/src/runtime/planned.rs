@@ -10,18 +10,17 @@ use std::path::PathBuf;
 
 use tandem_backend_api::{BufferId, DType, Graph};
 
+pub use super::load_error::LoadError;
 use super::notice::Notice;
-use super::placement::{
-    assign, fallback_notes, region_units, Assignment, Candidate, Placement, PlacementError, SpecError,
-};
+use super::placement::{assign, fallback_notes, region_units, Assignment, Candidate, Placement};
 use super::placement_report::{unit_tensors, PlacementReport};
 use super::session::Session;
-use super::split::{Phase, ScheduleError, SplitScheduler, Unit};
+use super::split::{Phase, SplitScheduler, Unit};
 use crate::checkpoint::config::Gemma3Config;
 use crate::checkpoint::source::WeightSource;
 use crate::checkpoint::tuning::Verdict;
 use crate::model::files::{open_model, ModelFiles};
-use crate::model::{CacheShape, Gemma3Model, LoadProgress, ModelError, Part, Region};
+use crate::model::{CacheShape, Gemma3Model, LoadProgress, Part, Region};
 use crate::tokenizer::Tokenizer;
 
 /// What to load and how to size it.
@@ -75,50 +74,6 @@ impl std::str::FromStr for KvCacheType {
             "f16" => Ok(KvCacheType::F16),
             other => Err(format!("the KV cache type must be f32 or f16, not '{other}'")),
         }
-    }
-}
-
-/// Why a model could not be loaded onto its units.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    /// No backend, or no placement.
-    #[error(transparent)]
-    Placement(#[from] PlacementError),
-    /// The model's files are unusable.
-    #[error(transparent)]
-    Model(Box<ModelError>),
-    /// A zero context or chunk.
-    #[error("the context and the prompt chunk must be at least 1 token")]
-    ZeroSize,
-    /// `auto` could not measure any placement.
-    #[error("calibrating the automatic placement: {0}")]
-    Calibration(String),
-    /// The weights could not be uploaded.
-    #[error("loading {}", path.display())]
-    Upload {
-        /// The model file or directory.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: Box<ModelError>,
-    },
-    /// A unit cannot hold what the placement gives it.
-    #[error(transparent)]
-    Budget(Box<super::budget::BudgetError>),
-    /// The units could not be set up to run the placed graph.
-    #[error(transparent)]
-    Schedule(#[from] ScheduleError),
-}
-
-impl From<SpecError> for LoadError {
-    fn from(e: SpecError) -> Self {
-        LoadError::Placement(e.into())
-    }
-}
-
-impl From<ModelError> for LoadError {
-    fn from(e: ModelError) -> Self {
-        LoadError::Model(Box::new(e))
     }
 }
 
@@ -319,20 +274,6 @@ pub fn plan_placed(
     let shape = cache_shape(options, files.config.max_position_embeddings, slots)?;
     let planned = Planned::new(placement, files.config.clone(), files.weights.as_ref(), shape)?;
     Ok((planned, files))
-}
-
-/// [`plan_placed`], then the upload: the path every command takes once its placement is
-/// decided.
-pub fn load_placed(
-    placement: Placement,
-    options: &ModelOptions,
-    slots: usize,
-    micro_batches: usize,
-    notices: &mut dyn FnMut(Notice),
-    progress: &mut dyn LoadProgress,
-) -> Result<Loaded, LoadError> {
-    let (planned, files) = plan_placed(placement, options, slots)?;
-    load_planned(planned, files, micro_batches, notices, progress)
 }
 
 /// Uploads `planned` from `files` and sets the session's micro-batches.

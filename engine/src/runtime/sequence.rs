@@ -10,8 +10,7 @@
 use std::time::Instant;
 
 use super::sampler::{Sampler, SamplerConfig, SamplerError};
-use super::session::{Session, SessionError};
-use super::split::Phase;
+use super::session::Session;
 use super::stop::StopMatcher;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -153,6 +152,9 @@ pub enum RequestError {
     /// A sampling setting out of range.
     #[error(transparent)]
     Sampling(#[from] SamplerError),
+    /// Stop strings, where the model has no tokenizer vocabulary to turn tokens into text.
+    #[error("stop strings need a tokenizer, and this model has none (no tokenizer.json)")]
+    StopWithoutText,
 }
 
 impl RequestError {
@@ -163,33 +165,39 @@ impl RequestError {
             | RequestError::PromptTooLong { .. }
             | RequestError::TokenOutOfRange { .. } => "prompt",
             RequestError::MaxTokens { .. } => "max_tokens",
+            RequestError::StopWithoutText => "stop",
             RequestError::Sampling(SamplerError::Invalid { setting, .. }) => setting,
         }
     }
 }
 
-/// What a request is checked against: the model's vocabulary and the session's context.
+/// What a request is checked against: the model's vocabulary, the session's context, and
+/// whether tokens can be turned into text.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// Vocabulary size.
     pub vocab: usize,
     /// The context: prompt and generated tokens of one sequence together.
     pub context: usize,
+    /// The tokenizer has a vocabulary (stop strings can be matched in the text).
+    pub text: bool,
 }
 
 impl Limits {
-    /// The limits of `session`.
-    pub fn of(session: &Session) -> Limits {
+    /// The limits of `session` with `tokenizer`.
+    pub fn of(session: &Session, tokenizer: &Tokenizer) -> Limits {
         Limits {
             vocab: session.model().config.vocab_size,
             context: session.context(),
+            text: tokenizer.has_vocabulary(),
         }
     }
 }
 
 impl Request<'_> {
-    /// Checks the prompt (continuing `cached` tokens already in the slot), the token budget and
-    /// the sampling settings; returns the request's sampler. The one place a request is checked.
+    /// Checks the prompt (continuing `cached` tokens already in the slot), the token budget, the
+    /// stop strings and the sampling settings; returns the request's sampler. The one place a
+    /// request is checked.
     pub fn check(&self, limits: Limits, cached: usize) -> Result<Sampler, RequestError> {
         let context = limits.context;
         if self.prompt.is_empty() {
@@ -210,6 +218,9 @@ impl Request<'_> {
                 value: self.max_tokens as u64,
                 context,
             });
+        }
+        if !self.stop.is_empty() && !limits.text {
+            return Err(RequestError::StopWithoutText);
         }
         Ok(Sampler::new(self.sampling)?)
     }
@@ -336,10 +347,10 @@ impl<'t> Sequence<'t> {
         (&mut self.sampler, &self.history)
     }
 
-    /// Whether this sequence's sampler picks from a row's best `k` logits what it picks from
-    /// the whole row ([`Sampler::fits_ranked`]).
-    pub fn fits_ranked(&self, k: usize) -> bool {
-        self.sampler.fits_ranked(k)
+    /// This sequence's sampler (what [`Session::logits_for`] asks whether the best logits of a
+    /// row are enough).
+    pub fn sampler(&self) -> &Sampler {
+        &self.sampler
     }
 
     /// [`Sequence::accept`] for a token already picked by this sequence's sampler (through
@@ -420,80 +431,6 @@ impl<'t> Sequence<'t> {
     }
 }
 
-/// Why [`generate`] stopped early.
-#[derive(Debug, thiserror::Error)]
-pub enum GenerateError {
-    /// The request was refused.
-    #[error(transparent)]
-    Request(#[from] RequestError),
-    /// The session failed.
-    #[error(transparent)]
-    Session(#[from] SessionError),
-}
-
-/// Runs `request` alone in `slot` of `session` (continuing the slot's cached sequence when
-/// `keep`, else resetting it first): prompt chunks, then one decode step per token, until the
-/// sequence ends. Returns its timing; a receiver that went away ends it early, without error.
-pub fn generate(
-    session: &mut Session,
-    tokenizer: &Tokenizer,
-    request: Request<'_>,
-    slot: u32,
-    keep: bool,
-) -> Result<GenerationStats, GenerateError> {
-    if !keep {
-        session.reset(slot as usize);
-    }
-    let sampler = request.check(Limits::of(session), session.len(slot as usize))?;
-    let mut seq = Sequence::new(request, sampler, slot, tokenizer);
-    let chunk = session.chunk();
-    let slots = vec![slot; chunk];
-    // Decode steps read back the row's best logits only, where the session ranks them on a
-    // device and the sampler needs no more.
-    let ranked_k = session.ranked_k();
-    let ranked = ranked_k > 0 && seq.fits_ranked(ranked_k);
-    loop {
-        let mut from_best = false;
-        let step = if seq.prefilling() {
-            let piece = seq.next_chunk(chunk);
-            let n = piece.len();
-            let r = session.step_in(Phase::Prefill, piece, &slots[..n], &[n as u32 - 1]);
-            if r.is_ok() {
-                seq.fed(n);
-            }
-            r
-        } else if let Some(t) = seq.next.take() {
-            if ranked {
-                from_best = true;
-                session.step_top_k(&[t], &[slot], &[0], ranked_k)
-            } else {
-                session.step(&[t], &[slot], &[0])
-            }
-        } else {
-            break;
-        };
-        if let Err(e) = step.map(|_| ()) {
-            seq.fail(e.to_string());
-            return Err(e.into());
-        }
-        if seq.prefilling() {
-            continue;
-        }
-        let at_limit = session.at_context_limit(slot as usize);
-        let outcome = if from_best {
-            let id = seq.sampler_parts().0.sample_ranked(session.logits_mut());
-            seq.accept_id(id, at_limit).0
-        } else {
-            // Sampled in place: the session's logits are scratch until the next step.
-            seq.accept(session.logits_mut(), at_limit).0
-        };
-        if outcome.is_some() {
-            break;
-        }
-    }
-    Ok(seq.stats())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -526,6 +463,7 @@ mod tests {
         let limits = Limits {
             vocab: 10,
             context: 8,
+            text: false,
         };
         let field = |r: Request<'_>, cached| r.check(limits, cached).map(|_| ()).map_err(|e| e.field());
         assert_eq!(field(request(vec![1, 2], 4), 0), Ok(()));
@@ -543,5 +481,12 @@ mod tests {
         let mut hot = request(vec![1], 4);
         hot.sampling.temperature = -1.0;
         assert_eq!(field(hot, 0), Err("temperature"));
+        let mut stops = request(vec![1], 4);
+        stops.stop = vec!["\n".into()];
+        assert_eq!(field(stops, 0), Err("stop"), "stop strings without a vocabulary");
+        let mut stops = request(vec![1], 4);
+        stops.stop = vec!["\n".into()];
+        let with_text = Limits { text: true, ..limits };
+        assert!(stops.check(with_text, 0).is_ok());
     }
 }

@@ -4,6 +4,7 @@
 
 use tandem_backend_api::{BackendError, ComputeBackend, NodeTime, StepArgs};
 
+use super::sampler::Sampler;
 use super::split::program::BoundaryCounts;
 use super::split::{BoundaryMode, Phase, ScheduleError, SplitScheduler};
 use crate::model::Gemma3Model;
@@ -12,6 +13,61 @@ use crate::model::Gemma3Model;
 /// logits are computed on a device ([`Session::ranked_k`]) and the sampler needs no more
 /// (greedy, or top-k up to this; no repetition penalty): the default top-k (64) and then some.
 pub const RANKED_K: usize = 128;
+
+/// Which logits of a step's selected rows come back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Every selected row's logits (`[select, vocab]`).
+    Rows,
+    /// Each selected row's best `k` logits in rank order (higher first, equal ones by lower id,
+    /// NaN as -inf), then their ids as f32 (`[select, 2k]`): computed on the unit that computes
+    /// the logits (`Op::TopK`), so a batched step reads back a few kilobytes instead of every
+    /// row's logits. For samplers that `fits_ranked(k)` (`Sampler::sample_ranked`), where
+    /// [`Session::supports_top_k`] says so ([`Session::logits_for`] decides).
+    Best(usize),
+}
+
+/// One step of a session: its rows (a token and a KV cache slot each), the rows whose logits
+/// come back, which logits, and the placement it runs with.
+#[derive(Debug, Clone, Copy)]
+pub struct Step<'a> {
+    /// The placement's phase: a step that carries a prompt chunk runs prefill's.
+    pub phase: Phase,
+    /// One token per row.
+    pub tokens: &'a [u32],
+    /// Each row's KV cache slot.
+    pub slots: &'a [u32],
+    /// The rows whose logits come back, in order.
+    pub select: &'a [u32],
+    /// Which of their logits.
+    pub logits: Logits,
+}
+
+impl<'a> Step<'a> {
+    /// A decode step's rows, their whole logits.
+    pub fn decode(tokens: &'a [u32], slots: &'a [u32], select: &'a [u32]) -> Step<'a> {
+        Step {
+            phase: Phase::Decode,
+            tokens,
+            slots,
+            select,
+            logits: Logits::Rows,
+        }
+    }
+
+    /// A prompt chunk's rows (prefill's placement), their whole logits.
+    pub fn prefill(tokens: &'a [u32], slots: &'a [u32], select: &'a [u32]) -> Step<'a> {
+        Step {
+            phase: Phase::Prefill,
+            ..Step::decode(tokens, slots, select)
+        }
+    }
+
+    /// This step asking for `logits`.
+    pub fn with(self, logits: Logits) -> Step<'a> {
+        Step { logits, ..self }
+    }
+}
 
 /// What went wrong while running the model.
 #[derive(Debug, thiserror::Error)]
@@ -64,15 +120,17 @@ pub struct Session {
     logits: Vec<f32>,
     /// Scratch for the lengths after a step (swapped with `lengths`).
     next_lengths: Vec<usize>,
-    /// The `k` the units were last found able to rank ([`Session::step_top_k`]).
+    /// The `k` the units were last found able to rank ([`Logits::Best`]).
     top_k_ok: Option<usize>,
+    /// [`Session::ranked_k`].
+    ranked_k: usize,
 }
 
 impl Session {
     /// The model on the units of `scheduler` (built by `runtime::load`).
     pub fn new(scheduler: SplitScheduler, model: Gemma3Model) -> Self {
         let slots = model.cache_shape.slots;
-        Session {
+        let mut session = Session {
             scheduler,
             model,
             lengths: vec![0; slots],
@@ -83,7 +141,10 @@ impl Session {
             logits: vec![],
             next_lengths: vec![],
             top_k_ok: None,
-        }
+            ranked_k: 0,
+        };
+        session.ranked_k = session.find_ranked_k();
+        session
     }
 
     /// The model.
@@ -178,68 +239,55 @@ impl Session {
         }
     }
 
-    /// Appends `tokens` to the sequences of the given slots (row `r`: `tokens[r]` of slot
-    /// `slots[r]`, in order) and returns the logits of the rows in `select` (`[select, vocab]`):
-    /// a decode step.
-    pub fn step(&mut self, tokens: &[u32], slots: &[u32], select: &[u32]) -> Result<&[f32], SessionError> {
-        self.step_in(Phase::Decode, tokens, slots, select)
-    }
-
-    /// [`Session::step`], run with `phase`'s placement.
-    pub fn step_in(
-        &mut self,
-        phase: Phase,
-        tokens: &[u32],
-        slots: &[u32],
-        select: &[u32],
-    ) -> Result<&[f32], SessionError> {
-        self.run_step(phase, tokens, slots, select, 0)?;
-        Ok(&self.logits)
-    }
-
-    /// [`Session::step`], returning for each selected row only its best `k` logits, in rank
-    /// order (higher first, equal ones by lower id, NaN as -inf), then their ids as f32
-    /// (`[select, 2k]`): computed on the unit that computes the logits ([`Op::TopK`]), so a
-    /// batched step reads back a few kilobytes instead of every row's logits. For samplers that
-    /// `fits_ranked(k)` (`Sampler::sample_ranked`), where [`Session::supports_top_k`] says so.
-    pub fn step_top_k(
-        &mut self,
-        tokens: &[u32],
-        slots: &[u32],
-        select: &[u32],
-        k: usize,
-    ) -> Result<&[f32], SessionError> {
-        self.step_top_k_in(Phase::Decode, tokens, slots, select, k)
-    }
-
-    /// [`Session::step_top_k`], run with `phase`'s placement (a step that also carries a
-    /// prompt chunk runs the prefill placement).
-    pub fn step_top_k_in(
-        &mut self,
-        phase: Phase,
-        tokens: &[u32],
-        slots: &[u32],
-        select: &[u32],
-        k: usize,
-    ) -> Result<&[f32], SessionError> {
-        // Asked of the units once per `k` (a call across the plugin boundary), not every step.
-        if self.top_k_ok != Some(k) {
-            if k == 0 || !self.supports_top_k(k) {
-                return Err(SessionError::Invalid(format!(
-                    "the best {k} logits of a row cannot be computed where this model's logits are"
-                )));
+    /// Runs one step: appends `step.tokens` to the sequences of their slots (row `r`:
+    /// `tokens[r]` of slot `slots[r]`, in order) with `step.phase`'s placement, and returns the
+    /// logits of the rows in `step.select` as `step.logits` asks: `[select, vocab]`, or each
+    /// row's best `k` and their ids (`[select, 2k]`). The one way a session is stepped: prompt
+    /// chunks ([`Session::prefill`]), decode steps and batched steps of many sequences alike.
+    pub fn step(&mut self, step: Step<'_>) -> Result<&[f32], SessionError> {
+        let k = match step.logits {
+            Logits::Rows => 0,
+            Logits::Best(k) => {
+                // Asked of the units once per `k` (a call across the plugin boundary), not every
+                // step.
+                if self.top_k_ok != Some(k) {
+                    if k == 0 || !self.supports_top_k(k) {
+                        return Err(SessionError::Invalid(format!(
+                            "the best {k} logits of a row cannot be computed where this model's logits are"
+                        )));
+                    }
+                    self.top_k_ok = Some(k);
+                }
+                k
             }
-            self.top_k_ok = Some(k);
-        }
-        self.run_step(phase, tokens, slots, select, k)?;
+        };
+        self.run_step(step.phase, step.tokens, step.slots, step.select, k)?;
         Ok(&self.logits)
     }
 
-    /// The `k` of [`Session::step_top_k`] that decode steps should ask for when their samplers
+    /// The logits a step should ask for when its picking rows are sampled by `samplers`: each
+    /// row's best [`Session::ranked_k`] where the logits are computed on a device that ranks
+    /// them and every sampler picks from those what it would pick from the whole row
+    /// ([`Sampler::fits_ranked`]); the whole rows otherwise. The one place this is decided.
+    pub fn logits_for<'s>(&self, samplers: impl IntoIterator<Item = &'s Sampler>) -> Logits {
+        let k = self.ranked_k;
+        if k > 0 && samplers.into_iter().all(|s| s.fits_ranked(k)) {
+            Logits::Best(k)
+        } else {
+            Logits::Rows
+        }
+    }
+
+    /// The `k` of [`Logits::Best`] that decode steps should ask for when their samplers
     /// need no more (`Sampler::fits_ranked`): [`RANKED_K`] where the logits are computed on a
     /// device that can rank them, else 0 (whole rows: on the CPU they are in host memory
     /// already). `TANDEM_RANKED_LOGITS=n` sets it (0: whole rows), for A/B runs.
     pub fn ranked_k(&self) -> usize {
+        self.ranked_k
+    }
+
+    /// [`Session::ranked_k`], worked out (once, at [`Session::new`]).
+    fn find_ranked_k(&self) -> usize {
         let k = std::env::var("TANDEM_RANKED_LOGITS")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -257,7 +305,7 @@ impl Session {
         }
     }
 
-    /// Whether [`Session::step_top_k`] can give the best `k` logits of a row.
+    /// Whether a step can give ([`Logits::Best`]) the best `k` logits of a row.
     pub fn supports_top_k(&self, k: usize) -> bool {
         (1..=tandem_backend_api::TOP_K_MAX).contains(&k)
             && k <= self.model.config.vocab_size
@@ -339,31 +387,38 @@ impl Session {
         Ok(())
     }
 
-    /// The last step's logits (`[select, vocab]`; after [`Session::step_top_k`], its best
+    /// The last step's logits (`[select, vocab]`; after a [`Logits::Best`] step, its best
     /// logits and ids), writable: a caller may sample in place (the repetition penalty edits
     /// them) instead of copying them out. The next step overwrites them.
     pub fn logits_mut(&mut self) -> &mut [f32] {
         &mut self.logits
     }
 
-    /// Feeds `tokens` to `slot` in chunks of at most the cache's step size; returns the logits
-    /// of the last token, or of every token when `all` (`[n, vocab]`).
+    /// Feeds `tokens` to `slot` in chunks of at most the cache's step size ([`Session::chunks`]);
+    /// returns the logits of the last token, or of every token when `all` (`[n, vocab]`).
     pub fn prefill(&mut self, slot: u32, tokens: &[u32], all: bool) -> Result<Vec<f32>, SessionError> {
-        let chunk = self.model.cache_shape.max_step_rows.max(1);
         let mut out = Vec::new();
-        let slots = vec![slot; chunk];
-        for piece in tokens.chunks(chunk) {
+        let slots = vec![slot; self.chunk()];
+        let mut select = Vec::new();
+        for piece in self.chunks(tokens) {
             let n = piece.len() as u32;
-            let select: Vec<u32> = if all { (0..n).collect() } else { vec![n - 1] };
-            let logits = self.step_in(Phase::Prefill, piece, &slots[..piece.len()], &select)?;
+            select.clear();
             if all {
-                out.extend_from_slice(logits);
+                select.extend(0..n);
             } else {
+                select.push(n - 1);
                 out.clear();
-                out.extend_from_slice(logits);
             }
+            let logits = self.step(Step::prefill(piece, &slots[..piece.len()], &select))?;
+            out.extend_from_slice(logits);
         }
         Ok(out)
+    }
+
+    /// `tokens` in the pieces a prompt is fed in: at most [`Session::chunk`] each. The one
+    /// place a prompt is cut into steps (generation, [`Session::prefill`], perplexity).
+    pub fn chunks<'t>(&self, tokens: &'t [u32]) -> std::slice::Chunks<'t, u32> {
+        tokens.chunks(self.chunk())
     }
 
     /// Whether `slot`'s sequence, with one sampled token not yet fed, has reached the context:

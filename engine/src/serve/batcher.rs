@@ -1,6 +1,7 @@
 //! Continuous batching: one thread (the batcher) owns the [`Session`] and the sampling, and runs
-//! steps until every request is done. Each request is a [`Sequence`], the same generation loop
-//! `engine run` steps alone ([`sequence::generate`]); only the stepping differs.
+//! steps until every request is done. Each request is a [`Sequence`], and each step is the
+//! request engine's ([`Stepper`]), which `engine run` drives with one sequence
+//! ([`crate::runtime::stepper::generate`]); the batcher adds the queue, the slots and prefix reuse.
 //!
 //! Each turn of its loop:
 //! 1. takes waiting requests into free KV cache slots: the free slot holding the longest
@@ -10,16 +11,17 @@
 //!    stays that of the slots: a prefix lives only in the slot that computed it, until another
 //!    request takes that slot;
 //! 2. drops the requests whose client has gone, freeing their slots;
-//! 3. runs one step that carries a row of every sequence with a token to feed and the next
-//!    chunks of the oldest prompts still being read, at most the session's step size of prompt
-//!    tokens in all (each prompt in the chunks it would be read in alone), so that a long
-//!    prompt is interleaved with the others' decoding instead of stalling it, many short ones
-//!    are read at once, and the unit sees one batch per turn; samples each selected row with its sequence's sampler (the prompt's
-//!    after its last chunk: its first token), then accepts the picks. Where the logits are
-//!    computed on a device and every row's sampler needs no more than a row's best
-//!    `Session::ranked_k` logits, the step reads back only those (`Session::step_top_k_in`)
-//!    and each sampler picks from them (`Sampler::sample_ranked`: the same pick); otherwise
-//!    whole rows, sampled on several threads where there are many (`sampler::sample_rows`).
+//! 3. runs one step ([`Stepper::step`]) that carries a row of every sequence with a token to
+//!    feed and the next chunks of the oldest prompts still being read, at most the session's
+//!    step size of prompt tokens in all (each prompt in the chunks it would be read in alone),
+//!    so that a long prompt is interleaved with the others' decoding instead of stalling it,
+//!    many short ones are read at once, and the unit sees one batch per turn; samples each
+//!    selected row with its sequence's sampler (the prompt's after its last chunk: its first
+//!    token), then accepts the picks. Where the logits are computed on a device and every
+//!    row's sampler needs no more than a row's best `Session::ranked_k` logits, the step reads
+//!    back only those (`Logits::Best`, decided by `Session::logits_for`) and each sampler picks
+//!    from them (`Sampler::sample_ranked`: the same pick); otherwise whole rows, sampled on
+//!    several threads where there are many (`sampler::sample_rows`).
 //!    Where steps are padded ([`super::buckets`]), the step's rows and selected rows are first
 //!    rounded up to a bucket with rows of a slot set aside for that, so that the unit meets a
 //!    few dozen step shapes, each built once (most of them by [`warm_up`]).
@@ -38,10 +40,11 @@ use std::time::Duration;
 use super::buckets::{self, Padder, StepBuckets};
 use super::error::SubmitError;
 use super::metrics::{Metrics, Outcome};
-use crate::runtime::sampler::{sample_rows, Sampler};
+use crate::runtime::sampler::Sampler;
 use crate::runtime::sequence::{self, Event, FinishReason, Latency, Limits, Request, Sequence};
-use crate::runtime::session::Session;
+use crate::runtime::session::{Logits, Session, Step};
 use crate::runtime::split::Phase;
+use crate::runtime::stepper::{Padding, Stepper};
 use crate::tokenizer::Tokenizer;
 
 /// How the batcher queues work.
@@ -124,17 +127,18 @@ pub fn warm_up(
             select.extend(0..rows as u32);
         }
         if let Some(p) = padder {
-            session.reset(p.sink as usize);
-            p.pad(&mut tokens, &mut slots, &mut select);
+            Padding::pad(&p, session, &mut tokens, &mut slots, &mut select);
         }
         let phase = if prompt { Phase::Prefill } else { Phase::Decode };
-        let result = if k > 0 {
-            session
-                .step_top_k_in(phase, &tokens, &slots, &select, k)
-                .map(|_| ())
-        } else {
-            session.step_in(phase, &tokens, &slots, &select).map(|_| ())
+        let logits = if k > 0 { Logits::Best(k) } else { Logits::Rows };
+        let step = Step {
+            phase,
+            tokens: &tokens,
+            slots: &slots,
+            select: &select,
+            logits,
         };
+        let result = session.step(step).map(|_| ());
         for slot in 0..session.slots() {
             session.reset(slot);
         }
@@ -207,7 +211,7 @@ pub fn start(
         metrics: Metrics::default(),
         draining: AtomicBool::new(false),
         cancel: AtomicBool::new(false),
-        limits: Limits::of(&session),
+        limits: Limits::of(&session, &tokenizer),
         slots: served,
         admitted: AtomicUsize::new(0),
         capacity: served + options.queue.max(1),
@@ -309,8 +313,6 @@ fn run(
         reuse_prefix,
     } = setup;
     let metrics = &shared.metrics;
-    let vocab = session.model().config.vocab_size;
-    let chunk = session.chunk();
     // Free slots, least recently used first: a request without a shared prefix takes the
     // first, so the prefixes used last stay longest.
     let mut free: Vec<u32> = (0..served as u32).collect();
@@ -318,18 +320,7 @@ fn run(
     // against); emptied where a failed step leaves a slot's cache unknown.
     let mut held: Vec<Vec<u32>> = vec![Vec::new(); session.slots()];
     let mut seqs: Vec<Sequence> = Vec::new();
-    // Step scratch, reused.
-    let (mut tokens, mut slots, mut select) = (Vec::new(), Vec::new(), Vec::new());
-    let mut rows: Vec<usize> = Vec::new();
-    let mut picks: Vec<u32> = Vec::new();
-    let mut at_limits: Vec<bool> = Vec::new();
-    // The step's prompt chunks (sequence, tokens, whether it ends the prompt), and the
-    // sequences whose first pick it gives.
-    let mut chunks: Vec<(usize, usize, bool)> = Vec::new();
-    let mut picking: Vec<usize> = Vec::new();
-    // How many of a row's best logits a batched step reads back instead of the row, for the
-    // samplers that need no more (0: whole rows; `Session::ranked_k` says where and how many).
-    let ranked_k = session.ranked_k();
+    let mut stepper = Stepper::default();
     loop {
         let cancel = shared.cancel.load(Ordering::SeqCst);
         // 1. Waiting requests into free slots.
@@ -403,160 +394,29 @@ fn run(
             }
             continue;
         }
-        let mut ended: Vec<(usize, Outcome)> = Vec::new();
-        // 3. One step: a row for every sequence with a token to feed, and prompt chunks (each
-        //    at most the session's step size, together at most that: the budget) of the
-        //    oldest prompts still being read, so that a long prompt is interleaved with the
-        //    others' decoding instead of stalling it, many short prompts are read at once, and
-        //    the unit sees one batch per turn.
-        tokens.clear();
-        slots.clear();
-        rows.clear();
-        for (i, s) in seqs.iter_mut().enumerate() {
-            if let Some(t) = s.next.take() {
-                tokens.push(t);
-                slots.push(s.slot);
-                rows.push(i);
-            }
-        }
-        let decoding = rows.len();
-        // The prompt chunks: each one's sequence, length, and whether it ends the prompt. A
-        // prompt's chunks are those it would be fed in alone; the first always goes, later
-        // ones while they fit the budget.
-        chunks.clear();
-        let mut budget = chunk;
-        for (i, s) in seqs.iter().enumerate().filter(|(_, s)| s.prefilling()) {
-            let piece = s.next_chunk(chunk);
-            if !chunks.is_empty() && piece.len() > budget {
-                break;
-            }
-            budget = budget.saturating_sub(piece.len());
-            tokens.extend_from_slice(piece);
-            slots.resize(tokens.len(), s.slot);
-            chunks.push((i, piece.len(), piece.len() == s.prompt_left()));
-            if budget == 0 {
-                break;
-            }
-        }
-        if tokens.is_empty() {
-            continue;
-        }
-        select.clear();
-        select.extend(0..decoding as u32);
-        // The sequences whose prompts this step ends: the last row of each one's chunk gives
-        // its first pick.
-        picking.clear();
-        let mut end = decoding;
-        for &(i, n, ends) in chunks.iter() {
-            end += n;
-            if ends {
-                picking.push(i);
-                select.push(end as u32 - 1);
-            }
-        }
-        if select.is_empty() {
-            // (Chunks that end no prompt still select the last row: a step selects at least
-            // one.)
-            select.push(tokens.len() as u32 - 1);
-        }
-        // The rows the requests fed, before any padding.
-        let fed = tokens.len();
-        if let Some(p) = padder {
-            session.reset(p.sink as usize);
-            p.pad(&mut tokens, &mut slots, &mut select);
-        }
-        let phase = if !chunks.is_empty() {
-            Phase::Prefill
-        } else {
-            Phase::Decode
-        };
-        // Where every picking row's sampler can pick from its row's best logits, the step
-        // reads back only those (ranked where the logits are computed).
-        let ranked = ranked_k > 0
-            && rows
-                .iter()
-                .chain(&picking)
-                .all(|&i| seqs[i].fits_ranked(ranked_k));
-        let stepped = if ranked {
-            session
-                .step_top_k_in(phase, &tokens, &slots, &select, ranked_k)
-                .map(|_| ())
-        } else {
-            session.step_in(phase, &tokens, &slots, &select).map(|_| ())
-        };
+        // 3. One step of every sequence with something to feed (`Stepper`: decode rows, then
+        //    prompt chunks within the step's budget, padded to a bucket where steps are).
+        let padding = padder.as_ref().map(|p| p as &dyn Padding);
+        let stepped = stepper.step(&mut session, &mut seqs, padding, &mut |l| counted(l, metrics));
         metrics.step_builds(session.step_builds());
-        match stepped {
-            Ok(()) => {
-                for (t, s) in tokens[..fed].iter().zip(&slots) {
+        let mut ended: Vec<(usize, Outcome)> = match stepped {
+            Ok(None) => continue,
+            Ok(Some(stepped)) => {
+                let (tokens, slots) = stepped.fed;
+                for (t, s) in tokens.iter().zip(slots) {
                     held[*s as usize].push(*t);
                 }
-                for &(i, n, _) in chunks.iter() {
-                    seqs[i].fed(n);
-                }
-                // Whether each picking sequence has reached the context, asked before the
-                // logits are borrowed: the decoding rows, then the prompt just read.
-                at_limits.clear();
-                at_limits.extend(
-                    rows.iter()
-                        .chain(&picking)
-                        .map(|&i| session.at_context_limit(seqs[i].slot as usize)),
-                );
-                let width = if ranked { 2 * ranked_k } else { vocab };
-                let (decoded, last) = session.logits_mut().split_at_mut(decoding * width);
-                picks.clear();
-                picks.resize(decoding, 0);
-                if ranked {
-                    for ((&i, pick), best) in
-                        rows.iter().zip(picks.iter_mut()).zip(decoded.chunks_exact(width))
-                    {
-                        *pick = seqs[i].sampler_parts().0.sample_ranked(best);
-                    }
-                } else {
-                    // Each row sampled in place with its sequence's sampler, the rows spread
-                    // over threads.
-                    let mut want = rows.iter().peekable();
-                    let mut parts: Vec<(&mut Sampler, &[u32], &mut [f32], &mut u32)> = seqs
-                        .iter_mut()
-                        .enumerate()
-                        .filter(|(i, _)| want.next_if_eq(&i).is_some())
-                        .map(|(_, s)| s.sampler_parts())
-                        .zip(decoded.chunks_exact_mut(vocab))
-                        .zip(picks.iter_mut())
-                        .map(|(((sampler, history), row), pick)| (sampler, history, row, pick))
-                        .collect();
-                    sample_rows(&mut parts);
-                }
-                for ((&i, &id), &at_limit) in rows.iter().zip(&picks).zip(&at_limits) {
-                    if let Some(o) = accept_id(&mut seqs[i], id, at_limit, metrics) {
-                        ended.push((i, o));
-                    }
-                }
-                for ((&i, row), &at_limit) in picking
-                    .iter()
-                    .zip(last.chunks_exact_mut(width))
-                    .zip(&at_limits[decoding..])
-                {
-                    let s = &mut seqs[i];
-                    let outcome = if ranked {
-                        let id = s.sampler_parts().0.sample_ranked(row);
-                        accept_id(s, id, at_limit, metrics)
-                    } else {
-                        // Sampled in place: the session's logits are scratch until the next step.
-                        accept(s, row, at_limit, metrics)
-                    };
-                    if let Some(o) = outcome {
-                        ended.push((i, o));
-                    }
-                }
+                stepped.ended.iter().map(|&(i, o)| (i, outcome(o))).collect()
             }
-            Err(e) => {
-                for i in rows.iter().copied().chain(chunks.iter().map(|c| c.0)) {
+            Err(failed) => failed
+                .sequences
+                .iter()
+                .map(|&i| {
                     held[seqs[i].slot as usize].clear();
-                    seqs[i].fail(e.to_string());
-                    ended.push((i, Outcome::Error));
-                }
-            }
-        }
+                    (i, Outcome::Error)
+                })
+                .collect(),
+        };
         // Finished sequences leave; their slots are reset when reused.
         ended.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
         for (i, outcome) in ended {
@@ -589,26 +449,20 @@ fn pick_slot(free: &[u32], held: &[Vec<u32>], prompt: &[u32]) -> (usize, usize) 
     best
 }
 
-/// [`Sequence::accept`], counted in the metrics.
-fn accept(s: &mut Sequence<'_>, logits: &mut [f32], at_limit: bool, metrics: &Metrics) -> Option<Outcome> {
-    counted(s.accept(logits, at_limit), metrics)
-}
-
-/// [`Sequence::accept_id`], counted in the metrics.
-fn accept_id(s: &mut Sequence<'_>, id: u32, at_limit: bool, metrics: &Metrics) -> Option<Outcome> {
-    counted(s.accept_id(id, at_limit), metrics)
-}
-
-/// An accepted token and its latency into the metrics; how the request ended, if it did.
-fn counted((outcome, latency): (Option<sequence::Outcome>, Latency), metrics: &Metrics) -> Option<Outcome> {
+/// An accepted token's latency into the metrics.
+fn counted(latency: Latency, metrics: &Metrics) {
     metrics.generated();
     match latency {
         Latency::First(d) => metrics.ttft.observe(d),
         Latency::Between(d) => metrics.itl.observe(d),
     }
-    outcome.map(|o| match o {
+}
+
+/// How a sequence ended, as the metrics count it.
+fn outcome(o: sequence::Outcome) -> Outcome {
+    match o {
         sequence::Outcome::Finished(FinishReason::Stop) => Outcome::Stop,
         sequence::Outcome::Finished(FinishReason::Length) => Outcome::Length,
         sequence::Outcome::Cancelled => Outcome::Cancelled,
-    })
+    }
 }

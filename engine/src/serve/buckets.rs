@@ -11,6 +11,7 @@
 //! `batcher`'s note on batching), so padding changes no token.
 
 use crate::runtime::session::Session;
+use crate::runtime::stepper::Padding;
 
 /// `n` rounded up to the row counts steps are padded to: every count to 4, then steps of 2 to
 /// 8, 4 to 32, 8 to 64, 16 to 128, 32 to 256, 64 beyond. A padded step's padding rows are at
@@ -98,6 +99,14 @@ impl Padder {
             select.push(r);
         }
         extra
+    }
+}
+
+impl Padding for Padder {
+    /// The sink reset, then [`Padder::pad`].
+    fn pad(&self, session: &mut Session, tokens: &mut Vec<u32>, slots: &mut Vec<u32>, select: &mut Vec<u32>) {
+        session.reset(self.sink as usize);
+        Padder::pad(self, tokens, slots, select);
     }
 }
 

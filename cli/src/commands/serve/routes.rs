@@ -234,12 +234,6 @@ async fn generate(
 ) -> Result<Response, ApiError> {
     // Checked, with the prompt and the sampling, once: by `Handle::submit`.
     let max_tokens = usize::try_from(max_tokens).unwrap_or(usize::MAX);
-    if !common.stop.is_empty() && !st.tokenizer.has_vocabulary() {
-        return Err(ApiError::invalid(
-            "stop strings need a tokenizer, and this model has none",
-            Some("stop"),
-        ));
-    }
     let (tx, rx) = mpsc::unbounded_channel();
     st.handle.submit(Request {
         prompt,

@@ -1,0 +1,49 @@
+//! A decided placement made real, the same way for every caller: the model planned on it
+//! ([`super::planned`]), fitted to every unit's memory budget ([`budget::fit`]), uploaded, and
+//! its scheduler set as the config says (micro-batches, boundaries). `runtime::load` runs it
+//! after deciding the placement, and `auto`'s calibration runs it for every candidate, so what
+//! `auto` measures is what it then runs.
+
+use super::budget;
+use super::load_error::LoadError;
+use super::notice::Notice;
+use super::placement::Placement;
+use super::planned::{load_planned, plan_placed, Loaded, ModelOptions, Planned};
+use super::plugins::Discovery;
+use super::settings::Settings;
+use crate::model::files::ModelFiles;
+use crate::model::LoadProgress;
+
+/// `options.model` planned on `placement` with caches for `slots` sequences and checked against
+/// every unit's budget ([`budget::fit`]; `may_split`: a model too large for its one unit is split
+/// by layers); returns the plan with the model's files (their weights not yet read).
+pub fn plan_fitted(
+    placement: Placement,
+    options: &ModelOptions,
+    discovery: &Discovery,
+    settings: &Settings,
+    may_split: bool,
+    slots: usize,
+    notices: &mut dyn FnMut(Notice),
+) -> Result<(Planned, ModelFiles), LoadError> {
+    let (planned, files) = plan_placed(placement, options, slots)?;
+    let planned = budget::fit(planned, discovery, settings, may_split, notices)?;
+    Ok((planned, files))
+}
+
+/// Uploads `planned` from `files` and sets its scheduler from `settings`: the micro-batches and
+/// how values cross between units (`[placement] micro_batches`, `boundaries`).
+pub fn load_fitted(
+    planned: Planned,
+    files: ModelFiles,
+    settings: &Settings,
+    notices: &mut dyn FnMut(Notice),
+    progress: &mut dyn LoadProgress,
+) -> Result<Loaded, LoadError> {
+    let micro_batches = settings.placement.micro_batches.unwrap_or(1);
+    let mut loaded = load_planned(planned, files, micro_batches, notices, progress)?;
+    loaded
+        .session
+        .set_boundaries(settings.placement.boundaries.unwrap_or_default());
+    Ok(loaded)
+}
