@@ -14,6 +14,7 @@
 //! [`encoded_len`] bytes.
 
 use half::f16;
+use tandem_backend_api::block::{q4_k, q5_0, q8_0};
 use tandem_backend_api::DType;
 
 /// The data types [`encode`] can produce, in [`DType`] declaration order.
@@ -144,8 +145,8 @@ fn quantize_block_q8_0(x: &[f32], y: &mut [u8]) {
     }
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    y[..2].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
-    for (q, &v) in y[2..].iter_mut().zip(x) {
+    y[q8_0::D.range()].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
+    for (q, &v) in y[q8_0::QS.range()].iter_mut().zip(x) {
         *q = ((v * id).round() as i8) as u8;
     }
 }
@@ -163,17 +164,18 @@ fn quantize_block_q5_0(x: &[f32], y: &mut [u8]) {
     }
     let d = max / -16.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    y[..2].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
+    y[q5_0::D.range()].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
     let level = |v: f32| -> u8 { ((v * id + 16.5) as i8).min(31) as u8 };
     let mut qh = 0u32;
+    let qs = &mut y[q5_0::QS.range()];
     for j in 0..16 {
         let lo = level(x[j]);
         let hi = level(x[j + 16]);
-        y[6 + j] = (lo & 0x0f) | ((hi & 0x0f) << 4);
+        qs[j] = (lo & 0x0f) | ((hi & 0x0f) << 4);
         qh |= u32::from((lo & 0x10) >> 4) << j;
         qh |= u32::from((hi & 0x10) >> 4) << (j + 16);
     }
-    y[2..6].copy_from_slice(&qh.to_le_bytes());
+    y[q5_0::QH.range()].copy_from_slice(&qh.to_le_bytes());
 }
 
 /// ggml's `make_qkx2_quants` for 32 values, squared error: searches a scale and a non-positive
@@ -463,10 +465,13 @@ fn quantize_block_q4_k(x: &[f32], y: &mut [u8]) {
         }
     }
 
-    y[0..2].copy_from_slice(&d_bits.to_le_bytes());
-    y[2..4].copy_from_slice(&dmin_bits.to_le_bytes());
-    y[4..16].copy_from_slice(&packed);
-    for (chunk, qs) in levels.chunks_exact(64).zip(y[16..].chunks_exact_mut(32)) {
+    y[q4_k::D.range()].copy_from_slice(&d_bits.to_le_bytes());
+    y[q4_k::DMIN.range()].copy_from_slice(&dmin_bits.to_le_bytes());
+    y[q4_k::SCALES.range()].copy_from_slice(&packed);
+    for (chunk, qs) in levels
+        .chunks_exact(64)
+        .zip(y[q4_k::QS.range()].chunks_exact_mut(32))
+    {
         for l in 0..32 {
             qs[l] = chunk[l] | (chunk[l + 32] << 4);
         }
@@ -670,6 +675,70 @@ mod tests {
                 (x - y).abs() <= d * f32::from(sc) * 0.75 + 1e-6,
                 "value {i}: {x} vs {y}"
             );
+        }
+    }
+
+    /// Every encoder, then `kit::quant`'s decoder: each value comes back within its format's
+    /// error. The float types round once (to the nearest f16 or bf16). The block formats are
+    /// checked per block against the scales it stores (read at `block`'s offsets):
+    ///
+    /// - `q8_0`: half a step `d`, plus the f16 rounding of `d` (2^-11 of it, or 2^-25 among the
+    ///   subnormals of the tiny blocks) over up to 127 steps, since the codes are chosen against
+    ///   the unrounded scale.
+    /// - `q5_0`: a whole step (the code opposite the value of largest magnitude saturates at 15
+    ///   where 16 was due) plus that rounding over 16 steps.
+    /// - `q4_k`: the nearest point of the sub-block's grid `d * scale * q - dmin * min`, `q` in
+    ///   0..=15, since its codes are chosen against the decoded step and min: within half a step
+    ///   inside the grid's range, its end outside it (the scale search fits the range by weighted
+    ///   least squares and may leave outliers outside).
+    #[test]
+    fn every_encoder_round_trips_through_kit_quant_within_its_error() {
+        use tandem_backend_api::kit::quant::dequantize_row;
+        let f16_at = |b: &[u8], at: usize| f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32();
+        // 24 blocks of 256 values: each of test_values' six kinds four times.
+        let src = test_values(6 * 256 * 4, 256);
+        for dtype in ENCODABLE {
+            let bytes = encode_vec(dtype, &src);
+            let mut back = vec![f32::NAN; src.len()];
+            dequantize_row(dtype, &bytes, &mut back).unwrap();
+            let per_block = dtype.block_elems();
+            for (b, (blk, (xs, ys))) in bytes
+                .chunks_exact(dtype.block_bytes())
+                .zip(src.chunks_exact(per_block).zip(back.chunks_exact(per_block)))
+                .enumerate()
+            {
+                for (i, (&x, &y)) in xs.iter().zip(ys).enumerate() {
+                    let at = format!("{dtype} block {b} value {i}: {x} came back as {y}");
+                    let sub = 2f32.powi(-25);
+                    let bound = match dtype {
+                        DType::F32 => 0.0,
+                        DType::F16 => (x - f16::from_f32(x).to_f32()).abs(),
+                        DType::Bf16 => (x - half::bf16::from_f32(x).to_f32()).abs(),
+                        DType::Q8_0 => {
+                            let d = f16_at(blk, q8_0::D.at).abs();
+                            0.5 * d + 127.0 * (d / 2048.0).max(sub)
+                        }
+                        DType::Q5_0 => {
+                            let d = f16_at(blk, q5_0::D.at).abs();
+                            d + 16.0 * (d / 2048.0).max(sub)
+                        }
+                        DType::Q4K => {
+                            let (sc, m) = scale_min_k4(i / 32, &blk[q4_k::SCALES.range()]);
+                            let step = f16_at(blk, q4_k::D.at) * f32::from(sc);
+                            let lo = -(f16_at(blk, q4_k::DMIN.at) * f32::from(m));
+                            let hi = step * 15.0 + lo;
+                            if x < lo || x > hi {
+                                let end = if x < lo { lo } else { hi };
+                                assert_eq!(y, end, "{at}: outside the grid [{lo}, {hi}], not its end");
+                                continue;
+                            }
+                            0.5 * step * (1.0 + 1.0 / 1024.0) + 1e-9
+                        }
+                        other => unreachable!("{other} has no encoder"),
+                    };
+                    assert!((x - y).abs() <= bound, "{at} (bound {bound})");
+                }
+            }
         }
     }
 
