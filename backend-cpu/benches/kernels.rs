@@ -4,10 +4,10 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tandem_backend_api::DType;
-use tandem_backend_cpu::attention;
-use tandem_backend_cpu::kernels::{self, AttentionShape};
+use tandem_backend_cpu::shape::AttentionShape;
 use tandem_backend_cpu::weight::WeightView;
 use tandem_backend_cpu::KernelSet;
+use tandem_backend_cpu::{attention, kernels, matmul};
 
 /// Deterministic bytes for a weight: for block formats, small f16 scales so values stay finite.
 fn weight_bytes(dtype: DType, n: usize, k: usize) -> Vec<u8> {
@@ -67,7 +67,7 @@ fn products(c: &mut Criterion, rows: usize, label: &str) {
             }
             group.bench_with_input(BenchmarkId::new(name, dtype), &dtype, |b, _| {
                 b.iter(|| {
-                    kernels::product(
+                    matmul::product(
                         &pool,
                         None,
                         &x,
@@ -151,7 +151,7 @@ fn head(c: &mut Criterion) {
             .build()
             .expect("thread pool");
         group.bench_with_input(BenchmarkId::new("fast", threads), &threads, |b, _| {
-            b.iter(|| kernels::product(&pool, None, &x, 1, w, &mut scratch, Some(KernelSet::detect())))
+            b.iter(|| matmul::product(&pool, None, &x, 1, w, &mut scratch, Some(KernelSet::detect())))
         });
         group.bench_with_input(BenchmarkId::new("read", threads), &threads, |b, _| {
             b.iter(|| {
@@ -199,7 +199,7 @@ fn prefill(c: &mut Criterion) {
             .filter(|s| s.available())
         {
             group.bench_with_input(BenchmarkId::new(set.name(), &id), &id, |b, _| {
-                b.iter(|| kernels::product(&pool, None, &x, rows, w, &mut scratch, Some(set)))
+                b.iter(|| matmul::product(&pool, None, &x, rows, w, &mut scratch, Some(set)))
             });
         }
     }

@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 use tandem_backend_api::DType;
 
-use crate::kernels::AttentionShape;
+use crate::shape::AttentionShape;
 
 mod tiled;
 

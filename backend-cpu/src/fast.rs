@@ -23,7 +23,7 @@ use half::f16;
 use rayon::prelude::*;
 use tandem_backend_api::DType;
 
-use crate::kernels::Layout;
+use crate::layout::Layout;
 use crate::weight::WeightView;
 
 /// Parallel tasks per thread in a matmul: enough for the work-stealing to even out threads
@@ -525,7 +525,7 @@ pub fn matmul(
                             .map(move |(b, dst)| (c, wc, b, dst))
                     })
                     .for_each(|(c, wc, b, dst)| {
-                        gemm::task(kind, set, w.bytes, rb, k, acts, b * block, c * width, wc, dst)
+                        prefill_task(kind, set, w.bytes, rb, k, acts, b * block, c * width, wc, dst)
                     })
             });
             return Some(Layout::Panels { width, n: w.n });
@@ -581,6 +581,32 @@ pub fn matmul(
         }
         Some(Layout::Columns)
     })
+}
+
+/// One task of the prefill product ([`gemm::task`]'s arguments): on AMX tiles ([`amx::task`])
+/// where the set is [`KernelSet::Amx`], the CPU and OS allow it, `kind` is covered, the
+/// activations' byte planes are filled and the task's first row is a multiple of 16 (a whole
+/// activation tile); else [`gemm::task`].
+#[allow(clippy::too_many_arguments)]
+fn prefill_task(
+    kind: Kind,
+    set: KernelSet,
+    bytes: &[u8],
+    rb: usize,
+    k: usize,
+    acts: &Acts,
+    r0: usize,
+    j0: usize,
+    width: usize,
+    dst: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(amx) = set.amx() {
+        if amx::covers(kind) && acts.planes && r0.is_multiple_of(16) {
+            return amx::task(amx, kind, bytes, rb, k, acts, r0, j0, width, dst);
+        }
+    }
+    gemm::task(kind, set, bytes, rb, k, acts, r0, j0, width, dst)
 }
 
 /// The dot products of weight rows `ws` (whole blocks of `kind` each) with activation rows `a`,
@@ -1523,7 +1549,7 @@ mod tests {
                 let mut scratch = vec![0f32; n * rows];
                 let layout = matmul(&pool, None, set, &x, rows, &w, &mut scratch).expect("covered");
                 let mut product = vec![0f32; n * rows];
-                crate::kernels::scatter(&scratch, layout, rows, 0, &mut product);
+                crate::layout::scatter(&scratch, layout, rows, 0, &mut product);
                 let mut wf = vec![0f32; k];
                 for j in 0..n {
                     w.decode(j, &mut wf);

@@ -3,57 +3,14 @@
 //! independent oracle.
 
 use rayon::prelude::*;
-use tandem_backend_api::DType;
 
 use crate::convert::{decode_row, encode_row};
-use crate::fast::KernelSet;
+use crate::layout::{scatter, Layout};
+use crate::shape::AttentionShape;
 use crate::weight::WeightView;
 
-/// Columns of a weight row decoded per parallel task in `matmul`.
+/// Columns (weight rows) per parallel task in [`product_columns`].
 const MATMUL_CHUNK: usize = 16;
-
-/// How a matmul's product lies in its scratch (`n` columns, one per weight row, by `rows`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    /// Column-major: row `r` of column `j` at `j * rows + r`.
-    Columns,
-    /// Panels of `width` columns side by side, each row-major: panel `c` (columns
-    /// `c * width..`, the last one narrower where `n` is not a multiple of `width`) starts at
-    /// `c * width * rows` and holds row `r` at `r * its_width`.
-    Panels {
-        /// Columns per panel.
-        width: usize,
-        /// Columns in all.
-        n: usize,
-    },
-}
-
-impl Layout {
-    /// Copies row `r`'s values of columns `j0..j0 + out.len()` into `out` (row by row, the
-    /// writes are contiguous; column-major reads stay within a few cache lines per column from
-    /// one row to the next).
-    pub fn copy_row(self, scratch: &[f32], rows: usize, r: usize, j0: usize, out: &mut [f32]) {
-        match self {
-            Layout::Columns => {
-                for (i, o) in out.iter_mut().enumerate() {
-                    *o = scratch[(j0 + i) * rows + r];
-                }
-            }
-            Layout::Panels { width, n } => {
-                let (mut j, mut o) = (j0, 0);
-                while o < out.len() {
-                    let start = j / width * width;
-                    let wc = width.min(n - start);
-                    let take = (start + wc - j).min(out.len() - o);
-                    let at = start * rows + r * wc + (j - start);
-                    out[o..o + take].copy_from_slice(&scratch[at..at + take]);
-                    j += take;
-                    o += take;
-                }
-            }
-        }
-    }
-}
 
 /// `Op::Embed`.
 pub fn embed(table: WeightView, tokens: &[u32], scale: f32, out: &mut [f32]) {
@@ -87,54 +44,26 @@ pub fn matmul(
     scratch: &mut [f32],
     outs: &mut [&mut [f32]],
 ) {
-    matmul_with(pool, x, rows, w, scratch, outs, None)
-}
-
-/// [`matmul`], with `fast` (a kernel set) taking weights of the formats `crate::fast` covers
-/// through 16-bit quantized activations and integer block dots (not bit-identical to the
-/// reference).
-pub fn matmul_with(
-    pool: &rayon::ThreadPool,
-    x: &[f32],
-    rows: usize,
-    w: WeightView,
-    scratch: &mut [f32],
-    outs: &mut [&mut [f32]],
-    fast: Option<KernelSet>,
-) {
-    let layout = product(pool, None, x, rows, w, scratch, fast);
+    product_columns(pool, x, rows, w, scratch, dot);
     let mut j0 = 0;
     for out in outs.iter_mut() {
-        j0 = scatter(scratch, layout, rows, j0, out);
+        j0 = scatter(scratch, Layout::Columns, rows, j0, out);
     }
 }
 
-/// The product of `Op::MatMul` into `scratch` (`n * rows`) through `crate::fast` where `fast`
-/// (a kernel set) and the weight format allow, else the reference loops (column-major);
-/// returns how the product lies. `spin`, where given, takes the matrix-vector products of a
-/// few rows instead of `pool`.
-pub fn product(
+/// The product of `Op::MatMul` into `scratch` (`n * rows`) by the reference loops, column-major
+/// ([`Layout::Columns`]): each value `dot` of an activation row and a weight row (decoded per
+/// task where it is not `f32`): `kernels::dot` for the reference's single running sum, the fast
+/// kernel sets' eight lanes from `matmul::product`.
+pub fn product_columns(
     pool: &rayon::ThreadPool,
-    spin: Option<&crate::spin::SpinPool>,
     x: &[f32],
     rows: usize,
     w: WeightView,
     scratch: &mut [f32],
-    fast: Option<KernelSet>,
-) -> Layout {
+    dot: fn(&[f32], &[f32]) -> f32,
+) {
     let k = w.k;
-    if let Some(set) = fast {
-        if let Some(layout) = crate::fast::matmul(pool, spin, set, x, rows, &w, scratch) {
-            return layout;
-        }
-    }
-    // Float weights (and formats `fast` does not cover): the reference's single running sum,
-    // or with a kernel set eight lanes (summed pairwise at the end) that the CPU's vector
-    // units take.
-    let dot: fn(&[f32], &[f32]) -> f32 = match fast {
-        None => dot,
-        Some(set) => crate::attention::lane_dot(set != KernelSet::Scalar),
-    };
     pool.install(|| {
         scratch[..w.n * rows]
             .par_chunks_mut(MATMUL_CHUNK * rows)
@@ -158,23 +87,10 @@ pub fn product(
                 },
             )
     });
-    Layout::Columns
 }
 
-/// Copies columns `j0..j0 + out.len() / rows` of the product in `scratch` (laid out as
-/// `layout` says) into the row-major `out`; returns the next column.
-pub fn scatter(scratch: &[f32], layout: Layout, rows: usize, j0: usize, out: &mut [f32]) -> usize {
-    let cols = out.len() / rows.max(1);
-    if cols == 0 {
-        return j0;
-    }
-    for (r, orow) in out.chunks_exact_mut(cols).enumerate() {
-        layout.copy_row(scratch, rows, r, j0, orow);
-    }
-    j0 + cols
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// The reference dot product: one running sum.
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
@@ -224,34 +140,6 @@ pub fn rope(
                 yh[d + half] = x2 * c + x1 * s;
             }
         }
-    }
-}
-
-/// The geometry of one `Op::Attention`.
-#[derive(Clone, Copy)]
-pub struct AttentionShape {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub capacity: usize,
-    pub scale: f32,
-    pub window: Option<usize>,
-    pub softcap: Option<f32>,
-    pub cache_dtype: DType,
-}
-
-impl AttentionShape {
-    fn kv_cols(&self) -> usize {
-        self.kv_heads * self.head_dim
-    }
-
-    fn elem(&self) -> usize {
-        self.cache_dtype.block_bytes()
-    }
-
-    /// Byte offset of (slot, position) in a cache buffer.
-    fn at(&self, slot: u32, pos: u32) -> usize {
-        ((slot as usize * self.capacity) + (pos as usize % self.capacity)) * self.kv_cols() * self.elem()
     }
 }
 

@@ -17,7 +17,10 @@ pub mod attention;
 mod convert;
 mod fast;
 pub mod kernels;
+pub mod layout;
+pub mod matmul;
 mod par;
+pub mod shape;
 pub mod spin;
 mod vmath;
 pub mod weight;
@@ -32,7 +35,7 @@ use tandem_backend_api::{
 };
 
 pub use fast::KernelSet;
-use kernels::AttentionShape;
+use shape::AttentionShape;
 use weight::WeightView;
 
 /// A buffer in host memory, 4-byte aligned so f32 data can be viewed in place.
@@ -413,7 +416,7 @@ impl CpuBackend {
                     };
                     // No allocation per step: the product lands in the program's scratch and
                     // is copied into each split's value in place.
-                    let layout = kernels::product(
+                    let layout = matmul::product(
                         &self.pool,
                         self.spin.as_ref(),
                         &values[x.0 as usize],

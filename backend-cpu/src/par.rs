@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use crate::kernels::Layout;
+use crate::layout::Layout;
 
 /// The fewest values an op must write before it is split across threads.
 const MIN_PARALLEL: usize = 1 << 15;
@@ -38,7 +38,7 @@ where
     });
 }
 
-/// [`crate::kernels::scatter`] with the output's rows split across `pool` where it is large.
+/// [`crate::layout::scatter`] with the output's rows split across `pool` where it is large.
 pub fn scatter(
     pool: &rayon::ThreadPool,
     scratch: &[f32],

@@ -15,7 +15,7 @@
 
 use std::cell::RefCell;
 
-use crate::kernels::AttentionShape;
+use crate::shape::AttentionShape;
 
 /// Queries per block and KV head at the most (rows times the group's heads).
 pub(super) const MAX_QUERIES: usize = 64;

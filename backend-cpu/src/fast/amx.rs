@@ -174,9 +174,10 @@ pub(super) fn split(acts: &mut Acts, pool: &rayon::ThreadPool, rows: usize, k: u
     acts.planes = true;
 }
 
-/// [`super::gemm::task`] on AMX tiles: the products of weight rows `j0..j0 + width` with
-/// activation rows `r0..r0 + dst.len() / width` into `dst`, row-major. `acts` holds the byte
-/// planes ([`split`]) of those rows; `kind` is covered ([`covers`]).
+/// [`super::gemm::task`] on AMX tiles (chosen by `super::prefill_task`): the products of weight
+/// rows `j0..j0 + width` with activation rows `r0..r0 + dst.len() / width` into `dst`,
+/// row-major. `acts` holds the byte planes ([`split`]) of those rows; `kind` is covered
+/// ([`covers`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn task(
     amx: Amx,
@@ -495,7 +496,7 @@ mod tests {
             );
             split(&mut acts, &pool, rows, k);
             let mut tiles = vec![0f32; n * rows];
-            super::super::gemm::task(kind, KernelSet::Amx, &bytes, rb, k, &acts, 0, 0, n, &mut tiles);
+            super::super::prefill_task(kind, KernelSet::Amx, &bytes, rb, k, &acts, 0, 0, n, &mut tiles);
             let scale = vnni.iter().fold(0f32, |m, v| m.max(v.abs()));
             assert!(scale > 0.0, "{kind:?}: all zero");
             for (i, (a, b)) in vnni.iter().zip(&tiles).enumerate() {

@@ -2,7 +2,7 @@
 //! `i16` values (with the format's integer sub-block scales folded in) and an `f32` scale per
 //! block of [`QK`], then register tiles run integer dots over it for every activation row of
 //! the task. A task covers a panel of weight rows (output columns) and a block of activation
-//! rows, and writes its part of the product row-major ([`crate::kernels::Layout::Panels`]),
+//! rows, and writes its part of the product row-major ([`crate::layout::Layout::Panels`]),
 //! so that the copy into each output is a run of contiguous values per row.
 //!
 //! Two tile shapes:
@@ -277,7 +277,8 @@ pub(super) struct WRow<'a> {
 
 /// Writes the products of weight rows `j0..j0 + width` (bytes `rb` each in `bytes`) with
 /// activation rows `r0..r0 + dst.len() / width` of `acts` into `dst`, row-major (`width`
-/// values per activation row).
+/// values per activation row), in `set`'s vector tiles (the `amx` set's 512-bit ones: the AMX
+/// tiles are chosen before, by `super::prefill_task`) or the scalar ones.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn task(
     kind: Kind,
@@ -293,11 +294,6 @@ pub(super) fn task(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if let Some(amx) = set.amx() {
-            if super::amx::covers(kind) && acts.planes && r0.is_multiple_of(16) {
-                return super::amx::task(amx, kind, bytes, rb, k, acts, r0, j0, width, dst);
-            }
-        }
         let proof = match (set.vnni(), set.wide(), set.simd()) {
             (Some(v), _, _) => Some(wide::Proof::Vnni(v)),
             (None, Some(w), _) => Some(wide::Proof::Wide(w)),
@@ -815,7 +811,7 @@ mod tests {
                 &mut forced,
             );
             for set in KernelSet::ALL.into_iter().filter(|s| s.available()) {
-                task(kind, set, &bytes, rb, k, &acts, 0, 0, n, &mut detected);
+                crate::fast::prefill_task(kind, set, &bytes, rb, k, &acts, 0, 0, n, &mut detected);
                 // Only the order of the f32 additions differs: within 1e-5 of the largest product.
                 let scale = forced.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (i, (a, b)) in forced.iter().zip(&detected).enumerate() {
