@@ -2,11 +2,34 @@
 //! `glslang` crate (Vulkan 1.2, SPIR-V 1.5), one module per (kernel, weight format) variant, and
 //! writes `kernels.rs` into `OUT_DIR`: a table of `(name, words)` the backend embeds.
 //!
-//! Each variant's source is `common.glsl` + `#define`s + the kernel body, so every kernel shares
-//! one set of extensions, buffer-reference types and dequantisation functions.
+//! Each variant's source is `#define`s + the block layouts + `common.glsl` + the kernel body, so
+//! every kernel shares one set of extensions, buffer-reference types and dequantisation functions.
+//! The block layouts are `#define`s written here from backend-api's one definition of them
+//! (`backend-api/src/block.rs`, compiled into this script on its own): `Q4_K_BYTES`, `Q4_K_QS`
+//! and so on, each field's byte offset (see `block::BlockLayout::constants`); the same header is
+//! written to `OUT_DIR/block_layouts.glsl` to read.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+
+/// The block formats' layouts: backend-api's `block` module, which names nothing else of its
+/// crate. Only its table and `constants` are used here.
+#[path = "../backend-api/src/block.rs"]
+#[allow(dead_code)]
+mod block;
+
+/// `#define`s of every block format's layout (values and bytes per block, each field's byte
+/// offset), from [`block::ALL`].
+fn block_layout_defines() -> String {
+    let mut s =
+        String::from("// Block layouts, written by backend-vulkan/build.rs from backend-api/src/block.rs.\n");
+    for layout in block::ALL.iter().filter(|l| l.is_quantized()) {
+        for (name, value) in layout.constants() {
+            writeln!(s, "#define {name} {value}").expect("write to a String");
+        }
+    }
+    s
+}
 
 /// The weight formats a kernel that reads weights is built for (`WFMT_*` defines).
 const FORMATS: [&str; 10] = [
@@ -61,6 +84,9 @@ fn main() {
         std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
     };
     let common = read("common.glsl");
+    let block_rs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../backend-api/src/block.rs");
+    println!("cargo:rerun-if-changed={}", block_rs.display());
+    let layouts = block_layout_defines();
     let compiler = glslang::Compiler::acquire().expect("glslang compiler");
     let target = |version, spirv_version| glslang::CompilerOptions {
         source_language: glslang::SourceLanguage::GLSL,
@@ -75,6 +101,7 @@ fn main() {
     // GL_NV_cooperative_matrix2 needs SPIR-V 1.6 (the backend takes it only on Vulkan 1.3).
     let options_1_3 = target(glslang::VulkanVersion::Vulkan1_3, glslang::SpirvVersion::SPIRV1_6);
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    std::fs::write(out_dir.join("block_layouts.glsl"), &layouts).expect("write block_layouts.glsl");
     let mut table = String::from(
         "/// Every kernel variant: name and SPIR-V words.\npub static KERNELS: &[(&str, &[u8])] = &[\n",
     );
@@ -84,7 +111,7 @@ fn main() {
             Some(f) => format!("#define WFMT_{} 1\n", f.to_uppercase()),
             None => String::new(),
         };
-        let source = format!("#version 460\n{defines}{common}\n#line 1 1\n{body}");
+        let source = format!("#version 460\n{defines}{layouts}{common}\n#line 1 1\n{body}");
         let src = glslang::ShaderSource::from(source);
         let no_defines: Option<&[(&str, Option<&str>)]> = None;
         let opts = if kernel == "matmul_cm2" {

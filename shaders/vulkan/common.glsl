@@ -1,6 +1,7 @@
 // Shared by every tandem Vulkan kernel: extensions, buffer-reference views of memory (every
 // buffer is reached by its device address, passed in push constants), and the weight formats'
-// dequantisation (ggml's block layouts, as backend-api/src/quant.rs spells them out).
+// dequantisation (ggml's block layouts: the offsets and sizes are the Q*_BYTES, Q*_QS ... defines
+// that backend-vulkan/build.rs writes ahead of this file from backend-api/src/block.rs).
 
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_buffer_reference2 : require
@@ -89,13 +90,15 @@ float sext8(uint v) { return float(bitfieldExtract(int(v), 0, 8)); }
 // q4_1: d, m, 16 bytes as q4_0; q * d + m.
 void load_unit(uint64_t row, uint u, out float w[UNIT]) {
 #if defined(WFMT_Q4_0)
-    uint64_t b = row + uint64_t(u) * 18;
-    const uint qs = 2;
+    uint64_t b = row + uint64_t(u) * Q4_0_BYTES;
+    const uint d_at = Q4_0_D;
+    const uint qs = Q4_0_QS;
 #else
-    uint64_t b = row + uint64_t(u) * 20;
-    const uint qs = 4;
+    uint64_t b = row + uint64_t(u) * Q4_1_BYTES;
+    const uint d_at = Q4_1_D;
+    const uint qs = Q4_1_QS;
 #endif
-    float d = f16_at(b, 0);
+    float d = f16_at(b, d_at);
     for (uint i = 0; i < 8; i++) {
         uint v = ld16(b, qs + 2 * i);
 #if defined(WFMT_Q4_0)
@@ -104,7 +107,7 @@ void load_unit(uint64_t row, uint u, out float w[UNIT]) {
         w[2 * i + 16] = float(int((v >> 4) & 15u) - 8) * d;
         w[2 * i + 17] = float(int(v >> 12) - 8) * d;
 #else
-        float m = f16_at(b, 2);
+        float m = f16_at(b, Q4_1_M);
         w[2 * i] = float(v & 15u) * d + m;
         w[2 * i + 1] = float((v >> 8) & 15u) * d + m;
         w[2 * i + 16] = float((v >> 4) & 15u) * d + m;
@@ -117,16 +120,20 @@ void load_unit(uint64_t row, uint u, out float w[UNIT]) {
 // q5_1: d, m, qh, 16 bytes; q * d + m.
 void load_unit(uint64_t row, uint u, out float w[UNIT]) {
 #if defined(WFMT_Q5_0)
-    uint64_t b = row + uint64_t(u) * 22;
-    const uint qh_at = 2;
+    uint64_t b = row + uint64_t(u) * Q5_0_BYTES;
+    const uint d_at = Q5_0_D;
+    const uint qh_at = Q5_0_QH;
+    const uint qs = Q5_0_QS;
 #else
-    uint64_t b = row + uint64_t(u) * 24;
-    const uint qh_at = 4;
+    uint64_t b = row + uint64_t(u) * Q5_1_BYTES;
+    const uint d_at = Q5_1_D;
+    const uint qh_at = Q5_1_QH;
+    const uint qs = Q5_1_QS;
 #endif
-    float d = f16_at(b, 0);
+    float d = f16_at(b, d_at);
     uint qh = ld16(b, qh_at) | (ld16(b, qh_at + 2) << 16);
     for (uint i = 0; i < 8; i++) {
-        uint v = ld16(b, qh_at + 4 + 2 * i);
+        uint v = ld16(b, qs + 2 * i);
         uint j = 2 * i;
         uint q0 = (v & 15u) | (((qh >> j) << 4) & 0x10u);
         uint q1 = ((v >> 8) & 15u) | (((qh >> (j + 1)) << 4) & 0x10u);
@@ -138,7 +145,7 @@ void load_unit(uint64_t row, uint u, out float w[UNIT]) {
         w[j + 16] = float(int(q16) - 16) * d;
         w[j + 17] = float(int(q17) - 16) * d;
 #else
-        float m = f16_at(b, 2);
+        float m = f16_at(b, Q5_1_M);
         w[j] = float(q0) * d + m;
         w[j + 1] = float(q1) * d + m;
         w[j + 16] = float(q16) * d + m;
@@ -149,10 +156,10 @@ void load_unit(uint64_t row, uint u, out float w[UNIT]) {
 #elif defined(WFMT_Q8_0)
 // d, 32 x int8; q * d.
 void load_unit(uint64_t row, uint u, out float w[UNIT]) {
-    uint64_t b = row + uint64_t(u) * 34;
-    float d = f16_at(b, 0);
+    uint64_t b = row + uint64_t(u) * Q8_0_BYTES;
+    float d = f16_at(b, Q8_0_D);
     for (uint i = 0; i < 16; i++) {
-        uint v = ld16(b, 2 + 2 * i);
+        uint v = ld16(b, Q8_0_QS + 2 * i);
         w[2 * i] = sext8(v) * d;
         w[2 * i + 1] = sext8(v >> 8) * d;
     }
@@ -175,15 +182,16 @@ void q4k_scale_min(uvec3 sc, uint s, out uint scale, out uint mn) {
     }
 }
 void load_unit(uint64_t row, uint u, out float w[UNIT]) {
-    uint64_t b = row + uint64_t(u >> 3) * 144;
+    uint64_t b = row + uint64_t(u >> 3) * Q4_K_BYTES;
     uint s = u & 7u;
-    vec2 dm = unpackHalf2x16(ld32(b, 0));
-    uvec3 sc = uvec3(ld32(b, 4), ld32(b, 8), ld32(b, 12));
+    // d and dmin in one word (dmin follows d).
+    vec2 dm = unpackHalf2x16(ld32(b, Q4_K_D));
+    uvec3 sc = uvec3(ld32(b, Q4_K_SCALES), ld32(b, Q4_K_SCALES + 4), ld32(b, Q4_K_SCALES + 8));
     uint scale, mn;
     q4k_scale_min(sc, s, scale, mn);
     float d1 = dm.x * float(scale);
     float m1 = dm.y * float(mn);
-    uint qoff = 16 + 32 * (s >> 1);
+    uint qoff = Q4_K_QS + 32 * (s >> 1);
     uint shift = (s & 1u) * 4;
     for (uint i = 0; i < 8; i++) {
         uint v = ld32(b, qoff + 4 * i) >> shift;
@@ -198,16 +206,19 @@ void load_unit(uint64_t row, uint u, out float w[UNIT]) {
 // low nibbles, 64 of high bit pairs, 16 int8 scales, d). Element l of the unit: low bits from
 // byte 64h + 32(s % 2) + l (nibble s / 2), high bits from byte 128 + 32h + l at shift 2s, scale
 // 192 + 8h + 2s + l / 16; value d * scale * (q - 32).
+#if Q6_K_QL != 0
+#error q6_k's low bits are read from the start of the block
+#endif
 void load_unit(uint64_t row, uint u, out float w[UNIT]) {
-    uint64_t b = row + uint64_t(u >> 3) * 210;
+    uint64_t b = row + uint64_t(u >> 3) * Q6_K_BYTES;
     uint h = (u >> 2) & 1u;
     uint s = u & 3u;
-    float d = f16_at(b, 208);
-    uint qloff = 64 * h + 32 * (s & 1u);
+    float d = f16_at(b, Q6_K_D);
+    uint qloff = 64 * h + 32 * (s & 1u); // + Q6_K_QL, which is 0 (checked above)
     uint lshift = (s >> 1) * 4;
-    uint qhoff = 128 + 32 * h;
+    uint qhoff = Q6_K_QH + 32 * h;
     uint hshift = 2 * s;
-    uint scs = ld16(b, 192 + 8 * h + 2 * s);
+    uint scs = ld16(b, Q6_K_SCALES + 8 * h + 2 * s);
     float ds0 = d * sext8(scs);
     float ds1 = d * sext8(scs >> 8);
     for (uint i = 0; i < 16; i++) {

@@ -17,9 +17,9 @@ fn spread4(t: u32) -> u32 {
     return ((t & 1u) << 4u) | ((t & 2u) << 11u) | ((t & 4u) << 18u) | ((t & 8u) << 25u);
 }
 
-// The 32 codes of a q5 block whose 32 high bits are at byte qh and 16 nibble bytes follow.
-fn q5_codes(qh_at: u32) -> array<u32, 8> {
-    var q = q4_codes(qh_at + 4u);
+// The 32 codes of a q5 block whose 32 high bits are at byte qh_at and 16 nibble bytes at qs_at.
+fn q5_codes(qh_at: u32, qs_at: u32) -> array<u32, 8> {
+    var q = q4_codes(qs_at);
     let qh = ld32(qh_at);
     for (var i = 0u; i < 4u; i++) {
         q[i] |= spread4(qh >> (4u * i));
