@@ -10,51 +10,13 @@ use tandem_backend_api::{
 };
 
 use super::error::ModelError;
+use super::step_model::{Part, Region, StepModel};
 use crate::checkpoint::config::{Gemma3Config, LayerType};
 use crate::checkpoint::source::{StoredTensor, WeightSource};
 
 fn backend_err(context: impl Into<String>) -> impl FnOnce(BackendError) -> ModelError {
     let context = context.into();
     move |error| ModelError::Backend { context, error }
-}
-
-/// The parts of the model that placement lists name (`[placement] attention`, `ffn`,
-/// `default`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Part {
-    /// The attention block: Q|K|V projection, q/k norms, rope, attention, output projection.
-    Attention,
-    /// The feed-forward network: gate|up projection, GeGLU, down projection.
-    Ffn,
-    /// Everything else (embedding, the norms around the blocks, residual adds, logits): the
-    /// `default` list's part.
-    #[serde(rename = "default")]
-    Other,
-}
-
-impl Part {
-    /// The key naming it in `[placement]`.
-    pub fn key(self) -> &'static str {
-        match self {
-            Part::Attention => "attention",
-            Part::Ffn => "ffn",
-            Part::Other => "default",
-        }
-    }
-}
-
-/// The stretch of the model a node belongs to: what layer placement (`[placement.layers]`,
-/// `--gpu-layers`) puts on a unit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Region {
-    /// The token embedding lookup.
-    Embedding,
-    /// Decoder layer `n`: from its input norm to the residual add after its feed-forward network.
-    Layer(usize),
-    /// The output head: the selected rows, the final norm, the logits and their soft cap.
-    Head,
 }
 
 /// One decoder layer's weights on the backend.
@@ -385,7 +347,8 @@ impl Gemma3Model {
     }
 
     /// [`Gemma3Model::step_graph`], with the part of the model each node belongs to (what the
-    /// placement's preference lists are keyed by) and its region (what layer placement places).
+    /// placement's preference lists are keyed by) and its region (what layer placement places):
+    /// [`StepModel::step_graph_parts`].
     pub fn step_graph_parts(
         &self,
         rows: usize,
@@ -517,5 +480,27 @@ impl Gemma3Model {
         mark(&g, Part::Other);
         region(&g, Region::Head);
         (g.finish(), parts, regions)
+    }
+}
+
+/// What the split scheduler sees of Gemma 3: [`Gemma3Model::step_graph_parts`] and the
+/// vocabulary. Its KV caches are the [`KvCacheRef`]s of the graph's attention nodes (one per
+/// layer, [`LayerWeights::cache`]).
+impl StepModel for Gemma3Model {
+    fn step_graph_parts(
+        &self,
+        rows: usize,
+        selected: usize,
+        logits: BufferId,
+    ) -> (Graph, Vec<Part>, Vec<Region>) {
+        Gemma3Model::step_graph_parts(self, rows, selected, logits)
+    }
+
+    fn step_graph(&self, rows: usize, selected: usize, logits: BufferId) -> Graph {
+        Gemma3Model::step_graph(self, rows, selected, logits)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
     }
 }

@@ -2,11 +2,26 @@
 //! slot's cached keys and values of that layer are copied to the other unit once, before the first
 //! step of the other phase that touches the slot.
 
+use tandem_backend_api::{BufferId, Graph, Op};
+
 use super::{step_err, Phase, ScheduleError, Unit};
-use crate::model::Gemma3Model;
+
+/// One attention node's KV cache, as `backend-api` lays it out: `[slots, capacity, row]`.
+struct KvLayer {
+    /// Keys, then values (planned ids).
+    buffers: [BufferId; 2],
+    /// Sequences it holds.
+    slots: usize,
+    /// Positions kept per slot.
+    capacity: usize,
+    /// Bytes of one cached row (one token's keys, or its values).
+    row: usize,
+}
 
 /// Where each layer's KV cache of each slot is up to date.
 pub(super) struct KvHandoff {
+    /// Per attention node of the step graph (a layer), its cache.
+    layers: Vec<KvLayer>,
     /// Per phase (prefill, decode), per layer: the unit running its attention.
     unit: [Vec<usize>; 2],
     /// Per layer, per slot: the unit holding its current rows.
@@ -18,22 +33,40 @@ pub(super) struct KvHandoff {
 }
 
 impl KvHandoff {
-    /// A hand-off for `model`, whose layers' attention runs on `unit[phase][layer]`; `None` when
-    /// both phases run every layer's attention on the same unit (nothing to hand over).
-    pub fn new(model: &Gemma3Model, unit: [Vec<usize>; 2]) -> Option<KvHandoff> {
+    /// A hand-off for the caches of `graph`'s attention nodes (the step graph a placement was
+    /// made on: the model's caches are those its attention nodes name), whose attention runs on
+    /// `unit[phase][layer]`; `None` when both phases run every layer's attention on the same
+    /// unit (nothing to hand over).
+    pub fn new(graph: &Graph, unit: [Vec<usize>; 2]) -> Option<KvHandoff> {
         if unit[0] == unit[1] {
             return None;
         }
-        let row = model.kv_row_bytes();
-        let most = model
-            .layers
+        let layers: Vec<KvLayer> = graph
+            .nodes
             .iter()
-            .map(|l| l.cache.capacity * row)
-            .max()
-            .unwrap_or(0);
-        let slots = model.cache_shape.slots;
+            .filter_map(|n| match &n.op {
+                Op::Attention {
+                    cache,
+                    kv_heads,
+                    head_dim,
+                    ..
+                } => Some(KvLayer {
+                    buffers: [cache.k, cache.v],
+                    slots: cache.slots,
+                    capacity: cache.capacity,
+                    row: kv_heads * head_dim * cache.dtype.block_bytes(),
+                }),
+                _ => None,
+            })
+            .collect();
+        let most = layers.iter().map(|l| l.capacity * l.row).max().unwrap_or(0);
         Some(KvHandoff {
-            home: unit[0].iter().map(|&u| vec![u; slots]).collect(),
+            home: unit[0]
+                .iter()
+                .zip(&layers)
+                .map(|(&u, l)| vec![u; l.slots])
+                .collect(),
+            layers,
             unit,
             staging: vec![0; most],
             moved: 0,
@@ -46,13 +79,12 @@ impl KvHandoff {
     pub fn hand_over(
         &mut self,
         phase: Phase,
-        model: &Gemma3Model,
         units: &mut [Unit],
         slots: &[u32],
         lengths: &[usize],
     ) -> Result<(), ScheduleError> {
-        let row = model.kv_row_bytes();
-        for (l, layer) in model.layers.iter().enumerate() {
+        for (l, layer) in self.layers.iter().enumerate() {
+            let row = layer.row;
             let target = self.unit[phase.index()][l];
             for &s in slots {
                 let s = s as usize;
@@ -61,13 +93,13 @@ impl KvHandoff {
                     continue;
                 }
                 self.home[l][s] = target;
-                let len = lengths.get(s).copied().unwrap_or(0).min(layer.cache.capacity);
+                let len = lengths.get(s).copied().unwrap_or(0).min(layer.capacity);
                 if len == 0 {
                     continue;
                 }
-                let offset = (s * layer.cache.capacity * row) as u64;
+                let offset = (s * layer.capacity * row) as u64;
                 let buf = &mut self.staging[..len * row];
-                for planned in [layer.cache.k, layer.cache.v] {
+                for planned in layer.buffers {
                     let (from, to) = (&units[home], &units[target]);
                     let (src, dst) = (from.map.get(&planned).copied(), to.map.get(&planned).copied());
                     let (Some(src), Some(dst)) = (src, dst) else {

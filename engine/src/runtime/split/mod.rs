@@ -1,11 +1,16 @@
-//! The split scheduler: runs the model's step graph on the units a placement chose, one unit or
-//! several. One backend is simply a split of one unit.
+//! The split scheduler: runs a model's step graph on the units a placement chose, one unit or
+//! several. One backend is simply a split of one unit. It sees the model only through
+//! [`StepModel`] (Gemma 3 is one: `crate::model::Gemma3Model`): the step graph of each shape
+//! and the logits' width. The KV caches it hands between units are those the graph's attention
+//! nodes name.
 //!
 //! How to use it:
-//! 1. Place the step graph of one row (`Gemma3Model::step_graph_parts(1, 1, UNBOUND)`): a unit
-//!    index per node position, per [`Phase`] (`runtime::placement::assign`).
-//! 2. Give each [`Unit`] the planned tensors its nodes read (`Gemma3Model::upload` fills
-//!    [`Unit::map`]), then [`SplitScheduler::new`] with the units, the placement and that graph.
+//! 1. Place the step graph of one row ([`StepModel::step_graph_parts`]`(1, 1, UNBOUND)`, with
+//!    each node's part and region): a unit index per node position, per [`Phase`]
+//!    (`runtime::placement::assign`).
+//! 2. Give each [`Unit`] the planned tensors its nodes read (for Gemma, `Gemma3Model::upload`
+//!    fills [`Unit::map`]), then [`SplitScheduler::new`] with the units, the placement and that
+//!    graph.
 //! 3. Call [`SplitScheduler::run`] for every step. The first step of each shape (phase, rows,
 //!    selected rows, micro-batches) builds the model's step graph for that shape once, splits it
 //!    where the unit changes ([`plan::SplitPlan`]), allocates the boundary buffers and compiles
@@ -43,7 +48,7 @@ use tandem_backend_api::{
 
 use self::kv::KvHandoff;
 use self::program::{Boundaries, BoundaryCounts, Scheduled};
-use crate::model::Gemma3Model;
+use crate::model::StepModel;
 
 /// The two phases of generation, which may run on different units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -254,12 +259,14 @@ pub fn attention_units(graph: &Graph, units: &[usize]) -> Vec<usize> {
 
 impl SplitScheduler {
     /// A scheduler over `units`, running node `i` of every step of phase `p` on unit
-    /// `placement[p.index()][i]`, where `graph` is the step graph the placement was made on.
+    /// `placement[p.index()][i]`, where `graph` is the step graph the placement was made on
+    /// (its attention nodes name the KV caches handed between phases' units). `model` is the
+    /// model every [`SplitScheduler::run`] is given; nothing of it is kept.
     pub fn new(
         units: Vec<Unit>,
         placement: [Vec<usize>; 2],
         graph: &Graph,
-        model: &Gemma3Model,
+        _model: &dyn StepModel,
     ) -> Result<SplitScheduler, ScheduleError> {
         let context = "checking the placement";
         if units.is_empty() {
@@ -284,7 +291,7 @@ impl SplitScheduler {
                 ));
             }
         }
-        let kv = KvHandoff::new(model, [0, 1].map(|ph| attention_units(graph, &placement[ph])));
+        let kv = KvHandoff::new(graph, [0, 1].map(|ph| attention_units(graph, &placement[ph])));
         Ok(SplitScheduler {
             units,
             ops: graph.nodes.iter().map(|n| n.op.name()).collect(),
@@ -484,7 +491,7 @@ impl SplitScheduler {
     /// recently (a unit's memory holds as many shapes as fit, however many the cap allows).
     fn programs_for(
         &mut self,
-        model: &Gemma3Model,
+        model: &dyn StepModel,
         key: StepKey,
         bounds: &[usize],
     ) -> Result<(), ScheduleError> {
@@ -511,7 +518,7 @@ impl SplitScheduler {
     /// The programs of `key`, one per micro-batch, built.
     fn build(
         &mut self,
-        model: &Gemma3Model,
+        model: &dyn StepModel,
         key: StepKey,
         bounds: &[usize],
     ) -> Result<Vec<Scheduled>, ScheduleError> {
@@ -534,7 +541,7 @@ impl SplitScheduler {
         let width = if key.top_k > 0 {
             2 * key.top_k
         } else {
-            model.config.vocab_size
+            model.vocab_size()
         };
         let mut placement = self.placement[key.phase.index()].clone();
         if key.top_k > 0 {
@@ -572,7 +579,7 @@ impl SplitScheduler {
     /// against the placement the first time (and given its `TopK` node when `top_k > 0`).
     fn graph_index(
         &self,
-        model: &Gemma3Model,
+        model: &dyn StepModel,
         graphs: &mut Vec<((usize, usize), Graph)>,
         shape: (usize, usize),
         top_k: usize,
@@ -633,7 +640,7 @@ impl SplitScheduler {
     /// [`SplitScheduler::supports_top_k`] says so).
     pub fn run(
         &mut self,
-        model: &Gemma3Model,
+        model: &dyn StepModel,
         phase: Phase,
         args: &StepArgs<'_>,
         lengths: &[usize],
@@ -641,11 +648,7 @@ impl SplitScheduler {
         logits: &mut [u8],
     ) -> Result<(), ScheduleError> {
         let (rows, selected) = (args.tokens.len(), args.select.len());
-        let vocab = if top_k > 0 {
-            2 * top_k
-        } else {
-            model.config.vocab_size
-        };
+        let vocab = if top_k > 0 { 2 * top_k } else { model.vocab_size() };
         let phase = self.phase_key(phase);
         let (bounds, m) = self.micro_bounds(phase, rows, args.select);
         let key = StepKey {
@@ -660,7 +663,7 @@ impl SplitScheduler {
         self.steps += 1;
         self.used.insert(key, self.steps);
         if let Some(kv) = self.kv.as_mut() {
-            kv.hand_over(phase, model, &mut self.units, args.slots, lengths)?;
+            kv.hand_over(phase, &mut self.units, args.slots, lengths)?;
         }
         if self.iota.len() < rows {
             self.iota.extend(self.iota.len() as u32..rows as u32);
