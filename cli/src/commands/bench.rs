@@ -1,13 +1,14 @@
 //! `engine bench`: prefill and decode speed per batch size, time to first token, per-token
 //! latency, peak memory, and the achieved fractions of the copy bandwidth and matrix-product
 //! peak that the same run measures (`tandem_engine::bench::run`), printed as a table or JSON.
-//! `--report DIR RESULT.json...` renders saved results (`tandem_cli::report`). The JSON follows
-//! `docs/bench-schema.json` (`tandem-bench/1`).
+//! `--report DIR RESULT.json...` renders saved results (`tandem_cli::report`). The JSON is the
+//! engine's [`BenchResult`] serialised, and follows `docs/bench-schema.json` (`tandem-bench/1`).
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};
+use tandem_engine::bench::results::BenchResult;
 use tandem_engine::bench::run::{BenchEvent, BenchOptions};
 
 use super::load::ModelArgs;
@@ -120,64 +121,65 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let doc = result?;
-    let copy_bw = doc["limits"]["copy_bandwidth_bytes_per_s"]
-        .as_f64()
-        .unwrap_or(0.0);
-    let peak = doc["limits"]["peak_flops"].as_f64().unwrap_or(0.0);
+    let result = result?;
     if let Some(out) = &args.out {
-        std::fs::write(out, serde_json::to_string_pretty(&doc)?)
+        std::fs::write(out, serde_json::to_string_pretty(&result)?)
             .with_context(|| format!("writing {}", out.display()))?;
     }
     let mut o = std::io::stdout().lock();
     if args.json {
-        writeln!(o, "{}", serde_json::to_string_pretty(&doc)?)?;
+        writeln!(o, "{}", serde_json::to_string_pretty(&result)?)?;
     } else {
-        writeln!(
+        write!(o, "{}", table(&result))?;
+    }
+    Ok(())
+}
+
+/// The result as a table: a header line, then a line per batch size with its profile's five
+/// costliest op kinds under it.
+///
+/// The names are printed as JSON strings (quoted) and the batch column unpadded, as the table
+/// always has been (it used to print `serde_json::Value`s, which ignore widths).
+fn table(r: &BenchResult) -> String {
+    use std::fmt::Write as _;
+    let quoted = |s: &str| serde_json::Value::from(s).to_string();
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{} on {} ({}), copy {:.1} GB/s, matmul peak {:.1} GFLOP/s",
+        quoted(&r.model.name),
+        quoted(&r.backend.name),
+        quoted(&r.backend.device),
+        r.limits.copy_bandwidth_bytes_per_s / 1e9,
+        r.limits.peak_flops / 1e9
+    );
+    let _ = writeln!(
+        o,
+        "batch  prefill tok/s  decode tok/s  ttft ms  p50 ms  p99 ms  bw frac  flop frac"
+    );
+    for run in &r.runs {
+        let _ = writeln!(
             o,
-            "{} on {} ({}), copy {:.1} GB/s, matmul peak {:.1} GFLOP/s",
-            doc["model"]["name"],
-            doc["backend"]["name"],
-            doc["backend"]["device"],
-            copy_bw / 1e9,
-            peak / 1e9
-        )?;
-        writeln!(
-            o,
-            "batch  prefill tok/s  decode tok/s  ttft ms  p50 ms  p99 ms  bw frac  flop frac"
-        )?;
-        for r in doc["runs"].as_array().into_iter().flatten() {
-            writeln!(
-                o,
-                "{:>5}  {:>13.1}  {:>12.1}  {:>7.1}  {:>6.1}  {:>6.1}  {:>7.3}  {:>9.3}",
-                r["batch"],
-                r["prefill_tokens_per_s"]["median"].as_f64().unwrap_or(0.0),
-                r["decode_tokens_per_s"]["median"].as_f64().unwrap_or(0.0),
-                r["ttft_ms"]["median"].as_f64().unwrap_or(0.0),
-                r["token_latency_ms"]["p50"].as_f64().unwrap_or(0.0),
-                r["token_latency_ms"]["p99"].as_f64().unwrap_or(0.0),
-                r["decode_bandwidth_fraction"].as_f64().unwrap_or(0.0),
-                r["prefill_flops_fraction"].as_f64().unwrap_or(0.0)
-            )?;
-            if let Some(p) = r.get("profile") {
-                for step in ["prefill", "decode"] {
-                    let ops: Vec<String> = p[step]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .take(5)
-                        .map(|o| {
-                            format!(
-                                "{} {:.3} ms",
-                                o["op"].as_str().unwrap_or("?"),
-                                o["seconds"].as_f64().unwrap_or(0.0) * 1e3
-                            )
-                        })
-                        .collect();
-                    writeln!(o, "       {step} device time: {}", ops.join(", "))?;
-                }
+            "{}  {:>13.1}  {:>12.1}  {:>7.1}  {:>6.1}  {:>6.1}  {:>7.3}  {:>9.3}",
+            run.batch,
+            run.prefill_tokens_per_s.median,
+            run.decode_tokens_per_s.median,
+            run.ttft_ms.median,
+            run.token_latency_ms.p50,
+            run.token_latency_ms.p99,
+            run.decode_bandwidth_fraction,
+            run.prefill_flops_fraction
+        );
+        if let Some(p) = &run.profile {
+            for (step, ops) in [("prefill", &p.prefill), ("decode", &p.decode)] {
+                let ops: Vec<String> = ops
+                    .iter()
+                    .take(5)
+                    .map(|op| format!("{} {:.3} ms", op.op, op.seconds * 1e3))
+                    .collect();
+                let _ = writeln!(o, "       {step} device time: {}", ops.join(", "));
             }
         }
     }
-    Ok(())
+    o
 }

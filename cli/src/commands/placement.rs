@@ -1,9 +1,11 @@
 //! `engine placement`: where every node of the step graph runs and why, what each unit holds,
 //! and what crosses between units, for the placement `--backend` and the config ask for. Nothing
-//! is uploaded.
+//! is uploaded. The engine plans and reports ([`tandem_engine::Planned::report`]); the text is
+//! rendered here ([`placement_text`]), the JSON is the report serialised.
 
 use std::io::Write;
 
+use tandem_cli::report::placement_text;
 use tandem_engine::plan;
 
 use super::load::{print_notice, ModelArgs};
@@ -33,7 +35,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        write!(out, "{}", report.text())?;
+        write!(out, "{}", placement_text(&report))?;
     }
     Ok(())
 }

@@ -1,13 +1,16 @@
-//! Rendering `engine bench` results: reading `tandem-bench/1` files back ([`load_result`]),
-//! checking them against `docs/bench-schema.json` ([`schema`]), and writing a markdown table
-//! ([`markdown`]) and two SVG charts ([`charts`]): decode tokens/s by batch size, and each run's
-//! fraction of its measured limits (its roofline).
+//! Rendering what the engine measures and plans. `engine bench` results: reading
+//! `tandem-bench/1` files back ([`load_result`]), checking them against
+//! `docs/bench-schema.json` ([`schema`]), and writing a markdown table ([`markdown`]) and two SVG
+//! charts ([`charts`]): decode tokens/s by batch size, and each run's fraction of its measured
+//! limits (its roofline). `engine placement`'s text ([`placement`]).
 //!
-//! The data itself ([`BenchResult`] and its parts) is the engine's
-//! (`tandem_engine::bench::results`): the engine measures, the command line presents.
+//! The data itself ([`BenchResult`] and its parts, the placement report) is the engine's
+//! (`tandem_engine::bench::results`, `tandem_engine::runtime::placement_report`): the engine
+//! measures and plans, the command line presents.
 
 pub mod charts;
 pub mod markdown;
+pub mod placement;
 pub mod schema;
 
 use std::path::{Path, PathBuf};
@@ -17,6 +20,7 @@ use tandem_engine::bench::results::{BenchResult, SCHEMA_ID};
 
 pub use charts::{roofline_chart, tokens_chart};
 pub use markdown::markdown;
+pub use placement::placement_text;
 pub use schema::validate_against_schema;
 
 /// The JSON Schema of a result (`docs/bench-schema.json`), as text.
@@ -144,4 +148,132 @@ fn write_file(path: &Path, text: &str) -> Result<(), ReportError> {
         path: path.to_path_buf(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use tandem_backend_api::DeviceKind;
+    use tandem_engine::bench::results::{
+        BackendDesc, BatchRun, BenchSettings, Limits, Machine, ModelDesc, OpTime, Percentiles, Spread,
+        StepProfile,
+    };
+
+    use super::*;
+
+    /// Figures that print and parse back exactly (serde_json's float parsing is not exact for
+    /// every 17-digit figure, with or without this change).
+    fn spread(median: f64) -> Spread {
+        Spread {
+            median,
+            min: median - 1.5,
+            max: median + 2.25,
+        }
+    }
+
+    fn run(batch: u32, device_memory: Option<u64>, profile: Option<StepProfile>) -> BatchRun {
+        BatchRun {
+            batch,
+            prefill_tokens_per_s: spread(740.5 * batch as f64),
+            decode_tokens_per_s: spread(2892.25 * batch as f64),
+            ttft_ms: spread(10.5),
+            token_latency_ms: Percentiles {
+                p50: 0.3,
+                p90: 0.35,
+                p99: 0.4,
+            },
+            decode_bytes_per_step: 2_500_000,
+            decode_bandwidth_fraction: 0.277,
+            prefill_flops_fraction: 0.027,
+            peak_rss_bytes: 400 << 20,
+            device_memory_bytes: device_memory,
+            profile,
+        }
+    }
+
+    /// A result as `engine bench` fills it: split over two units when `split`, with device
+    /// memory and a profile on the GPU.
+    fn filled(split: bool) -> BenchResult {
+        let (name, kind) = if split {
+            ("vulkan", DeviceKind::DiscreteGpu)
+        } else {
+            ("cpu", DeviceKind::Cpu)
+        };
+        let profile = StepProfile {
+            prefill: OpTime::by_op([("matmul(q8_0)", 0.01), ("rope", 1e-4), ("matmul(q8_0)", 2e-3)]),
+            decode: OpTime::by_op([("attention(kv f32)", 8e-5), ("matmul(q8_0)", 2e-4)]),
+        };
+        BenchResult {
+            schema: SCHEMA_ID.to_string(),
+            tool: "tandem".into(),
+            date: "2026-11-22T22:00:00Z".into(),
+            machine: Machine {
+                host: "dev-1".into(),
+                cpu: "AMD EPYC".into(),
+                cores: 2,
+                os: "linux".into(),
+                gpu: split.then(|| "a GPU".to_string()),
+            },
+            backend: BackendDesc {
+                name: name.into(),
+                device: format!("{name} device"),
+                placement: split.then(|| "vulkan+cpu --gpu-layers 3".to_string()),
+                units: split.then(|| vec!["vulkan".to_string(), "cpu".to_string()]),
+                kind,
+            },
+            model: ModelDesc {
+                name: "tiny".into(),
+                source: "synthetic:tiny".into(),
+                dtype: "q8_0".into(),
+                params: 1_245_184,
+                weight_bytes: 2_000_000,
+                synthetic: true,
+            },
+            settings: BenchSettings {
+                prompt_tokens: 8,
+                gen_tokens: 4,
+                repeat: 2,
+                warmup: 1,
+                batch: vec![1, 2],
+                kv_cache: Some("f32".into()),
+            },
+            limits: Limits {
+                copy_bandwidth_bytes_per_s: 1.5e10,
+                copy_bandwidth_source: "host memcpy 1 GiB (read + write)".into(),
+                peak_flops: 6.5e10,
+                peak_flops_source: "cpu backend matmul".into(),
+            },
+            runs: if split {
+                vec![
+                    run(1, Some(1 << 30), Some(profile.clone())),
+                    run(2, Some(1 << 30), Some(profile)),
+                ]
+            } else {
+                vec![run(1, None, None), run(2, None, None)]
+            },
+        }
+    }
+
+    /// What the engine fills, serialised as `engine bench --json` writes it, follows the schema
+    /// and reads back through [`load_result`] unchanged.
+    #[test]
+    fn a_filled_result_follows_the_schema_and_reads_back() {
+        let schema = bench_schema().expect("the built-in schema parses");
+        let dir = tempfile::tempdir().expect("temp dir");
+        for split in [false, true] {
+            let result = filled(split);
+            let text = serde_json::to_string_pretty(&result).expect("serialises");
+            let doc: Value = serde_json::from_str(&text).expect("JSON");
+            validate_against_schema(&doc, &schema).unwrap_or_else(|e| panic!("split {split}: {e}\n{text}"));
+            // Optional fields: absent when unset, never null; nullable ones null.
+            let backend = doc["backend"].as_object().expect("backend");
+            assert_eq!(backend.contains_key("placement"), split, "{text}");
+            assert_eq!(backend.contains_key("units"), split, "{text}");
+            assert_eq!(doc["runs"][0].get("profile").is_some(), split, "{text}");
+            assert_eq!(doc["runs"][0]["device_memory_bytes"].is_null(), !split, "{text}");
+            assert_eq!(doc["machine"]["gpu"].is_null(), !split, "{text}");
+            let path = dir.path().join(format!("split-{split}.json"));
+            std::fs::write(&path, &text).expect("write");
+            assert_eq!(load_result(&path).expect("loads back"), result);
+        }
+    }
 }

@@ -42,9 +42,6 @@ pub enum BenchError {
     /// The backend has no matmul to measure its peak with (its name).
     #[error("the {0} backend supports no f32, f16 or q8_0 matmul to measure its peak")]
     NoPeak(String),
-    /// The result could not be built.
-    #[error(transparent)]
-    Json(#[from] serde_json::Error),
 }
 
 impl From<LoadError> for BenchError {

@@ -1,7 +1,9 @@
 //! Benchmark results (`tandem-bench/1`): the data `engine bench` measures.
 //!
 //! `engine bench --json` and the peer (`bench/peer_torch.py`) write one [`BenchResult`] each, in
-//! the schema `docs/bench-schema.json` documents. Reading results back, checking them against the
+//! the schema `docs/bench-schema.json` documents. These types are the one definition of that
+//! document on tandem's side: the engine fills them ([`super::run`]) and the command line
+//! serialises and reads them back. Reading results back, checking them against the
 //! schema and rendering them (markdown, charts) is the command line's business
 //! (`tandem_cli::report`).
 
@@ -56,6 +58,14 @@ pub struct BackendDesc {
     pub name: String,
     /// The device as the user would recognise it.
     pub device: String,
+    /// When the model ran split across units: the `--backend` value (with `--gpu-layers N`
+    /// where given) that placed it; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
+    /// When split: the units' instance names (`cpu`, `vulkan#2`); the other fields describe the
+    /// unit that computed the logits. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub units: Option<Vec<String>>,
     /// The kind of device.
     pub kind: DeviceKind,
 }

@@ -1,18 +1,21 @@
 //! The measuring loop of `engine bench`: for each batch size, load the model with KV caches for
 //! that many sequences, warm up once, then time prefill and decode over `repeat` rounds of random
 //! prompts and tokens; per-op device time from the last round; the limits from [`super::limits`].
-//! The result is a `tandem-bench/1` JSON document (`docs/bench-schema.json`).
+//! The result is a [`BenchResult`], the `tandem-bench/1` document (`docs/bench-schema.json`)
+//! that the command line serialises.
 
 use std::path::Path;
 use std::time::Instant;
 
-use serde_json::json;
-use tandem_backend_api::DeviceKind;
+use tandem_backend_api::{BackendInfo, DeviceKind};
 
 use super::error::BenchError;
 use super::limits::{host_copy_bandwidth, peak_flops};
 use super::machine::{cpu_name, now_rfc3339, peak_rss};
-use super::results::{OpTime, StepProfile};
+use super::results::{
+    BackendDesc, BatchRun, BenchResult, BenchSettings, Limits, Machine, ModelDesc, OpTime, Percentiles,
+    Spread, StepProfile, SCHEMA_ID,
+};
 use crate::checkpoint::config::LayerType;
 use crate::checkpoint::synth::{write_synthetic_gguf, SynthDtype, SynthShape};
 use crate::model::files::cache_dir;
@@ -72,10 +75,14 @@ pub enum BenchEvent<'a> {
     Tokens(u64),
 }
 
-fn stats(mut v: Vec<f64>) -> serde_json::Value {
+fn stats(mut v: Vec<f64>) -> Spread {
     v.sort_by(|a, b| a.total_cmp(b));
     let median = if v.is_empty() { 0.0 } else { v[v.len() / 2] };
-    json!({ "median": median, "min": v.first().copied().unwrap_or(0.0), "max": v.last().copied().unwrap_or(0.0) })
+    Spread {
+        median,
+        min: v.first().copied().unwrap_or(0.0),
+        max: v.last().copied().unwrap_or(0.0),
+    }
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -86,14 +93,79 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// The 50th, 90th and 99th percentiles of `sorted`.
+fn percentiles(sorted: &[f64]) -> Percentiles {
+    Percentiles {
+        p50: percentile(sorted, 0.5),
+        p90: percentile(sorted, 0.9),
+        p99: percentile(sorted, 0.99),
+    }
+}
+
+/// A count as the document's integer type.
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// This machine, with the GPU named where the backend that computed the logits is one.
+fn this_machine(info: &BackendInfo) -> Machine {
+    Machine {
+        host: std::fs::read_to_string("/etc/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        cpu: cpu_name(),
+        cores: count(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        os: std::env::consts::OS.to_string(),
+        gpu: matches!(
+            info.kind,
+            DeviceKind::DiscreteGpu | DeviceKind::IntegratedGpu | DeviceKind::SoftwareGpu
+        )
+        .then(|| info.device.clone()),
+    }
+}
+
+/// The backend of the unit that computed the logits; when the model ran on more than one unit
+/// (`units`), the placement that split it (`--backend`, `--gpu-layers`) and the units too.
+fn backend_desc(
+    info: &BackendInfo,
+    units: Option<Vec<String>>,
+    backend: &str,
+    gpu_layers: Option<usize>,
+) -> BackendDesc {
+    let units = units.filter(|u| u.len() > 1);
+    BackendDesc {
+        name: info.name.clone(),
+        device: info.device.clone(),
+        placement: units.as_ref().map(|_| match gpu_layers {
+            Some(n) => format!("{backend} --gpu-layers {n}"),
+            None => backend.to_string(),
+        }),
+        units,
+        kind: info.kind,
+    }
+}
+
+/// Sets each run's decode bandwidth fraction: its bytes per step over its median step time,
+/// against the copy bandwidth `copy_bw`.
+fn set_bandwidth_fractions(runs: &mut [BatchRun], copy_bw: f64) {
+    for r in runs {
+        let step_ms = r.token_latency_ms.p50;
+        r.decode_bandwidth_fraction = if step_ms > 0.0 {
+            r.decode_bytes_per_step as f64 / (step_ms / 1e3) / copy_bw
+        } else {
+            0.0
+        };
+    }
+}
+
 /// Runs the benchmark `options` describes on the plugins `search` finds, and returns the
-/// `tandem-bench/1` document.
+/// `tandem-bench/1` result.
 pub fn run(
     search: &PluginSearch,
     settings: &Settings,
     options: &BenchOptions,
     events: &mut dyn FnMut(BenchEvent<'_>),
-) -> Result<serde_json::Value, BenchError> {
+) -> Result<BenchResult, BenchError> {
     let args = options;
     if args.prompt_tokens == 0 || args.gen_tokens < 2 || args.repeat == 0 {
         return Err(BenchError::Options(
@@ -268,22 +340,23 @@ pub fn run(
                 None => (0.0, String::new()),
             });
         }
-        let mut run = json!({
-            "batch": batch,
-            "prefill_tokens_per_s": stats(prefill.clone()),
-            "decode_tokens_per_s": stats(decode),
-            "ttft_ms": stats(ttft),
-            "token_latency_ms": { "p50": percentile(&lat, 0.5), "p90": percentile(&lat, 0.9), "p99": percentile(&lat, 0.99) },
-            "decode_bytes_per_step": step_bytes,
-            "decode_bandwidth_fraction": 0.0, // filled in once the copy bandwidth is measured
-            "prefill_flops_fraction": if peak > 0.0 { prefill_flops * prefill_rate / peak } else { 0.0 },
-            "peak_rss_bytes": peak_rss().unwrap_or(0),
-            "device_memory_bytes": device_memory,
+        runs.push(BatchRun {
+            batch: count(batch),
+            prefill_tokens_per_s: stats(prefill.clone()),
+            decode_tokens_per_s: stats(decode),
+            ttft_ms: stats(ttft),
+            token_latency_ms: percentiles(&lat),
+            decode_bytes_per_step: step_bytes,
+            decode_bandwidth_fraction: 0.0, // set once the copy bandwidth is measured
+            prefill_flops_fraction: if peak > 0.0 {
+                prefill_flops * prefill_rate / peak
+            } else {
+                0.0
+            },
+            peak_rss_bytes: peak_rss().unwrap_or(0),
+            device_memory_bytes: device_memory,
+            profile,
         });
-        if let Some(p) = profile {
-            run["profile"] = serde_json::to_value(p)?;
-        }
-        runs.push(run);
         units.get_or_insert_with(|| {
             loaded
                 .session
@@ -306,48 +379,303 @@ pub fn run(
             "host memcpy 1 GiB (read + write)".to_string(),
         ),
     };
-    for r in &mut runs {
-        let bytes = r["decode_bytes_per_step"].as_f64().unwrap_or(0.0);
-        let step_ms = r["token_latency_ms"]["p50"].as_f64().unwrap_or(0.0);
-        r["decode_bandwidth_fraction"] = json!(if step_ms > 0.0 {
-            bytes / (step_ms / 1e3) / copy_bw
-        } else {
-            0.0
-        });
-    }
+    set_bandwidth_fractions(&mut runs, copy_bw);
     let params = cfg.vocab_size as u64 * cfg.hidden_size as u64
         + cfg.num_hidden_layers as u64
             * ((cfg.hidden_size * cfg.num_attention_heads * cfg.head_dim * 2
                 + cfg.hidden_size * cfg.num_key_value_heads * cfg.head_dim * 2
                 + 3 * cfg.hidden_size * cfg.intermediate_size) as u64);
-    let mut backend_doc = json!({ "name": info.name, "device": info.device, "kind": info.kind });
-    if let Some(units) = units.filter(|u| u.len() > 1) {
-        backend_doc["placement"] = json!(match args.model.gpu_layers {
-            Some(n) => format!("{} --gpu-layers {n}", args.model.backend),
-            None => args.model.backend.clone(),
-        });
-        backend_doc["units"] = json!(units);
-    }
-    let doc = json!({
-        "schema": "tandem-bench/1",
-        "tool": "tandem",
-        "date": now_rfc3339(),
-        "machine": {
-            "host": std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_default(),
-            "cpu": cpu_name(),
-            "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-            "os": std::env::consts::OS,
-            "gpu": matches!(info.kind, DeviceKind::DiscreteGpu | DeviceKind::IntegratedGpu | DeviceKind::SoftwareGpu)
-                .then(|| info.device.clone()),
+    Ok(BenchResult {
+        schema: SCHEMA_ID.to_string(),
+        tool: "tandem".to_string(),
+        date: now_rfc3339(),
+        machine: this_machine(&info),
+        backend: backend_desc(&info, units, &args.model.backend, args.model.gpu_layers),
+        model: ModelDesc {
+            name: model_name,
+            source,
+            dtype: if synthetic {
+                args.dtype.clone()
+            } else {
+                "gguf".into()
+            },
+            params,
+            weight_bytes,
+            synthetic,
         },
-        "backend": backend_doc,
-        "model": { "name": model_name, "source": source, "dtype": if synthetic { args.dtype.clone() } else { "gguf".into() },
-                   "params": params, "weight_bytes": weight_bytes, "synthetic": synthetic },
-        "settings": { "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens, "repeat": args.repeat,
-                      "warmup": 1, "batch": batches, "kv_cache": kv_cache },
-        "limits": { "copy_bandwidth_bytes_per_s": copy_bw, "copy_bandwidth_source": copy_src,
-                    "peak_flops": peak, "peak_flops_source": peak_src },
-        "runs": runs,
-    });
-    Ok(doc)
+        settings: BenchSettings {
+            prompt_tokens: count(args.prompt_tokens),
+            gen_tokens: count(args.gen_tokens),
+            repeat: count(args.repeat),
+            warmup: 1,
+            batch: batches.iter().map(|&b| count(b)).collect(),
+            kv_cache: Some(kv_cache),
+        },
+        limits: Limits {
+            copy_bandwidth_bytes_per_s: copy_bw,
+            copy_bandwidth_source: copy_src,
+            peak_flops: peak,
+            peak_flops_source: peak_src,
+        },
+        runs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    /// One batch size's measurements, as the loop in [`run`] gathers them.
+    struct Measured {
+        batch: usize,
+        prefill: Vec<f64>,
+        decode: Vec<f64>,
+        ttft: Vec<f64>,
+        latency: Vec<f64>,
+        step_bytes: u64,
+        flops_fraction: f64,
+        rss: u64,
+        device_memory: Option<u64>,
+        profile: Option<StepProfile>,
+    }
+
+    /// Everything else the document holds.
+    struct Header {
+        info: BackendInfo,
+        units: Option<Vec<String>>,
+        backend: String,
+        gpu_layers: Option<usize>,
+        copy_bw: f64,
+    }
+
+    const DATE: &str = "2026-11-22T22:00:00Z";
+
+    /// The document as `run` built it with `json!` before it filled [`BenchResult`]: the
+    /// expressions are the old ones, so that the typed document is compared with what was
+    /// written before, field for field, `null` for `null` and absent for absent.
+    fn untyped(h: &Header, measured: &[Measured]) -> Value {
+        fn stats(mut v: Vec<f64>) -> Value {
+            v.sort_by(|a, b| a.total_cmp(b));
+            let median = if v.is_empty() { 0.0 } else { v[v.len() / 2] };
+            json!({ "median": median, "min": v.first().copied().unwrap_or(0.0), "max": v.last().copied().unwrap_or(0.0) })
+        }
+        let info = &h.info;
+        let mut runs = Vec::new();
+        for m in measured {
+            let mut lat = m.latency.clone();
+            lat.sort_by(|a, b| a.total_cmp(b));
+            let mut run = json!({
+                "batch": m.batch,
+                "prefill_tokens_per_s": stats(m.prefill.clone()),
+                "decode_tokens_per_s": stats(m.decode.clone()),
+                "ttft_ms": stats(m.ttft.clone()),
+                "token_latency_ms": { "p50": percentile(&lat, 0.5), "p90": percentile(&lat, 0.9), "p99": percentile(&lat, 0.99) },
+                "decode_bytes_per_step": m.step_bytes,
+                "decode_bandwidth_fraction": 0.0,
+                "prefill_flops_fraction": m.flops_fraction,
+                "peak_rss_bytes": m.rss,
+                "device_memory_bytes": m.device_memory,
+            });
+            if let Some(p) = &m.profile {
+                run["profile"] = serde_json::to_value(p).expect("a profile serialises");
+            }
+            runs.push(run);
+        }
+        for r in &mut runs {
+            let bytes = r["decode_bytes_per_step"].as_f64().unwrap_or(0.0);
+            let step_ms = r["token_latency_ms"]["p50"].as_f64().unwrap_or(0.0);
+            r["decode_bandwidth_fraction"] = json!(if step_ms > 0.0 {
+                bytes / (step_ms / 1e3) / h.copy_bw
+            } else {
+                0.0
+            });
+        }
+        let mut backend_doc = json!({ "name": info.name, "device": info.device, "kind": info.kind });
+        if let Some(units) = h.units.clone().filter(|u| u.len() > 1) {
+            backend_doc["placement"] = json!(match h.gpu_layers {
+                Some(n) => format!("{} --gpu-layers {n}", h.backend),
+                None => h.backend.clone(),
+            });
+            backend_doc["units"] = json!(units);
+        }
+        let batches: Vec<usize> = measured.iter().map(|m| m.batch).collect();
+        json!({
+            "schema": "tandem-bench/1",
+            "tool": "tandem",
+            "date": DATE,
+            "machine": {
+                "host": std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_default(),
+                "cpu": cpu_name(),
+                "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+                "os": std::env::consts::OS,
+                "gpu": matches!(info.kind, DeviceKind::DiscreteGpu | DeviceKind::IntegratedGpu | DeviceKind::SoftwareGpu)
+                    .then(|| info.device.clone()),
+            },
+            "backend": backend_doc,
+            "model": { "name": "tiny", "source": "synthetic:tiny", "dtype": "q8_0",
+                       "params": 1245184u64, "weight_bytes": 2_000_000u64, "synthetic": true },
+            "settings": { "prompt_tokens": 8usize, "gen_tokens": 4usize, "repeat": 2usize,
+                          "warmup": 1, "batch": batches, "kv_cache": "f32" },
+            "limits": { "copy_bandwidth_bytes_per_s": h.copy_bw, "copy_bandwidth_source": "host memcpy 1 GiB (read + write)",
+                        "peak_flops": 6.5e10, "peak_flops_source": "cpu backend matmul" },
+            "runs": runs,
+        })
+    }
+
+    /// The same document as `run` now fills it.
+    fn typed(h: &Header, measured: &[Measured]) -> BenchResult {
+        let mut runs: Vec<BatchRun> = measured
+            .iter()
+            .map(|m| {
+                let mut lat = m.latency.clone();
+                lat.sort_by(|a, b| a.total_cmp(b));
+                BatchRun {
+                    batch: count(m.batch),
+                    prefill_tokens_per_s: stats(m.prefill.clone()),
+                    decode_tokens_per_s: stats(m.decode.clone()),
+                    ttft_ms: stats(m.ttft.clone()),
+                    token_latency_ms: percentiles(&lat),
+                    decode_bytes_per_step: m.step_bytes,
+                    decode_bandwidth_fraction: 0.0,
+                    prefill_flops_fraction: m.flops_fraction,
+                    peak_rss_bytes: m.rss,
+                    device_memory_bytes: m.device_memory,
+                    profile: m.profile.clone(),
+                }
+            })
+            .collect();
+        set_bandwidth_fractions(&mut runs, h.copy_bw);
+        BenchResult {
+            schema: SCHEMA_ID.to_string(),
+            tool: "tandem".to_string(),
+            date: DATE.to_string(),
+            machine: this_machine(&h.info),
+            backend: backend_desc(&h.info, h.units.clone(), &h.backend, h.gpu_layers),
+            model: ModelDesc {
+                name: "tiny".into(),
+                source: "synthetic:tiny".into(),
+                dtype: "q8_0".into(),
+                params: 1245184,
+                weight_bytes: 2_000_000,
+                synthetic: true,
+            },
+            settings: BenchSettings {
+                prompt_tokens: 8,
+                gen_tokens: 4,
+                repeat: 2,
+                warmup: 1,
+                batch: measured.iter().map(|m| count(m.batch)).collect(),
+                kv_cache: Some("f32".into()),
+            },
+            limits: Limits {
+                copy_bandwidth_bytes_per_s: h.copy_bw,
+                copy_bandwidth_source: "host memcpy 1 GiB (read + write)".into(),
+                peak_flops: 6.5e10,
+                peak_flops_source: "cpu backend matmul".into(),
+            },
+            runs,
+        }
+    }
+
+    fn info(name: &str, kind: DeviceKind) -> BackendInfo {
+        BackendInfo {
+            name: name.into(),
+            device: format!("{name} device"),
+            kind,
+            memory_bytes: None,
+            features: vec![],
+        }
+    }
+
+    fn measured(batch: usize, device_memory: Option<u64>, profile: bool) -> Measured {
+        let scale = batch as f64;
+        Measured {
+            batch,
+            prefill: vec![700.0 * scale, 741.5 * scale, 690.25 * scale],
+            decode: vec![2892.0 * scale, 2800.5 * scale],
+            ttft: vec![10.8, 11.25],
+            latency: vec![0.31, 0.29, 0.4, 0.35, 0.3, 0.28],
+            step_bytes: 2_500_000 * batch as u64,
+            flops_fraction: 0.027 * scale,
+            rss: 400 << 20,
+            device_memory,
+            profile: profile.then(|| StepProfile {
+                prefill: OpTime::by_op([("matmul(q8_0)", 0.01), ("rope", 0.0001), ("matmul(q8_0)", 0.002)]),
+                decode: OpTime::by_op([("attention(kv f32)", 0.00008), ("matmul(q8_0)", 0.0002)]),
+            }),
+        }
+    }
+
+    /// The typed document serialises to exactly what the untyped one was: one backend and a
+    /// CPU (no GPU, no device memory, no profile), a split placement with a GPU unit, a
+    /// profile and device memory, and a `--gpu-layers` split.
+    #[test]
+    fn the_typed_result_is_the_document_json_wrote() {
+        let cases = [
+            (
+                Header {
+                    info: info("cpu", DeviceKind::Cpu),
+                    units: Some(vec!["cpu".into()]),
+                    backend: "cpu".into(),
+                    gpu_layers: None,
+                    copy_bw: 1.5e10,
+                },
+                vec![measured(1, None, false), measured(2, None, true)],
+            ),
+            (
+                Header {
+                    info: info("vulkan", DeviceKind::DiscreteGpu),
+                    units: Some(vec!["vulkan".into(), "cpu".into()]),
+                    backend: "vulkan+cpu".into(),
+                    gpu_layers: None,
+                    copy_bw: 4.0e11,
+                },
+                vec![measured(1, Some(1 << 30), true)],
+            ),
+            (
+                Header {
+                    info: info("wgpu", DeviceKind::IntegratedGpu),
+                    units: Some(vec!["cpu".into(), "wgpu".into()]),
+                    backend: "auto".into(),
+                    gpu_layers: Some(3),
+                    copy_bw: 3.0e10,
+                },
+                vec![measured(4, Some(0), false)],
+            ),
+        ];
+        for (header, runs) in &cases {
+            let result = typed(header, runs);
+            let written = serde_json::to_value(&result).expect("a result serialises");
+            assert_eq!(written, untyped(header, runs), "{}", header.backend);
+            let text = serde_json::to_string_pretty(&result).expect("a result serialises");
+            // Read back as the report reads it (exact figures: serde_json's float parsing may
+            // miss the last bit of a 17-digit one).
+            let back: BenchResult = serde_json::from_str(&text).expect("and reads back");
+            assert_eq!(
+                (&back.backend, &back.settings),
+                (&result.backend, &result.settings)
+            );
+        }
+    }
+
+    #[test]
+    fn a_single_unit_names_no_placement() {
+        let one = backend_desc(
+            &info("cpu", DeviceKind::Cpu),
+            Some(vec!["cpu".into()]),
+            "cpu",
+            None,
+        );
+        assert_eq!((one.placement, one.units), (None, None));
+        let split = backend_desc(
+            &info("vulkan", DeviceKind::DiscreteGpu),
+            Some(vec!["vulkan".into(), "cpu".into()]),
+            "vulkan",
+            Some(12),
+        );
+        assert_eq!(split.placement.as_deref(), Some("vulkan --gpu-layers 12"));
+        assert_eq!(split.units, Some(vec!["vulkan".to_string(), "cpu".to_string()]));
+    }
 }

@@ -1,7 +1,8 @@
 //! What a placement costs and why it is what it is: for every node of the step graph, the unit
 //! that runs it in each phase and why; the weight bytes each unit holds (and the weights held
 //! twice); the activation bytes crossing units per token; the KV-cache hand-off per sequence.
-//! `engine placement` prints it; the byte counts are the ones the scheduler's copies move.
+//! The byte counts are the ones the scheduler's copies move. This is the data (serialised for
+//! `engine placement --json`); the command line renders it as text (`tandem_cli::report::placement`).
 
 use std::collections::BTreeSet;
 
@@ -332,115 +333,6 @@ impl PlacementReport {
         } else {
             format!("prefill: {p}; decode: {d}")
         }
-    }
-
-    /// The report as text, a line per node.
-    pub fn text(&self) -> String {
-        use std::fmt::Write as _;
-        let mut o = String::new();
-        let _ = writeln!(o, "placement from {}: {}", self.origin, self.summary());
-        if let Some(l) = &self.layers {
-            let _ = writeln!(o, "layers: {l}");
-        }
-        let _ = writeln!(o, "units:");
-        for u in &self.units {
-            match (&u.device, &u.unavailable) {
-                (_, Some(r)) => {
-                    let _ = writeln!(o, "  {:<10} unavailable: {r}", u.name);
-                }
-                (d, None) => {
-                    let _ = writeln!(
-                        o,
-                        "  {:<10} {}: {} prefill / {} decode nodes, weights {} bytes, KV cache {} bytes",
-                        u.name,
-                        d.as_deref().unwrap_or("?"),
-                        u.nodes.0,
-                        u.nodes.1,
-                        u.weight_bytes,
-                        u.kv_cache_bytes
-                    );
-                    if u.nodes != (0, 0) {
-                        let budget = u.budget_bytes.map_or_else(
-                            || "no stated budget".to_string(),
-                            |b| {
-                                let verdict = if u.over_budget() { "does not fit" } else { "fits" };
-                                format!("{verdict} its budget of {}", gib(b))
-                            },
-                        );
-                        let _ = writeln!(
-                            o,
-                            "  {:<10} memory: needs {} (weights {}, KV cache {}, activations about {}); {budget}",
-                            "",
-                            gib(u.need_bytes()),
-                            gib(u.weight_bytes),
-                            gib(u.kv_cache_bytes),
-                            gib(u.activation_bytes),
-                        );
-                    }
-                }
-            }
-        }
-        let _ = writeln!(
-            o,
-            "nodes (index, op, part, unit; prefill/decode where they differ):"
-        );
-        for n in &self.nodes {
-            let unit = if n.prefill.unit == n.decode.unit {
-                n.decode.unit.clone()
-            } else {
-                format!("{}/{}", n.prefill.unit, n.decode.unit)
-            };
-            let mut why: Vec<&str> = Vec::new();
-            for w in [&n.prefill.why, &n.decode.why] {
-                if !w.is_empty() && !why.contains(&w.as_str()) {
-                    why.push(w);
-                }
-            }
-            let why = if why.is_empty() {
-                String::new()
-            } else {
-                format!("  ({})", why.join("; "))
-            };
-            let _ = writeln!(
-                o,
-                "  {:>4}  {:<20} {:<9} {unit}{why}",
-                n.index,
-                n.op,
-                n.part.key()
-            );
-        }
-        if self.shared_weights.is_empty() {
-            let _ = writeln!(o, "weights on two units: none");
-        }
-        for w in &self.shared_weights {
-            let _ = writeln!(
-                o,
-                "weight on two units: {} ({} bytes each, on {})",
-                w.name,
-                w.bytes,
-                w.units.join(" and ")
-            );
-        }
-        let _ = writeln!(
-            o,
-            "programs per step: {} prefill, {} decode",
-            self.programs_per_step.0, self.programs_per_step.1
-        );
-        let _ = writeln!(
-            o,
-            "copied between units through the host: {} bytes per decode token, {:.1} bytes per prompt token (chunk {})",
-            self.decode_bytes_per_token, self.prefill_bytes_per_token, self.prefill_chunk
-        );
-        if self.kv_handoff_layers == 0 {
-            let _ = writeln!(o, "KV-cache hand-off: none (attention runs alike in both phases)");
-        } else {
-            let _ = writeln!(
-                o,
-                "KV-cache hand-off: {} bytes per prompt token ({} layers; a sliding layer stops at its ring's capacity), once per sequence",
-                self.kv_handoff_bytes_per_token, self.kv_handoff_layers
-            );
-        }
-        o
     }
 }
 
