@@ -69,6 +69,111 @@ pub struct BackendInfo {
     pub features: Vec<String>,
 }
 
+/// A model's shape as a cost model sees it: the widths and counts that set a decode step's
+/// bytes and work (Gemma 3: five local layers of `window` positions in every six).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelShape {
+    /// Hidden size.
+    pub hidden: usize,
+    /// FFN width.
+    pub intermediate: usize,
+    /// Layers.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// KV heads.
+    pub kv_heads: usize,
+    /// Head size.
+    pub head_dim: usize,
+    /// Sliding window of the local layers.
+    pub window: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+}
+
+/// Another unit of the machine, which a placement may pair with the backend asked (see
+/// [`ComputeBackend::estimate_decode`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerUnit {
+    /// The backend name the caller places by (`vulkan`, `cpu`).
+    pub name: String,
+    /// Its kind of device.
+    pub kind: DeviceKind,
+    /// Its device, as its [`BackendInfo::device`] says.
+    pub device: String,
+}
+
+/// What [`ComputeBackend::estimate_decode`] is asked: one sequence's decode of `model` at
+/// `context` positions, on each of `peers` alone and with this backend beside it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CostQuery {
+    /// The model.
+    pub model: ModelShape,
+    /// Positions each decoded token sees.
+    pub context: usize,
+    /// The machine's other units.
+    pub peers: Vec<PeerUnit>,
+}
+
+/// One placement's estimate in a [`CostAnswer`]: a step's time split into the share of the
+/// backend asked and the share of the peer, each with the answer's uncertainty of its side.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlacementEstimate {
+    /// The peer ([`PeerUnit::name`]).
+    pub peer: String,
+    /// `false`: the whole model on the peer; `true`: attention on the backend asked and the
+    /// rest on the peer (the engine's `npu+vulkan`).
+    pub attention_here: bool,
+    /// Decoded tokens per second, central.
+    pub tokens_per_s: f64,
+    /// Tokens per second with every term at its slow end.
+    pub low: f64,
+    /// Tokens per second with every term at its fast end.
+    pub high: f64,
+    /// Seconds per step on (or caused by) the backend asked.
+    pub own_s: f64,
+    /// Seconds per step on the peer (and the hand-offs between the two).
+    pub peer_s: f64,
+}
+
+/// A backend's estimates of the placements it has figures for ([`ComputeBackend::estimate_decode`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CostAnswer {
+    /// One per placement estimated; peers the backend has no figures for are absent.
+    pub estimates: Vec<PlacementEstimate>,
+    /// Relative uncertainty of every [`PlacementEstimate::own_s`] (`0.11`: +-11%).
+    pub own_uncertainty: f64,
+    /// Relative uncertainty of every [`PlacementEstimate::peer_s`].
+    pub peer_uncertainty: f64,
+    /// Whether the figures come from a model rather than a measurement on this machine: the
+    /// caller then says `SIMULATED` wherever it shows them.
+    pub simulated: bool,
+    /// What the figures rest on, for the user (`calibrated against ...; the laptop; NPU +-11%,
+    /// iGPU +-25%`), without the `SIMULATED` label.
+    pub basis: String,
+}
+
+impl CostAnswer {
+    /// The estimate for `peer`, alone (`attention_here` false) or beside the backend asked.
+    pub fn estimate(&self, peer: &str, attention_here: bool) -> Option<&PlacementEstimate> {
+        self.estimates
+            .iter()
+            .find(|e| e.peer == peer && e.attention_here == attention_here)
+    }
+
+    /// Whether `a` is slower than `b` at every end of the uncertainty: the backend's shares
+    /// scaled by `1 +- own_uncertainty` and the peers' by `1 +- peer_uncertainty`, the same
+    /// factor for both placements (they run on the same units, so a figure that is off is off
+    /// for both).
+    pub fn slower_everywhere(&self, a: &PlacementEstimate, b: &PlacementEstimate) -> bool {
+        let (o, p) = (self.own_uncertainty, self.peer_uncertainty);
+        [1.0 - o, 1.0 + o]
+            .into_iter()
+            .flat_map(|n| [1.0 - p, 1.0 + p].map(|g| (n, g)))
+            .all(|(n, g)| a.own_s * n + a.peer_s * g > b.own_s * n + b.peer_s * g)
+    }
+}
+
 /// The answer to [`ComputeBackend::supports`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "support", rename_all = "snake_case")]
@@ -251,6 +356,16 @@ pub trait ComputeBackend: Send {
         Ok(None)
     }
 
+    /// Estimates one sequence's decode on the placements this backend has a cost model for:
+    /// each of `query.peers` it has figures for alone, and with attention here and the rest on
+    /// it. `None` (the default) where the backend has no such model, or no figures for its own
+    /// device or for any peer. The caller uses it to choose which placements are worth
+    /// measuring; it never replaces a measurement.
+    fn estimate_decode(&self, query: &CostQuery) -> Option<CostAnswer> {
+        let _ = query;
+        None
+    }
+
     /// Makes the host memory `ptr..ptr + len` a buffer for a tensor of `desc` (device-side
     /// boundaries, see [`crate::boundary`]): programs read and write it in place, and so do
     /// other backends that imported the same region. Backends that cannot return
@@ -330,6 +445,81 @@ mod tests {
         assert_eq!(o.parse::<usize>("missing").unwrap(), None);
         let err = o.parse::<usize>("device").unwrap_err().to_string();
         assert!(err.contains("'device'") && err.contains("'x'"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod cost_tests {
+    use super::*;
+
+    fn e(peer: &str, attention_here: bool, own_s: f64, peer_s: f64) -> PlacementEstimate {
+        let t = own_s + peer_s;
+        PlacementEstimate {
+            peer: peer.into(),
+            attention_here,
+            tokens_per_s: 1.0 / t,
+            low: 1.0 / (t * 1.1),
+            high: 1.0 / (t * 0.9),
+            own_s,
+            peer_s,
+        }
+    }
+
+    fn answer() -> CostAnswer {
+        CostAnswer {
+            estimates: vec![e("vulkan", false, 0.0, 0.010), e("vulkan", true, 0.004, 0.009)],
+            own_uncertainty: 0.1,
+            peer_uncertainty: 0.25,
+            simulated: true,
+            basis: "a model".into(),
+        }
+    }
+
+    #[test]
+    fn a_query_and_an_answer_cross_as_json() {
+        let q = CostQuery {
+            model: ModelShape {
+                hidden: 1152,
+                intermediate: 6912,
+                layers: 26,
+                heads: 4,
+                kv_heads: 1,
+                head_dim: 256,
+                window: 512,
+                vocab: 262_144,
+            },
+            context: 80,
+            peers: vec![PeerUnit {
+                name: "vulkan".into(),
+                kind: DeviceKind::IntegratedGpu,
+                device: "AMD Radeon 890M".into(),
+            }],
+        };
+        let text = serde_json::to_string(&q).unwrap();
+        assert!(text.contains("\"kind\":\"integrated_gpu\""), "{text}");
+        assert_eq!(serde_json::from_str::<CostQuery>(&text).unwrap(), q);
+        let a = Some(answer());
+        let text = serde_json::to_string(&a).unwrap();
+        assert_eq!(serde_json::from_str::<Option<CostAnswer>>(&text).unwrap(), a);
+        assert_eq!(serde_json::from_str::<Option<CostAnswer>>("null").unwrap(), None);
+    }
+
+    #[test]
+    fn slower_everywhere_scales_each_side_by_its_uncertainty() {
+        let a = answer();
+        let (alone, beside) = (
+            a.estimate("vulkan", false).unwrap(),
+            a.estimate("vulkan", true).unwrap(),
+        );
+        assert!(a.estimate("cpu", false).is_none());
+        // 13 ms against 10 ms: slower at every corner of +-10% / +-25%.
+        assert!(a.slower_everywhere(beside, alone));
+        assert!(!a.slower_everywhere(alone, beside));
+        assert!(!a.slower_everywhere(alone, alone));
+        // Close enough that a corner reverses the order: not slower everywhere.
+        let close = e("vulkan", true, 0.004, 0.0065);
+        assert!(close.tokens_per_s < alone.tokens_per_s);
+        assert!(!a.slower_everywhere(&close, alone));
     }
 }
 

@@ -25,6 +25,7 @@ pub use backend::{
     parse_bytes, BackendInfo, BackendOptions, BackendPlugin, ComputeBackend, DeviceKind, MemoryUse, NodeTime,
     ProgramId, Support, Ticket, MEMORY_LIMIT,
 };
+pub use backend::{CostAnswer, CostQuery, ModelShape, PeerUnit, PlacementEstimate};
 pub use boundary::{SharedTimeline, TimelineId, HOST_IMPORT_ALIGN};
 pub use dtype::DType;
 pub use error::BackendError;

@@ -11,7 +11,8 @@ use std::process::Command;
 use tandem_backend_api::plugin::abi::{ABI_VERSION, API_VERSION};
 use tandem_backend_api::plugin::host::{PluginError, PluginLibrary};
 use tandem_backend_api::{
-    BackendError, BackendOptions, DType, GraphBuilder, Op, StepArgs, TensorDesc, Usage,
+    BackendError, BackendOptions, CostQuery, DType, DeviceKind, GraphBuilder, ModelShape, Op, PeerUnit,
+    StepArgs, TensorDesc, Usage,
 };
 use tandem_engine::runtime::plugins::PluginSearch;
 
@@ -136,6 +137,38 @@ fn broken_plugins_are_errors_naming_file_and_versions() {
     assert_eq!(found.problems.len(), 6, "{:?}", found.problems);
 }
 
+/// A plugin of the previous ABI (3: before `estimate_decode` joined the table) is refused by
+/// name and both versions, before anything in its table is called.
+#[test]
+fn a_plugin_of_the_previous_abi_is_refused_naming_both_versions() {
+    assert_eq!(ABI_VERSION, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let api = (API_VERSION.major, API_VERSION.minor, API_VERSION.patch);
+    let old = compile_cdylib(
+        dir.path(),
+        "abi3",
+        &descriptor_source("TANDEMBK", ABI_VERSION - 1, api, false),
+    );
+    let err = PluginLibrary::open(&old).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PluginError::AbiMismatch {
+                plugin: 3,
+                host: 4,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&old.display().to_string())
+            && msg.contains("plugin ABI version 3, this engine speaks ABI version 4"),
+        "{msg}"
+    );
+}
+
 #[test]
 fn a_missing_directory_is_named() {
     let found = PluginSearch::only(&[PathBuf::from("/nonexistent/tandem-plugins")]).discover();
@@ -207,4 +240,70 @@ fn panics_in_a_plugin_become_errors_and_poison_the_instance() {
     assert!(fresh
         .alloc(&TensorDesc::new(DType::F32, [1]), Usage::Weight)
         .is_ok());
+}
+
+fn cost_query(peers: Vec<PeerUnit>) -> CostQuery {
+    CostQuery {
+        model: ModelShape {
+            hidden: 1152,
+            intermediate: 6912,
+            layers: 26,
+            heads: 4,
+            kv_heads: 1,
+            head_dim: 256,
+            window: 512,
+            vocab: 262_144,
+        },
+        context: 80,
+        peers,
+    }
+}
+
+#[test]
+fn a_cost_query_and_its_answer_cross_the_plugin_boundary() {
+    let lib = PluginLibrary::open(&faulty_plugin()).unwrap();
+    let b = lib.create(&BackendOptions::default()).unwrap();
+    let q = cost_query(vec![PeerUnit {
+        name: "vulkan".into(),
+        kind: DeviceKind::IntegratedGpu,
+        device: "AMD Radeon 890M Graphics (RADV GFX1150)".into(),
+    }]);
+    let a = b.estimate_decode(&q).expect("an answer for one peer");
+    assert_eq!(a.estimates.len(), 2);
+    let (alone, beside) = (
+        a.estimate("vulkan", false).unwrap(),
+        a.estimate("vulkan", true).unwrap(),
+    );
+    assert_eq!(
+        (
+            alone.tokens_per_s,
+            alone.low,
+            alone.high,
+            alone.own_s,
+            alone.peer_s
+        ),
+        (80.0, 4.0, 262_144.0, 0.0, 26.0)
+    );
+    assert_eq!(beside.own_s, 256.0);
+    assert_eq!(
+        (a.own_uncertainty, a.peer_uncertainty, a.simulated),
+        (0.5, 0.25, true)
+    );
+    assert_eq!(
+        a.basis,
+        "vulkan IntegratedGpu AMD Radeon 890M Graphics (RADV GFX1150)"
+    );
+    // No answer crosses as none.
+    assert_eq!(b.estimate_decode(&cost_query(vec![])), None);
+
+    // A panic is no answer, and poisons the instance as any other call's does.
+    let mut opts = BackendOptions::default();
+    opts.set("panic_in", "estimate_decode");
+    let mut b = lib.create(&opts).unwrap();
+    assert_eq!(b.estimate_decode(&q), None);
+    let err = b
+        .compile(&GraphBuilder::new("g", 1, 0).finish())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unusable after a panic in estimate_decode"), "{err}");
 }

@@ -6,8 +6,9 @@ use std::ffi::c_void;
 /// The first eight bytes of every descriptor.
 pub const PLUGIN_MAGIC: [u8; 8] = *b"TANDEMBK";
 
-/// The version of this C layout (descriptor and function table).
-pub const ABI_VERSION: u32 = 3;
+/// The version of this C layout (descriptor and function table). 4 added
+/// [`PluginVTable::estimate_decode`].
+pub const ABI_VERSION: u32 = 4;
 
 /// The symbol every plugin exports: `extern "C" fn() -> *const PluginDescriptor`.
 pub const ENTRY_SYMBOL: &str = "tandem_backend_plugin";
@@ -251,6 +252,14 @@ pub struct PluginVTable {
         waits: *const FfiWait,
         n_waits: usize,
         out_ticket: *mut u64,
+        err: *mut FfiBytes,
+    ) -> i32,
+    /// Reads a JSON `CostQuery`, writes the JSON `Option<CostAnswer>` (ABI 4).
+    pub estimate_decode: unsafe extern "C" fn(
+        handle: Handle,
+        query_json: *const u8,
+        query_len: usize,
+        out: *mut FfiBytes,
         err: *mut FfiBytes,
     ) -> i32,
     /// Gives back bytes the plugin allocated.

@@ -7,7 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use serde::de::DeserializeOwned;
 
 use super::abi::*;
-use crate::backend::{BackendOptions, BackendPlugin, ProgramId, Ticket};
+use crate::backend::{BackendOptions, BackendPlugin, CostQuery, ProgramId, Ticket};
 use crate::boundary::{SharedTimeline, TimelineId, MAX_WAITS};
 use crate::error::BackendError;
 use crate::graph::{Graph, Op, StepArgs};
@@ -47,6 +47,7 @@ pub const fn descriptor<T: BackendPlugin>() -> PluginDescriptor {
             export_timeline: export_timeline::<T>,
             import_timeline: import_timeline::<T>,
             execute_after: execute_after::<T>,
+            estimate_decode: estimate_decode::<T>,
             free_bytes,
         },
     }
@@ -581,6 +582,30 @@ unsafe extern "C" fn execute_after<T: BackendPlugin>(
             err,
             |b| b.execute_after(ProgramId(program), &step, pairs),
             |t| out_ticket.write(t.0),
+        )
+    }
+}
+
+unsafe extern "C" fn estimate_decode<T: BackendPlugin>(
+    handle: Handle,
+    query_json: *const u8,
+    query_len: usize,
+    out: *mut FfiBytes,
+    err: *mut FfiBytes,
+) -> i32 {
+    // SAFETY: the host passes a live slice of `query_len` bytes.
+    let bytes = unsafe { bytes_in(query_json, query_len) };
+    // SAFETY: handle/err/out validity is the host's promise.
+    unsafe {
+        call::<T, _>(
+            handle,
+            "estimate_decode",
+            err,
+            |b| {
+                let q: CostQuery = json_in(bytes, "cost query")?;
+                json_out(&b.estimate_decode(&q))
+            },
+            |v| out.write(into_ffi(v)),
         )
     }
 }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use super::abi::*;
 use crate::backend::{
-    BackendInfo, BackendOptions, ComputeBackend, MemoryUse, NodeTime, ProgramId, Support, Ticket,
+    BackendInfo, BackendOptions, ComputeBackend, CostAnswer, CostQuery, MemoryUse, NodeTime, ProgramId,
+    Support, Ticket,
 };
 use crate::boundary::{SharedTimeline, TimelineId, MAX_WAITS};
 use crate::error::BackendError;
@@ -358,6 +359,20 @@ impl ComputeBackend for PluginBackend {
                 reason: e.to_string(),
             },
         }
+    }
+
+    fn estimate_decode(&self, query: &CostQuery) -> Option<CostAnswer> {
+        let reply = encode(query).and_then(|json| {
+            // SAFETY: live handle; `json` outlives the call; out/err point to locals.
+            self.json_call("estimate_decode", |t, h, out, err| unsafe {
+                (t.estimate_decode)(h, json.as_ptr(), json.len(), out, err)
+            })
+        });
+        // A plugin that fails to answer has no estimate to give: the caller measures instead.
+        reply
+            .and_then(|b| self.decode::<Option<CostAnswer>>(&b, "estimate_decode"))
+            .ok()
+            .flatten()
     }
 
     fn alloc(&mut self, desc: &TensorDesc, usage: Usage) -> Result<BufferId, BackendError> {

@@ -1,8 +1,8 @@
 //! tandem's NPU cost model, calibrated against published XDNA2 figures, and the laptop iGPU
-//! roofline beside it. Pure arithmetic with no device code, so that both the NPU backend
-//! (`tandem-npu`, whose `npu-sim` prints the calibration and the laptop ranking) and the engine
-//! (whose `auto` uses the ranking to choose which placements to measure on a machine with an
-//! NPU) can use it; the engine does not link the NPU backend, which is a plugin.
+//! roofline beside it. Pure arithmetic with no device code, a detail of the NPU backend
+//! (`tandem-npu`): its `npu-sim` prints the calibration and the laptop ranking, and its
+//! `ComputeBackend::estimate_decode` answers the engine's `auto`, which asks which placements
+//! are worth measuring on a machine with an NPU. The engine does not link this crate.
 //!
 //! SIMULATED: nothing here ran on an NPU or a laptop iGPU.
 //!

@@ -34,9 +34,9 @@ use tandem_backend_api::kit::{
     host_memory_bytes, named_buffers, Buffers, Compiled, Programs, StepShape, Tickets,
 };
 use tandem_backend_api::{
-    BackendError, BackendInfo, BackendOptions, BufferId, ComputeBackend, DType, DeviceKind, Graph, MemoryUse,
-    NodeTime, Op, ProgramId, RowCount, SharedTimeline, StepArgs, Support, TensorDesc, Ticket, TimelineId,
-    Usage, MEMORY_LIMIT,
+    BackendError, BackendInfo, BackendOptions, BufferId, ComputeBackend, CostAnswer, CostQuery, DType,
+    DeviceKind, Graph, MemoryUse, NodeTime, Op, ProgramId, RowCount, SharedTimeline, StepArgs, Support,
+    TensorDesc, Ticket, TimelineId, Usage, MEMORY_LIMIT,
 };
 
 use crate::contract::{bf16_round, bf16_to_f32, kernel_shape, AttnParams, KernelShape};
@@ -459,6 +459,13 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
         }
     }
 
+    /// The calibrated cost model's estimates ([`crate::estimate`]): for an XDNA2 NPU (the
+    /// device executor's `generation=` feature) beside a laptop iGPU it knows; `None` elsewhere,
+    /// the emulator included.
+    fn estimate_decode(&self, query: &CostQuery) -> Option<CostAnswer> {
+        crate::estimate::estimate_decode(&self.info(), query)
+    }
+
     fn supports(&self, op: &Op) -> Support {
         match op {
             Op::Input { .. } | Op::Output { .. } => Support::Yes,
@@ -742,6 +749,13 @@ mod tests {
         let mut o = BackendOptions::default();
         o.set(MEMORY_LIMIT, limit);
         NpuEmu::create(&o)
+    }
+
+    #[test]
+    fn the_emulator_has_no_cost_answer() {
+        let b = NpuEmu::create(&BackendOptions::default()).unwrap();
+        let q = crate::estimate::tests::query("AMD Radeon 890M Graphics (RADV GFX1150)");
+        assert_eq!(b.estimate_decode(&q), None);
     }
 
     #[test]

@@ -1099,6 +1099,23 @@ mod tests {
         (DeviceBackend::with_executor(Box::new(ex)), events)
     }
 
+    /// The device executor reports its generation, so the backend answers with the cost model
+    /// beside a laptop iGPU it knows, and not beside one it does not.
+    #[test]
+    fn an_npu4_device_answers_the_cost_query() {
+        let (b, _) = device_backend("cost", FakeNpu::new());
+        let q = crate::estimate::tests::query("AMD Radeon 890M Graphics (RADV GFX1150)");
+        let a = b.estimate_decode(&q).expect("npu4 beside an 890M has figures");
+        let (alone, beside) = (
+            a.estimate("vulkan", false).unwrap(),
+            a.estimate("vulkan", true).unwrap(),
+        );
+        assert!(a.simulated && a.slower_everywhere(beside, alone));
+        assert_eq!(a.estimates.len(), 2);
+        let q = crate::estimate::tests::query("NVIDIA H100 80GB HBM3");
+        assert_eq!(b.estimate_decode(&q), None);
+    }
+
     const POSITIONS: [u32; 4] = [127, 255, 383, 511];
     const SLOTS: [u32; 4] = [0, 1, 2, 3];
 

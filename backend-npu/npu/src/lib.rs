@@ -13,10 +13,11 @@
 //!
 //! Modules, bottom up: [`contract`] (the kernel ABI), [`emu`], [`cost`], [`artefacts`],
 //! [`executor`] (the executor trait and the emulator's), [`device`] (the device executor),
-//! [`backend`] (`ComputeBackend`), [`sim`] (the per-op laptop roofline). [`params`] (every
-//! calibrated parameter with its source) and [`calibration`] (the model fitted to published
-//! XDNA2 figures and the placements it ranks, which `npu-sim` prints) live in
-//! `tandem-npu-model`, pure arithmetic that the engine uses too, and are re-exported here.
+//! [`estimate`] (the answer to `ComputeBackend::estimate_decode`, which the engine's `auto`
+//! asks), [`backend`] (`ComputeBackend`), [`sim`] (the per-op laptop roofline). [`params`]
+//! (every calibrated parameter with its source) and [`calibration`] (the model fitted to
+//! published XDNA2 figures and the placements it ranks, which `npu-sim` prints) live in
+//! `tandem-npu-model`, pure arithmetic, and are re-exported here.
 
 pub mod artefacts;
 pub mod backend;
@@ -24,6 +25,7 @@ pub mod contract;
 pub mod cost;
 pub mod device;
 pub mod emu;
+pub mod estimate;
 pub mod executor;
 pub mod sim;
 

@@ -7,17 +7,18 @@
 //! (`calibration.json`), so only the first run pays for them.
 //!
 //! With an NPU present, each `npu+X` (attention on the NPU, the rest on X) is a candidate too,
-//! and [`select`] asks the NPU cost model (`tandem-npu-model`, calibrated against published
-//! XDNA2 figures) which of the placements it has figures for are worth measuring: the model
-//! chooses what to measure, the measurement still chooses the placement.
+//! and [`select`] ranks by the NPU backend's own cost estimates
+//! (`ComputeBackend::estimate_decode`, asked with [`query`]) which of the placements it has
+//! figures for are worth measuring: the estimates choose what to measure, the measurement
+//! still chooses the placement.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use tandem_backend_api::{BackendInfo, DeviceKind};
-use tandem_npu_model::calibration::{self as npu_model, Estimate};
-use tandem_npu_model::gpu::Shape;
+use tandem_backend_api::{
+    BackendInfo, CostAnswer, CostQuery, DeviceKind, ModelShape, PeerUnit, PlacementEstimate,
+};
 
 use crate::checkpoint::config::Gemma3Config;
 
@@ -35,8 +36,8 @@ use super::settings::Settings;
 const PREFILL_TOKENS: usize = 64;
 /// Decode steps measured (after as many warm-up steps as it takes to compile).
 const DECODE_STEPS: usize = 16;
-/// The positions the measured decode steps reach: the context [`select`] asks the cost model
-/// about.
+/// The positions the measured decode steps reach: the context [`query`] asks the NPU backend's
+/// cost model about.
 pub const DECODE_CONTEXT: usize = PREFILL_TOKENS + DECODE_STEPS;
 
 /// A candidate placement: what `--backend` and `--gpu-layers` would say.
@@ -134,8 +135,8 @@ pub fn layer_candidates(units: &[(String, Fit)]) -> Vec<Choice> {
 /// The NPU plugin's name.
 pub const NPU: &str = "npu";
 
-/// At most this many of the placements the cost model ranks are measured: the best and the
-/// runner-up, when the runner-up is not slower at every end of the model's uncertainty.
+/// At most this many of the placements the NPU backend's estimates rank are measured: the best
+/// and the runner-up, when the runner-up is not slower at every end of their uncertainty.
 pub const MODEL_RANKED_MEASURED: usize = 2;
 
 /// The candidates an NPU adds: attention on it, the rest on each of `backends` (tandem's NPU
@@ -168,11 +169,10 @@ pub struct Selection {
     pub note: Option<String>,
 }
 
-/// The cost model's description of a Gemma 3 model: its layer counts and widths, with the
-/// sliding window of its local layers (the model takes five local layers in every six).
-pub fn shape_of(c: &Gemma3Config) -> Shape {
-    Shape {
-        name: "this model",
+/// A Gemma 3 model's shape as a backend's cost model sees it: its layer counts and widths, with
+/// the sliding window of its local layers (the model takes five local layers in every six).
+pub fn shape_of(c: &Gemma3Config) -> ModelShape {
+    ModelShape {
         hidden: c.hidden_size,
         intermediate: c.intermediate_size,
         layers: c.num_hidden_layers,
@@ -184,19 +184,34 @@ pub fn shape_of(c: &Gemma3Config) -> Shape {
     }
 }
 
-/// The NPU generation a backend reports (`generation=npu4` among its features).
-fn generation(info: &BackendInfo) -> Option<&str> {
-    info.features.iter().find_map(|f| f.strip_prefix("generation="))
+/// What `auto` asks the NPU backend ([`tandem_backend_api::ComputeBackend::estimate_decode`]):
+/// one sequence's decode of a model of `shape` at `context` positions, on every other unit of
+/// `units` alone and with attention on the NPU.
+pub fn query(units: &[Unit], shape: ModelShape, context: usize) -> CostQuery {
+    CostQuery {
+        model: shape,
+        context,
+        peers: units
+            .iter()
+            .filter(|u| u.info.kind != DeviceKind::Npu)
+            .map(|u| PeerUnit {
+                name: u.name.clone(),
+                kind: u.info.kind,
+                device: u.info.device.clone(),
+            })
+            .collect(),
+    }
 }
 
-/// Which of `candidates` to measure on `units` for a model of `shape`, decoding at `context`
-/// positions. Without an NPU among `units`: all of them. With one, the cost model estimates the
-/// placements it has figures for (each iGPU it knows alone, and `npu+` that iGPU, on an XDNA2
-/// NPU); of those, the fastest is measured, and the next only when it is not slower at every
-/// end of the model's uncertainty, [`MODEL_RANKED_MEASURED`] at most. Candidates with a unit
-/// the model has no figures for (the CPU, another GPU) are measured. When it has no figures for
-/// the NPU or for any iGPU present, every candidate is measured.
-pub fn select(candidates: Vec<Choice>, units: &[Unit], shape: &Shape, context: usize) -> Selection {
+/// Which of `candidates` to measure on `units`, given the NPU backend's `answer` to [`query`].
+/// Without an NPU among `units`: all of them. With one, the placements the answer estimates
+/// (for the NPU backend's cost model: each iGPU it knows alone, and `npu+` that iGPU, on an
+/// XDNA2 NPU) are ranked; of those, the fastest is measured, and the next only when it is not
+/// slower at every end of the answer's uncertainty ([`CostAnswer::slower_everywhere`]),
+/// [`MODEL_RANKED_MEASURED`] at most. Candidates the answer has no estimate for (the CPU,
+/// another GPU, a layer split) are measured. Without an answer (no figures for the NPU or for
+/// any unit beside it), every candidate is measured.
+pub fn select(candidates: Vec<Choice>, units: &[Unit], answer: Option<&CostAnswer>) -> Selection {
     let Some(npu) = units.iter().find(|u| u.info.kind == DeviceKind::Npu) else {
         return Selection {
             measure: candidates,
@@ -204,58 +219,41 @@ pub fn select(candidates: Vec<Choice>, units: &[Unit], shape: &Shape, context: u
             note: None,
         };
     };
-    let all = |why: String, measure: Vec<Choice>| Selection {
-        note: Some(format!(
-            "auto measures all {} candidates: the NPU cost model has no figures for {why}",
-            measure.len()
-        )),
-        measure,
-        skipped: Vec::new(),
-    };
-    if !generation(&npu.info).is_some_and(npu_model::npu_has_figures) {
-        return all(npu.info.device.clone(), candidates);
-    }
-    let known: Vec<(&str, &'static npu_model::Laptop)> = units
-        .iter()
-        .filter(|u| u.info.kind == DeviceKind::IntegratedGpu)
-        .filter_map(|u| Some((u.name.as_str(), npu_model::laptop_for_gpu(&u.info.device)?)))
-        .collect();
-    let Some(&(_, laptop)) = known.first() else {
+    let Some(answer) = answer else {
         let gpus: Vec<&str> = units
             .iter()
             .filter(|u| u.info.kind != DeviceKind::Npu && u.info.kind != DeviceKind::Cpu)
             .map(|u| u.info.device.as_str())
             .collect();
-        let why = if gpus.is_empty() {
-            "a machine without a GPU".to_string()
+        let beside = if gpus.is_empty() {
+            "on a machine without a GPU".to_string()
         } else {
-            gpus.join(", ")
+            format!("beside {}", gpus.join(", "))
         };
-        return all(why, candidates);
+        return Selection {
+            note: Some(format!(
+                "auto measures all {} candidates: the NPU cost model has no figures for {} {beside}",
+                candidates.len(),
+                npu.info.device
+            )),
+            measure: candidates,
+            skipped: Vec::new(),
+        };
     };
-    let model = npu_model::auto_decode(shape, laptop, context);
-    let is_known = |name: &str| known.iter().any(|(n, _)| *n == name);
-    // Some(true): attention on the NPU, the rest on a known iGPU; Some(false): a known iGPU alone.
-    let on_npu = |c: &Choice| -> Option<bool> {
+    // A whole-model placement's estimate: `npu+X` is attention on the NPU beside peer X.
+    let estimate = |c: &Choice| -> Option<&PlacementEstimate> {
         if c.gpu_layers.is_some() {
             return None;
         }
         let p = c.placement.as_str();
         match p.strip_prefix(NPU).and_then(|rest| rest.strip_prefix('+')) {
-            Some(rest) => is_known(rest).then_some(true),
-            None => is_known(p).then_some(false),
+            Some(rest) => answer.estimate(rest, true),
+            None => answer.estimate(p, false),
         }
     };
-    let mut ranked: Vec<(&Choice, &Estimate)> = candidates
+    let mut ranked: Vec<(&Choice, &PlacementEstimate)> = candidates
         .iter()
-        .filter_map(|c| {
-            let e = if on_npu(c)? {
-                &model.npu_attention
-            } else {
-                &model.gpu_only
-            };
-            Some((c, e))
-        })
+        .filter_map(|c| Some((c, estimate(c)?)))
         .collect();
     ranked.sort_by(|a, b| b.1.tokens_per_s.total_cmp(&a.1.tokens_per_s));
     let mut kept = Vec::new();
@@ -263,7 +261,7 @@ pub fn select(candidates: Vec<Choice>, units: &[Unit], shape: &Shape, context: u
     let mut why = Vec::new();
     if let Some(&(best, best_e)) = ranked.first() {
         for &(c, e) in &ranked {
-            let beaten = npu_model::slower_everywhere(e, best_e, model.npu_error);
+            let beaten = answer.slower_everywhere(e, best_e);
             if beaten || kept.len() >= MODEL_RANKED_MEASURED {
                 why.push(format!(
                     "{c} at {:.0} decode tok/s ({:.0}-{:.0}) against {best}'s {:.0} ({:.0}-{:.0})",
@@ -277,13 +275,11 @@ pub fn select(candidates: Vec<Choice>, units: &[Unit], shape: &Shape, context: u
     }
     let measure: Vec<Choice> = candidates.into_iter().filter(|c| !skipped.contains(c)).collect();
     let note = format!(
-        "auto measures {} of {} candidates: the NPU cost model (SIMULATED, calibrated against \
-         FastFlowLM's published XDNA2 figures; {}; NPU +-{:.0}%, iGPU +-{:.0}%) ranks {}{}",
+        "auto measures {} of {} candidates: the NPU cost model ({}{}) ranks {}{}",
         measure.len(),
         measure.len() + skipped.len(),
-        laptop.name,
-        model.npu_error * 100.0,
-        tandem_npu_model::params::GPU_UNCERTAINTY * 100.0,
+        if answer.simulated { "SIMULATED, " } else { "" },
+        answer.basis,
         kept.iter().map(Choice::to_string).collect::<Vec<_>>().join(", "),
         if why.is_empty() {
             String::new()
@@ -511,7 +507,7 @@ mod tests {
         }
     }
 
-    /// A Ryzen AI laptop as `auto` sees it: an 890M through Vulkan, the CPU and a fake XDNA2 NPU
+    /// A Ryzen AI laptop as `auto` sees it: an iGPU through Vulkan, the CPU and a fake XDNA2 NPU
     /// (the `npu` plugin's device executor reports `generation=npu4`).
     fn laptop(npu_features: &[&str], gpu: &str) -> Vec<Unit> {
         vec![
@@ -537,12 +533,77 @@ mod tests {
         c.iter().map(Choice::to_string).collect()
     }
 
+    /// A peer's estimate: `own_s` on the NPU, `peer_s` on the peer, the bounds at +-10% / +-25%.
+    fn estimate(peer: &str, attention_here: bool, own_s: f64, peer_s: f64) -> PlacementEstimate {
+        let t = |n: f64, g: f64| own_s * n + peer_s * g;
+        PlacementEstimate {
+            peer: peer.into(),
+            attention_here,
+            tokens_per_s: 1.0 / t(1.0, 1.0),
+            low: 1.0 / t(1.1, 1.25),
+            high: 1.0 / t(0.9, 0.75),
+            own_s,
+            peer_s,
+        }
+    }
+
+    /// An answer like the NPU backend's for Gemma 3 1B on Strix: each of `peers` alone at
+    /// 10 ms a token, and with attention on the NPU at 4 ms there and 9 ms on the peer (a
+    /// dispatch and two hand-offs per layer): slower at every end of +-10% / +-25%.
+    fn answer(peers: &[&str]) -> CostAnswer {
+        CostAnswer {
+            estimates: peers
+                .iter()
+                .flat_map(|p| [estimate(p, false, 0.0, 0.010), estimate(p, true, 0.004, 0.009)])
+                .collect(),
+            own_uncertainty: 0.1,
+            peer_uncertainty: 0.25,
+            simulated: true,
+            basis: "calibrated against FastFlowLM's published XDNA2 figures; Strix (Ryzen AI 9 HX 370, \
+                    Radeon 890M); NPU +-10%, iGPU +-25%"
+                .into(),
+        }
+    }
+
     #[test]
-    fn with_an_npu_the_model_chooses_what_is_measured() {
-        let shape = tandem_npu_model::gpu::GEMMA3_1B;
+    fn the_query_names_every_unit_beside_the_npu() {
         let units = laptop(&["generation=npu4"], "AMD Radeon 890M Graphics (RADV GFX1150)");
-        let s = select(all_candidates(), &units, &shape, DECODE_CONTEXT);
-        // The model ranks vulkan and npu+vulkan; npu+vulkan pays a dispatch and two hand-offs
+        let shape = ModelShape {
+            hidden: 1152,
+            intermediate: 6912,
+            layers: 26,
+            heads: 4,
+            kv_heads: 1,
+            head_dim: 256,
+            window: 512,
+            vocab: 262_144,
+        };
+        let q = query(&units, shape, DECODE_CONTEXT);
+        assert_eq!((q.model, q.context), (shape, DECODE_CONTEXT));
+        let peers: Vec<(&str, DeviceKind, &str)> = q
+            .peers
+            .iter()
+            .map(|p| (p.name.as_str(), p.kind, p.device.as_str()))
+            .collect();
+        assert_eq!(
+            peers,
+            [
+                (
+                    "vulkan",
+                    DeviceKind::IntegratedGpu,
+                    "AMD Radeon 890M Graphics (RADV GFX1150)"
+                ),
+                ("cpu", DeviceKind::Cpu, "host"),
+            ]
+        );
+    }
+
+    #[test]
+    fn with_an_npu_its_estimates_choose_what_is_measured() {
+        let units = laptop(&["generation=npu4"], "AMD Radeon 890M Graphics (RADV GFX1150)");
+        let a = answer(&["vulkan"]);
+        let s = select(all_candidates(), &units, Some(&a));
+        // The answer ranks vulkan and npu+vulkan; npu+vulkan pays a dispatch and two hand-offs
         // per layer and is slower at every end of the uncertainty. The CPU has no figures.
         assert_eq!(
             names(&s.measure),
@@ -551,7 +612,17 @@ mod tests {
         assert_eq!(names(&s.skipped), ["npu+vulkan"]);
         let note = s.note.unwrap();
         assert!(note.starts_with("auto measures 5 of 6 candidates"), "{note}");
-        assert!(note.contains("leaves out npu+vulkan at"), "{note}");
+        assert!(
+            note.contains(&format!(
+                "the NPU cost model (SIMULATED, {}) ranks vulkan first",
+                a.basis
+            )),
+            "{note}"
+        );
+        assert!(
+            note.contains("leaves out npu+vulkan at 77 decode tok/s (64-97) against vulkan's 100 (80-133)"),
+            "{note}"
+        );
         // What calibration then measures is exactly the selection, and it still decides.
         let mut measured = Vec::new();
         let mut steps = Vec::new();
@@ -587,33 +658,39 @@ mod tests {
     }
 
     #[test]
-    fn without_figures_for_the_device_every_candidate_is_measured() {
-        let shape = tandem_npu_model::gpu::GEMMA3_1B;
+    fn without_an_answer_every_candidate_is_measured() {
+        // What the NPU backend gives no answer for: a GPU its model does not know, an XDNA
+        // (npu1) NPU, the emulator behind the `npu` name (no generation, no NPU timings).
         let cases = [
-            // A GPU the model does not know.
             laptop(&["generation=npu4"], "NVIDIA H100 80GB HBM3"),
-            // An XDNA (npu1) NPU.
             laptop(&["generation=npu1"], "AMD Radeon 780M"),
-            // The emulator behind the `npu` name: no generation, no NPU timings.
             laptop(&["emulated", "simulated_timing=npu4"], "AMD Radeon 890M Graphics"),
         ];
         for units in &cases {
-            let s = select(all_candidates(), units, &shape, DECODE_CONTEXT);
+            let s = select(all_candidates(), units, None);
             assert_eq!(s.measure, all_candidates());
             assert!(s.skipped.is_empty());
             let note = s.note.unwrap();
             assert!(note.starts_with("auto measures all 6 candidates"), "{note}");
+            assert!(
+                note.contains(&units[2].info.device) && note.contains(&units[0].info.device),
+                "{note}"
+            );
         }
-        // No NPU: unchanged, nothing said.
+        // An NPU and the CPU only.
+        let units = [cases[0][1].clone(), cases[0][2].clone()];
+        let c = candidates(&["cpu".into()]);
+        let note = select(c, &units, None).note.unwrap();
+        assert!(note.ends_with("on a machine without a GPU"), "{note}");
+        // No NPU: unchanged, nothing said (an answer, had there been one, is not read).
         let units = &cases[0][..2];
         let c = candidates(&["vulkan".into(), "cpu".into()]);
-        let s = select(c.clone(), units, &shape, DECODE_CONTEXT);
+        let s = select(c.clone(), units, Some(&answer(&["vulkan"])));
         assert_eq!((s.measure, s.skipped, s.note), (c, vec![], None));
     }
 
     #[test]
     fn two_backends_on_one_known_igpu_are_both_measured_and_capped() {
-        let shape = tandem_npu_model::gpu::GEMMA3_4B;
         let mut units = laptop(&["generation=npu6"], "AMD Radeon 860M");
         units.push(unit(
             "wgpu",
@@ -624,13 +701,24 @@ mod tests {
         let names_ = ["vulkan".to_string(), "wgpu".to_string()];
         let mut c = candidates(&names_);
         c.extend(npu_candidates(&names_));
-        let s = select(c, &units, &shape, DECODE_CONTEXT);
-        // vulkan and wgpu tie in the model; both npu+ placements are behind them.
+        let s = select(c.clone(), &units, Some(&answer(&["vulkan", "wgpu"])));
+        // vulkan and wgpu tie; both npu+ placements are behind them.
         assert_eq!(
             names(&s.measure),
             ["vulkan", "wgpu", "vulkan+wgpu", "wgpu+vulkan"]
         );
         assert_eq!(names(&s.skipped), ["npu+vulkan", "npu+wgpu"]);
+        // Where attention on the NPU is close behind (not slower everywhere), only the cap of
+        // two leaves it out.
+        let mut close = answer(&["vulkan", "wgpu"]);
+        for e in close.estimates.iter_mut().filter(|e| e.attention_here) {
+            *e = estimate(&e.peer, true, 0.002, 0.0085);
+        }
+        let s = select(c, &units, Some(&close));
+        assert_eq!(names(&s.skipped), ["npu+vulkan", "npu+wgpu"]);
+        let e = close.estimate("vulkan", true).unwrap();
+        let best = close.estimate("vulkan", false).unwrap();
+        assert!(!close.slower_everywhere(e, best));
     }
 
     #[test]

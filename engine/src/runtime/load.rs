@@ -107,9 +107,10 @@ pub fn load(
 
 /// For `auto` without `[placement]` lists, when two or more hardware backends are available:
 /// `options` with the placement that measured fastest (see [`super::calibrate`]), saying so in
-/// a note. An NPU (the `npu` plugin) adds `npu+X` for each of them, and the NPU cost model
-/// chooses which of the placements it has figures for are measured ([`calibrate::select`]). When the model does not fit the fastest unit whole, the candidates are the layer
-/// splits that fit (each GPU with as many layers as it holds, the rest on the CPU) and each unit
+/// a note. An NPU (the `npu` plugin) adds `npu+X` for each of them, and the NPU backend's cost
+/// estimates (`ComputeBackend::estimate_decode`) choose which of the placements it has figures
+/// for are measured ([`calibrate::select`]). When the model does not fit the fastest unit
+/// whole, the candidates are the layer splits that fit (each GPU with as many layers as it holds, the rest on the CPU) and each unit
 /// the model fits whole. `None` otherwise: auto's first-available rule stands (and
 /// [`budget::fit`] splits a model too large for it).
 fn measured_auto(
@@ -159,15 +160,15 @@ fn measured_auto(
         units.push((name.to_string(), b));
     }
     // An NPU runs attention beside the other units: it adds `npu+X` candidates.
-    let npu = match adapters.facts(calibrate::NPU, notices) {
-        Facts::Available(info) if info.kind == DeviceKind::Npu => Some(info),
+    let npu_facts = match adapters.facts(calibrate::NPU, notices) {
+        Facts::Available(info) if info.kind == DeviceKind::Npu => Some(Facts::Available(info)),
         _ => None,
     };
-    if let Some(info) = npu {
+    if let Some(Facts::Available(info)) = &npu_facts {
         devices.push(format!("{}={}", calibrate::NPU, info.device));
         infos.push(calibrate::Unit {
             name: calibrate::NPU.to_string(),
-            info,
+            info: info.clone(),
         });
     }
     let names: Vec<String> = units.iter().map(|(n, _)| n.clone()).collect();
@@ -202,7 +203,23 @@ fn measured_auto(
             if infos.iter().any(|u| u.name == calibrate::NPU) {
                 c.extend(calibrate::npu_candidates(&names));
             }
-            let chosen = calibrate::select(c, &infos, &shape, calibrate::DECODE_CONTEXT);
+            // The NPU backend's own cost estimates, where it has any (created only here).
+            let answer = match &npu_facts {
+                Some(facts) => match adapters.take_as(calibrate::NPU, facts, notices) {
+                    Taken::Same(b) => {
+                        let q = calibrate::query(&infos, shape, calibrate::DECODE_CONTEXT);
+                        let answer = b.estimate_decode(&q);
+                        adapters.give_back(calibrate::NPU, b);
+                        answer
+                    }
+                    // Stale facts, now replaced: decide again on those.
+                    Taken::Changed => {
+                        return measured_auto(adapters, discovery, settings, options, slots, notices)
+                    }
+                },
+                None => None,
+            };
+            let chosen = calibrate::select(c, &infos, answer.as_ref());
             if let Some(note) = chosen.note {
                 notices(Notice::Note(note));
             }

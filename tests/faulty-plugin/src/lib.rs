@@ -1,11 +1,13 @@
 //! A backend plugin that panics on purpose, so tests can show that no panic crosses the plugin
 //! boundary. Option `panic_in` names the call that panics (`create`, `compile`, `execute`,
-//! `alloc`); every other call succeeds trivially. Its file name does not start with
+//! `alloc`, `estimate_decode`); every other call succeeds trivially, and `estimate_decode`
+//! echoes its query (for the ABI's round trip). Its file name does not start with
 //! `tandem_backend_`, so plugin discovery never picks it up.
 
 use tandem_backend_api::{
-    BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, DeviceKind, Graph,
-    Op, ProgramId, StepArgs, Support, TensorDesc, Ticket, Usage,
+    BackendError, BackendInfo, BackendOptions, BackendPlugin, BufferId, ComputeBackend, CostAnswer,
+    CostQuery, DeviceKind, Graph, Op, PlacementEstimate, ProgramId, StepArgs, Support, TensorDesc, Ticket,
+    Usage,
 };
 
 /// The faulty backend.
@@ -72,6 +74,42 @@ impl ComputeBackend for FaultyBackend {
     }
     fn release(&mut self, _: ProgramId) -> Result<(), BackendError> {
         Ok(())
+    }
+    /// No peers: no answer. Otherwise each peer alone and beside it, the query's figures in the
+    /// estimates (context as tokens per second, layers as the peer's seconds), so that a test
+    /// sees every field cross both ways.
+    fn estimate_decode(&self, query: &CostQuery) -> Option<CostAnswer> {
+        self.maybe_panic("estimate_decode");
+        if query.peers.is_empty() {
+            return None;
+        }
+        let estimates = query
+            .peers
+            .iter()
+            .flat_map(|p| {
+                [false, true].map(|here| PlacementEstimate {
+                    peer: p.name.clone(),
+                    attention_here: here,
+                    tokens_per_s: query.context as f64,
+                    low: query.model.heads as f64,
+                    high: query.model.vocab as f64,
+                    own_s: if here { query.model.head_dim as f64 } else { 0.0 },
+                    peer_s: query.model.layers as f64,
+                })
+            })
+            .collect();
+        Some(CostAnswer {
+            estimates,
+            own_uncertainty: 0.5,
+            peer_uncertainty: 0.25,
+            simulated: true,
+            basis: query
+                .peers
+                .iter()
+                .map(|p| format!("{} {:?} {}", p.name, p.kind, p.device))
+                .collect::<Vec<_>>()
+                .join("; "),
+        })
     }
 }
 
