@@ -21,6 +21,7 @@ use std::cell::RefCell;
 
 use half::f16;
 use rayon::prelude::*;
+use tandem_backend_api::block::{self, BlockLayout};
 use tandem_backend_api::DType;
 
 use crate::layout::Layout;
@@ -85,25 +86,27 @@ impl Kind {
         }
     }
 
-    /// Elements per weight block.
-    fn block(self) -> usize {
+    /// The weight block's layout (backend-api's `block`, the one definition).
+    fn layout(self) -> BlockLayout {
         match self {
-            Kind::Q8_0 | Kind::Q5_0 | Kind::Q4_0 | Kind::Q4_1 | Kind::Q5_1 => 32,
-            Kind::Q4K | Kind::Q6K | Kind::Q5K => 256,
+            Kind::Q8_0 => block::q8_0::LAYOUT,
+            Kind::Q5_0 => block::q5_0::LAYOUT,
+            Kind::Q4K => block::q4_k::LAYOUT,
+            Kind::Q6K => block::q6_k::LAYOUT,
+            Kind::Q4_0 => block::q4_0::LAYOUT,
+            Kind::Q4_1 => block::q4_1::LAYOUT,
+            Kind::Q5_1 => block::q5_1::LAYOUT,
+            Kind::Q5K => block::q5_k::LAYOUT,
         }
     }
 
+    /// Elements per weight block.
+    fn block(self) -> usize {
+        self.layout().elems
+    }
+
     fn block_bytes(self) -> usize {
-        match self {
-            Kind::Q8_0 => 34,
-            Kind::Q5_0 => 22,
-            Kind::Q4K => 144,
-            Kind::Q6K => 210,
-            Kind::Q4_0 => 18,
-            Kind::Q4_1 => 20,
-            Kind::Q5_1 => 24,
-            Kind::Q5K => 176,
-        }
+        self.layout().bytes
     }
 
     /// Whether the format's values carry an offset per block (`dmin * min`, or `-m`), taken
@@ -699,21 +702,23 @@ mod scalar {
 
     fn q8_0(w: &[u8], a: ActRow) -> f32 {
         let mut acc = 0f32;
-        for (b, blk) in w.chunks_exact(34).enumerate() {
+        use block::q8_0::{BYTES, D, QS};
+        for (b, blk) in w.chunks_exact(BYTES).enumerate() {
             let y = &a.qs[32 * b..32 * b + 32];
-            let isum = idot(blk[2..34].iter().map(|&q| i32::from(q as i8)), y);
-            acc += (f16_at(blk, 0) * a.d[b]) * isum as f32;
+            let isum = idot(blk[QS.range()].iter().map(|&q| i32::from(q as i8)), y);
+            acc += (f16_at(blk, D.at) * a.d[b]) * isum as f32;
         }
         acc
     }
 
     fn q5_0(w: &[u8], a: ActRow) -> f32 {
         let mut acc = 0f32;
-        for (b, blk) in w.chunks_exact(22).enumerate() {
-            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+        use block::q5_0::{BYTES, D, QH, QS};
+        for (b, blk) in w.chunks_exact(BYTES).enumerate() {
+            let qh = u32::from_le_bytes([blk[QH.at], blk[QH.at + 1], blk[QH.at + 2], blk[QH.at + 3]]);
             let y = &a.qs[32 * b..32 * b + 32];
             let v = |j: usize| {
-                let q = blk[6 + j % 16];
+                let q = blk[QS.at + j % 16];
                 let (nib, h) = if j < 16 {
                     (q & 0x0F, (qh >> j) & 1)
                 } else {
@@ -722,16 +727,17 @@ mod scalar {
                 i32::from(nib | ((h as u8) << 4)) - 16
             };
             let isum = idot((0..32).map(v), y);
-            acc += (f16_at(blk, 0) * a.d[b]) * isum as f32;
+            acc += (f16_at(blk, D.at) * a.d[b]) * isum as f32;
         }
         acc
     }
 
     fn q4_k(w: &[u8], a: ActRow) -> f32 {
         let mut acc = 0f32;
-        for (b, blk) in w.chunks_exact(144).enumerate() {
-            let packed = &blk[4..16];
-            let qs = &blk[16..144];
+        use block::q4_k::{BYTES, D, DMIN, QS, SCALES};
+        for (b, blk) in w.chunks_exact(BYTES).enumerate() {
+            let packed = &blk[SCALES.range()];
+            let qs = &blk[QS.range()];
             let mut sum = 0f32;
             for c in 0..4 {
                 let q = &qs[32 * c..32 * c + 32];
@@ -745,19 +751,20 @@ mod scalar {
                     sum += (a.d[8 * b + j] * f32::from(s)) * p as f32;
                 }
             }
-            acc += f16_at(blk, 0) * sum - f16_at(blk, 2) * q4k_mins(packed, &a, b);
+            acc += f16_at(blk, D.at) * sum - f16_at(blk, DMIN.at) * q4k_mins(packed, &a, b);
         }
         acc
     }
 
     fn q6_k(w: &[u8], a: ActRow) -> f32 {
         let mut acc = 0f32;
-        for (b, blk) in w.chunks_exact(210).enumerate() {
-            let scales = &blk[192..208];
+        use block::q6_k::{BYTES, D, QH, QL, SCALES};
+        for (b, blk) in w.chunks_exact(BYTES).enumerate() {
+            let scales = &blk[SCALES.range()];
             let mut sum = 0f32;
             for half in 0..2 {
-                let ql = &blk[64 * half..64 * half + 64];
-                let qh = &blk[128 + 32 * half..128 + 32 * half + 32];
+                let ql = &blk[QL.range()][64 * half..64 * half + 64];
+                let qh = &blk[QH.range()][32 * half..32 * half + 32];
                 for s in 0..4 {
                     let ab = 8 * b + 4 * half + s;
                     let y = &a.qs[32 * ab..32 * ab + 32];
@@ -776,7 +783,7 @@ mod scalar {
                     }
                 }
             }
-            acc += f16_at(blk, 208) * sum;
+            acc += f16_at(blk, D.at) * sum;
         }
         acc
     }
@@ -979,13 +986,14 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q8_0<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
         let mut acc = [[_mm256_setzero_ps(); R]; W];
-        for b in 0..ws[0].len() / 34 {
+        use block::q8_0::{BYTES, D, QS};
+        for b in 0..ws[0].len() / BYTES {
             for (wi, acc) in acc.iter_mut().enumerate() {
-                let blk = &ws[wi][34 * b..34 * b + 34];
+                let blk = &ws[wi][BYTES * b..BYTES * b + BYTES];
                 prefetch(blk);
-                let wd = h2f(blk, 0);
-                // SAFETY: `blk[2..34]` holds 32 bytes.
-                let q = widen(unsafe { load(blk[2..34].as_ptr()) });
+                let wd = h2f(blk, D.at);
+                // SAFETY: `blk[QS]` holds 32 bytes.
+                let q = widen(unsafe { load(blk[QS.range()].as_ptr()) });
                 for r in 0..R {
                     let d = _mm256_set1_ps(wd * a[r].d[b]);
                     acc[r] = _mm256_fmadd_ps(pdot32(&q, a[r].qs, 32 * b), d, acc[r]);
@@ -1004,13 +1012,14 @@ mod avx2 {
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     unsafe fn q8_0_512<const W: usize, const R: usize>(ws: &[&[u8]], a: &[ActRow], out: &mut [f32]) {
         let mut acc = [[_mm512_setzero_ps(); R]; W];
-        for b in 0..ws[0].len() / 34 {
+        use block::q8_0::{BYTES, D, QS};
+        for b in 0..ws[0].len() / BYTES {
             for (wi, acc) in acc.iter_mut().enumerate() {
-                let blk = &ws[wi][34 * b..34 * b + 34];
+                let blk = &ws[wi][BYTES * b..BYTES * b + BYTES];
                 prefetch(blk);
-                let wd = h2f(blk, 0);
-                // SAFETY: `blk[2..34]` holds 32 bytes.
-                let q = _mm512_cvtepi8_epi16(unsafe { load(blk[2..34].as_ptr()) });
+                let wd = h2f(blk, D.at);
+                // SAFETY: `blk[QS]` holds 32 bytes.
+                let q = _mm512_cvtepi8_epi16(unsafe { load(blk[QS.range()].as_ptr()) });
                 for r in 0..R {
                     let y = &a[r].qs[32 * b..32 * b + 32];
                     // SAFETY: `y` holds 32 `i16`, 64 bytes; the load is unaligned.
@@ -1038,13 +1047,23 @@ mod avx2 {
         a: &[ActRow],
         out: &mut [f32],
     ) {
-        // Bytes per block, where the nibbles start, whether there is an `m`, where the fifth
-        // bits are (if any), the offset taken off the values.
-        let (bytes, qs_at, has_m, qh_at, off) = match F {
-            LEGACY_Q4_0 => (18, 2, false, None, 8),
-            LEGACY_Q4_1 => (20, 4, true, None, 0),
-            LEGACY_Q5_0 => (22, 6, false, Some(2), 16),
-            _ => (24, 8, true, Some(4), 0),
+        // Bytes per block, where `d` is, where the nibbles start, where the `m` is (if any),
+        // where the fifth bits are (if any), the offset taken off the values.
+        let (bytes, d_at, qs_at, m_at, qh_at, off) = {
+            use block::{q4_0, q4_1, q5_0, q5_1};
+            match F {
+                LEGACY_Q4_0 => (q4_0::BYTES, q4_0::D.at, q4_0::QS.at, None, None, 8),
+                LEGACY_Q4_1 => (q4_1::BYTES, q4_1::D.at, q4_1::QS.at, Some(q4_1::M.at), None, 0),
+                LEGACY_Q5_0 => (q5_0::BYTES, q5_0::D.at, q5_0::QS.at, None, Some(q5_0::QH.at), 16),
+                _ => (
+                    q5_1::BYTES,
+                    q5_1::D.at,
+                    q5_1::QS.at,
+                    Some(q5_1::M.at),
+                    Some(q5_1::QH.at),
+                    0,
+                ),
+            }
         };
         let mut acc = [[_mm512_setzero_ps(); R]; W];
         let mut mins = [[0f32; R]; W];
@@ -1055,7 +1074,7 @@ mod avx2 {
             for (wi, acc) in acc.iter_mut().enumerate() {
                 let blk = &ws[wi][bytes * b..bytes * b + bytes];
                 prefetch(blk);
-                let wd = h2f(blk, 0);
+                let wd = h2f(blk, d_at);
                 // SAFETY: `blk[qs_at..qs_at + 16]` holds 16 bytes.
                 let lo = unsafe { _mm_loadu_si128(blk[qs_at..qs_at + 16].as_ptr() as *const __m128i) };
                 let mut nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(lo), lo), m4);
@@ -1071,8 +1090,8 @@ mod avx2 {
                     let y = unsafe { _mm512_loadu_si512(y.as_ptr() as *const __m512i) };
                     let p = _mm512_cvtepi32_ps(_mm512_madd_epi16(q, y));
                     acc[r] = _mm512_fmadd_ps(p, _mm512_set1_ps(wd * a[r].d[b]), acc[r]);
-                    if has_m {
-                        mins[wi][r] += h2f(blk, 2) * a[r].d[b] * a[r].sums[b] as f32;
+                    if let Some(m_at) = m_at {
+                        mins[wi][r] += h2f(blk, m_at) * a[r].d[b] * a[r].sums[b] as f32;
                     }
                 }
             }
@@ -1118,7 +1137,13 @@ mod avx2 {
         out: &mut [f32],
     ) {
         // Bytes per block and where the nibbles start (`q5_k`: after 32 bytes of high bits).
-        let (bytes, qs_at) = if FIVE { (176, 48) } else { (144, 16) };
+        let (bytes, qs_at) = if FIVE {
+            (block::q5_k::BYTES, block::q5_k::QS.at)
+        } else {
+            (block::q4_k::BYTES, block::q4_k::QS.at)
+        };
+        // The two share where `d`, `dmin` and the scales are.
+        use block::q4_k::{D, DMIN, SCALES};
         let mut acc = [[_mm512_setzero_ps(); R]; W];
         let mut mins = [[_mm256_setzero_ps(); R]; W];
         let m4 = _mm256_set1_epi8(0x0F);
@@ -1129,11 +1154,11 @@ mod avx2 {
                 prefetch(blk);
                 prefetch(&blk[64..]);
                 prefetch(&blk[128..]);
-                let (wd, wm) = (h2f(blk, 0), h2f(blk, 2));
-                let (sc, mn) = q4k_scales_mins(&blk[4..16]);
+                let (wd, wm) = (h2f(blk, D.at), h2f(blk, DMIN.at));
+                let (sc, mn) = q4k_scales_mins(&blk[SCALES.range()]);
                 let qh = if FIVE {
-                    // SAFETY: `blk[16..48]` holds 32 bytes.
-                    unsafe { load(blk[16..48].as_ptr()) }
+                    // SAFETY: `blk[q5_k::QH]` holds 32 bytes.
+                    unsafe { load(blk[block::q5_k::QH.range()].as_ptr()) }
                 } else {
                     _mm256_setzero_si256()
                 };
@@ -1203,14 +1228,15 @@ mod avx2 {
         let spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
         let bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
         let ones = _mm256_set1_epi64x(-1);
-        for b in 0..ws[0].len() / 22 {
+        use block::q5_0::{BYTES, D, QH, QS};
+        for b in 0..ws[0].len() / BYTES {
             for (wi, acc) in acc.iter_mut().enumerate() {
-                let blk = &ws[wi][22 * b..22 * b + 22];
+                let blk = &ws[wi][BYTES * b..BYTES * b + BYTES];
                 prefetch(blk);
-                let wd = h2f(blk, 0);
-                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-                // SAFETY: `blk[6..22]` holds 16 bytes.
-                let lo = unsafe { _mm_loadu_si128(blk[6..22].as_ptr() as *const __m128i) };
+                let wd = h2f(blk, D.at);
+                let qh = u32::from_le_bytes([blk[QH.at], blk[QH.at + 1], blk[QH.at + 2], blk[QH.at + 3]]);
+                // SAFETY: `blk[QS]` holds 16 bytes.
+                let lo = unsafe { _mm_loadu_si128(blk[QS.range()].as_ptr() as *const __m128i) };
                 let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(lo), lo), m4);
                 // Byte j all ones where bit j of `qh` is set.
                 let bits = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), spread);
@@ -1234,15 +1260,16 @@ mod avx2 {
         let mut acc = [[_mm256_setzero_ps(); R]; W];
         let mut mins = [[0f32; R]; W];
         let m4 = _mm256_set1_epi8(0x0F);
-        for b in 0..ws[0].len() / 144 {
+        use block::q4_k::{BYTES, D, DMIN, QS, SCALES};
+        for b in 0..ws[0].len() / BYTES {
             for wi in 0..W {
-                let blk = &ws[wi][144 * b..144 * b + 144];
+                let blk = &ws[wi][BYTES * b..BYTES * b + BYTES];
                 prefetch(blk);
                 prefetch(&blk[64..]);
                 prefetch(&blk[128..]);
-                let (wd, wm) = (h2f(blk, 0), h2f(blk, 2));
-                let packed = &blk[4..16];
-                let qs = &blk[16..144];
+                let (wd, wm) = (h2f(blk, D.at), h2f(blk, DMIN.at));
+                let packed = &blk[SCALES.range()];
+                let qs = &blk[QS.range()];
                 let mut sums = [_mm256_setzero_ps(); R];
                 for c in 0..4 {
                     let (s1, _) = k_scale_min(packed, 2 * c);
@@ -1287,24 +1314,26 @@ mod avx2 {
         let m4 = _mm256_set1_epi8(0x0F);
         let m2 = _mm256_set1_epi8(0x03);
         let off = _mm256_set1_epi8(32);
-        for b in 0..ws[0].len() / 210 {
+        use block::q6_k::{BYTES, D, QH, QL, SCALES};
+        for b in 0..ws[0].len() / BYTES {
             for wi in 0..W {
-                let blk = &ws[wi][210 * b..210 * b + 210];
+                let blk = &ws[wi][BYTES * b..BYTES * b + BYTES];
                 prefetch(blk);
                 prefetch(&blk[64..]);
                 prefetch(&blk[128..]);
                 prefetch(&blk[192..]);
-                let wd = h2f(blk, 208);
-                let scales = &blk[192..208];
+                let wd = h2f(blk, D.at);
+                let scales = &blk[SCALES.range()];
                 let mut sums = [_mm256_setzero_ps(); R];
                 for half in 0..2 {
-                    // SAFETY: `blk[64 half..64 half + 64]` and `blk[128 + 32 half..][..32]` are in
+                    let (ql, qh) = (&blk[QL.range()], &blk[QH.range()]);
+                    // SAFETY: `ql[64 half..64 half + 64]` and `qh[32 half..32 half + 32]` are in
                     // bounds.
                     let (qa, qb, qh) = unsafe {
                         (
-                            load(blk[64 * half..64 * half + 32].as_ptr()),
-                            load(blk[64 * half + 32..64 * half + 64].as_ptr()),
-                            load(blk[128 + 32 * half..160 + 32 * half].as_ptr()),
+                            load(ql[64 * half..64 * half + 32].as_ptr()),
+                            load(ql[64 * half + 32..64 * half + 64].as_ptr()),
+                            load(qh[32 * half..32 * half + 32].as_ptr()),
                         )
                     };
                     let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m2));
@@ -1393,7 +1422,7 @@ mod tests {
         let scale_at: &[usize] = match kind {
             Kind::Q8_0 | Kind::Q5_0 | Kind::Q4_0 => &[0],
             Kind::Q4K | Kind::Q5K | Kind::Q4_1 | Kind::Q5_1 => &[0, 2],
-            Kind::Q6K => &[208],
+            Kind::Q6K => &[block::q6_k::D.at],
         };
         for blk in bytes.chunks_exact_mut(kind.block_bytes()) {
             for &at in scale_at {
