@@ -136,7 +136,7 @@ pub fn choose_with(
 fn software_gpu_note(backend: &str, device: &str) -> String {
     format!(
         "{backend} runs on {device}, a software GPU: the CPU emulating a GPU, which runs tandem's \
-         GPU kernels many times slower than --backend cpu does (the README's start-up \
+         GPU kernels many times slower than --backend cpu does (docs/usage.md's start-up \
          figures compare them)"
     )
 }
