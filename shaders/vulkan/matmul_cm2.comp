@@ -71,26 +71,26 @@ float welem(const in WBlock b, uint i) { return b.v; }
 #define BS 1
 #define HALVES 1
 #elif defined(WFMT_Q4_0)
-#define BS 32
-#define HALVES 9
+#define BS Q4_0_ELEMS
+#define HALVES (Q4_0_BYTES / 2)
 #elif defined(WFMT_Q4_1)
-#define BS 32
-#define HALVES 10
+#define BS Q4_1_ELEMS
+#define HALVES (Q4_1_BYTES / 2)
 #elif defined(WFMT_Q5_0)
-#define BS 32
-#define HALVES 11
+#define BS Q5_0_ELEMS
+#define HALVES (Q5_0_BYTES / 2)
 #elif defined(WFMT_Q5_1)
-#define BS 32
-#define HALVES 12
+#define BS Q5_1_ELEMS
+#define HALVES (Q5_1_BYTES / 2)
 #elif defined(WFMT_Q8_0)
-#define BS 32
-#define HALVES 17
+#define BS Q8_0_ELEMS
+#define HALVES (Q8_0_BYTES / 2)
 #elif defined(WFMT_Q4_K)
-#define BS 256
-#define WORDS 36
+#define BS Q4_K_ELEMS
+#define WORDS (Q4_K_BYTES / 4)
 #elif defined(WFMT_Q6_K)
-#define BS 256
-#define HALVES 105
+#define BS Q6_K_ELEMS
+#define HALVES (Q6_K_BYTES / 2)
 #endif
 #if defined(WORDS)
 // 144-byte blocks from a 16-byte aligned base: read 32 bits at a time.
@@ -105,43 +105,44 @@ float welem(const in WBlock b, uint i) {
     return uintBitsToFloat(uint(b.v[0]) << 16);
 #elif defined(WFMT_Q4_0)
     // d, 16 bytes: element j low nibble of byte j, j + 16 high nibble; (q - 8) d.
-    uint q = (byte_at(b, 2 + (i & 15u)) >> (4u * (i >> 4))) & 15u;
-    return float(int(q) - 8) * half_at(b, 0);
+    uint q = (byte_at(b, Q4_0_QS + (i & 15u)) >> (4u * (i >> 4))) & 15u;
+    return float(int(q) - 8) * half_at(b, Q4_0_D);
 #elif defined(WFMT_Q4_1)
     // d, m, 16 bytes as q4_0; q d + m.
-    uint q = (byte_at(b, 4 + (i & 15u)) >> (4u * (i >> 4))) & 15u;
-    return float(q) * half_at(b, 0) + half_at(b, 2);
+    uint q = (byte_at(b, Q4_1_QS + (i & 15u)) >> (4u * (i >> 4))) & 15u;
+    return float(q) * half_at(b, Q4_1_D) + half_at(b, Q4_1_M);
 #elif defined(WFMT_Q5_0)
     // d, qh (bit j: bit 4 of element j), 16 bytes as q4_0; (q - 16) d.
-    uint qh = uint(b.v[1]) | (uint(b.v[2]) << 16);
-    uint q = ((byte_at(b, 6 + (i & 15u)) >> (4u * (i >> 4))) & 15u) | (((qh >> i) & 1u) << 4);
-    return float(int(q) - 16) * half_at(b, 0);
+    uint qh = uint(b.v[Q5_0_QH / 2]) | (uint(b.v[Q5_0_QH / 2 + 1]) << 16);
+    uint q = ((byte_at(b, Q5_0_QS + (i & 15u)) >> (4u * (i >> 4))) & 15u) | (((qh >> i) & 1u) << 4);
+    return float(int(q) - 16) * half_at(b, Q5_0_D);
 #elif defined(WFMT_Q5_1)
     // d, m, qh, 16 bytes; q d + m.
-    uint qh = uint(b.v[2]) | (uint(b.v[3]) << 16);
-    uint q = ((byte_at(b, 8 + (i & 15u)) >> (4u * (i >> 4))) & 15u) | (((qh >> i) & 1u) << 4);
-    return float(q) * half_at(b, 0) + half_at(b, 2);
+    uint qh = uint(b.v[Q5_1_QH / 2]) | (uint(b.v[Q5_1_QH / 2 + 1]) << 16);
+    uint q = ((byte_at(b, Q5_1_QS + (i & 15u)) >> (4u * (i >> 4))) & 15u) | (((qh >> i) & 1u) << 4);
+    return float(q) * half_at(b, Q5_1_D) + half_at(b, Q5_1_M);
 #elif defined(WFMT_Q8_0)
     // d, 32 int8; q d.
-    return sext8(byte_at(b, 2 + i)) * half_at(b, 0);
+    return sext8(byte_at(b, Q8_0_QS + i)) * half_at(b, Q8_0_D);
 #elif defined(WFMT_Q4_K)
     // Words: d and dmin, 3 of 6-bit scales and mins, 32 of nibbles (8 words per 64 elements,
     // low nibbles first): sub-block s = i / 32; d scale q - dmin min.
     uint s = i >> 5;
-    vec2 dm = unpackHalf2x16(b.v[0]);
+    const uint sw = Q4_K_SCALES / 4;
+    vec2 dm = unpackHalf2x16(b.v[Q4_K_D / 4]);
     uint sc;
     uint mn;
     if (s < 4u) {
-        sc = (b.v[1] >> (8u * s)) & 63u;
-        mn = (b.v[2] >> (8u * s)) & 63u;
+        sc = (b.v[sw] >> (8u * s)) & 63u;
+        mn = (b.v[sw + 1] >> (8u * s)) & 63u;
     } else {
         uint t = 8u * (s - 4u);
-        uint lo = b.v[3] >> t;
-        sc = (lo & 15u) | (((b.v[1] >> (t + 6u)) & 3u) << 4);
-        mn = ((lo >> 4) & 15u) | (((b.v[2] >> (t + 6u)) & 3u) << 4);
+        uint lo = b.v[sw + 2] >> t;
+        sc = (lo & 15u) | (((b.v[sw] >> (t + 6u)) & 3u) << 4);
+        mn = ((lo >> 4) & 15u) | (((b.v[sw + 1] >> (t + 6u)) & 3u) << 4);
     }
     uint l = i & 31u;
-    uint q = (b.v[4 + 8 * (s >> 1) + (l >> 2)] >> (8u * (l & 3u) + 4u * (s & 1u))) & 15u;
+    uint q = (b.v[Q4_K_QS / 4 + 8 * (s >> 1) + (l >> 2)] >> (8u * (l & 3u) + 4u * (s & 1u))) & 15u;
     return dm.x * float(sc) * float(q) - dm.y * float(mn);
 #elif defined(WFMT_Q6_K)
     // 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, d: unit u = i / 32 is
@@ -150,10 +151,11 @@ float welem(const in WBlock b, uint i) {
     uint h = (u >> 2) & 1u;
     uint s = u & 3u;
     uint l = i & 31u;
+    // Low bits at byte 64h + 32(s % 2) + l + Q6_K_QL, which is 0 (common.glsl checks it).
     uint lo = (byte_at(b, 64 * h + 32 * (s & 1u) + l) >> (4u * (s >> 1))) & 15u;
-    uint hi = (byte_at(b, 128 + 32 * h + l) >> (2u * s)) & 3u;
-    float scale = sext8(byte_at(b, 192 + 8 * h + 2 * s + (l >> 4)));
-    return half_at(b, 208) * scale * float(int(lo | (hi << 4)) - 32);
+    uint hi = (byte_at(b, Q6_K_QH + 32 * h + l) >> (2u * s)) & 3u;
+    float scale = sext8(byte_at(b, Q6_K_SCALES + 8 * h + 2 * s + (l >> 4)));
+    return half_at(b, Q6_K_D) * scale * float(int(lo | (hi << 4)) - 32);
 #endif
 }
 #endif

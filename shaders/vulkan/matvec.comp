@@ -68,7 +68,7 @@ uint xpos(uint t, uint i) {
     // Slot s = t % 8 of super-block t / 8: 16 bytes of nibbles at 16 + 16 s, low nibbles are
     // values 64 (s / 2) + 16 (s % 2) + 0..15 (sub-block s & ~1), high nibbles 32 further.
     uint s = t & 7u;
-    return (t >> 3) * 256u + 64u * (s >> 1) + 16u * (s & 1u) + (i < 4u ? 4u * i : 16u + 4u * i);
+    return (t >> 3) * Q4_K_ELEMS + 64u * (s >> 1) + 16u * (s & 1u) + (i < 4u ? 4u * i : 16u + 4u * i);
 #else
     return t * SE + 4u * i;
 #endif
@@ -99,11 +99,14 @@ vec4 byte4(uint v) {
 
 void wslot(uint64_t row, uint t, out vec4 q[SV], out vec2 a, out vec2 b) {
 #if defined(WFMT_Q4_K)
-    uint64_t blk = row + uint64_t(t >> 3) * 144u;
+#if Q4_K_D != 0 || Q4_K_DMIN != 2 || Q4_K_SCALES != 4 || Q4_K_QS != 16
+#error the q4_k header (d, dmin, 12 bytes of scales) is read as the first uvec4 of the block
+#endif
+    uint64_t blk = row + uint64_t(t >> 3) * Q4_K_BYTES;
     uint s = t & 7u;
     uint c = s >> 1;
     uvec4 h = U4s(blk).v[0];
-    uvec4 qs = U4s(blk + 16u + 16u * s).v[0];
+    uvec4 qs = U4s(blk + Q4_K_QS + 16u * s).v[0];
     vec2 dm = unpackHalf2x16(h.x);
     uint s1, m1, s2, m2;
     q4k_scale_min(h.yzw, 2u * c, s1, m1);
@@ -117,12 +120,17 @@ void wslot(uint64_t row, uint t, out vec4 q[SV], out vec2 a, out vec2 b) {
     }
 #elif defined(WFMT_Q8_0)
     // 34-byte block: the 9 aligned words covering it (the last may reach 2 bytes past the
-    // block, inside the buffer: sizes are rounded up to 4).
-    uint64_t a0 = row + uint64_t(t) * 34u;
+    // block, inside the buffer: sizes are rounded up to 4). d is the low or high half of word
+    // 0, the int8s start 2 bytes in.
+#if Q8_0_D != 0 || Q8_0_QS != 2
+#error the q8_0 d and int8s are read at bytes 0 and 2 of the block
+#endif
+    const uint NW = (2u + Q8_0_BYTES + 3u) / 4u;
+    uint64_t a0 = row + uint64_t(t) * Q8_0_BYTES;
     uint mis = uint(a0) & 2u;
     U32s wp = U32s(a0 - mis);
-    uint W[9];
-    for (uint i = 0; i < 9; i++) {
+    uint W[NW];
+    for (uint i = 0; i < NW; i++) {
         W[i] = wp.v[i];
     }
     float d = unpackHalf2x16(W[0] >> (mis * 8u)).x;
@@ -135,11 +143,15 @@ void wslot(uint64_t row, uint t, out vec4 q[SV], out vec2 a, out vec2 b) {
 #elif defined(WFMT_Q5_0)
     // 22-byte block: d, qh (bit e: bit 4 of value e), 16 bytes (value j low nibble of byte j,
     // value j + 16 high nibble); value (q - 16) d.
-    uint64_t a0 = row + uint64_t(t) * 22u;
+#if Q5_0_D != 0 || Q5_0_QH != 2 || Q5_0_QS != 6
+#error the q5_0 d, qh and nibbles are read at bytes 0, 2 and 6 of the block
+#endif
+    const uint NW = (2u + Q5_0_BYTES + 3u) / 4u;
+    uint64_t a0 = row + uint64_t(t) * Q5_0_BYTES;
     uint mis = uint(a0) & 2u;
     U32s wp = U32s(a0 - mis);
-    uint W[6];
-    for (uint i = 0; i < 6; i++) {
+    uint W[NW];
+    for (uint i = 0; i < NW; i++) {
         W[i] = wp.v[i];
     }
     float d = unpackHalf2x16(W[0] >> (mis * 8u)).x;

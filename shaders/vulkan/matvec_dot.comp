@@ -59,15 +59,15 @@ void unpack_unit(uint64_t row, uint u, out uint q[8], out vec4 c) {
 #if defined(WFMT_Q4_0) || defined(WFMT_Q4_1)
     // d [, m], 16 bytes: element j low nibble of byte j, j + 16 its high nibble.
 #if defined(WFMT_Q4_0)
-    uint64_t b = row + uint64_t(u) * 18u;
-    const uint qs = 2u;
-    float d = f16_at(b, 0);
+    uint64_t b = row + uint64_t(u) * Q4_0_BYTES;
+    const uint qs = Q4_0_QS;
+    float d = f16_at(b, Q4_0_D);
     float m = -8.0 * d;
 #else
-    uint64_t b = row + uint64_t(u) * 20u;
-    const uint qs = 4u;
-    float d = f16_at(b, 0);
-    float m = f16_at(b, 2);
+    uint64_t b = row + uint64_t(u) * Q4_1_BYTES;
+    const uint qs = Q4_1_QS;
+    float d = f16_at(b, Q4_1_D);
+    float m = f16_at(b, Q4_1_M);
 #endif
     for (uint i = 0; i < 4; i++) {
         uint v = w32(b, qs + 4u * i);
@@ -78,40 +78,43 @@ void unpack_unit(uint64_t row, uint u, out uint q[8], out vec4 c) {
 #elif defined(WFMT_Q5_0) || defined(WFMT_Q5_1)
     // d [, m], qh (bit j: bit 4 of element j), 16 bytes as q4_0.
 #if defined(WFMT_Q5_0)
-    uint64_t b = row + uint64_t(u) * 22u;
-    const uint qh_at = 2u;
-    float d = f16_at(b, 0);
+    uint64_t b = row + uint64_t(u) * Q5_0_BYTES;
+    const uint qh_at = Q5_0_QH;
+    const uint qs = Q5_0_QS;
+    float d = f16_at(b, Q5_0_D);
     float m = -16.0 * d;
 #else
-    uint64_t b = row + uint64_t(u) * 24u;
-    const uint qh_at = 4u;
-    float d = f16_at(b, 0);
-    float m = f16_at(b, 2);
+    uint64_t b = row + uint64_t(u) * Q5_1_BYTES;
+    const uint qh_at = Q5_1_QH;
+    const uint qs = Q5_1_QS;
+    float d = f16_at(b, Q5_1_D);
+    float m = f16_at(b, Q5_1_M);
 #endif
     uint qh = w32(b, qh_at);
     for (uint i = 0; i < 4; i++) {
-        uint v = w32(b, qh_at + 4u + 4u * i);
+        uint v = w32(b, qs + 4u * i);
         q[i] = (v & 0x0F0F0F0Fu) | spread4(qh >> (4u * i));
         q[i + 4] = ((v >> 4) & 0x0F0F0F0Fu) | spread4(qh >> (16u + 4u * i));
     }
     c = vec4(d, d, m, m);
 #elif defined(WFMT_Q8_0)
     // d, 32 int8.
-    uint64_t b = row + uint64_t(u) * 34u;
-    float d = f16_at(b, 0);
+    uint64_t b = row + uint64_t(u) * Q8_0_BYTES;
+    float d = f16_at(b, Q8_0_D);
     for (uint i = 0; i < 8; i++) {
-        q[i] = w32(b, 2u + 4u * i);
+        q[i] = w32(b, Q8_0_QS + 4u * i);
     }
     c = vec4(d, d, 0.0, 0.0);
 #elif defined(WFMT_Q4_K)
     // Sub-block s = u % 8 of super-block u / 8: d scale q - dmin min.
-    uint64_t b = row + uint64_t(u >> 3) * 144u;
+    uint64_t b = row + uint64_t(u >> 3) * Q4_K_BYTES;
     uint s = u & 7u;
-    vec2 dm = unpackHalf2x16(ld32(b, 0));
-    uvec3 sc = uvec3(ld32(b, 4), ld32(b, 8), ld32(b, 12));
+    // d and dmin in one word (dmin follows d).
+    vec2 dm = unpackHalf2x16(ld32(b, Q4_K_D));
+    uvec3 sc = uvec3(ld32(b, Q4_K_SCALES), ld32(b, Q4_K_SCALES + 4), ld32(b, Q4_K_SCALES + 8));
     uint scale, mn;
     q4k_scale_min(sc, s, scale, mn);
-    uint qoff = 16u + 32u * (s >> 1);
+    uint qoff = Q4_K_QS + 32u * (s >> 1);
     uint shift = (s & 1u) * 4u;
     for (uint i = 0; i < 8; i++) {
         q[i] = (ld32(b, qoff + 4u * i) >> shift) & 0x0F0F0F0Fu;
@@ -122,15 +125,15 @@ void unpack_unit(uint64_t row, uint u, out uint q[8], out vec4 c) {
 #elif defined(WFMT_Q6_K)
     // 32 elements s = u % 4 of half h = (u / 4) % 2 of super-block u / 8; codes 0 .. 63, value
     // d scale (q - 32), one int8 scale per 16 elements.
-    uint64_t b = row + uint64_t(u >> 3) * 210u;
+    uint64_t b = row + uint64_t(u >> 3) * Q6_K_BYTES;
     uint h = (u >> 2) & 1u;
     uint s = u & 3u;
-    float d = f16_at(b, 208);
-    uint qloff = 64u * h + 32u * (s & 1u);
+    float d = f16_at(b, Q6_K_D);
+    uint qloff = 64u * h + 32u * (s & 1u); // + Q6_K_QL, which is 0 (common.glsl checks it)
     uint lshift = (s >> 1) * 4u;
-    uint qhoff = 128u + 32u * h;
+    uint qhoff = Q6_K_QH + 32u * h;
     uint hshift = 2u * s;
-    uint scs = ld16(b, 192u + 8u * h + 2u * s);
+    uint scs = ld16(b, Q6_K_SCALES + 8u * h + 2u * s);
     for (uint i = 0; i < 8; i++) {
         uint lo = (w32(b, qloff + 4u * i) >> lshift) & 0x0F0F0F0Fu;
         uint hi = (w32(b, qhoff + 4u * i) >> hshift) & 0x03030303u;

@@ -19,6 +19,10 @@ layout(constant_id = 0) const uint NR = 1;
 
 layout(buffer_reference, scalar, buffer_reference_align = 16) buffer U4s { uvec4 v[]; };
 
+#if Q4_K_D != 0 || Q4_K_DMIN != 2 || Q4_K_SCALES != 4 || Q4_K_QS != 16
+#error the q4_k header (d, dmin, 12 bytes of scales) is read as the first uvec4 of the block
+#endif
+
 layout(push_constant, scalar) uniform Params {
     uint64_t w;
     uint64_t x;
@@ -83,7 +87,7 @@ void main() {
     bool upper = c >= 2u;
     // This invocation's first vec4 of x within a block (low nibbles; high: 8 vec4s further).
     uint xoff = 16u * c + 4u * (piece & 1u);
-    uint qoff = 16u + 16u * piece;
+    uint qoff = Q4_K_QS + 16u * piece;
 
     uint64_t wrow[NR];
     float acc[NR];
@@ -91,19 +95,19 @@ void main() {
         wrow[jj] = p.w + uint64_t(min(j0 + NR * rs + jj, p.n - 1u)) * p.row_bytes;
         acc[jj] = 0.0;
     }
-    uint blocks = p.k / 256u;
+    uint blocks = p.k / Q4_K_ELEMS;
     V4s xs = V4s(p.x);
     for (uint b = bg; b < blocks; b += W) {
         uvec4 hd[NR];
         uvec4 qs[NR];
         for (uint jj = 0; jj < NR; jj++) {
-            uint64_t blk = wrow[jj] + uint64_t(b) * 144u;
+            uint64_t blk = wrow[jj] + uint64_t(b) * Q4_K_BYTES;
             hd[jj] = U4s(blk).v[0];
             qs[jj] = U4s(blk + qoff).v[0];
         }
         vec4 xl[4];
         vec4 xh[4];
-        uint xi = 64u * b + xoff;
+        uint xi = (Q4_K_ELEMS / 4u) * b + xoff;
         for (uint i = 0; i < 4; i++) {
             xl[i] = xs.v[xi + i];
             xh[i] = xs.v[xi + 8u + i];

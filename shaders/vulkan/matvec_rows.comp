@@ -43,25 +43,26 @@ void main() {
     for (uint i = 0; i < NC * R; i++) {
         acc[i] = 0.0;
     }
-    uint blocks = p.k / 256u;
+    uint blocks = p.k / Q4_K_ELEMS;
     for (uint b = half_wg; b < blocks; b += 2u) {
         vec4 x0[R];
         vec4 x1[R];
         for (uint r = 0; r < R; r++) {
             uint row = min(r0 + r, p.rows - 1u);
-            uint64_t xa = p.x + (uint64_t(row) * p.k + b * 256u + 64u * c + l) * 4u;
+            uint64_t xa = p.x + (uint64_t(row) * p.k + b * Q4_K_ELEMS + 64u * c + l) * 4u;
             x0[r] = V4s(xa).v[0];
             x1[r] = V4s(xa + 128u).v[0];
         }
         for (uint jj = 0; jj < NC; jj++) {
             uint j = min(j0 + jj, p.n - 1u);
-            uint64_t blk = p.w + uint64_t(j) * p.row_bytes + uint64_t(b) * 144u;
-            vec2 dm = unpackHalf2x16(ld32(blk, 0));
-            uvec3 sc = uvec3(ld32(blk, 4), ld32(blk, 8), ld32(blk, 12));
+            uint64_t blk = p.w + uint64_t(j) * p.row_bytes + uint64_t(b) * Q4_K_BYTES;
+            // d and dmin in one word (dmin follows d).
+            vec2 dm = unpackHalf2x16(ld32(blk, Q4_K_D));
+            uvec3 sc = uvec3(ld32(blk, Q4_K_SCALES), ld32(blk, Q4_K_SCALES + 4), ld32(blk, Q4_K_SCALES + 8));
             uint s1, m1, s2, m2;
             q4k_scale_min(sc, 2u * c, s1, m1);
             q4k_scale_min(sc, 2u * c + 1u, s2, m2);
-            uint q = ld32(blk, 16u + 32u * c + l);
+            uint q = ld32(blk, Q4_K_QS + 32u * c + l);
             vec4 lo = vec4(float(q & 15u), float((q >> 8) & 15u), float((q >> 16) & 15u), float((q >> 24) & 15u));
             vec4 hi = vec4(float((q >> 4) & 15u), float((q >> 12) & 15u), float((q >> 20) & 15u), float(q >> 28));
             vec4 wlo = (dm.x * float(s1)) * lo - dm.y * float(m1);

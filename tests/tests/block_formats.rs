@@ -8,9 +8,13 @@
 //! - every layout constant a WGSL decoder (`shaders/wgsl/formats/`, `shaders/wgsl/dot/`)
 //!   declares has the table's value, every block format's decoder declares its block size, and
 //!   none writes its block's stride as a literal;
-//! - `common.glsl` reads each block format's size from the generated defines and names no
-//!   define the table does not generate, and no Vulkan kernel (`shaders/vulkan/*.comp`, which
-//!   still write their own) steps over blocks of a format by another size than the table's.
+//! - `common.glsl` reads each block format's size from the generated defines; no Vulkan source
+//!   (`common.glsl`, `shaders/vulkan/*.comp`) names a define the table does not generate, steps
+//!   over blocks (`uint64_t(i) * N`) by a literal block size or by another format's
+//!   `<FORMAT>_BYTES` than the one its code is built for, or writes a format's block size, its
+//!   half-word or word count or its values per block as a literal `#define` in code built for
+//!   that format. (A literal field offset is not checked: it is not told apart from other small
+//!   numbers.)
 //!
 //! The decoders' values are checked by the conformance suite: `tests/src/cases.rs` runs matmuls
 //! on every block format the GPU kernels take (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q6_k: the
@@ -242,10 +246,10 @@ fn wfmt_formats(condition: &str) -> Vec<&'static str> {
         .collect()
 }
 
-/// Every `uint64_t(...) * N` (a block address: index times block size) of a GLSL source with the
-/// formats the preprocessor lets reach it: (line number, N, formats; empty where no `WFMT_`
-/// condition applies).
-fn glsl_strides(source: &str) -> Vec<(usize, u64, Vec<&'static str>)> {
+/// The formats the preprocessor lets reach each line of a GLSL source (by `WFMT_` conditions),
+/// one entry per line: empty where no `WFMT_` condition applies. Directive lines other than
+/// `#if`/`#elif`/`#else`/`#endif` (a `#define`) take the formats of the branch they are in.
+fn glsl_reach(source: &str) -> Vec<Vec<&'static str>> {
     // Per open #if: the formats of the branches so far, and the formats of the current one
     // (None where the branch names no format).
     let mut stack: Vec<(Vec<&'static str>, Option<Vec<&'static str>>)> = Vec::new();
@@ -254,35 +258,51 @@ fn glsl_strides(source: &str) -> Vec<(usize, u64, Vec<&'static str>)> {
         stack.iter().rev().find_map(|(_, cur)| cur.clone())
     };
     let mut out = Vec::new();
-    for (n, line) in source.lines().enumerate() {
+    for line in source.lines() {
         let t = line.trim_start();
         if let Some(cond) = t.strip_prefix("#if") {
             let f = wfmt_formats(cond);
             let cur = (!f.is_empty()).then_some(f.clone());
             stack.push((f, cur));
-            continue;
-        }
-        if let Some(cond) = t.strip_prefix("#elif") {
+        } else if let Some(cond) = t.strip_prefix("#elif") {
             let parent = effective(&stack[..stack.len() - 1]).unwrap_or_else(|| all.clone());
             let top = stack.last_mut().expect("#elif inside #if");
             let f = wfmt_formats(cond);
             top.0.extend(&f);
             top.1 = (!f.is_empty()).then(|| f.into_iter().filter(|x| parent.contains(x)).collect());
-            continue;
-        }
-        if t.starts_with("#else") {
+        } else if t.starts_with("#else") {
             let parent = effective(&stack[..stack.len() - 1]).unwrap_or_else(|| all.clone());
             let top = stack.last_mut().expect("#else inside #if");
             top.1 =
                 (!top.0.is_empty()).then(|| parent.iter().copied().filter(|x| !top.0.contains(x)).collect());
-            continue;
-        }
-        if t.starts_with("#endif") {
+        } else if t.starts_with("#endif") {
             stack.pop();
+        }
+        out.push(effective(&stack).unwrap_or_default());
+    }
+    out
+}
+
+/// What a block address multiplies its index by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Stride {
+    /// An integer literal (`144u`).
+    Literal(u64),
+    /// A name (`Q4_K_BYTES`, `p.row_bytes`).
+    Name(String),
+}
+
+/// Every `uint64_t(...) * N` (a block address: index times block size) of a GLSL source with the
+/// formats the preprocessor lets reach it: (line number, N, formats; empty where no `WFMT_`
+/// condition applies).
+fn glsl_strides(source: &str) -> Vec<(usize, Stride, Vec<&'static str>)> {
+    let reach = glsl_reach(source);
+    let mut out = Vec::new();
+    for (n, line) in source.lines().enumerate() {
+        if line.trim_start().starts_with('#') {
             continue;
         }
-        let c = code(line);
-        let mut rest = c;
+        let mut rest = code(line);
         while let Some(i) = rest.find("uint64_t(") {
             rest = &rest[i + "uint64_t(".len()..];
             // Skip to the matching parenthesis.
@@ -300,16 +320,46 @@ fn glsl_strides(source: &str) -> Vec<(usize, u64, Vec<&'static str>)> {
                 }
             }
             let after = rest[end..].trim_start();
-            if let Some(m) = after.strip_prefix('*') {
-                if let Some(&v) =
-                    integer_literals(m.trim_start().split([';', ')', ' ']).next().unwrap_or("")).first()
-                {
-                    out.push((n + 1, v, effective(&stack).unwrap_or_default()));
+            let Some(m) = after.strip_prefix('*') else {
+                continue;
+            };
+            let token: String = m
+                .trim_start()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '.')
+                .collect();
+            let stride = match integer_literals(&token).first() {
+                Some(&v) if token.starts_with(|c: char| c.is_ascii_digit()) => Stride::Literal(v),
+                _ if !token.is_empty() && !token.starts_with(|c: char| c.is_ascii_digit()) => {
+                    Stride::Name(token)
                 }
-            }
+                _ => continue,
+            };
+            out.push((n + 1, stride, reach[n].clone()));
         }
     }
     out
+}
+
+/// Every `#define NAME VALUE` of a GLSL source whose value is a bare integer literal, with the
+/// formats that reach it: (line number, name, value, formats).
+fn glsl_literal_defines(source: &str) -> Vec<(usize, String, u64, Vec<&'static str>)> {
+    let reach = glsl_reach(source);
+    source
+        .lines()
+        .enumerate()
+        .filter_map(|(n, line)| {
+            let rest = code(line).trim_start().strip_prefix("#define")?;
+            let mut words = rest.split_whitespace();
+            let name = words.next()?;
+            let value = words.next()?;
+            if words.next().is_some() || name.contains('(') {
+                return None;
+            }
+            let value = value.strip_suffix('u').unwrap_or(value).parse().ok()?;
+            Some((n + 1, name.to_string(), value, reach[n].clone()))
+        })
+        .collect()
 }
 
 #[test]
@@ -329,55 +379,121 @@ fn glsl_decoders_read_the_generated_layout() {
             ));
         }
     }
-    // ... and names no layout define the build does not write (an undefined name in `#if` is 0).
-    for (n, line) in common.lines().enumerate() {
-        for word in code(line).split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-            if split_constant(word).is_some() && !generated.contains_key(word) {
-                let (layout, field) = split_constant(word).expect("checked");
-                problems.push(format!(
-                    "common.glsl:{}: {word}: {} has no field {} in backend-api's block.rs",
-                    n + 1,
-                    layout.name,
-                    field.to_lowercase()
-                ));
-            }
-        }
-    }
-    // Every kernel: a block address `uint64_t(i) * N` in code only one format reaches steps by
-    // that format's block size (the literal ones the kernels still write, and common.glsl's).
-    let mut checked = 0;
+    // Every source:
+    // - names no layout define the build does not write (an undefined name in `#if` is 0);
+    // - steps over blocks (`uint64_t(i) * N`) by a generated `<FORMAT>_BYTES`, that of the one
+    //   format the code is built for where it is built for one, never by a literal block size;
+    //   a float format's (which has no define) literal stride is its value size;
+    // - writes no block size, half-word or word count, or values per block of the one format a
+    //   branch is built for as a literal `#define` (matmul_cm2's HALVES, WORDS, BS).
+    let mut by_name = 0;
     for path in std::iter::once(vulkan.join("common.glsl")).chain(files(&vulkan, "comp")) {
         let file = path
             .file_name()
             .and_then(|s| s.to_str())
             .unwrap_or("")
             .to_string();
-        for (line, v, formats) in glsl_strides(&read(&path)) {
-            let [name] = formats[..] else {
+        let source = read(&path);
+        for (n, line) in source.lines().enumerate() {
+            for word in code(line).split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if split_constant(word).is_some() && !generated.contains_key(word) {
+                    let (layout, field) = split_constant(word).expect("checked");
+                    problems.push(format!(
+                        "{file}:{}: {word}: {} has no field {} in backend-api's block.rs",
+                        n + 1,
+                        layout.name,
+                        field.to_lowercase()
+                    ));
+                }
+            }
+        }
+        for (line, stride, formats) in glsl_strides(&source) {
+            let one = match formats[..] {
+                [name] => block::ALL.into_iter().find(|l| l.name == name),
+                _ => None,
+            };
+            match stride {
+                Stride::Literal(v) => {
+                    if let Some(layout) = quantized().find(|l| l.bytes as u64 == v) {
+                        if one.is_none_or(|o| o.name == layout.name) {
+                            problems.push(format!(
+                                "{file}:{line}: {} block stride written as the literal {v}: use {}_BYTES",
+                                layout.name,
+                                layout.name.to_uppercase()
+                            ));
+                            continue;
+                        }
+                    }
+                    match one {
+                        Some(layout) if layout.is_quantized() => problems.push(format!(
+                            "{file}:{line}: {} blocks stepped over by the literal {v}: use {}_BYTES ({})",
+                            layout.name,
+                            layout.name.to_uppercase(),
+                            layout.bytes
+                        )),
+                        Some(layout) if v != layout.bytes as u64 => problems.push(format!(
+                            "{file}:{line}: {} values stepped over by {v} bytes; backend-api's block.rs has {}",
+                            layout.name, layout.bytes
+                        )),
+                        _ => {}
+                    }
+                }
+                Stride::Name(name) => {
+                    let Some((layout, field)) = split_constant(&name) else {
+                        continue;
+                    };
+                    by_name += 1;
+                    if field != "BYTES" {
+                        problems.push(format!(
+                            "{file}:{line}: blocks stepped over by {name}, not a block size: use {}_BYTES",
+                            layout.name.to_uppercase()
+                        ));
+                    } else if let Some(o) = one.filter(|o| o.name != layout.name) {
+                        problems.push(format!(
+                            "{file}:{line}: {} blocks stepped over by {name}: use {}_BYTES",
+                            o.name,
+                            o.name.to_uppercase()
+                        ));
+                    }
+                }
+            }
+        }
+        for (line, name, v, formats) in glsl_literal_defines(&source) {
+            let [f] = formats[..] else {
                 continue;
             };
-            let layout = block::ALL
+            let Some(layout) = layout_named(f) else {
+                continue;
+            };
+            let upper = layout.name.to_uppercase();
+            // Bytes, 16-bit halves and 32-bit words per block (where whole), values per block.
+            let mut derived: Vec<(usize, String)> = [(1, ""), (2, " / 2"), (4, " / 4")]
                 .into_iter()
-                .find(|l| l.name == name)
-                .expect("a table name");
-            checked += 1;
-            if v != layout.bytes as u64 {
+                .filter(|(unit, _)| layout.bytes % unit == 0)
+                .map(|(unit, div)| match div {
+                    "" => (layout.bytes, format!("{upper}_BYTES")),
+                    _ => (layout.bytes / unit, format!("({upper}_BYTES{div})")),
+                })
+                .collect();
+            derived.push((layout.elems, format!("{upper}_ELEMS")));
+            if let Some((_, expr)) = derived.iter().find(|(value, _)| *value as u64 == v) {
                 problems.push(format!(
-                    "{file}:{line}: {name} blocks stepped over by {v} bytes; backend-api's block.rs has {}",
-                    layout.bytes
+                    "{file}:{line}: #define {name} {v} in {} code: write it as {expr}",
+                    layout.name
                 ));
             }
         }
     }
-    eprintln!("{checked} block strides checked in the Vulkan sources");
+    eprintln!("{by_name} block strides read from the generated defines in the Vulkan sources");
     assert!(
         problems.is_empty(),
         "GLSL block layouts:\n{}",
         problems.join("\n")
     );
+    // The check sees something: common.glsl's decoders and the kernels' own block addresses.
     assert!(
-        checked >= 7,
-        "only {checked} literal block strides found in the Vulkan kernels"
+        by_name >= 14,
+        "only {by_name} block strides from the generated defines found in the Vulkan sources"
     );
 }
 
@@ -392,10 +508,19 @@ fn the_parsers_see_what_they_check() {
     let glsl = "#if defined(WFMT_Q4_0) || defined(WFMT_Q4_1)\n#if defined(WFMT_Q4_0)\n\
                 uint64_t b = row + uint64_t(u) * 18u;\n#else\nuint64_t b = row + uint64_t(u) * 21;\n\
                 #endif\n#elif defined(WFMT_Q8_0)\nuint64_t b = row + uint64_t(u >> 3) * Q8_0_BYTES;\n\
-                #endif\nuint64_t c = uint64_t(x) * 4;\n";
+                #define HALVES 17\n#endif\nuint64_t c = uint64_t(x) * 4;\n#define W (Q4_K_BYTES / 4)\n";
     assert_eq!(
         glsl_strides(glsl),
-        [(3, 18, vec!["q4_0"]), (5, 21, vec!["q4_1"]), (10, 4, vec![])]
+        [
+            (3, Stride::Literal(18), vec!["q4_0"]),
+            (5, Stride::Literal(21), vec!["q4_1"]),
+            (8, Stride::Name("Q8_0_BYTES".to_string()), vec!["q8_0"]),
+            (11, Stride::Literal(4), vec![])
+        ]
+    );
+    assert_eq!(
+        glsl_literal_defines(glsl),
+        [(9, "HALVES".to_string(), 17, vec!["q8_0"])]
     );
     assert_eq!(
         wfmt_formats("defined(WFMT_Q4_K) && !defined(WFMT_Q4_KX)"),
