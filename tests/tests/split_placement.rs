@@ -835,10 +835,7 @@ fn decode_steps_of_a_split_allocate_nothing() {
             }
             next
         });
-        assert!(
-            (last as usize) < s.model().config.vocab_size,
-            "{backend}: a token id"
-        );
+        assert!((last as usize) < s.vocab(), "{backend}: a token id");
         assert_eq!(s.len(0), CHUNK + 3 + steps, "{backend}: cached tokens");
         if placement.starts_with(HOST_BOUNDARIES) {
             assert!(
@@ -896,7 +893,7 @@ fn micro_batches_match(tokens: &[u32], batch: usize, layers: &str) {
             s.prefill(slot, &tokens[i..i + 2], false).unwrap();
         }
     }
-    let vocab = whole.session.model().config.vocab_size;
+    let vocab = whole.session.vocab();
     let mut next: Vec<u32> = tokens[..batch].to_vec();
     for step in 0..4 {
         let want = whole

@@ -7,7 +7,8 @@
 //!
 //! Every step's logits equal a direct f64 computation of the same arithmetic (within f32
 //! rounding), and every split gives the one-unit logits bit for bit; the KV hand-off moves
-//! exactly the cached rows of the slots that change unit.
+//! exactly the cached rows of the slots that change unit. A `Session` over the toy (the runtime's
+//! one step entry point, `Session::step`) gives the scheduler's logits and keeps the positions.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -16,9 +17,10 @@ use tandem_backend_api::{
     WeightRef,
 };
 use tandem_conformance::{discover, Rng};
-use tandem_engine::model::{Part, Region, StepModel};
+use tandem_engine::model::{CacheShape, Part, Region, StepModel};
 use tandem_engine::runtime::layers::LayerRule;
 use tandem_engine::runtime::placement::{assign, Candidate, PartLists, PlacementSpec};
+use tandem_engine::runtime::session::{self, Session};
 use tandem_engine::runtime::split::{Phase, SplitScheduler, Unit};
 
 const VOCAB: usize = 8;
@@ -185,6 +187,24 @@ impl StepModel for Toy {
 
     fn vocab_size(&self) -> usize {
         VOCAB
+    }
+
+    fn cache_shape(&self) -> CacheShape {
+        CacheShape {
+            slots: SLOTS,
+            context: CONTEXT,
+            max_step_rows: CONTEXT,
+            dtype: DType::F32,
+        }
+    }
+
+    fn fresh_rows(&self) -> usize {
+        CONTEXT
+    }
+
+    /// Its caches hold the whole context (no rings): any prefix stays.
+    fn can_rewind(&self, _by: usize) -> bool {
+        true
     }
 }
 
@@ -426,4 +446,51 @@ fn a_toy_model_runs_through_placement_and_the_split_scheduler_on_one_unit_and_tw
             );
         }
     }
+}
+
+/// The script through a `Session` over the toy on one CPU unit: `Session::step` works out each
+/// row's position from the slot's length, so the script's positions are not passed.
+fn session_run(toy: Toy) -> (Vec<Vec<f32>>, [usize; SLOTS]) {
+    let mut backend = cpu();
+    let map = toy.upload(backend.as_mut());
+    let (graph, _, _) = toy.step_graph_parts(1, 1, BufferId::UNBOUND);
+    let units = vec![Unit {
+        name: "cpu".into(),
+        backend,
+        map,
+    }];
+    let one = [Phase::Prefill, Phase::Decode].map(|_| vec![0; graph.nodes.len()]);
+    let scheduler = SplitScheduler::new(units, one, &graph, &toy).unwrap();
+    let mut s = Session::new(scheduler, toy);
+    let logits = script()
+        .iter()
+        .map(|step| {
+            let tokens: Vec<u32> = step.rows.iter().map(|r| r.0).collect();
+            let slots: Vec<u32> = step.rows.iter().map(|r| r.2).collect();
+            let mut one = session::Step::decode(&tokens, &slots, &step.select);
+            one.phase = step.phase;
+            s.step(one).unwrap().to_vec()
+        })
+        .collect();
+    (logits, [s.len(0), s.len(1)])
+}
+
+#[test]
+fn a_session_over_the_toy_model_steps_it_like_the_scheduler() {
+    let want = run(
+        &Toy::new(52),
+        &["cpu"],
+        &PlacementSpec::single("cpu", "one unit".into()),
+    );
+    let (got, lengths) = session_run(Toy::new(52));
+    assert_eq!(lengths, [7, 5], "tokens held per slot after the script");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (i, (g, w)) in got.iter().zip(&want.logits).enumerate() {
+        assert_eq!(
+            bits(g),
+            bits(w),
+            "step {i}: the session's logits against the scheduler's"
+        );
+    }
+    assert_eq!(got.len(), script().len());
 }

@@ -23,7 +23,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let tokens = parse_tokens(&args.tokens)?;
     let mut loaded = load(ctx, &args.model, 1)?;
     let flat = loaded.session.prefill(0, &tokens, true)?;
-    let vocab = loaded.session.model().config.vocab_size;
+    let vocab = loaded.session.vocab();
     let rows: Vec<&[f32]> = flat.chunks_exact(vocab).collect();
     let mut out = std::io::stdout().lock();
     if args.json {

@@ -62,7 +62,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             tokens.len()
         );
     }
-    let vocab = loaded.session.model().config.vocab_size;
+    let vocab = loaded.session.vocab();
     let first = n_ctx / 2;
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
     let mut out = std::io::stdout().lock();

@@ -5,12 +5,12 @@
 use std::collections::HashMap;
 
 use tandem_backend_api::{
-    BackendError, BufferId, ComputeBackend, DType, Graph, GraphBuilder, KvCacheRef, Op, TensorDesc, Usage,
-    ValueId, WeightRef,
+    BackendError, BufferId, ComputeBackend, Graph, GraphBuilder, KvCacheRef, Op, TensorDesc, Usage, ValueId,
+    WeightRef,
 };
 
 use super::error::ModelError;
-use super::step_model::{Part, Region, StepModel};
+use super::step_model::{CacheShape, Part, Region, StepModel};
 use crate::checkpoint::config::{Gemma3Config, LayerType};
 use crate::checkpoint::source::{StoredTensor, WeightSource};
 
@@ -44,19 +44,6 @@ pub struct LayerWeights {
     pub post_ffn_norm: WeightRef,
     /// This layer's KV cache.
     pub cache: KvCacheRef,
-}
-
-/// How the KV caches are sized.
-#[derive(Debug, Clone, Copy)]
-pub struct CacheShape {
-    /// Sequences held at once.
-    pub slots: usize,
-    /// Longest sequence (prompt + generated), in tokens.
-    pub context: usize,
-    /// Most rows one step may hold (prefill chunk).
-    pub max_step_rows: usize,
-    /// The caches' element type: f32 or f16.
-    pub dtype: DType,
 }
 
 /// The model, planned: what its tensors are and how its step graph reads them.
@@ -502,5 +489,27 @@ impl StepModel for Gemma3Model {
 
     fn vocab_size(&self) -> usize {
         self.config.vocab_size
+    }
+
+    fn cache_shape(&self) -> CacheShape {
+        self.cache_shape
+    }
+
+    fn fresh_rows(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| l.cache.capacity)
+            .min()
+            .unwrap_or(usize::MAX)
+            .min(self.cache_shape.context)
+    }
+
+    fn can_rewind(&self, by: usize) -> bool {
+        // A sliding-window layer's ring holds its window and the rows past it: shortening a
+        // sequence by `by` keeps what the next steps read while the ring has `by` rows to spare.
+        self.layers.iter().all(|l| {
+            l.cache.capacity >= self.cache_shape.context
+                || l.cache.capacity.saturating_sub(self.config.sliding_window) >= by
+        })
     }
 }

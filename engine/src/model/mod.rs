@@ -10,5 +10,5 @@ pub mod gemma3;
 pub mod step_model;
 
 pub use error::ModelError;
-pub use gemma3::{CacheShape, Gemma3Model, LayerWeights, LoadProgress, ModelTensor};
-pub use step_model::{Part, Region, StepModel};
+pub use gemma3::{Gemma3Model, LayerWeights, LoadProgress, ModelTensor};
+pub use step_model::{CacheShape, Part, Region, StepModel};

@@ -2,7 +2,7 @@
 //! each node that placement reads ([`StepModel`]). The split scheduler (`runtime::split`) runs
 //! any model through this trait alone; [`super::Gemma3Model`] is one.
 
-use tandem_backend_api::{BufferId, Graph};
+use tandem_backend_api::{BufferId, DType, Graph};
 
 /// The parts of a model that placement lists name (`[placement] attention`, `ffn`, `default`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -76,4 +76,29 @@ pub trait StepModel {
 
     /// The logits per row: the width of the step graph's output.
     fn vocab_size(&self) -> usize;
+
+    /// How its KV caches are sized (slots, context, rows per step, element type): what a
+    /// session's steps are checked against.
+    fn cache_shape(&self) -> CacheShape;
+
+    /// The most rows one slot may take in a step that starts from an empty slot: every cache
+    /// holds them all (a ring at least its window), within the context.
+    fn fresh_rows(&self) -> usize;
+
+    /// Whether a sequence may be shortened by `by` tokens (a kept prefix, `engine serve`'s
+    /// prefix reuse): every cache that is a ring still holds what the following steps read.
+    fn can_rewind(&self, by: usize) -> bool;
+}
+
+/// How the KV caches are sized.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheShape {
+    /// Sequences held at once.
+    pub slots: usize,
+    /// Longest sequence (prompt + generated), in tokens.
+    pub context: usize,
+    /// Most rows one step may hold (prefill chunk).
+    pub max_step_rows: usize,
+    /// The caches' element type: f32 or f16.
+    pub dtype: DType,
 }

@@ -366,7 +366,7 @@ fn measure(
     let (planned, files) = plan_fitted(chosen, &opts, discovery, settings, true, 1, &mut |_| {})?;
     let mut loaded = load_fitted(planned, files, settings, &mut |_| {}, &mut |_: u64, _: u64| {})?;
     let s = &mut loaded.session;
-    let vocab = s.model().config.vocab_size as u32;
+    let vocab = s.vocab() as u32;
     let prompt: Vec<u32> = (0..PREFILL_TOKENS as u32)
         .map(|i| (3 + i * 7919) % vocab.max(1))
         .collect();

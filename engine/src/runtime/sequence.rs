@@ -12,6 +12,7 @@ use std::time::Instant;
 use super::sampler::{Sampler, SamplerConfig, SamplerError};
 use super::session::Session;
 use super::stop::StopMatcher;
+use crate::model::StepModel;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// One generation: a prompt of token ids, how much to generate and how to sample it.
@@ -185,9 +186,9 @@ pub struct Limits {
 
 impl Limits {
     /// The limits of `session` with `tokenizer`.
-    pub fn of(session: &Session, tokenizer: &Tokenizer) -> Limits {
+    pub fn of<M: StepModel>(session: &Session<M>, tokenizer: &Tokenizer) -> Limits {
         Limits {
-            vocab: session.model().config.vocab_size,
+            vocab: session.vocab(),
             context: session.context(),
             text: tokenizer.has_vocabulary(),
         }

@@ -7,7 +7,7 @@ use tandem_backend_api::{BackendError, ComputeBackend, NodeTime, StepArgs};
 use super::sampler::Sampler;
 use super::split::program::BoundaryCounts;
 use super::split::{BoundaryMode, Phase, ScheduleError, SplitScheduler};
-use crate::model::Gemma3Model;
+use crate::model::{CacheShape, Gemma3Model, StepModel};
 
 /// How many of each row's best logits a decode step reads back instead of the row, where the
 /// logits are computed on a device ([`Session::ranked_k`]) and the sampler needs no more
@@ -104,10 +104,13 @@ pub enum SessionError {
     Schedule(#[from] ScheduleError),
 }
 
-/// The model on its units, with per-slot sequence lengths.
-pub struct Session {
+/// The model on its units, with per-slot sequence lengths. It sees the model through
+/// [`StepModel`] alone; Gemma 3 is the one the engine loads (the default `M`).
+pub struct Session<M: StepModel = Gemma3Model> {
     scheduler: SplitScheduler,
-    model: Gemma3Model,
+    model: M,
+    /// The model's cache shape ([`StepModel::cache_shape`]), read once.
+    shape: CacheShape,
     /// Tokens already in the cache, per slot.
     lengths: Vec<usize>,
     /// Scratch for step arguments (reused: nothing allocated per token once warm).
@@ -126,13 +129,15 @@ pub struct Session {
     ranked_k: usize,
 }
 
-impl Session {
+impl<M: StepModel> Session<M> {
     /// The model on the units of `scheduler` (built by `runtime::load`).
-    pub fn new(scheduler: SplitScheduler, model: Gemma3Model) -> Self {
-        let slots = model.cache_shape.slots;
+    pub fn new(scheduler: SplitScheduler, model: M) -> Self {
+        let shape = model.cache_shape();
+        let slots = shape.slots;
         let mut session = Session {
             scheduler,
             model,
+            shape,
             lengths: vec![0; slots],
             tokens: vec![],
             positions: vec![],
@@ -148,8 +153,13 @@ impl Session {
     }
 
     /// The model.
-    pub fn model(&self) -> &Gemma3Model {
+    pub fn model(&self) -> &M {
         &self.model
+    }
+
+    /// The logits per row.
+    pub fn vocab(&self) -> usize {
+        self.model.vocab_size()
     }
 
     /// The backend that computes the logits (the only one, unless split).
@@ -218,13 +228,7 @@ impl Session {
     /// cache holds them all (a sliding-window layer's ring is at least its window), within the
     /// context.
     pub fn fresh_rows(&self) -> usize {
-        self.model
-            .layers
-            .iter()
-            .map(|l| l.cache.capacity)
-            .min()
-            .unwrap_or(usize::MAX)
-            .min(self.model.cache_shape.context)
+        self.model.fresh_rows()
     }
 
     /// Tokens held in `slot`'s cache.
@@ -308,7 +312,7 @@ impl Session {
     /// Whether a step can give ([`Logits::Best`]) the best `k` logits of a row.
     pub fn supports_top_k(&self, k: usize) -> bool {
         (1..=tandem_backend_api::TOP_K_MAX).contains(&k)
-            && k <= self.model.config.vocab_size
+            && k <= self.model.vocab_size()
             && self.scheduler.supports_top_k(k)
     }
 
@@ -322,7 +326,7 @@ impl Session {
         select: &[u32],
         top_k: usize,
     ) -> Result<(), SessionError> {
-        let vocab = self.model.config.vocab_size;
+        let vocab = self.model.vocab_size();
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(SessionError::TokenOutOfRange { id, vocab });
         }
@@ -333,7 +337,7 @@ impl Session {
                 slots.len()
             )));
         }
-        let context = self.model.cache_shape.context;
+        let context = self.shape.context;
         let (mut positions, mut lens) = (
             std::mem::take(&mut self.positions),
             std::mem::take(&mut self.next_lengths),
@@ -426,26 +430,26 @@ impl Session {
     /// the generated tokens together never exceed the context. `engine run` and `engine serve`
     /// share this rule.
     pub fn at_context_limit(&self, slot: usize) -> bool {
-        self.len(slot) + 1 >= self.model.cache_shape.context
+        self.len(slot) + 1 >= self.shape.context
     }
 
     /// The context: the most tokens (prompt and generated) a sequence holds.
     pub fn context(&self) -> usize {
-        self.model.cache_shape.context
+        self.shape.context
     }
 
     /// The KV cache slots: the most sequences in one step.
     pub fn slots(&self) -> usize {
-        self.model.cache_shape.slots
+        self.shape.slots
     }
 
     /// The most prompt tokens fed in one step.
     pub fn chunk(&self) -> usize {
-        self.model.cache_shape.max_step_rows.max(1)
+        self.shape.max_step_rows.max(1)
     }
 }
 
-impl Session {
+impl<M: StepModel> Session<M> {
     /// Shortens `slot`'s sequence to its first `len` tokens, when every ring cache still holds
     /// what the following steps will read; returns false (and changes nothing) otherwise.
     pub fn truncate(&mut self, slot: usize, len: usize) -> bool {
@@ -455,11 +459,7 @@ impl Session {
         if len > cur {
             return false;
         }
-        let c = &self.model.config;
-        let safe = self.model.layers.iter().all(|l| {
-            l.cache.capacity >= self.model.cache_shape.context
-                || l.cache.capacity.saturating_sub(c.sliding_window) >= cur - len
-        });
+        let safe = self.model.can_rewind(cur - len);
         if safe {
             self.lengths[slot] = len;
         }

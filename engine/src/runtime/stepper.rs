@@ -16,14 +16,17 @@ use super::sampler::{sample_rows, Sampler};
 use super::sequence::{GenerationStats, Latency, Limits, Outcome, Request, RequestError, Sequence};
 use super::session::{Logits, Session, SessionError, Step};
 use super::split::Phase;
+use crate::model::StepModel;
 use crate::tokenizer::Tokenizer;
 
 /// Pads a step's rows to a shape the caller has built programs for (`engine serve`'s step
-/// buckets): given the rows the sequences fed, adds rows (in a slot of its own) and may reset
-/// that slot.
+/// buckets): given the rows the sequences fed, adds rows of a slot of its own (the sink, reset
+/// before every padded step).
 pub trait Padding {
+    /// The slot padding rows feed: no sequence's.
+    fn sink(&self) -> u32;
     /// Pads `tokens`, `slots` and `select` in place.
-    fn pad(&self, session: &mut Session, tokens: &mut Vec<u32>, slots: &mut Vec<u32>, select: &mut Vec<u32>);
+    fn pad(&self, tokens: &mut Vec<u32>, slots: &mut Vec<u32>, select: &mut Vec<u32>);
 }
 
 /// What one step did.
@@ -69,9 +72,9 @@ pub struct Stepper {
 impl Stepper {
     /// One step of `seqs` on `session` (padded by `padding`, where given); `on_token` hears the
     /// latency of every accepted token. `Ok(None)`: no sequence had anything to feed.
-    pub fn step<'s>(
+    pub fn step<'s, M: StepModel>(
         &'s mut self,
-        session: &mut Session,
+        session: &mut Session<M>,
         seqs: &mut [Sequence<'_>],
         padding: Option<&dyn Padding>,
         on_token: &mut dyn FnMut(Latency),
@@ -81,7 +84,8 @@ impl Stepper {
         }
         self.fed = self.tokens.len();
         if let Some(p) = padding {
-            p.pad(session, &mut self.tokens, &mut self.slots, &mut self.select);
+            session.reset(p.sink() as usize);
+            p.pad(&mut self.tokens, &mut self.slots, &mut self.select);
         }
         let phase = if self.chunks.is_empty() {
             Phase::Decode
@@ -120,7 +124,7 @@ impl Stepper {
 
     /// Gathers the step's rows (decode rows, then prompt chunks) and selected rows; false when
     /// there are none.
-    fn gather(&mut self, session: &Session, seqs: &mut [Sequence<'_>]) -> bool {
+    fn gather<M: StepModel>(&mut self, session: &Session<M>, seqs: &mut [Sequence<'_>]) -> bool {
         let chunk = session.chunk();
         self.tokens.clear();
         self.slots.clear();
@@ -175,9 +179,9 @@ impl Stepper {
     }
 
     /// Samples every picking row of the step just run and hands each pick to its sequence.
-    fn accept(
+    fn accept<M: StepModel>(
         &mut self,
-        session: &mut Session,
+        session: &mut Session<M>,
         seqs: &mut [Sequence<'_>],
         logits: Logits,
         on_token: &mut dyn FnMut(Latency),
@@ -195,7 +199,7 @@ impl Stepper {
         );
         let width = match logits {
             Logits::Best(k) => 2 * k,
-            Logits::Rows => session.model().config.vocab_size,
+            Logits::Rows => session.vocab(),
         };
         let ranked = matches!(logits, Logits::Best(_));
         let (decoded, last) = session.logits_mut().split_at_mut(decoding * width);
@@ -269,8 +273,8 @@ pub enum GenerateError {
 /// `keep`, else resetting it first): the request engine's steps ([`Stepper`]) with one
 /// sequence, so prompt chunks, then one decode step per token, until the sequence ends.
 /// Returns its timing; a receiver that went away ends it early, without error.
-pub fn generate(
-    session: &mut Session,
+pub fn generate<M: StepModel>(
+    session: &mut Session<M>,
     tokenizer: &Tokenizer,
     request: Request<'_>,
     slot: u32,

@@ -127,7 +127,8 @@ pub fn warm_up(
             select.extend(0..rows as u32);
         }
         if let Some(p) = padder {
-            Padding::pad(&p, session, &mut tokens, &mut slots, &mut select);
+            session.reset(p.sink as usize);
+            p.pad(&mut tokens, &mut slots, &mut select);
         }
         let phase = if prompt { Phase::Prefill } else { Phase::Decode };
         let logits = if k > 0 { Logits::Best(k) } else { Logits::Rows };

@@ -103,9 +103,12 @@ impl Padder {
 }
 
 impl Padding for Padder {
-    /// The sink reset, then [`Padder::pad`].
-    fn pad(&self, session: &mut Session, tokens: &mut Vec<u32>, slots: &mut Vec<u32>, select: &mut Vec<u32>) {
-        session.reset(self.sink as usize);
+    fn sink(&self) -> u32 {
+        self.sink
+    }
+
+    /// [`Padder::pad`].
+    fn pad(&self, tokens: &mut Vec<u32>, slots: &mut Vec<u32>, select: &mut Vec<u32>) {
         Padder::pad(self, tokens, slots, select);
     }
 }
