@@ -208,7 +208,7 @@ synth() {
     [ -s "$g" ] && { echo "== $1: reusing $g"; return 0; }
     local s
     s=$(date +%s)
-    "$E" synth --shape "$1" --dtype q4_k --out "$g.part" >/dev/null && mv "$g.part" "$g" ||
+    "$E" synth --shape "$1" --dtype q4_k --out "$g.part" --force >/dev/null && mv "$g.part" "$g" ||
         { rm -f "$g.part"; echo "== $1: synth failed"; return 1; }
     echo "== $1: synth in $(($(date +%s) - s)) s, $(du -h "$g" | cut -f1)"
 }

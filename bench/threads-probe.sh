@@ -7,7 +7,7 @@ set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 E=.devcarry/engine; W=/tmp/t; mkdir -p $W
-$E synth --shape gemma3-1b --dtype q4_k --out $W/1b.gguf >/dev/null
+$E synth --shape gemma3-1b --dtype q4_k --out $W/1b.gguf --force >/dev/null
 $E bench --model $W/1b.gguf --backend vulkan --prompt-tokens 64 --gen-tokens 16 --batch 1 --repeat 1 >/dev/null 2>&1
 for th in 16 15 14 12 8; do
   printf '[backend.cpu]\nthreads = %d\n' $th > $W/c$th.toml

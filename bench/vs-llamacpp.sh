@@ -47,7 +47,7 @@ for pair in $SHAPES; do
     batches=${batches:-$BATCHES}
     gguf="$WORK/$shape-$dtype.gguf"
     echo "== $shape $dtype"
-    "$ENGINE" synth --shape "$shape" --dtype "$dtype" --out "$gguf" >/dev/null || { echo "synth failed"; continue; }
+    "$ENGINE" synth --shape "$shape" --dtype "$dtype" --out "$gguf" --force >/dev/null || { echo "synth failed"; continue; }
     "${peer_env[@]}" "$llama" -m "$gguf" -p 512 -n 32 -fa 1 -ngl 99 -r 1 >/dev/null 2>&1 || true
     "${peer_env[@]}" "$llama" -m "$gguf" -p 512 -n 128 -fa 1 -ngl 99 -r 3 -o json \
         >"$OUT/llamacpp-$shape-$dtype.json" 2>>"$OUT/build.log" || echo "llama-bench failed on $shape $dtype"

@@ -557,3 +557,36 @@ fn a_closed_stdout_ends_quietly() {
         "{stderr}"
     );
 }
+
+/// A text too short for one chunk names its token count, the chunk length it needs and the flag
+/// that sets it.
+#[test]
+fn perplexity_on_a_text_shorter_than_a_chunk_suggests_ctx_size() {
+    let install = Install::new(&["cpu"]);
+    let dir = fixture("text-published");
+    let text = "the cat sat on the mat";
+    let n = tandem_engine::tokenizer::Tokenizer::from_dir(&dir)
+        .unwrap()
+        .encode(text, false)
+        .unwrap()
+        .len();
+    assert!((4..64).contains(&n), "{n} tokens");
+    let file = install.path().join("short.txt");
+    std::fs::write(&file, text).unwrap();
+    let args = [
+        "perplexity",
+        "--model",
+        dir.to_str().unwrap(),
+        "--file",
+        file.to_str().unwrap(),
+        "--ctx-size",
+        "64",
+        "--backend",
+        "cpu",
+    ];
+    let line = fail(&install, &args);
+    assert!(
+        line.contains(&format!("{n} tokens")) && line.contains("64") && line.contains("--ctx-size"),
+        "{line}"
+    );
+}

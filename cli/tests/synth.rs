@@ -78,3 +78,20 @@ fn unknown_shape_and_dtype_are_named() {
         "{err}"
     );
 }
+
+#[test]
+fn an_existing_out_file_is_kept_unless_force_is_given() {
+    let install = Install::new(&[]);
+    let out = install.path().join("kept.gguf");
+    std::fs::write(&out, "not a model, keep me").unwrap();
+    let path = out.to_str().unwrap();
+    let args = ["synth", "--shape", "tiny", "--dtype", "f16", "--out", path];
+    let o = install.run(&args);
+    let err = common::error_line(&args, &o);
+    assert!(err.contains(path) && err.contains("--force"), "{err}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "not a model, keep me");
+
+    let o = install.run(&[&args[..], &["--force"]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(&std::fs::read(&out).unwrap()[..4], b"GGUF");
+}

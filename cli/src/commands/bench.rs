@@ -4,7 +4,7 @@
 //! `--report DIR RESULT.json...` renders saved results (`tandem_cli::report`). The JSON is the
 //! engine's [`BenchResult`] serialised, and follows `docs/bench-schema.json` (`tandem-bench/1`).
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};
@@ -91,15 +91,8 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         batches,
         repeat: args.repeat,
     };
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = indicatif::ProgressBar::new(options.total_decode_tokens());
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("bench {bar:40} {pos}/{len} tokens {elapsed}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar
-    });
-    let mut load_bar = Progress::new(progress::load_label(args.model.model.as_deref()));
+    let total_tokens = options.total_decode_tokens();
+    let mut progress = Progress::new(progress::load_label(args.model.model.as_deref()));
     let mut settings = ctx.settings.clone();
     if args.profile {
         for name in ["cpu", "vulkan", "wgpu"] {
@@ -107,20 +100,15 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         }
     }
     let result = tandem_engine::bench::run::run(&ctx.search, &settings, &options, &mut |event| match event {
-        BenchEvent::Notice(n) => load_bar.notice(n),
+        BenchEvent::Notice(n) => progress.notice(n),
         BenchEvent::WritingSynthetic(path) => eprintln!("writing {}", path.display()),
-        BenchEvent::Loading { done, total } => load_bar.bytes(done, total),
-        BenchEvent::Loaded => load_bar.finish(),
-        BenchEvent::Tokens(n) => {
-            if let Some(b) = &bar {
-                b.inc(n);
-            }
-        }
+        BenchEvent::Loading { done, total } => progress.bytes(done, total),
+        BenchEvent::Loaded => progress.finish(),
+        BenchEvent::Tokens(n) => progress.tokens(n, total_tokens),
     });
-    load_bar.finish();
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
+    // The progress line is cleared before the table prints, or the table's first line starts
+    // after it.
+    progress.finish();
     let result = result?;
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&result)?)

@@ -56,10 +56,15 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         args.chunks.min(available)
     };
     if n_chunks == 0 {
+        let n = tokens.len();
+        let fix = if n >= 4 {
+            format!("a text of at least {n_ctx} tokens, or --ctx-size {n} or less")
+        } else {
+            "a text of at least 4 tokens (the smallest --ctx-size)".to_string()
+        };
         bail!(
-            "{}: {} tokens, fewer than one chunk of {n_ctx}",
-            args.file.display(),
-            tokens.len()
+            "{}: {n} tokens, fewer than one chunk of {n_ctx} (--ctx-size); use {fix}",
+            args.file.display()
         );
     }
     let vocab = loaded.session.vocab();

@@ -1,6 +1,8 @@
 //! Progress where the wait is long, on stderr and only when stderr is a terminal: a model load's
-//! bytes as a bar naming the model (indicatif, as `bench` and `synth` draw theirs), and the
-//! engine's progress steps (`Notice::Progress`: each placement `auto` measures) a line each.
+//! bytes as a bar naming the model (indicatif, as `synth` draws its own), `bench`'s tokens, and
+//! the engine's latest progress step (`Notice::Progress`: each placement `auto` measures), all on
+//! one line drawn in place and cleared when the command is done with it, so none of it stays
+//! above what the command prints.
 //! Notes and warnings go to stderr whatever it is; where stderr is a file or a pipe nothing else
 //! is printed.
 //!
@@ -41,30 +43,96 @@ pub fn bar_due(start: Instant, now: Instant, done: u64, total: u64) -> bool {
     done < total && now.saturating_duration_since(start) >= BAR_AFTER
 }
 
-/// Progress on stderr for one command: its notices, and a load's bar.
+/// What the one line of a [`Progress`] shows.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Shown {
+    /// An engine progress step (`Notice::Progress`), until the next step, bar or the end.
+    Step,
+    /// A load's bytes.
+    Load,
+    /// `bench`'s generated tokens.
+    Tokens,
+}
+
+/// Progress on stderr for one command: its notices, and one transient line, a load's bar, a
+/// benchmark's tokens or the engine's latest progress step. The line is the only thing drawn in
+/// place: [`Progress::finish`] clears it, so nothing of it stays above what the command prints
+/// next (`bench`'s table).
 pub struct Progress {
     terminal: bool,
     label: String,
     start: Instant,
-    bar: Option<indicatif::ProgressBar>,
+    /// Where the line is drawn: stderr, or a test's terminal.
+    target: Box<dyn Fn() -> indicatif::ProgressDrawTarget>,
+    bar: Option<(indicatif::ProgressBar, Shown)>,
+    /// Tokens reported to [`Progress::tokens`] so far.
+    tokens: u64,
 }
 
 impl Progress {
     /// Progress for a load labelled `label` ([`load_label`]), drawn where stderr is a terminal.
     pub fn new(label: String) -> Progress {
+        Progress::drawn_on(
+            label,
+            std::io::stderr().is_terminal(),
+            Box::new(indicatif::ProgressDrawTarget::stderr),
+        )
+    }
+
+    /// Progress drawn on `target`, which is (`terminal`) or is not a terminal.
+    fn drawn_on(
+        label: String,
+        terminal: bool,
+        target: Box<dyn Fn() -> indicatif::ProgressDrawTarget>,
+    ) -> Progress {
         Progress {
-            terminal: std::io::stderr().is_terminal(),
+            terminal,
             label,
             start: Instant::now(),
+            target,
             bar: None,
+            tokens: 0,
         }
     }
 
-    /// Prints `notice` (progress steps on a terminal only), above the bar where one is drawn.
+    /// The line, showing `shown` (styled for it, created where none is drawn).
+    fn line(&mut self, shown: Shown) -> &indicatif::ProgressBar {
+        let escaped = self.label.replace('{', "{{").replace('}', "}}");
+        let template = match shown {
+            Shown::Step => "{msg}".to_string(),
+            Shown::Load => format!("{escaped} {{bar:40}} {{bytes}}/{{total_bytes}} {{elapsed}}"),
+            Shown::Tokens => "bench {bar:40} {pos}/{len} tokens {elapsed}".to_string(),
+        };
+        let style = || {
+            indicatif::ProgressStyle::with_template(&template)
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        };
+        match &mut self.bar {
+            Some((bar, was)) if *was != shown => {
+                bar.set_style(style());
+                bar.reset_elapsed();
+                *was = shown;
+            }
+            Some(_) => {}
+            None => {
+                let bar = indicatif::ProgressBar::with_draw_target(Some(0), (self.target)());
+                bar.set_style(style());
+                self.bar = Some((bar, shown));
+            }
+        }
+        &self.bar.as_ref().expect("the line was just made").0
+    }
+
+    /// Prints `notice`: notes and warnings as lines of their own (above the line where one is
+    /// drawn), progress steps on a terminal only.
     pub fn notice(&mut self, notice: Notice) {
+        if let (Notice::Progress(step), true) = (&notice, self.terminal) {
+            self.line(Shown::Step).set_message(step.clone());
+            return;
+        }
         if let Some(text) = line(&notice, self.terminal) {
             match &self.bar {
-                Some(bar) => bar.suspend(|| eprintln!("{text}")),
+                Some((bar, _)) => bar.suspend(|| eprintln!("{text}")),
                 None => eprintln!("{text}"),
             }
         }
@@ -75,31 +143,39 @@ impl Progress {
         if !self.terminal {
             return;
         }
-        if self.bar.is_none() && !bar_due(self.start, Instant::now(), done, total) {
+        let shown = self.bar.as_ref().map(|(_, s)| *s);
+        if shown != Some(Shown::Load) && !bar_due(self.start, Instant::now(), done, total) {
             return;
         }
-        let label = &self.label;
-        let bar = self.bar.get_or_insert_with(|| {
-            let bar = indicatif::ProgressBar::new(total);
-            let template = format!(
-                "{} {{bar:40}} {{bytes}}/{{total_bytes}} {{elapsed}}",
-                label.replace('{', "{{").replace('}', "}}")
-            );
-            bar.set_style(
-                indicatif::ProgressStyle::with_template(&template)
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            bar
-        });
+        let bar = self.line(Shown::Load);
         bar.set_length(total);
         bar.set_position(done);
     }
 
-    /// Clears the bar.
+    /// `add` more of `total` tokens generated (`bench`).
+    pub fn tokens(&mut self, add: u64, total: u64) {
+        self.tokens += add;
+        if !self.terminal {
+            return;
+        }
+        let done = self.tokens;
+        let bar = self.line(Shown::Tokens);
+        bar.set_length(total);
+        bar.set_position(done);
+    }
+
+    /// Clears the line.
     pub fn finish(&mut self) {
-        if let Some(b) = self.bar.take() {
+        if let Some((b, _)) = self.bar.take() {
             b.finish_and_clear();
         }
+    }
+}
+
+impl Drop for Progress {
+    /// Clears the line (indicatif would leave it).
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 
@@ -137,5 +213,90 @@ mod tests {
         assert!(!bar_due(t0, t0 + BAR_AFTER / 2, 10, 100));
         assert!(bar_due(t0, later, 10, 100));
         assert!(!bar_due(t0, later, 100, 100), "a finished load");
+    }
+
+    /// A terminal that keeps what is on its screen.
+    #[derive(Debug, Default)]
+    struct Screen {
+        lines: Vec<String>,
+        row: usize,
+    }
+
+    #[derive(Debug, Clone, Default)]
+    struct Term(std::sync::Arc<std::sync::Mutex<Screen>>);
+
+    impl Term {
+        fn text(&self) -> String {
+            self.0.lock().unwrap().lines.join("\n").trim().to_string()
+        }
+        fn with<T>(&self, f: impl FnOnce(&mut Screen) -> T) -> T {
+            let mut s = self.0.lock().unwrap();
+            let row = s.row;
+            if s.lines.len() <= row {
+                s.lines.resize(row + 1, String::new());
+            }
+            f(&mut s)
+        }
+    }
+
+    impl indicatif::TermLike for Term {
+        fn width(&self) -> u16 {
+            100
+        }
+        fn move_cursor_up(&self, n: usize) -> std::io::Result<()> {
+            self.with(|s| s.row = s.row.saturating_sub(n));
+            Ok(())
+        }
+        fn move_cursor_down(&self, n: usize) -> std::io::Result<()> {
+            self.with(|s| s.row += n);
+            Ok(())
+        }
+        fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_line(&self, line: &str) -> std::io::Result<()> {
+            self.write_str(line)?;
+            self.with(|s| s.row += 1);
+            Ok(())
+        }
+        fn write_str(&self, text: &str) -> std::io::Result<()> {
+            self.with(|s| {
+                let row = s.row;
+                s.lines[row].push_str(text)
+            });
+            Ok(())
+        }
+        fn clear_line(&self) -> std::io::Result<()> {
+            self.with(|s| {
+                let row = s.row;
+                s.lines[row].clear()
+            });
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_line_shows_the_latest_step_and_the_tokens_and_is_cleared_at_the_end() {
+        let term = Term::default();
+        let t = term.clone();
+        let mut p = Progress::drawn_on(
+            "loading m.gguf".into(),
+            true,
+            Box::new(move || indicatif::ProgressDrawTarget::term_like(Box::new(t.clone()))),
+        );
+        p.notice(Notice::Progress("auto: measuring cpu (1 of 2)".into()));
+        assert_eq!(term.text(), "auto: measuring cpu (1 of 2)");
+        p.notice(Notice::Progress("auto: measuring vulkan (2 of 2)".into()));
+        assert_eq!(term.text(), "auto: measuring vulkan (2 of 2)");
+        p.tokens(3, 10);
+        assert!(term.text().starts_with("bench ") && term.text().contains("3/10 tokens"));
+        p.finish();
+        assert_eq!(term.text(), "", "the line is cleared before the table prints");
     }
 }

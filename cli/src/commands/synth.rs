@@ -23,12 +23,18 @@ pub struct Args {
     /// Seed of the random weights.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Overwrite `--out` if it exists.
+    #[arg(long)]
+    force: bool,
 }
 
 /// Runs the command.
 pub fn run(_ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let shape: SynthShape = args.shape.parse()?;
     let dtype: SynthDtype = args.dtype.parse()?;
+    if !args.force && args.out.exists() {
+        anyhow::bail!("{} exists; pass --force to overwrite it", args.out.display());
+    }
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
