@@ -374,6 +374,8 @@ fn a_wrong_or_missing_api_key_is_401() {
         vec![("Authorization", "Bearer sesam")],
         vec![("Authorization", "Bearer sesame2")],
         vec![("Authorization", "sesame")],
+        vec![("Authorization", "bearer sesam")],
+        vec![("Authorization", "Bearersesame")],
     ] {
         let r = request(&server.addr, "POST", "/v1/completions", &headers, body.as_bytes());
         assert_error(&r, 401, &format!("{headers:?}"));
@@ -386,7 +388,72 @@ fn a_wrong_or_missing_api_key_is_401() {
     assert_eq!(r.status, 200, "{}", r.text());
     let r = request(&server.addr, "GET", "/v1/models", &good, b"");
     assert_eq!(r.json()["data"][0]["id"], "text-published");
+    // The scheme is case-insensitive (RFC 9110 section 11.1), and one or more spaces follow it.
+    for auth in ["bearer sesame", "BEARER sesame", "Bearer  sesame"] {
+        let r = request(&server.addr, "GET", "/v1/models", &[("Authorization", auth)], b"");
+        assert_eq!(r.status, 200, "{auth}: {}", r.text());
+    }
     assert_eq!(get(&server.addr, "/health").status, 200);
+}
+
+/// `engine serve ARGS` on an ephemeral port, which must exit with an error before it listens;
+/// returns its stderr.
+fn refused(install: &Install, args: &[&str]) -> String {
+    use std::io::BufRead;
+    let mut child = Command::new(install.path().join("engine"))
+        .arg("serve")
+        .args(["--host", "127.0.0.1", "--port", "0"])
+        .args(args)
+        .env_remove("TANDEM_PLUGIN_PATH")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("engine serve starts");
+    let mut err = String::new();
+    for line in std::io::BufReader::new(child.stderr.take().expect("stderr")).lines() {
+        let line = line.expect("stderr");
+        if line.starts_with("listening on") {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("engine serve {args:?} was not refused:\n{err}{line}");
+        }
+        err.push_str(&line);
+        err.push('\n');
+    }
+    let status = child.wait().expect("wait");
+    assert!(!status.success(), "{args:?}: {err}");
+    err
+}
+
+/// A zero body limit and an empty model name are refused at start-up, naming the flag; so is a
+/// `--parallel` whose KV cache does not fit, saying to lower it.
+#[test]
+fn flags_that_cannot_serve_are_refused_at_start_up() {
+    let install = Install::new(&["cpu"]);
+    let model = text_published();
+    let base = ["--model", model.as_str(), "--backend", "cpu"];
+    let err = refused(&install, &[&base[..], &["--max-body-bytes", "0"]].concat());
+    assert!(
+        err.contains("--max-body-bytes") && err.contains("at least 1"),
+        "{err}"
+    );
+    for name in ["", "  "] {
+        let err = refused(&install, &[&base[..], &["--model-name", name]].concat());
+        assert!(err.contains("--model-name") && err.contains("empty"), "{err}");
+    }
+    // 1024 slots of the fixture's 256-token context are about 384 MiB of KV cache.
+    let config = install.path().join("tandem.toml");
+    std::fs::write(&config, "[backend.cpu]\nmemory_limit = \"64MiB\"\n").expect("config");
+    let config = config.to_string_lossy().into_owned();
+    let err = refused(
+        &install,
+        &[&base[..], &["--config", &config, "--parallel", "1024"]].concat(),
+    );
+    assert!(
+        err.contains("does not fit") && err.contains("lower --parallel (1024 now"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -552,6 +619,55 @@ fn bad_input_is_a_4xx_in_openai_shape_and_the_server_keeps_serving() {
             413,
             None,
         ),
+        (
+            "response_format json_object",
+            post(
+                addr,
+                "/v1/completions",
+                &json!({"prompt": "hi", "response_format": {"type": "json_object"}}),
+            ),
+            400,
+            Some("response_format"),
+        ),
+        (
+            "response_format a string",
+            post(
+                addr,
+                "/v1/completions",
+                &json!({"prompt": "hi", "response_format": "json"}),
+            ),
+            400,
+            Some("response_format"),
+        ),
+        (
+            "logprobs true in chat",
+            post(
+                addr,
+                "/v1/chat/completions",
+                &json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true}),
+            ),
+            400,
+            Some("logprobs"),
+        ),
+        (
+            "logprobs 1 in completions",
+            post(addr, "/v1/completions", &json!({"prompt": "hi", "logprobs": 1})),
+            400,
+            Some("logprobs"),
+        ),
+        (
+            "tools",
+            post(
+                addr,
+                "/v1/chat/completions",
+                &json!({
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": "f"}}],
+                }),
+            ),
+            400,
+            Some("tools"),
+        ),
         ("unknown route", post(addr, "/v1/engines", &json!({})), 404, None),
         ("unknown GET route", get(addr, "/nothing/here"), 404, None),
         ("wrong method", get(addr, "/v1/completions"), 405, None),
@@ -582,10 +698,25 @@ fn bad_input_is_a_4xx_in_openai_shape_and_the_server_keeps_serving() {
         said("negative temperature"),
         "temperature must be >= 0 and finite (0 is greedy), got -1"
     );
+    // The limit is the operator's, so its message names the flag and the size.
+    assert_eq!(
+        said("body over the limit"),
+        "the request body is larger than --max-body-bytes (4096 bytes)"
+    );
+    for field in ["response_format", "logprobs", "tools"] {
+        let what = cases.iter().find(|c| c.3 == Some(field)).expect("a case").0;
+        let message = said(what);
+        assert!(
+            message.contains(field) && message.contains("not supported"),
+            "{message}"
+        );
+    }
     for (what, r, status, param) in &cases {
         let message = assert_error(r, *status, what);
         for word in ["--", "untagged", "expected u64", "expected f32", "invalid type"] {
-            assert!(!message.contains(word), "{what}: {message}");
+            if *status != 413 || word != "--" {
+                assert!(!message.contains(word), "{what}: {message}");
+            }
         }
         if let Some(p) = param {
             assert_eq!(r.json()["error"]["param"], *p, "{what}");
@@ -606,6 +737,15 @@ fn bad_input_is_a_4xx_in_openai_shape_and_the_server_keeps_serving() {
         v["usage"],
         json!({"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4})
     );
+    // Fields that ask for nothing unsupported are accepted.
+    let (g, _) = whole(
+        addr,
+        &json!({
+            "prompt": [2, 17], "max_tokens": 1, "logprobs": false,
+            "response_format": {"type": "text"}, "tools": [],
+        }),
+    );
+    assert_eq!(g.ids.len(), 1);
     assert!(!server.stderr.lock().unwrap().contains("panicked"));
 }
 

@@ -1,5 +1,6 @@
 //! OpenAI's request fields, read one by one from the JSON body (unknown fields are ignored, a
-//! field of the wrong type is a 400 naming it), and the response and chunk documents.
+//! field of the wrong type is a 400 naming it, and so is one that asks for what tandem does not
+//! do: [`unsupported`]), and the response and chunk documents.
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -106,6 +107,7 @@ fn fresh_seed() -> u64 {
 /// Reads the fields every generation request shares. `max_tokens_field` is `max_tokens`, or
 /// for chat also `max_completion_tokens` (which wins).
 pub fn common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiError> {
+    unsupported(obj)?;
     let n: Option<u64> = field(obj, "n", "1")?;
     if n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
@@ -157,6 +159,56 @@ pub fn common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiError> 
         stream,
         include_usage,
     })
+}
+
+/// A 400 for a field that asks for what tandem does not do, rather than an answer that
+/// silently lacks it: `response_format` other than `{"type": "text"}`, `logprobs` other than
+/// false (chat's flag, or completions' count), `tools` other than an empty list. Absent, null
+/// and those values ask for nothing and pass.
+fn unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    let refuse = |name: &str, what: &str| {
+        Err(ApiError::invalid(
+            format!("`{name}` is not supported: {what}"),
+            Some(name),
+        ))
+    };
+    match obj.get("response_format") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(f)) if f.get("type") == Some(&Value::from("text")) => {}
+        Some(Value::Object(f)) => {
+            let kind = f.get("type").map_or_else(|| "no type".into(), describe);
+            return refuse(
+                "response_format",
+                &format!("only {{\"type\": \"text\"}} is (got {kind}): no JSON mode or schema"),
+            );
+        }
+        Some(v) => {
+            return refuse(
+                "response_format",
+                &format!("only {{\"type\": \"text\"}} is, got {}", describe(v)),
+            )
+        }
+    }
+    match obj.get("logprobs") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+        Some(v) => {
+            return refuse(
+                "logprobs",
+                &format!("no log probabilities are returned (got {})", describe(v)),
+            )
+        }
+    }
+    match obj.get("tools") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(a)) if a.is_empty() => {}
+        Some(v) => {
+            return refuse(
+                "tools",
+                &format!("no tool or function calls (got {})", describe(v)),
+            )
+        }
+    }
+    Ok(())
 }
 
 /// `prompt` of `/v1/completions`.

@@ -49,10 +49,10 @@ pub struct Args {
     #[arg(long)]
     api_key: Option<String>,
     /// Largest request body in bytes (413 beyond it).
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = 1 << 20, value_parser = parse_max_body_bytes)]
     max_body_bytes: usize,
     /// The model's name in /v1/models and in responses (default: the model file's name).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_model_name)]
     model_name: Option<String>,
     /// Prefill every prompt whole: no request keeps the prefix it shares with what its slot
     /// last held.
@@ -73,12 +73,40 @@ fn parse_step_buckets(s: &str) -> Result<StepBuckets, String> {
     s.parse().map_err(|e| format!("--step-buckets {e}"))
 }
 
+/// `--max-body-bytes`: at least 1 (0 would answer every request with a body 413).
+fn parse_max_body_bytes(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1 (the largest request body in bytes)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `--model-name`: not empty (clients send it back as `model`).
+fn parse_model_name(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("must not be empty (leave it out for the model file's name)".into());
+    }
+    Ok(s.to_string())
+}
+
+/// A budget error says what else to lower: `--parallel` sizes the KV cache too.
+fn slots_hint(e: anyhow::Error, parallel: u32) -> anyhow::Error {
+    match e.downcast_ref::<tandem_engine::LoadError>() {
+        Some(tandem_engine::LoadError::Budget(b)) if parallel > 1 => anyhow::anyhow!(
+            "{b}, or lower --parallel ({parallel} now: every slot holds a KV cache of --context tokens)"
+        ),
+        _ => e,
+    }
+}
+
 /// Runs the command until Ctrl-C or SIGTERM.
 pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     // Resolved before the model loads, so that a wrong name is told at once.
     let addrs = listen_addrs(&args.host, args.port)?;
     let sink = usize::from(args.step_buckets != StepBuckets::Off);
-    let loaded = load(ctx, &args.model, args.parallel as usize + sink)?;
+    let loaded =
+        load(ctx, &args.model, args.parallel as usize + sink).map_err(|e| slots_hint(e, args.parallel))?;
     let model_id = args.model_name.clone().unwrap_or_else(|| model_name(&args.model));
     // Said once in the log, and in every chat response's `warning` field.
     let chat_warning = loaded.tuning.advice();
@@ -115,6 +143,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         chat_warning,
         model_id,
         api_key: args.api_key.clone(),
+        max_body_bytes: args.max_body_bytes,
         created,
         counter: AtomicU64::new(0),
     });
@@ -135,7 +164,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             args.queue,
             handle.context()
         );
-        let app = routes::router(state, args.max_body_bytes);
+        let app = routes::router(state);
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown(handle.clone(), grace))
             .await

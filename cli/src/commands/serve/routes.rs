@@ -39,6 +39,8 @@ pub struct AppState {
     pub model_id: String,
     /// `--api-key`.
     pub api_key: Option<String>,
+    /// `--max-body-bytes` (at least 1).
+    pub max_body_bytes: usize,
     /// When the server started (Unix seconds).
     pub created: u64,
     /// Responses so far, for ids.
@@ -48,7 +50,8 @@ pub struct AppState {
 type Shared = Arc<AppState>;
 
 /// The routes. `/health` is open; everything else needs the key when `--api-key` is set.
-pub fn router(state: Shared, max_body_bytes: usize) -> Router {
+pub fn router(state: Shared) -> Router {
+    let max_body_bytes = state.max_body_bytes;
     let api = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -77,6 +80,15 @@ async fn count_responses(State(st): State<Shared>, req: HttpRequest, next: Next)
     r
 }
 
+/// The credentials of `Authorization: Bearer KEY`: the scheme in any case (RFC 9110 section
+/// 11.1), then one or more spaces; `None` for another scheme.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
+}
+
 /// `Authorization: Bearer KEY`, compared in constant time.
 async fn authorize(State(st): State<Shared>, req: HttpRequest, next: Next) -> Response {
     if let Some(key) = &st.api_key {
@@ -84,7 +96,7 @@ async fn authorize(State(st): State<Shared>, req: HttpRequest, next: Next) -> Re
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer)
             .unwrap_or("");
         let ok: bool = given.as_bytes().ct_eq(key.as_bytes()).into();
         if !ok {
@@ -140,12 +152,15 @@ async fn models(State(st): State<Shared>) -> Json<Value> {
     }))
 }
 
-/// The body, or the rejection as an OpenAI error (413 over the size limit).
-fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+/// The body, or the rejection as an OpenAI error (413 over the size limit, which it names).
+fn body(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
         let status = r.status();
         let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            "the request body is larger than this server accepts (a limit its operator sets)".to_string()
+            format!(
+                "the request body is larger than --max-body-bytes ({} bytes)",
+                st.max_body_bytes
+            )
         } else {
             r.body_text()
         };
@@ -158,7 +173,7 @@ async fn completions(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let obj = api::object(&body(raw)?)?;
+    let obj = api::object(&body(&st, raw)?)?;
     let prompt = api::prompt(&obj)?;
     let common = api::common(&obj, false)?;
     let ids = match prompt {
@@ -180,7 +195,7 @@ async fn chat_completions(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let obj = api::object(&body(raw)?)?;
+    let obj = api::object(&body(&st, raw)?)?;
     let messages = api::messages(&obj)?;
     let common = api::common(&obj, true)?;
     need_vocabulary(&st, "chat")?;
