@@ -828,7 +828,7 @@ fn run_and_serve_share_one_loop_sampled_with_a_seed_and_cut_at_a_stop_string() {
         "24",
     ];
     let doc = json!({"prompt": [2, 17, 5, 9, 11, 30], "max_tokens": 24, "temperature": 0.9,
-        "top_p": 0.9, "seed": 11});
+        "top_p": 0.9, "top_k": 0, "seed": 11});
     let (free, _) = whole(&server.addr, &doc);
     let run = run_json(&install, &sampled);
     assert_eq!(ids(&run["tokens"]), free.ids, "sampled ids");
@@ -851,6 +851,119 @@ fn run_and_serve_share_one_loop_sampled_with_a_seed_and_cut_at_a_stop_string() {
     assert_eq!(ids(&run["tokens"]), cut.ids, "ids cut at {stop:?}");
     assert_eq!(run["text"].as_str().unwrap(), cut.text, "text cut at {stop:?}");
     assert_eq!(run["finish_reason"], "stop");
+}
+
+/// Issue 53: a sampling setting neither the command line nor the request gives takes the
+/// model's default, its generation_config.json (else tandem's), in `run` and in `serve` alike.
+#[test]
+fn run_and_serve_take_the_same_model_defaults_for_what_is_not_given() {
+    let install = Install::new(&["cpu"]);
+    // The fixture's generation_config.json: do_sample, top-k 64, top-p 0.95.
+    let server = Server::start(
+        &install.path().join("engine"),
+        &["--model", &text_published(), "--backend", "cpu"],
+    );
+    let flags = ["--temperature", "0.8", "--seed", "5", "--max-tokens", "24"];
+    let doc = json!({"prompt": [2, 17, 5, 9, 11, 30], "max_tokens": 24, "temperature": 0.8,
+        "seed": 5});
+    let (served, _) = whole(&server.addr, &doc);
+    let run = run_json(&install, &flags);
+    assert_eq!(
+        ids(&run["tokens"]),
+        served.ids,
+        "run and serve without top-k/top-p"
+    );
+    assert_eq!(run["text"].as_str().unwrap(), served.text);
+    // The defaults matter here: with top-k and top-p off the tokens differ.
+    let mut off = flags.to_vec();
+    off.extend(["--top-k", "0", "--top-p", "1"]);
+    assert_ne!(ids(&run_json(&install, &off)["tokens"]), served.ids);
+
+    // A copy whose generation_config.json says top-k 3, top-p 1, temperature 0.7: `run` without
+    // flags and `serve` without fields both sample with it.
+    let dir = tempfile::tempdir().unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(fixture("text-published").join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("generation_config.json"),
+        r#"{"bos_token_id": 2, "do_sample": true, "temperature": 0.7, "top_k": 3, "top_p": 1.0}"#,
+    )
+    .unwrap();
+    let copy = dir.path().to_string_lossy().into_owned();
+    let explicit = run_json(
+        &install,
+        &[
+            "--temperature",
+            "0.7",
+            "--top-k",
+            "3",
+            "--top-p",
+            "1",
+            "--seed",
+            "5",
+            "--max-tokens",
+            "24",
+        ],
+    );
+    let out = install.run(&[
+        "run",
+        "--model",
+        &copy,
+        "--backend",
+        "cpu",
+        "--tokens",
+        "2,17,5,9,11,30",
+        "--json",
+        "--seed",
+        "5",
+        "--max-tokens",
+        "24",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let defaulted: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        defaulted["tokens"], explicit["tokens"],
+        "run takes generation_config.json"
+    );
+    let copy_server = Server::start(
+        &install.path().join("engine"),
+        &["--model", &copy, "--backend", "cpu"],
+    );
+    let (served, _) = whole(
+        &copy_server.addr,
+        &json!({"prompt": [2, 17, 5, 9, 11, 30], "max_tokens": 24, "seed": 5}),
+    );
+    assert_eq!(
+        json!(served.ids),
+        explicit["tokens"],
+        "serve takes generation_config.json"
+    );
+
+    // A malformed one is refused at load, naming the file and the key.
+    std::fs::write(dir.path().join("generation_config.json"), r#"{"top_k": "many"}"#).unwrap();
+    let out = install.run(&[
+        "run",
+        "--model",
+        &copy,
+        "--backend",
+        "cpu",
+        "--tokens",
+        "2,17",
+        "--max-tokens",
+        "2",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("generation_config.json") && err.contains("`top_k`"),
+        "{err}"
+    );
 }
 
 #[test]

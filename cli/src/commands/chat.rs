@@ -21,9 +21,11 @@ pub struct Args {
     /// Most tokens per reply.
     #[arg(long, default_value_t = 512)]
     max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 1.0)]
-    temperature: f32,
+    /// Sampling temperature; 0 is greedy. Default: the model's generation_config.json, else 1
+    /// (top-k, top-p, min-p and repetition penalty are always the model's: generation_config.json,
+    /// else top-k 64, top-p 0.95, the others off).
+    #[arg(long)]
+    temperature: Option<f32>,
     /// Random seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -47,10 +49,11 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     // Room kept for a reply when old turns must go.
     let reply_room = args.max_tokens.clamp(1, context / 4 + 1);
     let mut dropped_note = false;
+    // The model's default sampling, with the flags given over it.
     let sampling = SamplerConfig {
-        temperature: args.temperature,
+        temperature: args.temperature.unwrap_or(loaded.sampling.temperature),
         seed: args.seed,
-        ..Default::default()
+        ..loaded.sampling
     };
     let mut messages = Vec::new();
     if let Some(s) = &args.system {

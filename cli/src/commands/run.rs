@@ -23,21 +23,25 @@ pub struct Args {
     /// Most tokens to generate.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 1.0)]
-    temperature: f32,
-    /// Keep the k most likely tokens (0: all).
-    #[arg(long, default_value_t = 64)]
-    top_k: usize,
-    /// Keep the smallest set of tokens whose probability reaches p.
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
-    /// Drop tokens less likely than min-p times the most likely one.
-    #[arg(long, default_value_t = 0.0)]
-    min_p: f32,
-    /// Repetition penalty (1: off).
-    #[arg(long, default_value_t = 1.0)]
-    repeat_penalty: f32,
+    /// Sampling temperature; 0 is greedy. Default: the model's generation_config.json, else 1.
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Keep the k most likely tokens (0: all). Default: the model's generation_config.json,
+    /// else 64.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Keep the smallest set of tokens whose probability reaches p (1: all). Default: the
+    /// model's generation_config.json, else 0.95.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Drop tokens less likely than min-p times the most likely one (0: off). Default: the
+    /// model's generation_config.json, else 0.
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// Repetition penalty (1: off). Default: the model's generation_config.json
+    /// (`repetition_penalty`), else 1.
+    #[arg(long)]
+    repeat_penalty: Option<f32>,
     /// Random seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -51,15 +55,17 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
+    let mut loaded = load(ctx, &args.model, 1)?;
+    // The model's default sampling, with the flags given over it.
+    let model = loaded.sampling;
     let sampler_cfg = SamplerConfig {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repetition_penalty: args.repeat_penalty,
+        temperature: args.temperature.unwrap_or(model.temperature),
+        top_k: args.top_k.unwrap_or(model.top_k),
+        top_p: args.top_p.unwrap_or(model.top_p),
+        min_p: args.min_p.unwrap_or(model.min_p),
+        repetition_penalty: args.repeat_penalty.unwrap_or(model.repetition_penalty),
         seed: args.seed,
     };
-    let mut loaded = load(ctx, &args.model, 1)?;
     let prompt = match (&args.prompt, &args.tokens) {
         (Some(p), None) => loaded.tokenizer.encode(p, true)?,
         (None, Some(t)) => parse_tokens(t)?,

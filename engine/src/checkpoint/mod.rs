@@ -1,7 +1,8 @@
 //! Checkpoint files: what a model is stored as, and nothing about running it.
 //!
 //! - [`gguf`]: llama.cpp's format (reader, writer, and Gemma 3 as its converter stores it).
-//! - [`safetensors`] and [`hf`]: Hugging Face model directories; [`config`]: their `config.json`.
+//! - [`safetensors`] and [`hf`]: Hugging Face model directories; [`config`]: their `config.json`;
+//!   [`generation`]: their `generation_config.json` (the model's default sampling).
 //! - [`source`]: the [`source::WeightSource`] trait the model loader reads weights through, under
 //!   canonical tensor names, whatever the format.
 //! - [`quantize`]: encoding f32 into ggml's block formats; [`synth`]: random-weight GGUF files
@@ -10,6 +11,7 @@
 
 pub mod config;
 pub mod error;
+pub mod generation;
 pub mod gguf;
 pub mod hf;
 pub mod quantize;

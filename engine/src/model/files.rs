@@ -5,10 +5,12 @@ use std::path::{Path, PathBuf};
 
 use super::error::ModelError;
 use crate::checkpoint::config::Gemma3Config;
+use crate::checkpoint::generation::{read_generation_config, GenerationConfig};
 use crate::checkpoint::gguf::{gemma3_config, GgufFile, GgufWeights};
 use crate::checkpoint::hf::open_hf_dir;
 use crate::checkpoint::source::WeightSource;
 use crate::checkpoint::tuning::{judge, Metadata, Verdict};
+use crate::runtime::sampler::SamplerConfig;
 use crate::tokenizer::Tokenizer;
 
 /// The default model's file name.
@@ -32,6 +34,9 @@ pub struct ModelFiles {
     pub path: PathBuf,
     /// Whether the metadata says it is made for chat, and which key decided it.
     pub tuning: Verdict,
+    /// The model's default sampling ([`sampling_defaults`]): what `run`, `chat` and `serve`
+    /// use for every setting the user does not give.
+    pub sampling: SamplerConfig,
 }
 
 /// tandem's cache directory: `$TANDEM_CACHE_DIR`, else `$XDG_CACHE_HOME/tandem`, else
@@ -122,12 +127,14 @@ pub fn open_model(path: Option<&Path>) -> Result<ModelFiles, ModelError> {
         let (config, weights) = open_hf_dir(&path)?;
         let tokenizer = Tokenizer::from_dir(&path)?;
         let tuning = judge_tokenizer(Metadata::HfDir(&path), &tokenizer);
+        let sampling = sampling_defaults(read_generation_config(&path)?.as_ref());
         return Ok(ModelFiles {
             config,
             weights: Box::new(weights),
             tokenizer,
             path,
             tuning,
+            sampling,
         });
     }
     if !path.exists() {
@@ -142,18 +149,48 @@ pub fn open_model(path: Option<&Path>) -> Result<ModelFiles, ModelError> {
         let tokenizer = crate::tokenizer::gguf::from_gguf(&file)?;
         let tuning = judge_tokenizer(Metadata::Gguf(file.metadata()), &tokenizer);
         let weights = GgufWeights::new(file);
+        // A GGUF file carries no generation config: tandem's defaults.
         return Ok(ModelFiles {
             config,
             weights: Box::new(weights),
             tokenizer,
             path,
             tuning,
+            sampling: sampling_defaults(None),
         });
     }
     Err(ModelError::Layout {
         path,
         message: "not a model: expected a GGUF file or a Hugging Face model directory".into(),
     })
+}
+
+/// A model's default sampling: its `generation_config.json` where it has one, else tandem's
+/// defaults ([`SamplerConfig::default`]: temperature 1, top-k 64, top-p 0.95, min-p and
+/// repetition penalty off, seed 0).
+///
+/// `do_sample: false` means greedy ([`SamplerConfig::greedy`]); otherwise each key the file
+/// gives (`temperature`, `top_k`, `top_p`, `min_p`, `repetition_penalty`) replaces tandem's
+/// default for it, and a key it lacks keeps tandem's default. (`transformers` would read a file
+/// without `do_sample` as greedy and a missing `top_k` as 50; tandem reads a file that names no
+/// sampling key, such as a base checkpoint's `{"bos_token_id": 2, ...}`, as saying nothing.)
+/// The seed is never the model's: 0 here, for the caller to replace.
+pub fn sampling_defaults(generation: Option<&GenerationConfig>) -> SamplerConfig {
+    let base = SamplerConfig::default();
+    let Some(g) = generation else {
+        return base;
+    };
+    if g.do_sample == Some(false) {
+        return SamplerConfig::greedy();
+    }
+    SamplerConfig {
+        temperature: g.temperature.unwrap_or(base.temperature),
+        top_k: g.top_k.unwrap_or(base.top_k),
+        top_p: g.top_p.unwrap_or(base.top_p),
+        min_p: g.min_p.unwrap_or(base.min_p),
+        repetition_penalty: g.repetition_penalty.unwrap_or(base.repetition_penalty),
+        seed: base.seed,
+    }
 }
 
 /// [`judge`] with what the tokenizer found: its chat template and `<end_of_turn>`.
@@ -173,4 +210,67 @@ fn is_gguf(path: &Path) -> bool {
         .and_then(|mut f| f.read_exact(&mut magic))
         .is_ok()
         && &magic == b"GGUF"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::generation::parse_generation_config;
+
+    fn fixture(case: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/models")
+            .join(case)
+    }
+
+    #[test]
+    fn the_generation_config_gives_the_default_sampling() {
+        let g = parse_generation_config(
+            r#"{"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.8, "eos_token_id": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            sampling_defaults(Some(&g)),
+            SamplerConfig {
+                temperature: 0.6,
+                top_k: 20,
+                top_p: 0.8,
+                min_p: 0.0,
+                repetition_penalty: 1.0,
+                seed: 0,
+            }
+        );
+        let greedy = parse_generation_config(r#"{"do_sample": false, "top_k": 20}"#).unwrap();
+        assert_eq!(sampling_defaults(Some(&greedy)), SamplerConfig::greedy());
+        // No file, or one that names no sampling key: tandem's defaults.
+        assert_eq!(sampling_defaults(None), SamplerConfig::default());
+        let silent = parse_generation_config(r#"{"bos_token_id": 2}"#).unwrap();
+        assert_eq!(sampling_defaults(Some(&silent)), SamplerConfig::default());
+    }
+
+    #[test]
+    fn a_model_directory_carries_its_generation_config_and_a_bad_one_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ] {
+            std::fs::copy(fixture("text-published").join(f), dir.path().join(f)).unwrap();
+        }
+        let gen = dir.path().join("generation_config.json");
+        std::fs::write(&gen, r#"{"do_sample": true, "top_k": 7, "top_p": 0.5}"#).unwrap();
+        let files = open_model(Some(dir.path())).unwrap();
+        assert_eq!((files.sampling.top_k, files.sampling.top_p), (7, 0.5));
+        std::fs::write(&gen, r#"{"do_sample": true, "top_k": "seven"}"#).unwrap();
+        let e = open_model(Some(dir.path()))
+            .err()
+            .expect("a bad top_k is an error")
+            .to_string();
+        assert!(
+            e.contains("generation_config.json") && e.contains("`top_k`"),
+            "{e}"
+        );
+    }
 }

@@ -85,6 +85,9 @@ pub struct Loaded {
     pub tokenizer: Tokenizer,
     /// Whether the model's metadata says it is made for chat ([`crate::checkpoint::tuning`]).
     pub tuning: Verdict,
+    /// The model's default sampling: its `generation_config.json`, else tandem's defaults
+    /// ([`crate::model::files::sampling_defaults`]). Callers apply the user's settings over it.
+    pub sampling: crate::runtime::sampler::SamplerConfig,
 }
 
 /// The caches' sizes and element type for `options`, with `slots` sequences, for a model of
@@ -290,6 +293,7 @@ pub fn load_planned(
         session,
         tokenizer: files.tokenizer,
         tuning: files.tuning,
+        sampling: files.sampling,
     })
 }
 

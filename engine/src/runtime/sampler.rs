@@ -8,7 +8,8 @@
 
 use std::cmp::Ordering;
 
-/// Sampling settings. The field docs name the command-line flag each one comes from.
+/// Sampling settings. The field docs name the command-line flag each one comes from; a flag or
+/// request field not given takes the model's default (`Loaded::sampling`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SamplerConfig {
     /// `--temperature`: logits are divided by it; `0` means greedy (argmax, no randomness).
@@ -29,9 +30,13 @@ pub struct SamplerConfig {
 }
 
 impl Default for SamplerConfig {
-    /// The defaults of Gemma 3's instruction-tuned models (its `generation_config.json`):
-    /// temperature 1, top-k 64, top-p 0.95; min-p and repetition penalty off; seed 0, so that
-    /// runs are reproducible unless a seed is given.
+    /// tandem's own defaults, for a model without a `generation_config.json` (a GGUF file, or a
+    /// directory without one) and for each key such a file lacks; they are those of Gemma 3's
+    /// instruction-tuned models (their `generation_config.json`): temperature 1, top-k 64,
+    /// top-p 0.95; min-p and repetition penalty off; seed 0, so that runs are reproducible
+    /// unless a seed is given. A loaded model's defaults are `Loaded::sampling`
+    /// ([`crate::model::files::sampling_defaults`]); `run`, `chat` and `serve` apply the user's
+    /// settings over those.
     fn default() -> Self {
         SamplerConfig {
             temperature: 1.0,

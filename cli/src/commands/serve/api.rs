@@ -105,8 +105,13 @@ fn fresh_seed() -> u64 {
 }
 
 /// Reads the fields every generation request shares. `max_tokens_field` is `max_tokens`, or
-/// for chat also `max_completion_tokens` (which wins).
-pub fn common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiError> {
+/// for chat also `max_completion_tokens` (which wins). A sampling field the request leaves out
+/// (or sends as `null`) takes `defaults`, the model's default sampling (its
+/// `generation_config.json`, else tandem's: what `engine run` uses without flags), so that the
+/// same seed gives `run` and `serve` the same text. That includes `temperature`, which
+/// OpenAI's API defaults to 1: the model's default is 1 too unless its generation config says
+/// otherwise. The seed is never the model's: a request without one gets a fresh one.
+pub fn common(obj: &Map<String, Value>, chat: bool, defaults: &SamplerConfig) -> Result<Common, ApiError> {
     unsupported(obj)?;
     let n: Option<u64> = field(obj, "n", "1")?;
     if n.is_some_and(|n| n != 1) {
@@ -121,11 +126,14 @@ pub fn common(obj: &Map<String, Value>, chat: bool) -> Result<Common, ApiError> 
     let top_k: Option<i64> = field(obj, "top_k", "an integer (0: off)")?;
     let seed: Option<i64> = field(obj, "seed", "an integer")?;
     let sampling = SamplerConfig {
-        temperature: field(obj, "temperature", "a number >= 0")?.unwrap_or(1.0),
-        top_k: top_k.map_or(0, |k| usize::try_from(k.max(0)).unwrap_or(usize::MAX)),
-        top_p: field(obj, "top_p", "a number in (0, 1]")?.unwrap_or(1.0),
-        min_p: field(obj, "min_p", "a number in [0, 1)")?.unwrap_or(0.0),
-        repetition_penalty: field(obj, "repetition_penalty", "a number > 0")?.unwrap_or(1.0),
+        temperature: field(obj, "temperature", "a number >= 0")?.unwrap_or(defaults.temperature),
+        top_k: top_k.map_or(defaults.top_k, |k| {
+            usize::try_from(k.max(0)).unwrap_or(usize::MAX)
+        }),
+        top_p: field(obj, "top_p", "a number in (0, 1]")?.unwrap_or(defaults.top_p),
+        min_p: field(obj, "min_p", "a number in [0, 1)")?.unwrap_or(defaults.min_p),
+        repetition_penalty: field(obj, "repetition_penalty", "a number > 0")?
+            .unwrap_or(defaults.repetition_penalty),
         // A negative seed keeps its bits.
         seed: seed.map_or_else(fresh_seed, |s| s as u64),
     };

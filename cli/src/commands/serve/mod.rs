@@ -113,6 +113,8 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     if let Some(advice) = &chat_warning {
         eprintln!("note: {advice}");
     }
+    // What a request's absent sampling fields take.
+    let sampling = loaded.sampling;
     let tokenizer = Arc::new(loaded.tokenizer);
     let chat = if tokenizer.has_vocabulary() {
         Some(ChatTemplate::new(
@@ -142,6 +144,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         chat,
         chat_warning,
         model_id,
+        sampling,
         api_key: args.api_key.clone(),
         max_body_bytes: args.max_body_bytes,
         created,

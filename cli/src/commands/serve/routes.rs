@@ -37,6 +37,9 @@ pub struct AppState {
     pub chat_warning: Option<String>,
     /// The model's name in `/v1/models` and in responses.
     pub model_id: String,
+    /// The model's default sampling (`Loaded::sampling`): what a request's absent sampling
+    /// fields take.
+    pub sampling: tandem_engine::SamplerConfig,
     /// `--api-key`.
     pub api_key: Option<String>,
     /// `--max-body-bytes` (at least 1).
@@ -175,7 +178,7 @@ async fn completions(
     let arrived = Instant::now();
     let obj = api::object(&body(&st, raw)?)?;
     let prompt = api::prompt(&obj)?;
-    let common = api::common(&obj, false)?;
+    let common = api::common(&obj, false, &st.sampling)?;
     let ids = match prompt {
         Prompt::Ids(ids) => ids,
         Prompt::Text(text) => {
@@ -197,7 +200,7 @@ async fn chat_completions(
     let arrived = Instant::now();
     let obj = api::object(&body(&st, raw)?)?;
     let messages = api::messages(&obj)?;
-    let common = api::common(&obj, true)?;
+    let common = api::common(&obj, true, &st.sampling)?;
     need_vocabulary(&st, "chat")?;
     let template = st
         .chat
