@@ -5,7 +5,7 @@
 //! Only those keys are read; every other key (`bos_token_id`, `eos_token_id`,
 //! `transformers_version`, ...) is ignored, as `transformers` keeps unknown keys without
 //! complaint. A key that is absent or `null` says nothing, and the caller keeps its own default
-//! for it ([`crate::model::files::sampling_defaults`]). A key of the wrong type or out of range is
+//! for it (`runtime::sampler::sampling_defaults`). A key of the wrong type or out of range is
 //! an error naming the file and the key. GGUF files carry no sampling (llama.cpp's converter
 //! writes no such metadata that tandem reads), so this is for Hugging Face directories only.
 

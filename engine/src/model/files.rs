@@ -10,7 +10,6 @@ use crate::checkpoint::gguf::{gemma3_config, GgufFile, GgufWeights};
 use crate::checkpoint::hf::open_hf_dir;
 use crate::checkpoint::source::WeightSource;
 use crate::checkpoint::tuning::{judge, Metadata, Verdict};
-use crate::runtime::sampler::SamplerConfig;
 use crate::tokenizer::Tokenizer;
 
 /// The default model's file name.
@@ -34,9 +33,9 @@ pub struct ModelFiles {
     pub path: PathBuf,
     /// Whether the metadata says it is made for chat, and which key decided it.
     pub tuning: Verdict,
-    /// The model's default sampling ([`sampling_defaults`]): what `run`, `chat` and `serve`
-    /// use for every setting the user does not give.
-    pub sampling: SamplerConfig,
+    /// Its `generation_config.json`, where a Hugging Face directory has one (a GGUF file carries
+    /// none): the runtime's default sampling for it (`runtime::sampler::sampling_defaults`).
+    pub generation: Option<GenerationConfig>,
 }
 
 /// tandem's cache directory: `$TANDEM_CACHE_DIR`, else `$XDG_CACHE_HOME/tandem`, else
@@ -127,14 +126,14 @@ pub fn open_model(path: Option<&Path>) -> Result<ModelFiles, ModelError> {
         let (config, weights) = open_hf_dir(&path)?;
         let tokenizer = Tokenizer::from_dir(&path)?;
         let tuning = judge_tokenizer(Metadata::HfDir(&path), &tokenizer);
-        let sampling = sampling_defaults(read_generation_config(&path)?.as_ref());
+        let generation = read_generation_config(&path)?;
         return Ok(ModelFiles {
             config,
             weights: Box::new(weights),
             tokenizer,
             path,
             tuning,
-            sampling,
+            generation,
         });
     }
     if !path.exists() {
@@ -156,41 +155,13 @@ pub fn open_model(path: Option<&Path>) -> Result<ModelFiles, ModelError> {
             tokenizer,
             path,
             tuning,
-            sampling: sampling_defaults(None),
+            generation: None,
         });
     }
     Err(ModelError::Layout {
         path,
         message: "not a model: expected a GGUF file or a Hugging Face model directory".into(),
     })
-}
-
-/// A model's default sampling: its `generation_config.json` where it has one, else tandem's
-/// defaults ([`SamplerConfig::default`]: temperature 1, top-k 64, top-p 0.95, min-p and
-/// repetition penalty off, seed 0).
-///
-/// `do_sample: false` means greedy ([`SamplerConfig::greedy`]); otherwise each key the file
-/// gives (`temperature`, `top_k`, `top_p`, `min_p`, `repetition_penalty`) replaces tandem's
-/// default for it, and a key it lacks keeps tandem's default. (`transformers` would read a file
-/// without `do_sample` as greedy and a missing `top_k` as 50; tandem reads a file that names no
-/// sampling key, such as a base checkpoint's `{"bos_token_id": 2, ...}`, as saying nothing.)
-/// The seed is never the model's: 0 here, for the caller to replace.
-pub fn sampling_defaults(generation: Option<&GenerationConfig>) -> SamplerConfig {
-    let base = SamplerConfig::default();
-    let Some(g) = generation else {
-        return base;
-    };
-    if g.do_sample == Some(false) {
-        return SamplerConfig::greedy();
-    }
-    SamplerConfig {
-        temperature: g.temperature.unwrap_or(base.temperature),
-        top_k: g.top_k.unwrap_or(base.top_k),
-        top_p: g.top_p.unwrap_or(base.top_p),
-        min_p: g.min_p.unwrap_or(base.min_p),
-        repetition_penalty: g.repetition_penalty.unwrap_or(base.repetition_penalty),
-        seed: base.seed,
-    }
 }
 
 /// [`judge`] with what the tokenizer found: its chat template and `<end_of_turn>`.
@@ -215,37 +186,11 @@ fn is_gguf(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::generation::parse_generation_config;
 
     fn fixture(case: &str) -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../tests/fixtures/models")
             .join(case)
-    }
-
-    #[test]
-    fn the_generation_config_gives_the_default_sampling() {
-        let g = parse_generation_config(
-            r#"{"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.8, "eos_token_id": 1}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            sampling_defaults(Some(&g)),
-            SamplerConfig {
-                temperature: 0.6,
-                top_k: 20,
-                top_p: 0.8,
-                min_p: 0.0,
-                repetition_penalty: 1.0,
-                seed: 0,
-            }
-        );
-        let greedy = parse_generation_config(r#"{"do_sample": false, "top_k": 20}"#).unwrap();
-        assert_eq!(sampling_defaults(Some(&greedy)), SamplerConfig::greedy());
-        // No file, or one that names no sampling key: tandem's defaults.
-        assert_eq!(sampling_defaults(None), SamplerConfig::default());
-        let silent = parse_generation_config(r#"{"bos_token_id": 2}"#).unwrap();
-        assert_eq!(sampling_defaults(Some(&silent)), SamplerConfig::default());
     }
 
     #[test]
@@ -262,7 +207,8 @@ mod tests {
         let gen = dir.path().join("generation_config.json");
         std::fs::write(&gen, r#"{"do_sample": true, "top_k": 7, "top_p": 0.5}"#).unwrap();
         let files = open_model(Some(dir.path())).unwrap();
-        assert_eq!((files.sampling.top_k, files.sampling.top_p), (7, 0.5));
+        let g = files.generation.expect("the directory's generation_config.json");
+        assert_eq!((g.top_k, g.top_p), (Some(7), Some(0.5)));
         std::fs::write(&gen, r#"{"do_sample": true, "top_k": "seven"}"#).unwrap();
         let e = open_model(Some(dir.path()))
             .err()

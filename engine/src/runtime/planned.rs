@@ -86,7 +86,7 @@ pub struct Loaded {
     /// Whether the model's metadata says it is made for chat ([`crate::checkpoint::tuning`]).
     pub tuning: Verdict,
     /// The model's default sampling: its `generation_config.json`, else tandem's defaults
-    /// ([`crate::model::files::sampling_defaults`]). Callers apply the user's settings over it.
+    /// ([`super::sampler::sampling_defaults`]). Callers apply the user's settings over it.
     pub sampling: crate::runtime::sampler::SamplerConfig,
 }
 
@@ -293,7 +293,7 @@ pub fn load_planned(
         session,
         tokenizer: files.tokenizer,
         tuning: files.tuning,
-        sampling: files.sampling,
+        sampling: super::sampler::sampling_defaults(files.generation.as_ref()),
     })
 }
 

@@ -8,6 +8,8 @@
 
 use std::cmp::Ordering;
 
+use crate::checkpoint::generation::GenerationConfig;
+
 /// Sampling settings. The field docs name the command-line flag each one comes from; a flag or
 /// request field not given takes the model's default (`Loaded::sampling`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,7 +37,7 @@ impl Default for SamplerConfig {
     /// instruction-tuned models (their `generation_config.json`): temperature 1, top-k 64,
     /// top-p 0.95; min-p and repetition penalty off; seed 0, so that runs are reproducible
     /// unless a seed is given. A loaded model's defaults are `Loaded::sampling`
-    /// ([`crate::model::files::sampling_defaults`]); `run`, `chat` and `serve` apply the user's
+    /// ([`sampling_defaults`]); `run`, `chat` and `serve` apply the user's
     /// settings over those.
     fn default() -> Self {
         SamplerConfig {
@@ -509,9 +511,38 @@ impl Xoshiro256 {
     }
 }
 
+/// A model's default sampling: its `generation_config.json` where it has one, else tandem's
+/// defaults ([`SamplerConfig::default`]: temperature 1, top-k 64, top-p 0.95, min-p and
+/// repetition penalty off, seed 0).
+///
+/// `do_sample: false` means greedy ([`SamplerConfig::greedy`]); otherwise each key the file
+/// gives (`temperature`, `top_k`, `top_p`, `min_p`, `repetition_penalty`) replaces tandem's
+/// default for it, and a key it lacks keeps tandem's default. (`transformers` would read a file
+/// without `do_sample` as greedy and a missing `top_k` as 50; tandem reads a file that names no
+/// sampling key, such as a base checkpoint's `{"bos_token_id": 2, ...}`, as saying nothing.)
+/// The seed is never the model's: 0 here, for the caller to replace.
+pub fn sampling_defaults(generation: Option<&GenerationConfig>) -> SamplerConfig {
+    let base = SamplerConfig::default();
+    let Some(g) = generation else {
+        return base;
+    };
+    if g.do_sample == Some(false) {
+        return SamplerConfig::greedy();
+    }
+    SamplerConfig {
+        temperature: g.temperature.unwrap_or(base.temperature),
+        top_k: g.top_k.unwrap_or(base.top_k),
+        top_p: g.top_p.unwrap_or(base.top_p),
+        min_p: g.min_p.unwrap_or(base.min_p),
+        repetition_penalty: g.repetition_penalty.unwrap_or(base.repetition_penalty),
+        seed: base.seed,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::generation::parse_generation_config;
 
     fn cfg(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplerConfig {
         SamplerConfig {
@@ -1013,5 +1044,30 @@ mod tests {
             (s.candidates.capacity(), s.weights.capacity(), s.seen.capacity())
         );
         assert_eq!(ptrs, (s.candidates.as_ptr(), s.weights.as_ptr(), s.seen.as_ptr()));
+    }
+
+    #[test]
+    fn the_generation_config_gives_the_default_sampling() {
+        let g = parse_generation_config(
+            r#"{"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.8, "eos_token_id": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            sampling_defaults(Some(&g)),
+            SamplerConfig {
+                temperature: 0.6,
+                top_k: 20,
+                top_p: 0.8,
+                min_p: 0.0,
+                repetition_penalty: 1.0,
+                seed: 0,
+            }
+        );
+        let greedy = parse_generation_config(r#"{"do_sample": false, "top_k": 20}"#).unwrap();
+        assert_eq!(sampling_defaults(Some(&greedy)), SamplerConfig::greedy());
+        // No file, or one that names no sampling key: tandem's defaults.
+        assert_eq!(sampling_defaults(None), SamplerConfig::default());
+        let silent = parse_generation_config(r#"{"bos_token_id": 2}"#).unwrap();
+        assert_eq!(sampling_defaults(Some(&silent)), SamplerConfig::default());
     }
 }
