@@ -59,6 +59,49 @@ fn no_import_circles_between_the_files_of_any_crate() {
     );
 }
 
+/// The engine's folders in ARCHITECTURE.md's order: each uses only the folders before it, never
+/// one after (`checkpoint` knows no model code, `model` no run time, the run time neither the
+/// server nor the benchmark). Test modules may reach further, like the circle check allows.
+const ENGINE_ORDER: [&str; 6] = ["checkpoint", "tokenizer", "model", "runtime", "bench", "serve"];
+
+#[test]
+fn the_engines_folders_use_only_the_folders_above_them() {
+    let src = workspace_root().join("engine/src");
+    let graph = file_graph(&Crate::read(&src));
+    let rank = |m: &ModPath| {
+        m.first()
+            .and_then(|top| ENGINE_ORDER.iter().position(|f| f == top))
+    };
+    let (mut report, mut checked) = (String::new(), 0);
+    for (from, targets) in &graph {
+        let Some(f) = rank(from) else { continue };
+        for (to, w) in targets {
+            let Some(t) = rank(to) else { continue };
+            checked += 1;
+            // `bench` and `serve` are side by side: neither may use the other.
+            let above = t < f && !(ENGINE_ORDER[t] == "bench" && ENGINE_ORDER[f] == "serve");
+            if t != f && !above {
+                report.push_str(&format!(
+                    "  {} ({}) uses {} ({}) at {}:{}: `{}`\n",
+                    from.join("::"),
+                    ENGINE_ORDER[f],
+                    to.join("::"),
+                    ENGINE_ORDER[t],
+                    w.file.display(),
+                    w.line,
+                    w.path
+                ));
+            }
+        }
+    }
+    assert!(checked > 0, "no edge between the engine's folders was read");
+    assert!(
+        report.is_empty(),
+        "engine folders that use a folder below them (ARCHITECTURE.md: {}):\n{report}",
+        ENGINE_ORDER.join(" <- ")
+    );
+}
+
 /// The folder above this package whose `Cargo.toml` has a `[workspace]` table.
 fn workspace_root() -> PathBuf {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
