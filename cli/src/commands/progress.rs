@@ -107,20 +107,18 @@ impl Progress {
             indicatif::ProgressStyle::with_template(&template)
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
         };
-        match &mut self.bar {
-            Some((bar, was)) if *was != shown => {
-                bar.set_style(style());
-                bar.reset_elapsed();
-                *was = shown;
-            }
-            Some(_) => {}
-            None => {
-                let bar = indicatif::ProgressBar::with_draw_target(Some(0), (self.target)());
-                bar.set_style(style());
-                self.bar = Some((bar, shown));
-            }
+        let target = &self.target;
+        let (bar, was) = self.bar.get_or_insert_with(|| {
+            let bar = indicatif::ProgressBar::with_draw_target(Some(0), target());
+            bar.set_style(style());
+            (bar, shown)
+        });
+        if *was != shown {
+            bar.set_style(style());
+            bar.reset_elapsed();
+            *was = shown;
         }
-        &self.bar.as_ref().expect("the line was just made").0
+        bar
     }
 
     /// Prints `notice`: notes and warnings as lines of their own (above the line where one is
