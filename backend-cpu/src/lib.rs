@@ -25,6 +25,7 @@ pub mod spin;
 mod vmath;
 pub mod weight;
 
+use tandem_backend_api::kit::plan::{value_slots, ValueSlots};
 use tandem_backend_api::kit::{
     check_buffers, host_memory_bytes, Buffers, Compiled, Programs, StepShape, Tickets,
 };
@@ -98,14 +99,65 @@ impl Buffer {
 struct Program {
     graph: Graph,
     shapes: Vec<ValueShape>,
-    values: Vec<Vec<f32>>,
-    /// Column-major product scratch for matmuls (largest `n * rows`).
-    scratch: Vec<f32>,
+    /// Where each value lives in the backend's [`Arena`].
+    slots: ValueSlots,
+    /// Column-major product scratch for matmuls (largest `n * rows`) it needs.
+    scratch: usize,
     /// Decoded norm weights (largest group).
     norm_weight: Vec<f32>,
     /// Seconds each node took in the last execution, where the backend option `profile` is on
     /// (empty otherwise).
     times: Vec<f64>,
+}
+
+/// The storage every program's values and product scratch share (`CpuBackend::arena`): grown
+/// at compile time to the largest program's, never per step.
+#[derive(Default)]
+struct Arena {
+    slots: Vec<Vec<f32>>,
+    scratch: Vec<f32>,
+}
+
+impl Arena {
+    /// Bytes held.
+    fn bytes(&self) -> u64 {
+        let elements: usize = self.slots.iter().map(Vec::len).sum::<usize>() + self.scratch.len();
+        elements as u64 * 4
+    }
+
+    /// Bytes [`Arena::fit`] would add for `slots` and `scratch` elements of product scratch.
+    fn growth(&self, slots: &ValueSlots, scratch: usize) -> u64 {
+        let grown: usize = slots
+            .slot_len
+            .iter()
+            .enumerate()
+            .map(|(i, &want)| want.saturating_sub(self.slots.get(i).map_or(0, Vec::len)))
+            .sum::<usize>()
+            + scratch.saturating_sub(self.scratch.len());
+        grown as u64 * 4
+    }
+
+    /// Grows to hold `slots` and `scratch`; false where the allocator refused.
+    fn fit(&mut self, slots: &ValueSlots, scratch: usize) -> bool {
+        fn grow(v: &mut Vec<f32>, len: usize) -> bool {
+            if v.len() >= len {
+                return true;
+            }
+            if v.try_reserve_exact(len - v.len()).is_err() {
+                return false;
+            }
+            v.resize(len, 0.0);
+            true
+        }
+        if self.slots.len() < slots.slot_len.len() {
+            self.slots.resize_with(slots.slot_len.len(), Vec::new);
+        }
+        self.slots
+            .iter_mut()
+            .zip(&slots.slot_len)
+            .all(|(v, &len)| grow(v, len))
+            && grow(&mut self.scratch, scratch)
+    }
 }
 
 /// The CPU backend.
@@ -128,6 +180,10 @@ pub struct CpuBackend {
     /// The most bytes `alloc` may hold: the host's memory or the smaller `memory_limit`; `None`
     /// where the host's memory is unknown and no limit was set.
     memory_budget: Option<u64>,
+    /// The values and product scratch of every program, shared: programs run one at a time,
+    /// so the backend holds the largest program's live values, not the sum of every step
+    /// shape's.
+    arena: Arena,
     /// Bytes held by the buffers `alloc` made.
     in_use: u64,
     /// Threads asked for in the `threads` option, where more than the host's cores (then
@@ -200,6 +256,7 @@ impl BackendPlugin for CpuBackend {
             tickets: Tickets::new(),
             kernels,
             memory_budget,
+            arena: Arena::default(),
             in_use: 0,
             clamped_from,
             profile,
@@ -343,20 +400,34 @@ impl CpuBackend {
             // Decode attention's split partials, likewise (on every thread: any may run a step).
             self.pool.broadcast(|_| attention::reserve_partials(partials));
         }
-        let values = shapes.iter().map(|s| vec![0f32; rows_of(s) * s.cols]).collect();
+        let slots = value_slots(graph, &shapes, |_| true);
         let program = Program {
             graph: graph.clone(),
             shapes,
-            values,
-            scratch: vec![0f32; scratch],
+            slots,
+            scratch,
             norm_weight: vec![0f32; norm],
             times: Vec::new(),
         };
         Ok((program, buffers))
     }
 
+    /// Runs `prog` in the backend's arena (taken out for the step, put back whatever happens).
     fn run(&mut self, prog: &mut Program, args: &StepArgs<'_>) -> Result<(), BackendError> {
+        let mut arena = std::mem::take(&mut self.arena);
+        let result = self.run_in(prog, args, &mut arena);
+        self.arena = arena;
+        result
+    }
+
+    fn run_in(
+        &mut self,
+        prog: &mut Program,
+        args: &StepArgs<'_>,
+        arena: &mut Arena,
+    ) -> Result<(), BackendError> {
         let rows = prog.graph.rows;
+        let (slot_of, len) = (&prog.slots.slot_of, &prog.slots.len);
         prog.times.clear();
         // With `profile`, each node's time is taken when the next one starts (and after the
         // last).
@@ -367,18 +438,21 @@ impl CpuBackend {
                 prog.times.push((now - *m).as_secs_f64());
                 *m = now;
             }
-            let values = &mut prog.values;
+            let values = &mut arena.slots;
             let Some(&first) = node.outputs.first() else {
                 // Output: the only node defining no value.
                 if let Op::Output { x, buffer } = &node.op {
-                    let src: &[u8] = bytemuck::cast_slice(&values[x.0 as usize]);
+                    let x = x.0 as usize;
+                    let src: &[u8] = bytemuck::cast_slice(&values[slot_of[x]][..len[x]]);
                     let buf = self.buffers.get_mut(*buffer)?;
                     buf.bytes_mut()[..src.len()].copy_from_slice(src);
                 }
                 continue;
             };
-            let mut out = std::mem::take(&mut values[first.0 as usize]);
-            let v = |id: &tandem_backend_api::ValueId| values[id.0 as usize].as_slice();
+            let (first, out_slot) = (first.0 as usize, slot_of[first.0 as usize]);
+            let mut taken = std::mem::take(&mut values[out_slot]);
+            let out = &mut taken[..len[first]];
+            let v = |id: &tandem_backend_api::ValueId| &values[slot_of[id.0 as usize]][..len[id.0 as usize]];
             match &node.op {
                 Op::Input { buffer, .. } => {
                     let b = self.buffer(*buffer)?.bytes();
@@ -387,7 +461,7 @@ impl CpuBackend {
                 }
                 Op::Embed { table, scale } => {
                     let t = self.weight_view(table)?;
-                    kernels::embed(t, args.tokens, *scale, &mut out);
+                    kernels::embed(t, args.tokens, *scale, out);
                 }
                 Op::RmsNorm {
                     x,
@@ -399,7 +473,7 @@ impl CpuBackend {
                     let nw = &mut prog.norm_weight[..w.k];
                     convert::decode_row(w.dtype, w.bytes, nw);
                     let (xs, nw, g, kset) = (v(x), &*nw, w.k, self.kernels);
-                    par::rows(&self.pool, &mut out, g, |first, ys| {
+                    par::rows(&self.pool, out, g, |first, ys| {
                         let n = ys.len();
                         let xs = &xs[first * g..first * g + n];
                         match kset {
@@ -419,21 +493,23 @@ impl CpuBackend {
                     let layout = matmul::product(
                         &self.pool,
                         self.spin.as_ref(),
-                        &values[x.0 as usize],
+                        v(x),
                         xrows,
                         w,
-                        &mut prog.scratch,
+                        &mut arena.scratch[..prog.scratch],
                         self.kernels,
                     );
-                    let mut j0 = par::scatter(&self.pool, &prog.scratch, layout, xrows, 0, &mut out);
+                    let scratch = &arena.scratch[..prog.scratch];
+                    let mut j0 = par::scatter(&self.pool, scratch, layout, xrows, 0, out);
                     for o in &node.outputs[1..] {
+                        let o = o.0 as usize;
                         j0 = par::scatter(
                             &self.pool,
-                            &prog.scratch,
+                            scratch,
                             layout,
                             xrows,
                             j0,
-                            &mut values[o.0 as usize],
+                            &mut values[slot_of[o]][..len[o]],
                         );
                     }
                 }
@@ -445,7 +521,7 @@ impl CpuBackend {
                 } => {
                     let cols = prog.shapes[x.0 as usize].cols;
                     let xs = v(x);
-                    par::rows(&self.pool, &mut out, cols, |first, ys| {
+                    par::rows(&self.pool, out, cols, |first, ys| {
                         let n = ys.len();
                         let positions = &args.positions[first..first + n / cols];
                         kernels::rope(
@@ -501,7 +577,7 @@ impl CpuBackend {
                             args.slots,
                             kbuf.bytes(),
                             vbuf.bytes(),
-                            &mut out,
+                            out,
                         );
                     if !fast {
                         kernels::attend(
@@ -512,13 +588,13 @@ impl CpuBackend {
                             args.slots,
                             kbuf.bytes(),
                             vbuf.bytes(),
-                            &mut out,
+                            out,
                         );
                     }
                 }
                 Op::GeGlu { gate, up } => {
                     let (g, u, set) = (v(gate), v(up), self.kernels);
-                    par::rows(&self.pool, &mut out, 1, |at, o| {
+                    par::rows(&self.pool, out, 1, |at, o| {
                         let (g, u) = (&g[at..at + o.len()], &u[at..at + o.len()]);
                         match set {
                             Some(set) => vmath::geglu(set, g, u, o),
@@ -528,22 +604,22 @@ impl CpuBackend {
                 }
                 Op::Add { a, b } => {
                     let (a, b) = (v(a), v(b));
-                    par::rows(&self.pool, &mut out, 1, |at, o| {
+                    par::rows(&self.pool, out, 1, |at, o| {
                         kernels::add(&a[at..at + o.len()], &b[at..at + o.len()], o)
                     });
                 }
-                Op::Softcap { x, cap } => kernels::softcap(v(x), *cap, &mut out),
+                Op::Softcap { x, cap } => kernels::softcap(v(x), *cap, out),
                 Op::TopK { x, k } => {
                     let cols = prog.shapes[x.0 as usize].cols;
-                    kernels::top_k(v(x), cols, *k, &mut out);
+                    kernels::top_k(v(x), cols, *k, out);
                 }
                 Op::SelectRows { x } => {
                     let cols = prog.shapes[x.0 as usize].cols;
-                    kernels::select_rows(v(x), cols, args.select, &mut out);
+                    kernels::select_rows(v(x), cols, args.select, out);
                 }
                 Op::Output { .. } => unreachable!("Output defines no value"),
             }
-            values[first.0 as usize] = out;
+            values[out_slot] = taken;
         }
         if let Some(m) = mark {
             prog.times.push(m.elapsed().as_secs_f64());
@@ -668,6 +744,25 @@ impl ComputeBackend for CpuBackend {
 
     fn compile(&mut self, graph: &Graph) -> Result<ProgramId, BackendError> {
         let (prog, buffers) = self.plan(graph)?;
+        // The arena grows to the program's values, counted against the budget as buffers are.
+        let growth = self.arena.growth(&prog.slots, prog.scratch);
+        let available = self.available();
+        let out_of_memory = BackendError::OutOfMemory {
+            requested: growth,
+            available: if self.memory_budget.is_some() {
+                available
+            } else {
+                0
+            },
+        };
+        if growth > available {
+            return Err(out_of_memory);
+        }
+        let before = self.arena.bytes();
+        if !self.arena.fit(&prog.slots, prog.scratch) {
+            return Err(out_of_memory);
+        }
+        self.in_use += self.arena.bytes() - before;
         Ok(self.programs.insert(prog, buffers, StepShape::of(graph)))
     }
 
@@ -766,8 +861,10 @@ mod tests {
         // SAFETY: the program has finished; the region holds 6 f32 written by it.
         let out = unsafe { std::slice::from_raw_parts(c as *const f32, 6) }.to_vec();
         assert_eq!(out, x.iter().map(|v| v * 2.0).collect::<Vec<_>>());
-        // Imported memory is not the backend's: it does not count against its limit.
-        assert_eq!(b.in_use, 0);
+        // Imported memory is not the backend's: it does not count against its limit; the
+        // program's values (two of 2 x 3) do.
+        assert_eq!(b.in_use, b.arena.bytes());
+        assert_eq!(b.in_use, 2 * 6 * 4);
         // Misaligned or too short: an error, not a panic.
         // SAFETY: rejected before the region is used.
         let e = unsafe { b.import_host(a.wrapping_add(4), HOST_IMPORT_ALIGN, &desc) };

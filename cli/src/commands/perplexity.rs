@@ -79,8 +79,17 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         }
         loaded.session.reset(0);
         let mut pos = 0;
-        for piece in loaded.session.chunks(&chunk) {
-            let end = pos + piece.len();
+        // Rows that score nothing (before `first - 1`) go in whole steps; scored rows in steps
+        // of a bounded slice of logits.
+        let (whole, scoring) = (loaded.session.chunk(), loaded.session.scoring_chunk());
+        while pos < n_ctx {
+            let len = if pos + 1 < first {
+                whole.min(first - 1 - pos)
+            } else {
+                scoring
+            };
+            let end = (pos + len).min(n_ctx);
+            let piece = &chunk[pos..end];
             // Rows whose logits predict a scored token: positions first-1 ..= n_ctx-2.
             let select: Vec<u32> = (pos..end)
                 .filter(|&p| p + 1 >= first && p + 1 < n_ctx)

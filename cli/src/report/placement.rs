@@ -102,6 +102,14 @@ pub fn placement_text(report: &PlacementReport) -> String {
         "copied between units through the host: {} bytes per decode token, {:.1} bytes per prompt token (chunk {})",
         report.decode_bytes_per_token, report.prefill_bytes_per_token, report.prefill_chunk
     );
+    if let (Some(peak), Some(process)) = (report.host_peak_bytes(), report.process_bytes) {
+        let _ = writeln!(
+            o,
+            "host memory: peak about {} (this process before the weights {}, measured; the CPU backend's share as above)",
+            gib(peak),
+            gib(process)
+        );
+    }
     if report.kv_handoff_layers == 0 {
         let _ = writeln!(o, "KV-cache hand-off: none (attention runs alike in both phases)");
     } else {
@@ -131,6 +139,7 @@ mod tests {
             kv_cache_bytes: 1 << 20,
             activation_bytes: 64 << 10,
             budget_bytes: budget,
+            host: false,
         }
     }
 
@@ -193,6 +202,7 @@ mod tests {
             prefill_bytes_per_token: 1234.56,
             kv_handoff_layers: 2,
             kv_handoff_bytes_per_token: 512,
+            process_bytes: None,
         };
         let want = "\
 placement from --backend gpu+cpu: prefill: attention on gpu, ffn on gpu, default on cpu; decode: attention on cpu, ffn on gpu, default on cpu
@@ -222,6 +232,7 @@ KV-cache hand-off: 512 bytes per prompt token (2 layers; a sliding layer stops a
             layers: None,
             kv_handoff_layers: 0,
             kv_handoff_bytes_per_token: 0,
+            process_bytes: None,
             ..report
         };
         let text = placement_text(&one);

@@ -1,12 +1,6 @@
 //! Facts about the machine a benchmark runs on, read from the OS: CPU name, peak memory, time.
 
-/// Peak resident set size of this process (Linux `VmHWM`), in bytes.
-pub fn peak_rss() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
+pub use crate::runtime::environment::process_peak_bytes as peak_rss;
 
 /// The CPU's model name (`/proc/cpuinfo`), else the architecture.
 pub fn cpu_name() -> String {

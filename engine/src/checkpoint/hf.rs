@@ -37,6 +37,10 @@ impl HfWeights {
 }
 
 impl WeightSource for HfWeights {
+    fn release(&self, data: &[u8]) {
+        self.ckpt.release(data);
+    }
+
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>, CheckpointError> {
         let t = self
             .ckpt

@@ -14,6 +14,7 @@ pub mod error;
 pub mod generation;
 pub mod gguf;
 pub mod hf;
+mod pages;
 pub mod quantize;
 pub mod safetensors;
 pub mod source;

@@ -614,6 +614,14 @@ impl SafetensorsCheckpoint {
         })
     }
 
+    /// Gives back the mapped pages under `data` (a tensor's bytes from one of the shards) once
+    /// the caller has copied them ([`crate::checkpoint::source::WeightSource::release`]).
+    pub fn release(&self, data: &[u8]) {
+        for shard in &self.shards {
+            crate::checkpoint::pages::release(&shard.mmap, data);
+        }
+    }
+
     /// A tensor by name, checked to have `shape`.
     pub fn get_with_shape(&self, name: &str, shape: &[usize]) -> Result<TensorRef<'_>, SafetensorsError> {
         let t = self.get(name)?;

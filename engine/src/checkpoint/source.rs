@@ -32,4 +32,10 @@ pub trait WeightSource {
     fn total_bytes(&self) -> u64;
     /// The file or directory, for messages.
     fn location(&self) -> &Path;
+    /// Says that the caller has copied `data`, a tensor's bytes this source handed out, and will
+    /// not read them again soon: a mapped source gives the pages back to the file, so a load
+    /// holds each weight once. Reading the tensor again still works. The default does nothing.
+    fn release(&self, data: &[u8]) {
+        let _ = data;
+    }
 }

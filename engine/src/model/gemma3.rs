@@ -19,6 +19,8 @@ fn backend_err(context: impl Into<String>) -> impl FnOnce(BackendError) -> Model
     move |error| ModelError::Backend { context, error }
 }
 
+/// Bytes of a tensor written to a backend at a time in [`Gemma3Model::upload`].
+const UPLOAD_PIECE: usize = 16 << 20;
 /// One decoder layer's weights on the backend.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
@@ -304,10 +306,15 @@ impl Gemma3Model {
                 let mut offset = 0u64;
                 for (name, shape) in &t.parts {
                     let stored = source.tensor(name, shape)?;
-                    backend
-                        .write(buffer, offset, stored.data)
-                        .map_err(backend_err(format!("uploading {}", stored.name)))?;
-                    offset += stored.data.len() as u64;
+                    // In pieces, each piece's mapped pages given back once copied: a large
+                    // tensor (the embedding) is never held twice.
+                    for piece in stored.data.chunks(UPLOAD_PIECE) {
+                        backend
+                            .write(buffer, offset, piece)
+                            .map_err(backend_err(format!("uploading {}", stored.name)))?;
+                        source.release(piece);
+                        offset += piece.len() as u64;
+                    }
                 }
                 if !t.parts.is_empty() {
                     *done += offset;

@@ -49,6 +49,15 @@ pub fn prepare_for_gpu_probes() {
     }
 }
 
+/// The process's peak resident set size so far (Linux `VmHWM`), in bytes; `None` where the OS
+/// does not say.
+pub fn process_peak_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

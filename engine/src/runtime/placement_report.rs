@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 
 use serde::Serialize;
+use tandem_backend_api::kit::plan::value_slots_at;
 use tandem_backend_api::{BufferId, DeviceKind, Graph, Op, RowCount, Usage, ValueShape};
 
 use super::placement::{Assignment, Candidate, NodeChoice, PlacementSpec};
@@ -35,6 +36,9 @@ pub struct UnitReport {
     /// The most it may hold ([`tandem_backend_api::BackendInfo::memory_bytes`]: the device's
     /// memory, or `[backend.NAME] memory_limit`), when the backend says.
     pub budget_bytes: Option<u64>,
+    /// Whether what it holds is the host's memory (the CPU backend), counted in the process's
+    /// resident set.
+    pub host: bool,
 }
 
 impl UnitReport {
@@ -53,10 +57,12 @@ impl UnitReport {
 pub const DEVICE_RESERVE_BYTES: u64 = 64 << 20;
 
 /// An estimate of the activation memory a unit needs to run `nodes` of `graph` (with value
-/// shapes `shapes`) at `rows` rows per step and `selected` kept rows: four times its largest
-/// value (a layer's live set is at most its residual, the normed input and the widest
-/// projection's output and the one derived from it), plus [`DEVICE_RESERVE_BYTES`] on a device
-/// unit. An estimate, not what the backend will allocate: each backend plans its own arena.
+/// shapes `shapes`) at `rows` rows per step and `selected` kept rows: the values at their widest
+/// live set, placed as a CPU backend stores them (reusable slots,
+/// [`tandem_backend_api::kit::plan::value_slots`]: the same planner, so for the CPU this is what
+/// it allocates), plus on a host unit the product scratch its matmuls write through (the largest
+/// product), and on a device unit [`DEVICE_RESERVE_BYTES`] (GPU backends plan an arena of the
+/// same values, with their own alignment, and staging).
 pub fn activation_estimate(
     graph: &Graph,
     shapes: &[ValueShape],
@@ -65,24 +71,29 @@ pub fn activation_estimate(
     selected: usize,
     device: bool,
 ) -> u64 {
-    let mut largest = 0u64;
-    let mut any = false;
+    let mut on = vec![false; graph.nodes.len()];
+    let mut product = 0usize;
     for i in nodes {
-        any = true;
-        for v in &graph.nodes[i].outputs {
-            if let Some(shape) = shapes.get(v.0 as usize) {
-                let r = match shape.rows {
-                    RowCount::Step => rows,
-                    RowCount::Selected => selected,
-                };
-                largest = largest.max((r * shape.cols * 4) as u64);
-            }
+        on[i] = true;
+        if let Op::MatMul { x, weight, .. } = &graph.nodes[i].op {
+            let r = match shapes.get(x.0 as usize).map(|s| s.rows) {
+                Some(RowCount::Selected) => selected,
+                _ => rows,
+            };
+            product = product.max(weight.desc.shape[0] * r);
         }
     }
-    if !any {
+    if !on.contains(&true) {
         return 0;
     }
-    4 * largest + if device { DEVICE_RESERVE_BYTES } else { 0 }
+    let slots = value_slots_at(graph, shapes, rows, selected, |i| on[i]);
+    let values = slots.elements() as u64 * 4;
+    values
+        + if device {
+            DEVICE_RESERVE_BYTES
+        } else {
+            product as u64 * 4
+        }
 }
 
 /// Where one node runs in one phase.
@@ -147,6 +158,26 @@ pub struct PlacementReport {
     /// KV-cache bytes handed from the prefill unit to the decode unit per prompt token (each
     /// sliding-window layer stops growing at its ring's capacity), once per sequence.
     pub kv_handoff_bytes_per_token: u64,
+    /// The process's peak resident memory when the report was made, before any weight is
+    /// uploaded (the program, the checkpoint's metadata and vocabulary, the backends' threads),
+    /// measured (Linux `VmHWM`); `None` where the OS does not say.
+    pub process_bytes: Option<u64>,
+}
+
+impl PlacementReport {
+    /// The process's peak resident memory once loaded and stepping prompt chunks of
+    /// [`PlacementReport::prefill_chunk`] rows: [`PlacementReport::process_bytes`] plus what the
+    /// host units (the CPU backend) need. What `[backend.cpu] memory_limit` bounds is the
+    /// units' share; `None` where the process's own is unknown.
+    pub fn host_peak_bytes(&self) -> Option<u64> {
+        let units: u64 = self
+            .units
+            .iter()
+            .filter(|u| u.host && u.nodes != (0, 0))
+            .map(UnitReport::need_bytes)
+            .sum();
+        self.process_bytes.map(|p| p + units)
+    }
 }
 
 /// The planned tensors `op` reads or writes (weights and KV caches).
@@ -207,6 +238,7 @@ impl PlacementReport {
                 let runs = (0..graph.nodes.len())
                     .filter(|&i| assignment.prefill[i].unit == u || assignment.decode[i].unit == u);
                 let device = info.as_ref().is_some_and(|i| i.kind != DeviceKind::Cpu);
+                let c_is_host = info.as_ref().is_some_and(|i| i.kind == DeviceKind::Cpu);
                 UnitReport {
                     name: name.clone(),
                     device: match c {
@@ -229,6 +261,7 @@ impl PlacementReport {
                         device,
                     ),
                     budget_bytes: info.and_then(|i| i.memory_bytes),
+                    host: c_is_host,
                 }
             })
             .collect();
@@ -300,6 +333,7 @@ impl PlacementReport {
             prefill_bytes_per_token: prefill.host_bytes(chunk, 1) as f64 / chunk as f64,
             kv_handoff_layers: handoff_layers,
             kv_handoff_bytes_per_token: 2 * row * handoff_layers as u64,
+            process_bytes: super::environment::process_peak_bytes(),
         }
     }
 

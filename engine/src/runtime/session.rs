@@ -14,6 +14,9 @@ use crate::model::{CacheShape, Gemma3Model, StepModel};
 /// (greedy, or top-k up to this; no repetition penalty): the default top-k (64) and then some.
 pub const RANKED_K: usize = 128;
 
+/// Bytes of logits a step keeping every row's logits may bring back ([`Session::scoring_chunk`]).
+pub const SCORING_LOGIT_BYTES: usize = 64 << 20;
+
 /// Which logits of a step's selected rows come back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Logits {
@@ -399,12 +402,14 @@ impl<M: StepModel> Session<M> {
     }
 
     /// Feeds `tokens` to `slot` in chunks of at most the cache's step size ([`Session::chunks`]);
-    /// returns the logits of the last token, or of every token when `all` (`[n, vocab]`).
+    /// returns the logits of the last token, or of every token when `all` (`[n, vocab]`, fed
+    /// in [`Session::scoring_chunk`]s).
     pub fn prefill(&mut self, slot: u32, tokens: &[u32], all: bool) -> Result<Vec<f32>, SessionError> {
         let mut out = Vec::new();
         let slots = vec![slot; self.chunk()];
         let mut select = Vec::new();
-        for piece in self.chunks(tokens) {
+        let step = if all { self.scoring_chunk() } else { self.chunk() };
+        for piece in tokens.chunks(step) {
             let n = piece.len() as u32;
             select.clear();
             if all {
@@ -417,6 +422,16 @@ impl<M: StepModel> Session<M> {
             out.extend_from_slice(logits);
         }
         Ok(out)
+    }
+
+    /// The most rows a step that keeps every row's logits (perplexity, `engine logits`) feeds:
+    /// the step size, but no more rows than [`SCORING_LOGIT_BYTES`] of logits hold, so that
+    /// scoring a long text holds a bounded slice of logits (64 rows of a 262,144-token
+    /// vocabulary) instead of a step's worth.
+    pub fn scoring_chunk(&self) -> usize {
+        self.chunk()
+            .min(SCORING_LOGIT_BYTES / (4 * self.vocab()).max(1))
+            .max(1)
     }
 
     /// `tokens` in the pieces a prompt is fed in: at most [`Session::chunk`] each. The one

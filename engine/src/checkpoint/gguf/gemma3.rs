@@ -63,6 +63,10 @@ impl GgufWeights {
 }
 
 impl WeightSource for GgufWeights {
+    fn release(&self, data: &[u8]) {
+        self.file.release(data);
+    }
+
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>, CheckpointError> {
         let gname = gguf_name(name).ok_or_else(|| CheckpointError::Layout {
             path: self.file.path().to_path_buf(),

@@ -627,6 +627,12 @@ impl GgufFile {
         self.alignment
     }
 
+    /// Gives back the mapped pages under `data` (a tensor's bytes from this file) once the
+    /// caller has copied them ([`crate::checkpoint::source::WeightSource::release`]).
+    pub fn release(&self, data: &[u8]) {
+        crate::checkpoint::pages::release(&self.map, data);
+    }
+
     /// Where the data section starts in the file (tensor offsets count from here).
     pub fn data_start(&self) -> u64 {
         self.data_start
