@@ -16,6 +16,11 @@
 //! (`AMDXDNA_CMD_SUBMIT_DEPENDENCY`), which keeps the order right once the kernels read f32
 //! inputs from shared memory themselves.
 //!
+//! A lost device (a run past its timeout: a hung context; a reset the driver reports; a call
+//! the driver refuses with `ENODEV`) answers [`BackendError::DeviceLost`], and from then on every
+//! call answers the same error at once: nothing waits on the device again, and the caller (the
+//! split scheduler, `engine serve`) makes the backend again or places the model elsewhere.
+//!
 //! This path has not run on an NPU (none was available); its tests drive it against a fake
 //! device whose "kernel" is the emulator, which checks every byte the host hands over, and
 //! whose timelines live in memory behind real file descriptors.
@@ -80,16 +85,20 @@ pub struct DeviceExecutor<D: NpuDevice> {
     /// Per position in a chain, its own params, q and out buffers (a chain's commands are all
     /// in flight at once).
     chain_staging: Vec<[Staging; 3]>,
+    /// The error the device was lost with ([`XrtError::is_device_lost`]): every later call
+    /// answers it at once.
+    lost: Option<BackendError>,
 }
 
-/// A device error as a backend error naming the call.
+/// A device error as a backend error naming the call: [`BackendError::DeviceLost`] where the
+/// device is gone ([`XrtError::is_device_lost`]).
 fn dev(e: XrtError) -> BackendError {
-    match e {
-        XrtError::Timeout { .. } | XrtError::DeviceReset { .. } => BackendError::DeviceLost {
+    if e.is_device_lost() {
+        return BackendError::DeviceLost {
             device: format!("NPU: {e}"),
-        },
-        other => BackendError::internal(format!("NPU: {other}")),
+        };
     }
+    BackendError::internal(format!("NPU: {e}"))
 }
 
 impl<D: NpuDevice> DeviceExecutor<D> {
@@ -113,7 +122,24 @@ impl<D: NpuDevice> DeviceExecutor<D> {
             armed_len: 0,
             last_ctx: None,
             chain_staging: Vec::new(),
+            lost: None,
         }
+    }
+
+    /// Runs `call` on the device unless it was lost (then its error, at once), and remembers a
+    /// loss `call` meets.
+    fn guarded<T>(
+        &mut self,
+        call: impl FnOnce(&mut Self) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        if let Some(e) = &self.lost {
+            return Err(e.clone());
+        }
+        let result = call(self);
+        if let Err(e @ BackendError::DeviceLost { .. }) = &result {
+            self.lost = Some(e.clone());
+        }
+        result
     }
 
     /// The device.
@@ -251,6 +277,121 @@ impl<D: NpuDevice> Executor for DeviceExecutor<D> {
     }
 
     fn alloc_kv(&mut self, elems: usize) -> Result<KvId, BackendError> {
+        self.guarded(|ex| ex.alloc_kv_now(elems))
+    }
+
+    fn free_kv(&mut self, kv: KvId) -> Result<(), BackendError> {
+        // Not refused on a lost device: the host still lets go of what it held.
+        let (bo, _) = self.cache(kv)?;
+        self.caches.remove(&kv.0);
+        self.device.free(bo).map_err(dev)
+    }
+
+    fn write_kv(&mut self, kv: KvId, at: usize, data: &[u16]) -> Result<(), BackendError> {
+        self.guarded(|ex| {
+            let (bo, elems) = ex.cache(kv)?;
+            crate::executor::span(at, data.len(), elems)?;
+            ex.device.write(bo, at * 2, &u16_bytes(data)).map_err(dev)
+        })
+    }
+
+    fn read_kv(&mut self, kv: KvId, at: usize, out: &mut [u16]) -> Result<(), BackendError> {
+        self.guarded(|ex| ex.read_kv_now(kv, at, out))
+    }
+
+    fn attention(
+        &mut self,
+        shape: KernelShape,
+        params: &AttnParams,
+        q: &[u16],
+        k: KvId,
+        v: KvId,
+        out: &mut [u16],
+    ) -> Result<DispatchTime, BackendError> {
+        self.guarded(|ex| ex.attention_now(shape, params, q, k, v, out))
+    }
+
+    fn bytes_in_use(&self) -> u64 {
+        // The single-dispatch buffers and each chain position's own params, q and out.
+        let staged: usize = [&self.params, &self.q, &self.out]
+            .into_iter()
+            .chain(self.chain_staging.iter().flatten())
+            .filter_map(|s| s.bo.map(|(_, n)| n))
+            .sum();
+        self.caches.values().map(|(_, e)| 2 * *e as u64).sum::<u64>() + staged as u64
+    }
+
+    /// Each run of consecutive dispatches on one hardware context goes to the device as one
+    /// `ERT_CMD_CHAIN` (a step's attention layers share one context), waited for once. A failed
+    /// command is reported with its node; a reset loses the device (see the module's notes).
+    fn attention_chain(&mut self, chain: &mut [Dispatch]) -> Result<Vec<DispatchTime>, BackendError> {
+        self.guarded(|ex| ex.attention_chain_now(chain))
+    }
+
+    fn prepare(&mut self, shape: KernelShape, capacity: usize) -> Result<(), BackendError> {
+        self.guarded(|ex| {
+            for phase in [Phase::Decode, Phase::Prefill] {
+                if ex.artefacts.find(phase, shape, capacity.min(1)).is_some() {
+                    ex.kernel(phase, shape, 1)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn shares_timelines(&self) -> bool {
+        true
+    }
+
+    fn timeline_device(&self) -> String {
+        format!("amdxdna:{}", self.device.info().pci.slot)
+    }
+
+    fn export_timeline(&mut self) -> Result<Option<OwnedFd>, BackendError> {
+        self.guarded(|ex| {
+            let t = match ex.exported {
+                Some(t) => t,
+                None => {
+                    let t = ex.device.create_timeline().map_err(dev)?;
+                    ex.exported = Some(t);
+                    t
+                }
+            };
+            ex.device.export_timeline(t).map(Some).map_err(dev)
+        })
+    }
+
+    fn import_timeline(&mut self, fd: BorrowedFd<'_>) -> Result<Option<TimelineId>, BackendError> {
+        self.guarded(|ex| {
+            let t = ex.device.import_timeline(fd).map_err(dev)?;
+            ex.imported.push(t);
+            Ok(Some(TimelineId(ex.imported.len() as u64 - 1)))
+        })
+    }
+
+    fn signal(&mut self, ticket: Ticket) -> Result<(), BackendError> {
+        self.guarded(|ex| ex.signal_now(ticket))
+    }
+
+    /// Waits on the host until each timeline has reached its ticket (at most the run
+    /// timeout), then arms the same waits on the device for the program's first dispatch
+    /// ([`NpuDevice::wait_before`] on its context). The host wait comes first because the
+    /// backend converts the program's inputs on the host before it dispatches; the device
+    /// wait keeps the order once kernels read shared inputs themselves. An empty `waits`
+    /// disarms.
+    fn wait_for(&mut self, waits: &[(TimelineId, Ticket)]) -> Result<(), BackendError> {
+        if waits.is_empty() {
+            // Disarming touches no device: it works on a lost one too.
+            self.armed_len = 0;
+            return Ok(());
+        }
+        self.guarded(|ex| ex.wait_for_now(waits))
+    }
+}
+
+/// The device calls behind [`Executor`]'s, run by [`DeviceExecutor::guarded`].
+impl<D: NpuDevice> DeviceExecutor<D> {
+    fn alloc_kv_now(&mut self, elems: usize) -> Result<KvId, BackendError> {
         let bytes = elems
             .checked_mul(2)
             .ok_or_else(|| BackendError::invalid("KV cache too large"))?;
@@ -262,19 +403,7 @@ impl<D: NpuDevice> Executor for DeviceExecutor<D> {
         Ok(KvId(id))
     }
 
-    fn free_kv(&mut self, kv: KvId) -> Result<(), BackendError> {
-        let (bo, _) = self.cache(kv)?;
-        self.caches.remove(&kv.0);
-        self.device.free(bo).map_err(dev)
-    }
-
-    fn write_kv(&mut self, kv: KvId, at: usize, data: &[u16]) -> Result<(), BackendError> {
-        let (bo, elems) = self.cache(kv)?;
-        crate::executor::span(at, data.len(), elems)?;
-        self.device.write(bo, at * 2, &u16_bytes(data)).map_err(dev)
-    }
-
-    fn read_kv(&mut self, kv: KvId, at: usize, out: &mut [u16]) -> Result<(), BackendError> {
+    fn read_kv_now(&mut self, kv: KvId, at: usize, out: &mut [u16]) -> Result<(), BackendError> {
         let (bo, elems) = self.cache(kv)?;
         crate::executor::span(at, out.len(), elems)?;
         let mut bytes = vec![0u8; out.len() * 2];
@@ -285,7 +414,7 @@ impl<D: NpuDevice> Executor for DeviceExecutor<D> {
         Ok(())
     }
 
-    fn attention(
+    fn attention_now(
         &mut self,
         shape: KernelShape,
         params: &AttnParams,
@@ -335,21 +464,7 @@ impl<D: NpuDevice> Executor for DeviceExecutor<D> {
         })
     }
 
-    fn bytes_in_use(&self) -> u64 {
-        // The single-dispatch buffers and each chain position's own params, q and out.
-        let staged: usize = [&self.params, &self.q, &self.out]
-            .into_iter()
-            .chain(self.chain_staging.iter().flatten())
-            .filter_map(|s| s.bo.map(|(_, n)| n))
-            .sum();
-        self.caches.values().map(|(_, e)| 2 * *e as u64).sum::<u64>() + staged as u64
-    }
-
-    /// Each run of consecutive dispatches on one hardware context goes to the device as one
-    /// `ERT_CMD_CHAIN` (a step's attention layers share one context), waited for once. A failed
-    /// command is reported with its node; a device reset drops the loaded kernels (their
-    /// contexts died with it), so the next step reloads them.
-    fn attention_chain(&mut self, chain: &mut [Dispatch]) -> Result<Vec<DispatchTime>, BackendError> {
+    fn attention_chain_now(&mut self, chain: &mut [Dispatch]) -> Result<Vec<DispatchTime>, BackendError> {
         let start = Instant::now();
         let mut staged = Vec::with_capacity(chain.len());
         for (i, d) in chain.iter().enumerate() {
@@ -414,12 +529,7 @@ impl<D: NpuDevice> Executor for DeviceExecutor<D> {
                         node_of(index)
                     )))
                 }
-                Err(e @ XrtError::DeviceReset { .. }) => {
-                    // The contexts died with the reset: load them again on the next step.
-                    self.kernels.clear();
-                    self.last_ctx = None;
-                    return Err(on_node(chain[first].node, dev(e)));
-                }
+                // A reset or a hang among them loses the device (`dev`).
                 Err(e) => return Err(on_node(chain[first].node, dev(e))),
             }
             self.last_ctx = Some(ctx);
@@ -438,42 +548,7 @@ impl<D: NpuDevice> Executor for DeviceExecutor<D> {
         Ok(times)
     }
 
-    fn prepare(&mut self, shape: KernelShape, capacity: usize) -> Result<(), BackendError> {
-        for phase in [Phase::Decode, Phase::Prefill] {
-            if self.artefacts.find(phase, shape, capacity.min(1)).is_some() {
-                self.kernel(phase, shape, 1)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn shares_timelines(&self) -> bool {
-        true
-    }
-
-    fn timeline_device(&self) -> String {
-        format!("amdxdna:{}", self.device.info().pci.slot)
-    }
-
-    fn export_timeline(&mut self) -> Result<Option<OwnedFd>, BackendError> {
-        let t = match self.exported {
-            Some(t) => t,
-            None => {
-                let t = self.device.create_timeline().map_err(dev)?;
-                self.exported = Some(t);
-                t
-            }
-        };
-        self.device.export_timeline(t).map(Some).map_err(dev)
-    }
-
-    fn import_timeline(&mut self, fd: BorrowedFd<'_>) -> Result<Option<TimelineId>, BackendError> {
-        let t = self.device.import_timeline(fd).map_err(dev)?;
-        self.imported.push(t);
-        Ok(Some(TimelineId(self.imported.len() as u64 - 1)))
-    }
-
-    fn signal(&mut self, ticket: Ticket) -> Result<(), BackendError> {
+    fn signal_now(&mut self, ticket: Ticket) -> Result<(), BackendError> {
         self.armed_len = 0;
         let ctx = self.last_ctx.take();
         let Some(t) = self.exported else {
@@ -486,13 +561,7 @@ impl<D: NpuDevice> Executor for DeviceExecutor<D> {
         .map_err(dev)
     }
 
-    /// Waits on the host until each timeline has reached its ticket (at most the run
-    /// timeout), then arms the same waits on the device for the program's first dispatch
-    /// ([`NpuDevice::wait_before`] on its context). The host wait comes first because the
-    /// backend converts the program's inputs on the host before it dispatches; the device
-    /// wait keeps the order once kernels read shared inputs themselves. An empty `waits`
-    /// disarms.
-    fn wait_for(&mut self, waits: &[(TimelineId, Ticket)]) -> Result<(), BackendError> {
+    fn wait_for_now(&mut self, waits: &[(TimelineId, Ticket)]) -> Result<(), BackendError> {
         self.armed_len = 0;
         if waits.len() > MAX_TIMELINE_WAITS {
             return Err(BackendError::invalid(format!(
@@ -1048,7 +1117,6 @@ mod tests {
     #[test]
     fn a_hung_run_times_out_and_missing_kernels_are_named() {
         let mut ex = executor("hang");
-        ex.device.hang = true;
         let p = canonical();
         let (k, v) = (
             ex.alloc_kv(p.cache_elems()).unwrap(),
@@ -1056,11 +1124,6 @@ mod tests {
         );
         let q = vec![0u16; p.q_elems()];
         let mut out = vec![0u16; p.q_elems()];
-        let e = ex
-            .attention(SHAPE, &p, &q, k, v, &mut out)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("timed out after 50ms") && e.contains("SYNCOBJ"), "{e}");
         let other = KernelShape {
             head_dim: 256,
             group: 4,
@@ -1074,6 +1137,23 @@ mod tests {
                 && e.contains("it has: decode head_dim 16"),
             "{e}"
         );
+        ex.device.hang = true;
+        let e = ex.attention(SHAPE, &p, &q, k, v, &mut out).unwrap_err();
+        assert!(matches!(e, BackendError::DeviceLost { .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("timed out after 50ms") && text.contains("SYNCOBJ"),
+            "{text}"
+        );
+        // The device is lost: later calls answer the same error at once, without waiting on it
+        // again, even were it to answer now.
+        ex.device.hang = false;
+        let t = Instant::now();
+        assert_eq!(ex.attention(SHAPE, &p, &q, k, v, &mut out).unwrap_err(), e);
+        assert_eq!(ex.write_kv(k, 0, &[1]).unwrap_err(), e);
+        assert_eq!(ex.alloc_kv(16).unwrap_err(), e);
+        assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+        assert_eq!(ex.device.runs.len(), 1, "nothing more reached the device");
         // Until streams are generated per dispatch, the placement is told no, with the reason.
         assert!(ex.supports(SHAPE).unwrap_err().contains("canonical dispatch"));
         assert!(
@@ -1563,25 +1643,34 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_command_names_its_node_and_a_reset_leaves_the_backend_usable() {
+    fn a_failed_command_names_its_node_and_a_reset_loses_the_device() {
         let fake = FakeNpu::new();
         let log = fake.chains.clone();
         let (mut b, _) = device_backend("chain-fail", fake);
+        let (p, _) = two_layer_program(&mut b);
         log.lock().unwrap().fail_at = Some(1);
-        let e = run_two_layers(&mut b).unwrap_err().to_string();
+        let e = b.execute(p, &args()).unwrap_err().to_string();
         // Nodes 0-2 are the inputs, 3 the first attention, 4 its output, 5 the second.
         assert!(
             e.contains("attention node 5") && e.contains("command 1 of a chain of 2"),
             "{e}"
         );
+        // A failed command is the command's: the next step runs.
+        let got = b.execute(p, &args());
+        assert!(got.is_ok(), "{got:?}");
+        let submitted = log.lock().unwrap().submissions;
         log.lock().unwrap().reset_at = Some(0);
-        let e = run_two_layers(&mut b).unwrap_err();
+        let e = b.execute(p, &args()).unwrap_err();
         assert!(matches!(e, BackendError::DeviceLost { .. }), "{e}");
-        assert!(e.to_string().contains("attention node 3"), "{e}");
-        // After the reset the kernels are loaded again and the step runs.
-        let got = run_two_layers(&mut b).unwrap();
-        let mut emu =
-            DeviceBackend::with_executor(Box::new(crate::executor::EmuExecutor::new(&crate::cost::NPU4)));
-        assert_eq!(got, run_two_layers(&mut emu).unwrap());
+        assert!(
+            e.to_string().contains("attention node 3") && e.to_string().contains("reset"),
+            "{e}"
+        );
+        // A reset loses the device: every later call answers the same error at once, and
+        // nothing more is submitted to it.
+        assert_eq!(b.execute(p, &args()).unwrap_err(), e);
+        let cache = TensorDesc::new(DType::F32, [4, 512, 16]);
+        assert_eq!(b.alloc(&cache, Usage::KvCache).unwrap_err(), e);
+        assert_eq!(log.lock().unwrap().submissions, submitted + 1);
     }
 }

@@ -181,3 +181,17 @@ pub enum XrtError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 }
+
+impl XrtError {
+    /// Whether the device (or its hardware context) is gone for this process: a run that did
+    /// not finish in time (a hung context), a reset the driver reported, or a call the driver
+    /// refuses with `ENODEV` (the device was removed or its driver unbound). Nothing submitted
+    /// to it can be trusted after that; the backend must be made again.
+    pub fn is_device_lost(&self) -> bool {
+        match self {
+            XrtError::Timeout { .. } | XrtError::DeviceReset { .. } => true,
+            XrtError::Ioctl { errno, .. } => *errno == libc::ENODEV,
+            _ => false,
+        }
+    }
+}

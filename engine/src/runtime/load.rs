@@ -105,6 +105,58 @@ pub fn load(
     load_fitted(planned, files, settings, notices, progress)
 }
 
+/// Loads `options.model` again as [`load`] does, without the units `lost` (instance names of
+/// units lost while serving; `why`: the reason each is unavailable, for the notes): the
+/// placement decided as before, but without measuring (`auto` on one unit takes the first
+/// available of its order that is not lost), then those units made unavailable so that their
+/// nodes go to the units that remain ([`Placement::without`]; `notices` hears where), then the
+/// one load path ([`plan_fitted`], [`load_fitted`]). An error when no unit remains or the model
+/// does not fit what does.
+#[allow(clippy::too_many_arguments)]
+pub fn load_without(
+    search: &PluginSearch,
+    settings: &Settings,
+    options: &ModelOptions,
+    slots: usize,
+    lost: &[String],
+    why: &str,
+    notices: &mut dyn FnMut(Notice),
+    progress: &mut dyn LoadProgress,
+) -> Result<Loaded, LoadError> {
+    let discovery = discover(search, notices);
+    // `auto` on one unit chooses again among the units of its order that are not lost.
+    let mut settings_left;
+    let mut settings = settings;
+    if options.backend == "auto" && !settings.placement.splits() {
+        settings_left = settings.clone();
+        let order: Vec<String> = match &settings.placement.default {
+            Some(list) => list.clone(),
+            None => AUTO_ORDER.iter().map(|s| s.to_string()).collect(),
+        };
+        let left: Vec<String> = order.into_iter().filter(|n| !lost.contains(n)).collect();
+        if !left.is_empty() {
+            settings_left.placement.default = Some(left);
+            settings = &settings_left;
+        }
+    }
+    let mut adapters = Adapters::for_plugins(&discovery, settings);
+    let placement = Placement::decide_with(
+        &mut adapters,
+        &discovery,
+        settings,
+        &options.backend,
+        options.gpu_layers,
+        notices,
+    );
+    adapters.save();
+    let placement = placement?.without(lost, why)?;
+    let may_split = plain_auto(settings, options);
+    let (planned, files) = plan_fitted(
+        placement, options, &discovery, settings, may_split, slots, notices,
+    )?;
+    load_fitted(planned, files, settings, notices, progress)
+}
+
 /// For `auto` without `[placement]` lists, when two or more hardware backends are available:
 /// `options` with the placement that measured fastest (see [`super::calibrate`]), saying so in
 /// a note. An NPU (the `npu` plugin) adds `npu+X` for each of them, and the NPU backend's cost

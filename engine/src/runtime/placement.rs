@@ -520,6 +520,44 @@ impl Placement {
     }
 }
 
+impl Placement {
+    /// This placement without the units `lost` (instance names: units lost while serving): each
+    /// becomes unavailable (`why`), its backend dropped, and every part list goes on, past its
+    /// end, to the units that remain (in candidate order), so that [`assign`] moves each node
+    /// of a lost unit down its list (its layer's unit first) to the next unit that runs it, and
+    /// [`fallback_notes`] says where. An error when no unit remains.
+    pub fn without(mut self, lost: &[String], why: &str) -> Result<Placement, PlacementError> {
+        for (name, c) in &mut self.candidates {
+            if lost.contains(name) {
+                *c = Candidate::Unavailable(why.to_string());
+            }
+        }
+        let remaining: Vec<String> = self
+            .candidates
+            .iter()
+            .filter(|(_, c)| matches!(c, Candidate::Ready(_)))
+            .map(|(n, _)| n.clone())
+            .collect();
+        if remaining.is_empty() {
+            return Err(PlacementError::NoneAvailable(format!(
+                "{} ({why}), and the placement ({}) names no other unit",
+                lost.join(", "),
+                self.spec.origin
+            )));
+        }
+        for lists in [&mut self.spec.prefill, &mut self.spec.decode] {
+            for list in [&mut lists.attention, &mut lists.ffn, &mut lists.default] {
+                for r in &remaining {
+                    if !list.contains(r) {
+                        list.push(r.clone());
+                    }
+                }
+            }
+        }
+        Ok(self)
+    }
+}
+
 /// How fast a kind of device usually is, for defaults (lower is faster): a discrete GPU, an
 /// integrated GPU, an NPU, a software GPU, the CPU.
 pub fn speed_rank(kind: DeviceKind) -> u8 {

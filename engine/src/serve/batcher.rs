@@ -26,6 +26,17 @@
 //!    rounded up to a bucket with rows of a slot set aside for that, so that the unit meets a
 //!    few dozen step shapes, each built once (most of them by [`warm_up`]).
 //!
+//! A step that fails fails only the sequences it carried (each hears [`Event::Failed`] with the
+//! error, which names the unit and what failed); their slots are reset, and the others go on.
+//! Where the error says a unit is gone (its device was lost, or its plugin panicked), the
+//! batcher asks its [`Replace`] to load the model again without that unit (the load path, the
+//! unit excluded: its nodes go to the units that remain) and goes on with the new session; the
+//! sequences whose caches lived in the old one fail, the others (still waiting for their first
+//! step) and the queue are served by the new one. Without a `Replace`, or where the model
+//! cannot be placed on what remains, every later request is refused
+//! ([`SubmitError::Unavailable`]) until the server is restarted. [`Handle::health`] and the
+//! metrics (`tandem_units_lost_total`, `tandem_model_available`) say so.
+//!
 //! Batching changes no result as long as the backend computes each row of a step independently
 //! of the others (the CPU backend does: activations are quantized per row, and every row's dot
 //! products are summed in the same order whatever the number of rows); prompts are fed in the
@@ -33,7 +44,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -42,7 +53,7 @@ use super::error::SubmitError;
 use super::metrics::{Metrics, Outcome};
 use crate::runtime::sampler::Sampler;
 use crate::runtime::sequence::{self, Event, FinishReason, Latency, Limits, Request, Sequence};
-use crate::runtime::session::{Logits, Session, Step};
+use crate::runtime::session::{Logits, Session, SessionError, Step};
 use crate::runtime::split::Phase;
 use crate::runtime::stepper::{Padding, Stepper};
 use crate::tokenizer::Tokenizer;
@@ -61,6 +72,31 @@ pub struct BatcherOptions {
     pub step_buckets: StepBuckets,
 }
 
+/// Loads the model again without the units of `lost` (the instance names of every unit lost so
+/// far, the last one just now), after `why` (the failed step's error) showed the last one gone:
+/// a new session on the units that remain, or why the model cannot be placed on them. `engine
+/// serve` passes the one load path with those units excluded (`runtime::load::load_without`),
+/// and says on stderr where the lost unit's parts went.
+pub type Replace = Box<dyn FnMut(&[String], &str) -> Result<Session, String> + Send>;
+
+/// Where the model runs, for `/health`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Health {
+    /// The units the model runs on now (instance names), none when it is placed nowhere.
+    pub units: Vec<String>,
+    /// The units lost while serving, in order.
+    pub lost: Vec<String>,
+    /// Why no request can be served, where the model could not be placed again.
+    pub unavailable: Option<String>,
+}
+
+impl Health {
+    /// Whether a unit was lost (the server runs on fewer units than it started with, or none).
+    pub fn degraded(&self) -> bool {
+        !self.lost.is_empty()
+    }
+}
+
 /// What the batcher and its handles share.
 struct Shared {
     metrics: Metrics,
@@ -77,6 +113,8 @@ struct Shared {
     admitted: AtomicUsize,
     /// `slots + queue`.
     capacity: usize,
+    /// Where the model runs ([`Handle::health`]).
+    health: Mutex<Health>,
 }
 
 impl Shared {
@@ -184,13 +222,19 @@ const IDLE_POLL: Duration = Duration::from_millis(20);
 /// Starts the batcher thread on `session` (one KV cache slot per parallel sequence, and one
 /// for padding rows unless `options.step_buckets` is off), after [`warm_up`].
 pub fn start(
-    mut session: Session,
+    session: Session,
     tokenizer: Arc<Tokenizer>,
     options: BatcherOptions,
 ) -> std::io::Result<(Handle, JoinHandle<()>)> {
+    start_with(session, tokenizer, options, None)
+}
+
+/// The slots requests take (`0..served`) and the padder, where `buckets` pads the steps of
+/// `session`.
+fn padding_of(session: &Session, buckets: StepBuckets) -> std::io::Result<(usize, Option<Padder>)> {
     let all = session.slots();
-    let (served, padder) = match options.step_buckets {
-        StepBuckets::Off => (all, None),
+    match buckets {
+        StepBuckets::Off => Ok((all, None)),
         buckets => {
             let sink = all.checked_sub(1).filter(|&s| s > 0).ok_or_else(|| {
                 std::io::Error::new(
@@ -200,9 +244,20 @@ pub fn start(
             })?;
             let on = buckets == StepBuckets::On
                 || session.backend().info().kind != tandem_backend_api::DeviceKind::Cpu;
-            (sink, on.then(|| Padder::new(&session, sink as u32)))
+            Ok((sink, on.then(|| Padder::new(session, sink as u32))))
         }
-    };
+    }
+}
+
+/// [`start`], with `replace` to load the model again where a unit is lost while serving (see
+/// the module's notes); without it, a lost unit leaves the server refusing requests.
+pub fn start_with(
+    mut session: Session,
+    tokenizer: Arc<Tokenizer>,
+    options: BatcherOptions,
+    replace: Option<Replace>,
+) -> std::io::Result<(Handle, JoinHandle<()>)> {
+    let (served, padder) = padding_of(&session, options.step_buckets)?;
     // A unit that cannot run these steps fails the first request the same way, with its
     // message; the server still starts.
     let _ = warm_up(&mut session, served, padder);
@@ -216,6 +271,10 @@ pub fn start(
         slots: served,
         admitted: AtomicUsize::new(0),
         capacity: served + options.queue.max(1),
+        health: Mutex::new(Health {
+            units: session.unit_names().into_iter().map(str::to_string).collect(),
+            ..Health::default()
+        }),
     });
     shared.metrics.step_builds(session.step_builds());
     let thread_shared = shared.clone();
@@ -226,6 +285,8 @@ pub fn start(
                 served,
                 padder,
                 reuse_prefix: options.reuse_prefix,
+                step_buckets: options.step_buckets,
+                replace,
             };
             run(session, &tokenizer, rx, &thread_shared, setup)
         })?;
@@ -248,12 +309,21 @@ impl Handle {
         self.shared.slots
     }
 
+    /// Where the model runs, which units were lost, and whether requests can be served.
+    pub fn health(&self) -> Health {
+        self.shared.health.lock().map(|h| h.clone()).unwrap_or_default()
+    }
+
     /// Queues `request`: it starts at the next step with a free slot. Refused when the queue is
     /// full, the server is shutting down, or the request is invalid ([`Request::check`]: the
     /// one check of a request on the serve path).
     pub fn submit(&self, request: Request<'static>) -> Result<(), SubmitError> {
         if self.shared.draining.load(Ordering::SeqCst) {
             return Err(SubmitError::ShuttingDown);
+        }
+        if let Some(why) = self.health().unavailable {
+            self.shared.metrics.rejected();
+            return Err(SubmitError::Unavailable(why));
         }
         let sampler = request.check(self.shared.limits, 0)?;
         let metrics = &self.shared.metrics;
@@ -298,11 +368,15 @@ struct Setup {
     /// Pads every step, where steps are padded.
     padder: Option<Padder>,
     reuse_prefix: bool,
+    /// How a session loaded again is padded.
+    step_buckets: StepBuckets,
+    /// Loads the model again without a lost unit.
+    replace: Option<Replace>,
 }
 
 /// The batcher's loop; returns when it is shut down and idle, or every handle is gone.
 fn run(
-    mut session: Session,
+    session: Session,
     tokenizer: &Tokenizer,
     rx: Receiver<(Request<'static>, Sampler)>,
     shared: &Shared,
@@ -310,20 +384,48 @@ fn run(
 ) {
     let Setup {
         served,
-        padder,
+        mut padder,
         reuse_prefix,
+        step_buckets,
+        mut replace,
     } = setup;
     let metrics = &shared.metrics;
+    // `None` once a unit was lost and the model could not be placed on what remains.
+    let mut session = Some(session);
     // Free slots, least recently used first: a request without a shared prefix takes the
     // first, so the prefixes used last stay longest.
     let mut free: Vec<u32> = (0..served as u32).collect();
     // The ids whose K/V each slot holds, in order (what a new request's prompt is matched
-    // against); emptied where a failed step leaves a slot's cache unknown.
-    let mut held: Vec<Vec<u32>> = vec![Vec::new(); session.slots()];
+    // against); emptied where a failed step leaves a slot's cache unknown. Empty for a
+    // running sequence's slot until its first step (or its kept prefix): nothing of it is in a
+    // cache yet.
+    let all = session.as_ref().map_or(served, Session::slots);
+    let mut held: Vec<Vec<u32>> = vec![Vec::new(); all];
     let mut seqs: Vec<Sequence> = Vec::new();
     let mut stepper = Stepper::default();
     loop {
         let cancel = shared.cancel.load(Ordering::SeqCst);
+        let Some(live) = session.as_mut() else {
+            // Nowhere to run: every request still queued fails with the reason.
+            match rx.recv_timeout(IDLE_POLL) {
+                Ok((request, _)) => {
+                    metrics.queued.fetch_sub(1, Ordering::SeqCst);
+                    let mut sink = request.sink;
+                    let why = shared.health.lock().ok().and_then(|h| h.unavailable.clone());
+                    sink.send(Event::Failed {
+                        message: why.unwrap_or_else(|| "the model is not loaded".into()),
+                    });
+                    shared.leave(Outcome::Error);
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if shared.draining.load(Ordering::SeqCst) && metrics.queue_depth() == 0 {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            continue;
+        };
         // 1. Waiting requests into free slots.
         let mut gone = false;
         while !free.is_empty() {
@@ -361,12 +463,12 @@ fn run(
             // The kept prefix, where the slot's caches still hold it (a sliding-window ring
             // may have overwritten what lies past it), else a fresh slot.
             let kept = if kept > 0
-                && session.len(slot as usize) == held_here.len()
-                && session.truncate(slot as usize, kept)
+                && live.len(slot as usize) == held_here.len()
+                && live.truncate(slot as usize, kept)
             {
                 kept
             } else {
-                session.reset(slot as usize);
+                live.reset(slot as usize);
                 0
             };
             held_here.truncate(kept);
@@ -398,8 +500,9 @@ fn run(
         // 3. One step of every sequence with something to feed (`Stepper`: decode rows, then
         //    prompt chunks within the step's budget, padded to a bucket where steps are).
         let padding = padder.as_ref().map(|p| p as &dyn Padding);
-        let stepped = stepper.step(&mut session, &mut seqs, padding, &mut |l| counted(l, metrics));
-        metrics.step_builds(session.step_builds());
+        let stepped = stepper.step(live, &mut seqs, padding, &mut |l| counted(l, metrics));
+        metrics.step_builds(live.step_builds());
+        let mut lost = None;
         let mut ended: Vec<(usize, Outcome)> = match stepped {
             Ok(None) => continue,
             Ok(Some(stepped)) => {
@@ -409,14 +512,19 @@ fn run(
                 }
                 stepped.ended.iter().map(|&(i, o)| (i, outcome(o))).collect()
             }
-            Err(failed) => failed
-                .sequences
-                .iter()
-                .map(|&i| {
-                    held[seqs[i].slot as usize].clear();
-                    (i, Outcome::Error)
-                })
-                .collect(),
+            Err(failed) => {
+                // Each sequence of the step heard the error; what their slots' caches hold is
+                // unknown, so they start empty.
+                for &i in &failed.sequences {
+                    let slot = seqs[i].slot as usize;
+                    held[slot].clear();
+                    live.reset(slot);
+                }
+                if let SessionError::Schedule(e) = &failed.error {
+                    lost = e.lost_unit().map(|u| (u.to_string(), failed.error.to_string()));
+                }
+                failed.sequences.iter().map(|&i| (i, Outcome::Error)).collect()
+            }
         };
         // Finished sequences leave; their slots are reset when reused.
         ended.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
@@ -425,8 +533,104 @@ fn run(
             free.push(s.slot);
             shared.leave(outcome);
         }
+        if let Some((unit, why)) = lost {
+            metrics.unit_lost();
+            // What lived in the old session's caches is gone with it: the sequences that had
+            // been fed (or kept a prefix) fail; those not yet stepped start on the new one.
+            seqs.retain_mut(|s| {
+                if held[s.slot as usize].is_empty() {
+                    return true;
+                }
+                s.fail(format!(
+                    "unit {unit} was lost while this request was running ({why}); its KV cache went with it"
+                ));
+                free.push(s.slot);
+                shared.leave(Outcome::Error);
+                false
+            });
+            for h in &mut held {
+                h.clear();
+            }
+            let placed = place_again(
+                &mut session,
+                &mut replace,
+                &unit,
+                &why,
+                step_buckets,
+                served,
+                shared,
+            );
+            padder = placed.unwrap_or(None);
+            if session.is_none() {
+                for mut s in seqs.drain(..) {
+                    let why = shared.health.lock().ok().and_then(|h| h.unavailable.clone());
+                    s.fail(why.unwrap_or_default());
+                    free.push(s.slot);
+                    shared.leave(Outcome::Error);
+                }
+            }
+        }
         metrics.running.store(seqs.len(), Ordering::SeqCst);
     }
+}
+
+/// After `unit` was lost (`why`): drops the session (its units and memory go with it) and loads
+/// the model again without that unit through `replace`, warmed up as at the start; records the
+/// outcome in the health and the metrics. Returns the new session's padder (`None` where the
+/// model could not be placed again, which leaves `session` empty).
+fn place_again(
+    session: &mut Option<Session>,
+    replace: &mut Option<Replace>,
+    unit: &str,
+    why: &str,
+    step_buckets: StepBuckets,
+    served: usize,
+    shared: &Shared,
+) -> Option<Option<Padder>> {
+    let mut lost = match shared.health.lock() {
+        Ok(h) => h.lost.clone(),
+        Err(_) => Vec::new(),
+    };
+    lost.push(unit.to_string());
+    // The old session first: its memory is what the new one may need.
+    *session = None;
+    let placed = match replace.as_mut() {
+        None => Err("this server cannot load the model again".to_string()),
+        Some(r) => r(&lost, why).and_then(|mut s| {
+            let (slots, padder) = padding_of(&s, step_buckets).map_err(|e| e.to_string())?;
+            if slots != served {
+                return Err(format!(
+                    "the model loaded again has {slots} slots for requests, not {served}"
+                ));
+            }
+            let _ = warm_up(&mut s, served, padder);
+            Ok((s, padder))
+        }),
+    };
+    let (units, unavailable, padder) = match placed {
+        Ok((s, padder)) => {
+            let units = s.unit_names().into_iter().map(str::to_string).collect();
+            shared.metrics.step_builds(s.step_builds());
+            *session = Some(s);
+            (units, None, Some(padder))
+        }
+        Err(e) => (
+            Vec::new(),
+            Some(format!(
+                "unit {unit} was lost ({why}) and the model cannot be placed on the units that remain: {e}"
+            )),
+            None,
+        ),
+    };
+    shared.metrics.set_available(unavailable.is_none());
+    if let Ok(mut h) = shared.health.lock() {
+        *h = Health {
+            units,
+            lost,
+            unavailable,
+        };
+    }
+    padder
 }
 
 /// The free slot a request with `prompt` should take (an index into `free`, least recently used

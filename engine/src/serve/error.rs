@@ -15,6 +15,9 @@ pub enum SubmitError {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// A unit was lost and the model cannot run on the units that remain: why.
+    #[error("{0}")]
+    Unavailable(String),
     /// The request itself is invalid (its prompt, budget or sampling).
     #[error(transparent)]
     Request(#[from] RequestError),
@@ -24,13 +27,17 @@ impl SubmitError {
     /// The request field at fault (OpenAI's `param`), if one is.
     pub fn param(&self) -> Option<&'static str> {
         match self {
-            SubmitError::QueueFull { .. } | SubmitError::ShuttingDown => None,
+            SubmitError::QueueFull { .. } | SubmitError::ShuttingDown | SubmitError::Unavailable(_) => None,
             SubmitError::Request(e) => Some(e.field()),
         }
     }
 
-    /// Whether the server, not the request, is at fault (busy or stopping): retry later.
+    /// Whether the server, not the request, is at fault (busy, stopping, or without the units
+    /// to run the model): retry later, or elsewhere.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, SubmitError::QueueFull { .. } | SubmitError::ShuttingDown)
+        matches!(
+            self,
+            SubmitError::QueueFull { .. } | SubmitError::ShuttingDown | SubmitError::Unavailable(_)
+        )
     }
 }

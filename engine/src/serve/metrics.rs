@@ -1,10 +1,11 @@
 //! What `GET /metrics` reports, in Prometheus' text exposition format: requests by outcome,
 //! rejections, the queue depth, the running sequences, prompt and generated tokens, and
-//! histograms of the time to first token and the inter-token latency.
+//! histograms of the time to first token and the inter-token latency; units lost while serving,
+//! and whether the model can still run.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -107,6 +108,11 @@ pub struct Metrics {
     /// Step shapes whose programs were built, and the nanoseconds that took.
     step_builds: AtomicU64,
     step_build_ns: AtomicU64,
+    /// Units lost while serving (a device lost, a plugin that panicked).
+    units_lost: AtomicU64,
+    /// Whether the model is placed on units that can run it (false once a unit was lost and
+    /// what remains cannot hold it).
+    available: AtomicBool,
     /// Time from a request's arrival to its first token.
     pub ttft: Histogram,
     /// Time between consecutive tokens of one request.
@@ -127,6 +133,8 @@ impl Default for Metrics {
             generated_tokens: AtomicU64::new(0),
             step_builds: AtomicU64::new(0),
             step_build_ns: AtomicU64::new(0),
+            units_lost: AtomicU64::new(0),
+            available: AtomicBool::new(true),
             ttft: Histogram::new(TTFT_BOUNDS),
             itl: Histogram::new(ITL_BOUNDS),
             http: Mutex::new(BTreeMap::new()),
@@ -167,6 +175,21 @@ impl Metrics {
         self.step_builds.store(n, Ordering::Relaxed);
         let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         self.step_build_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Counts a unit lost while serving.
+    pub(crate) fn unit_lost(&self) {
+        self.units_lost.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Units lost while serving.
+    pub fn units_lost(&self) -> u64 {
+        self.units_lost.load(Ordering::Relaxed)
+    }
+
+    /// Records whether the model can run (after a unit was lost: whether it was placed again).
+    pub(crate) fn set_available(&self, yes: bool) {
+        self.available.store(yes, Ordering::Relaxed);
     }
 
     /// Requests that ended with `outcome`.
@@ -216,7 +239,7 @@ impl Metrics {
         counter(
             &mut out,
             "tandem_requests_rejected_total",
-            "Requests refused because the queue was full (503).",
+            "Requests refused (503): the queue was full, or the model had no units left to run on.",
             self.rejected.load(Ordering::Relaxed),
         );
         gauge(
@@ -254,6 +277,18 @@ impl Metrics {
             "tandem_step_shapes_built_total",
             "Step shapes whose programs were built (warm-up included; one released and met again counts again).",
             self.step_builds.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "tandem_units_lost_total",
+            "Units lost while serving (a device lost, a backend plugin that panicked); the model was placed again on the rest.",
+            self.units_lost(),
+        );
+        gauge(
+            &mut out,
+            "tandem_model_available",
+            "1 while the model is placed on units that run it; 0 once a unit was lost and the rest cannot hold it.",
+            usize::from(self.available.load(Ordering::Relaxed)),
         );
         let _ = writeln!(
             out,
@@ -300,6 +335,13 @@ mod tests {
         m.finished(Outcome::Length);
         m.http_response("/v1/completions", 200);
         let text = m.render();
+        assert!(text.contains("tandem_units_lost_total 0\n"));
+        assert!(text.contains("tandem_model_available 1\n"));
+        m.unit_lost();
+        m.set_available(false);
+        let text = m.render();
+        assert!(text.contains("tandem_units_lost_total 1\n"));
+        assert!(text.contains("tandem_model_available 0\n"));
         assert!(text.contains("tandem_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n"));
         assert!(text.contains("tandem_time_to_first_token_seconds_bucket{le=\"0.05\"} 2\n"));
         assert!(text.contains("tandem_time_to_first_token_seconds_bucket{le=\"30\"} 2\n"));

@@ -4,7 +4,8 @@
 //!
 //! - [`batcher`]: the thread that owns the [`crate::runtime::session::Session`] and runs one
 //!   batched step after another; requests join at the next step and leave when done. Each is a
-//!   [`crate::runtime::sequence::Sequence`], the generation loop `engine run` uses too.
+//!   [`crate::runtime::sequence::Sequence`], the generation loop `engine run` uses too. A step
+//!   that fails fails its requests only; a unit lost in one is left behind ([`Replace`]).
 //! - [`buckets`]: steps padded to a few shapes, so that a GPU builds few step programs.
 //! - [`metrics`]: counters, gauges and histograms, rendered in Prometheus' text format.
 //! - [`error`]: why a request is refused.
@@ -15,7 +16,7 @@ pub mod error;
 pub mod metrics;
 
 pub use crate::runtime::sequence::{Event, EventSink, FinishReason, Request, RequestError};
-pub use batcher::{start, BatcherOptions, Handle};
+pub use batcher::{start, start_with, BatcherOptions, Handle, Health, Replace};
 pub use buckets::StepBuckets;
 pub use error::SubmitError;
 pub use metrics::Metrics;

@@ -139,6 +139,34 @@ fn ioctl_err(call: &'static str, errno: i32, context: impl Into<String>) -> XrtE
     }
 }
 
+/// What the packet header of run `run` says once its fence has signalled (`count` chained
+/// commands, the failing one at `error_index`): `Ok` when it completed. A command the driver's
+/// timeout handler caught (the hardware context hung: the scheduler stopped it, destroyed the
+/// firmware context and restarted it; newer kernels mark the command `TIMEOUT`, the firmware
+/// `NORESPONSE` where it could not reset), one whose context was destroyed under it (`ABORT`:
+/// the mailbox channel closed with no response), and one the fence signalled without its state
+/// ever leaving the host's (`NEW` ... `SUBMITTED`: older kernels drop a timed-out job's state)
+/// are a reset: [`XrtError::DeviceReset`]. Any other state is the command's own failure.
+pub(crate) fn finished(run: u64, state: CommandState, error_index: u32, count: u32) -> Result<(), XrtError> {
+    match state {
+        CommandState::Completed => Ok(()),
+        CommandState::Timeout | CommandState::NoResponse | CommandState::Abort => {
+            Err(XrtError::DeviceReset {
+                what: format!("run {run} (its command finished in state {state})"),
+            })
+        }
+        state if !state.is_final() => Err(XrtError::DeviceReset {
+            what: format!("run {run} (its fence signalled with the command still in state {state})"),
+        }),
+        state if count > 0 => Err(XrtError::ChainCommandFailed {
+            index: error_index,
+            count,
+            state,
+        }),
+        state => Err(XrtError::CommandFailed { state }),
+    }
+}
+
 impl Amdxdna {
     /// Opens `info.node` (`O_RDWR | O_CLOEXEC`), queries the array shape and sets up the
     /// device heap. Takes the [`DeviceInfo`] by value or by reference.
@@ -941,15 +969,7 @@ impl NpuDevice for Amdxdna {
         let count = done.chained.len() as u32;
         self.idle_cmds.push(done.cmd);
         self.idle_cmds.extend(done.chained);
-        match CommandState::from_header(header) {
-            CommandState::Completed => Ok(()),
-            state if count > 0 => Err(XrtError::ChainCommandFailed {
-                index: error_index,
-                count,
-                state,
-            }),
-            state => Err(XrtError::CommandFailed { state }),
-        }
+        finished(run.0, CommandState::from_header(header), error_index, count)
     }
 
     fn create_timeline(&mut self) -> Result<TimelineHandle, XrtError> {

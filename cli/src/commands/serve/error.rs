@@ -63,6 +63,7 @@ impl From<SubmitError> for ApiError {
             let mut a = ApiError::status(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
             a.code = Some(match e {
                 SubmitError::QueueFull { .. } => "queue_full",
+                SubmitError::Unavailable(_) => "model_unavailable",
                 _ => "shutting_down",
             });
             return a;

@@ -125,7 +125,8 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     } else {
         None
     };
-    let (handle, batcher) = serve::start(
+    let replace = replace(ctx, &args.model, args.parallel as usize + sink);
+    let (handle, batcher) = serve::start_with(
         loaded.session,
         tokenizer.clone(),
         BatcherOptions {
@@ -133,6 +134,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             reuse_prefix: !args.no_prefix_reuse,
             step_buckets: args.step_buckets,
         },
+        Some(replace),
     )
     .context("starting the batcher thread")?;
     let created = std::time::SystemTime::now()
@@ -182,6 +184,60 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     served?;
     eprintln!("stopped");
     Ok(())
+}
+
+/// What the batcher does when a unit is lost while serving: loads the model again through the
+/// one load path without the lost units (`load_without`), and says in one line on stderr which
+/// unit was lost, what failed and where its parts went (the load's notes), or why the model
+/// cannot run on what remains.
+fn replace(ctx: &Context, model: &ModelArgs, slots: usize) -> serve::Replace {
+    let (search, settings, options) = (ctx.search.clone(), ctx.settings.clone(), model.options());
+    Box::new(move |lost: &[String], why: &str| {
+        const LOST: &str = "lost while serving";
+        let mut notes: Vec<String> = Vec::new();
+        let loaded = tandem_engine::runtime::load::load_without(
+            &search,
+            &settings,
+            &options,
+            slots,
+            lost,
+            LOST,
+            &mut |n| {
+                if let tandem_engine::Notice::Note(m) | tandem_engine::Notice::Warning(m) = n {
+                    // "faulty is unavailable (lost while serving); its ffn work runs on cpu":
+                    // the unit is named once, at the start of the line.
+                    let m = lost
+                        .iter()
+                        .find_map(|u| m.strip_prefix(&format!("{u} is unavailable ({LOST}); ")))
+                        .map_or(m.clone(), str::to_string);
+                    if !notes.contains(&m) {
+                        notes.push(m);
+                    }
+                }
+            },
+            &mut |_, _| {},
+        );
+        let unit = lost.last().map_or("?", String::as_str);
+        match loaded {
+            Ok(l) => {
+                let units = l.session.unit_names().join(", ");
+                let went = if notes.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", notes.join("; "))
+                };
+                eprintln!("unit {unit} lost ({why}); the model now runs on {units}{went}");
+                Ok(l.session)
+            }
+            Err(e) => {
+                eprintln!(
+                    "unit {unit} lost ({why}); the model cannot be placed on the units that \
+                     remain ({e}); new requests get 503"
+                );
+                Err(e.to_string())
+            }
+        }
+    })
 }
 
 /// The addresses `host` (an address or a name) and `port` resolve to, loopback first.

@@ -131,10 +131,25 @@ async fn method_not_allowed(req: HttpRequest) -> ApiError {
     )
 }
 
+/// 200 while the model can run (`"status": "degraded"` once a unit was lost and the model
+/// runs on the rest: `units` and `lost` name them), 503 once it cannot (`error` says why).
 async fn health(State(st): State<Shared>) -> Response {
     let m = st.handle.metrics();
-    let body = json!({"status": "ok", "running": m.running(), "queued": m.queue_depth()});
-    (StatusCode::OK, Json(body)).into_response()
+    let h = st.handle.health();
+    let (status, code) = match (&h.unavailable, h.degraded()) {
+        (Some(_), _) => ("unavailable", StatusCode::SERVICE_UNAVAILABLE),
+        (None, true) => ("degraded", StatusCode::OK),
+        (None, false) => ("ok", StatusCode::OK),
+    };
+    let mut body = json!({"status": status, "running": m.running(), "queued": m.queue_depth()});
+    if h.degraded() {
+        body["units"] = json!(h.units);
+        body["lost"] = json!(h.lost);
+    }
+    if let Some(why) = &h.unavailable {
+        body["error"] = json!(why);
+    }
+    (code, Json(body)).into_response()
 }
 
 async fn metrics(State(st): State<Shared>) -> Response {
@@ -277,14 +292,25 @@ async fn generate(
         },
     };
     if common.stream {
-        Ok(stream(header, rx, common.include_usage).into_response())
+        Ok(stream(header, rx, common.include_usage, st.handle.clone()).into_response())
     } else {
-        Ok(collect(header, rx).await)
+        Ok(collect(header, rx, &st.handle).await)
     }
 }
 
+/// A request the model failed: 500 with the error (which names the unit and what failed), or
+/// 503 where the model can no longer run anywhere (a unit was lost and the rest cannot hold it).
+fn failed(handle: &Handle, message: String) -> ApiError {
+    if handle.health().unavailable.is_none() {
+        return ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, message);
+    }
+    let mut e = ApiError::status(StatusCode::SERVICE_UNAVAILABLE, message);
+    e.code = Some("model_unavailable");
+    e
+}
+
 /// A non-streamed answer: the events collected into one document.
-async fn collect(header: Header, mut rx: mpsc::UnboundedReceiver<Event>) -> Response {
+async fn collect(header: Header, mut rx: mpsc::UnboundedReceiver<Event>, handle: &Handle) -> Response {
     let (mut text, mut ids) = (String::new(), Vec::new());
     while let Some(ev) = rx.recv().await {
         match ev {
@@ -303,17 +329,21 @@ async fn collect(header: Header, mut rx: mpsc::UnboundedReceiver<Event>) -> Resp
                 let doc = header.response(&text, &ids, finish_reason, usage);
                 return (StatusCode::OK, Json(doc)).into_response();
             }
-            Event::Failed { message } => {
-                return ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, message).into_response()
-            }
+            Event::Failed { message } => return failed(handle, message).into_response(),
         }
     }
     ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "the scheduler stopped").into_response()
 }
 
 /// A streamed answer: one SSE `data:` chunk per token, the finish, the usage if asked, `[DONE]`.
-fn stream(header: Header, rx: mpsc::UnboundedReceiver<Event>, include_usage: bool) -> impl IntoResponse {
+fn stream(
+    header: Header,
+    rx: mpsc::UnboundedReceiver<Event>,
+    include_usage: bool,
+    handle: Handle,
+) -> impl IntoResponse {
     struct St {
+        handle: Handle,
         header: Header,
         rx: mpsc::UnboundedReceiver<Event>,
         out: VecDeque<SseEvent>,
@@ -323,6 +353,7 @@ fn stream(header: Header, rx: mpsc::UnboundedReceiver<Event>, include_usage: boo
     }
     let data = |v: Value| SseEvent::default().data(v.to_string());
     let st = St {
+        handle,
         header,
         rx,
         out: VecDeque::new(),
@@ -360,7 +391,7 @@ fn stream(header: Header, rx: mpsc::UnboundedReceiver<Event>, include_usage: boo
                     st.done = true;
                 }
                 Some(Event::Failed { message }) => {
-                    let e = ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, message);
+                    let e = failed(&st.handle, message);
                     st.out.push_back(data(e.body()));
                     st.out.push_back(SseEvent::default().data("[DONE]"));
                     st.done = true;

@@ -111,6 +111,7 @@ impl KvHandoff {
                             error: tandem_backend_api::BackendError::invalid(
                                 "the cache is not held on both units",
                             ),
+                            unit: None,
                         });
                     };
                     let from = &mut units[home];

@@ -97,6 +97,7 @@ impl Unit {
         self.map.get(&b).copied().ok_or_else(|| ScheduleError {
             context: format!("binding {} on {}", op.name(), self.name),
             error: BackendError::invalid(format!("the unit holds no buffer for planned tensor {}", b.0)),
+            unit: Some(self.name.as_str().into()),
         })
     }
 }
@@ -109,18 +110,49 @@ pub struct ScheduleError {
     pub context: String,
     /// The backend's error.
     pub error: BackendError,
+    /// The instance name of the unit whose call failed, where one unit's did (`None`: the
+    /// graph, the placement, or a hand-over between two units). Boxed: a step's error stays
+    /// small.
+    pub unit: Option<Box<str>>,
+}
+
+impl ScheduleError {
+    /// The unit that can no longer run anything, where this error says one is gone: its
+    /// device was lost ([`BackendError::DeviceLost`]), or its plugin panicked and refuses every
+    /// later call ([`BackendError::Panicked`]).
+    pub fn lost_unit(&self) -> Option<&str> {
+        match self.error {
+            BackendError::DeviceLost { .. } | BackendError::Panicked { .. } => self.unit.as_deref(),
+            _ => None,
+        }
+    }
 }
 
 fn err(context: impl Into<String>) -> impl FnOnce(BackendError) -> ScheduleError {
     let context = context.into();
-    move |error| ScheduleError { context, error }
+    move |error| ScheduleError {
+        context,
+        error,
+        unit: None,
+    }
 }
 
-/// [`err`] with the context `"{what} {unit}"` formatted only on failure: a step allocates nothing.
+/// [`err`] for a call of one unit's backend, which the error names.
+fn unit_err(context: String, unit: &str) -> impl FnOnce(BackendError) -> ScheduleError + '_ {
+    move |error| ScheduleError {
+        context,
+        error,
+        unit: Some(unit.into()),
+    }
+}
+
+/// [`unit_err`] with the context `"{what} {unit}"` formatted only on failure: a step allocates
+/// nothing.
 fn step_err<'a>(what: &'a str, unit: &'a str) -> impl FnOnce(BackendError) -> ScheduleError + 'a {
     move |error| ScheduleError {
         context: format!("{what} {unit}"),
         error,
+        unit: Some(unit.into()),
     }
 }
 
@@ -128,6 +160,7 @@ fn invalid(context: &str, message: String) -> ScheduleError {
     ScheduleError {
         context: context.to_string(),
         error: BackendError::invalid(message),
+        unit: None,
     }
 }
 
@@ -364,10 +397,11 @@ impl SplitScheduler {
         let n = self.units.len();
         let mut t = vec![vec![None; n]; n];
         for p in 0..n {
-            let exported = self.units[p]
-                .backend
-                .export_timeline()
-                .map_err(err(format!("exporting the timeline of {}", self.units[p].name)))?;
+            let unit = &mut self.units[p];
+            let exported = unit.backend.export_timeline().map_err(unit_err(
+                format!("exporting the timeline of {}", unit.name),
+                &unit.name,
+            ))?;
             let Some(shared) = exported else { continue };
             let mut result = Ok(());
             for (c, row) in t.iter_mut().enumerate().filter(|(c, _)| *c != p) {
@@ -380,6 +414,7 @@ impl SplitScheduler {
                                 self.units[p].name, self.units[c].name
                             ),
                             error: e,
+                            unit: Some(self.units[c].name.as_str().into()),
                         });
                         break;
                     }

@@ -21,7 +21,7 @@ use tandem_backend_api::{
 
 use super::plan::{value_bytes, SplitPlan};
 use super::shared::HostRegion;
-use super::{err, step_err, ScheduleError, Unit};
+use super::{err, step_err, unit_err, ScheduleError, Unit};
 
 /// How a split's boundaries may pass values, per ordered pair of units.
 pub struct Boundaries<'a> {
@@ -138,10 +138,10 @@ impl Scheduled {
         let b = unit
             .backend
             .alloc(&TensorDesc::new(DType::F32, [rows, cols]), Usage::Activation)
-            .map_err(err(format!(
-                "allocating a {rows}x{cols} boundary buffer on {}",
-                unit.name
-            )))?;
+            .map_err(unit_err(
+                format!("allocating a {rows}x{cols} boundary buffer on {}", unit.name),
+                &unit.name,
+            ))?;
         self.activations.push((u, b));
         Ok(b)
     }
@@ -289,10 +289,10 @@ impl Scheduled {
                 }
             }
             let unit = &mut units[u];
-            let program = unit
-                .backend
-                .compile(&g.finish())
-                .map_err(err(format!("compiling the step graph on {}", unit.name)))?;
+            let program = unit.backend.compile(&g.finish()).map_err(unit_err(
+                format!("compiling the step graph on {}", unit.name),
+                &unit.name,
+            ))?;
             // The host hands over when a value must be copied, or a consumer on another unit
             // cannot wait on this unit's timeline.
             let host_handoff = !copies.is_empty()
@@ -353,6 +353,7 @@ impl Scheduled {
             return Err(ScheduleError {
                 context: "scheduling the step graph".into(),
                 error: BackendError::invalid("the graph writes no logits"),
+                unit: None,
             });
         }
         Ok(())
@@ -483,11 +484,10 @@ impl Scheduled {
         let mut out = Vec::new();
         for seg in &self.segments {
             let unit = &mut units[seg.unit];
-            out.extend(
-                unit.backend
-                    .profile(seg.program)
-                    .map_err(err(format!("reading the step's profile on {}", unit.name)))?,
-            );
+            out.extend(unit.backend.profile(seg.program).map_err(unit_err(
+                format!("reading the step's profile on {}", unit.name),
+                &unit.name,
+            ))?);
         }
         Ok(out)
     }

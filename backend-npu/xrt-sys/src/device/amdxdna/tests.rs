@@ -130,3 +130,40 @@ fn amdxdna_is_send() {
     send::<Amdxdna>();
     send::<Box<dyn NpuDevice>>();
 }
+
+#[test]
+fn a_command_the_driver_reset_is_a_reset_and_others_fail_as_themselves() {
+    assert!(finished(7, CommandState::Completed, 0, 0).is_ok());
+    for state in [
+        CommandState::Timeout,
+        CommandState::NoResponse,
+        CommandState::Abort,
+        CommandState::New,
+        CommandState::Submitted,
+    ] {
+        for count in [0, 3] {
+            let e = finished(7, state, 1, count).unwrap_err();
+            assert!(matches!(e, XrtError::DeviceReset { .. }), "{state}: {e}");
+            assert!(e.is_device_lost(), "{state}");
+            assert!(e.to_string().contains("run 7"), "{e}");
+        }
+    }
+    let e = finished(7, CommandState::Error, 1, 3).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            XrtError::ChainCommandFailed {
+                index: 1,
+                count: 3,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(!e.is_device_lost());
+    let e = finished(7, CommandState::SkCrashed, 0, 0).unwrap_err();
+    assert!(
+        matches!(e, XrtError::CommandFailed { .. }) && !e.is_device_lost(),
+        "{e}"
+    );
+}
