@@ -1,8 +1,11 @@
 //! `engine chat` end to end on the instruction-tuned tiny fixture (tests/fixtures/chat/README.md;
 //! its every reply is " answer", then `<end_of_turn>`): each turn's prompt is what transformers'
 //! `apply_chat_template` renders for the conversation so far, turns accumulate, generation stops
-//! at `<end_of_turn>` without printing it, `/exit` leaves, a closed stdin ends cleanly, and a
-//! conversation past `--context` drops its oldest turns with one note.
+//! at `<end_of_turn>` without printing it, `/exit` leaves, a closed stdin ends cleanly, a
+//! conversation past `--context` drops its oldest turns with one note, flags are checked before
+//! the first prompt, `run`'s sampling and stop flags work, and a turn longer than the context is
+//! refused while the session goes on. The terminal's behaviour (editing, commands, Ctrl-C,
+//! Ctrl-D) is in `chat_terminal.rs`.
 
 mod common;
 
@@ -31,10 +34,16 @@ fn reference_texts() -> Vec<String> {
 
 /// `engine chat` on the fixture, greedy, with `flags` and `input` on stdin (then closed).
 fn chat(install: &Install, flags: &[&str], input: &str) -> Output {
+    let mut all = vec!["--temperature", "0", "--show-prompt"];
+    all.extend_from_slice(flags);
+    chat_with(install, &all, input)
+}
+
+/// `engine chat` on the fixture with only `flags`, and `input` on stdin (then closed).
+fn chat_with(install: &Install, flags: &[&str], input: &str) -> Output {
     let model = fixture();
     let mut child = Command::new(install.path().join("engine"))
         .args(["chat", "--model", model.to_str().unwrap(), "--backend", "cpu"])
-        .args(["--temperature", "0", "--show-prompt"])
         .args(flags)
         .env_remove("TANDEM_PLUGIN_PATH")
         .stdin(Stdio::piped())
@@ -43,7 +52,10 @@ fn chat(install: &Install, flags: &[&str], input: &str) -> Output {
         .spawn()
         .expect("engine starts");
     let mut stdin = child.stdin.take().expect("stdin");
-    stdin.write_all(input.as_bytes()).expect("write stdin");
+    // (A chat that refuses its flags has gone before reading: the pipe is closed.)
+    if let Err(e) = stdin.write_all(input.as_bytes()) {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "write stdin: {e}");
+    }
     drop(stdin);
     child.wait_with_output().expect("engine ends")
 }
@@ -161,4 +173,117 @@ fn a_conversation_past_the_context_drops_its_oldest_turns_with_one_note() {
     assert!(turns(&shown[7]) < 8, "{}", shown[7]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.matches(">  answer\n").count(), 8, "{stdout}");
+}
+
+/// A flag out of range, or a system prompt the context cannot hold, is refused before the first
+/// prompt: one error line naming the flag, exit status 1, and no `> ` on stdout (before, `chat
+/// --temperature -1` printed `> ` and failed only after the first message).
+#[test]
+fn flags_are_refused_before_the_first_prompt() {
+    let install = Install::new(&["cpu"]);
+    let long_system = "You are terse. ".repeat(20);
+    for (flags, want) in [
+        (
+            vec!["--temperature", "-1"],
+            "error: --temperature must be >= 0 and finite (0 is greedy), got -1",
+        ),
+        (
+            vec!["--top-p", "0"],
+            "error: --top-p must be in (0, 1] (1 turns it off), got 0",
+        ),
+        (
+            vec!["--min-p", "1"],
+            "error: --min-p must be in [0, 1) (0 turns it off), got 1",
+        ),
+        (
+            vec!["--repeat-penalty", "0"],
+            "error: --repeat-penalty must be > 0 and finite (1 turns it off), got 0",
+        ),
+        (
+            vec!["--max-tokens", "0"],
+            "error: --max-tokens must be between 1 and the context",
+        ),
+        (
+            vec!["--context", "32", "--system", long_system.as_str()],
+            "error: --system takes ",
+        ),
+    ] {
+        let out = chat_with(&install, &flags, "Hello there\n");
+        let line = common::error_line(&flags, &out);
+        assert!(line.starts_with(want), "{flags:?}: {line}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "",
+            "{flags:?}: a prompt was shown"
+        );
+        if flags[0] == "--context" {
+            assert!(
+                line.contains("the context holds 32") && line.contains("--context sets it"),
+                "{line}"
+            );
+        }
+    }
+}
+
+/// `run`'s sampling and stop flags reach `chat` too: `--stop` cuts the reply, and the cut reply
+/// is what the conversation keeps (the template trims it).
+#[test]
+fn chat_takes_the_sampling_and_stop_flags_of_run() {
+    let install = Install::new(&["cpu"]);
+    let out = chat(
+        &install,
+        &[
+            "--stop",
+            "swer",
+            "--top-k",
+            "5",
+            "--top-p",
+            "0.9",
+            "--min-p",
+            "0.05",
+            "--repeat-penalty",
+            "1.0",
+        ],
+        "Hello there\nAnd now?\n",
+    );
+    let (stdout, stderr) = assert_clean(&out);
+    assert_eq!(stdout, ">  an\n>  an\n> ");
+    let shown = prompts(&stderr);
+    assert_eq!(shown.len(), 2, "{stderr}");
+    assert!(
+        shown[1].contains("<start_of_turn>model\nan<end_of_turn>"),
+        "{}",
+        shown[1]
+    );
+}
+
+/// A turn that does not fit the context even alone is refused with a message naming the
+/// context and `--context`; the conversation goes on without it.
+#[test]
+fn a_turn_longer_than_the_context_is_refused_and_the_session_goes_on() {
+    let install = Install::new(&["cpu"]);
+    let long = "Hello there ".repeat(40);
+    let out = chat(
+        &install,
+        &["--context", "64", "--max-tokens", "4"],
+        &format!("Hello there\n{long}\nAnd now?\n"),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    let refused: Vec<&str> = stderr.lines().filter(|l| l.starts_with("not sent: ")).collect();
+    assert_eq!(refused.len(), 1, "{stderr}");
+    assert!(
+        refused[0].contains("the context holds 64") && refused[0].contains("--context"),
+        "{stderr}"
+    );
+    // The other turns were answered, and the conversation does not hold the long one.
+    let shown = prompts(&stderr);
+    assert_eq!(shown.len(), 2, "{stderr}");
+    assert_eq!(shown[0], reference_texts()[0]);
+    assert!(
+        !shown[1].contains(long.trim()) && shown[1].contains("And now?"),
+        "{}",
+        shown[1]
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), ">  answer\n> >  answer\n> ");
 }

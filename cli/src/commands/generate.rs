@@ -1,14 +1,84 @@
-//! What `run` and `chat` share: the engine's one generation loop
-//! (`tandem_engine::runtime::sequence`) with its events written to standard output, and its
-//! errors told in terms of this command's flags.
+//! What `run` and `chat` share: the sampling and stop flags ([`SamplingArgs`]), and one
+//! generation: the engine's request step (`tandem_engine::runtime::stepper::Stepper`, the step
+//! `tandem_engine::generate` takes) driven here one step at a time, so that a long prompt's
+//! progress can be shown and a reply stopped between steps ([`Watch`]), with its events written
+//! to standard output and its errors told in terms of this command's flags.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use tandem_engine::runtime::sequence::{Limits, Sequence};
+use tandem_engine::runtime::stepper::Stepper;
 use tandem_engine::{
-    generate, Event, EventSink, FinishReason, GenerateError, GenerationStats, Loaded, Request, RequestError,
+    Event, EventSink, FinishReason, GenerateError, GenerationStats, Loaded, Request, RequestError,
     SamplerConfig, SessionError,
 };
+
+/// The sampling and stop flags of `run` and `chat`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 is greedy. Default: the model's generation_config.json, else 1.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Keep the k most likely tokens (0: all). Default: the model's generation_config.json,
+    /// else 64.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Keep the smallest set of tokens whose probability reaches p (1: all). Default: the
+    /// model's generation_config.json, else 0.95.
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Drop tokens less likely than min-p times the most likely one (0: off). Default: the
+    /// model's generation_config.json, else 0.
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Repetition penalty (1: off). Default: the model's generation_config.json
+    /// (`repetition_penalty`), else 1.
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop before this text (repeatable); the text is cut there, as `engine serve` cuts it.
+    #[arg(long)]
+    pub stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    /// The flags given over `model`'s defaults (`Loaded::sampling`), checked: an error names the
+    /// flag at fault.
+    pub fn config(&self, model: SamplerConfig) -> anyhow::Result<SamplerConfig> {
+        let cfg = SamplerConfig {
+            temperature: self.temperature.unwrap_or(model.temperature),
+            top_k: self.top_k.unwrap_or(model.top_k),
+            top_p: self.top_p.unwrap_or(model.top_p),
+            min_p: self.min_p.unwrap_or(model.min_p),
+            repetition_penalty: self.repeat_penalty.unwrap_or(model.repetition_penalty),
+            seed: self.seed,
+        };
+        cfg.validate()
+            .map_err(|e| anyhow::anyhow!(e.with_name(flag(e.setting()))))?;
+        Ok(cfg)
+    }
+
+    /// Checks the flags given before anything is loaded: each over tandem's defaults, whose
+    /// ranges are those of every model's (a model's own defaults are checked as it loads).
+    pub fn check(&self) -> anyhow::Result<()> {
+        self.config(SamplerConfig::default()).map(drop)
+    }
+}
+
+/// The flag that sets a sampling setting (`SamplerError::setting`).
+fn flag(setting: &str) -> &str {
+    match setting {
+        "temperature" => "--temperature",
+        "top_p" => "--top-p",
+        "min_p" => "--min-p",
+        "repetition_penalty" => "--repeat-penalty",
+        other => other,
+    }
+}
 
 /// What one generation asks for.
 pub struct Ask<'a> {
@@ -24,14 +94,38 @@ pub struct Ask<'a> {
     pub keep: bool,
 }
 
+/// Where a prompt's feeding stands, before a step that feeds part of it.
+#[derive(Debug, Clone, Copy)]
+pub struct Prefill {
+    /// Prompt tokens in the cache.
+    pub done: usize,
+    /// Prompt tokens in all.
+    pub total: usize,
+    /// Prompt tokens the coming step feeds (the step that ends the prompt also gives the
+    /// first token, which is printed during it).
+    pub next: usize,
+}
+
+/// What a generation's caller watches and steers between steps.
+#[derive(Default)]
+pub struct Watch<'w> {
+    /// Stops the generation before its next step once set (`chat`'s Ctrl-C); what was
+    /// generated stays, and [`Generated::stopped`] says so.
+    pub stop: Option<&'w AtomicBool>,
+    /// Hears, before each step that feeds prompt tokens, where the prompt stands.
+    pub prefill: Option<&'w mut dyn FnMut(Prefill)>,
+}
+
 /// What came out.
 pub struct Generated {
     /// The generated ids (a stop token included).
     pub ids: Vec<u32>,
-    /// Their text, cut before a stop string.
+    /// Their text, cut before a stop string: what was written.
     pub text: String,
     /// The timing.
     pub stats: GenerationStats,
+    /// Whether [`Watch::stop`] ended it (the timing's finish reason is then `length`).
+    pub stopped: bool,
 }
 
 /// The events of one generation: ids and text collected, text also written to `out` as it
@@ -83,11 +177,12 @@ impl EventSink for &mut Collect<'_> {
 }
 
 /// Runs `ask` in slot 0 of `loaded`, writing the text to `out` as it comes (then a newline)
-/// when given.
+/// when given: `tandem_engine::generate`'s steps, with `watch` heard between them.
 pub fn run(
     loaded: &mut Loaded,
     ask: Ask<'_>,
     out: Option<&mut (dyn Write + Send)>,
+    mut watch: Watch<'_>,
 ) -> anyhow::Result<Generated> {
     let streaming = out.is_some();
     let mut collect = Collect {
@@ -97,19 +192,50 @@ pub fn run(
         out,
         error: None,
     };
+    let session = &mut loaded.session;
     let request = Request {
         prompt: ask.prompt,
-        max_tokens: ask.max_tokens.min(loaded.session.context()),
+        max_tokens: ask.max_tokens.min(session.context()),
         sampling: ask.sampling,
         stop: ask.stop.to_vec(),
         sink: Box::new(&mut collect),
         arrived: Instant::now(),
     };
-    let stats = generate(&mut loaded.session, &loaded.tokenizer, request, 0, ask.keep).map_err(explain);
+    if !ask.keep {
+        session.reset(0);
+    }
+    let limits = Limits::of(session, &loaded.tokenizer);
+    let sampler = request
+        .check(limits, session.len(0))
+        .map_err(|e| explain(e.into()))?;
+    let mut seq = [Sequence::new(request, sampler, 0, &loaded.tokenizer)];
+    let mut stepper = Stepper::default();
+    let mut stopped = false;
+    let stepped = loop {
+        if watch.stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            stopped = true;
+            break Ok(());
+        }
+        if let (true, Some(hear)) = (seq[0].prefilling(), watch.prefill.as_mut()) {
+            let left = seq[0].prompt_left();
+            hear(Prefill {
+                done: seq[0].prompt_len() - left,
+                total: seq[0].prompt_len(),
+                next: left.min(session.chunk()),
+            });
+        }
+        match stepper.step(session, &mut seq, None, &mut |_| {}) {
+            Ok(Some(s)) if s.ended.is_empty() => {}
+            Ok(_) => break Ok(()),
+            Err(failed) => break Err(explain(failed.error.into())),
+        }
+    };
+    let stats = seq[0].stats();
+    drop(seq);
     if let Some(e) = collect.error.take() {
         return Err(e.into());
     }
-    let stats = stats?;
+    stepped?;
     if streaming {
         collect.write("\n");
         if let Some(e) = collect.error.take() {
@@ -120,6 +246,7 @@ pub fn run(
         ids: collect.ids,
         text: collect.text,
         stats,
+        stopped,
     })
 }
 
@@ -130,16 +257,7 @@ fn explain(e: GenerateError) -> anyhow::Error {
         | GenerateError::Session(SessionError::ContextFull { .. }) => {
             anyhow::anyhow!("{e} (--context sets the context)")
         }
-        GenerateError::Request(RequestError::Sampling(s)) => {
-            let flag = match s.setting() {
-                "temperature" => "--temperature",
-                "top_p" => "--top-p",
-                "min_p" => "--min-p",
-                "repetition_penalty" => "--repeat-penalty",
-                other => other,
-            };
-            anyhow::anyhow!(s.with_name(flag))
-        }
+        GenerateError::Request(RequestError::Sampling(s)) => anyhow::anyhow!(s.with_name(flag(s.setting()))),
         GenerateError::Request(RequestError::MaxTokens { value, context }) => {
             anyhow::anyhow!("--max-tokens must be between 1 and the context ({context}), got {value}")
         }

@@ -1,14 +1,16 @@
 //! Progress where the wait is long, on stderr and only when stderr is a terminal: a model load's
-//! bytes as a bar naming the model (indicatif, as `synth` draws its own), `bench`'s tokens, and
-//! the engine's latest progress step (`Notice::Progress`: each placement `auto` measures), all on
-//! one line drawn in place and cleared when the command is done with it, so none of it stays
-//! above what the command prints.
+//! bytes as a bar naming the model (indicatif, as `synth` draws its own), `bench`'s tokens, a
+//! long prompt's feeding (`run`, `chat`), and the engine's latest progress step
+//! (`Notice::Progress`: each placement `auto` measures), all on one line drawn in place and
+//! cleared when the command is done with it, so none of it stays above what the command prints.
 //! Notes and warnings go to stderr whatever it is; where stderr is a file or a pipe nothing else
 //! is printed.
 //!
 //! Throttling is the bar's: indicatif redraws at most 20 times a second however often a load
 //! reports (once per tensor, thousands for a large model), and the bar appears only once a load
-//! has taken [`BAR_AFTER`], so a small model that loads in a blink draws nothing.
+//! has taken [`BAR_AFTER`], so a small model that loads in a blink draws nothing; a prompt's bar
+//! likewise, and it is cleared before the step that ends the prompt, whose first token is printed
+//! during that step.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -52,6 +54,8 @@ enum Shown {
     Load,
     /// `bench`'s generated tokens.
     Tokens,
+    /// A prompt's tokens fed.
+    Prefill,
 }
 
 /// Progress on stderr for one command: its notices, and one transient line, a load's bar, a
@@ -79,6 +83,11 @@ impl Progress {
         )
     }
 
+    /// Progress for a prompt's feeding ([`Progress::prefill`]), from now.
+    pub fn for_prompt() -> Progress {
+        Progress::new(String::new())
+    }
+
     /// Progress drawn on `target`, which is (`terminal`) or is not a terminal.
     fn drawn_on(
         label: String,
@@ -102,6 +111,7 @@ impl Progress {
             Shown::Step => "{msg}".to_string(),
             Shown::Load => format!("{escaped} {{bar:40}} {{bytes}}/{{total_bytes}} {{elapsed}}"),
             Shown::Tokens => "bench {bar:40} {pos}/{len} tokens {elapsed}".to_string(),
+            Shown::Prefill => "prompt {bar:40} {pos}/{len} tokens {elapsed}".to_string(),
         };
         let style = || {
             indicatif::ProgressStyle::with_template(&template)
@@ -158,6 +168,26 @@ impl Progress {
         }
         let done = self.tokens;
         let bar = self.line(Shown::Tokens);
+        bar.set_length(total);
+        bar.set_position(done);
+    }
+
+    /// Before a step that feeds `next` more of a prompt's `total` tokens, `done` of them fed: the
+    /// line shows them once the prompt has taken [`BAR_AFTER`] (a prompt fed in one step never
+    /// draws), and is cleared before the step that ends the prompt.
+    pub fn prefill(&mut self, done: u64, total: u64, next: u64) {
+        if !self.terminal {
+            return;
+        }
+        if done + next >= total {
+            self.finish();
+            return;
+        }
+        let shown = self.bar.as_ref().map(|(_, s)| *s);
+        if shown != Some(Shown::Prefill) && !bar_due(self.start, Instant::now(), done, total) {
+            return;
+        }
+        let bar = self.line(Shown::Prefill);
         bar.set_length(total);
         bar.set_position(done);
     }
@@ -296,5 +326,36 @@ mod tests {
         assert!(term.text().starts_with("bench ") && term.text().contains("3/10 tokens"));
         p.finish();
         assert_eq!(term.text(), "", "the line is cleared before the table prints");
+    }
+
+    #[test]
+    fn a_long_prompt_shows_its_tokens_and_is_cleared_before_its_last_step() {
+        let term = Term::default();
+        let t = term.clone();
+        let target = move || indicatif::ProgressDrawTarget::term_like(Box::new(t.clone()));
+        let mut p = Progress::drawn_on(String::new(), true, Box::new(target.clone()));
+        // Quick so far: nothing drawn.
+        p.prefill(0, 2048, 512);
+        p.prefill(512, 2048, 512);
+        assert_eq!(term.text(), "");
+        // Slow: drawn from the next step on.
+        p.start -= BAR_AFTER;
+        p.prefill(1024, 2048, 512);
+        assert!(
+            term.text().starts_with("prompt ") && term.text().contains("1024/2048 tokens"),
+            "{}",
+            term.text()
+        );
+        // The step that ends the prompt prints its first token: the line goes first.
+        p.prefill(1536, 2048, 512);
+        assert_eq!(term.text(), "");
+        // A prompt of one step never draws, however slow the start; nor on a file or pipe.
+        p.start -= BAR_AFTER;
+        p.prefill(0, 300, 300);
+        assert_eq!(term.text(), "");
+        let mut piped = Progress::drawn_on(String::new(), false, Box::new(target));
+        piped.start -= BAR_AFTER;
+        piped.prefill(512, 2048, 512);
+        assert_eq!(term.text(), "");
     }
 }

@@ -3,10 +3,10 @@
 use std::io::Write;
 
 use anyhow::bail;
-use tandem_engine::SamplerConfig;
 
-use super::generate::{self, Ask};
+use super::generate::{self, Ask, Prefill, SamplingArgs, Watch};
 use super::load::{load, parse_tokens, ModelArgs};
+use super::progress::Progress;
 use crate::Context;
 
 /// Flags of `engine run`.
@@ -23,31 +23,8 @@ pub struct Args {
     /// Most tokens to generate.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
-    /// Sampling temperature; 0 is greedy. Default: the model's generation_config.json, else 1.
-    #[arg(long)]
-    temperature: Option<f32>,
-    /// Keep the k most likely tokens (0: all). Default: the model's generation_config.json,
-    /// else 64.
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Keep the smallest set of tokens whose probability reaches p (1: all). Default: the
-    /// model's generation_config.json, else 0.95.
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Drop tokens less likely than min-p times the most likely one (0: off). Default: the
-    /// model's generation_config.json, else 0.
-    #[arg(long)]
-    min_p: Option<f32>,
-    /// Repetition penalty (1: off). Default: the model's generation_config.json
-    /// (`repetition_penalty`), else 1.
-    #[arg(long)]
-    repeat_penalty: Option<f32>,
-    /// Random seed.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Stop before this text (repeatable); the text is cut there, as `engine serve` cuts it.
-    #[arg(long)]
-    stop: Vec<String>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -55,17 +32,11 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
+    // A sampling flag out of range is told before the model loads.
+    args.sampling.check()?;
     let mut loaded = load(ctx, &args.model, 1)?;
     // The model's default sampling, with the flags given over it.
-    let model = loaded.sampling;
-    let sampler_cfg = SamplerConfig {
-        temperature: args.temperature.unwrap_or(model.temperature),
-        top_k: args.top_k.unwrap_or(model.top_k),
-        top_p: args.top_p.unwrap_or(model.top_p),
-        min_p: args.min_p.unwrap_or(model.min_p),
-        repetition_penalty: args.repeat_penalty.unwrap_or(model.repetition_penalty),
-        seed: args.seed,
-    };
+    let sampler_cfg = args.sampling.config(loaded.sampling)?;
     let prompt = match (&args.prompt, &args.tokens) {
         (Some(p), None) => loaded.tokenizer.encode(p, true)?,
         (None, Some(t)) => parse_tokens(t)?,
@@ -79,11 +50,19 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         prompt: prompt.clone(),
         max_tokens: args.max_tokens,
         sampling: sampler_cfg,
-        stop: &args.stop,
+        stop: &args.sampling.stop,
         keep: false,
     };
     let streaming = !args.json && text_out;
-    let g = generate::run(&mut loaded, ask, streaming.then_some(&mut stdout as _))?;
+    // A long prompt's feeding shows on a terminal's stderr, cleared before the first token.
+    let mut progress = Progress::for_prompt();
+    let mut prefill = |p: Prefill| progress.prefill(p.done as u64, p.total as u64, p.next as u64);
+    let watch = Watch {
+        stop: None,
+        prefill: Some(&mut prefill),
+    };
+    let g = generate::run(&mut loaded, ask, streaming.then_some(&mut stdout as _), watch)?;
+    progress.finish();
     let mut out = stdout.lock();
     if !args.json && !text_out {
         let ids: Vec<String> = g.ids.iter().map(u32::to_string).collect();
