@@ -17,6 +17,8 @@ use ash::vk;
 use tandem_backend_api::boundary::VULKAN_OPAQUE_FD;
 use tandem_backend_api::{BackendError, DeviceKind, SharedTimeline, TimelineId};
 
+use crate::cache_file::Identity;
+
 /// The validation layer's name.
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 
@@ -71,6 +73,8 @@ struct Opened {
     host_import: Option<HostImport>,
     semaphore_fd: Option<ash::khr::external_semaphore_fd::Device>,
     device_id: String,
+    identity: Identity,
+    creation_feedback: bool,
 }
 
 /// An open device with one compute queue.
@@ -129,6 +133,13 @@ pub struct Gpu {
     /// Other devices' timelines imported by `import_timeline`, indexed by [`TimelineId`];
     /// destroyed with the device.
     imported: Vec<vk::Semaphore>,
+    /// Vendor, device, driver version and `pipelineCacheUUID`: what the on-disk pipeline
+    /// cache is keyed and checked by.
+    pub identity: Identity,
+    /// Whether pipeline creation reports feedback (`VkPipelineCreationFeedbackCreateInfo`):
+    /// Vulkan 1.3 on both the instance and the device, or `VK_EXT_pipeline_creation_feedback`
+    /// (then enabled).
+    pub creation_feedback: bool,
 }
 
 /// The most timelines one submission waits on: the contract's.
@@ -360,7 +371,7 @@ impl Gpu {
                 return Err(e);
             }
         };
-        match Self::open_device(&entry, &instance, physical, &props, req) {
+        match Self::open_device(&entry, &instance, version, physical, &props, req) {
             Ok(o) => Ok(Gpu {
                 _entry: entry,
                 instance,
@@ -387,6 +398,8 @@ impl Gpu {
                 shared: o.shared,
                 device_id: o.device_id,
                 imported: Vec::new(),
+                identity: o.identity,
+                creation_feedback: o.creation_feedback,
             }),
             Err(e) => {
                 // SAFETY: the messenger and instance are ours and unused from here on.
@@ -475,9 +488,11 @@ impl Gpu {
     }
 
     /// Opens `physical`: its device, queue, timeline and command pool, and what it reports.
+    /// `instance_version` is the loader's, which caps the instance's API version.
     fn open_device(
         entry: &ash::Entry,
         instance: &ash::Instance,
+        instance_version: u32,
         physical: vk::PhysicalDevice,
         props: &vk::PhysicalDeviceProperties,
         req: &DeviceRequest,
@@ -612,6 +627,19 @@ impl Gpu {
         if timeline_fd {
             features.push("timeline_export".into());
         }
+        // Pipeline creation feedback (the pipeline cache's hits): core where the instance and
+        // the device both speak 1.3 (the instance asks for 1.3 where the loader has it), else
+        // the extension, enabled where listed.
+        let feedback_ext = has_ext(ash::ext::pipeline_creation_feedback::NAME);
+        let feedback_core =
+            instance_version >= vk::API_VERSION_1_3 && props.api_version >= vk::API_VERSION_1_3;
+        let creation_feedback = feedback_core || feedback_ext;
+        let identity = Identity {
+            vendor_id: props.vendor_id,
+            device_id: props.device_id,
+            driver_version: props.driver_version,
+            pipeline_cache_uuid: props.pipeline_cache_uuid,
+        };
         let kind = match props.device_type {
             vk::PhysicalDeviceType::DISCRETE_GPU => DeviceKind::DiscreteGpu,
             vk::PhysicalDeviceType::INTEGRATED_GPU => DeviceKind::IntegratedGpu,
@@ -655,6 +683,9 @@ impl Gpu {
         if timeline_fd {
             device_exts.push(ash::khr::external_semaphore_fd::NAME.as_ptr());
         }
+        if feedback_ext && !feedback_core {
+            device_exts.push(ash::ext::pipeline_creation_feedback::NAME.as_ptr());
+        }
         let core = vk::PhysicalDeviceFeatures::default()
             .shader_int16(true)
             .shader_int64(true);
@@ -684,8 +715,8 @@ impl Gpu {
         // shaderFloat16 and vulkanMemoryModel only when `coopmat` found them; the NV
         // cooperative-matrix-2 extension and features only when `coopmat2::supported` did;
         // shaderIntegerDotProduct only when `int_dot_support` found it;
-        // the external memory host and semaphore fd extensions only where the device lists
-        // them).
+        // the external memory host, semaphore fd and pipeline creation feedback extensions only
+        // where the device lists them).
         let device = match unsafe { instance.create_device(physical, &create, None) } {
             Ok(d) => d,
             Err(e) => {
@@ -759,6 +790,8 @@ impl Gpu {
         let semaphore_fd =
             timeline_fd.then(|| ash::khr::external_semaphore_fd::Device::new(instance, &device));
         Ok(Opened {
+            identity,
+            creation_feedback,
             shared,
             memory_types,
             host_import,

@@ -5,7 +5,7 @@
 //!
 //! The crate reads top to bottom as: `device` (loader, device choice, features, validation,
 //! queue and timeline), `memory` (buffers through gpu-allocator), `pipelines` (SPIR-V to
-//! pipelines, cached), `program` (planning and recording), and here the trait.
+//! pipelines, cached; `pipeline_cache` and `cache_file`: the `VkPipelineCache` kept on disk), `program` (planning and recording), and here the trait.
 //!
 //! Kernels reach every buffer through its device address (`GL_EXT_buffer_reference`), passed in
 //! push constants; there are no descriptor sets, and no tensor is limited by
@@ -24,7 +24,11 @@
 //! accelerated, `true` wherever it has one, `false` never), `memory_limit` (the most device-local memory
 //! the backend may hold, `8GiB`: at most the device-local heap, which is the budget without it;
 //! `info().memory_bytes` reports the budget, and buffers and program arenas past it are
-//! `OutOfMemory`).
+//! `OutOfMemory`), `pipeline_cache` / `TANDEM_PIPELINE_CACHE` (the `VkPipelineCache` on disk,
+//! on by default: `false` turns it off, `log` says on stderr what it read, built and wrote;
+//! `info().features` says `pipeline_cache=cold|warm|off`, and once pipelines were built
+//! `pipelines=N`, `pipeline_cache_hits=M` where the device reports creation feedback, and
+//! `pipelines_ms=T`; see `pipeline_cache` and `cache_file`).
 //!
 //! Device-side boundaries (`tandem_backend_api::boundary`): `import_host` makes the caller's
 //! host memory a buffer where the device has `VK_EXT_external_memory_host` (feature
@@ -32,8 +36,10 @@
 //! Vulkan device's queue wait on another's timeline on the device where it has
 //! `VK_KHR_external_semaphore_fd` with exportable timelines (feature `timeline_export`).
 
+mod cache_file;
 mod device;
 mod memory;
+mod pipeline_cache;
 mod pipelines;
 mod program;
 
@@ -148,6 +154,10 @@ impl BackendPlugin for VulkanBackend {
         // wherever the device has the feature (lavapipe's are not accelerated; the tests force
         // them there).
         let int_dot = tristate(options, "int_dot", "TANDEM_VULKAN_INT_DOT");
+        // `pipeline_cache = false` / TANDEM_PIPELINE_CACHE=0: no pipeline cache on disk; `log`:
+        // the cache, with what it did on stderr (`pipeline_cache`).
+        let pipeline_cache =
+            cache_file::Mode::parse(setting(options, cache_file::OPTION, cache_file::VAR).as_deref());
         let mut gpu = Gpu::open(&DeviceRequest {
             device,
             validation,
@@ -161,7 +171,7 @@ impl BackendPlugin for VulkanBackend {
             gpu.features.push(format!("memory_limit={budget}"));
         }
         let memory = Memory::new(&gpu, budget)?;
-        let pipelines = Pipelines::new(&gpu)?;
+        let pipelines = Pipelines::new(&gpu, pipeline_cache)?;
         let alloc = vk::CommandBufferAllocateInfo::default()
             .command_pool(gpu.pool)
             .level(vk::CommandBufferLevel::PRIMARY)
@@ -395,7 +405,13 @@ impl ComputeBackend for VulkanBackend {
             device: self.gpu.name.clone(),
             kind: self.gpu.kind,
             memory_bytes: Some(self.memory.budget),
-            features: self.gpu.features.clone(),
+            features: self
+                .gpu
+                .features
+                .iter()
+                .cloned()
+                .chain(self.pipelines.cache.features())
+                .collect(),
         }
     }
 
@@ -559,7 +575,13 @@ impl ComputeBackend for VulkanBackend {
 
     fn compile(&mut self, graph: &tandem_backend_api::Graph) -> Result<ProgramId, BackendError> {
         self.validation()?;
-        let (prog, buffers) = self.build_program(graph)?;
+        let before = self.pipelines.cache.counts;
+        let built = self.build_program(graph);
+        // The pipelines this compile built go to disk now (a server stopped by a signal keeps
+        // them), even where the compile failed after building some.
+        let what = format!("'{}'", graph.name);
+        self.pipelines.cache.compiled(&self.gpu, &what, before);
+        let (prog, buffers) = built?;
         let id = self.programs.insert(prog, buffers, StepShape::of(graph));
         self.validation()?;
         Ok(id)

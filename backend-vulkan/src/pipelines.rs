@@ -1,13 +1,18 @@
 //! Compute pipelines from the embedded SPIR-V, created on first use and cached per (kernel,
 //! specialisation constant). One pipeline layout serves them all: no descriptor sets, 128 bytes
-//! of push constants (buffer device addresses and small parameters).
+//! of push constants (buffer device addresses and small parameters). Every pipeline is created
+//! with the device's `VkPipelineCache` (`pipeline_cache`: seeded from disk, written back), with
+//! creation feedback where the device reports it.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use ash::vk;
 use tandem_backend_api::BackendError;
 
+use crate::cache_file::Mode;
 use crate::device::{map, Gpu};
+use crate::pipeline_cache::PipelineCache;
 
 mod table {
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
@@ -21,10 +26,13 @@ pub struct Pipelines {
     pub layout: vk::PipelineLayout,
     modules: HashMap<&'static str, vk::ShaderModule>,
     pipelines: HashMap<(String, [u32; 2]), vk::Pipeline>,
+    /// The device's pipeline cache, and what was built with it.
+    pub cache: PipelineCache,
 }
 
 impl Pipelines {
-    pub fn new(gpu: &Gpu) -> Result<Pipelines, BackendError> {
+    /// The layout and the pipeline cache (`cache`: option `pipeline_cache`).
+    pub fn new(gpu: &Gpu, cache: Mode) -> Result<Pipelines, BackendError> {
         let ranges = [vk::PushConstantRange::default()
             .stage_flags(vk::ShaderStageFlags::COMPUTE)
             .offset(0)
@@ -34,10 +42,19 @@ impl Pipelines {
         let layout = map("vkCreatePipelineLayout", &gpu.name, unsafe {
             gpu.device.create_pipeline_layout(&info, None)
         })?;
+        let cache = match PipelineCache::open(gpu, cache) {
+            Ok(c) => c,
+            Err(e) => {
+                // SAFETY: the layout was just created and nothing uses it.
+                unsafe { gpu.device.destroy_pipeline_layout(layout, None) };
+                return Err(e);
+            }
+        };
         Ok(Pipelines {
             layout,
             modules: HashMap::new(),
             pipelines: HashMap::new(),
+            cache,
         })
     }
 
@@ -92,14 +109,28 @@ impl Pipelines {
             .module(module)
             .name(c"main")
             .specialization_info(&spec_info);
-        let info = vk::ComputePipelineCreateInfo::default()
+        let mut feedback = vk::PipelineCreationFeedback::default();
+        let mut feedback_info =
+            vk::PipelineCreationFeedbackCreateInfo::default().pipeline_creation_feedback(&mut feedback);
+        let mut info = vk::ComputePipelineCreateInfo::default()
             .stage(stage)
             .layout(self.layout);
-        // SAFETY: the module and layout are ours and alive; the create info lives on this frame.
+        if gpu.creation_feedback {
+            info = info.push_next(&mut feedback_info);
+        }
+        let start = Instant::now();
+        // SAFETY: the module, layout and pipeline cache are ours and alive (the cache is used by
+        // this thread only: the backend is `&mut`); the create info and its chain (creation
+        // feedback only where the device has it: Vulkan 1.3 or the extension, enabled) live on
+        // this frame.
         let created = unsafe {
             gpu.device
-                .create_compute_pipelines(vk::PipelineCache::null(), &[info], None)
+                .create_compute_pipelines(self.cache.handle, &[info], None)
         };
+        let took = start.elapsed();
+        if created.is_ok() {
+            self.cache.record(took, gpu.creation_feedback.then_some(feedback));
+        }
         let pipeline = match created {
             Ok(v) => v.into_iter().next(),
             Err((_, e)) => return map("vkCreateComputePipelines", &gpu.name, Err(e)),
@@ -109,7 +140,8 @@ impl Pipelines {
         Ok(pipeline)
     }
 
-    /// Destroys every pipeline, module and the layout (the device must be idle).
+    /// Destroys every pipeline, module and the layout, and writes and destroys the pipeline
+    /// cache (the device must be idle).
     pub fn destroy(&mut self, gpu: &Gpu) {
         // SAFETY: called once the device is idle, when no command buffer uses them.
         unsafe {
@@ -121,5 +153,6 @@ impl Pipelines {
             }
             gpu.device.destroy_pipeline_layout(self.layout, None);
         }
+        self.cache.destroy(gpu);
     }
 }

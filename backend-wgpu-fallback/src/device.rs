@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tandem_backend_api::{BackendError, BackendOptions, DeviceKind, MEMORY_LIMIT};
 use tandem_gpu_kit::options::{flag, setting};
 
+use crate::cache_file::{self, Identity, Mode};
 use crate::kernels::Variant;
 
 /// Environment variable choosing the adapter (an index into `engine backends`' listing order
@@ -73,6 +74,8 @@ pub struct Request {
     pub features: FeatureRequest,
     /// Fuse the chains `fuse` finds into one kernel (option `fuse`, on by default).
     pub fuse: bool,
+    /// The pipeline cache on disk (option `pipeline_cache`, on by default).
+    pub pipeline_cache: Mode,
 }
 
 /// Parses a `backends` list, naming the entry it does not know.
@@ -112,6 +115,7 @@ impl Request {
         let validation = flag(options, "validation", VALIDATION_VAR, false);
         let profile = flag(options, "profile", "TANDEM_WGPU_PROFILE", false);
         let fuse = flag(options, "fuse", "TANDEM_WGPU_FUSE", true);
+        let pipeline_cache = Mode::parse(setting(options, cache_file::OPTION, cache_file::VAR).as_deref());
         let features = match setting(options, "features", FEATURES_VAR) {
             Some(v) => parse_features(&v)?,
             None => FeatureRequest::Auto,
@@ -126,13 +130,15 @@ impl Request {
             "profile",
             "features",
             "fuse",
+            cache_file::OPTION,
             MEMORY_LIMIT,
         ];
         for key in options.entries.keys() {
             if !known.contains(&key.as_str()) {
                 return Err(BackendError::invalid(format!(
                     "backend option '{key}' is not a wgpu option (adapter, backends, validation, profile, \
-                     features, fuse, {MEMORY_LIMIT})"
+                     features, fuse, {}, {MEMORY_LIMIT})",
+                    cache_file::OPTION
                 )));
             }
         }
@@ -143,6 +149,7 @@ impl Request {
             profile,
             features,
             fuse,
+            pipeline_cache,
         })
     }
 }
@@ -186,6 +193,9 @@ pub struct Gpu {
     pub timestamps: bool,
     /// The kernel variants the device was opened for.
     pub variant: Variant,
+    /// What the pipeline cache on disk is keyed by, where the device was opened with
+    /// `PIPELINE_CACHE` (a Vulkan adapter, option `pipeline_cache` not off); `None` elsewhere.
+    pub cache_identity: Option<Identity>,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<AtomicBool>,
     lost_reason: Arc<Mutex<String>>,
@@ -366,6 +376,19 @@ impl Gpu {
                 | wgpu::Features::SHADER_F16
                 | wgpu::Features::SUBGROUP;
         }
+        // wgpu's pipeline caches (Vulkan adapters only, where `util::pipeline_cache_key` has a
+        // key): asked for unless the option is off.
+        let cache_identity = if req.pipeline_cache != Mode::Off
+            && offered.contains(wgpu::Features::PIPELINE_CACHE)
+            && wgpu::util::pipeline_cache_key(info).is_some()
+        {
+            vulkan_identity(adapter)
+        } else {
+            None
+        };
+        if cache_identity.is_some() {
+            wanted |= wgpu::Features::PIPELINE_CACHE;
+        }
         let experimental_features = if variant.coopmat {
             // SAFETY: wgpu asks callers of its experimental features to accept that its
             // implementation of them may have bugs; the only one used is cooperative matrices, in
@@ -449,6 +472,7 @@ impl Gpu {
             limits,
             timestamps,
             variant,
+            cache_identity,
             errors,
             lost,
             lost_reason,
@@ -539,6 +563,22 @@ fn int_dot_offered(adapter: &wgpu::Adapter) -> Result<bool, String> {
         return Err("does not offer shaderIntegerDotProduct".into());
     }
     Ok(prop.integer_dot_product4x8_bit_packed_signed_accelerated == ash::vk::TRUE)
+}
+
+/// The Vulkan adapter's vendor id, device id, driver version and `pipelineCacheUUID`, which key
+/// the pipeline cache's file (`None` where the adapter is not Vulkan).
+fn vulkan_identity(adapter: &wgpu::Adapter) -> Option<Identity> {
+    use wgpu::hal::api::Vulkan;
+    // SAFETY: the guard is only read (the capabilities wgpu-hal queried when it listed the
+    // adapter), never destroyed; it is dropped before this function returns.
+    let hal = unsafe { adapter.as_hal::<Vulkan>() }?;
+    let p = hal.physical_device_capabilities().properties();
+    Some(Identity {
+        vendor_id: p.vendor_id,
+        device_id: p.device_id,
+        driver_version: p.driver_version,
+        pipeline_cache_uuid: p.pipeline_cache_uuid,
+    })
 }
 
 /// Workgroup memory of `matmul_coopmat.wgsl`: f16 tiles of 64 and 128 rows of 72, and eight

@@ -559,6 +559,13 @@ pub type PipelineKey = (Kernel, Option<Format>, u32);
 pub struct Pipelines {
     map: HashMap<PipelineKey, wgpu::ComputePipeline>,
     variant: Variant,
+    /// The pipeline cache every pipeline is made with, where there is one
+    /// (`pipeline_cache::DiskCache`).
+    pub cache: Option<wgpu::PipelineCache>,
+    /// Pipelines made.
+    pub built: u64,
+    /// Time spent making them (`create_compute_pipeline`).
+    pub time: std::time::Duration,
 }
 
 impl Pipelines {
@@ -567,6 +574,9 @@ impl Pipelines {
         Pipelines {
             map: HashMap::new(),
             variant,
+            cache: None,
+            built: 0,
+            time: std::time::Duration::ZERO,
         }
     }
 
@@ -644,6 +654,7 @@ impl Pipelines {
             }
             _ => Vec::new(),
         };
+        let start = std::time::Instant::now();
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
             layout: None,
@@ -654,8 +665,10 @@ impl Pipelines {
                 // Every kernel writes its workgroup memory before reading it.
                 zero_initialize_workgroup_memory: false,
             },
-            cache: None,
+            cache: self.cache.as_ref(),
         });
+        self.time += start.elapsed();
+        self.built += 1;
         self.map.insert(key, pipeline.clone());
         Ok(pipeline)
     }

@@ -27,7 +27,11 @@
 //! the adapter lacks one: `subgroups`, `f16`, `coopmat`, `int_dot`; `info().features` names
 //! them as `kernels=...`, and `int8_dot` whether the packed dot product is accelerated, the
 //! condition for `auto` to take it), `memory_limit`
-//! (the most device memory the backend may hold, `8GiB`; see below).
+//! (the most device memory the backend may hold, `8GiB`; see below), `pipeline_cache` /
+//! `TANDEM_PIPELINE_CACHE` (wgpu's pipeline cache on disk, on Vulkan adapters: on by default,
+//! `false` turns it off, `log` says on stderr what it read, built and wrote; `info().features`
+//! says `pipeline_cache=cold|warm|off|unsupported`, and once pipelines were built
+//! `pipelines=N` and `pipelines_ms=T`; see `pipeline_cache`).
 //!
 //! Nodes fuse into one kernel where `fuse` finds the chains the Vulkan backend fuses (norm, add
 //! and norm; per-head norm, rope and the K/V store), and decode attention with grouped queries
@@ -43,9 +47,15 @@
 //! are `OutOfMemory`.
 
 mod attention_tiled;
+// The pipeline cache's file (directory, frame, checks, atomic write): the Vulkan backend's,
+// which knows no graphics API (its Vulkan header check is the Vulkan backend's alone).
+#[allow(dead_code)]
+#[path = "../../backend-vulkan/src/cache_file.rs"]
+mod cache_file;
 mod device;
 mod fuse;
 mod kernels;
+mod pipeline_cache;
 mod program;
 mod tuning;
 
@@ -59,6 +69,7 @@ use tandem_backend_api::{
 
 use device::{Gpu, Request};
 use kernels::Pipelines;
+use pipeline_cache::DiskCache;
 use program::Program;
 
 /// Bytes written or read per staging round.
@@ -89,6 +100,8 @@ pub(crate) struct Buffer {
 pub struct WgpuBackend {
     gpu: Gpu,
     pipelines: Pipelines,
+    /// The pipeline cache on disk (option `pipeline_cache`).
+    disk_cache: DiskCache,
     buffers: Buffers<Buffer>,
     programs: Programs<Program>,
     tickets: Tickets,
@@ -118,10 +131,13 @@ impl BackendPlugin for WgpuBackend {
         if let Some(limit) = memory_limit {
             gpu.features.push(format!("memory_limit={limit}"));
         }
-        let pipelines = Pipelines::new(gpu.variant);
+        let mut pipelines = Pipelines::new(gpu.variant);
+        let disk_cache = DiskCache::open(&gpu.device, gpu.cache_identity, req.pipeline_cache);
+        pipelines.cache = disk_cache.cache.clone();
         Ok(WgpuBackend {
             gpu,
             pipelines,
+            disk_cache,
             buffers: Buffers::new(),
             programs: Programs::new(),
             tickets: Tickets::new(),
@@ -325,7 +341,16 @@ impl ComputeBackend for WgpuBackend {
             device: self.gpu.name.clone(),
             kind: self.gpu.kind,
             memory_bytes: self.memory_limit,
-            features: self.gpu.features.clone(),
+            features: self
+                .gpu
+                .features
+                .iter()
+                .cloned()
+                .chain(
+                    self.disk_cache
+                        .features(self.pipelines.built, self.pipelines.time),
+                )
+                .collect(),
         }
     }
 
@@ -478,7 +503,14 @@ impl ComputeBackend for WgpuBackend {
 
     fn compile(&mut self, graph: &tandem_backend_api::Graph) -> Result<ProgramId, BackendError> {
         self.gpu.check()?;
-        let (prog, buffers) = self.build_program(graph)?;
+        let before = (self.pipelines.built, self.pipelines.time);
+        let built = self.build_program(graph);
+        // The pipelines this compile made go to disk now (a server stopped by a signal keeps
+        // them), even where the compile failed after making some.
+        let what = format!("'{}'", graph.name);
+        self.disk_cache
+            .compiled(&what, self.pipelines.built, self.pipelines.time, before);
+        let (prog, buffers) = built?;
         if self.profile {
             eprintln!(
                 "wgpu: program '{}' ({} rows): {} nodes, {} dispatches",
@@ -630,6 +662,7 @@ impl ComputeBackend for WgpuBackend {
 impl Drop for WgpuBackend {
     fn drop(&mut self) {
         let _ = self.gpu.wait(None);
+        self.disk_cache.finish(self.pipelines.built, self.pipelines.time);
     }
 }
 
