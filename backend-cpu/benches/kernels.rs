@@ -75,6 +75,7 @@ fn products(c: &mut Criterion, rows: usize, label: &str) {
                         w,
                         &mut scratch,
                         fast.then(KernelSet::detect),
+                        true,
                     )
                 })
             });
@@ -151,7 +152,18 @@ fn head(c: &mut Criterion) {
             .build()
             .expect("thread pool");
         group.bench_with_input(BenchmarkId::new("fast", threads), &threads, |b, _| {
-            b.iter(|| matmul::product(&pool, None, &x, 1, w, &mut scratch, Some(KernelSet::detect())))
+            b.iter(|| {
+                matmul::product(
+                    &pool,
+                    None,
+                    &x,
+                    1,
+                    w,
+                    &mut scratch,
+                    Some(KernelSet::detect()),
+                    false,
+                )
+            })
         });
         group.bench_with_input(BenchmarkId::new("read", threads), &threads, |b, _| {
             b.iter(|| {
@@ -199,7 +211,7 @@ fn prefill(c: &mut Criterion) {
             .filter(|s| s.available())
         {
             group.bench_with_input(BenchmarkId::new(set.name(), &id), &id, |b, _| {
-                b.iter(|| matmul::product(&pool, None, &x, rows, w, &mut scratch, Some(set)))
+                b.iter(|| matmul::product(&pool, None, &x, rows, w, &mut scratch, Some(set), true))
             });
         }
     }

@@ -46,15 +46,15 @@ pub fn reserve_partials(values: usize) {
     });
 }
 
-/// The most partial values a step of `rows` rows on `threads` threads holds for attention of
-/// shape `s` (zero where its rows attend in tiles, which take no partials).
+/// The most partial values a decode-sized step (fewer than [`TILED_MIN_ROWS`] rows) of `rows`
+/// rows on `threads` threads holds for attention of shape `s`; zero for larger steps, whose
+/// single rows (decode rows sharing a step with a prompt chunk) grow the partials on first use.
 pub fn partials_for(s: &AttentionShape, rows: usize, threads: usize) -> usize {
     if rows >= TILED_MIN_ROWS || s.kv_heads == 0 {
         return 0;
     }
-    let pairs = rows * s.kv_heads;
-    // `chunks` is at most `ceil(2 threads / pairs)`, so pairs times chunks at most this.
-    (2 * threads + pairs) * (s.heads / s.kv_heads) * (s.head_dim + 2)
+    // Each row's keys split into at most `2 threads` chunks (`Cache::chunks`).
+    rows * s.kv_heads * 2 * threads * (s.heads / s.kv_heads) * (s.head_dim + 2)
 }
 
 /// Proof that AVX2 and FMA were detected at run time; only [`Simd::detect`] makes one.
@@ -97,124 +97,247 @@ pub fn attend(
     ) else {
         return false;
     };
-    let (hd, qcols) = (s.head_dim, s.heads * s.head_dim);
+    let qcols = s.heads * s.head_dim;
     let group = s.heads / s.kv_heads;
     if group > MAX_GROUP {
         return false;
     }
     let simd = Simd::detect();
     let rows = positions.len();
-    if rows >= TILED_MIN_ROWS {
-        // Blocks of consecutive rows, split further where the slot changes.
-        let width = tiled::Width::detect(simd);
-        let qb = tiled::MAX_QUERIES / group;
-        pool.install(|| {
-            out[..rows * qcols]
-                .par_chunks_mut(qb * qcols)
-                .enumerate()
-                .for_each(|(b, ob)| {
-                    let r0 = b * qb;
-                    let n = ob.len() / qcols;
-                    let mut i = 0;
-                    while i < n {
-                        let slot = slots[r0 + i];
-                        let e = (i + 1..n).find(|&e| slots[r0 + e] != slot).unwrap_or(n);
-                        let tiled = tiled::block(
-                            width,
-                            s,
-                            &q[(r0 + i) * qcols..(r0 + e) * qcols],
-                            &positions[r0 + i..r0 + e],
-                            slot,
-                            kc,
-                            vc,
-                            &mut ob[i * qcols..e * qcols],
-                        );
-                        if !tiled {
-                            for r in i..e {
-                                for (g, og) in
-                                    ob[r * qcols..(r + 1) * qcols].chunks_mut(group * hd).enumerate()
-                                {
-                                    attend_group(simd, s, q, positions, slots, kc, vc, r0 + r, g, og);
-                                }
-                            }
-                        }
-                        i = e;
-                    }
-                })
-        });
-        return true;
-    }
-    // Few (row, KV head) pairs for the threads (a decode step): each pair's keys split into
-    // chunks attended in parallel, then combined.
-    let pairs = rows * s.kv_heads;
     let threads = spin.map_or(pool.current_num_threads(), |p| p.threads());
-    let most_keys = positions
-        .iter()
-        .map(|&p| (p - s.window.map_or(0, |w| (p + 1).saturating_sub(w as u32)) + 1) as usize)
-        .max()
-        .unwrap_or(0);
-    let chunks = if pairs >= threads {
-        1
-    } else {
-        (2 * threads)
-            .div_ceil(pairs)
-            .min(most_keys / MIN_SPLIT_KEYS)
-            .max(1)
-    };
-    // The loops below on the spinning threads where given, else on the pool.
-    let each = |data: &mut [f32], len: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)| match spin {
-        Some(p) => crate::spin::chunks_mut(p, data, len, f),
-        None => pool.install(|| data.par_chunks_mut(len).enumerate().for_each(|(i, c)| f(i, c))),
-    };
-    if chunks > 1 {
-        let part = group * (hd + 2);
-        return PARTIALS.with(|cell| {
-            let mut parts = cell.borrow_mut();
-            if parts.len() < pairs * chunks * part {
-                parts.resize(pairs * chunks * part, 0.0);
+    // Runs of consecutive rows of one slot: a run of at least TILED_MIN_ROWS (a prompt chunk)
+    // attends in tiled blocks counted from its first row, the other rows (decode rows, short
+    // chunks) one by one with their keys split by their own count. A row's arithmetic thus
+    // depends only on its own run, never on what else shares the step: batching changes no
+    // result.
+    ROWS.with(|cell| {
+        let mut scratch = cell.borrow_mut();
+        let RowScratch {
+            runs,
+            single,
+            chunks,
+            first,
+        } = &mut *scratch;
+        runs.clear();
+        single.clear();
+        let mut i = 0;
+        while i < rows {
+            let e = (i + 1..rows).find(|&e| slots[e] != slots[i]).unwrap_or(rows);
+            if e - i >= TILED_MIN_ROWS {
+                runs.push((i, e));
+            } else {
+                single.extend(i..e);
             }
-            let parts = &mut parts[..pairs * chunks * part];
-            each(parts, part, &|t, pt| {
-                let (pair, c) = (t / chunks, t % chunks);
-                partial_group(
-                    simd,
-                    s,
-                    q,
-                    positions,
-                    slots,
-                    kc,
-                    vc,
-                    pair / s.kv_heads,
-                    pair % s.kv_heads,
-                    c,
-                    chunks,
-                    pt,
-                )
-            });
-            let parts = &*parts;
-            each(&mut out[..rows * qcols], group * hd, &|i, og| {
-                combine(&parts[i * chunks * part..(i + 1) * chunks * part], group, hd, og)
-            });
-            true
-        });
-    }
-    // One task per (row, KV head): the group's query heads read each cached K and V row once,
-    // while it is in cache, instead of once per head.
-    each(&mut out[..rows * qcols], group * hd, &|i, og| {
-        attend_group(
-            simd,
+            i = e;
+        }
+        let c = Cache {
             s,
             q,
             positions,
             slots,
             kc,
             vc,
-            i / s.kv_heads,
-            i % s.kv_heads,
-            og,
-        )
+            simd,
+        };
+        if !runs.is_empty() {
+            c.tiled_runs(pool, runs, &mut out[..rows * qcols]);
+        }
+        if !single.is_empty() {
+            c.row_by_row(
+                pool,
+                spin,
+                threads,
+                single,
+                (chunks, first),
+                &mut out[..rows * qcols],
+            );
+        }
     });
     true
+}
+
+/// The calling thread's lists of a step's rows ([`attend`]), kept so that decode steps
+/// allocate nothing.
+#[derive(Default)]
+struct RowScratch {
+    /// Runs of rows of one slot attended in tiles.
+    runs: Vec<(usize, usize)>,
+    /// Rows attended one by one.
+    single: Vec<usize>,
+    /// Each single row's chunks.
+    chunks: Vec<usize>,
+    /// Where each single row's partials start.
+    first: Vec<usize>,
+}
+
+thread_local! {
+    static ROWS: RefCell<RowScratch> = RefCell::default();
+}
+
+/// What every row's attention reads.
+struct Cache<'a> {
+    s: &'a AttentionShape,
+    q: &'a [f32],
+    positions: &'a [u32],
+    slots: &'a [u32],
+    kc: &'a [f32],
+    vc: &'a [f32],
+    simd: Option<Simd>,
+}
+
+impl Cache<'_> {
+    /// The runs `runs` (row ranges of one slot each) in [`tiled`] blocks of at most
+    /// `tiled::MAX_QUERIES / group` rows from each run's first row, the blocks in parallel.
+    fn tiled_runs(&self, pool: &rayon::ThreadPool, runs: &[(usize, usize)], out: &mut [f32]) {
+        let s = self.s;
+        let (hd, qcols, group) = (s.head_dim, s.heads * s.head_dim, s.heads / s.kv_heads);
+        let width = tiled::Width::detect(self.simd);
+        let qb = tiled::MAX_QUERIES / group;
+        let mut blocks: Vec<(usize, &mut [f32])> = Vec::new();
+        let (mut rest, mut at) = (out, 0usize);
+        for &(a, e) in runs {
+            let mut b = a;
+            while b < e {
+                let n = qb.min(e - b);
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut((b - at) * qcols);
+                let (block, tail) = tail.split_at_mut(n * qcols);
+                blocks.push((b, block));
+                rest = tail;
+                (at, b) = (b + n, b + n);
+            }
+        }
+        pool.install(|| {
+            blocks.into_par_iter().for_each(|(r0, ob)| {
+                let n = ob.len() / qcols;
+                let tiled = tiled::block(
+                    width,
+                    s,
+                    &self.q[r0 * qcols..(r0 + n) * qcols],
+                    &self.positions[r0..r0 + n],
+                    self.slots[r0],
+                    self.kc,
+                    self.vc,
+                    ob,
+                );
+                if !tiled {
+                    for r in 0..n {
+                        for (g, og) in ob[r * qcols..(r + 1) * qcols].chunks_mut(group * hd).enumerate() {
+                            self.group(r0 + r, g, og);
+                        }
+                    }
+                }
+            })
+        });
+    }
+
+    /// Row `r`'s attention for KV head `g`, whole ([`attend_group`]).
+    fn group(&self, r: usize, g: usize, og: &mut [f32]) {
+        let c = self;
+        attend_group(c.simd, c.s, c.q, c.positions, c.slots, c.kc, c.vc, r, g, og);
+    }
+
+    /// How many chunks row `r`'s keys split into: as many as keep `2 * threads` busy on one
+    /// row, with at least [`MIN_SPLIT_KEYS`] keys each. Depends on the row alone.
+    fn chunks(&self, r: usize, threads: usize) -> usize {
+        let p = self.positions[r];
+        let keys = (p - self.s.window.map_or(0, |w| (p + 1).saturating_sub(w as u32)) + 1) as usize;
+        (2 * threads).min(keys / MIN_SPLIT_KEYS).max(1)
+    }
+
+    /// The rows `rows` one by one: each (row, KV head) whole where its keys make one chunk,
+    /// else its chunks attended in parallel and then combined (one task per (row, KV head)
+    /// each time: the group's query heads read each cached K and V row once).
+    fn row_by_row(
+        &self,
+        pool: &rayon::ThreadPool,
+        spin: Option<&crate::spin::SpinPool>,
+        threads: usize,
+        rows: &[usize],
+        (chunks, first): (&mut Vec<usize>, &mut Vec<usize>),
+        out: &mut [f32],
+    ) {
+        let s = self.s;
+        let (hd, qcols, group, heads) = (s.head_dim, s.heads * s.head_dim, s.heads / s.kv_heads, s.kv_heads);
+        let part = group * (hd + 2);
+        // Each row's chunks, and where its (KV head, chunk) partials start (rows of one chunk
+        // take none).
+        chunks.clear();
+        chunks.extend(rows.iter().map(|&r| self.chunks(r, threads)));
+        first.clear();
+        let mut tasks = 0usize;
+        for &n in chunks.iter() {
+            first.push(tasks);
+            if n > 1 {
+                tasks += heads * n;
+            }
+        }
+        first.push(tasks);
+        let (chunks, first) = (&*chunks, &*first);
+        // The loops below on the spinning threads where given, else on the pool.
+        let each = |data: &mut [f32], len: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)| match spin {
+            Some(p) => crate::spin::chunks_mut(p, data, len, f),
+            None => pool.install(|| data.par_chunks_mut(len).enumerate().for_each(|(i, c)| f(i, c))),
+        };
+        PARTIALS.with(|cell| {
+            let mut parts = cell.borrow_mut();
+            if parts.len() < tasks * part {
+                parts.resize(tasks * part, 0.0);
+            }
+            let parts = &mut parts[..tasks * part];
+            if tasks > 0 {
+                each(parts, part, &|t, pt| {
+                    let j = first.partition_point(|&f| f <= t) - 1;
+                    let (n, local) = (chunks[j], t - first[j]);
+                    let c = self;
+                    partial_group(
+                        c.simd,
+                        s,
+                        c.q,
+                        c.positions,
+                        c.slots,
+                        c.kc,
+                        c.vc,
+                        rows[j],
+                        local / n,
+                        local % n,
+                        n,
+                        pt,
+                    )
+                });
+            }
+            let parts = &*parts;
+            // Row j's head g: whole, or its chunks combined.
+            let finish = |j: usize, g: usize, og: &mut [f32]| {
+                let n = chunks[j];
+                if n == 1 {
+                    self.group(rows[j], g, og);
+                } else {
+                    let at = (first[j] + g * n) * part;
+                    combine(&parts[at..at + n * part], group, hd, og);
+                }
+            };
+            let contiguous = rows.iter().enumerate().all(|(j, &r)| r == j) && rows.len() * qcols <= out.len();
+            if contiguous {
+                each(&mut out[..rows.len() * qcols], group * hd, &|i, og| {
+                    finish(i / heads, i % heads, og)
+                });
+            } else {
+                let mut segments: Vec<(usize, &mut [f32])> = Vec::with_capacity(rows.len() * heads);
+                let mut want = rows.iter().enumerate().peekable();
+                for (r, row) in out.chunks_mut(qcols).enumerate() {
+                    if let Some((j, _)) = want.next_if(|(_, &w)| w == r) {
+                        segments.extend(row.chunks_mut(group * hd).map(|og| (j, og)));
+                    }
+                }
+                pool.install(|| {
+                    segments
+                        .into_par_iter()
+                        .enumerate()
+                        .for_each(|(i, (j, og))| finish(j, i % heads, og))
+                });
+            }
+        });
+    }
 }
 
 /// The fewest rows in a step that attend in [`tiled`] blocks.

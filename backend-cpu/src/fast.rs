@@ -46,7 +46,7 @@ const WROWS: usize = 4;
 
 /// The fewest activation rows that go through [`gemm`] (weights unpacked once per matmul)
 /// rather than the fused kernels (weights unpacked once per [`TILE`] rows).
-const GEMM_MIN_ROWS: usize = 8;
+pub const GEMM_MIN_ROWS: usize = 8;
 
 /// Parallel tasks per thread in a [`gemm`] product.
 const GEMM_TASKS_PER_THREAD: usize = 4;
@@ -466,6 +466,12 @@ pub fn reserve(values: usize) {
 /// as `kernels::matmul` does for a few rows, in row-major panels for the prefill product.
 /// Returns the layout, or `None`, having written nothing, where the weight format is not
 /// covered or the activations are not all finite; the caller then uses the reference path.
+///
+/// `gemm` chooses the kernels: the prefill product (weights unpacked once; `rows` at least
+/// [`GEMM_MIN_ROWS`]) or the fused row kernels, whose every row equals that row alone bit for
+/// bit. The caller decides by each row's own sequence, so that a row's result never depends
+/// on what else shares the step.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul(
     pool: &rayon::ThreadPool,
     spin: Option<&crate::spin::SpinPool>,
@@ -474,7 +480,9 @@ pub fn matmul(
     rows: usize,
     w: &WeightView,
     scratch: &mut [f32],
+    gemm: bool,
 ) -> Option<Layout> {
+    let gemm = gemm && rows >= GEMM_MIN_ROWS;
     let kind = Kind::of(w.dtype)?;
     let k = w.k;
     if rows == 0 || k == 0 || !k.is_multiple_of(kind.block()) {
@@ -489,7 +497,7 @@ pub fn matmul(
         let mut acts = cell.borrow_mut();
         // The `q4_k` matrix-vector kernels sum whole weight blocks in integers over one scale
         // per 256 activations.
-        let span = if rows < GEMM_MIN_ROWS && matches!(kind, Kind::Q4K | Kind::Q5K) {
+        let span = if !gemm && matches!(kind, Kind::Q4K | Kind::Q5K) {
             256
         } else {
             QK
@@ -498,11 +506,11 @@ pub fn matmul(
             return None;
         }
         #[cfg(target_arch = "x86_64")]
-        if rows >= GEMM_MIN_ROWS && set.amx().is_some() && amx::covers(kind) {
+        if gemm && set.amx().is_some() && amx::covers(kind) {
             amx::split(&mut acts, pool, rows, k);
         }
         let acts = &*acts;
-        if rows >= GEMM_MIN_ROWS {
+        if gemm {
             // Tasks of a panel of weight rows (at most `MAX_TASK_ROWS` unpacked) by a block of
             // activation rows: the panels alone where they make enough tasks, row blocks as
             // well where they do not (the panel's unpacking then repeats per block).
@@ -1576,7 +1584,7 @@ mod tests {
             let x: Vec<f32> = (0..rows * k).map(|_| rng.unit()).collect();
             for set in KernelSet::ALL.into_iter().filter(|s| s.available()) {
                 let mut scratch = vec![0f32; n * rows];
-                let layout = matmul(&pool, None, set, &x, rows, &w, &mut scratch).expect("covered");
+                let layout = matmul(&pool, None, set, &x, rows, &w, &mut scratch, true).expect("covered");
                 let mut product = vec![0f32; n * rows];
                 crate::layout::scatter(&scratch, layout, rows, 0, &mut product);
                 let mut wf = vec![0f32; k];
@@ -1592,6 +1600,55 @@ mod tests {
                             "{kind:?} {set:?} n={n} k={k} rows={rows}: ({j}, {r}) {got} vs {reference}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// What the backend's routing by sequence relies on: through the row kernels (`gemm` false)
+    /// every row of a step of many rows equals that row alone bit for bit, for every format and
+    /// kernel set; the prefill product (`gemm` true) does not (it sums in another order), which
+    /// is why a decode row never goes through it beside a prompt chunk.
+    #[test]
+    fn row_kernels_give_each_row_of_many_its_result_alone() {
+        let mut rng = Rng(99);
+        let pool = one_thread();
+        for kind in ALL_KINDS {
+            let (n, k, rows) = (24, 512, 12);
+            let w: Vec<u8> = (0..n).flat_map(|_| random_row(kind, k, &mut rng)).collect();
+            let x: Vec<f32> = (0..rows * k).map(|_| rng.unit()).collect();
+            let view = WeightView {
+                bytes: &w,
+                dtype: dtype(kind),
+                n,
+                k,
+            };
+            let product = |set, rows: usize, gemm| {
+                let mut scratch = vec![0f32; n * rows];
+                let layout = matmul(&pool, None, set, &x[..rows * k], rows, &view, &mut scratch, gemm)
+                    .expect("a covered format");
+                let mut out = vec![0f32; n * rows];
+                crate::layout::scatter(&scratch, layout, rows, 0, &mut out);
+                out
+            };
+            for set in KernelSet::ALL.into_iter().filter(|s| s.available()) {
+                let many = product(set, rows, false);
+                for r in [0, 5, rows - 1] {
+                    let alone = {
+                        let mut scratch = vec![0f32; n];
+                        let xr = &x[r * k..(r + 1) * k];
+                        let layout =
+                            matmul(&pool, None, set, xr, 1, &view, &mut scratch, false).expect("covered");
+                        let mut out = vec![0f32; n];
+                        crate::layout::scatter(&scratch, layout, 1, 0, &mut out);
+                        out
+                    };
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&many[r * n..(r + 1) * n]),
+                        bits(&alone),
+                        "{kind:?} {set:?} row {r}"
+                    );
                 }
             }
         }
@@ -1652,6 +1709,6 @@ mod tests {
         let mut x = vec![1f32; 32];
         x[3] = f32::INFINITY;
         let mut scratch = vec![0f32; 2];
-        assert!(matmul(&pool, None, KernelSet::detect(), &x, 1, &w, &mut scratch).is_none());
+        assert!(matmul(&pool, None, KernelSet::detect(), &x, 1, &w, &mut scratch, false).is_none());
     }
 }

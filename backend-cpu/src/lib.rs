@@ -488,30 +488,72 @@ impl CpuBackend {
                         RowCount::Step => rows,
                         RowCount::Selected => prog.graph.selected_rows,
                     };
-                    // No allocation per step: the product lands in the program's scratch and
-                    // is copied into each split's value in place.
-                    let layout = matmul::product(
-                        &self.pool,
-                        self.spin.as_ref(),
-                        v(x),
-                        xrows,
-                        w,
-                        &mut arena.scratch[..prog.scratch],
-                        self.kernels,
-                    );
-                    let scratch = &arena.scratch[..prog.scratch];
-                    let mut j0 = par::scatter(&self.pool, scratch, layout, xrows, 0, out);
-                    for o in &node.outputs[1..] {
-                        let o = o.0 as usize;
-                        j0 = par::scatter(
+                    // A row's sequence decides its kernels: rows of a run of at least
+                    // GEMM_MIN_ROWS rows of one slot (a prompt chunk) take the prefill product,
+                    // the others (decode rows, short chunks) the row kernels, so that batching
+                    // changes no row's result. Blocks of consecutive rows of one choice are
+                    // multiplied together; no allocation per step: each product lands in the
+                    // arena's scratch and is copied into each split's rows in place.
+                    let selected = prog.shapes[x.0 as usize].rows == RowCount::Selected;
+                    let slot = |i: usize| {
+                        if selected {
+                            args.select
+                                .get(i)
+                                .and_then(|&r| args.slots.get(r as usize))
+                                .copied()
+                                .unwrap_or(u32::MAX)
+                        } else {
+                            args.slots.get(i).copied().unwrap_or(u32::MAX)
+                        }
+                    };
+                    let run_end = |i: usize| (i + 1..xrows).find(|&e| slot(e) != slot(i)).unwrap_or(xrows);
+                    let long = |i: usize| {
+                        let start = (0..i)
+                            .rev()
+                            .take_while(|&s| slot(s) == slot(i))
+                            .last()
+                            .unwrap_or(i);
+                        run_end(i) - start >= fast::GEMM_MIN_ROWS
+                    };
+                    // The input, out of the slots while the outputs are written (another slot).
+                    let (xv, x_slot) = (x.0 as usize, slot_of[x.0 as usize]);
+                    let x_taken = std::mem::take(&mut values[x_slot]);
+                    let xs = &x_taken[..len[xv]];
+                    let k = xs.len() / xrows.max(1);
+                    let mut a = 0;
+                    while a < xrows {
+                        let gemm = long(a);
+                        let mut b = run_end(a);
+                        while b < xrows && long(b) == gemm {
+                            b = run_end(b);
+                        }
+                        let m = b - a;
+                        let layout = matmul::product(
                             &self.pool,
-                            scratch,
-                            layout,
-                            xrows,
-                            j0,
-                            &mut values[slot_of[o]][..len[o]],
+                            self.spin.as_ref(),
+                            &xs[a * k..b * k],
+                            m,
+                            w,
+                            &mut arena.scratch[..prog.scratch],
+                            self.kernels,
+                            gemm,
                         );
+                        let scratch = &arena.scratch[..prog.scratch];
+                        let rows_of = |o: &mut [f32]| {
+                            let cols = o.len() / xrows.max(1);
+                            (a * cols, b * cols)
+                        };
+                        let (o0, o1) = rows_of(out);
+                        let mut j0 = par::scatter(&self.pool, scratch, layout, m, 0, &mut out[o0..o1]);
+                        for o in &node.outputs[1..] {
+                            let o = o.0 as usize;
+                            let value = &mut values[slot_of[o]][..len[o]];
+                            let (o0, o1) = rows_of(value);
+                            j0 = par::scatter(&self.pool, scratch, layout, m, j0, &mut value[o0..o1]);
+                        }
+                        a = b;
                     }
+                    values[x_slot] = x_taken;
                 }
                 Op::Rope {
                     x,

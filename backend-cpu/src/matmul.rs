@@ -20,7 +20,7 @@ pub fn matmul_with(
     outs: &mut [&mut [f32]],
     fast: Option<KernelSet>,
 ) {
-    let layout = product(pool, None, x, rows, w, scratch, fast);
+    let layout = product(pool, None, x, rows, w, scratch, fast, true);
     let mut j0 = 0;
     for out in outs.iter_mut() {
         j0 = scatter(scratch, layout, rows, j0, out);
@@ -30,7 +30,8 @@ pub fn matmul_with(
 /// The product of `Op::MatMul` into `scratch` (`n * rows`) through `crate::fast` where `fast`
 /// (a kernel set) and the weight format allow, else the reference loops (column-major);
 /// returns how the product lies. `spin`, where given, takes the matrix-vector products of a
-/// few rows instead of `pool`.
+/// few rows instead of `pool`; `gemm` allows the prefill product (see `crate::fast::matmul`).
+#[allow(clippy::too_many_arguments)]
 pub fn product(
     pool: &rayon::ThreadPool,
     spin: Option<&crate::spin::SpinPool>,
@@ -39,9 +40,10 @@ pub fn product(
     w: WeightView,
     scratch: &mut [f32],
     fast: Option<KernelSet>,
+    gemm: bool,
 ) -> Layout {
     if let Some(set) = fast {
-        if let Some(layout) = crate::fast::matmul(pool, spin, set, x, rows, &w, scratch) {
+        if let Some(layout) = crate::fast::matmul(pool, spin, set, x, rows, &w, scratch, gemm) {
             return layout;
         }
     }

@@ -203,7 +203,7 @@ impl StepModel for Toy {
     }
 
     /// Its caches hold the whole context (no rings): any prefix stays.
-    fn can_rewind(&self, _by: usize) -> bool {
+    fn can_rewind(&self, _len: usize, _by: usize) -> bool {
         true
     }
 }

@@ -511,11 +511,13 @@ impl StepModel for Gemma3Model {
             .min(self.cache_shape.context)
     }
 
-    fn can_rewind(&self, by: usize) -> bool {
+    fn can_rewind(&self, len: usize, by: usize) -> bool {
         // A sliding-window layer's ring holds its window and the rows past it: shortening a
-        // sequence by `by` keeps what the next steps read while the ring has `by` rows to spare.
+        // sequence by `by` keeps what the next steps read while the ring has `by` rows to spare,
+        // or while the sequence never filled the ring (nothing was overwritten yet).
         self.layers.iter().all(|l| {
             l.cache.capacity >= self.cache_shape.context
+                || len <= l.cache.capacity
                 || l.cache.capacity.saturating_sub(self.config.sliding_window) >= by
         })
     }

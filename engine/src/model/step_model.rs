@@ -85,9 +85,10 @@ pub trait StepModel {
     /// holds them all (a ring at least its window), within the context.
     fn fresh_rows(&self) -> usize;
 
-    /// Whether a sequence may be shortened by `by` tokens (a kept prefix, `engine serve`'s
-    /// prefix reuse): every cache that is a ring still holds what the following steps read.
-    fn can_rewind(&self, by: usize) -> bool;
+    /// Whether a sequence of `len` tokens may be shortened by `by` tokens (a kept prefix,
+    /// `engine serve`'s prefix reuse): every cache that is a ring still holds what the following
+    /// steps read.
+    fn can_rewind(&self, len: usize, by: usize) -> bool;
 }
 
 /// How the KV caches are sized.

@@ -474,7 +474,7 @@ impl<M: StepModel> Session<M> {
         if len > cur {
             return false;
         }
-        let safe = self.model.can_rewind(cur - len);
+        let safe = self.model.can_rewind(cur, cur - len);
         if safe {
             self.lengths[slot] = len;
         }
