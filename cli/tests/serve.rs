@@ -640,18 +640,18 @@ fn bad_input_is_a_4xx_in_openai_shape_and_the_server_keeps_serving() {
             Some("response_format"),
         ),
         (
-            "logprobs true in chat",
+            "top_logprobs over 20 in chat",
             post(
                 addr,
                 "/v1/chat/completions",
-                &json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true}),
+                &json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21}),
             ),
             400,
-            Some("logprobs"),
+            Some("top_logprobs"),
         ),
         (
-            "logprobs 1 in completions",
-            post(addr, "/v1/completions", &json!({"prompt": "hi", "logprobs": 1})),
+            "logprobs a string in completions",
+            post(addr, "/v1/completions", &json!({"prompt": "hi", "logprobs": "5"})),
             400,
             Some("logprobs"),
         ),
@@ -703,7 +703,11 @@ fn bad_input_is_a_4xx_in_openai_shape_and_the_server_keeps_serving() {
         said("body over the limit"),
         "the request body is larger than --max-body-bytes (4096 bytes)"
     );
-    for field in ["response_format", "logprobs", "tools"] {
+    assert_eq!(
+        said("logprobs a string in completions"),
+        "`logprobs` must be an integer from 0 to 20, got the string \"5\""
+    );
+    for field in ["response_format", "tools"] {
         let what = cases.iter().find(|c| c.3 == Some(field)).expect("a case").0;
         let message = said(what);
         assert!(

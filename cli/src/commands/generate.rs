@@ -157,7 +157,7 @@ impl Collect<'_> {
 impl EventSink for &mut Collect<'_> {
     fn send(&mut self, event: Event) -> bool {
         match event {
-            Event::Token { id, text } => {
+            Event::Token { id, text, .. } => {
                 self.ids.push(id);
                 self.write(&text)
             }

@@ -5,6 +5,12 @@
 //! only grow if the vocabulary does), since it runs once per generated token. The random numbers
 //! come from a xoshiro256** generator seeded from [`SamplerConfig::seed`], so the same seed and
 //! the same logits give the same tokens.
+//!
+//! A sampler can also report each pick's log-probability and the row's most likely tokens
+//! ([`Sampler::with_logprobs`], OpenAI's `logprobs`): the log-softmax of the raw logits
+//! (temperature 1, before the repetition penalty and every warper), in f64 over the whole row,
+//! computed before the row is touched and without drawing a random number, so that asking for
+//! them changes no pick.
 
 use std::cmp::Ordering;
 
@@ -139,6 +145,81 @@ pub struct Sampler {
     weights: Vec<f32>,
     /// One bit per token id: seen in the history (all zero between calls).
     seen: Vec<u64>,
+    /// How many of the row's most likely tokens to report with each pick's log-probability;
+    /// `None`: no log-probabilities ([`Sampler::with_logprobs`]).
+    logprobs: Option<usize>,
+    /// The last pick's log-probabilities, until taken ([`Sampler::take_logprobs`]).
+    last: Option<TokenLogprobs>,
+    /// Scratch: the ids of the row's most likely tokens; the raw logits of the history's ids
+    /// (which the repetition penalty changes in place).
+    top_ids: Vec<u32>,
+    raw_history: Vec<f32>,
+}
+
+/// The most alternatives [`Sampler::with_logprobs`] reports per token (OpenAI's
+/// `top_logprobs` allows 20).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A picked token's log-probability and the row's most likely tokens with theirs: the
+/// log-softmax of the raw logits (temperature 1, before the repetition penalty and the
+/// warpers), computed in f64 over the whole row. NaN logits count as `-inf`; where some logits
+/// are `+inf`, those share the probability and every other token's is `-inf`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    /// The picked token's log-probability (at most 0; `-inf` for a token of probability 0).
+    pub logprob: f64,
+    /// The row's most likely tokens (as many as asked, fewer where fewer logits are above
+    /// `-inf`) with their log-probabilities, most likely first, equal ones by lower id.
+    pub top: Vec<(u32, f64)>,
+}
+
+/// A row's log-softmax: its maximum (NaN skipped) and `ln(sum(exp(l - max)))` in f64.
+#[derive(Debug, Clone, Copy)]
+struct LogSoftmax {
+    max: f32,
+    log_sum: f64,
+    /// How many logits are `+inf` (where `max` is).
+    infinite: usize,
+}
+
+impl LogSoftmax {
+    fn of(logits: &[f32]) -> LogSoftmax {
+        let max = nan_free_max(logits);
+        if max == f32::INFINITY {
+            let infinite = logits.iter().filter(|&&l| l == f32::INFINITY).count();
+            return LogSoftmax {
+                max,
+                log_sum: (infinite as f64).ln(),
+                infinite,
+            };
+        }
+        let m = f64::from(max);
+        let sum: f64 = logits
+            .iter()
+            .filter(|&&l| l > f32::NEG_INFINITY)
+            .map(|&l| (f64::from(l) - m).exp())
+            .sum();
+        LogSoftmax {
+            max,
+            log_sum: sum.ln(),
+            infinite: 0,
+        }
+    }
+
+    /// The log-probability of a token whose logit is `l`.
+    fn of_logit(&self, l: f32) -> f64 {
+        if l.is_nan() || l == f32::NEG_INFINITY || self.max == f32::NEG_INFINITY {
+            return f64::NEG_INFINITY;
+        }
+        if self.infinite > 0 {
+            return if l == f32::INFINITY {
+                -self.log_sum
+            } else {
+                f64::NEG_INFINITY
+            };
+        }
+        (f64::from(l) - f64::from(self.max)) - self.log_sum
+    }
 }
 
 impl Sampler {
@@ -151,7 +232,31 @@ impl Sampler {
             candidates: Vec::new(),
             weights: Vec::new(),
             seen: Vec::new(),
+            logprobs: None,
+            last: None,
+            top_ids: Vec::new(),
+            raw_history: Vec::new(),
         })
+    }
+
+    /// This sampler reporting each pick's log-probability and the row's `top` most likely tokens
+    /// (at most [`MAX_TOP_LOGPROBS`]; 0: the pick's alone) after every [`Sampler::sample`]
+    /// ([`Sampler::take_logprobs`]); `None`: none. A sampler that reports them needs whole rows
+    /// ([`Sampler::fits_ranked`] says no). The picks stay those of the sampler without.
+    pub fn with_logprobs(mut self, top: Option<usize>) -> Self {
+        self.logprobs = top.map(|n| n.min(MAX_TOP_LOGPROBS));
+        self
+    }
+
+    /// How many alternatives each pick's log-probabilities carry, where they are reported.
+    pub fn logprobs(&self) -> Option<usize> {
+        self.logprobs
+    }
+
+    /// The last pick's log-probabilities (where [`Sampler::with_logprobs`] asked for them and
+    /// the pick came from a whole row); `None` once taken.
+    pub fn take_logprobs(&mut self) -> Option<TokenLogprobs> {
+        self.last.take()
     }
 
     /// The configuration.
@@ -168,7 +273,48 @@ impl Sampler {
     /// When no logit is above `-inf` (or `logits` is empty) the result is 0, the same as greedy
     /// argmax with ties broken towards the lowest id. With temperature 0 no random number is
     /// drawn, and neither is one when only a single candidate is left.
+    ///
+    /// With [`Sampler::with_logprobs`], the pick's log-probability and the row's most likely
+    /// tokens are worked out from the row as it came, before anything changes it, and kept for
+    /// [`Sampler::take_logprobs`]; no random number is drawn for them.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        let Some(top) = self.logprobs else {
+            return self.pick(logits, history);
+        };
+        let norm = LogSoftmax::of(logits);
+        self.top_ids.clear();
+        if top > 0 {
+            top_k_by_rank(logits, top, |l| l, &mut self.top_ids);
+        }
+        let best = self
+            .top_ids
+            .iter()
+            .map(|&id| (id, norm.of_logit(logits[id as usize])))
+            .collect();
+        // The penalty changes the history's logits in place: keep them as they came.
+        let penalised = self.cfg.repetition_penalty != 1.0;
+        self.raw_history.clear();
+        if penalised {
+            self.raw_history.extend(
+                history
+                    .iter()
+                    .map(|&h| logits.get(h as usize).copied().unwrap_or(f32::NAN)),
+            );
+        }
+        let id = self.pick(logits, history);
+        let raw = match history.iter().position(|&h| h == id) {
+            Some(at) if penalised => self.raw_history[at],
+            _ => logits.get(id as usize).copied().unwrap_or(f32::NAN),
+        };
+        self.last = Some(TokenLogprobs {
+            logprob: norm.of_logit(raw),
+            top: best,
+        });
+        id
+    }
+
+    /// [`Sampler::sample`] without the log-probabilities.
+    fn pick(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         if self.cfg.repetition_penalty != 1.0 {
             self.apply_repetition_penalty(logits, history);
         }
@@ -237,7 +383,10 @@ impl Sampler {
     /// lower id; NaN counted as -inf), then their token ids as f32. Picks what `sample` picks on
     /// the whole row, with the same draws, wherever [`Sampler::fits_ranked`] says `k` is enough
     /// (no repetition penalty, and top-k within it, or greedy).
+    ///
+    /// It reports no log-probabilities (a sampler that reports them never fits ranked).
     pub fn sample_ranked(&mut self, best: &[f32]) -> u32 {
+        self.last = None;
         let n = best.len() / 2;
         let (values, ids) = best.split_at(n);
         let id = |i: usize| ids[i] as u32;
@@ -263,9 +412,11 @@ impl Sampler {
 
     /// Whether [`Sampler::sample_ranked`] over a row's best `n` logits picks what
     /// [`Sampler::sample`] picks over the whole row: without a repetition penalty, greedy, or
-    /// top-k of at most `n`.
+    /// top-k of at most `n`; never where it reports log-probabilities, which take the whole
+    /// row's log-softmax ([`Sampler::with_logprobs`]).
     pub fn fits_ranked(&self, n: usize) -> bool {
-        self.cfg.repetition_penalty == 1.0
+        self.logprobs.is_none()
+            && self.cfg.repetition_penalty == 1.0
             && n > 0
             && (self.cfg.temperature == 0.0 || (1..=n).contains(&self.cfg.top_k))
     }
@@ -842,6 +993,119 @@ mod tests {
             alone.iter().any(|&id| id != alone[0]),
             "the rows differ: {alone:?}"
         );
+    }
+
+    /// The log-softmax by its definition, in f64 over the whole row (NaN as -inf).
+    fn log_softmax(row: &[f32]) -> Vec<f64> {
+        let max = row
+            .iter()
+            .filter(|l| !l.is_nan())
+            .fold(f64::NEG_INFINITY, |m, &l| m.max(f64::from(l)));
+        let sum: f64 = row
+            .iter()
+            .filter(|l| !l.is_nan())
+            .map(|&l| (f64::from(l) - max).exp())
+            .sum();
+        row.iter()
+            .map(|&l| {
+                if l.is_nan() {
+                    f64::NEG_INFINITY
+                } else {
+                    f64::from(l) - max - sum.ln()
+                }
+            })
+            .collect()
+    }
+
+    /// Asking for log-probabilities changes no pick (the same draws, a repetition penalty
+    /// included), and they are the raw row's log-softmax: the pick's, and the `top` best ids in
+    /// rank order with theirs.
+    #[test]
+    fn logprobs_are_the_raw_rows_log_softmax_and_change_no_pick() {
+        let vocab = 3000;
+        let steps = random_logits(12, vocab, 31);
+        let history: Vec<u32> = (0..200).map(|i| i * 53 % vocab as u32).collect();
+        let penalised = |c: SamplerConfig, p: f32| SamplerConfig {
+            repetition_penalty: p,
+            ..c
+        };
+        let configs = [
+            SamplerConfig::greedy(),
+            cfg(1.0, 64, 0.95, 0.0),
+            cfg(0.7, 0, 0.9, 0.05),
+            cfg(3.0, 0, 1.0, 0.0),
+            penalised(cfg(1.0, 40, 1.0, 0.0), 1.3),
+            penalised(SamplerConfig::greedy(), 0.5),
+        ];
+        let mut from_history = 0;
+        for c in configs {
+            for top in [0, 1, 5, MAX_TOP_LOGPROBS] {
+                let mut plain = Sampler::new(c).unwrap();
+                let mut with = Sampler::new(c).unwrap().with_logprobs(Some(top));
+                assert!(
+                    !with.fits_ranked(RANKED),
+                    "{c:?}: log-probabilities need whole rows"
+                );
+                for (step, row) in steps.iter().enumerate() {
+                    let want = plain.sample(&mut row.clone(), &history);
+                    let got = with.sample(&mut row.clone(), &history);
+                    assert_eq!(got, want, "{c:?}, top {top}, step {step}");
+                    assert!(plain.take_logprobs().is_none());
+                    let lp = with.take_logprobs().expect("log-probabilities");
+                    assert!(with.take_logprobs().is_none(), "taken once");
+                    let exact = log_softmax(row);
+                    assert!(
+                        (lp.logprob - exact[got as usize]).abs() < 1e-9,
+                        "{c:?}, step {step}: {} against {}",
+                        lp.logprob,
+                        exact[got as usize]
+                    );
+                    from_history += usize::from(history.contains(&got));
+                    let mut ranked: Vec<u32> = (0..vocab as u32).collect();
+                    ranked.sort_by(|a, b| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b)));
+                    let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+                    assert_eq!(ids, ranked[..top], "{c:?}, step {step}");
+                    for &(id, l) in &lp.top {
+                        assert!((l - exact[id as usize]).abs() < 1e-9);
+                        assert!(l <= 0.0);
+                    }
+                }
+            }
+        }
+        // The penalty (0.5 favours the history) had picks whose logits it changed: their
+        // log-probabilities are the raw row's, checked above.
+        assert!(from_history > 0);
+    }
+
+    /// How many best logits the ranked tests read.
+    const RANKED: usize = 128;
+
+    #[test]
+    fn logprobs_of_rows_with_nan_and_infinities() {
+        let mut s = Sampler::new(SamplerConfig::greedy())
+            .unwrap()
+            .with_logprobs(Some(3));
+        // NaN and -inf have probability 0; two equal logits share it.
+        assert_eq!(s.sample(&mut [f32::NAN, f32::NEG_INFINITY, 1.0, 1.0], &[]), 2);
+        let lp = s.take_logprobs().unwrap();
+        let half = 0.5f64.ln();
+        assert!((lp.logprob - half).abs() < 1e-12);
+        assert_eq!(lp.top.len(), 2, "only the tokens above -inf: {lp:?}");
+        assert_eq!((lp.top[0].0, lp.top[1].0), (2, 3));
+        // +inf logits share the whole probability.
+        assert_eq!(s.sample(&mut [f32::INFINITY, 5.0, f32::INFINITY], &[]), 0);
+        let lp = s.take_logprobs().unwrap();
+        assert!((lp.logprob - half).abs() < 1e-12);
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 2, 1]);
+        assert_eq!(lp.top[2].1, f64::NEG_INFINITY);
+        // Nothing above -inf: the pick (0) has probability 0.
+        assert_eq!(s.sample(&mut [f32::NAN, f32::NEG_INFINITY], &[]), 0);
+        let lp = s.take_logprobs().unwrap();
+        assert_eq!((lp.logprob, lp.top.len()), (f64::NEG_INFINITY, 0));
+        // A ranked pick carries none.
+        let mut r = Sampler::new(SamplerConfig::greedy()).unwrap();
+        r.sample_ranked(&[2.0, 1.0, 7.0, 3.0]);
+        assert!(r.take_logprobs().is_none());
     }
 
     #[test]

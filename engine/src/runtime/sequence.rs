@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use super::sampler::{Sampler, SamplerConfig, SamplerError};
+use super::sampler::{Sampler, SamplerConfig, SamplerError, TokenLogprobs};
 use super::session::Session;
 use super::stop::StopMatcher;
 use crate::model::StepModel;
@@ -38,12 +38,16 @@ pub struct Request<'s> {
 pub enum Event {
     /// A generated token and the text that became final with it (often one piece, sometimes
     /// empty: an incomplete character, a special token, or text held back because it may begin
-    /// a stop string).
+    /// a stop string). Special tokens (`<end_of_turn>`, `<start_of_image>`, `<pad>`: those the
+    /// tokenizer marks special) never show in the text; their ids still come.
     Token {
         /// The token id.
         id: u32,
         /// Text released with it.
         text: String,
+        /// Its log-probability and the most likely tokens of its row, where the sink asked for
+        /// them ([`EventSink::logprobs`]).
+        logprobs: Option<TokenLogprobs>,
     },
     /// Generation ended.
     Done {
@@ -73,6 +77,15 @@ pub trait EventSink: Send {
     /// Whether the receiver has gone, checked before each step (a request still in its prompt
     /// sends nothing, so this is how its cancellation is seen).
     fn is_closed(&self) -> bool;
+
+    /// Whether each [`Event::Token`] should carry the token's log-probability, and with how many
+    /// of its row's most likely tokens (OpenAI's `logprobs` and `top_logprobs`; at most
+    /// [`super::sampler::MAX_TOP_LOGPROBS`]): `None` (the default) for none. Asked once, by
+    /// [`Request::check`]. A sequence that wants them has its steps read back whole rows of
+    /// logits; its tokens stay those it would pick without.
+    fn logprobs(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Why generation ended: OpenAI's `finish_reason` values.
@@ -197,8 +210,8 @@ impl Limits {
 
 impl Request<'_> {
     /// Checks the prompt (continuing `cached` tokens already in the slot), the token budget, the
-    /// stop strings and the sampling settings; returns the request's sampler. The one place a
-    /// request is checked.
+    /// stop strings and the sampling settings; returns the request's sampler (reporting
+    /// log-probabilities where the sink asks for them). The one place a request is checked.
     pub fn check(&self, limits: Limits, cached: usize) -> Result<Sampler, RequestError> {
         let context = limits.context;
         if self.prompt.is_empty() {
@@ -223,7 +236,7 @@ impl Request<'_> {
         if !self.stop.is_empty() && !limits.text {
             return Err(RequestError::StopWithoutText);
         }
-        Ok(Sampler::new(self.sampling)?)
+        Ok(Sampler::new(self.sampling)?.with_logprobs(self.sink.logprobs()))
     }
 }
 
@@ -358,6 +371,7 @@ impl<'t> Sequence<'t> {
     /// [`Sequence::sampler_parts`]).
     pub fn accept_id(&mut self, id: u32, at_limit: bool) -> (Option<Outcome>, Latency) {
         self.first_logits.get_or_insert_with(Instant::now);
+        let logprobs = self.sampler.take_logprobs();
         self.history.push(id);
         self.generated += 1;
         let now = Instant::now();
@@ -383,6 +397,7 @@ impl<'t> Sequence<'t> {
         if !self.sink.send(Event::Token {
             id,
             text: released.text,
+            logprobs,
         }) {
             return (Some(Outcome::Cancelled), latency);
         }
@@ -457,6 +472,174 @@ mod tests {
             sink: Box::new(Nowhere),
             arrived: Instant::now(),
         }
+    }
+
+    /// Every event a sequence sends, and the log-probabilities it asks for.
+    struct Heard<'a> {
+        events: &'a std::sync::Mutex<Vec<Event>>,
+        logprobs: Option<usize>,
+    }
+
+    impl EventSink for Heard<'_> {
+        fn send(&mut self, event: Event) -> bool {
+            self.events.lock().unwrap().push(event);
+            true
+        }
+
+        fn is_closed(&self) -> bool {
+            false
+        }
+
+        fn logprobs(&self) -> Option<usize> {
+            self.logprobs
+        }
+    }
+
+    /// A Gemma-like SentencePiece vocabulary as a GGUF file gives it: control tokens, the image
+    /// markers and an HTML tag as user-defined tokens, the byte tokens, a few words.
+    fn spm_tokenizer() -> Tokenizer {
+        use crate::tokenizer::spm::{SpmTokenizer, SpmVocab};
+        let mut pieces: Vec<(String, i32)> = [
+            ("<pad>", 3),
+            ("<eos>", 3),
+            ("<bos>", 3),
+            ("<unk>", 3),
+            ("<start_of_turn>", 3),
+            ("<end_of_turn>", 3),
+            ("<start_of_image>", 4),
+            ("<end_of_image>", 4),
+            ("<b>", 4),
+        ]
+        .iter()
+        .map(|&(t, k)| (t.to_string(), k))
+        .collect();
+        pieces.extend((0..=255u8).map(|b| (format!("<0x{b:02X}>"), 6)));
+        pieces.extend(["▁", "a", "b", "▁a"].iter().map(|&t| (t.to_string(), 1)));
+        let vocab = SpmVocab {
+            scores: (0..pieces.len()).map(|i| -(i as f32)).collect(),
+            types: pieces.iter().map(|p| p.1).collect(),
+            tokens: pieces.into_iter().map(|p| p.0).collect(),
+            bos: Some(2),
+            eos: Some(1),
+            unk: Some(3),
+            add_bos: true,
+            add_space_prefix: false,
+        };
+        Tokenizer::from_spm(SpmTokenizer::new(vocab).unwrap(), None)
+    }
+
+    /// Special tokens (control tokens, and the image markers a GGUF vocabulary types as
+    /// user-defined) add no text to what a sequence streams, and their ids still come; text-like
+    /// user-defined tokens (`<b>`) do show.
+    #[test]
+    fn special_tokens_are_not_streamed_as_text() {
+        let tokenizer = spm_tokenizer();
+        let id = |t: &str| tokenizer.token_id(t).unwrap();
+        let events = std::sync::Mutex::new(Vec::new());
+        let mut r = request(vec![2], 16);
+        r.sink = Box::new(Heard {
+            events: &events,
+            logprobs: None,
+        });
+        let limits = Limits {
+            vocab: tokenizer.vocab_size(),
+            context: 64,
+            text: true,
+        };
+        let sampler = r.check(limits, 0).unwrap();
+        let mut seq = Sequence::new(r, sampler, 0, &tokenizer);
+        let ids = [
+            id("▁a"),
+            id("<start_of_image>"),
+            id("<b>"),
+            id("<pad>"),
+            id("<end_of_image>"),
+            id("<start_of_turn>"),
+            id("b"),
+            id("<eos>"),
+        ];
+        for &t in &ids {
+            seq.accept_id(t, false);
+        }
+        drop(seq);
+        let events = events.into_inner().unwrap();
+        let mut text = String::new();
+        let mut heard = Vec::new();
+        for e in &events {
+            match e {
+                Event::Token {
+                    id,
+                    text: t,
+                    logprobs,
+                } => {
+                    heard.push(*id);
+                    text.push_str(t);
+                    assert!(logprobs.is_none(), "not asked for");
+                }
+                Event::Done { text: t, .. } => text.push_str(t),
+                Event::Failed { message } => panic!("{message}"),
+            }
+        }
+        assert_eq!(heard, ids, "every id comes");
+        assert_eq!(text, " a<b>b");
+        assert!(matches!(
+            events.last(),
+            Some(Event::Done {
+                finish_reason: FinishReason::Stop,
+                ..
+            })
+        ));
+    }
+
+    /// A sink that asks for log-probabilities gets them with each token its sequence samples
+    /// from a whole row, and the token is the one it would pick without.
+    #[test]
+    fn a_sink_that_asks_hears_each_tokens_logprobs() {
+        let tokenizer = spm_tokenizer();
+        let vocab = tokenizer.vocab_size();
+        let limits = Limits {
+            vocab,
+            context: 64,
+            text: true,
+        };
+        let row: Vec<f32> = (0..vocab).map(|i| ((i * 37) % 101) as f32 * 0.1).collect();
+        let mut picks = Vec::new();
+        for logprobs in [None, Some(2)] {
+            let events = std::sync::Mutex::new(Vec::new());
+            let mut r = request(vec![2], 4);
+            r.sampling = SamplerConfig {
+                seed: 9,
+                ..SamplerConfig::default()
+            };
+            r.sink = Box::new(Heard {
+                events: &events,
+                logprobs,
+            });
+            let sampler = r.check(limits, 0).unwrap();
+            assert_eq!(sampler.logprobs(), logprobs);
+            let mut seq = Sequence::new(r, sampler, 0, &tokenizer);
+            for _ in 0..3 {
+                seq.accept(&mut row.clone(), false);
+            }
+            drop(seq);
+            let events = events.into_inner().unwrap();
+            let mut ids = Vec::new();
+            for e in &events {
+                if let Event::Token { id, logprobs: lp, .. } = e {
+                    ids.push(*id);
+                    match (logprobs, lp) {
+                        (None, None) => {}
+                        (Some(n), Some(lp)) => {
+                            assert_eq!(lp.top.len(), n);
+                            assert!(lp.logprob <= 0.0 && lp.top[0].1 >= lp.top[1].1);
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+            }
+            picks.push(ids);
+        }
+        assert_eq!(picks[0], picks[1]);
     }
 
     #[test]

@@ -161,6 +161,21 @@ impl Implementation {
         }
     }
 
+    /// The bytes token `id` stands for; see [`Tokenizer::token_bytes`].
+    fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        match self {
+            Implementation::HuggingFace(tok) => {
+                let piece = tok.id_to_token(id)?;
+                if let Some(byte) = spm::byte_token_value(&piece) {
+                    return Some(vec![byte]);
+                }
+                tok.decode(&[id], false).ok().map(String::into_bytes)
+            }
+            Implementation::SentencePiece(spm) => spm.token_bytes(id),
+            Implementation::Absent(_) => None,
+        }
+    }
+
     /// One more than the largest id, added tokens included.
     fn vocab_size(&self) -> usize {
         match self {
@@ -465,6 +480,14 @@ impl Tokenizer {
     /// The text of the end-of-sequence token (`"<eos>"`), for the chat template.
     pub fn eos_token(&self) -> Option<&str> {
         self.eos.as_ref().map(|s| s.text.as_str())
+    }
+
+    /// The bytes token `id` stands for on its own: a byte-fallback token's one byte (`<0xE2>`,
+    /// part of a character), else its text as the decoder writes it (`▁` as a space), a special
+    /// token's spelling (`<end_of_turn>`) included. `None` for an id the vocabulary lacks (and
+    /// without a vocabulary). For log-probabilities, which name every token.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        self.inner.token_bytes(id)
     }
 
     /// A [`StreamDecoder`] over this tokenizer.
@@ -987,6 +1010,15 @@ mod tests {
         out.extend(s.finish().unwrap());
         assert_eq!(out, t.decode(&ids, false).unwrap());
         assert_eq!(out, " hello €é hello€");
+    }
+
+    #[test]
+    fn token_bytes_are_a_words_text_a_byte_tokens_byte_and_a_specials_spelling() {
+        let t = gemma_like();
+        assert_eq!(t.token_bytes(word_id("▁hello")), Some(b" hello".to_vec()));
+        assert_eq!(t.token_bytes(BYTE0 + 0xE2), Some(vec![0xE2]));
+        assert_eq!(t.token_bytes(EOT), Some(b"<end_of_turn>".to_vec()));
+        assert_eq!(t.token_bytes(t.vocab_size() as u32), None);
     }
 
     #[test]

@@ -42,6 +42,16 @@ const TYPE_USER_DEFINED: i32 = 4;
 /// Token type of byte tokens `<0x00>`..`<0xFF>`.
 const TYPE_BYTE: i32 = 6;
 
+/// User-defined tokens that are markers, not text: Gemma 3's multimodal tokens, which its
+/// `tokenizer.json` marks special but llama.cpp's conversion types as user-defined, as it does
+/// the HTML tags and whitespace runs that are text. Decoding with `skip_special` leaves them out.
+const MARKERS: [&str; 4] = [
+    "[multimodal]",
+    "<start_of_image>",
+    "<end_of_image>",
+    "<image_soft_token>",
+];
+
 /// The space replacement of SentencePiece, U+2581 LOWER ONE EIGHTH BLOCK.
 const SPACE_MARK: char = '\u{2581}';
 
@@ -355,17 +365,29 @@ impl SpmTokenizer {
         self.tokens.len()
     }
 
-    /// Whether `id` is a control token, the unknown token, BOS or EOS: the tokens that decoding
-    /// with `skip_special` leaves out. False for ids out of range.
+    /// Whether `id` is a control token, the unknown token, BOS or EOS, or a user-defined marker
+    /// (`<start_of_image>`: [`MARKERS`]): the tokens that decoding with `skip_special` leaves
+    /// out. False for ids out of range.
     pub fn is_special(&self, id: u32) -> bool {
         match self.types.get(id as usize) {
             Some(&kind) => {
                 kind == TYPE_CONTROL
                     || kind == TYPE_UNKNOWN
                     || [self.bos, self.eos, self.unk].contains(&Some(id))
+                    || (kind == TYPE_USER_DEFINED && MARKERS.contains(&self.tokens[id as usize].as_str()))
             }
             None => false,
         }
+    }
+
+    /// The bytes token `id` stands for in text: a byte token's byte, else its text with `▁` as a
+    /// space (a special token's spelling included); `None` when `id` is out of range.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let token = self.tokens.get(id as usize)?;
+        Some(match byte_token_value(token) {
+            Some(byte) => vec![byte],
+            None => token.replace(SPACE_MARK, " ").into_bytes(),
+        })
     }
 
     /// The BOS id, if the vocabulary has one.
@@ -578,7 +600,7 @@ fn respell_whitespace(text: &str) -> Option<String> {
 }
 
 /// The byte a token spelled `<0xNN>` stands for.
-fn byte_token_value(token: &str) -> Option<u8> {
+pub(super) fn byte_token_value(token: &str) -> Option<u8> {
     let hex = token.strip_prefix("<0x")?.strip_suffix('>')?;
     if hex.len() != 2 {
         return None;
@@ -788,6 +810,51 @@ mod tests {
         assert!(!tok.is_special(u32::MAX));
     }
 
+    /// Gemma 3's image markers are user-defined tokens in its GGUF (like `<b>` and `\n\n`, which
+    /// are text), but its tokenizer.json marks them special: decoding with `skip_special` leaves
+    /// them out and keeps the text-like ones.
+    #[test]
+    fn image_markers_are_special_and_other_user_defined_tokens_are_text() {
+        let mut pieces = normal(&LETTERS);
+        pieces.extend([
+            ("[multimodal]", TYPE_USER_DEFINED),
+            ("<start_of_image>", TYPE_USER_DEFINED),
+            ("<end_of_image>", TYPE_USER_DEFINED),
+        ]);
+        let tok = SpmTokenizer::new(vocab_with(&pieces, true)).expect("valid");
+        let id = |p: &str| tok.id_of(p).unwrap();
+        let ids = [
+            id("a"),
+            id("<start_of_image>"),
+            id("<b>"),
+            id("\n\n"),
+            id("[multimodal]"),
+            id("<end_of_image>"),
+            id("b"),
+        ];
+        assert_eq!(tok.decode(&ids, true).unwrap(), "a<b>\n\nb");
+        assert_eq!(
+            tok.decode(&ids, false).unwrap(),
+            "a<start_of_image><b>\n\n[multimodal]<end_of_image>b"
+        );
+        for marker in [
+            "<start_of_image>",
+            "<end_of_image>",
+            "[multimodal]",
+            "<end_of_turn>",
+        ] {
+            assert!(tok.is_special(id(marker)), "{marker}");
+        }
+        assert!(!tok.is_special(id("<b>")) && !tok.is_special(id("\n\n")));
+        // Each token's bytes: a byte token's byte, `▁` as a space, a special token's spelling.
+        assert_eq!(tok.token_bytes(id("<0xE6>")), Some(vec![0xE6]));
+        assert_eq!(
+            tok.token_bytes(id("<end_of_turn>")),
+            Some(b"<end_of_turn>".to_vec())
+        );
+        assert_eq!(tok.token_bytes(u32::MAX), None);
+    }
+
     #[test]
     fn whitespace_runs_are_respelled_merges() {
         let tok = tokenizer(&LETTERS);
@@ -907,6 +974,14 @@ mod tests {
         assert!(vocab.add_bos && !vocab.add_space_prefix);
         let tok = SpmTokenizer::new(vocab).expect("Gemma 3 vocabulary");
         assert_eq!(tok.vocab_size(), 262_144);
+        // The image markers are user-defined there, and special (HTML tags are text).
+        for (marker, special) in [
+            ("<start_of_image>", true),
+            ("<end_of_image>", true),
+            ("<b>", false),
+        ] {
+            assert_eq!(tok.is_special(tok.id_of(marker).unwrap()), special, "{marker}");
+        }
 
         let cases = reference["tokenization"].as_array().expect("tokenization array");
         assert!(cases.len() >= 30);

@@ -1,13 +1,15 @@
 //! OpenAI's request fields, read one by one from the JSON body (unknown fields are ignored, a
 //! field of the wrong type is a 400 naming it, and so is one that asks for what tandem does not
-//! do: [`unsupported`]), and the response and chunk documents.
+//! do: [`unsupported`]), and the response and chunk documents, with their log-probabilities
+//! ([`Logprobs`]).
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use tandem_engine::runtime::sampler::{TokenLogprobs, MAX_TOP_LOGPROBS};
 use tandem_engine::serve::FinishReason;
 use tandem_engine::tokenizer::chat::{Message, Role};
-use tandem_engine::SamplerConfig;
+use tandem_engine::{SamplerConfig, Tokenizer};
 
 use super::error::ApiError;
 
@@ -90,6 +92,8 @@ pub struct Common {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Log-probabilities with each token, and how many alternatives ([`logprobs`]).
+    pub logprobs: Option<usize>,
 }
 
 /// A seed for a request without one: different for every request, as OpenAI's are.
@@ -166,13 +170,227 @@ pub fn common(obj: &Map<String, Value>, chat: bool, defaults: &SamplerConfig) ->
         stop,
         stream,
         include_usage,
+        logprobs: logprobs(obj, chat)?,
     })
 }
 
+/// Whether each token should come with its log-probability, and with how many of the most
+/// likely tokens (`None`: no log-probabilities). Chat: `logprobs` true, with `top_logprobs`
+/// alternatives (0 to 20; 0 when absent; a positive `top_logprobs` without `logprobs` is a
+/// 400). Completions: `logprobs` N (0 to 20; OpenAI's legacy API allows 5), each position then
+/// carrying the N most likely tokens and the chosen one; `false` and `null` ask for none.
+fn logprobs(obj: &Map<String, Value>, chat: bool) -> Result<Option<usize>, ApiError> {
+    let range = format!("an integer from 0 to {MAX_TOP_LOGPROBS}");
+    let count = |name: &str| -> Result<Option<usize>, ApiError> {
+        let out_of_range = |v: &Value| {
+            ApiError::invalid(
+                format!("`{name}` must be {range}, got {}", describe(v)),
+                Some(name),
+            )
+        };
+        match obj.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n <= MAX_TOP_LOGPROBS as u64 => Ok(Some(n as usize)),
+                _ => Err(out_of_range(v)),
+            },
+        }
+    };
+    if !chat {
+        if obj.get("logprobs") == Some(&Value::Bool(false)) {
+            return Ok(None);
+        }
+        return count("logprobs");
+    }
+    let on: bool = field(obj, "logprobs", "true or false")?.unwrap_or(false);
+    let top = count("top_logprobs")?;
+    if !on {
+        if top.is_some_and(|n| n > 0) {
+            return Err(ApiError::invalid(
+                "`top_logprobs` needs `logprobs`: true",
+                Some("top_logprobs"),
+            ));
+        }
+        return Ok(None);
+    }
+    Ok(Some(top.unwrap_or(0)))
+}
+
+/// A log-probability as JSON holds it: `-inf` (a token of probability 0) as -9999, as
+/// OpenAI's API writes it.
+fn finite(logprob: f64) -> f64 {
+    if logprob.is_finite() {
+        logprob
+    } else {
+        -9999.0
+    }
+}
+
+/// Token `id` as log-probabilities name it: its text and its bytes (a byte-fallback token's
+/// one byte; a special token's spelling). A token whose bytes are not UTF-8 on their own (part
+/// of a character) is written `bytes:\xe2` as OpenAI's API does; an id the tokenizer does not
+/// know (or a model without one) is the empty string.
+fn spelled(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let bytes = tokenizer.token_bytes(id).unwrap_or_default();
+    let text = match std::str::from_utf8(&bytes) {
+        Ok(t) => t.to_owned(),
+        Err(_) => {
+            let hex: String = bytes.iter().map(|b| format!("\\x{b:02x}")).collect();
+            format!("bytes:{hex}")
+        }
+    };
+    (text, bytes)
+}
+
+/// A choice's log-probabilities as they come, token by token: all of them for a whole answer,
+/// or those since the last chunk for a stream ([`Logprobs::take`]).
+pub struct Logprobs {
+    kind: Kind,
+    chat: ChatLogprobs,
+    completion: CompletionLogprobs,
+    offsets: Offsets,
+}
+
+impl Logprobs {
+    /// None yet, for a response of `kind`.
+    pub fn new(kind: Kind) -> Self {
+        Logprobs {
+            kind,
+            chat: ChatLogprobs::default(),
+            completion: CompletionLogprobs::default(),
+            offsets: Offsets::default(),
+        }
+    }
+
+    /// Adds generated token `id` and its `lp`.
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32, lp: &TokenLogprobs) {
+        match self.kind {
+            Kind::Chat => self.chat.push(tokenizer, id, lp),
+            Kind::Completion => {
+                let offset = self.offsets.next(tokenizer, id);
+                self.completion.push(tokenizer, id, lp, offset);
+            }
+        }
+    }
+
+    /// The `logprobs` object of the tokens added since the last `take`, the text offsets
+    /// limited to `len` characters (where a stop string cut the text).
+    pub fn take(&mut self, len: Option<usize>) -> Value {
+        match self.kind {
+            Kind::Chat => std::mem::take(&mut self.chat).to_json(),
+            Kind::Completion => {
+                let mut c = std::mem::take(&mut self.completion);
+                if let Some(len) = len {
+                    c.clip_offsets(len);
+                }
+                c.to_json()
+            }
+        }
+    }
+}
+
+/// Where each token's text starts in the generated text, in characters (`text_offset`): the
+/// text of the tokens before it, special tokens skipped, counted as it becomes whole (a
+/// character split over byte tokens starts where its first byte's token does).
+#[derive(Default)]
+struct Offsets {
+    /// Ids whose text is not yet whole characters.
+    pending: Vec<u32>,
+    chars: usize,
+}
+
+impl Offsets {
+    /// The offset of token `id`, the next generated.
+    fn next(&mut self, tokenizer: &Tokenizer, id: u32) -> usize {
+        let at = self.chars;
+        self.pending.push(id);
+        let text = tokenizer.decode(&self.pending, true).unwrap_or_default();
+        // (A character has at most 4 bytes: a text still unfinished after 4 ids is its own.)
+        if !text.ends_with('\u{FFFD}') || self.pending.len() >= 4 {
+            self.chars += text.chars().count();
+            self.pending.clear();
+        }
+        at
+    }
+}
+
+/// Chat's `logprobs`: `{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
+/// "logprob", "bytes"}, ...]}, ...]}`.
+#[derive(Default)]
+struct ChatLogprobs {
+    content: Vec<Value>,
+}
+
+impl ChatLogprobs {
+    /// Adds token `id`, generated with `lp`.
+    fn push(&mut self, tokenizer: &Tokenizer, id: u32, lp: &TokenLogprobs) {
+        let entry = |id: u32, logprob: f64| {
+            let (token, bytes) = spelled(tokenizer, id);
+            json!({"token": token, "logprob": finite(logprob), "bytes": bytes})
+        };
+        let mut e = entry(id, lp.logprob);
+        e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
+        self.content.push(e);
+    }
+
+    /// The `logprobs` object.
+    fn to_json(&self) -> Value {
+        json!({"content": self.content})
+    }
+}
+
+/// Completions' `logprobs`: `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`, one
+/// entry per token; each `top_logprobs` entry maps the most likely tokens' texts, and the
+/// chosen token's, to their log-probabilities (a text two tokens share keeps the likelier).
+#[derive(Default)]
+struct CompletionLogprobs {
+    tokens: Vec<String>,
+    token_logprobs: Vec<f64>,
+    top_logprobs: Vec<Map<String, Value>>,
+    text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    /// Adds token `id`, generated with `lp`, whose text starts at `offset`.
+    fn push(&mut self, tokenizer: &Tokenizer, id: u32, lp: &TokenLogprobs, offset: usize) {
+        let mut top = Map::new();
+        let chosen = (id, lp.logprob);
+        // The chosen one goes in where it ranks (it may be among the best).
+        let mut ranked: Vec<(u32, f64)> = lp.top.clone();
+        if !ranked.iter().any(|&(t, _)| t == id) {
+            ranked.push(chosen);
+        }
+        for (t, l) in ranked {
+            top.entry(spelled(tokenizer, t).0)
+                .or_insert_with(|| Value::from(finite(l)));
+        }
+        self.tokens.push(spelled(tokenizer, id).0);
+        self.token_logprobs.push(finite(lp.logprob));
+        self.top_logprobs.push(top);
+        self.text_offset.push(offset);
+    }
+
+    /// Limits every offset to `len` characters (the text a stop string cut).
+    fn clip_offsets(&mut self, len: usize) {
+        for o in &mut self.text_offset {
+            *o = (*o).min(len);
+        }
+    }
+
+    /// The `logprobs` object.
+    fn to_json(&self) -> Value {
+        json!({
+            "tokens": self.tokens,
+            "token_logprobs": self.token_logprobs,
+            "top_logprobs": self.top_logprobs,
+            "text_offset": self.text_offset,
+        })
+    }
+}
+
 /// A 400 for a field that asks for what tandem does not do, rather than an answer that
-/// silently lacks it: `response_format` other than `{"type": "text"}`, `logprobs` other than
-/// false (chat's flag, or completions' count), `tools` other than an empty list. Absent, null
-/// and those values ask for nothing and pass.
+/// silently lacks it: `response_format` other than `{"type": "text"}`, `tools` other than an
+/// empty list. Absent, null and those values ask for nothing and pass.
 fn unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
     let refuse = |name: &str, what: &str| {
         Err(ApiError::invalid(
@@ -194,15 +412,6 @@ fn unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
             return refuse(
                 "response_format",
                 &format!("only {{\"type\": \"text\"}} is, got {}", describe(v)),
-            )
-        }
-    }
-    match obj.get("logprobs") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-        Some(v) => {
-            return refuse(
-                "logprobs",
-                &format!("no log probabilities are returned (got {})", describe(v)),
             )
         }
     }
@@ -342,17 +551,25 @@ pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
 
 impl Header {
     /// The whole (non-streamed) response. `token_ids` is tandem's addition (the generated
-    /// ids, which the text may not show: special tokens, or a model without a tokenizer).
-    pub fn response(&self, text: &str, token_ids: &[u32], finish: FinishReason, usage: Value) -> Value {
+    /// ids, which the text may not show: special tokens, or a model without a tokenizer);
+    /// `logprobs` the choice's (`null` where not asked for).
+    pub fn response(
+        &self,
+        text: &str,
+        token_ids: &[u32],
+        finish: FinishReason,
+        usage: Value,
+        logprobs: Value,
+    ) -> Value {
         let choice = match self.kind {
             Kind::Completion => json!({
-                "index": 0, "text": text, "logprobs": null,
+                "index": 0, "text": text, "logprobs": logprobs,
                 "finish_reason": finish.as_str(), "token_ids": token_ids,
             }),
             Kind::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish.as_str(),
                 "token_ids": token_ids,
             }),
@@ -377,14 +594,22 @@ impl Header {
     }
 
     /// One streamed chunk: `text` (and for chat the assistant role in the first), the ids it
-    /// came with, and the finish reason in the last.
-    pub fn chunk(&self, text: &str, token_ids: &[u32], first: bool, finish: Option<FinishReason>) -> Value {
+    /// came with and their `logprobs` (`null` where not asked for), and the finish reason in
+    /// the last.
+    pub fn chunk(
+        &self,
+        text: &str,
+        token_ids: &[u32],
+        first: bool,
+        finish: Option<FinishReason>,
+        logprobs: Value,
+    ) -> Value {
         let finish = finish.map(FinishReason::as_str);
         let (object, choice) = match self.kind {
             Kind::Completion => (
                 "text_completion",
                 json!({
-                    "index": 0, "text": text, "logprobs": null,
+                    "index": 0, "text": text, "logprobs": logprobs,
                     "finish_reason": finish, "token_ids": token_ids,
                 }),
             ),
@@ -399,7 +624,7 @@ impl Header {
                 (
                     "chat.completion.chunk",
                     json!({
-                        "index": 0, "delta": delta, "logprobs": null,
+                        "index": 0, "delta": delta, "logprobs": logprobs,
                         "finish_reason": finish, "token_ids": token_ids,
                     }),
                 )

@@ -23,7 +23,7 @@ use tandem_engine::tokenizer::chat::ChatTemplate;
 use tandem_engine::Tokenizer;
 use tokio::sync::mpsc;
 
-use super::api::{self, Header, Kind, Prompt};
+use super::api::{self, Header, Kind, Logprobs, Prompt};
 use super::error::ApiError;
 
 /// What every handler sees.
@@ -244,16 +244,24 @@ fn need_vocabulary(st: &AppState, what: &str) -> Result<(), ApiError> {
     ))
 }
 
-/// A request's events, through a channel the scheduler never waits on.
-struct ChannelSink(mpsc::UnboundedSender<Event>);
+/// A request's events, through a channel the scheduler never waits on, with log-probabilities
+/// where the request asked for them.
+struct ChannelSink {
+    tx: mpsc::UnboundedSender<Event>,
+    logprobs: Option<usize>,
+}
 
 impl EventSink for ChannelSink {
     fn send(&mut self, event: Event) -> bool {
-        self.0.send(event).is_ok()
+        self.tx.send(event).is_ok()
     }
 
     fn is_closed(&self) -> bool {
-        self.0.is_closed()
+        self.tx.is_closed()
+    }
+
+    fn logprobs(&self) -> Option<usize> {
+        self.logprobs
     }
 }
 
@@ -273,7 +281,10 @@ async fn generate(
         max_tokens,
         sampling: common.sampling,
         stop: common.stop,
-        sink: Box::new(ChannelSink(tx)),
+        sink: Box::new(ChannelSink {
+            tx,
+            logprobs: common.logprobs,
+        }),
         arrived,
     })?;
     let n = st.counter.fetch_add(1, Ordering::Relaxed);
@@ -291,10 +302,13 @@ async fn generate(
             Kind::Completion => None,
         },
     };
+    let logprobs = common
+        .logprobs
+        .map(|_| (Logprobs::new(kind), st.tokenizer.clone()));
     if common.stream {
-        Ok(stream(header, rx, common.include_usage, st.handle.clone()).into_response())
+        Ok(stream(header, rx, common.include_usage, st.handle.clone(), logprobs).into_response())
     } else {
-        Ok(collect(header, rx, &st.handle).await)
+        Ok(collect(header, rx, &st.handle, logprobs).await)
     }
 }
 
@@ -309,14 +323,41 @@ fn failed(handle: &Handle, message: String) -> ApiError {
     e
 }
 
+/// The log-probabilities a request asked for, gathered as its tokens come, and the tokenizer
+/// that names their tokens.
+type Gathered = Option<(Logprobs, Arc<Tokenizer>)>;
+
+/// Adds a token's log-probabilities to `gathered`.
+fn gather(gathered: &mut Gathered, id: u32, lp: Option<&tandem_engine::runtime::sampler::TokenLogprobs>) {
+    if let (Some((l, tokenizer)), Some(lp)) = (gathered.as_mut(), lp) {
+        l.push(tokenizer, id, lp);
+    }
+}
+
+/// The `logprobs` object of the tokens gathered since the last time (`null` where none was
+/// asked for), text offsets limited to `len` characters.
+fn taken(gathered: &mut Gathered, len: Option<usize>) -> Value {
+    gathered.as_mut().map_or(Value::Null, |(l, _)| l.take(len))
+}
+
 /// A non-streamed answer: the events collected into one document.
-async fn collect(header: Header, mut rx: mpsc::UnboundedReceiver<Event>, handle: &Handle) -> Response {
+async fn collect(
+    header: Header,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    handle: &Handle,
+    mut logprobs: Gathered,
+) -> Response {
     let (mut text, mut ids) = (String::new(), Vec::new());
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Token { id, text: t } => {
+            Event::Token {
+                id,
+                text: t,
+                logprobs: lp,
+            } => {
                 ids.push(id);
                 text.push_str(&t);
+                gather(&mut logprobs, id, lp.as_ref());
             }
             Event::Done {
                 text: t,
@@ -326,7 +367,8 @@ async fn collect(header: Header, mut rx: mpsc::UnboundedReceiver<Event>, handle:
             } => {
                 text.push_str(&t);
                 let usage = api::usage(prompt_tokens, completion_tokens);
-                let doc = header.response(&text, &ids, finish_reason, usage);
+                let lp = taken(&mut logprobs, Some(text.chars().count()));
+                let doc = header.response(&text, &ids, finish_reason, usage, lp);
                 return (StatusCode::OK, Json(doc)).into_response();
             }
             Event::Failed { message } => return failed(handle, message).into_response(),
@@ -335,12 +377,14 @@ async fn collect(header: Header, mut rx: mpsc::UnboundedReceiver<Event>, handle:
     ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "the scheduler stopped").into_response()
 }
 
-/// A streamed answer: one SSE `data:` chunk per token, the finish, the usage if asked, `[DONE]`.
+/// A streamed answer: one SSE `data:` chunk per token (with its log-probabilities where asked
+/// for), the finish, the usage if asked, `[DONE]`.
 fn stream(
     header: Header,
     rx: mpsc::UnboundedReceiver<Event>,
     include_usage: bool,
     handle: Handle,
+    logprobs: Gathered,
 ) -> impl IntoResponse {
     struct St {
         handle: Handle,
@@ -350,6 +394,7 @@ fn stream(
         first: bool,
         done: bool,
         include_usage: bool,
+        logprobs: Gathered,
     }
     let data = |v: Value| SseEvent::default().data(v.to_string());
     let st = St {
@@ -360,6 +405,7 @@ fn stream(
         first: true,
         done: false,
         include_usage,
+        logprobs,
     };
     let events = futures_util::stream::unfold(st, move |mut st| async move {
         loop {
@@ -370,8 +416,10 @@ fn stream(
                 return None;
             }
             match st.rx.recv().await {
-                Some(Event::Token { id, text }) => {
-                    let c = st.header.chunk(&text, &[id], st.first, None);
+                Some(Event::Token { id, text, logprobs }) => {
+                    gather(&mut st.logprobs, id, logprobs.as_ref());
+                    let lp = taken(&mut st.logprobs, None);
+                    let c = st.header.chunk(&text, &[id], st.first, None, lp);
                     st.first = false;
                     st.out.push_back(data(c));
                 }
@@ -381,7 +429,9 @@ fn stream(
                     prompt_tokens,
                     completion_tokens,
                 }) => {
-                    let c = st.header.chunk(&text, &[], st.first, Some(finish_reason));
+                    let c = st
+                        .header
+                        .chunk(&text, &[], st.first, Some(finish_reason), Value::Null);
                     st.out.push_back(data(c));
                     if st.include_usage {
                         let u = api::usage(prompt_tokens, completion_tokens);
