@@ -1227,8 +1227,8 @@ fn default_model_greedy_completions_equal_engine_run() {
     }
 }
 
-/// A prompt sharing a prefix with what the slot last held keeps that prefix's cache
-/// (`tandem_prompt_tokens_reused_total` counts it) and gives the tokens `engine run` gives
+/// A prompt sharing a prefix with what the slot last held keeps that prefix's cache, in whole
+/// chunks (`tandem_prompt_tokens_reused_total` counts it) and gives the tokens `engine run` gives
 /// without it; a request whose prefix another request evicted from the one slot, and a chat
 /// turn continuing the slot's whole history, answer the same as alone too.
 #[test]
@@ -1237,7 +1237,16 @@ fn a_shared_prefix_is_reused_and_changes_no_token() {
     let model = text_published();
     let server = Server::start(
         &install.path().join("engine"),
-        &["--model", &model, "--backend", "cpu", "--parallel", "1"],
+        &[
+            "--model",
+            &model,
+            "--backend",
+            "cpu",
+            "--parallel",
+            "1",
+            "--chunk",
+            "10",
+        ],
     );
     let reused = || server.metric("tandem_prompt_tokens_reused_total");
     let prefix: Vec<u32> = std::iter::once(2)
@@ -1265,6 +1274,8 @@ fn a_shared_prefix_is_reused_and_changes_no_token() {
             "6",
             "--temperature",
             "0",
+            "--chunk",
+            "10",
             "--json",
         ]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -1281,6 +1292,8 @@ fn a_shared_prefix_is_reused_and_changes_no_token() {
             .take_while(|(x, y)| x == y)
             .count()
             .min(b.len() - 1)
+            / 10
+            * 10
     };
 
     let a = with(&[401]);
@@ -1305,7 +1318,7 @@ fn a_shared_prefix_is_reused_and_changes_no_token() {
     // A chat turn: the whole history and a new tail.
     let d: Vec<u32> = held(&b, &gb2).into_iter().chain([404, 405]).collect();
     let gd = ask(&d);
-    want += held(&b, &gb2).len();
+    want += held(&b, &gb2).len() / 10 * 10;
     assert_eq!(reused(), want as f64);
     assert_eq!(gd.ids, alone(&d), "continuing the slot's history");
     assert!(

@@ -66,7 +66,11 @@ fn whole_vocabulary_sampling_with_a_seed_is_the_same_alone_batched_and_after_pre
         json!({"prompt": prompt, "max_tokens": 96, "seed": seed, "temperature": 0.8,
                "top_k": 0, "top_p": 1.0})
     };
-    let seeded = request("The history of the city begins in the year 1200, when", 7);
+    // Longer than a chunk: a repeat keeps its first whole chunks (prefix reuse keeps whole
+    // chunks, so the rest is read in the steps a fresh read takes).
+    let prompt = "The history of the city begins in the year 1200, when the first settlers crossed \
+                  the river from the east and built a small market beside the old stone bridge, where";
+    let seeded = request(prompt, 7);
     let alone = ids(&addr, &seeded);
     assert_eq!(alone.len(), 96, "{alone:?}");
     let batched = std::thread::scope(|s| {

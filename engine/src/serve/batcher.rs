@@ -454,7 +454,7 @@ fn run(
                 continue;
             }
             let (at, kept) = if reuse_prefix {
-                pick_slot(&free, &held, &request.prompt)
+                pick_slot(&free, &held, &request.prompt, live.chunk())
             } else {
                 (0, 0)
             };
@@ -635,10 +635,14 @@ fn place_again(
 
 /// The free slot a request with `prompt` should take (an index into `free`, least recently used
 /// first) and how many of its first tokens that slot already holds (`held`): the longest
-/// shared prefix, at most all but the prompt's last token; with none, the least recently used
-/// slot.
-fn pick_slot(free: &[u32], held: &[Vec<u32>], prompt: &[u32]) -> (usize, usize) {
-    let limit = prompt.len().saturating_sub(1);
+/// shared prefix, at most all but the prompt's last token, in whole chunks of `chunk` tokens;
+/// with none, the least recently used slot. Whole chunks: the rest of the prompt is then read
+/// in the very steps a fresh read would take (a chunk's rows go through a backend's prompt
+/// kernels, a shorter remainder through its row kernels), so reusing a prefix changes no
+/// result.
+fn pick_slot(free: &[u32], held: &[Vec<u32>], prompt: &[u32], chunk: usize) -> (usize, usize) {
+    let chunk = chunk.max(1);
+    let limit = prompt.len().saturating_sub(1) / chunk * chunk;
     let mut best = (0, 0);
     for (at, &slot) in free.iter().enumerate() {
         let shared = held[slot as usize]
@@ -646,7 +650,9 @@ fn pick_slot(free: &[u32], held: &[Vec<u32>], prompt: &[u32]) -> (usize, usize) 
             .zip(prompt)
             .take_while(|(a, b)| a == b)
             .count()
-            .min(limit);
+            .min(limit)
+            / chunk
+            * chunk;
         if shared > best.1 {
             best = (at, shared);
         }
