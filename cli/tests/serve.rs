@@ -1115,6 +1115,52 @@ fn chat_stops_at_end_of_turn_and_a_model_without_a_template_is_warned_of() {
     assert_eq!(first["warning"].as_str(), Some(warning), "{first}");
     let v = post(addr, "/v1/completions", &json!({"prompt": "Hi", "max_tokens": 1})).json();
     assert!(v.get("warning").is_none(), "{v}");
+    // Such a model's chat requests without max_tokens stop at 128 tokens, and the warning says
+    // so (the base default model once streamed 4,083 tokens to the README's example).
+    assert!(
+        warning.contains("without max_tokens stops after 128 tokens"),
+        "{warning}"
+    );
+    drop(server);
+    let base_dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(text_published()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, base_dir.path().join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let config_path = base_dir.path().join("tokenizer_config.json");
+    if let Ok(bytes) = std::fs::read(&config_path) {
+        let mut config: Value = serde_json::from_slice(&bytes).unwrap();
+        config.as_object_mut().unwrap().remove("chat_template");
+        std::fs::write(&config_path, config.to_string()).unwrap();
+    }
+    let _ = std::fs::remove_file(base_dir.path().join("chat_template.jinja"));
+    let base = Server::start(
+        &engine,
+        &["--model", base_dir.path().to_str().unwrap(), "--backend", "cpu"],
+    );
+    let open_ended = json!({"messages": [{"role": "user", "content": "Go on"}], "temperature": 0});
+    let v = post(&base.addr, "/v1/chat/completions", &open_ended).json();
+    let used = v["usage"]["completion_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert!(used <= 128, "{v}");
+    if v["choices"][0]["finish_reason"] == "length" {
+        assert_eq!(used, 128, "{v}");
+    }
+    assert!(
+        v["warning"].as_str().is_some_and(|w| w.contains("128 tokens")),
+        "{v}"
+    );
+    let log = base.stderr.lock().unwrap().clone();
+    assert!(log.contains("stops after 128 tokens"), "{log}");
+    drop(base);
+    let server = Server::start(
+        &engine,
+        &["--model", dir.path().to_str().unwrap(), "--backend", "cpu"],
+    );
+    let _ = post(&server.addr, "/v1/chat/completions", &doc);
     let log = server.stderr.lock().unwrap().clone();
     assert_eq!(log.matches("no chat template").count(), 1, "{log}");
     assert!(

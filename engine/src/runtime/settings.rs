@@ -368,9 +368,13 @@ pub const BACKEND_OPTIONS: [(&str, &[&str]); 5] = [
             "profile",
             "fuse",
             "int_dot",
+            "pipeline_cache",
         ],
     ),
-    ("wgpu", &["adapter", "backends", "validation", "profile"]),
+    (
+        "wgpu",
+        &["adapter", "backends", "validation", "profile", "pipeline_cache"],
+    ),
     (
         "npu",
         &["root", "artefacts", "executor", "generation", "timeout_ms"],

@@ -109,7 +109,12 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         load(ctx, &args.model, args.parallel as usize + sink).map_err(|e| slots_hint(e, args.parallel))?;
     let model_id = args.model_name.clone().unwrap_or_else(|| model_name(&args.model));
     // Said once in the log, and in every chat response's `warning` field.
-    let chat_warning = loaded.tuning.advice();
+    let chat_warning = loaded.tuning.advice().map(|a| {
+        format!(
+            "{a}; a chat request without max_tokens stops after {} tokens",
+            routes::BASE_CHAT_MAX_TOKENS
+        )
+    });
     if let Some(advice) = &chat_warning {
         eprintln!("note: {advice}");
     }

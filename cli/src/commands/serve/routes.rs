@@ -26,6 +26,11 @@ use tokio::sync::mpsc;
 use super::api::{self, Header, Kind, Logprobs, Prompt};
 use super::error::ApiError;
 
+/// The most tokens a chat request without `max_tokens` generates on a model whose replies
+/// wander (a base checkpoint, a model without a chat template), instead of the room left in
+/// the context: such a model rarely says its turn is over, and the README's streamed example
+/// once ran 4,083 tokens for two minutes on the default model.
+pub const BASE_CHAT_MAX_TOKENS: u64 = 128;
 /// What every handler sees.
 pub struct AppState {
     pub handle: Handle,
@@ -228,9 +233,15 @@ async fn chat_completions(
         .tokenizer
         .encode(&text, false)
         .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    // Chat defaults to the room left in the context.
+    // Chat defaults to the room left in the context; on a model whose replies wander (a base
+    // checkpoint, no template: the `warning` says so) to at most BASE_CHAT_MAX_TOKENS.
     let room = st.handle.context().saturating_sub(ids.len()) as u64;
-    let max_tokens = common.max_tokens.unwrap_or(room.max(1));
+    let default = if st.chat_warning.is_some() {
+        room.min(BASE_CHAT_MAX_TOKENS)
+    } else {
+        room
+    };
+    let max_tokens = common.max_tokens.unwrap_or(default.max(1));
     generate(&st, Kind::Chat, ids, max_tokens, common, arrived).await
 }
 
