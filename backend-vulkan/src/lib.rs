@@ -117,6 +117,13 @@ pub struct VulkanBackend {
     profile: bool,
     /// Fuse nodes into one kernel where `program::fuse` finds a pattern (option `fuse`).
     fuse: bool,
+    /// Option `prepare` / `TANDEM_VULKAN_PREPARE` (off by default; `engine serve` turns it on):
+    /// a compile creates, together on several threads, every kernel variant its matmuls may
+    /// take at any row count up to its own, instead of only those it uses.
+    prepare: bool,
+    /// The matmul weight shapes (n, k, format) and the row count up to which their kernel
+    /// variants were created up front.
+    prepared: Vec<((usize, usize, tandem_backend_api::DType), usize)>,
 }
 
 /// What the Vulkan kernels cover, for the shared op support rule
@@ -149,6 +156,7 @@ impl BackendPlugin for VulkanBackend {
         // `fuse = false` / TANDEM_VULKAN_FUSE=0: every node its own kernel (side-by-side
         // measurement and tests of the fused kernels).
         let fuse = flag(options, "fuse", "TANDEM_VULKAN_FUSE", true);
+        let prepare = flag(options, "prepare", "TANDEM_VULKAN_PREPARE", false);
         // `int_dot = false` / TANDEM_VULKAN_INT_DOT=0: the f32 matrix-vector kernels even where
         // the device has accelerated integer dot products; `true` / 1: the integer kernels
         // wherever the device has the feature (lavapipe's are not accelerated; the tests force
@@ -190,6 +198,8 @@ impl BackendPlugin for VulkanBackend {
             programs: Programs::new(),
             profile,
             fuse,
+            prepare,
+            prepared: Vec::new(),
         };
         let staging = b.memory.create(&b.gpu, STAGING_BYTES, Place::Host, "staging")?;
         b.staging = Some(staging);
@@ -576,7 +586,41 @@ impl ComputeBackend for VulkanBackend {
     fn compile(&mut self, graph: &tandem_backend_api::Graph) -> Result<ProgramId, BackendError> {
         self.validation()?;
         let before = self.pipelines.cache.counts;
-        let built = self.build_program(graph);
+        // Every kernel variant the matmuls of this model may take at any step size up to this
+        // graph's rows, created together on several threads the first time a weight shape is met
+        // at that size (later, smaller step shapes then find their pipelines made; `engine
+        // serve` warms its largest step first), where option `prepare` asks; on a real GPU
+        // only: a software rasteriser (lavapipe, the tests' device) compiles each pipeline
+        // quickly and would build variants no test runs, unless `TANDEM_VULKAN_PREPARE=1`.
+        let software = self.gpu.kind == tandem_backend_api::DeviceKind::SoftwareGpu
+            && std::env::var("TANDEM_VULKAN_PREPARE").as_deref() != Ok("1");
+        let ahead = self.prepare && !software;
+        let fresh: Vec<_> = graph
+            .nodes
+            .iter()
+            .filter_map(|n| match &n.op {
+                tandem_backend_api::Op::MatMul { weight, .. } => match weight.desc.shape[..] {
+                    [n, k] => Some((n, k, weight.desc.dtype)),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .filter(|s| ahead && !self.prepared.iter().any(|(p, r)| p == s && *r >= graph.rows))
+            .collect();
+        let built = if fresh.is_empty() {
+            Ok(())
+        } else {
+            let unit = program::matmul::Unit {
+                coopmat: self.gpu.coopmat,
+                cm2: self.gpu.coopmat2,
+                int_dot: self.gpu.int_dot,
+            };
+            let keys = program::matmul::variants(graph, unit, graph.rows);
+            self.prepared.retain(|(p, _)| !fresh.contains(p));
+            self.prepared.extend(fresh.into_iter().map(|s| (s, graph.rows)));
+            self.pipelines.prepare(&self.gpu, &keys)
+        };
+        let built = built.and_then(|()| self.build_program(graph));
         // The pipelines this compile built go to disk now (a server stopped by a signal keeps
         // them), even where the compile failed after building some.
         let what = format!("'{}'", graph.name);

@@ -69,75 +69,102 @@ impl Pipelines {
         if let Some(p) = self.pipelines.get(&(name.to_string(), spec)) {
             return Ok(*p);
         }
+        self.prepare(gpu, &[(name.to_string(), spec)])?;
+        self.pipelines
+            .get(&(name.to_string(), spec))
+            .copied()
+            .ok_or_else(|| BackendError::internal(format!("pipeline {name} {spec:?} not built")))
+    }
+
+    /// Creates every pipeline of `keys` (kernel, specialisation constants) not yet created, at
+    /// once on several threads: a driver compiles each on the calling thread, and the NVIDIA
+    /// driver takes seconds for a cooperative-matrix kernel, so a server's first step shapes
+    /// took 30 s one by one. The device and the pipeline cache (internally synchronised: it is
+    /// created without `EXTERNALLY_SYNCHRONIZED`) are shared by the threads.
+    pub fn prepare(&mut self, gpu: &Gpu, keys: &[(String, [u32; 2])]) -> Result<(), BackendError> {
+        let mut todo: Vec<(&str, [u32; 2], vk::ShaderModule)> = Vec::new();
+        for (name, spec) in keys {
+            if self.pipelines.contains_key(&(name.clone(), *spec))
+                || todo.iter().any(|(n, s, _)| n == name && s == spec)
+            {
+                continue;
+            }
+            let module = self.module(gpu, name)?;
+            todo.push((name, *spec, module));
+        }
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(todo.len())
+            .max(1);
+        let (layout, cache, feedback) = (self.layout, self.cache.handle, gpu.creation_feedback);
+        let device = &gpu.device;
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: Vec<Vec<(usize, Result<Built, vk::Result>)>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(&(_, spec, module)) = todo.get(i) else {
+                                break;
+                            };
+                            done.push((i, create(device, layout, cache, module, spec, feedback)));
+                        }
+                        done
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().unwrap_or_default())
+                .collect()
+        });
+        let mut failed = None;
+        for (i, built) in results.into_iter().flatten() {
+            match built {
+                Ok((pipeline, took, fb)) => {
+                    self.cache.record(took, fb);
+                    let (name, spec, _) = todo[i];
+                    self.pipelines.insert((name.to_string(), spec), pipeline);
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        match failed {
+            Some(e) => map("vkCreateComputePipelines", &gpu.name, Err(e)),
+            None if todo
+                .iter()
+                .all(|(n, s, _)| self.pipelines.contains_key(&(n.to_string(), *s))) =>
+            {
+                Ok(())
+            }
+            None => Err(BackendError::internal("a pipeline-creating thread panicked")),
+        }
+    }
+
+    /// Kernel `name`'s shader module, created on first use.
+    fn module(&mut self, gpu: &Gpu, name: &str) -> Result<vk::ShaderModule, BackendError> {
         let Some((static_name, bytes)) = table::KERNELS.iter().find(|(n, _)| *n == name) else {
             return Err(BackendError::internal(format!("no kernel named {name}")));
         };
-        let module = match self.modules.get(static_name) {
-            Some(m) => *m,
-            None => {
-                let words: Vec<u32> = bytes
-                    .chunks_exact(4)
-                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect();
-                let info = vk::ShaderModuleCreateInfo::default().code(&words);
-                // SAFETY: the words are SPIR-V that glslang produced at build time.
-                let m = map("vkCreateShaderModule", &gpu.name, unsafe {
-                    gpu.device.create_shader_module(&info, None)
-                })?;
-                self.modules.insert(static_name, m);
-                m
-            }
-        };
-        let entries = [
-            vk::SpecializationMapEntry::default()
-                .constant_id(0)
-                .offset(0)
-                .size(4),
-            vk::SpecializationMapEntry::default()
-                .constant_id(1)
-                .offset(4)
-                .size(4),
-        ];
-        let mut data = [0u8; 8];
-        data[..4].copy_from_slice(&spec[0].to_le_bytes());
-        data[4..].copy_from_slice(&spec[1].to_le_bytes());
-        let spec_info = vk::SpecializationInfo::default()
-            .map_entries(&entries)
-            .data(&data);
-        let stage = vk::PipelineShaderStageCreateInfo::default()
-            .stage(vk::ShaderStageFlags::COMPUTE)
-            .module(module)
-            .name(c"main")
-            .specialization_info(&spec_info);
-        let mut feedback = vk::PipelineCreationFeedback::default();
-        let mut feedback_info =
-            vk::PipelineCreationFeedbackCreateInfo::default().pipeline_creation_feedback(&mut feedback);
-        let mut info = vk::ComputePipelineCreateInfo::default()
-            .stage(stage)
-            .layout(self.layout);
-        if gpu.creation_feedback {
-            info = info.push_next(&mut feedback_info);
+        if let Some(m) = self.modules.get(static_name) {
+            return Ok(*m);
         }
-        let start = Instant::now();
-        // SAFETY: the module, layout and pipeline cache are ours and alive (the cache is used by
-        // this thread only: the backend is `&mut`); the create info and its chain (creation
-        // feedback only where the device has it: Vulkan 1.3 or the extension, enabled) live on
-        // this frame.
-        let created = unsafe {
-            gpu.device
-                .create_compute_pipelines(self.cache.handle, &[info], None)
-        };
-        let took = start.elapsed();
-        if created.is_ok() {
-            self.cache.record(took, gpu.creation_feedback.then_some(feedback));
-        }
-        let pipeline = match created {
-            Ok(v) => v.into_iter().next(),
-            Err((_, e)) => return map("vkCreateComputePipelines", &gpu.name, Err(e)),
-        }
-        .ok_or_else(|| BackendError::internal("vkCreateComputePipelines returned nothing"))?;
-        self.pipelines.insert((name.to_string(), spec), pipeline);
-        Ok(pipeline)
+        let words: Vec<u32> = bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let info = vk::ShaderModuleCreateInfo::default().code(&words);
+        // SAFETY: the words are SPIR-V that glslang produced at build time.
+        let m = map("vkCreateShaderModule", &gpu.name, unsafe {
+            gpu.device.create_shader_module(&info, None)
+        })?;
+        self.modules.insert(static_name, m);
+        Ok(m)
     }
 
     /// Destroys every pipeline, module and the layout, and writes and destroys the pipeline
@@ -155,4 +182,66 @@ impl Pipelines {
         }
         self.cache.destroy(gpu);
     }
+}
+
+/// A created pipeline, how long its creation took, and its creation feedback where asked.
+type Built = (
+    vk::Pipeline,
+    std::time::Duration,
+    Option<vk::PipelineCreationFeedback>,
+);
+
+/// Creates the compute pipeline of `module` with specialisation constants `spec`, in `layout`,
+/// through `cache`, asking for creation feedback where `feedback`.
+fn create(
+    device: &ash::Device,
+    layout: vk::PipelineLayout,
+    cache: vk::PipelineCache,
+    module: vk::ShaderModule,
+    spec: [u32; 2],
+    feedback: bool,
+) -> Result<Built, vk::Result> {
+    let entries = [
+        vk::SpecializationMapEntry::default()
+            .constant_id(0)
+            .offset(0)
+            .size(4),
+        vk::SpecializationMapEntry::default()
+            .constant_id(1)
+            .offset(4)
+            .size(4),
+    ];
+    let mut data = [0u8; 8];
+    data[..4].copy_from_slice(&spec[0].to_le_bytes());
+    data[4..].copy_from_slice(&spec[1].to_le_bytes());
+    let spec_info = vk::SpecializationInfo::default()
+        .map_entries(&entries)
+        .data(&data);
+    let stage = vk::PipelineShaderStageCreateInfo::default()
+        .stage(vk::ShaderStageFlags::COMPUTE)
+        .module(module)
+        .name(c"main")
+        .specialization_info(&spec_info);
+    let mut fb = vk::PipelineCreationFeedback::default();
+    let mut fb_info = vk::PipelineCreationFeedbackCreateInfo::default().pipeline_creation_feedback(&mut fb);
+    let mut info = vk::ComputePipelineCreateInfo::default()
+        .stage(stage)
+        .layout(layout);
+    if feedback {
+        info = info.push_next(&mut fb_info);
+    }
+    let start = Instant::now();
+    // SAFETY: the module, layout and pipeline cache are the backend's and alive for the call
+    // (`Pipelines::prepare` holds `&mut` of them); the pipeline cache is internally
+    // synchronised, so several threads may create through it at once; the create info and its
+    // chain (creation feedback only where the device has it: Vulkan 1.3 or the extension,
+    // enabled) live on this frame.
+    let created = unsafe { device.create_compute_pipelines(cache, &[info], None) };
+    let took = start.elapsed();
+    let pipeline = created
+        .map_err(|(_, e)| e)?
+        .into_iter()
+        .next()
+        .ok_or(vk::Result::ERROR_UNKNOWN)?;
+    Ok((pipeline, took, feedback.then_some(fb)))
 }

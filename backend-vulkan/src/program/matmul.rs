@@ -296,6 +296,45 @@ pub struct Choice {
     pub kslice: usize,
 }
 
+/// Every kernel variant (name, specialisation constants) a matmul of `graph` may take at any
+/// row count from 1 to `most_rows` on a unit like `unit` (with and without cooperative matrix
+/// 2 where the device has it: a node takes it only where its splits suit it): what a server's
+/// step shapes will ask for, created together up front ([`crate::pipelines::Pipelines::prepare`])
+/// rather than one shape at a time. Each distinct weight shape and format is counted once.
+pub fn variants(graph: &tandem_backend_api::Graph, unit: Unit, most_rows: usize) -> Vec<(String, [u32; 2])> {
+    let mut shapes: Vec<(usize, usize, DType)> = Vec::new();
+    for node in &graph.nodes {
+        if let tandem_backend_api::Op::MatMul { weight, .. } = &node.op {
+            if let [n, k] = weight.desc.shape[..] {
+                let key = (n, k, weight.desc.dtype);
+                if !shapes.contains(&key) {
+                    shapes.push(key);
+                }
+            }
+        }
+    }
+    let units: &[Unit] = if unit.cm2 {
+        &[unit, Unit { cm2: false, ..unit }]
+    } else {
+        &[unit]
+    };
+    let mut out: Vec<(String, [u32; 2])> = Vec::new();
+    for &(n, k, dt) in &shapes {
+        for &u in units {
+            for rows in 1..=most_rows.max(1) {
+                let c = choose(rows, n, k, dt, u);
+                if !out
+                    .iter()
+                    .any(|(name, spec)| *name == c.kernel && *spec == c.spec)
+                {
+                    out.push((c.kernel, c.spec));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Decode (few rows) takes a matrix-vector kernel, from TILED_ROWS(_WIDE) rows the tiled one,
 /// from COOPMAT_ROWS the cooperative-matrix one where the device has it: `matmul_cm2_<fmt>`
 /// where `cm2` says the device has NV cooperative matrix 2 and the node suits it (split

@@ -12,7 +12,7 @@ mod attention;
 mod cmd;
 mod fuse;
 mod lower;
-mod matmul;
+pub(crate) mod matmul;
 mod record;
 mod top_k;
 

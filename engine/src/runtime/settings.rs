@@ -369,6 +369,7 @@ pub const BACKEND_OPTIONS: [(&str, &[&str]); 5] = [
             "fuse",
             "int_dot",
             "pipeline_cache",
+            "prepare",
         ],
     ),
     (

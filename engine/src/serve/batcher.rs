@@ -199,7 +199,9 @@ pub fn warm_up(
         None => (vec![1, served], vec![fill, fill.min(7)]),
     };
     let result = (|| {
-        for &rows in &prompts {
+        // The largest first: a backend that creates every kernel variant up to a step's rows
+        // at once (the Vulkan backend, in parallel) meets them all in its first compile.
+        for &rows in prompts.iter().rev() {
             step(session, rows, true, 0)?;
         }
         for &rows in &decode {

@@ -104,6 +104,17 @@ fn slots_hint(e: anyhow::Error, parallel: u32) -> anyhow::Error {
 pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     // Resolved before the model loads, so that a wrong name is told at once.
     let addrs = listen_addrs(&args.host, args.port)?;
+    // A server meets every step size: the Vulkan backend creates every matmul kernel variant
+    // of its largest step at once, on several threads (`[backend.vulkan] prepare`), unless the
+    // config says otherwise.
+    let mut settings = ctx.settings.clone();
+    if settings.backend_options("vulkan").get("prepare").is_none() {
+        settings.set_backend_option("vulkan", "prepare", "true");
+    }
+    let ctx = &Context {
+        settings,
+        search: ctx.search.clone(),
+    };
     let sink = usize::from(args.step_buckets != StepBuckets::Off);
     let loaded =
         load(ctx, &args.model, args.parallel as usize + sink).map_err(|e| slots_hint(e, args.parallel))?;
