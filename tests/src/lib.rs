@@ -318,7 +318,7 @@ pub fn greedy_ids(
         sink: Box::new(Ids(&mut got)),
         arrived: std::time::Instant::now(),
     };
-    generate(session, tokenizer, request, 0, false)
+    generate(session, tokenizer, request, 0, false, &mut |_| true)
         .unwrap_or_else(|e| panic!("greedy continuation of {prompt:?}: {e}"));
     got
 }

@@ -1,15 +1,13 @@
 //! What `run` and `chat` share: the sampling and stop flags ([`SamplingArgs`]), and one
-//! generation: the engine's request step (`tandem_engine::runtime::stepper::Stepper`, the step
-//! `tandem_engine::generate` takes) driven here one step at a time, so that a long prompt's
-//! progress can be shown and a reply stopped between steps ([`Watch`]), with its events written
-//! to standard output and its errors told in terms of this command's flags.
+//! generation: the engine's generation loop (`tandem_engine::generate`, the request engine's
+//! step with one sequence), heard between steps so that a long prompt's progress can be shown
+//! and a reply stopped ([`Watch`]), with its events written to standard output and its errors
+//! told in terms of this command's flags.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use tandem_engine::runtime::sequence::{Limits, Sequence};
-use tandem_engine::runtime::stepper::Stepper;
 use tandem_engine::{
     Event, EventSink, FinishReason, GenerateError, GenerationStats, Loaded, Request, RequestError,
     SamplerConfig, SessionError,
@@ -201,41 +199,29 @@ pub fn run(
         sink: Box::new(&mut collect),
         arrived: Instant::now(),
     };
-    if !ask.keep {
-        session.reset(0);
-    }
-    let limits = Limits::of(session, &loaded.tokenizer);
-    let sampler = request
-        .check(limits, session.len(0))
-        .map_err(|e| explain(e.into()))?;
-    let mut seq = [Sequence::new(request, sampler, 0, &loaded.tokenizer)];
-    let mut stepper = Stepper::default();
+    let chunk = session.chunk();
     let mut stopped = false;
-    let stepped = loop {
+    // The engine's generation loop, heard between steps: a stop asked (Ctrl-C) ends it, a
+    // prompt being read reports its progress.
+    let stepped = tandem_engine::generate(session, &loaded.tokenizer, request, 0, ask.keep, &mut |seq| {
         if watch.stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
             stopped = true;
-            break Ok(());
+            return false;
         }
-        if let (true, Some(hear)) = (seq[0].prefilling(), watch.prefill.as_mut()) {
-            let left = seq[0].prompt_left();
+        if let (true, Some(hear)) = (seq.prefilling(), watch.prefill.as_mut()) {
+            let left = seq.prompt_left();
             hear(Prefill {
-                done: seq[0].prompt_len() - left,
-                total: seq[0].prompt_len(),
-                next: left.min(session.chunk()),
+                done: seq.prompt_len() - left,
+                total: seq.prompt_len(),
+                next: left.min(chunk),
             });
         }
-        match stepper.step(session, &mut seq, None, &mut |_| {}) {
-            Ok(Some(s)) if s.ended.is_empty() => {}
-            Ok(_) => break Ok(()),
-            Err(failed) => break Err(explain(failed.error.into())),
-        }
-    };
-    let stats = seq[0].stats();
-    drop(seq);
+        true
+    });
     if let Some(e) = collect.error.take() {
         return Err(e.into());
     }
-    stepped?;
+    let stats = stepped.map_err(explain)?;
     if streaming {
         collect.write("\n");
         if let Some(e) = collect.error.take() {

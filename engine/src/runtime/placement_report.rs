@@ -168,8 +168,12 @@ impl PlacementReport {
     /// The process's peak resident memory once loaded and stepping prompt chunks of
     /// [`PlacementReport::prefill_chunk`] rows: [`PlacementReport::process_bytes`] plus what the
     /// host units (the CPU backend) need. What `[backend.cpu] memory_limit` bounds is the
-    /// units' share; `None` where the process's own is unknown.
+    /// units' share; `None` where the process's own is unknown, or where no host unit runs
+    /// nodes (a GPU's driver then holds host memory of its own that is not estimated).
     pub fn host_peak_bytes(&self) -> Option<u64> {
+        if !self.units.iter().any(|u| u.host && u.nodes != (0, 0)) {
+            return None;
+        }
         let units: u64 = self
             .units
             .iter()

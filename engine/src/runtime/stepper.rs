@@ -272,6 +272,8 @@ pub enum GenerateError {
 /// Runs `request` alone in `slot` of `session` (continuing the slot's cached sequence when
 /// `keep`, else resetting it first): the request engine's steps ([`Stepper`]) with one
 /// sequence, so prompt chunks, then one decode step per token, until the sequence ends.
+/// Before each step `before_step` sees the sequence (how much of its prompt is read) and
+/// answers whether to go on: `false` ends it there, without error (a person's Ctrl-C).
 /// Returns its timing; a receiver that went away ends it early, without error.
 pub fn generate<M: StepModel>(
     session: &mut Session<M>,
@@ -279,6 +281,7 @@ pub fn generate<M: StepModel>(
     request: Request<'_>,
     slot: u32,
     keep: bool,
+    before_step: &mut dyn FnMut(&Sequence<'_>) -> bool,
 ) -> Result<GenerationStats, GenerateError> {
     if !keep {
         session.reset(slot as usize);
@@ -288,6 +291,9 @@ pub fn generate<M: StepModel>(
     let mut seq = [Sequence::new(request, sampler, slot, tokenizer)];
     let mut stepper = Stepper::default();
     loop {
+        if !before_step(&seq[0]) {
+            break;
+        }
         match stepper.step(session, &mut seq, None, &mut |_| {}) {
             Ok(Some(stepped)) if stepped.ended.is_empty() => {}
             Ok(_) => break,
