@@ -121,6 +121,9 @@ pub struct VulkanBackend {
     /// a compile creates, together on several threads, every kernel variant its matmuls may
     /// take at any row count up to its own, instead of only those it uses.
     prepare: bool,
+    /// Whether the program being built took a stand-in for a kernel still being compiled
+    /// behind (set by the matmul lowering, read by `build_program`).
+    stand_in: std::cell::Cell<bool>,
     /// The matmul weight shapes (n, k, format) and the row count up to which their kernel
     /// variants were created up front.
     prepared: Vec<((usize, usize, tandem_backend_api::DType), usize)>,
@@ -199,6 +202,7 @@ impl BackendPlugin for VulkanBackend {
             profile,
             fuse,
             prepare,
+            stand_in: std::cell::Cell::new(false),
             prepared: Vec::new(),
         };
         let staging = b.memory.create(&b.gpu, STAGING_BYTES, Place::Host, "staging")?;
@@ -281,6 +285,27 @@ impl VulkanBackend {
 
     /// Runs `program` on `args` (see `execute`), the device starting only once every timeline
     /// semaphore of `waits` has reached its value.
+    /// Builds program `id` again from its graph (kept because it took stand-in kernels), now
+    /// that the kernels it waited for are made; where that fails, it keeps its stand-ins.
+    fn rebuild(&mut self, id: ProgramId) -> Result<(), BackendError> {
+        let c = self.programs.get_mut(id)?;
+        let Some(graph) = c.program.stand_in.take() else {
+            return Ok(());
+        };
+        let last = c.program.last_submit;
+        let before = self.pipelines.cache.counts;
+        let built = self.build_program(&graph);
+        self.pipelines
+            .cache
+            .compiled(&self.gpu, &format!("'{}' again", graph.name), before);
+        if let Ok((new, _)) = built {
+            self.gpu.wait_for(last)?;
+            let old = std::mem::replace(&mut self.programs.get_mut(id)?.program, new);
+            self.destroy_program(old);
+        }
+        Ok(())
+    }
+
     fn submit_program(
         &mut self,
         program: ProgramId,
@@ -288,6 +313,11 @@ impl VulkanBackend {
         waits: &[(vk::Semaphore, u64)],
     ) -> Result<Ticket, BackendError> {
         self.validation()?;
+        // A program built with stand-ins for kernels compiled behind is built again once they
+        // are all made.
+        if self.programs.get(program)?.program.stand_in.is_some() && !self.pipelines.deferring() {
+            self.rebuild(program)?;
+        }
         let c = self.programs.for_step(program, args)?;
         // The previous submission may still read the argument buffer.
         self.gpu.wait_for(c.program.last_submit)?;
@@ -618,7 +648,17 @@ impl ComputeBackend for VulkanBackend {
             let keys = program::matmul::variants(graph, unit, graph.rows);
             self.prepared.retain(|(p, _)| !fresh.contains(p));
             self.prepared.extend(fresh.into_iter().map(|s| (s, graph.rows)));
-            self.pipelines.prepare(&self.gpu, &keys)
+            // The cooperative-matrix-2 matmuls take the NVIDIA driver seconds each (17 s for
+            // q4_k's 128 x 128 tiles on an H200): compiled behind, the programs meanwhile
+            // taking the KHR kernels (a fifth of a second each); the rest made now.
+            // With the cache seeded from its file they come from it in milliseconds: all now.
+            let warm = self.pipelines.cache.warm();
+            let (slow, fast): (Vec<_>, Vec<_>) = keys
+                .into_iter()
+                .partition(|(k, _)| !warm && k.starts_with("matmul_cm2"));
+            self.pipelines
+                .prepare(&self.gpu, &fast)
+                .and_then(|()| self.pipelines.defer(&self.gpu, &slow))
         };
         let built = built.and_then(|()| self.build_program(graph));
         // The pipelines this compile built go to disk now (a server stopped by a signal keeps

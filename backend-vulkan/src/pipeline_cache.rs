@@ -154,6 +154,16 @@ impl PipelineCache {
         Ok(c)
     }
 
+    /// Whether the cache was seeded from its file (its pipelines then come quickly).
+    pub fn warm(&self) -> bool {
+        matches!(self.state, State::Warm)
+    }
+
+    /// Whether option `pipeline_cache = "log"` asks for lines on stderr.
+    pub fn logging(&self) -> bool {
+        self.mode == Mode::Log
+    }
+
     /// Counts one pipeline created in `time`, with the driver's feedback where asked for.
     pub fn record(&mut self, time: Duration, feedback: Option<vk::PipelineCreationFeedback>) {
         self.counts.built += 1;

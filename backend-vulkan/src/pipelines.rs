@@ -5,7 +5,8 @@
 //! creation feedback where the device reports it.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::time::{Duration, Instant};
 
 use ash::vk;
 use tandem_backend_api::BackendError;
@@ -28,7 +29,15 @@ pub struct Pipelines {
     pipelines: HashMap<(String, [u32; 2]), vk::Pipeline>,
     /// The device's pipeline cache, and what was built with it.
     pub cache: PipelineCache,
+    /// Pipelines being created on threads of their own ([`Pipelines::defer`]), what those
+    /// threads send back, and the threads (joined before anything they use is destroyed).
+    pending: Vec<(String, [u32; 2])>,
+    done: (Sender<Deferred>, Receiver<Deferred>),
+    workers: Vec<std::thread::JoinHandle<()>>,
 }
+
+/// What a deferred pipeline's thread sends back: its key and the pipeline, or the error.
+type Deferred = ((String, [u32; 2]), Result<Built, vk::Result>);
 
 impl Pipelines {
     /// The layout and the pipeline cache (`cache`: option `pipeline_cache`).
@@ -55,6 +64,9 @@ impl Pipelines {
             modules: HashMap::new(),
             pipelines: HashMap::new(),
             cache,
+            pending: Vec::new(),
+            done: channel(),
+            workers: Vec::new(),
         })
     }
 
@@ -124,7 +136,18 @@ impl Pipelines {
                 .collect()
         });
         let mut failed = None;
-        for (i, built) in results.into_iter().flatten() {
+        let mut results: Vec<_> = results.into_iter().flatten().collect();
+        if self.cache.logging() {
+            // The slowest first: what a cold start waits for.
+            results.sort_by_key(|(_, b)| std::cmp::Reverse(b.as_ref().map_or(Duration::ZERO, |b| b.1)));
+            for (i, b) in &results {
+                if let Ok((_, took, _)) = b {
+                    let (name, spec, _) = todo[*i];
+                    eprintln!("vulkan: pipeline {name} {spec:?}: {} ms", took.as_millis());
+                }
+            }
+        }
+        for (i, built) in results {
             match built {
                 Ok((pipeline, took, fb)) => {
                     self.cache.record(took, fb);
@@ -144,6 +167,61 @@ impl Pipelines {
             }
             None => Err(BackendError::internal("a pipeline-creating thread panicked")),
         }
+    }
+
+    /// Starts creating every pipeline of `keys` not yet made or under way, each on a thread of
+    /// its own, and returns at once: [`Pipelines::waiting_for`] says which are still under way,
+    /// [`Pipelines::poll`] takes in those finished. What the driver takes seconds to compile (the
+    /// cooperative-matrix-2 matmuls) is made this way while a server already serves with
+    /// kernels that compile quickly. A pipeline whose thread failed is simply not made: a later
+    /// [`Pipelines::get`] creates it and reports the error.
+    pub fn defer(&mut self, gpu: &Gpu, keys: &[(String, [u32; 2])]) -> Result<(), BackendError> {
+        self.poll();
+        for key in keys {
+            if self.pipelines.contains_key(key) || self.pending.contains(key) {
+                continue;
+            }
+            let module = self.module(gpu, &key.0)?;
+            let (device, layout, cache) = (gpu.device.clone(), self.layout, self.cache.handle);
+            let (feedback, tx, key) = (gpu.creation_feedback, self.done.0.clone(), key.clone());
+            self.pending.push(key.clone());
+            self.workers.push(std::thread::spawn(move || {
+                let built = create(&device, layout, cache, module, key.1, feedback);
+                let _ = tx.send((key, built));
+            }));
+        }
+        Ok(())
+    }
+
+    /// Takes in the deferred pipelines whose threads have finished.
+    pub fn poll(&mut self) {
+        while let Ok((key, built)) = self.done.1.try_recv() {
+            self.pending.retain(|k| *k != key);
+            if let Ok((pipeline, took, fb)) = built {
+                if self.cache.logging() {
+                    eprintln!(
+                        "vulkan: pipeline {} {:?}: {} ms (deferred)",
+                        key.0,
+                        key.1,
+                        took.as_millis()
+                    );
+                }
+                self.cache.record(took, fb);
+                self.pipelines.insert(key, pipeline);
+            }
+        }
+    }
+
+    /// Whether the pipeline of `key` was still being created by [`Pipelines::defer`] at the
+    /// last [`Pipelines::poll`].
+    pub fn waiting_for(&self, key: &(String, [u32; 2])) -> bool {
+        self.pending.contains(key)
+    }
+
+    /// Whether any deferred pipeline is still under way.
+    pub fn deferring(&mut self) -> bool {
+        self.poll();
+        !self.pending.is_empty()
     }
 
     /// Kernel `name`'s shader module, created on first use.
@@ -170,6 +248,12 @@ impl Pipelines {
     /// Destroys every pipeline, module and the layout, and writes and destroys the pipeline
     /// cache (the device must be idle).
     pub fn destroy(&mut self, gpu: &Gpu) {
+        // The deferred pipelines' threads use the device, the modules, the layout and the
+        // cache: they finish first, and what they made is destroyed with the rest.
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+        self.poll();
         // SAFETY: called once the device is idle, when no command buffer uses them.
         unsafe {
             for (_, p) in self.pipelines.drain() {

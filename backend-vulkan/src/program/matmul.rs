@@ -323,11 +323,28 @@ pub fn variants(graph: &tandem_backend_api::Graph, unit: Unit, most_rows: usize)
         for &u in units {
             for rows in 1..=most_rows.max(1) {
                 let c = choose(rows, n, k, dt, u);
-                if !out
-                    .iter()
-                    .any(|(name, spec)| *name == c.kernel && *spec == c.spec)
-                {
-                    out.push((c.kernel, c.spec));
+                let mut add = |key: (String, [u32; 2])| {
+                    if !out.contains(&key) {
+                        out.push(key);
+                    }
+                };
+                if c.kernel.starts_with("matmul_cm2") {
+                    // What a cm2 product dispatches: its f16 input, the dequantised weight
+                    // multiplied by the f16 kernel (as the lowering rewrites it) or the format's
+                    // own kernel, the split-k reduction.
+                    add(("to_f16".into(), [0, 0]));
+                    if cm2_dequant(dt, rows) {
+                        add((format!("dequant_f16_{}", format_name(dt)), [0, 0]));
+                        let f16_spec = [c.spec[0], (c.spec[1] & 0xFFFF) | cm2_mode(DType::F16) << 16];
+                        add(("matmul_cm2_f16".into(), f16_spec));
+                    } else {
+                        add((c.kernel, c.spec));
+                    }
+                    if c.kslice > 0 {
+                        add(("matmul_reduce".into(), [0, 0]));
+                    }
+                } else {
+                    add((c.kernel, c.spec));
                 }
             }
         }
@@ -546,6 +563,20 @@ impl VulkanBackend {
                 .all(|e| (*e as usize).is_multiple_of(cm2_bm(rows)) || *e as usize == n)
             && aligned(w.mem.address)
             && dsts[..outputs.len()].iter().all(|d| aligned(*d));
+        // A cooperative-matrix-2 kernel still being compiled behind (option `prepare`): the
+        // program takes the KHR kernel meanwhile and is rebuilt once that one is made.
+        let cm2 = cm2 && {
+            let unit = Unit {
+                coopmat: self.gpu.coopmat,
+                cm2: true,
+                int_dot: self.gpu.int_dot,
+            };
+            let want = choose(rows, n, k, dt, unit);
+            let waiting = want.kernel.starts_with("matmul_cm2")
+                && self.pipelines.waiting_for(&(want.kernel, want.spec));
+            self.stand_in.set(self.stand_in.get() | waiting);
+            !waiting
+        };
         let unit = Unit {
             coopmat: self.gpu.coopmat,
             cm2,

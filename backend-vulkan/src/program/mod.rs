@@ -54,6 +54,9 @@ pub struct Program {
     /// The nodes, and the names their times go under, in the order their timestamps were
     /// written (query `k + 1` follows `order[k]`), when profiling.
     pub order: Vec<(usize, String)>,
+    /// The graph, where a matmul took a stand-in kernel while its cooperative-matrix-2 one was
+    /// compiled behind: the program is built again from it once that one is made.
+    pub stand_in: Option<Graph>,
 }
 
 /// Where a program's values and step arguments are, for lowering.
@@ -139,6 +142,8 @@ impl VulkanBackend {
 
     /// Validates, plans and records `graph`; returns the program and the buffers it uses.
     pub(crate) fn build_program(&mut self, graph: &Graph) -> Result<(Program, Vec<BufferId>), BackendError> {
+        self.stand_in.set(false);
+        self.pipelines.poll();
         let shapes = graph.infer_shapes()?;
         let buffers = self.check_buffers(graph, &shapes)?;
         let fusion = fuse::plan(graph, &shapes, self.fuse);
@@ -242,6 +247,7 @@ impl VulkanBackend {
                     queries,
                     last_submit: 0,
                     order,
+                    stand_in: self.stand_in.get().then(|| graph.clone()),
                 },
                 buffers,
             )),
