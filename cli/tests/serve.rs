@@ -352,7 +352,7 @@ fn two_slots_and_a_queue_of_one_hold_three_simultaneous_requests() {
         assert_eq!(ev.status, 200);
         assert!(ev.next_data().is_some());
     }
-    server.wait_for(10, "two running and one queued", |s| {
+    server.wait_for(60, "two running and one queued", |s| {
         s.metric("tandem_running_sequences") == 2.0 && s.metric("tandem_queue_depth") == 1.0
     });
     let r = post(&server.addr, "/v1/completions", &long_request());
