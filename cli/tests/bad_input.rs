@@ -6,9 +6,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::Install;
+use common::{fixture, Install};
 use serde_json::{json, Value};
 
 /// The layer-0 tensors the cases break; every fixture has them.
@@ -16,12 +16,6 @@ const DOWN_PROJ: &str = "model.layers.0.mlp.down_proj.weight";
 const UP_PROJ: &str = "model.layers.0.mlp.up_proj.weight";
 const K_PROJ: &str = "model.layers.0.self_attn.k_proj.weight";
 const V_PROJ: &str = "model.layers.0.self_attn.v_proj.weight";
-
-fn fixture(case: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/models")
-        .join(case)
-}
 
 /// A writable copy of a fixture directory (its files are flat).
 fn copy_fixture(case: &str) -> tempfile::TempDir {

@@ -5,9 +5,7 @@
 
 mod common;
 
-use std::path::PathBuf;
-
-use common::Install;
+use common::{fixture, Install};
 use serde_json::Value;
 
 const CASES: [&str; 5] = [
@@ -17,12 +15,6 @@ const CASES: [&str; 5] = [
     "multimodal-legacy",
     "softcap",
 ];
-
-fn fixture(case: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/models")
-        .join(case)
-}
 
 fn reference(case: &str) -> Value {
     let text = std::fs::read_to_string(fixture(case).join("reference.json")).expect("reference.json");

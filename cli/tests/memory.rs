@@ -7,23 +7,8 @@
 
 mod common;
 
-use std::path::PathBuf;
-
-use common::Install;
+use common::{default_model, Install};
 use serde_json::Value;
-
-fn default_model() -> Option<PathBuf> {
-    let cache = std::env::var_os("TANDEM_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tandem")))?;
-    let model = cache.join("gemma-3-270m-q4_k_m.gguf");
-    if model.exists() {
-        Some(model)
-    } else {
-        assert!(std::env::var_os("CI").is_none(), "CI fetches the default model");
-        None
-    }
-}
 
 fn json(install: &Install, args: &[&str]) -> Value {
     let out = install.run(args);

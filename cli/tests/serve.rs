@@ -13,19 +13,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::Install;
+use common::{default_model, fixture, ids, text_published, Install};
 use http::{get, post, request, Events, Server};
 use serde_json::{json, Value};
-
-fn fixture(case: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/models")
-        .join(case)
-}
-
-fn text_published() -> String {
-    fixture("text-published").to_string_lossy().into_owned()
-}
 
 /// What one generation gave.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,14 +23,6 @@ struct Generation {
     ids: Vec<u32>,
     text: String,
     finish: String,
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not a list of ids: {v}"))
-        .iter()
-        .map(|x| x.as_u64().expect("an id") as u32)
-        .collect()
 }
 
 /// A streamed completion or chat completion, read to `[DONE]`.
@@ -1203,18 +1185,6 @@ fn sigterm_finishes_the_running_request_and_exits_cleanly() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "{status:?}: {}", server.stderr.lock().unwrap());
-}
-
-/// The real default model, where it is (CI fetches it; elsewhere its absence skips the test).
-fn default_model() -> Option<PathBuf> {
-    match tandem_engine::model::files::default_model() {
-        Ok(p) => Some(p),
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipping the default-model test: {e}");
-            None
-        }
-        Err(e) => panic!("CI must fetch the default model: {e}"),
-    }
 }
 
 #[test]

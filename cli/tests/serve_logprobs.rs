@@ -10,27 +10,9 @@ mod http;
 
 use std::path::PathBuf;
 
-use common::Install;
+use common::{ids, text_published, Install};
 use http::{post, Events, Server};
 use serde_json::{json, Value};
-
-fn fixture(case: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/models")
-        .join(case)
-}
-
-fn text_published() -> String {
-    fixture("text-published").to_string_lossy().into_owned()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not a list of ids: {v}"))
-        .iter()
-        .map(|x| x.as_u64().expect("an id") as u32)
-        .collect()
-}
 
 fn num(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))

@@ -13,16 +13,9 @@ mod http;
 
 use std::path::{Path, PathBuf};
 
-use common::{engine_bin, Install};
+use common::{engine_bin, ids, text_published, Install};
 use http::{get, post, Events, Server};
 use serde_json::{json, Value};
-
-fn text_published() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/models/text-published")
-        .to_string_lossy()
-        .into_owned()
-}
 
 /// The faulty plugin cargo built, under the name discovery takes (`tandem_backend_faulty`).
 fn install_faulty(install: &Install) {
@@ -88,16 +81,8 @@ fn lose(trigger: &Path) {
     std::fs::write(trigger, b"now").expect("write the trigger");
 }
 
-fn ids(v: &Value) -> Vec<u64> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not a list of ids: {v}"))
-        .iter()
-        .map(|x| x.as_u64().expect("an id"))
-        .collect()
-}
-
 /// A greedy whole completion of `prompt`: its ids.
-fn complete(addr: &str, prompt: &[u32]) -> Vec<u64> {
+fn complete(addr: &str, prompt: &[u32]) -> Vec<u32> {
     let r = post(
         addr,
         "/v1/completions",
@@ -132,7 +117,7 @@ fn a_unit_lost_mid_split_fails_its_step_and_the_cpu_serves_the_rest() {
     assert_eq!(h.json()["status"], "ok", "{}", h.text());
     // A few requests run on the split.
     let prompts: [&[u32]; 2] = [&[2, 17, 5, 40], &[2, 300, 9]];
-    let before: Vec<Vec<u64>> = prompts.iter().map(|p| complete(&addr, p)).collect();
+    let before: Vec<Vec<u32>> = prompts.iter().map(|p| complete(&addr, p)).collect();
     assert!(before.iter().all(|g| g.len() == 6), "{before:?}");
 
     // A long stream holds the one slot; a second request waits in the queue behind it.

@@ -9,24 +9,9 @@
 mod common;
 mod http;
 
-use std::path::PathBuf;
-
-use common::Install;
+use common::{default_model, Install};
 use http::{post, Server};
 use serde_json::{json, Value};
-
-fn default_model() -> Option<PathBuf> {
-    let cache = std::env::var_os("TANDEM_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tandem")))?;
-    let model = cache.join("gemma-3-270m-q4_k_m.gguf");
-    if model.exists() {
-        Some(model)
-    } else {
-        assert!(std::env::var_os("CI").is_none(), "CI fetches the default model");
-        None
-    }
-}
 
 fn ids(addr: &str, doc: &Value) -> Vec<u64> {
     let r = post(addr, "/v1/completions", doc);

@@ -85,3 +85,36 @@ pub fn error_line(args: &[&str], out: &Output) -> String {
     );
     line.to_string()
 }
+
+/// The fixture model `case` (`tests/fixtures/models/<case>`).
+pub fn fixture(case: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/models")
+        .join(case)
+}
+
+/// The `text-published` fixture's path, as a `--model` argument.
+pub fn text_published() -> String {
+    fixture("text-published").to_string_lossy().into_owned()
+}
+
+/// A JSON list of token ids.
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list of ids: {v}"))
+        .iter()
+        .map(|x| x.as_u64().expect("an id") as u32)
+        .collect()
+}
+
+/// The real default model, where it is (CI fetches it; elsewhere its absence skips the test).
+pub fn default_model() -> Option<PathBuf> {
+    match tandem_engine::model::files::default_model() {
+        Ok(p) => Some(p),
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping the default-model test: {e}");
+            None
+        }
+        Err(e) => panic!("CI must fetch the default model: {e}"),
+    }
+}
