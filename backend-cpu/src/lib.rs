@@ -507,14 +507,9 @@ impl CpuBackend {
                         }
                     };
                     let run_end = |i: usize| (i + 1..xrows).find(|&e| slot(e) != slot(i)).unwrap_or(xrows);
-                    let long = |i: usize| {
-                        let start = (0..i)
-                            .rev()
-                            .take_while(|&s| slot(s) == slot(i))
-                            .last()
-                            .unwrap_or(i);
-                        run_end(i) - start >= fast::GEMM_MIN_ROWS
-                    };
+                    // Whether the run starting at row `start` is a prompt chunk's (only ever
+                    // asked at a run's first row: the loop below walks from run end to run end).
+                    let long = |start: usize| run_end(start) - start >= fast::GEMM_MIN_ROWS;
                     // The input, out of the slots while the outputs are written (another slot).
                     let (xv, x_slot) = (x.0 as usize, slot_of[x.0 as usize]);
                     let x_taken = std::mem::take(&mut values[x_slot]);
