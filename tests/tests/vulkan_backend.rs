@@ -235,6 +235,83 @@ fn every_weight_format_matches_the_cpu_reference() {
     }
 }
 
+/// Prefill products at odd sizes on every weight format: 100, 511, 512 and 513 rows (partial
+/// tiles of input rows), 133 weight rows split 70 + 63 (partial tiles of weight rows, a split
+/// inside a tile), k not a multiple of the tile's 32 (float formats) or an odd number of
+/// blocks. Where the device has cooperative matrices (not lavapipe: the H100 runs this binary
+/// with them) `matmul_coopmat` takes these rows: as chosen, with its k split in 3 (partial
+/// tiles summed by `matmul_reduce`), with each of its tile shapes forced, with its f32 input
+/// converted in the loads (not by `to_f16` first), with block formats dequantised first, and with q4_k decoded in the
+/// loads.
+#[test]
+fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
+    let Some(mut vk) = vulkan() else { return };
+    let mut reference = cpu();
+    let mut rng = Rng::new(23);
+    let coopmat = vk.info().features.iter().any(|f| f == "cooperative_matrix");
+    let tol = if coopmat { 5e-3 } else { 1e-5 };
+    let splits = [70usize, 63];
+    let formats = [
+        DType::F32,
+        DType::F16,
+        DType::Bf16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::Q6K,
+    ];
+    // (variable, value) pairs tried in turn where the device has cooperative matrices.
+    let knobs: &[(&str, &str)] = if coopmat {
+        &[
+            ("", ""),
+            ("TANDEM_VULKAN_COOPMAT_KSPLIT", "3"),
+            ("TANDEM_VULKAN_COOPMAT_TILE", "32x64"),
+            ("TANDEM_VULKAN_COOPMAT_TILE", "64x128"),
+            ("TANDEM_VULKAN_COOPMAT_TILE", "128x64"),
+            ("TANDEM_VULKAN_COOPMAT_X16", "0"),
+            ("TANDEM_VULKAN_COOPMAT_DEQUANT", "1"),
+            // q4_k decoded in the loads rather than staged.
+            ("TANDEM_VULKAN_COOPMAT_MODE", "16"),
+        ]
+    } else {
+        &[("", "")]
+    };
+    for d in formats {
+        let k = match d {
+            DType::F32 | DType::F16 | DType::Bf16 => 1000,
+            DType::Q4K | DType::Q6K => 768,
+            _ => 32 * 37,
+        };
+        let bytes = weight_bytes(&mut rng, d, splits.iter().sum(), k);
+        for &(var, value) in knobs {
+            if !var.is_empty() {
+                std::env::set_var(var, value);
+            }
+            let rows_list: &[usize] = if var.is_empty() { &[100, 511, 512, 513] } else { &[513] };
+            for &rows in rows_list {
+                let x = rng.vec(rows * k, 1.0);
+                let want = run_split_format(reference.as_mut(), d, rows, k, &bytes, &x, &splits).unwrap();
+                let got = run_split_format(vk.as_mut(), d, rows, k, &bytes, &x, &splits)
+                    .unwrap_or_else(|e| panic!("{d} with {rows} rows, k = {k} on vulkan: {e}"));
+                let want: Vec<f64> = want.iter().map(|v| *v as f64).collect();
+                assert_close(
+                    &format!("matmul {d} x{rows} k={k} {var}={value}"),
+                    "vulkan vs cpu",
+                    &got,
+                    &want,
+                    tol,
+                );
+            }
+            if !var.is_empty() {
+                std::env::remove_var(var);
+            }
+        }
+    }
+}
+
 /// Prefill-sized matmuls whose outputs split at multiples of 128 columns: where the device has
 /// NV cooperative matrix 2, `matmul_cm2` stores each 128-column tile into its own output (on
 /// lavapipe, the tiled kernel runs).

@@ -54,6 +54,123 @@ fn tiled_rows_override() -> Option<usize> {
     env_usize("TANDEM_VULKAN_TILED_ROWS", 0..=usize::MAX)
 }
 
+/// `matmul_coopmat_<fmt>`'s tile for a product of `rows` x `n`: (input rows, weight rows) per
+/// workgroup. 128 x 128 where there are 128 rows (each subgroup 64 x 64: sixteen 16x16
+/// accumulators), else the rows rounded up to 32 or 64 by 128 weight rows; 64 weight rows where
+/// `n` is no more than 64. `TANDEM_VULKAN_COOPMAT_TILE=<bx>x<bw>` (bx 32, 64 or 128; bw 64 or
+/// 128) fixes it, for tuning runs.
+fn coopmat_tile(rows: usize, n: usize) -> (usize, usize) {
+    let forced = std::env::var("TANDEM_VULKAN_COOPMAT_TILE").ok().and_then(|v| {
+        let (a, b) = v.split_once('x')?;
+        let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+        (matches!(a, 32 | 64 | 128) && matches!(b, 64 | 128)).then_some((a, b))
+    });
+    forced.unwrap_or_else(|| {
+        let bx = if rows > 64 {
+            128
+        } else if rows > 32 {
+            64
+        } else {
+            32
+        };
+        (bx, if n <= 64 { 64 } else { 128 })
+    })
+}
+
+/// `matmul_coopmat`'s MODE bits (see the kernel): `TANDEM_VULKAN_COOPMAT_MODE` (0 to 31), for
+/// tuning runs that measure where its time goes; 0 otherwise.
+fn coopmat_mode() -> u32 {
+    env_usize("TANDEM_VULKAN_COOPMAT_MODE", 0..=31).unwrap_or(0) as u32
+}
+
+/// Workgroups a `matmul_coopmat` grid should reach before its k is split: two per SM of the
+/// H100's 132. `TANDEM_VULKAN_COOPMAT_GROUPS` changes it, for tuning runs.
+const COOPMAT_TARGET_GROUPS: usize = 264;
+
+/// Fewest k elements of a `matmul_coopmat` split-k slice.
+const COOPMAT_KSLICE_MIN: usize = 512;
+
+/// Most `matmul_coopmat` split-k slices.
+const COOPMAT_MAX_KSLICES: usize = 8;
+
+/// The k elements per slice of a split-k `matmul_coopmat` whose grid has `groups` tiles, a
+/// multiple of 32 (its BK, and the block formats' unit), or 0: k unsplit. Enough slices for
+/// [`COOPMAT_TARGET_GROUPS`] workgroups, each at least [`COOPMAT_KSLICE_MIN`] long.
+/// `TANDEM_VULKAN_COOPMAT_KSPLIT=n` asks for n slices (0 or 1: none), for tuning runs.
+fn coopmat_kslice(groups: usize, k: usize) -> usize {
+    let target = env_usize("TANDEM_VULKAN_COOPMAT_GROUPS", 1..=1 << 20).unwrap_or(COOPMAT_TARGET_GROUPS);
+    let slices = env_usize("TANDEM_VULKAN_COOPMAT_KSPLIT", 0..=64).unwrap_or_else(|| {
+        target
+            .div_ceil(groups.max(1))
+            .min(k / COOPMAT_KSLICE_MIN)
+            .min(COOPMAT_MAX_KSLICES)
+    });
+    if slices <= 1 {
+        return 0;
+    }
+    let kslice = k.div_ceil(32).div_ceil(slices) * 32;
+    if kslice >= k {
+        0
+    } else {
+        kslice
+    }
+}
+
+/// Whether a `matmul_coopmat` over block-format weights dequantises them to f16 first (one
+/// pass over the matrix, into the program scratch) and runs `matmul_coopmat_f16`:
+/// `TANDEM_VULKAN_COOPMAT_DEQUANT=1`, for tuning runs.
+fn coopmat_dequant(dt: DType) -> bool {
+    let block = !matches!(dt, DType::F32 | DType::F16 | DType::Bf16);
+    block && std::env::var("TANDEM_VULKAN_COOPMAT_DEQUANT").is_ok_and(|v| v == "1")
+}
+
+/// Whether `matmul_coopmat` takes its input as f16, converted once per matmul by `to_f16` into
+/// the program scratch (MODE bit 3), rather than converting f32 in every workgroup's loads (half
+/// the bytes and none of the conversions in the tile loads; H200, 1B q4_k, 512 rows: 7.7 ms of
+/// q5_0 products against 8.4). `TANDEM_VULKAN_COOPMAT_X16=0` turns it off, for tuning runs.
+fn coopmat_x16() -> bool {
+    std::env::var("TANDEM_VULKAN_COOPMAT_X16").map_or(true, |v| v != "0")
+}
+
+/// Bytes of scratch the split-k `matmul_coopmat` products of `graph` need (0 without
+/// cooperative matrices): the largest `[slices][rows][n]` of f32 partial tiles.
+pub fn coopmat_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueShape], coopmat: bool) -> u64 {
+    if !coopmat {
+        return 0;
+    }
+    graph
+        .nodes
+        .iter()
+        .filter_map(|node| match &node.op {
+            tandem_backend_api::Op::MatMul { x, weight, .. } => {
+                let rows = value_rows(graph, shapes.get(x.0 as usize)?);
+                let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
+                let unit = Unit {
+                    coopmat,
+                    cm2: false,
+                    int_dot: false,
+                };
+                let c = choose(rows, n, k, weight.desc.dtype, unit);
+                let w16 = if coopmat_dequant(weight.desc.dtype) {
+                    (n * k * 2) as u64
+                } else {
+                    0
+                };
+                let x16 = if coopmat_x16() {
+                    cm2_input_bytes(rows, k)
+                } else {
+                    0
+                };
+                c.kernel
+                    .starts_with("matmul_coopmat")
+                    .then(|| x16 + w16.next_multiple_of(256) + cm2_part_bytes(rows, n, k, c.kslice))
+            }
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// `TANDEM_VULKAN_COOPMAT_ROWS`: a fixed row count from which matmuls take the
 /// cooperative-matrix kernel, for tuning runs (batched decode).
 fn coopmat_rows_override() -> Option<usize> {
@@ -344,7 +461,11 @@ pub fn variants(graph: &tandem_backend_api::Graph, unit: Unit, most_rows: usize)
                         add(("matmul_reduce".into(), [0, 0]));
                     }
                 } else {
+                    let split = c.kslice > 0;
                     add((c.kernel, c.spec));
+                    if split {
+                        add(("matmul_reduce".into(), [0, 0]));
+                    }
                 }
             }
         }
@@ -392,12 +513,19 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
         };
     }
     if rows >= coopmat_rows_override().unwrap_or(COOPMAT_ROWS) && coopmat {
-        // Prefill on cooperative matrices: 64 x 128 output tiles.
+        // Prefill on KHR cooperative matrices: BX input rows x BW weight rows per workgroup,
+        // k split where the grid is small.
+        let (bx, bw) = coopmat_tile(rows, n);
+        let (gx, gy) = (div_up(rows, bx), div_up(n, bw));
+        let kslice = coopmat_kslice((gx * gy) as usize, k);
         return Choice {
             kernel: format!("matmul_coopmat_{fmt}"),
-            spec: [0, 0],
-            groups: [div_up(n, 128), div_up(rows, 64), 1],
-            kslice: 0,
+            spec: [
+                bw as u32 | (coopmat_mode() | u32::from(coopmat_x16()) << 3) << 16,
+                bx as u32,
+            ],
+            groups: [gx, gy, if kslice == 0 { 1 } else { k.div_ceil(kslice) as u32 }],
+            kslice,
         };
     }
     if rows >= tiled_from {
@@ -642,6 +770,62 @@ impl VulkanBackend {
                 c.spec[1] = (c.spec[1] & 0xFFFF) | cm2_mode(DType::F16) << 16;
             }
         }
+        if c.kernel.starts_with("matmul_coopmat") {
+            // As laid out by `coopmat_scratch_bytes`: the f16 input where `coopmat_x16` says so,
+            // the dequantised weight where `coopmat_dequant` does, the split-k partial tiles.
+            let x16_bytes = if coopmat_x16() {
+                cm2_input_bytes(rows, k)
+            } else {
+                0
+            };
+            let w16_at = ctx.scratch.0 + x16_bytes;
+            let w16_bytes = if coopmat_dequant(dt) {
+                (n * k * 2) as u64
+            } else {
+                0
+            };
+            let part_at = w16_at + w16_bytes.next_multiple_of(256);
+            part = (part_at, part_at + cm2_part_bytes(rows, n, k, c.kslice));
+            if part.1 > ctx.scratch.1 {
+                return Err(BackendError::internal(format!(
+                    "matmul_coopmat's f16 operands and split-k partials ({rows} x {n} x {k}) do not fit the program's scratch"
+                )));
+            }
+            if x16_bytes > 0 {
+                let x16 = (ctx.scratch.0, ctx.scratch.0 + (rows * k * 2) as u64);
+                let count = rows * k;
+                let [gx, gy] = spread(div_up(count, 4 * WG as usize));
+                cmds.push(Cmd::Dispatch {
+                    kernel: "to_f16".into(),
+                    spec: [0, 0],
+                    push: Push::default().u64(input.0).u64(x16.0).u32(count as u32).0,
+                    groups: [gx, gy, 1],
+                    access: Access::new([input.1], [x16]),
+                });
+                input = (x16.0, x16);
+            }
+            if w16_bytes > 0 {
+                let w16 = (w16_at, w16_at + w16_bytes);
+                let units = n * (k / 32);
+                let [gx, gy] = spread(div_up(units, WG as usize));
+                cmds.push(Cmd::Dispatch {
+                    kernel: format!("dequant_f16_{}", format_name(dt)),
+                    spec: [0, 0],
+                    push: Push::default()
+                        .u64(weights.0)
+                        .u64(w16.0)
+                        .u32(k as u32)
+                        .u32(n as u32)
+                        .u32(weights.1)
+                        .0,
+                    groups: [gx, gy, 1],
+                    access: Access::new(Vec::new(), [w16]),
+                });
+                weights = (w16.0, (k * 2) as u32);
+                weight_reads.push(w16);
+                c.kernel = "matmul_coopmat_f16".into();
+            }
+        }
         if c.kernel.starts_with("matvec_dot") {
             // The input quantised into the scratch buffer first.
             let q8 = (ctx.scratch.0, ctx.scratch.0 + dot_input_bytes(rows, k));
@@ -677,7 +861,7 @@ impl VulkanBackend {
             .u32(ends[2]);
         let reads = [input.1].into_iter().chain(weight_reads);
         if c.kslice == 0 {
-            if c.kernel.starts_with("matmul_cm2") {
+            if c.kernel.starts_with("matmul_cm2") || c.kernel.starts_with("matmul_coopmat") {
                 push = push.u64(0).u32(0);
             }
             cmds.push(Cmd::Dispatch {
@@ -790,6 +974,28 @@ mod tests {
             choose(128, 2560, 2560, DType::Q8_0, u(true, false)).kernel,
             "matmul_coopmat_q8_0"
         );
+        if ["TILE", "GROUPS", "KSPLIT", "MODE", "X16"]
+            .iter()
+            .all(|v| std::env::var_os(format!("TANDEM_VULKAN_COOPMAT_{v}")).is_none())
+        {
+            // 4B's gate and up at 512 rows: 128 x 128 tiles (f16 input: MODE bit 3), a grid of
+            // 4 x 160, k whole.
+            let c = choose(512, 20480, 2560, DType::Q4K, u(true, false));
+            assert_eq!(
+                (c.spec, c.groups, c.kslice),
+                ([128 | 8 << 16, 128], [4, 160, 1], 0)
+            );
+            // 4B's down: 80 tiles, so k in 4 slices of 2560 for 320 workgroups.
+            let c = choose(512, 2560, 10240, DType::Q4K, u(true, false));
+            assert_eq!((c.groups, c.kslice), ([4, 20, 4], 2560));
+            // 70 rows: tiles of 128 input rows; 40 rows: 64; 33 weight rows: 64.
+            assert_eq!(choose(70, 2560, 2560, DType::F16, u(true, false)).spec[1], 128);
+            assert_eq!(coopmat_tile(40, 33), (64, 64));
+            assert_eq!(coopmat_tile(20, 2560), (32, 128));
+            // Split-k slices are whole multiples of 32 and at least 512 long.
+            assert_eq!(coopmat_kslice(1, 1000), 0);
+            assert_eq!(coopmat_kslice(1, 1152), 576);
+        }
         assert_eq!(
             choose(128, 2560, 2560, DType::Q8_0, u(false, true)).kernel,
             "matmul_tiled_q8_0"

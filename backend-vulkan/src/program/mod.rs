@@ -193,10 +193,11 @@ impl VulkanBackend {
         } else {
             None
         };
-        // Attention's split partials, matmul_cm2's f16 inputs, matvec_dot's quantised inputs and
-        // top_k's lists (never live at once).
+        // Attention's split partials, matmul_cm2's f16 inputs, matmul_coopmat's split-k partials,
+        // matvec_dot's quantised inputs and top_k's lists (never live at once).
         let scratch_size = attention::scratch_bytes(graph)
             .max(matmul::cm2_scratch_bytes(graph, &shapes, self.gpu.coopmat2))
+            .max(matmul::coopmat_scratch_bytes(graph, &shapes, self.gpu.coopmat))
             .max(matmul::dot_scratch_bytes(
                 graph,
                 &shapes,
