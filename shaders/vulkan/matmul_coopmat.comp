@@ -3,7 +3,7 @@
 // (weight rows = output columns) tile, each subgroup a (BX / 2) x (BW / 2) quarter of it as
 // (BX / 32) x (BW / 32) 16x16 f32 accumulators fed by coopmat<float16_t, 16x16x16>.
 //
-// k goes 32 at a time through shared memory: each invocation loads its share of the slice (the
+// k goes 32 (or 64) at a time through shared memory: each invocation loads its share of the slice (the
 // input converted to f16, or f16 already where the host converted it; the weight decoded to
 // f16, one 32-value unit of one weight row per invocation for the block formats, so each weight
 // is dequantised once per tile), and after a barrier the subgroups multiply it. q4_k's blocks
@@ -24,7 +24,7 @@ layout(local_size_x = 128) in;
 
 // Weight rows per tile (64 or 128) in the low 16 bits of SPEC0, and in its high bits MODE: bit
 // 3 says the input is f16 (converted by the host beforehand), bit 4 turns off q4_k's staged
-// loads; for tuning runs, bit 0 skips the weight loads, bit 1 the input loads, bit 2 the
+// loads, bit 5 takes k 64 at a time (else 32); for tuning runs, bit 0 skips the weight loads, bit 1 the input loads, bit 2 the
 // multiplies (the results are then wrong: it measures where the time goes). Input rows per tile (32, 64
 // or 128).
 layout(constant_id = 0) const uint SPEC0 = 128;
@@ -50,7 +50,7 @@ layout(push_constant, scalar) uniform Params {
     uint kslice; // 0: the whole k, stored into the outputs
 } p;
 
-const uint BK = 32;
+const uint BK = (MODE & 32u) != 0u ? 64u : 32u;
 // Row stride of the shared tiles in f16vec2s: BK + 8 halves, 80 bytes (16-byte aligned rows;
 // eight consecutive rows' 16-byte pieces fall in distinct banks).
 const uint SK2 = (BK + 8) / 2;
@@ -66,7 +66,8 @@ const bool XH = (MODE & 8u) != 0u;
 const uint WG8 = BW * (BK / 8) / 128;
 const uint WV = 2 * WG8;
 #else
-// One unit (32 values = BK) of one weight row.
+// BK / 32 units (32 values each) of one weight row.
+const uint UPR = BK / 32;
 const uint WV = BK / 4;
 #endif
 
@@ -79,7 +80,7 @@ shared float cs[4 * 256];
 
 #if defined(WFMT_Q4_K)
 // q4_k's staged loads: per weight row of the tile, the 16 bytes of d, dmin and scales and the
-// 32 bytes of nibbles holding the slice's sub-block, copied with coalesced 16-byte loads (three
+// 32 bytes of nibbles holding the slice's sub-block (or pair of them, at BK 64), copied with coalesced 16-byte loads (three
 // invocations per row) before one invocation per row decodes them from here.
 shared uvec4 raw[BW * 3];
 const uint RAW = (BW * 3 + 127) / 128;
@@ -183,16 +184,18 @@ void fetch_w(uint n0, uint k0, uint ke, bool vec_w) {
         wr[2 * i + 1] = to_h4(hi);
     }
 #else
-    // Invocation r < BW decodes unit k0 / 32 of weight row n0 + r (k is whole units).
-    float w[UNIT];
-    [[unroll]] for (uint i = 0; i < UNIT; i++) {
-        w[i] = 0.0;
-    }
-    if (tid < BW && n0 + tid < p.n && k0 < ke && (MODE & 1u) == 0u) {
-        load_unit(p.w + uint64_t(n0 + tid) * p.row_bytes, k0 / UNIT, w);
-    }
-    [[unroll]] for (uint i = 0; i < WV; i++) {
-        wr[i] = to_h4(vec4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]));
+    // Invocation r < BW decodes units k0 / 32 .. of weight row n0 + r (k is whole units).
+    [[unroll]] for (uint u = 0; u < UPR; u++) {
+        float w[UNIT];
+        [[unroll]] for (uint i = 0; i < UNIT; i++) {
+            w[i] = 0.0;
+        }
+        if (tid < BW && n0 + tid < p.n && k0 + 32 * u < ke && (MODE & 1u) == 0u) {
+            load_unit(p.w + uint64_t(n0 + tid) * p.row_bytes, k0 / UNIT + u, w);
+        }
+        [[unroll]] for (uint i = 0; i < 8; i++) {
+            wr[8 * u + i] = to_h4(vec4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]));
+        }
     }
 #endif
 }
@@ -225,21 +228,24 @@ void decode_q4k(uint k0) {
     if (tid >= BW) {
         return;
     }
-    uint s = (k0 / 32) & 7u;
     uvec4 h = raw[tid * 3];
     uvec4 qa = raw[tid * 3 + 1];
     uvec4 qb = raw[tid * 3 + 2];
     vec2 dm = unpackHalf2x16(h[Q4_K_D / 4]);
-    uint scale;
-    uint mn;
-    q4k_scale_min(uvec3(h.y, h.z, h.w), s, scale, mn);
-    float d1 = dm.x * float(scale);
-    float m1 = dm.y * float(mn);
-    uint shift = (s & 1u) * 4;
-    [[unroll]] for (uint i = 0; i < 8; i++) {
-        uint v = (i < 4 ? qa[i] : qb[i - 4]) >> shift;
-        wr[i] = to_h4(vec4(d1 * float(v & 15u) - m1, d1 * float((v >> 8) & 15u) - m1,
-                           d1 * float((v >> 16) & 15u) - m1, d1 * float((v >> 24) & 15u) - m1));
+    // Sub-blocks s .. s + UPR - 1 (at BK 64 an even s and the next, sharing the 32 bytes).
+    [[unroll]] for (uint u = 0; u < UPR; u++) {
+        uint s = ((k0 / 32) & 7u) + u;
+        uint scale;
+        uint mn;
+        q4k_scale_min(uvec3(h.y, h.z, h.w), s, scale, mn);
+        float d1 = dm.x * float(scale);
+        float m1 = dm.y * float(mn);
+        uint shift = (s & 1u) * 4;
+        [[unroll]] for (uint i = 0; i < 8; i++) {
+            uint v = (i < 4 ? qa[i] : qb[i - 4]) >> shift;
+            wr[8 * u + i] = to_h4(vec4(d1 * float(v & 15u) - m1, d1 * float((v >> 8) & 15u) - m1,
+                                       d1 * float((v >> 16) & 15u) - m1, d1 * float((v >> 24) & 15u) - m1));
+        }
     }
 }
 #endif

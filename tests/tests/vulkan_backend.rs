@@ -241,8 +241,8 @@ fn every_weight_format_matches_the_cpu_reference() {
 /// blocks. Where the device has cooperative matrices (not lavapipe: the H100 runs this binary
 /// with them) `matmul_coopmat` takes these rows: as chosen, with its k split in 3 (partial
 /// tiles summed by `matmul_reduce`), with each of its tile shapes forced, with its f32 input
-/// converted in the loads (not by `to_f16` first), with block formats dequantised first, and with q4_k decoded in the
-/// loads.
+/// converted in the loads (not by `to_f16` first), with block formats dequantised first, with
+/// q4_k decoded in the loads, and with k taken 64 at a time.
 #[test]
 fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
     let Some(mut vk) = vulkan() else { return };
@@ -275,6 +275,7 @@ fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
             ("TANDEM_VULKAN_COOPMAT_DEQUANT", "1"),
             // q4_k decoded in the loads rather than staged.
             ("TANDEM_VULKAN_COOPMAT_MODE", "16"),
+            ("TANDEM_VULKAN_COOPMAT_BK", "64"),
         ]
     } else {
         &[("", "")]

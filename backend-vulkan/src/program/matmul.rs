@@ -94,7 +94,7 @@ const COOPMAT_KSLICE_MIN: usize = 512;
 const COOPMAT_MAX_KSLICES: usize = 8;
 
 /// The k elements per slice of a split-k `matmul_coopmat` whose grid has `groups` tiles, a
-/// multiple of 32 (its BK, and the block formats' unit), or 0: k unsplit. Enough slices for
+/// multiple of 64 (of its BK, 32 or 64, and of the block formats' unit), or 0: k unsplit. Enough slices for
 /// [`COOPMAT_TARGET_GROUPS`] workgroups, each at least [`COOPMAT_KSLICE_MIN`] long.
 /// `TANDEM_VULKAN_COOPMAT_KSPLIT=n` asks for n slices (0 or 1: none), for tuning runs.
 fn coopmat_kslice(groups: usize, k: usize) -> usize {
@@ -108,7 +108,7 @@ fn coopmat_kslice(groups: usize, k: usize) -> usize {
     if slices <= 1 {
         return 0;
     }
-    let kslice = k.div_ceil(32).div_ceil(slices) * 32;
+    let kslice = k.div_ceil(64).div_ceil(slices) * 64;
     if kslice >= k {
         0
     } else {
@@ -130,6 +130,12 @@ fn coopmat_dequant(dt: DType) -> bool {
 /// q5_0 products against 8.4). `TANDEM_VULKAN_COOPMAT_X16=0` turns it off, for tuning runs.
 fn coopmat_x16() -> bool {
     std::env::var("TANDEM_VULKAN_COOPMAT_X16").map_or(true, |v| v != "0")
+}
+
+/// Whether `matmul_coopmat` takes k 64 at a time (MODE bit 5) rather than 32:
+/// `TANDEM_VULKAN_COOPMAT_BK=64`, for tuning runs.
+fn coopmat_bk64() -> bool {
+    std::env::var("TANDEM_VULKAN_COOPMAT_BK").is_ok_and(|v| v == "64")
 }
 
 /// Bytes of scratch the split-k `matmul_coopmat` products of `graph` need (0 without
@@ -521,7 +527,8 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
         return Choice {
             kernel: format!("matmul_coopmat_{fmt}"),
             spec: [
-                bw as u32 | (coopmat_mode() | u32::from(coopmat_x16()) << 3) << 16,
+                bw as u32
+                    | (coopmat_mode() | u32::from(coopmat_x16()) << 3 | u32::from(coopmat_bk64()) << 5) << 16,
                 bx as u32,
             ],
             groups: [gx, gy, if kslice == 0 { 1 } else { k.div_ceil(kslice) as u32 }],
@@ -995,6 +1002,7 @@ mod tests {
             // Split-k slices are whole multiples of 32 and at least 512 long.
             assert_eq!(coopmat_kslice(1, 1000), 0);
             assert_eq!(coopmat_kslice(1, 1152), 576);
+            assert_eq!(coopmat_kslice(20, 2560), 512);
         }
         assert_eq!(
             choose(128, 2560, 2560, DType::Q8_0, u(false, true)).kernel,
