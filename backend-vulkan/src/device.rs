@@ -615,6 +615,17 @@ impl Gpu {
         if coopmat2 {
             features.push("cooperative_matrix2".into());
         }
+        // The product path prefill takes: NV cooperative matrix 2 (`matmul_cm2_<fmt>`), KHR
+        // cooperative matrices on f16 tiles (`matmul_coopmat_<fmt>`), or the scalar tiled kernel
+        // (`matmul_tiled_<fmt>`).
+        let prefill = if coopmat2 {
+            "coopmat2"
+        } else if coopmat {
+            "khr_f16"
+        } else {
+            "scalar"
+        };
+        features.push(format!("prefill={prefill}"));
         if has_ext(c"VK_EXT_subgroup_size_control") || props.api_version >= vk::API_VERSION_1_3 {
             features.push("subgroup_size_control".into());
         }

@@ -444,6 +444,16 @@ impl Gpu {
             format!("max_buffer={}MiB", limits.max_buffer_size >> 20),
         ];
         features.push(format!("kernels={}", variant.names().join("+")));
+        // The product path prefill takes (see `kernels`): cooperative matrices on f16 tiles,
+        // f16 tiles, or f32 tiles.
+        let prefill = if variant.coopmat {
+            "khr_f16"
+        } else if variant.f16 {
+            "tiled_f16"
+        } else {
+            "scalar"
+        };
+        features.push(format!("prefill={prefill}"));
         if let Ok(fast) = int_dot {
             // Like the Vulkan backend's: whether the device's packed dot product is
             // accelerated, and whether the kernels take it.

@@ -71,6 +71,12 @@ fn json_output_reports_each_backend() {
     // Available where a Vulkan device is (lavapipe in CI), else unavailable with a reason.
     if vk["available"] == true {
         assert_eq!(vk["info"]["name"], "vulkan", "{vk}");
+        // The product path prefill takes: lavapipe has no cooperative matrices.
+        let features = vk["info"]["features"].to_string();
+        assert!(features.contains("\"prefill="), "{vk}");
+        if std::env::var_os("CI").is_some() {
+            assert!(features.contains("\"prefill=scalar\""), "{vk}");
+        }
     } else {
         assert_eq!(vk["available"], false, "{vk}");
         assert!(
@@ -93,6 +99,7 @@ fn json_output_reports_each_backend() {
         if std::env::var_os("CI").is_some() {
             assert!(features.contains("kernels=subgroups+f16\""), "{wgpu}");
             assert!(features.contains("int8_dot(not accelerated, off)"), "{wgpu}");
+            assert!(features.contains("\"prefill=tiled_f16\""), "{wgpu}");
         }
     } else {
         assert!(
