@@ -40,12 +40,14 @@ const FORMATS: [&str; 10] = [
 const BLOCK_FORMATS: [&str; 7] = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"];
 
 /// Kernels built once per weight format.
-const PER_FORMAT: [&str; 7] = [
+const PER_FORMAT: [&str; 8] = [
     "embed",
     "matmul",
     "matmul_tiled",
     "matvec",
     "matmul_coopmat",
+    // The experiment beside it (TANDEM_VULKAN_COOPMAT_KERNEL=khr).
+    "matmul_khr",
     "matmul_cm2",
     "dequant_f16",
 ];

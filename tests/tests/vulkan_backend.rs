@@ -242,7 +242,7 @@ fn every_weight_format_matches_the_cpu_reference() {
 /// with them) `matmul_coopmat` takes these rows: as chosen, with its k split in 3 (partial
 /// tiles summed by `matmul_reduce`), with each of its tile shapes forced, with its f32 input
 /// converted in the loads (not by `to_f16` first), with block formats dequantised first, with
-/// q4_k decoded in the loads, and with k taken 64 at a time.
+/// q4_k decoded in the loads, with k taken 64 at a time, and as the experiment `matmul_khr`.
 #[test]
 fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
     let Some(mut vk) = vulkan() else { return };
@@ -276,6 +276,8 @@ fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
             // q4_k decoded in the loads rather than staged.
             ("TANDEM_VULKAN_COOPMAT_MODE", "16"),
             ("TANDEM_VULKAN_COOPMAT_BK", "64"),
+            // The experiment without the tuning branches.
+            ("TANDEM_VULKAN_COOPMAT_KERNEL", "khr"),
         ]
     } else {
         &[("", "")]
@@ -291,7 +293,11 @@ fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
             if !var.is_empty() {
                 std::env::set_var(var, value);
             }
-            let rows_list: &[usize] = if var.is_empty() { &[100, 511, 512, 513] } else { &[513] };
+            let rows_list: &[usize] = if var.is_empty() {
+                &[100, 511, 512, 513]
+            } else {
+                &[513]
+            };
             for &rows in rows_list {
                 let x = rng.vec(rows * k, 1.0);
                 let want = run_split_format(reference.as_mut(), d, rows, k, &bytes, &x, &splits).unwrap();

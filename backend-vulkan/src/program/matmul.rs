@@ -138,6 +138,27 @@ fn coopmat_bk64() -> bool {
     std::env::var("TANDEM_VULKAN_COOPMAT_BK").is_ok_and(|v| v == "64")
 }
 
+/// The KHR cooperative-matrix prefill kernel: `matmul_coopmat`, or with
+/// `TANDEM_VULKAN_COOPMAT_KERNEL=khr` the experiment `matmul_khr` (its default configuration
+/// without the tuning branches; not yet measured), for A/B runs.
+fn coopmat_kernel() -> &'static str {
+    if std::env::var("TANDEM_VULKAN_COOPMAT_KERNEL").is_ok_and(|v| v == "khr") {
+        "matmul_khr"
+    } else {
+        "matmul_coopmat"
+    }
+}
+
+/// Whether `kernel` is one of the KHR cooperative-matrix prefill kernels.
+fn is_coopmat(kernel: &str) -> bool {
+    kernel.starts_with("matmul_coopmat") || kernel.starts_with("matmul_khr")
+}
+
+/// Whether a KHR cooperative-matrix product reads its input as f16 (`matmul_khr` always does).
+fn takes_x16(kernel: &str) -> bool {
+    coopmat_x16() || kernel.starts_with("matmul_khr")
+}
+
 /// Bytes of scratch the split-k `matmul_coopmat` products of `graph` need (0 without
 /// cooperative matrices): the largest `[slices][rows][n]` of f32 partial tiles.
 pub fn coopmat_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueShape], coopmat: bool) -> u64 {
@@ -162,13 +183,12 @@ pub fn coopmat_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueS
                 } else {
                     0
                 };
-                let x16 = if coopmat_x16() {
+                let x16 = if takes_x16(&c.kernel) {
                     cm2_input_bytes(rows, k)
                 } else {
                     0
                 };
-                c.kernel
-                    .starts_with("matmul_coopmat")
+                is_coopmat(&c.kernel)
                     .then(|| x16 + w16.next_multiple_of(256) + cm2_part_bytes(rows, n, k, c.kslice))
             }
             _ => None,
@@ -468,6 +488,16 @@ pub fn variants(graph: &tandem_backend_api::Graph, unit: Unit, most_rows: usize)
                     }
                 } else {
                     let split = c.kslice > 0;
+                    if is_coopmat(&c.kernel) {
+                        // Its f16 input and, where asked, its dequantised weight.
+                        if takes_x16(&c.kernel) {
+                            add(("to_f16".into(), [0, 0]));
+                        }
+                        if coopmat_dequant(dt) {
+                            add((format!("dequant_f16_{}", format_name(dt)), [0, 0]));
+                            add((format!("{}_f16", coopmat_kernel()), c.spec));
+                        }
+                    }
                     add((c.kernel, c.spec));
                     if split {
                         add(("matmul_reduce".into(), [0, 0]));
@@ -525,12 +555,17 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
         let (gx, gy) = (div_up(rows, bx), div_up(n, bw));
         let kslice = coopmat_kslice((gx * gy) as usize, k);
         return Choice {
-            kernel: format!("matmul_coopmat_{fmt}"),
-            spec: [
-                bw as u32
-                    | (coopmat_mode() | u32::from(coopmat_x16()) << 3 | u32::from(coopmat_bk64()) << 5) << 16,
-                bx as u32,
-            ],
+            kernel: format!("{}_{fmt}", coopmat_kernel()),
+            spec: if coopmat_kernel() == "matmul_khr" {
+                [bw as u32, bx as u32]
+            } else {
+                [
+                    bw as u32
+                        | (coopmat_mode() | u32::from(coopmat_x16()) << 3 | u32::from(coopmat_bk64()) << 5)
+                            << 16,
+                    bx as u32,
+                ]
+            },
             groups: [gx, gy, if kslice == 0 { 1 } else { k.div_ceil(kslice) as u32 }],
             kslice,
         };
@@ -777,10 +812,15 @@ impl VulkanBackend {
                 c.spec[1] = (c.spec[1] & 0xFFFF) | cm2_mode(DType::F16) << 16;
             }
         }
-        if c.kernel.starts_with("matmul_coopmat") {
+        if c.kernel == "matmul_khr_q4_k" && !w.mem.address.is_multiple_of(16) {
+            // matmul_khr stages q4_k blocks with 16-byte loads.
+            c.kernel = "matmul_coopmat_q4_k".into();
+            c.spec = [c.spec[0] | (u32::from(coopmat_x16()) << 3) << 16, c.spec[1]];
+        }
+        if is_coopmat(&c.kernel) {
             // As laid out by `coopmat_scratch_bytes`: the f16 input where `coopmat_x16` says so,
             // the dequantised weight where `coopmat_dequant` does, the split-k partial tiles.
-            let x16_bytes = if coopmat_x16() {
+            let x16_bytes = if takes_x16(&c.kernel) {
                 cm2_input_bytes(rows, k)
             } else {
                 0
@@ -830,7 +870,7 @@ impl VulkanBackend {
                 });
                 weights = (w16.0, (k * 2) as u32);
                 weight_reads.push(w16);
-                c.kernel = "matmul_coopmat_f16".into();
+                c.kernel = format!("{}_f16", coopmat_kernel());
             }
         }
         if c.kernel.starts_with("matvec_dot") {
@@ -868,7 +908,7 @@ impl VulkanBackend {
             .u32(ends[2]);
         let reads = [input.1].into_iter().chain(weight_reads);
         if c.kslice == 0 {
-            if c.kernel.starts_with("matmul_cm2") || c.kernel.starts_with("matmul_coopmat") {
+            if c.kernel.starts_with("matmul_cm2") || is_coopmat(&c.kernel) {
                 push = push.u64(0).u32(0);
             }
             cmds.push(Cmd::Dispatch {

@@ -1,0 +1,261 @@
+// EXPERIMENT (TANDEM_VULKAN_COOPMAT_KERNEL=khr; not yet run on a GPU): `matmul_coopmat`'s
+// default configuration with every tuning branch taken out, to measure whether the branches
+// that specialisation turns off still cost the NVIDIA compiler (a module that merely held two
+// more such branches prefilled at half the rate: bench/results/2026-11-28-prefill-khr). The
+// same arithmetic as `matmul_coopmat` with MODE = 8: f16 input (the host's `to_f16`), k 32 at a
+// time, q4_k staged (the host takes this kernel only where the weight is 16-byte aligned),
+// results staged through shared memory. Spec 0: weight rows per tile (64 or 128); spec 1: input
+// rows per tile (32, 64 or 128). Split k as `matmul_coopmat`'s.
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_control_flow_attributes : require
+
+layout(local_size_x = 128) in;
+
+layout(constant_id = 0) const uint BW = 128;
+layout(constant_id = 1) const uint BX = 128;
+
+layout(push_constant, scalar) uniform Params {
+    uint64_t w;
+    uint64_t x;
+    uint64_t dst0;
+    uint64_t dst1;
+    uint64_t dst2;
+    uint64_t dst3;
+    uint k;
+    uint n;
+    uint rows;
+    uint row_bytes;
+    uint end0;
+    uint end1;
+    uint end2;
+    uint64_t part;
+    uint kslice; // 0: the whole k, stored into the outputs
+} p;
+
+#define BK 32
+// Row stride of the shared tiles in f16vec2s: 40 halves, 80 bytes.
+#define SK2 20
+const uint FX = BX / 32;
+const uint FW = BW / 32;
+// uvec4s (8 halves) of the input tile per invocation.
+const uint XV = BX * (BK / 8) / 128;
+
+layout(buffer_reference, scalar, buffer_reference_align = 16) buffer U4s { uvec4 v[]; };
+
+shared f16vec2 xs[BX * SK2];
+shared f16vec2 ws[BW * SK2];
+shared float cs[4 * 256];
+#if defined(WFMT_Q4_K)
+shared uvec4 raw[BW * 3];
+const uint RAW = (BW * 3 + 127) / 128;
+#endif
+
+#define F16_MAX 65504.0
+
+#if UNIT == 1
+const uint WG8 = BW * (BK / 8) / 128;
+#endif
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint sg = gl_SubgroupID;
+    uint lane = gl_SubgroupInvocationID;
+    uint m0 = gl_WorkGroupID.x * BX;
+    uint n0 = gl_WorkGroupID.y * BW;
+    uint wx = (sg & 1u) * (BX / 2);
+    uint ww = (sg >> 1) * (BW / 2);
+    uint kb = p.kslice * gl_WorkGroupID.z;
+    uint ke = p.kslice == 0u ? p.k : min(p.k, kb + p.kslice);
+    bool vec_x = (p.k & 7u) == 0u && (p.x & 15ul) == 0ul;
+#if UNIT == 1
+    bool vec_w = (p.k & 7u) == 0u && (p.row_bytes & 15u) == 0u && (p.w & 15ul) == 0ul;
+#endif
+
+    coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> acc[FX * FW];
+    [[unroll]] for (uint i = 0; i < FX * FW; i++) {
+        acc[i] = coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>(0.0);
+    }
+
+    for (uint k0 = kb; k0 < ke; k0 += BK) {
+        // Input: 8 halves per invocation and trip, row e / 4, columns (e % 4) * 8 ...
+        uvec4 xh[XV];
+        [[unroll]] for (uint i = 0; i < XV; i++) {
+            uint e = tid + 128 * i;
+            uint c = k0 + (e % 4) * 8;
+            uint r = m0 + e / 4;
+            xh[i] = uvec4(0);
+            if (r < p.rows) {
+                uint64_t at = uint64_t(r) * p.k + c;
+                if (vec_x) {
+                    if (c < ke) {
+                        xh[i] = U4s(p.x + at * 2).v[0];
+                    }
+                } else {
+                    [[unroll]] for (uint j = 0; j < 8; j++) {
+                        if (c + j < ke) {
+                            xh[i][j / 2] |= ld_u16(p.x, at + j) << (16 * (j % 2));
+                        }
+                    }
+                }
+            }
+        }
+#if defined(WFMT_Q4_K)
+        // q4_k: the rows' 16 bytes of d, dmin and scales and 32 bytes of nibbles, raw.
+        uint s = (k0 / 32) & 7u;
+        [[unroll]] for (uint i = 0; i < RAW; i++) {
+            uint j = tid + 128 * i;
+            uint r = j / 3;
+            uint part = j % 3;
+            if (r < BW) {
+                uvec4 v = uvec4(0);
+                if (n0 + r < p.n) {
+                    uint off = part == 0u ? 0u : Q4_K_QS + 32 * (s >> 1) + 16 * (part - 1);
+                    v = U4s(p.w + uint64_t(n0 + r) * p.row_bytes + uint64_t(k0 / 256) * Q4_K_BYTES + off).v[0];
+                }
+                raw[j] = v;
+            }
+        }
+        barrier();
+        if (tid < BW) {
+            uvec4 h = raw[tid * 3];
+            uvec4 qa = raw[tid * 3 + 1];
+            uvec4 qb = raw[tid * 3 + 2];
+            vec2 dm = unpackHalf2x16(h[Q4_K_D / 4]);
+            uint scale;
+            uint mn;
+            q4k_scale_min(uvec3(h.y, h.z, h.w), s, scale, mn);
+            float d1 = dm.x * float(scale);
+            float m1 = dm.y * float(mn);
+            uint shift = (s & 1u) * 4;
+            [[unroll]] for (uint i = 0; i < 8; i++) {
+                uint v = (i < 4 ? qa[i] : qb[i - 4]) >> shift;
+                vec4 f = vec4(d1 * float(v & 15u) - m1, d1 * float((v >> 8) & 15u) - m1,
+                              d1 * float((v >> 16) & 15u) - m1, d1 * float((v >> 24) & 15u) - m1);
+                f16vec4 hv = f16vec4(clamp(f, -F16_MAX, F16_MAX));
+                ws[tid * SK2 + 2 * i] = hv.xy;
+                ws[tid * SK2 + 2 * i + 1] = hv.zw;
+            }
+        }
+#elif UNIT == 1
+        // Float weights: groups of 8 values, 4 invocations per weight row.
+        f16vec4 wv[2 * WG8];
+        [[unroll]] for (uint i = 0; i < WG8; i++) {
+            uint e = tid + 128 * i;
+            uint r = e / 4;
+            uint c = k0 + (e % 4) * 8;
+            vec4 lo = vec4(0.0);
+            vec4 hi = vec4(0.0);
+            wv[2 * i] = f16vec4(0.0);
+            wv[2 * i + 1] = f16vec4(0.0);
+            if (n0 + r < p.n) {
+                uint64_t row = p.w + uint64_t(n0 + r) * p.row_bytes;
+#if defined(WFMT_F16)
+                if (vec_w && c < ke) {
+                    uvec4 h = U4s(row + uint64_t(c) * 2).v[0];
+                    wv[2 * i] = f16vec4(unpackFloat2x16(h.x), unpackFloat2x16(h.y));
+                    wv[2 * i + 1] = f16vec4(unpackFloat2x16(h.z), unpackFloat2x16(h.w));
+                    continue;
+                }
+#endif
+                [[unroll]] for (uint j = 0; j < 4; j++) {
+                    if (c + j < ke) {
+                        lo[j] = wload(row, c + j);
+                    }
+                    if (c + 4 + j < ke) {
+                        hi[j] = wload(row, c + 4 + j);
+                    }
+                }
+                wv[2 * i] = f16vec4(clamp(lo, -F16_MAX, F16_MAX));
+                wv[2 * i + 1] = f16vec4(clamp(hi, -F16_MAX, F16_MAX));
+            }
+        }
+        barrier();
+        [[unroll]] for (uint i = 0; i < WG8; i++) {
+            uint e = tid + 128 * i;
+            uint at = (e / 4) * SK2 + (e % 4) * 4;
+            ws[at] = wv[2 * i].xy;
+            ws[at + 1] = wv[2 * i].zw;
+            ws[at + 2] = wv[2 * i + 1].xy;
+            ws[at + 3] = wv[2 * i + 1].zw;
+        }
+#else
+        // Other block formats: one 32-value unit of one weight row per invocation.
+        float w[UNIT];
+        [[unroll]] for (uint i = 0; i < UNIT; i++) {
+            w[i] = 0.0;
+        }
+        if (tid < BW && n0 + tid < p.n) {
+            load_unit(p.w + uint64_t(n0 + tid) * p.row_bytes, k0 / UNIT, w);
+        }
+        barrier();
+        if (tid < BW) {
+            [[unroll]] for (uint i = 0; i < 8; i++) {
+                vec4 f = vec4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+                f16vec4 hv = f16vec4(clamp(f, -F16_MAX, F16_MAX));
+                ws[tid * SK2 + 2 * i] = hv.xy;
+                ws[tid * SK2 + 2 * i + 1] = hv.zw;
+            }
+        }
+#endif
+        [[unroll]] for (uint i = 0; i < XV; i++) {
+            uint e = tid + 128 * i;
+            uint at = (e / 4) * SK2 + (e % 4) * 4;
+            xs[at] = unpackFloat2x16(xh[i].x);
+            xs[at + 1] = unpackFloat2x16(xh[i].y);
+            xs[at + 2] = unpackFloat2x16(xh[i].z);
+            xs[at + 3] = unpackFloat2x16(xh[i].w);
+        }
+        barrier();
+        [[unroll]] for (uint kk = 0; kk < BK / 2; kk += 8) {
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[FX];
+            [[unroll]] for (uint i = 0; i < FX; i++) {
+                coopMatLoad(a[i], xs, (wx + i * 16) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
+            }
+            [[unroll]] for (uint j = 0; j < FW; j++) {
+                coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
+                coopMatLoad(b, ws, (ww + j * 16) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutColumnMajor);
+                [[unroll]] for (uint i = 0; i < FX; i++) {
+                    acc[i * FW + j] = coopMatMulAdd(a[i], b, acc[i * FW + j]);
+                }
+            }
+        }
+    }
+
+    uint64_t slice = p.part + uint64_t(gl_WorkGroupID.z) * p.rows * p.n * 4u;
+    [[unroll]] for (uint i = 0; i < FX; i++) {
+        [[unroll]] for (uint j = 0; j < FW; j++) {
+            coopMatStore(acc[i * FW + j], cs, sg * 256, 16, gl_CooperativeMatrixLayoutRowMajor);
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            [[unroll]] for (uint t = 0; t < 8; t++) {
+                uint e = lane + 32 * t;
+                uint row = m0 + wx + i * 16 + e / 16;
+                uint col = n0 + ww + j * 16 + e % 16;
+                if (row >= p.rows || col >= p.n) {
+                    continue;
+                }
+                float v = cs[sg * 256 + e];
+                if (p.kslice != 0u) {
+                    st_f32(slice, uint64_t(row) * p.n + col, v);
+                    continue;
+                }
+                uint64_t dst;
+                uint c;
+                uint width;
+                if (col < p.end0) {
+                    dst = p.dst0; c = col; width = p.end0;
+                } else if (col < p.end1) {
+                    dst = p.dst1; c = col - p.end0; width = p.end1 - p.end0;
+                } else if (col < p.end2) {
+                    dst = p.dst2; c = col - p.end1; width = p.end2 - p.end1;
+                } else {
+                    dst = p.dst3; c = col - p.end2; width = p.n - p.end2;
+                }
+                st_f32(dst, uint64_t(row) * width + c, v);
+            }
+            subgroupBarrier();
+        }
+    }
+}
