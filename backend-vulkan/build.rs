@@ -53,7 +53,7 @@ const PER_FORMAT: [&str; 8] = [
 ];
 
 /// Kernels built once.
-const PLAIN: [&str; 17] = [
+const PLAIN: [&str; 18] = [
     "rms_norm",
     "rope",
     "kv_store",
@@ -61,6 +61,8 @@ const PLAIN: [&str; 17] = [
     "attention_gqa",
     "attention_combine",
     "attention_tiled",
+    // The experiment beside it (TANDEM_VULKAN_ATTN_COOPMAT=1).
+    "attention_coopmat",
     "eltwise",
     "select_rows",
     "copy",

@@ -1101,6 +1101,16 @@ pub fn all() -> Vec<Case> {
         611,
         vec![((0..512).collect(), vec![0; 512])],
     ));
+    // 27B's head of 128 over an f32 cache, few heads and many key tiles (so Vulkan's tiled
+    // kernels split each block's tiles over several workgroups and combine the partials).
+    v.push(attention(
+        "head-128-prefill",
+        spec(2, 1, 128, None, None),
+        DType::F32,
+        1,
+        300,
+        vec![((0..260).collect(), vec![0; 260])],
+    ));
     // Gemma 3's head of 256 with grouped queries in prefill blocks (the tiled kernels: 32 rows):
     // a first chunk of 70 rows (two whole blocks and a partial one), then 30 more rows of that
     // sequence followed by the 40 first of another, so the first block spans both slots and the

@@ -116,6 +116,13 @@ fn use_tiled(rows: usize, head_dim: usize) -> bool {
     takes_tiled(rows, head_dim, forced)
 }
 
+/// `TANDEM_VULKAN_ATTN_COOPMAT=1`: the blocks `attention_tiled` takes go to the experiment
+/// `attention_coopmat` (QK^T and PV on KHR cooperative matrices; not yet run on a GPU) where the
+/// device has cooperative matrices and the head's size is a multiple of 32.
+fn coopmat_attention() -> bool {
+    std::env::var("TANDEM_VULKAN_ATTN_COOPMAT").is_ok_and(|v| v == "1")
+}
+
 /// Whether an attention of `rows` rows and heads of `head_dim` takes `attention_gqa` (for the
 /// rows `attention_tiled` leaves, where it runs first).
 fn use_gqa(rows: usize, head_dim: usize) -> bool {
@@ -269,8 +276,16 @@ impl VulkanBackend {
         // combination of its splits) takes the rest, both writing disjoint rows of the output.
         let skip_block = if tiled { TILED_ROWS } else { 0 };
         if tiled {
+            // The experiment on cooperative matrices in its place, where asked and the head and
+            // the addresses suit it.
+            let aligned = [ctx.addr(*q)?, kc, vc].iter().all(|a| a.is_multiple_of(16));
+            let kernel = if self.gpu.coopmat && coopmat_attention() && head_dim % 32 == 0 && aligned {
+                "attention_coopmat"
+            } else {
+                "attention_tiled"
+            };
             cmds.push(Cmd::Dispatch {
-                kernel: "attention_tiled".into(),
+                kernel: kernel.into(),
                 spec: [0, 0],
                 push: push((tpart_o, tpart_ml), tsplits, 0)?,
                 groups: [*heads as u32, div_up(rows, TILED_ROWS), tsplits as u32],
