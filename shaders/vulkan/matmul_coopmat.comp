@@ -3,15 +3,16 @@
 // (weight rows = output columns) tile, each subgroup a (BX / 2) x (BW / 2) quarter of it as
 // (BX / 32) x (BW / 32) 16x16 f32 accumulators fed by coopmat<float16_t, 16x16x16>.
 //
-// k goes 32 (or 64) at a time through shared memory: each invocation loads its share of the slice (the
-// input converted to f16, or f16 already where the host converted it; the weight decoded to
-// f16, one 32-value unit of one weight row per invocation for the block formats, so each weight
-// is dequantised once per tile), and after a barrier the subgroups multiply it. q4_k's blocks
-// are first copied raw with coalesced loads (`stage_q4k`), then decoded from shared memory.
+// k goes 32 (or 64) at a time through shared memory: each invocation loads its share of the
+// slice (the input converted to f16, or f16 already where the host converted it; the weight
+// decoded to f16, one 32-value unit of one weight row per invocation for the block formats, so
+// each weight is dequantised once per tile), and after a barrier the subgroups multiply it.
+// q4_k's blocks are first copied raw with coalesced loads (`stage_q4k`), then decoded from
+// shared memory.
 //
 // The grid: x the input-row tiles (so the workgroups that share a weight tile run together and
 // read it from DRAM once), y the weight-row tiles, z the split-k slices. Split k (`kslice`
-// nonzero, a multiple of 32: grids smaller than the GPU): workgroup z multiplies k z * kslice
+// nonzero, a multiple of 64: grids smaller than the GPU): workgroup z multiplies k z * kslice
 // .. (z + 1) * kslice and stores its f32 partial tile into `part` at [z][rows][n];
 // matmul_reduce adds the slices into the split outputs. Needs a subgroup size of 32 (the host
 // checks it).
@@ -24,9 +25,9 @@ layout(local_size_x = 128) in;
 
 // Weight rows per tile (64 or 128) in the low 16 bits of SPEC0, and in its high bits MODE: bit
 // 3 says the input is f16 (converted by the host beforehand), bit 4 turns off q4_k's staged
-// loads, bit 5 takes k 64 at a time (else 32); for tuning runs, bit 0 skips the weight loads, bit 1 the input loads, bit 2 the
-// multiplies (the results are then wrong: it measures where the time goes). Input rows per tile (32, 64
-// or 128).
+// loads, bit 5 takes k 64 at a time (else 32); for tuning runs, bit 0 skips the weight loads,
+// bit 1 the input loads, bit 2 the multiplies (the results are then wrong: it measures where
+// the time goes). Input rows per tile (32, 64 or 128).
 layout(constant_id = 0) const uint SPEC0 = 128;
 layout(constant_id = 1) const uint BX = 128;
 const uint BW = SPEC0 & 0xFFFFu;
