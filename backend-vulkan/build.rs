@@ -109,12 +109,23 @@ fn main() {
     let mut table = String::from(
         "/// Every kernel variant: name and SPIR-V words.\npub static KERNELS: &[(&str, &[u8])] = &[\n",
     );
-    let mut build = |kernel: &str, format: Option<&str>| {
+    // `variant`: "" for the kernel itself, or the name of a build of it with more defines
+    // (`khr8`: matmul_khr with `WARPS 8`, named matmul_khr8_<fmt>).
+    let mut build = |kernel: &str, format: Option<&str>, variant: &str| {
         let body = read(&format!("{kernel}.comp"));
-        let defines = match format {
+        let mut defines = match format {
             Some(f) => format!("#define WFMT_{} 1\n", f.to_uppercase()),
             None => String::new(),
         };
+        if variant == "khr8" {
+            defines.push_str("#define WARPS 8\n");
+        }
+        let kernel = if variant.is_empty() {
+            kernel.to_string()
+        } else {
+            kernel.replacen("khr", variant, 1)
+        };
+        let kernel = kernel.as_str();
         let source = format!("#version 460\n{defines}{layouts}{common}\n#line 1 1\n{body}");
         let src = glslang::ShaderSource::from(source);
         let no_defines: Option<&[(&str, Option<&str>)]> = None;
@@ -146,17 +157,21 @@ fn main() {
     };
     for k in PER_FORMAT {
         for f in FORMATS {
-            build(k, Some(f));
+            build(k, Some(f), "");
         }
     }
+    // The experiment matmul_khr with 8 subgroups per workgroup.
+    for f in FORMATS {
+        build("matmul_khr", Some(f), "khr8");
+    }
     for k in PLAIN {
-        build(k, None);
+        build(k, None, "");
     }
     // q4_k's kernel for several rows (batched decode).
-    build("matvec_rows", Some("q4_k"));
+    build("matvec_rows", Some("q4_k"), "");
     // Integer dot products against the quantised input (decode), block formats only.
     for f in BLOCK_FORMATS {
-        build("matvec_dot", Some(f));
+        build("matvec_dot", Some(f), "");
     }
     table.push_str("];\n");
     std::fs::write(out_dir.join("kernels.rs"), table).expect("write kernels.rs");

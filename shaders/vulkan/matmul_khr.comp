@@ -1,17 +1,25 @@
-// EXPERIMENT (TANDEM_VULKAN_COOPMAT_KERNEL=khr; not yet run on a GPU): `matmul_coopmat`'s
+// EXPERIMENT (TANDEM_VULKAN_COOPMAT_KERNEL=khr, or khr8 for the build with WARPS 8; not yet
+// run on a GPU): `matmul_coopmat`'s
 // default configuration with every tuning branch taken out, to measure whether the branches
 // that specialisation turns off still cost the NVIDIA compiler (a module that merely held two
 // more such branches prefilled at half the rate: bench/results/2026-11-28-prefill-khr). The
 // same arithmetic as `matmul_coopmat` with MODE = 8: f16 input (the host's `to_f16`), k 32 at a
 // time, q4_k staged (the host takes this kernel only where the weight is 16-byte aligned),
 // results staged through shared memory. Spec 0: weight rows per tile (64 or 128); spec 1: input
-// rows per tile (32, 64 or 128). Split k as `matmul_coopmat`'s.
+// rows per tile (32, 64 or 128). Split k as `matmul_coopmat`'s. WARPS (4 unless the build
+// defines 8) subgroups of 32 per workgroup, 2 along the input rows by WARPS / 2 along the
+// weight rows: 8 give each subgroup half the accumulators (64 x 32 of a 128 x 128 tile) and
+// twice the subgroups to hide the loads behind.
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : require
 
-layout(local_size_x = 128) in;
+#ifndef WARPS
+#define WARPS 4
+#endif
+#define THREADS (32 * WARPS)
+layout(local_size_x = THREADS) in;
 
 layout(constant_id = 0) const uint BW = 128;
 layout(constant_id = 1) const uint BX = 128;
@@ -38,24 +46,24 @@ layout(push_constant, scalar) uniform Params {
 // Row stride of the shared tiles in f16vec2s: 40 halves, 80 bytes.
 #define SK2 20
 const uint FX = BX / 32;
-const uint FW = BW / 32;
+const uint FW = BW / (16 * (WARPS / 2));
 // uvec4s (8 halves) of the input tile per invocation.
-const uint XV = BX * (BK / 8) / 128;
+const uint XV = (BX * (BK / 8) + THREADS - 1) / THREADS;
 
 layout(buffer_reference, scalar, buffer_reference_align = 16) buffer U4s { uvec4 v[]; };
 
 shared f16vec2 xs[BX * SK2];
 shared f16vec2 ws[BW * SK2];
-shared float cs[4 * 256];
+shared float cs[WARPS * 256];
 #if defined(WFMT_Q4_K)
 shared uvec4 raw[BW * 3];
-const uint RAW = (BW * 3 + 127) / 128;
+const uint RAW = (BW * 3 + THREADS - 1) / THREADS;
 #endif
 
 #define F16_MAX 65504.0
 
 #if UNIT == 1
-const uint WG8 = BW * (BK / 8) / 128;
+const uint WG8 = BW * (BK / 8) / THREADS;
 #endif
 
 void main() {
@@ -65,7 +73,7 @@ void main() {
     uint m0 = gl_WorkGroupID.x * BX;
     uint n0 = gl_WorkGroupID.y * BW;
     uint wx = (sg & 1u) * (BX / 2);
-    uint ww = (sg >> 1) * (BW / 2);
+    uint ww = (sg >> 1) * (BW / (WARPS / 2));
     uint kb = p.kslice * gl_WorkGroupID.z;
     uint ke = p.kslice == 0u ? p.k : min(p.k, kb + p.kslice);
     bool vec_x = (p.k & 7u) == 0u && (p.x & 15ul) == 0ul;
@@ -82,11 +90,11 @@ void main() {
         // Input: 8 halves per invocation and trip, row e / 4, columns (e % 4) * 8 ...
         uvec4 xh[XV];
         [[unroll]] for (uint i = 0; i < XV; i++) {
-            uint e = tid + 128 * i;
+            uint e = tid + THREADS * i;
             uint c = k0 + (e % 4) * 8;
             uint r = m0 + e / 4;
             xh[i] = uvec4(0);
-            if (r < p.rows) {
+            if (e < BX * (BK / 8) && r < p.rows) {
                 uint64_t at = uint64_t(r) * p.k + c;
                 if (vec_x) {
                     if (c < ke) {
@@ -105,7 +113,7 @@ void main() {
         // q4_k: the rows' 16 bytes of d, dmin and scales and 32 bytes of nibbles, raw.
         uint s = (k0 / 32) & 7u;
         [[unroll]] for (uint i = 0; i < RAW; i++) {
-            uint j = tid + 128 * i;
+            uint j = tid + THREADS * i;
             uint r = j / 3;
             uint part = j % 3;
             if (r < BW) {
@@ -142,7 +150,7 @@ void main() {
         // Float weights: groups of 8 values, 4 invocations per weight row.
         f16vec4 wv[2 * WG8];
         [[unroll]] for (uint i = 0; i < WG8; i++) {
-            uint e = tid + 128 * i;
+            uint e = tid + THREADS * i;
             uint r = e / 4;
             uint c = k0 + (e % 4) * 8;
             vec4 lo = vec4(0.0);
@@ -173,7 +181,7 @@ void main() {
         }
         barrier();
         [[unroll]] for (uint i = 0; i < WG8; i++) {
-            uint e = tid + 128 * i;
+            uint e = tid + THREADS * i;
             uint at = (e / 4) * SK2 + (e % 4) * 4;
             ws[at] = wv[2 * i].xy;
             ws[at + 1] = wv[2 * i].zw;
@@ -200,7 +208,10 @@ void main() {
         }
 #endif
         [[unroll]] for (uint i = 0; i < XV; i++) {
-            uint e = tid + 128 * i;
+            uint e = tid + THREADS * i;
+            if (e >= BX * (BK / 8)) {
+                break;
+            }
             uint at = (e / 4) * SK2 + (e % 4) * 4;
             xs[at] = unpackFloat2x16(xh[i].x);
             xs[at + 1] = unpackFloat2x16(xh[i].y);

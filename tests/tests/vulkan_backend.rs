@@ -242,7 +242,8 @@ fn every_weight_format_matches_the_cpu_reference() {
 /// with them) `matmul_coopmat` takes these rows: as chosen, with its k split in 3 (partial
 /// tiles summed by `matmul_reduce`), with each of its tile shapes forced, with its f32 input
 /// converted in the loads (not by `to_f16` first), with block formats dequantised first, with
-/// q4_k decoded in the loads, with k taken 64 at a time, and as the experiment `matmul_khr`.
+/// q4_k decoded in the loads, with k taken 64 at a time, and as the experiments `matmul_khr` and
+/// `matmul_khr8`.
 #[test]
 fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
     let Some(mut vk) = vulkan() else { return };
@@ -278,6 +279,7 @@ fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
             ("TANDEM_VULKAN_COOPMAT_BK", "64"),
             // The experiment without the tuning branches.
             ("TANDEM_VULKAN_COOPMAT_KERNEL", "khr"),
+            ("TANDEM_VULKAN_COOPMAT_KERNEL", "khr8"),
         ]
     } else {
         &[("", "")]

@@ -140,12 +140,13 @@ fn coopmat_bk64() -> bool {
 
 /// The KHR cooperative-matrix prefill kernel: `matmul_coopmat`, or with
 /// `TANDEM_VULKAN_COOPMAT_KERNEL=khr` the experiment `matmul_khr` (its default configuration
-/// without the tuning branches; not yet measured), for A/B runs.
+/// without the tuning branches; not yet measured), `=khr8` the same with 8 subgroups per
+/// workgroup (`matmul_khr8`), for A/B runs.
 fn coopmat_kernel() -> &'static str {
-    if std::env::var("TANDEM_VULKAN_COOPMAT_KERNEL").is_ok_and(|v| v == "khr") {
-        "matmul_khr"
-    } else {
-        "matmul_coopmat"
+    match std::env::var("TANDEM_VULKAN_COOPMAT_KERNEL").as_deref() {
+        Ok("khr") => "matmul_khr",
+        Ok("khr8") => "matmul_khr8",
+        _ => "matmul_coopmat",
     }
 }
 
@@ -556,7 +557,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
         let kslice = coopmat_kslice((gx * gy) as usize, k);
         return Choice {
             kernel: format!("{}_{fmt}", coopmat_kernel()),
-            spec: if coopmat_kernel() == "matmul_khr" {
+            spec: if coopmat_kernel().starts_with("matmul_khr") {
                 [bw as u32, bx as u32]
             } else {
                 [
@@ -812,7 +813,7 @@ impl VulkanBackend {
                 c.spec[1] = (c.spec[1] & 0xFFFF) | cm2_mode(DType::F16) << 16;
             }
         }
-        if c.kernel == "matmul_khr_q4_k" && !w.mem.address.is_multiple_of(16) {
+        if c.kernel.starts_with("matmul_khr") && dt == DType::Q4K && !w.mem.address.is_multiple_of(16) {
             // matmul_khr stages q4_k blocks with 16-byte loads.
             c.kernel = "matmul_coopmat_q4_k".into();
             c.spec = [c.spec[0] | (u32::from(coopmat_x16()) << 3) << 16, c.spec[1]];

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# bench/khr-experiments.sh: checks and measures the KHR-path experiments of issue 54 in one device
+# call, against the default kernels of the same build.
+#
+# Here, first: a release build stripped into $BIN (engine and the plugins), the release test
+# binaries `vulkan_backend` and `conformance` stripped into $BIN/t/deps with the plugins copied
+# into $BIN/t (the tests find plugins in the folder above their own), the Vulkan loader debs in .gl/
+# (bench/device.sh says how). There (the device tool's `run`, carrying $BIN and .gl):
+#   BIN=.bench/new bash bench/khr-experiments.sh
+# 1. Correctness, KHR path (coopmat2 off), validation off (the layer is not on that machine):
+#    `vulkan_backend prefill` (every weight format and variant at odd sizes, `matmul_khr` and
+#    `matmul_khr8` included), then the conformance binary with `TANDEM_VULKAN_ATTN_COOPMAT=1`
+#    (`attention_coopmat` in the prefill attention cases).
+# 2. Speed: `engine bench` prefill 512 / decode on each SHAPES entry with each setting of CONFIGS
+#    (label=ENV... ; `-` for none), KHR path, one line each.
+# $OUT gets experiments.txt.
+#
+# Parameters (environment): BIN (.bench/new), SHAPES ("gemma3-1b:q4_k gemma3-4b:q4_k"), CONFIGS,
+# REPEAT (2), WORK (/tmp/kx), OUT.
+set -uo pipefail
+BIN=${BIN:-.bench/new}
+SHAPES=${SHAPES:-"gemma3-1b:q4_k gemma3-4b:q4_k"}
+CONFIGS=${CONFIGS:-"default=- khr=TANDEM_VULKAN_COOPMAT_KERNEL=khr khr8=TANDEM_VULKAN_COOPMAT_KERNEL=khr8 attn=TANDEM_VULKAN_ATTN_COOPMAT=1"}
+REPEAT=${REPEAT:-2}
+WORK=${WORK:-/tmp/kx}
+OUT=${OUT:-$PWD/bench-out}
+mkdir -p "$OUT" "$WORK"
+log="$OUT/experiments.txt"
+
+if compgen -G ".gl/*.deb" >/dev/null; then
+    for f in .gl/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+fi
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ] && export VK_DRIVER_FILES=$icd
+export TANDEM_VULKAN_COOPMAT2=0 TANDEM_CONFORMANCE_VALIDATION=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | tee "$log"
+chmod +x "$BIN/engine" "$BIN"/t/deps/* 2>/dev/null
+
+if [ -x "$BIN/t/deps/vulkan_backend" ]; then
+    echo "== vulkan_backend prefill (KHR)" | tee -a "$log"
+    timeout 200 "$BIN/t/deps/vulkan_backend" prefill 2>&1 | grep -E "^test |panicked|left|right" | head -20 | tee -a "$log"
+fi
+if [ -x "$BIN/t/deps/conformance" ]; then
+    echo "== conformance, attention_coopmat on (KHR)" | tee -a "$log"
+    TANDEM_CONFORMANCE_BACKENDS=vulkan TANDEM_VULKAN_ATTN_COOPMAT=1 timeout 200 "$BIN/t/deps/conformance" 2>&1 \
+        | grep -E "^test |panicked|attention" | head -20 | tee -a "$log"
+fi
+
+for pair in $SHAPES; do
+    IFS=: read -r shape dtype <<<"$pair"
+    gguf="$WORK/$shape-$dtype.gguf"
+    "$BIN/engine" synth --shape "$shape" --dtype "$dtype" --out "$gguf" --force >/dev/null || continue
+    for config in $CONFIGS; do
+        label=${config%%=*}
+        envs=${config#*=}
+        [ "$envs" = "-" ] && envs=""
+        env $envs timeout 300 "$BIN/engine" bench --model "$gguf" --backend vulkan --prompt-tokens 512 \
+            --gen-tokens 32 --chunk 512 --repeat "$REPEAT" --json >"$WORK/r.json" 2>"$WORK/err.txt" \
+            || { echo "$pair $label: failed: $(tail -2 "$WORK/err.txt")" | tee -a "$log"; continue; }
+        python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['runs'][0]; print('%-18s %-8s prefill %9.1f decode %7.1f' % (sys.argv[2], sys.argv[3], r['prefill_tokens_per_s']['median'], r['decode_tokens_per_s']['median']))" \
+            "$WORK/r.json" "$pair" "$label" | tee -a "$log"
+    done
+    rm -f "$gguf"
+done
