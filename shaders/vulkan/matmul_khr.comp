@@ -1,15 +1,15 @@
 // EXPERIMENT (TANDEM_VULKAN_COOPMAT_KERNEL=khr, or khr8 for the build with WARPS 8; not yet
-// run on a GPU): `matmul_coopmat`'s
-// default configuration with every tuning branch taken out, to measure whether the branches
-// that specialisation turns off still cost the NVIDIA compiler (a module that merely held two
-// more such branches prefilled at half the rate: bench/results/2026-11-28-prefill-khr). The
-// same arithmetic as `matmul_coopmat` with MODE = 8: f16 input (the host's `to_f16`), k 32 at a
-// time, q4_k staged (the host takes this kernel only where the weight is 16-byte aligned),
-// results staged through shared memory. Spec 0: weight rows per tile (64 or 128); spec 1: input
-// rows per tile (32, 64 or 128). Split k as `matmul_coopmat`'s. WARPS (4 unless the build
-// defines 8) subgroups of 32 per workgroup, 2 along the input rows by WARPS / 2 along the
-// weight rows: 8 give each subgroup half the accumulators (64 x 32 of a 128 x 128 tile) and
-// twice the subgroups to hide the loads behind.
+// run on a GPU): `matmul_coopmat`'s default configuration written for the compiler rather than
+// for tuning: no specialisation-constant branches (a module that merely held two more of them
+// prefilled at half the rate: bench/results/2026-11-28-prefill-khr), a compile-time 128 x 128
+// tile, and the accumulators and fragments as separate variables rather than arrays indexed in
+// loops (which drivers may keep in memory rather than registers). The same arithmetic as
+// `matmul_coopmat` with MODE = 8: f16 input (the host's `to_f16`), k 32 at a time, q4_k staged
+// (the host takes this kernel only where the weight is 16-byte aligned), results staged through
+// shared memory; split k as `matmul_coopmat`'s. WARPS (4 unless the build defines 8) subgroups
+// of 32 per workgroup, 2 along the input rows by WARPS / 2 along the weight rows: each 64 x 64
+// of the tile with 4, 64 x 32 with 8 (half the accumulators, twice the subgroups to hide the
+// loads behind). The specialisation constants are ignored (the host passes 128 x 128).
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -21,8 +21,8 @@
 #define THREADS (32 * WARPS)
 layout(local_size_x = THREADS) in;
 
-layout(constant_id = 0) const uint BW = 128;
-layout(constant_id = 1) const uint BX = 128;
+#define BW 128
+#define BX 128
 
 layout(push_constant, scalar) uniform Params {
     uint64_t w;
@@ -45,8 +45,6 @@ layout(push_constant, scalar) uniform Params {
 #define BK 32
 // Row stride of the shared tiles in f16vec2s: 40 halves, 80 bytes.
 #define SK2 20
-const uint FX = BX / 32;
-const uint FW = BW / (16 * (WARPS / 2));
 // uvec4s (8 halves) of the input tile per invocation.
 const uint XV = (BX * (BK / 8) + THREADS - 1) / THREADS;
 
@@ -66,6 +64,47 @@ const uint RAW = (BW * 3 + THREADS - 1) / THREADS;
 const uint WG8 = BW * (BK / 8) / THREADS;
 #endif
 
+// Accumulator (i, j) of this subgroup into the outputs (or the split-k partial `slice`),
+// through the subgroup's 16x16 slot of shared memory.
+void store(coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> acc, uint i, uint j, uint64_t slice) {
+    uint sg = gl_SubgroupID;
+    uint lane = gl_SubgroupInvocationID;
+    uint m0 = gl_WorkGroupID.x * BX;
+    uint n0 = gl_WorkGroupID.y * BW;
+    uint wx = (sg & 1u) * (BX / 2);
+    uint ww = (sg >> 1) * (BW / (WARPS / 2));
+    coopMatStore(acc, cs, sg * 256, 16, gl_CooperativeMatrixLayoutRowMajor);
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    [[unroll]] for (uint t = 0; t < 8; t++) {
+        uint e = lane + 32 * t;
+        uint row = m0 + wx + i * 16 + e / 16;
+        uint col = n0 + ww + j * 16 + e % 16;
+        if (row >= p.rows || col >= p.n) {
+            continue;
+        }
+        float v = cs[sg * 256 + e];
+        if (p.kslice != 0u) {
+            st_f32(slice, uint64_t(row) * p.n + col, v);
+            continue;
+        }
+        uint64_t dst;
+        uint c;
+        uint width;
+        if (col < p.end0) {
+            dst = p.dst0; c = col; width = p.end0;
+        } else if (col < p.end1) {
+            dst = p.dst1; c = col - p.end0; width = p.end1 - p.end0;
+        } else if (col < p.end2) {
+            dst = p.dst2; c = col - p.end1; width = p.end2 - p.end1;
+        } else {
+            dst = p.dst3; c = col - p.end2; width = p.n - p.end2;
+        }
+        st_f32(dst, uint64_t(row) * width + c, v);
+    }
+    subgroupBarrier();
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint sg = gl_SubgroupID;
@@ -81,10 +120,19 @@ void main() {
     bool vec_w = (p.k & 7u) == 0u && (p.row_bytes & 15u) == 0u && (p.w & 15ul) == 0ul;
 #endif
 
-    coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> acc[FX * FW];
-    [[unroll]] for (uint i = 0; i < FX * FW; i++) {
-        acc[i] = coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>(0.0);
-    }
+    // Accumulator (i, j): input rows wx + 16i.., weight rows ww + 16j.. (j < 4 with 4
+    // subgroups, j < 2 with 8).
+#define ACC_T coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define DECL_ROW(i) ACC_T acc##i##0 = ACC_T(0.0); ACC_T acc##i##1 = ACC_T(0.0); DECL_ROW_HI(i)
+#if WARPS == 4
+#define DECL_ROW_HI(i) ACC_T acc##i##2 = ACC_T(0.0); ACC_T acc##i##3 = ACC_T(0.0);
+#else
+#define DECL_ROW_HI(i)
+#endif
+    DECL_ROW(0)
+    DECL_ROW(1)
+    DECL_ROW(2)
+    DECL_ROW(3)
 
     for (uint k0 = kb; k0 < ke; k0 += BK) {
         // Input: 8 halves per invocation and trip, row e / 4, columns (e % 4) * 8 ...
@@ -219,54 +267,43 @@ void main() {
             xs[at + 3] = unpackFloat2x16(xh[i].w);
         }
         barrier();
+#define A_T coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define B_T coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define MMA_COL(j) \
+        coopMatLoad(b, ws, (ww + j * 16) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutColumnMajor); \
+        acc0##j = coopMatMulAdd(a0, b, acc0##j); \
+        acc1##j = coopMatMulAdd(a1, b, acc1##j); \
+        acc2##j = coopMatMulAdd(a2, b, acc2##j); \
+        acc3##j = coopMatMulAdd(a3, b, acc3##j);
         [[unroll]] for (uint kk = 0; kk < BK / 2; kk += 8) {
-            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[FX];
-            [[unroll]] for (uint i = 0; i < FX; i++) {
-                coopMatLoad(a[i], xs, (wx + i * 16) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
-            }
-            [[unroll]] for (uint j = 0; j < FW; j++) {
-                coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
-                coopMatLoad(b, ws, (ww + j * 16) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutColumnMajor);
-                [[unroll]] for (uint i = 0; i < FX; i++) {
-                    acc[i * FW + j] = coopMatMulAdd(a[i], b, acc[i * FW + j]);
-                }
-            }
+            A_T a0;
+            A_T a1;
+            A_T a2;
+            A_T a3;
+            B_T b;
+            coopMatLoad(a0, xs, (wx + 0) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatLoad(a1, xs, (wx + 16) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatLoad(a2, xs, (wx + 32) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatLoad(a3, xs, (wx + 48) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
+            // B[k][n] = W[n][k]: the weight tile is B in column-major order.
+            MMA_COL(0)
+            MMA_COL(1)
+#if WARPS == 4
+            MMA_COL(2)
+            MMA_COL(3)
+#endif
         }
     }
 
     uint64_t slice = p.part + uint64_t(gl_WorkGroupID.z) * p.rows * p.n * 4u;
-    [[unroll]] for (uint i = 0; i < FX; i++) {
-        [[unroll]] for (uint j = 0; j < FW; j++) {
-            coopMatStore(acc[i * FW + j], cs, sg * 256, 16, gl_CooperativeMatrixLayoutRowMajor);
-            subgroupMemoryBarrierShared();
-            subgroupBarrier();
-            [[unroll]] for (uint t = 0; t < 8; t++) {
-                uint e = lane + 32 * t;
-                uint row = m0 + wx + i * 16 + e / 16;
-                uint col = n0 + ww + j * 16 + e % 16;
-                if (row >= p.rows || col >= p.n) {
-                    continue;
-                }
-                float v = cs[sg * 256 + e];
-                if (p.kslice != 0u) {
-                    st_f32(slice, uint64_t(row) * p.n + col, v);
-                    continue;
-                }
-                uint64_t dst;
-                uint c;
-                uint width;
-                if (col < p.end0) {
-                    dst = p.dst0; c = col; width = p.end0;
-                } else if (col < p.end1) {
-                    dst = p.dst1; c = col - p.end0; width = p.end1 - p.end0;
-                } else if (col < p.end2) {
-                    dst = p.dst2; c = col - p.end1; width = p.end2 - p.end1;
-                } else {
-                    dst = p.dst3; c = col - p.end2; width = p.n - p.end2;
-                }
-                st_f32(dst, uint64_t(row) * width + c, v);
-            }
-            subgroupBarrier();
-        }
-    }
+#define STORE_ROW(i) store(acc##i##0, i, 0, slice); store(acc##i##1, i, 1, slice); STORE_ROW_HI(i)
+#if WARPS == 4
+#define STORE_ROW_HI(i) store(acc##i##2, i, 2, slice); store(acc##i##3, i, 3, slice);
+#else
+#define STORE_ROW_HI(i)
+#endif
+    STORE_ROW(0)
+    STORE_ROW(1)
+    STORE_ROW(2)
+    STORE_ROW(3)
 }

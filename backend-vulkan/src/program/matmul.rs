@@ -552,7 +552,12 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
     if rows >= coopmat_rows_override().unwrap_or(COOPMAT_ROWS) && coopmat {
         // Prefill on KHR cooperative matrices: BX input rows x BW weight rows per workgroup,
         // k split where the grid is small.
-        let (bx, bw) = coopmat_tile(rows, n);
+        // (The experiments `matmul_khr*` have a compile-time 128 x 128 tile.)
+        let (bx, bw) = if coopmat_kernel().starts_with("matmul_khr") {
+            (128, 128)
+        } else {
+            coopmat_tile(rows, n)
+        };
         let (gx, gy) = (div_up(rows, bx), div_up(n, bw));
         let kslice = coopmat_kslice((gx * gy) as usize, k);
         return Choice {
