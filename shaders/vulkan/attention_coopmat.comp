@@ -121,6 +121,33 @@ float score(uint i, uint j, uint t0, uint kmax, uint nrows) {
     return s;
 }
 
+// Output fragment f of this subgroup (rows 16rr.., dimensions cc * hd / 2 + 16f ..): divided by
+// the row's sum into the output with one split, else unnormalised into the partials.
+void put_out(coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> o, uint f, uint rr, uint cc,
+             uint hd, uint nrows, uint r0, uint h, uint q_cols, uint split) {
+    uint sg = gl_SubgroupID;
+    uint lane = gl_SubgroupInvocationID;
+    coopMatStore(o, cs, sg * 256, 16, gl_CooperativeMatrixLayoutRowMajor);
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    [[unroll]] for (uint t = 0; t < 8; t++) {
+        uint e = lane + 32 * t;
+        uint i = rr * 16 + e / 16;
+        uint dd = cc * (hd / 2) + 16u * f + e % 16;
+        if (i < nrows) {
+            float v = cs[sg * 256 + e];
+            if (p.splits == 1u) {
+                float l = s_l[i];
+                st_f32(p.dst, uint64_t(r0 + i) * q_cols + h * hd + dd, l > 0.0 ? v / l : 0.0);
+            } else {
+                uint64_t at = (uint64_t(r0 + i) * p.heads + h) * p.splits + split;
+                st_f32(p.part_o, at * hd + dd, v);
+            }
+        }
+    }
+    subgroupBarrier();
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint sg = gl_SubgroupID;
@@ -203,11 +230,18 @@ void main() {
     }
 
     // Pass 2: the sums and P V.
-    uint nf = hd / 32u; // 16x16 output fragments per subgroup
-    coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> o[MAX_HEAD_DIM / 32];
-    [[unroll]] for (uint f = 0; f < MAX_HEAD_DIM / 32; f++) {
-        o[f] = coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>(0.0);
-    }
+    uint nf = hd / 32u; // 16x16 output fragments per subgroup, up to 8
+    // The output fragments as separate variables (arrays of them indexed in loops may be kept
+    // out of registers).
+#define ACC_T coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+    ACC_T o0 = ACC_T(0.0);
+    ACC_T o1 = ACC_T(0.0);
+    ACC_T o2 = ACC_T(0.0);
+    ACC_T o3 = ACC_T(0.0);
+    ACC_T o4 = ACC_T(0.0);
+    ACC_T o5 = ACC_T(0.0);
+    ACC_T o6 = ACC_T(0.0);
+    ACC_T o7 = ACC_T(0.0);
     float m = s_m[si];
     for (uint t0 = kmin; t0 < kend; t0 += BC) {
         load_tile(p.kc, t0, kmax, slot, g, hd, kv_cols, qs2);
@@ -234,42 +268,38 @@ void main() {
         [[unroll]] for (uint kk = 0; kk < BC; kk += 16) {
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a;
             coopMatLoad(a, ps, rr * 16 * PS2 + kk / 2, PS2, gl_CooperativeMatrixLayoutRowMajor);
-            [[unroll]] for (uint f = 0; f < MAX_HEAD_DIM / 32; f++) {
-                if (f < nf) {
-                    // B[key][dim] = V[key][dim]: row-major.
-                    coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
-                    coopMatLoad(b, kvs, kk * qs2 + (cc * (hd / 2) + 16u * f) / 2, qs2, gl_CooperativeMatrixLayoutRowMajor);
-                    o[f] = coopMatMulAdd(a, b, o[f]);
-                }
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
+            // B[key][dim] = V[key][dim]: row-major.
+#define PV(f) \
+            if (f < nf) { \
+                coopMatLoad(b, kvs, kk * qs2 + (cc * (hd / 2) + 16u * f) / 2, qs2, gl_CooperativeMatrixLayoutRowMajor); \
+                o##f = coopMatMulAdd(a, b, o##f); \
             }
+            PV(0)
+            PV(1)
+            PV(2)
+            PV(3)
+            PV(4)
+            PV(5)
+            PV(6)
+            PV(7)
         }
         barrier();
     }
 
     // Outputs through each subgroup's 16x16 slot: normalised (one split) or partial.
-    [[unroll]] for (uint f = 0; f < MAX_HEAD_DIM / 32; f++) {
-        if (f < nf) {
-            coopMatStore(o[f], cs, sg * 256, 16, gl_CooperativeMatrixLayoutRowMajor);
-            subgroupMemoryBarrierShared();
-            subgroupBarrier();
-            [[unroll]] for (uint t = 0; t < 8; t++) {
-                uint e = lane + 32 * t;
-                uint i = rr * 16 + e / 16;
-                uint dd = cc * (hd / 2) + 16u * f + e % 16;
-                if (i < nrows) {
-                    float v = cs[sg * 256 + e];
-                    if (p.splits == 1u) {
-                        float l = s_l[i];
-                        st_f32(p.dst, uint64_t(r0 + i) * q_cols + h * hd + dd, l > 0.0 ? v / l : 0.0);
-                    } else {
-                        uint64_t at = (uint64_t(r0 + i) * p.heads + h) * p.splits + split;
-                        st_f32(p.part_o, at * hd + dd, v);
-                    }
-                }
-            }
-            subgroupBarrier();
-        }
+#define OUT(f) \
+    if (f < nf) { \
+        put_out(o##f, f, rr, cc, hd, nrows, r0, h, q_cols, split); \
     }
+    OUT(0)
+    OUT(1)
+    OUT(2)
+    OUT(3)
+    OUT(4)
+    OUT(5)
+    OUT(6)
+    OUT(7)
     if (p.splits != 1u && tid < nrows) {
         uint64_t at = (uint64_t(r0 + tid) * p.heads + h) * p.splits + split;
         st_f32(p.part_ml, at * 2u, s_m[tid]);
