@@ -584,3 +584,59 @@ fn perplexity_on_a_text_shorter_than_a_chunk_suggests_ctx_size() {
         "{line}"
     );
 }
+
+/// A KL-divergence reference that is not one, or was made over another --ctx-size, is an error
+/// naming the file and what differs; both KL flags at once are refused.
+#[test]
+fn perplexity_refuses_a_wrong_kl_divergence_reference() {
+    let install = Install::new(&["cpu"]);
+    let dir = fixture("text-published");
+    let file = install.path().join("text.txt");
+    std::fs::write(
+        &file,
+        "the cat sat on the mat and the dog ran far away from the cat again",
+    )
+    .unwrap();
+    let base = install.path().join("base.kld");
+    let run = |ctx: &str, flag: &str, path: &std::path::Path| {
+        vec![
+            "perplexity".to_string(),
+            "--model".into(),
+            dir.to_str().unwrap().into(),
+            "--file".into(),
+            file.to_str().unwrap().into(),
+            "--ctx-size".into(),
+            ctx.into(),
+            "--backend".into(),
+            "cpu".into(),
+            flag.into(),
+            path.to_str().unwrap().into(),
+        ]
+    };
+    let args = run("8", "--kl-divergence-base", &base);
+    let out = install.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let args = run("16", "--kl-divergence", &base);
+    let line = fail(&install, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        line.contains("base.kld") && line.contains("--ctx-size is 8, this run's 16"),
+        "{line}"
+    );
+    let junk = install.path().join("junk.kld");
+    std::fs::write(&junk, "not a reference").unwrap();
+    let args = run("8", "--kl-divergence", &junk);
+    let line = fail(&install, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        line.contains("junk.kld") && line.contains("not a KL-divergence reference"),
+        "{line}"
+    );
+    let mut args = run("8", "--kl-divergence", &base);
+    args.extend([
+        "--kl-divergence-base".to_string(),
+        junk.to_str().unwrap().to_string(),
+    ]);
+    let out = install.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}

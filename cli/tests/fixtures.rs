@@ -361,6 +361,66 @@ fn perplexity_agrees_with_the_logits_it_is_made_of() {
     );
 }
 
+/// `--kl-divergence-base` then `--kl-divergence` on the same backend: zero divergence, every top
+/// token the same, equal perplexities; against the CPU's reference kernels (`kernels=reference`,
+/// other summation orders): a divergence above zero but tiny, the same top tokens.
+#[test]
+fn kl_divergence_against_a_saved_reference() {
+    let install = Install::new(&["cpu"]);
+    let dir = fixture("text-published");
+    let text =
+        "the cat sat on the mat and the dog ran far away from the cat and then it came back home to sleep";
+    let file = install.path().join("text.txt");
+    std::fs::write(&file, text).unwrap();
+    let base = install.path().join("base.kld");
+    let common = [
+        "perplexity",
+        "--model",
+        dir.to_str().unwrap(),
+        "--file",
+        file.to_str().unwrap(),
+        "--ctx-size",
+        "16",
+        "--backend",
+        "cpu",
+        "--json",
+    ];
+    let with =
+        |extra: &[&str]| -> Vec<String> { common.iter().chain(extra).map(|s| s.to_string()).collect() };
+    let run = |args: Vec<String>| json_run(&install, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let saved = run(with(&[
+        "--kl-divergence-base",
+        base.to_str().unwrap(),
+        "--kl-top-k",
+        "8",
+    ]));
+    let scored = saved["scored_tokens"].as_u64().unwrap();
+    assert!(scored >= 16, "{saved}");
+    // Header (40 bytes) and one record of 8 + 8 x 8 bytes per scored token.
+    assert_eq!(std::fs::metadata(&base).unwrap().len(), 40 + scored * 72);
+    let same = run(with(&["--kl-divergence", base.to_str().unwrap()]));
+    let kl = &same["kl_divergence"];
+    assert_eq!(kl["tokens"].as_u64(), Some(scored), "{same}");
+    assert_eq!(kl["kl_mean"].as_f64(), Some(0.0), "{same}");
+    assert_eq!(kl["kl_max"].as_f64(), Some(0.0), "{same}");
+    assert_eq!(kl["same_top"].as_f64(), Some(1.0), "{same}");
+    assert_eq!(kl["top_k"].as_u64(), Some(8), "{same}");
+    assert_eq!(kl["ppl"], kl["ppl_reference"], "{same}");
+    let cfg = install.path().join("tandem.toml");
+    std::fs::write(&cfg, "[backend.cpu]\nkernels = \"reference\"\n").unwrap();
+    let mut args = vec!["--config".to_string(), cfg.to_str().unwrap().to_string()];
+    args.extend(with(&["--kl-divergence", base.to_str().unwrap()]));
+    let other = run(args);
+    let kl = &other["kl_divergence"];
+    let mean = kl["kl_mean"].as_f64().unwrap();
+    assert!(mean < 1e-6, "{other}");
+    assert!(
+        kl["kl_p99"].as_f64().unwrap() <= kl["kl_max"].as_f64().unwrap(),
+        "{other}"
+    );
+    assert_eq!(kl["same_top"].as_f64(), Some(1.0), "{other}");
+}
+
 #[test]
 fn tokenize_prints_the_ids_the_model_sees() {
     let install = Install::new(&["cpu"]);
