@@ -110,15 +110,17 @@ fn main() {
         "/// Every kernel variant: name and SPIR-V words.\npub static KERNELS: &[(&str, &[u8])] = &[\n",
     );
     // `variant`: "" for the kernel itself, or the name of a build of it with more defines
-    // (`khr8`: matmul_khr with `WARPS 8`, named matmul_khr8_<fmt>).
+    // (`khr8`: matmul_khr with `WARPS 8`, named matmul_khr8_<fmt>; `khrh`: with `ACC_F16`).
     let mut build = |kernel: &str, format: Option<&str>, variant: &str| {
         let body = read(&format!("{kernel}.comp"));
         let mut defines = match format {
             Some(f) => format!("#define WFMT_{} 1\n", f.to_uppercase()),
             None => String::new(),
         };
-        if variant == "khr8" {
-            defines.push_str("#define WARPS 8\n");
+        match variant {
+            "khr8" => defines.push_str("#define WARPS 8\n"),
+            "khrh" => defines.push_str("#define ACC_F16 1\n"),
+            _ => {}
         }
         let kernel = if variant.is_empty() {
             kernel.to_string()
@@ -160,9 +162,10 @@ fn main() {
             build(k, Some(f), "");
         }
     }
-    // The experiment matmul_khr with 8 subgroups per workgroup.
+    // The experiment matmul_khr with 8 subgroups per workgroup, and with f16 accumulators.
     for f in FORMATS {
         build("matmul_khr", Some(f), "khr8");
+        build("matmul_khr", Some(f), "khrh");
     }
     for k in PLAIN {
         build(k, None, "");

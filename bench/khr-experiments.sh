@@ -12,7 +12,9 @@
 #    `matmul_khr8` included), then the conformance binary with `TANDEM_VULKAN_ATTN_COOPMAT=1`
 #    (`attention_coopmat` in the prefill attention cases).
 # 2. Speed: `engine bench` prefill 512 / decode on each SHAPES entry with each setting of CONFIGS
-#    (label=ENV... ; `-` for none), KHR path, one line each.
+#    (label=ENV... ; `-` for none), KHR path, one line each. `khrh` (f16 accumulators) is not in
+#    the conformance run: its precision is for `engine perplexity --kl-divergence` on a real
+#    model to judge (issue 56's rule).
 # $OUT gets experiments.txt.
 #
 # Parameters (environment): BIN (.bench/new), SHAPES ("gemma3-1b:q4_k gemma3-4b:q4_k"), CONFIGS,
@@ -20,7 +22,7 @@
 set -uo pipefail
 BIN=${BIN:-.bench/new}
 SHAPES=${SHAPES:-"gemma3-1b:q4_k gemma3-4b:q4_k"}
-CONFIGS=${CONFIGS:-"default=- khr=TANDEM_VULKAN_COOPMAT_KERNEL=khr khr8=TANDEM_VULKAN_COOPMAT_KERNEL=khr8 attn=TANDEM_VULKAN_ATTN_COOPMAT=1"}
+CONFIGS=${CONFIGS:-"default=- khr=TANDEM_VULKAN_COOPMAT_KERNEL=khr khr8=TANDEM_VULKAN_COOPMAT_KERNEL=khr8 khrh=TANDEM_VULKAN_COOPMAT_KERNEL=khrh attn=TANDEM_VULKAN_ATTN_COOPMAT=1"}
 REPEAT=${REPEAT:-2}
 WORK=${WORK:-/tmp/kx}
 OUT=${OUT:-$PWD/bench-out}

@@ -1,5 +1,5 @@
-// EXPERIMENT (TANDEM_VULKAN_COOPMAT_KERNEL=khr, or khr8 for the build with WARPS 8; not yet
-// run on a GPU): `matmul_coopmat`'s default configuration written for the compiler rather than
+// EXPERIMENT (TANDEM_VULKAN_COOPMAT_KERNEL=khr, khr8 for the build with WARPS 8, khrh for the
+// build with ACC_F16, f16 accumulators, for speed and KL-divergence runs; not yet run on a GPU): `matmul_coopmat`'s default configuration written for the compiler rather than
 // for tuning: no specialisation-constant branches (a module that merely held two more of them
 // prefilled at half the rate: bench/results/2026-11-28-prefill-khr), a compile-time 128 x 128
 // tile, and the accumulators and fragments as separate variables rather than arrays indexed in
@@ -122,7 +122,12 @@ void main() {
 
     // Accumulator (i, j): input rows wx + 16i.., weight rows ww + 16j.. (j < 4 with 4
     // subgroups, j < 2 with 8).
+#if defined(ACC_F16)
+// f16 accumulators (the khrh build; llama.cpp's default precision): half the registers.
+#define ACC_T coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#else
 #define ACC_T coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#endif
 #define DECL_ROW(i) ACC_T acc##i##0 = ACC_T(0.0); ACC_T acc##i##1 = ACC_T(0.0); DECL_ROW_HI(i)
 #if WARPS == 4
 #define DECL_ROW_HI(i) ACC_T acc##i##2 = ACC_T(0.0); ACC_T acc##i##3 = ACC_T(0.0);
@@ -296,9 +301,10 @@ void main() {
     }
 
     uint64_t slice = p.part + uint64_t(gl_WorkGroupID.z) * p.rows * p.n * 4u;
-#define STORE_ROW(i) store(acc##i##0, i, 0, slice); store(acc##i##1, i, 1, slice); STORE_ROW_HI(i)
+#define F32_T coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define STORE_ROW(i) store(F32_T(acc##i##0), i, 0, slice); store(F32_T(acc##i##1), i, 1, slice); STORE_ROW_HI(i)
 #if WARPS == 4
-#define STORE_ROW_HI(i) store(acc##i##2, i, 2, slice); store(acc##i##3, i, 3, slice);
+#define STORE_ROW_HI(i) store(F32_T(acc##i##2), i, 2, slice); store(F32_T(acc##i##3), i, 3, slice);
 #else
 #define STORE_ROW_HI(i)
 #endif

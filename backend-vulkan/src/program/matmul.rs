@@ -141,11 +141,13 @@ fn coopmat_bk64() -> bool {
 /// The KHR cooperative-matrix prefill kernel: `matmul_coopmat`, or with
 /// `TANDEM_VULKAN_COOPMAT_KERNEL=khr` the experiment `matmul_khr` (its default configuration
 /// without the tuning branches; not yet measured), `=khr8` the same with 8 subgroups per
-/// workgroup (`matmul_khr8`), for A/B runs.
+/// workgroup (`matmul_khr8`), `=khrh` with f16 accumulators (`matmul_khrh`: llama.cpp's default
+/// precision, for speed and KL-divergence runs), for A/B runs.
 fn coopmat_kernel() -> &'static str {
     match std::env::var("TANDEM_VULKAN_COOPMAT_KERNEL").as_deref() {
         Ok("khr") => "matmul_khr",
         Ok("khr8") => "matmul_khr8",
+        Ok("khrh") => "matmul_khrh",
         _ => "matmul_coopmat",
     }
 }
