@@ -110,7 +110,8 @@ fn main() {
         "/// Every kernel variant: name and SPIR-V words.\npub static KERNELS: &[(&str, &[u8])] = &[\n",
     );
     // `variant`: "" for the kernel itself, or the name of a build of it with more defines
-    // (`khr8`: matmul_khr with `WARPS 8`, named matmul_khr8_<fmt>; `khrh`: with `ACC_F16`).
+    // (`khr8`: matmul_khr with `WARPS 8`, named matmul_khr8_<fmt>; `khrh`: with `ACC_F16`;
+    // `cm2h`: matmul_cm2 with `ACC_F16`, named matmul_cm2h_<fmt>).
     let mut build = |kernel: &str, format: Option<&str>, variant: &str| {
         let body = read(&format!("{kernel}.comp"));
         let mut defines = match format {
@@ -119,19 +120,19 @@ fn main() {
         };
         match variant {
             "khr8" => defines.push_str("#define WARPS 8\n"),
-            "khrh" => defines.push_str("#define ACC_F16 1\n"),
+            "khrh" | "cm2h" => defines.push_str("#define ACC_F16 1\n"),
             _ => {}
         }
-        let kernel = if variant.is_empty() {
-            kernel.to_string()
-        } else {
-            kernel.replacen("khr", variant, 1)
+        let kernel = match variant {
+            "" => kernel.to_string(),
+            "cm2h" => "matmul_cm2h".to_string(),
+            _ => kernel.replacen("khr", variant, 1),
         };
         let kernel = kernel.as_str();
         let source = format!("#version 460\n{defines}{layouts}{common}\n#line 1 1\n{body}");
         let src = glslang::ShaderSource::from(source);
         let no_defines: Option<&[(&str, Option<&str>)]> = None;
-        let opts = if kernel == "matmul_cm2" {
+        let opts = if kernel.starts_with("matmul_cm2") {
             &options_1_3
         } else {
             &options
@@ -166,6 +167,8 @@ fn main() {
     for f in FORMATS {
         build("matmul_khr", Some(f), "khr8");
         build("matmul_khr", Some(f), "khrh");
+        // matmul_cm2 with f16 accumulators (TANDEM_VULKAN_CM2_ACC=f16).
+        build("matmul_cm2", Some(f), "cm2h");
     }
     for k in PLAIN {
         build(k, None, "");

@@ -12,17 +12,19 @@
 #    `matmul_khr8` included), then the conformance binary with `TANDEM_VULKAN_ATTN_COOPMAT=1`
 #    (`attention_coopmat` in the prefill attention cases).
 # 2. Speed: `engine bench` prefill 512 / decode on each SHAPES entry with each setting of CONFIGS
-#    (label=ENV... ; `-` for none), KHR path, one line each. `khrh` (f16 accumulators) is not in
+#    (label=ENV... ; `-` for none) on the KHR path, then of CM2_CONFIGS on the cooperative-matrix-2
+#    path (labelled cm2-...), one line each. `khrh` (f16 accumulators) is not in
 #    the conformance run: its precision is for `engine perplexity --kl-divergence` on a real
 #    model to judge (issue 56's rule).
 # $OUT gets experiments.txt.
 #
-# Parameters (environment): BIN (.bench/new), SHAPES ("gemma3-1b:q4_k gemma3-4b:q4_k"), CONFIGS,
+# Parameters (environment): BIN (.bench/new), SHAPES ("gemma3-1b:q4_k gemma3-4b:q4_k"), CONFIGS, CM2_CONFIGS,
 # REPEAT (2), WORK (/tmp/kx), OUT.
 set -uo pipefail
 BIN=${BIN:-.bench/new}
 SHAPES=${SHAPES:-"gemma3-1b:q4_k gemma3-4b:q4_k"}
 CONFIGS=${CONFIGS:-"default=- khr=TANDEM_VULKAN_COOPMAT_KERNEL=khr khr8=TANDEM_VULKAN_COOPMAT_KERNEL=khr8 khrh=TANDEM_VULKAN_COOPMAT_KERNEL=khrh attn=TANDEM_VULKAN_ATTN_COOPMAT=1"}
+CM2_CONFIGS=${CM2_CONFIGS:-"default=- acc16=TANDEM_VULKAN_CM2_ACC=f16"}
 REPEAT=${REPEAT:-2}
 WORK=${WORK:-/tmp/kx}
 OUT=${OUT:-$PWD/bench-out}
@@ -53,11 +55,13 @@ for pair in $SHAPES; do
     IFS=: read -r shape dtype <<<"$pair"
     gguf="$WORK/$shape-$dtype.gguf"
     "$BIN/engine" synth --shape "$shape" --dtype "$dtype" --out "$gguf" --force >/dev/null || continue
-    for config in $CONFIGS; do
+    for config in $CONFIGS $(for c in $CM2_CONFIGS; do echo "cm2:$c"; done); do
+        path_env="TANDEM_VULKAN_COOPMAT2=0"
+        case $config in cm2:*) config=${config#cm2:}; path_env="TANDEM_VULKAN_COOPMAT2=1"; config="cm2-$config";; esac
         label=${config%%=*}
         envs=${config#*=}
         [ "$envs" = "-" ] && envs=""
-        env $envs timeout 300 "$BIN/engine" bench --model "$gguf" --backend vulkan --prompt-tokens 512 \
+        env $path_env $envs timeout 300 "$BIN/engine" bench --model "$gguf" --backend vulkan --prompt-tokens 512 \
             --gen-tokens 32 --chunk 512 --repeat "$REPEAT" --json >"$WORK/r.json" 2>"$WORK/err.txt" \
             || { echo "$pair $label: failed: $(tail -2 "$WORK/err.txt")" | tee -a "$log"; continue; }
         python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['runs'][0]; print('%-18s %-8s prefill %9.1f decode %7.1f' % (sys.argv[2], sys.argv[3], r['prefill_tokens_per_s']['median'], r['decode_tokens_per_s']['median']))" \

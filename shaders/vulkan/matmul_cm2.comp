@@ -52,6 +52,16 @@ layout(push_constant, scalar) uniform Params {
     uint kslice; // 0: the whole k, stored into the outputs
 } p;
 
+// The accumulator: f32, or f16 in the build that defines ACC_F16 (`matmul_cm2h`, an experiment:
+// llama.cpp's default precision for these products), converted to f32 to be stored.
+#if defined(ACC_F16)
+#define ACC coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>
+#define F32ACC(a) coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(a)
+#else
+#define ACC coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>
+#define F32ACC(a) (a)
+#endif
+
 // f16's largest finite value: inputs and weights beyond it are clamped, not made infinite.
 #define F16_MAX 65504.0
 
@@ -221,8 +231,7 @@ void main() {
     uint k_lo = p.kslice * gl_WorkGroupID.z;
     uint k_hi = p.kslice == 0u ? p.k : min(p.k, k_lo + p.kslice);
 
-    coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc =
-        coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
+    ACC acc = ACC(0.0);
     coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;
     coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;
     // UNROLL slices per trip, so that the driver can overlap one slice's loads with the
@@ -252,8 +261,8 @@ void main() {
             createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
         tp = setTensorLayoutDimensionNV(tp, p.rows, p.n);
         uint64_t slice = p.part + uint64_t(gl_WorkGroupID.z) * p.rows * p.n * 4u;
-        coopMatStoreTensorNV(acc, F32s(slice).v, 0, sliceTensorLayoutNV(tp, m0, BN, n0, BM), tr);
+        coopMatStoreTensorNV(F32ACC(acc), F32s(slice).v, 0, sliceTensorLayoutNV(tp, m0, BN, n0, BM), tr);
         return;
     }
-    coopMatStoreTensorNV(acc, F32s(dst).v, 0, sliceTensorLayoutNV(td, m0, BN, n0 - c0, BM), tr);
+    coopMatStoreTensorNV(F32ACC(acc), F32s(dst).v, 0, sliceTensorLayoutNV(td, m0, BN, n0 - c0, BM), tr);
 }

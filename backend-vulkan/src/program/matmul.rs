@@ -336,6 +336,17 @@ fn cm2_dequant(dt: DType, rows: usize) -> bool {
     block && std::env::var("TANDEM_VULKAN_CM2_DEQUANT").map_or(rows >= CM2_DEQUANT_ROWS, |v| v != "0")
 }
 
+/// The NV cooperative-matrix-2 kernel: `matmul_cm2`, or with `TANDEM_VULKAN_CM2_ACC=f16` the
+/// experiment `matmul_cm2h` (f16 accumulators, llama.cpp's default precision for these products;
+/// not yet measured), for speed and KL-divergence runs.
+fn cm2_kernel() -> &'static str {
+    if std::env::var("TANDEM_VULKAN_CM2_ACC").is_ok_and(|v| v == "f16") {
+        "matmul_cm2h"
+    } else {
+        "matmul_cm2"
+    }
+}
+
 /// Rows from which [`cm2_dequant`] dequantises. H100, q4_k, 512 rows: 4B prefill 5,843 tok/s
 /// against 5,021 decoding in the loads, 1B 15,093 against 11,472; at 32 rows (batched decode)
 /// 519 against 630.
@@ -482,7 +493,7 @@ pub fn variants(graph: &tandem_backend_api::Graph, unit: Unit, most_rows: usize)
                     if cm2_dequant(dt, rows) {
                         add((format!("dequant_f16_{}", format_name(dt)), [0, 0]));
                         let f16_spec = [c.spec[0], (c.spec[1] & 0xFFFF) | cm2_mode(DType::F16) << 16];
-                        add(("matmul_cm2_f16".into(), f16_spec));
+                        add((format!("{}_f16", cm2_kernel()), f16_spec));
                     } else {
                         add((c.kernel, c.spec));
                     }
@@ -545,7 +556,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
         let (gx, gy) = (div_up(n, bm), div_up(rows, bn));
         let kslice = cm2_kslice(rows, (gx * gy) as usize, k);
         return Choice {
-            kernel: format!("matmul_cm2_{fmt}"),
+            kernel: format!("{}_{fmt}", cm2_kernel()),
             spec: [bm as u32, bn as u32 | cm2_mode(dt) << 16],
             groups: [gx, gy, if kslice == 0 { 1 } else { k.div_ceil(kslice) as u32 }],
             kslice,
@@ -816,7 +827,7 @@ impl VulkanBackend {
                 });
                 weights = (w16_at, (k * 2) as u32);
                 weight_reads.push(w16);
-                c.kernel = "matmul_cm2_f16".into();
+                c.kernel = format!("{}_f16", cm2_kernel());
                 c.spec[1] = (c.spec[1] & 0xFFFF) | cm2_mode(DType::F16) << 16;
             }
         }
