@@ -11,6 +11,8 @@ layout(push_constant, scalar) uniform Params {
     uint row_bytes;
 } p;
 
+layout(buffer_reference, scalar, buffer_reference_align = 16) buffer U4x { uvec4 v[]; };
+
 void main() {
     uint units = p.k / UNIT;
     uint idx = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 256 + gl_LocalInvocationID.x;
@@ -25,10 +27,15 @@ void main() {
 #if UNIT == 1
     st_u16(p.dst, at, packHalf2x16(vec2(clamp(w[0], -65504.0, 65504.0), 0.0)) & 0xFFFFu);
 #else
-    // Two values per 32-bit store: at is a multiple of 32.
-    for (uint i = 0; i < UNIT / 2; i++) {
-        vec2 v = clamp(vec2(w[2 * i], w[2 * i + 1]), -65504.0, 65504.0);
-        U32s(p.dst + at * 2).v[i] = packHalf2x16(v);
+    // Eight values per 16-byte store (at is a multiple of 32, so 64-byte aligned; the scratch is
+    // 256-byte aligned): 4 stores an invocation rather than 16 of 4 bytes.
+    for (uint i = 0; i < UNIT / 8; i++) {
+        uvec4 h;
+        for (uint j = 0; j < 4; j++) {
+            vec2 v = clamp(vec2(w[8 * i + 2 * j], w[8 * i + 2 * j + 1]), -65504.0, 65504.0);
+            h[j] = packHalf2x16(v);
+        }
+        U4x(p.dst + at * 2).v[i] = h;
     }
 #endif
 }
