@@ -2,10 +2,9 @@
 # bench/khr-experiments.sh: checks and measures the KHR-path experiments of issue 54 in one device
 # call, against the default kernels of the same build.
 #
-# Here, first: a release build stripped into $BIN (engine and the plugins), the release test
-# binaries `vulkan_backend` and `conformance` stripped into $BIN/t/deps with the plugins copied
-# into $BIN/t (the tests find plugins in the folder above their own), the Vulkan loader debs in .gl/
-# (bench/device.sh says how). There (the device tool's `run`, carrying $BIN and .gl):
+# Here, first: `bench/package-device.sh $BIN` (a release build stripped into $BIN, the release
+# test binaries `vulkan_backend` and `conformance` into $BIN/t/deps with the plugins in $BIN/t,
+# where the tests find them), and the Vulkan loader debs in .gl/ (bench/device.sh says how). There (the device tool's `run`, carrying $BIN and .gl):
 #   BIN=.bench/new bash bench/khr-experiments.sh
 # 1. Correctness, KHR path (coopmat2 off), validation off (the layer is not on that machine):
 #    `vulkan_backend prefill` (every weight format and variant at odd sizes, `matmul_khr` and
