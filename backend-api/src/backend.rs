@@ -67,6 +67,12 @@ pub struct BackendInfo {
     pub memory_bytes: Option<u64>,
     /// Free-form facts worth showing (`threads=2`, `fp16`, `cooperative_matrix`).
     pub features: Vec<String>,
+    /// The physical device, the same string for every backend on it (Vulkan's `deviceUUID` in
+    /// hex, which wgpu's Vulkan adapters report too), so that what binds one device (a memory
+    /// budget) can bind every unit on it; `None` for the host CPU and where unknown. Absent from
+    /// the JSON of plugins that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical_device: Option<String>,
 }
 
 /// A model's shape as a cost model sees it: the widths and counts that set a decode step's
@@ -473,6 +479,18 @@ mod cost_tests {
             simulated: true,
             basis: "a model".into(),
         }
+    }
+
+    #[test]
+    fn backend_info_without_a_physical_device_still_parses() {
+        // A plugin built before `physical_device` existed.
+        let old = r#"{"name":"vulkan","device":"GPU","kind":"discrete_gpu","memory_bytes":1024,"features":["fp16"]}"#;
+        let info: BackendInfo = serde_json::from_str(old).unwrap();
+        assert_eq!(info.physical_device, None);
+        let mut info = info;
+        info.physical_device = Some("00ff".into());
+        let back: BackendInfo = serde_json::from_str(&serde_json::to_string(&info).unwrap()).unwrap();
+        assert_eq!(back, info);
     }
 
     #[test]

@@ -698,6 +698,7 @@ impl ComputeBackend for CpuBackend {
                     if self.spin.is_some() { "spin" } else { "pool" }
                 ),
             ],
+            physical_device: None,
         }
     }
 

@@ -73,6 +73,7 @@ struct Opened {
     host_import: Option<HostImport>,
     semaphore_fd: Option<ash::khr::external_semaphore_fd::Device>,
     device_id: String,
+    physical_device: String,
     identity: Identity,
     creation_feedback: bool,
 }
@@ -130,6 +131,9 @@ pub struct Gpu {
     /// `hex(driverUUID)/hex(deviceUUID)`: only a device with the same one can import
     /// `timeline` ([`SharedTimeline::device`]).
     pub device_id: String,
+    /// `hex(deviceUUID)`: the physical device, as every backend on it names it
+    /// (`BackendInfo::physical_device`).
+    pub physical_device: String,
     /// Other devices' timelines imported by `import_timeline`, indexed by [`TimelineId`];
     /// destroyed with the device.
     imported: Vec<vk::Semaphore>,
@@ -397,6 +401,7 @@ impl Gpu {
                 semaphore_fd: o.semaphore_fd,
                 shared: o.shared,
                 device_id: o.device_id,
+                physical_device: o.physical_device,
                 imported: Vec::new(),
                 identity: o.identity,
                 creation_feedback: o.creation_feedback,
@@ -539,6 +544,7 @@ impl Gpu {
             instance.get_physical_device_properties2(physical, &mut p2);
         }
         let device_id = format!("{}/{}", hex(&ids.driver_uuid), hex(&ids.device_uuid));
+        let physical_device = hex(&ids.device_uuid);
         let host_import_alignment = (has_ext(ash::ext::external_memory_host::NAME)
             && host_import_supported(instance, physical))
         .then(|| host_import_alignment(instance, physical))
@@ -808,6 +814,7 @@ impl Gpu {
             host_import,
             semaphore_fd,
             device_id,
+            physical_device,
             device,
             host_memory_bytes,
             queue,

@@ -452,6 +452,7 @@ impl ComputeBackend for VulkanBackend {
                 .cloned()
                 .chain(self.pipelines.cache.features())
                 .collect(),
+            physical_device: Some(self.gpu.physical_device.clone()),
         }
     }
 

@@ -196,6 +196,9 @@ pub struct Gpu {
     /// What the pipeline cache on disk is keyed by, where the device was opened with
     /// `PIPELINE_CACHE` (a Vulkan adapter, option `pipeline_cache` not off); `None` elsewhere.
     pub cache_identity: Option<Identity>,
+    /// The Vulkan adapter's `hex(deviceUUID)`, as the Vulkan backend names the same device
+    /// (`BackendInfo::physical_device`); `None` on other APIs.
+    pub physical_device: Option<String>,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<AtomicBool>,
     lost_reason: Arc<Mutex<String>>,
@@ -483,6 +486,7 @@ impl Gpu {
             timestamps,
             variant,
             cache_identity,
+            physical_device: vulkan_device_uuid(adapter),
             errors,
             lost,
             lost_reason,
@@ -573,6 +577,23 @@ fn int_dot_offered(adapter: &wgpu::Adapter) -> Result<bool, String> {
         return Err("does not offer shaderIntegerDotProduct".into());
     }
     Ok(prop.integer_dot_product4x8_bit_packed_signed_accelerated == ash::vk::TRUE)
+}
+
+/// The Vulkan adapter's `deviceUUID` in hex (`None` where the adapter is not Vulkan).
+fn vulkan_device_uuid(adapter: &wgpu::Adapter) -> Option<String> {
+    use wgpu::hal::api::Vulkan;
+    // SAFETY: the guard is only read (the physical device's handle and the instance), never
+    // destroyed; it is dropped before this function returns, while `adapter` lives on.
+    let hal = unsafe { adapter.as_hal::<Vulkan>() }?;
+    let instance = hal.shared_instance().raw_instance();
+    let physical = hal.raw_physical_device();
+    let mut ids = ash::vk::PhysicalDeviceIDProperties::default();
+    let mut p2 = ash::vk::PhysicalDeviceProperties2::default().push_next(&mut ids);
+    // SAFETY: `physical` is the adapter's device of this live instance (wgpu holds both); the
+    // chain is a valid structure on this frame; VkPhysicalDeviceIDProperties and the `2` query
+    // are core in Vulkan 1.1, which wgpu's instance is where it exposes adapters.
+    unsafe { instance.get_physical_device_properties2(physical, &mut p2) };
+    Some(ids.device_uuid.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// The Vulkan adapter's vendor id, device id, driver version and `pipelineCacheUUID`, which key

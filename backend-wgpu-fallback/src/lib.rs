@@ -351,6 +351,7 @@ impl ComputeBackend for WgpuBackend {
                         .features(self.pipelines.built, self.pipelines.time),
                 )
                 .collect(),
+            physical_device: self.gpu.physical_device.clone(),
         }
     }
 

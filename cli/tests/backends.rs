@@ -101,6 +101,16 @@ fn json_output_reports_each_backend() {
             assert!(features.contains("int8_dot(not accelerated, off)"), "{wgpu}");
             assert!(features.contains("\"prefill=tiled_f16\""), "{wgpu}");
         }
+        // The same physical device through both APIs (lavapipe in CI) is named alike: what a
+        // budget on one device binds.
+        if vk["available"] == true {
+            let (a, b) = (&vk["info"]["physical_device"], &wgpu["info"]["physical_device"]);
+            assert!(a.as_str().is_some_and(|s| s.len() == 32), "{vk}");
+            if std::env::var_os("CI").is_some() {
+                assert_eq!(a, b, "vulkan and wgpu on lavapipe: {vk} {wgpu}");
+            }
+        }
+        assert!(cpu["info"].get("physical_device").is_none(), "{cpu}");
     } else {
         assert!(
             std::env::var_os("CI").is_none(),

@@ -649,6 +649,7 @@ macro_rules! export_unavailable_backend {
                     kind: $crate::DeviceKind::Cpu,
                     memory_bytes: None,
                     features: vec![],
+                    physical_device: None,
                 }
             }
             fn supports(&self, _op: &$crate::Op) -> $crate::Support {

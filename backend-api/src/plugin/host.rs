@@ -342,6 +342,7 @@ impl ComputeBackend for PluginBackend {
                 kind: crate::DeviceKind::Cpu,
                 memory_bytes: None,
                 features: vec![],
+                physical_device: None,
             },
         }
     }

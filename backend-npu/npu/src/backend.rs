@@ -456,6 +456,7 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
                 }
                 f
             },
+            physical_device: None,
         }
     }
 

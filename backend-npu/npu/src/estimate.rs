@@ -96,6 +96,7 @@ pub(crate) mod tests {
             kind: DeviceKind::Npu,
             memory_bytes: None,
             features: features.iter().map(|f| f.to_string()).collect(),
+            physical_device: None,
         }
     }
 

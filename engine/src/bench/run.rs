@@ -586,6 +586,7 @@ mod tests {
             kind,
             memory_bytes: None,
             features: vec![],
+            physical_device: None,
         }
     }
 

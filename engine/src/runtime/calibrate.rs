@@ -503,6 +503,7 @@ mod tests {
                 kind,
                 memory_bytes: None,
                 features: features.iter().map(|f| f.to_string()).collect(),
+                physical_device: None,
             },
         }
     }

@@ -203,6 +203,7 @@ impl ComputeBackend for FaultyBackend {
                 kind: DeviceKind::Cpu,
                 memory_bytes: None,
                 features: vec![],
+                physical_device: None,
             },
         }
     }

@@ -87,6 +87,7 @@ impl ComputeBackend for Fake {
             kind: self.kind,
             memory_bytes: None,
             features: vec![],
+            physical_device: None,
         }
     }
     fn supports(&self, _: &Op) -> Support {
