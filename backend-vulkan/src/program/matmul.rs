@@ -162,42 +162,90 @@ fn takes_x16(kernel: &str) -> bool {
     coopmat_x16() || kernel.starts_with("matmul_khr")
 }
 
-/// Bytes of scratch the split-k `matmul_coopmat` products of `graph` need (0 without
-/// cooperative matrices): the largest `[slices][rows][n]` of f32 partial tiles.
-pub fn coopmat_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueShape], coopmat: bool) -> u64 {
-    if !coopmat {
-        return 0;
+/// What a tensor-core product (`matmul_cm2*`, `matmul_coopmat*`, `matmul_khr*`) stages in the
+/// program scratch, in this order: its f16 input (`to_f16`), its weight dequantised to f16
+/// (`dequant_f16_<fmt>`, after which the f16 build of the kernel runs), its split-k partial
+/// tiles. [`scratch_bytes`] sizes the scratch from it and the lowering lays it out by it.
+struct Staging {
+    /// Bytes of the f16 input (0: the kernel reads the f32 input itself).
+    x16: u64,
+    /// Bytes of the dequantised weight (0: the kernel decodes the weight itself).
+    w16: u64,
+    /// Bytes of the split-k partial tiles (0: k whole).
+    part: u64,
+    /// The kernel and specialisation constants that multiply the dequantised weight.
+    f16_kernel: (String, [u32; 2]),
+}
+
+impl Staging {
+    /// The staging of product `c` (`None` for the other kernels).
+    fn of(c: &Choice, dt: DType, rows: usize, n: usize, k: usize) -> Option<Staging> {
+        let (x16, dequant, f16_kernel) = if c.kernel.starts_with("matmul_cm2") {
+            let spec = [c.spec[0], (c.spec[1] & 0xFFFF) | cm2_mode(DType::F16) << 16];
+            (
+                true,
+                cm2_dequant(dt, rows),
+                (format!("{}_f16", cm2_kernel()), spec),
+            )
+        } else if is_coopmat(&c.kernel) {
+            let kernel = format!("{}_f16", coopmat_kernel());
+            (takes_x16(&c.kernel), coopmat_dequant(dt), (kernel, c.spec))
+        } else {
+            return None;
+        };
+        Some(Staging {
+            x16: if x16 { cm2_input_bytes(rows, k) } else { 0 },
+            w16: if dequant { (n * k * 2) as u64 } else { 0 },
+            part: cm2_part_bytes(rows, n, k, c.kslice),
+            f16_kernel,
+        })
     }
+
+    /// Bytes of scratch it takes.
+    fn bytes(&self) -> u64 {
+        self.x16 + self.w16.next_multiple_of(256) + self.part
+    }
+}
+
+/// The largest of `f(rows, n, k, format)` over the matmuls of `graph` (0 without any).
+fn max_over_matmuls(
+    graph: &tandem_backend_api::Graph,
+    shapes: &[ValueShape],
+    f: impl Fn(usize, usize, usize, DType) -> Option<u64>,
+) -> u64 {
     graph
         .nodes
         .iter()
         .filter_map(|node| match &node.op {
             tandem_backend_api::Op::MatMul { x, weight, .. } => {
                 let rows = value_rows(graph, shapes.get(x.0 as usize)?);
-                let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
-                let unit = Unit {
-                    coopmat,
-                    cm2: false,
-                    int_dot: false,
-                };
-                let c = choose(rows, n, k, weight.desc.dtype, unit);
-                let w16 = if coopmat_dequant(weight.desc.dtype) {
-                    (n * k * 2) as u64
-                } else {
-                    0
-                };
-                let x16 = if takes_x16(&c.kernel) {
-                    cm2_input_bytes(rows, k)
-                } else {
-                    0
-                };
-                is_coopmat(&c.kernel)
-                    .then(|| x16 + w16.next_multiple_of(256) + cm2_part_bytes(rows, n, k, c.kslice))
+                f(
+                    rows,
+                    weight.desc.shape[0],
+                    weight.desc.shape[1],
+                    weight.desc.dtype,
+                )
             }
             _ => None,
         })
         .max()
         .unwrap_or(0)
+}
+
+/// Bytes of scratch the KHR cooperative-matrix products of `graph` stage (0 without cooperative
+/// matrices): the largest [`Staging`].
+pub fn coopmat_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueShape], coopmat: bool) -> u64 {
+    if !coopmat {
+        return 0;
+    }
+    let unit = Unit {
+        coopmat,
+        cm2: false,
+        int_dot: false,
+    };
+    max_over_matmuls(graph, shapes, |rows, n, k, dt| {
+        Staging::of(&choose(rows, n, k, dt, unit), dt, rows, n, k).map(|s| s.bytes())
+    })
 }
 
 /// `TANDEM_VULKAN_COOPMAT_ROWS`: a fixed row count from which matmuls take the
@@ -424,22 +472,12 @@ pub fn dot_scratch_bytes(
         cm2: false,
         int_dot,
     };
-    graph
-        .nodes
-        .iter()
-        .filter_map(|node| match &node.op {
-            tandem_backend_api::Op::MatMul { x, weight, .. } => {
-                let rows = value_rows(graph, shapes.get(x.0 as usize)?);
-                let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
-                choose(rows, n, k, weight.desc.dtype, unit)
-                    .kernel
-                    .starts_with("matvec_dot")
-                    .then(|| dot_input_bytes(rows, k))
-            }
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0)
+    max_over_matmuls(graph, shapes, |rows, n, k, dt| {
+        choose(rows, n, k, dt, unit)
+            .kernel
+            .starts_with("matvec_dot")
+            .then(|| dot_input_bytes(rows, k))
+    })
 }
 
 /// The kernel a matmul of `rows` input rows over an `n x k` weight of format `dt` takes, and its
@@ -485,37 +523,25 @@ pub fn variants(graph: &tandem_backend_api::Graph, unit: Unit, most_rows: usize)
                         out.push(key);
                     }
                 };
-                if c.kernel.starts_with("matmul_cm2") {
-                    // What a cm2 product dispatches: its f16 input, the dequantised weight
-                    // multiplied by the f16 kernel (as the lowering rewrites it) or the format's
-                    // own kernel, the split-k reduction.
-                    add(("to_f16".into(), [0, 0]));
-                    if cm2_dequant(dt, rows) {
-                        add((format!("dequant_f16_{}", format_name(dt)), [0, 0]));
-                        let f16_spec = [c.spec[0], (c.spec[1] & 0xFFFF) | cm2_mode(DType::F16) << 16];
-                        add((format!("{}_f16", cm2_kernel()), f16_spec));
-                    } else {
-                        add((c.kernel, c.spec));
-                    }
-                    if c.kslice > 0 {
-                        add(("matmul_reduce".into(), [0, 0]));
-                    }
-                } else {
-                    let split = c.kslice > 0;
-                    if is_coopmat(&c.kernel) {
-                        // Its f16 input and, where asked, its dequantised weight.
-                        if takes_x16(&c.kernel) {
+                match Staging::of(&c, dt, rows, n, k) {
+                    // What a tensor-core product dispatches: its f16 input, the dequantised
+                    // weight multiplied by the f16 kernel (as the lowering rewrites it) or the
+                    // format's own kernel, the split-k reduction.
+                    Some(st) => {
+                        if st.x16 > 0 {
                             add(("to_f16".into(), [0, 0]));
                         }
-                        if coopmat_dequant(dt) {
+                        if st.w16 > 0 {
                             add((format!("dequant_f16_{}", format_name(dt)), [0, 0]));
-                            add((format!("{}_f16", coopmat_kernel()), c.spec));
+                            add(st.f16_kernel);
+                        } else {
+                            add((c.kernel, c.spec));
+                        }
+                        if st.part > 0 {
+                            add(("matmul_reduce".into(), [0, 0]));
                         }
                     }
-                    add((c.kernel, c.spec));
-                    if split {
-                        add(("matmul_reduce".into(), [0, 0]));
-                    }
+                    None => add((c.kernel, c.spec)),
                 }
             }
         }
@@ -688,33 +714,17 @@ pub fn cm2_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueShape
     if !coopmat2 {
         return 0;
     }
-    graph
-        .nodes
-        .iter()
-        .filter_map(|node| match &node.op {
-            tandem_backend_api::Op::MatMul { x, weight, .. } => {
-                let rows = value_rows(graph, shapes.get(x.0 as usize)?);
-                if rows < cm2_rows_override().unwrap_or(CM2_ROWS) {
-                    return None;
-                }
-                let (n, k) = (weight.desc.shape[0], weight.desc.shape[1]);
-                let w16 = if cm2_dequant(weight.desc.dtype, rows) {
-                    n * k * 2
-                } else {
-                    0
-                };
-                let (bm, bn) = (cm2_bm(rows), cm2_bn(rows));
-                let kslice = cm2_kslice(rows, n.div_ceil(bm) * rows.div_ceil(bn), k);
-                Some(
-                    cm2_input_bytes(rows, k)
-                        + (w16 as u64).next_multiple_of(256)
-                        + cm2_part_bytes(rows, n, k, kslice),
-                )
-            }
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0)
+    let unit = Unit {
+        coopmat: true,
+        cm2: true,
+        int_dot: false,
+    };
+    max_over_matmuls(graph, shapes, |rows, n, k, dt| {
+        if rows < cm2_rows_override().unwrap_or(CM2_ROWS) {
+            return None;
+        }
+        Staging::of(&choose(rows, n, k, dt, unit), dt, rows, n, k).map(|s| s.bytes())
+    })
 }
 
 impl VulkanBackend {
@@ -778,86 +788,24 @@ impl VulkanBackend {
         let mut weight_reads = Vec::new();
         // Split-k partial tiles: where and how large, when `c.kslice` is nonzero.
         let mut part = (0u64, 0u64);
-        if c.kernel.starts_with("matmul_cm2") {
-            // matmul_cm2 reads its input as f16, converted into the scratch buffer first, and
-            // block-format weights as f16 dequantised after it (where cm2_dequant says so).
-            let x16 = (ctx.scratch.0, ctx.scratch.0 + (rows * k * 2) as u64);
-            let w16_at = ctx.scratch.0 + cm2_input_bytes(rows, k);
-            let dequant = cm2_dequant(dt, rows);
-            let end = if dequant {
-                w16_at + (n * k * 2) as u64
-            } else {
-                x16.1
-            };
-            // As laid out by `cm2_scratch_bytes`: input, weight, partial tiles.
-            let w16_bytes = if dequant { (n * k * 2) as u64 } else { 0 };
-            let part_at = w16_at + w16_bytes.next_multiple_of(256);
-            part = (part_at, part_at + cm2_part_bytes(rows, n, k, c.kslice));
-            if part.1 > ctx.scratch.1 {
-                return Err(BackendError::internal(format!(
-                    "matmul_cm2's f16 operands ({rows} x {k}, {n} x {k}) do not fit the program's scratch"
-                )));
-            }
-            let count = rows * k;
-            let [gx, gy] = spread(div_up(count, 4 * WG as usize));
-            cmds.push(Cmd::Dispatch {
-                kernel: "to_f16".into(),
-                spec: [0, 0],
-                push: Push::default().u64(input.0).u64(x16.0).u32(count as u32).0,
-                groups: [gx, gy, 1],
-                access: Access::new([input.1], [x16]),
-            });
-            input = (x16.0, x16);
-            if dequant {
-                let w16 = (w16_at, end);
-                let units = n * (k / 32);
-                let [gx, gy] = spread(div_up(units, WG as usize));
-                cmds.push(Cmd::Dispatch {
-                    kernel: format!("dequant_f16_{}", format_name(dt)),
-                    spec: [0, 0],
-                    push: Push::default()
-                        .u64(weights.0)
-                        .u64(w16_at)
-                        .u32(k as u32)
-                        .u32(n as u32)
-                        .u32(weights.1)
-                        .0,
-                    groups: [gx, gy, 1],
-                    access: Access::new(Vec::new(), [w16]),
-                });
-                weights = (w16_at, (k * 2) as u32);
-                weight_reads.push(w16);
-                c.kernel = format!("{}_f16", cm2_kernel());
-                c.spec[1] = (c.spec[1] & 0xFFFF) | cm2_mode(DType::F16) << 16;
-            }
-        }
         if c.kernel.starts_with("matmul_khr") && dt == DType::Q4K && !w.mem.address.is_multiple_of(16) {
             // matmul_khr stages q4_k blocks with 16-byte loads.
             c.kernel = "matmul_coopmat_q4_k".into();
             c.spec = [c.spec[0] | (u32::from(coopmat_x16()) << 3) << 16, c.spec[1]];
         }
-        if is_coopmat(&c.kernel) {
-            // As laid out by `coopmat_scratch_bytes`: the f16 input where `coopmat_x16` says so,
-            // the dequantised weight where `coopmat_dequant` does, the split-k partial tiles.
-            let x16_bytes = if takes_x16(&c.kernel) {
-                cm2_input_bytes(rows, k)
-            } else {
-                0
-            };
-            let w16_at = ctx.scratch.0 + x16_bytes;
-            let w16_bytes = if coopmat_dequant(dt) {
-                (n * k * 2) as u64
-            } else {
-                0
-            };
-            let part_at = w16_at + w16_bytes.next_multiple_of(256);
-            part = (part_at, part_at + cm2_part_bytes(rows, n, k, c.kslice));
+        if let Some(st) = Staging::of(&c, dt, rows, n, k) {
+            // Laid out as `Staging` says (and the scratch was sized by it): the f16 input, the
+            // dequantised weight, the split-k partial tiles.
+            let w16_at = ctx.scratch.0 + st.x16;
+            let part_at = w16_at + st.w16.next_multiple_of(256);
+            part = (part_at, part_at + st.part);
             if part.1 > ctx.scratch.1 {
                 return Err(BackendError::internal(format!(
-                    "matmul_coopmat's f16 operands and split-k partials ({rows} x {n} x {k}) do not fit the program's scratch"
+                    "{}'s f16 operands and split-k partials ({rows} x {n} x {k}) do not fit the program's scratch",
+                    c.kernel
                 )));
             }
-            if x16_bytes > 0 {
+            if st.x16 > 0 {
                 let x16 = (ctx.scratch.0, ctx.scratch.0 + (rows * k * 2) as u64);
                 let count = rows * k;
                 let [gx, gy] = spread(div_up(count, 4 * WG as usize));
@@ -870,8 +818,8 @@ impl VulkanBackend {
                 });
                 input = (x16.0, x16);
             }
-            if w16_bytes > 0 {
-                let w16 = (w16_at, w16_at + w16_bytes);
+            if st.w16 > 0 {
+                let w16 = (w16_at, w16_at + st.w16);
                 let units = n * (k / 32);
                 let [gx, gy] = spread(div_up(units, WG as usize));
                 cmds.push(Cmd::Dispatch {
@@ -889,7 +837,7 @@ impl VulkanBackend {
                 });
                 weights = (w16.0, (k * 2) as u32);
                 weight_reads.push(w16);
-                c.kernel = format!("{}_f16", coopmat_kernel());
+                (c.kernel, c.spec) = st.f16_kernel;
             }
         }
         if c.kernel.starts_with("matvec_dot") {
@@ -1058,7 +1006,34 @@ mod tests {
             assert_eq!(choose(70, 2560, 2560, DType::F16, u(true, false)).spec[1], 128);
             assert_eq!(coopmat_tile(40, 33), (64, 64));
             assert_eq!(coopmat_tile(20, 2560), (32, 128));
-            // Split-k slices are whole multiples of 32 and at least 512 long.
+            // What they stage in the scratch: 4B's down (512 x 10240 in, 2560 out, 4 slices)
+            // its f16 input and its partial tiles; with cooperative matrix 2 at 512 rows, q4_k's
+            // gate and up their f16 input and their dequantised weight, k whole.
+            let c = choose(512, 2560, 10240, DType::Q4K, u(true, false));
+            let st = Staging::of(&c, DType::Q4K, 512, 2560, 10240).unwrap();
+            assert_eq!(
+                (st.x16, st.w16, st.part),
+                (512 * 10240 * 2, 0, 4 * 512 * 2560 * 4)
+            );
+            if [
+                "CM2_DEQUANT",
+                "CM2_ACC",
+                "CM2_BM",
+                "CM2_BN",
+                "CM2_KSPLIT",
+                "CM2_MODE",
+            ]
+            .iter()
+            .all(|v| std::env::var_os(format!("TANDEM_VULKAN_{v}")).is_none())
+            {
+                let c = choose(512, 20480, 2560, DType::Q4K, u(true, true));
+                let st = Staging::of(&c, DType::Q4K, 512, 20480, 2560).unwrap();
+                assert_eq!((st.x16, st.w16, st.part), (512 * 2560 * 2, 20480 * 2560 * 2, 0));
+                assert_eq!(st.f16_kernel.0, "matmul_cm2_f16");
+            }
+            let c = choose(1, 2560, 2560, DType::Q4K, u(true, false));
+            assert!(Staging::of(&c, DType::Q4K, 1, 2560, 2560).is_none());
+            // Split-k slices are whole multiples of 64 and at least 512 long.
             assert_eq!(coopmat_kslice(1, 1000), 0);
             assert_eq!(coopmat_kslice(1, 1152), 576);
             assert_eq!(coopmat_kslice(20, 2560), 512);
