@@ -13,6 +13,20 @@ use tandem_backend_api::{
 };
 use tandem_conformance::{assert_close, discover, options_for, Rng};
 
+/// Every weight format the Vulkan kernels decode.
+const WEIGHT_FORMATS: [DType; 10] = [
+    DType::F32,
+    DType::F16,
+    DType::Bf16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q4K,
+    DType::Q6K,
+];
+
 fn vulkan() -> Option<Box<dyn ComputeBackend>> {
     vulkan_with(options_for("vulkan"))
 }
@@ -174,18 +188,6 @@ fn every_weight_format_matches_the_cpu_reference() {
     let Some(mut vk) = vulkan() else { return };
     let mut reference = cpu();
     let mut rng = Rng::new(13);
-    let formats = [
-        DType::F32,
-        DType::F16,
-        DType::Bf16,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q4K,
-        DType::Q6K,
-    ];
     // From 64 rows a device with cooperative matrices takes matmul_coopmat, which rounds
     // activations and weights to f16 (11-bit significands, f32 accumulation): about 2^-12
     // relative error per product, well under 5e-3 of the largest output for these k; the f32
@@ -208,7 +210,7 @@ fn every_weight_format_matches_the_cpu_reference() {
             1e-5
         }
     };
-    for d in formats {
+    for d in WEIGHT_FORMATS {
         // A whole number of 256-blocks and an odd one (k-quants), an odd number of 32-blocks,
         // and for the float formats widths that are and are not a multiple of 16 (the
         // matrix-vector kernel's slots of 16 values) or 4.
@@ -268,18 +270,6 @@ fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
     let coopmat = vk.info().features.iter().any(|f| f == "cooperative_matrix");
     let tol = if coopmat { 5e-3 } else { 1e-5 };
     let splits = [70usize, 63];
-    let formats = [
-        DType::F32,
-        DType::F16,
-        DType::Bf16,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::Q4K,
-        DType::Q6K,
-    ];
     // (variable, value) pairs tried in turn where the device has cooperative matrices.
     let knobs: &[(&str, &str)] = if coopmat {
         &[
@@ -300,7 +290,7 @@ fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
     } else {
         &[("", "")]
     };
-    for d in formats {
+    for d in WEIGHT_FORMATS {
         let k = match d {
             DType::F32 | DType::F16 | DType::Bf16 => 1000,
             DType::Q4K | DType::Q6K => 768,
