@@ -17,6 +17,8 @@
 //! log-likelihood and `k` pairs of `u32` token id and `f32` log-probability, most likely first.
 
 use std::io::{Read, Write};
+
+use crate::runtime::sampler::LogSoftmax;
 use std::path::{Path, PathBuf};
 
 /// The file's first 8 bytes.
@@ -102,29 +104,16 @@ pub fn token_hash(ids: &[u32]) -> u64 {
     h
 }
 
-/// The log-sum-exp of a row of logits, in f64.
-fn log_sum_exp(row: &[f32]) -> f64 {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v)) as f64;
-    max + row.iter().map(|v| (*v as f64 - max).exp()).sum::<f64>().ln()
-}
-
 /// One scored token of a run: the negative log-likelihood of `target` under the logits `row`,
 /// and the `k` most likely tokens with their log-probabilities, most likely first (ties: the
-/// lower id first).
+/// lower id first); the log-softmax is the sampler's, as for `logprobs`.
 pub fn score(row: &[f32], target: usize, k: usize) -> (f64, Vec<(u32, f32)>) {
-    let lse = log_sum_exp(row);
-    let nll = lse - row.get(target).copied().unwrap_or(f32::NEG_INFINITY) as f64;
-    let mut ids: Vec<u32> = (0..row.len() as u32).collect();
-    let k = k.min(row.len());
-    let by_logit = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
-    if k < ids.len() {
-        ids.select_nth_unstable_by(k, by_logit);
-        ids.truncate(k);
-    }
-    ids.sort_by(by_logit);
-    let top = ids
+    let norm = LogSoftmax::of(row);
+    let nll = -row.get(target).map_or(f64::NEG_INFINITY, |&l| norm.of_logit(l));
+    let top = norm
+        .top(row, k, &mut Vec::new())
         .into_iter()
-        .map(|i| (i, (row[i as usize] as f64 - lse) as f32))
+        .map(|(id, lp)| (id, lp as f32))
         .collect();
     (nll, top)
 }
@@ -133,14 +122,14 @@ pub fn score(row: &[f32], target: usize, k: usize) -> (f64, Vec<(u32, f32)>) {
 /// and "any other token", with the run's logits `row`; and whether the run's most likely token is
 /// the reference's.
 pub fn kl_top_k(top: &[(u32, f32)], row: &[f32]) -> (f64, bool) {
-    let lse = log_sum_exp(row);
+    let norm = LogSoftmax::of(row);
     let (mut kl, mut p_sum, mut q_sum) = (0.0f64, 0.0f64, 0.0f64);
     for &(id, lp) in top {
         let lp = lp as f64;
         // Rounded to f32 as the reference's are, so that a run equal to the reference is 0.
         let lq = row
             .get(id as usize)
-            .map_or(f64::NEG_INFINITY, |v| (*v as f64 - lse) as f32 as f64);
+            .map_or(f64::NEG_INFINITY, |&v| norm.of_logit(v) as f32 as f64);
         let p = lp.exp();
         p_sum += p;
         q_sum += lq.exp();

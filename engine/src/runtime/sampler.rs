@@ -173,9 +173,10 @@ pub struct TokenLogprobs {
     pub top: Vec<(u32, f64)>,
 }
 
-/// A row's log-softmax: its maximum (NaN skipped) and `ln(sum(exp(l - max)))` in f64.
+/// A row's log-softmax: its maximum (NaN skipped) and `ln(sum(exp(l - max)))` in f64. Also what
+/// scoring reads (`bench::divergence`: perplexity and KL divergence).
 #[derive(Debug, Clone, Copy)]
-struct LogSoftmax {
+pub(crate) struct LogSoftmax {
     max: f32,
     log_sum: f64,
     /// How many logits are `+inf` (where `max` is).
@@ -183,7 +184,7 @@ struct LogSoftmax {
 }
 
 impl LogSoftmax {
-    fn of(logits: &[f32]) -> LogSoftmax {
+    pub(crate) fn of(logits: &[f32]) -> LogSoftmax {
         let max = nan_free_max(logits);
         if max == f32::INFINITY {
             let infinite = logits.iter().filter(|&&l| l == f32::INFINITY).count();
@@ -207,7 +208,7 @@ impl LogSoftmax {
     }
 
     /// The log-probability of a token whose logit is `l`.
-    fn of_logit(&self, l: f32) -> f64 {
+    pub(crate) fn of_logit(&self, l: f32) -> f64 {
         if l.is_nan() || l == f32::NEG_INFINITY || self.max == f32::NEG_INFINITY {
             return f64::NEG_INFINITY;
         }
@@ -219,6 +220,19 @@ impl LogSoftmax {
             };
         }
         (f64::from(l) - f64::from(self.max)) - self.log_sum
+    }
+
+    /// The `k` most likely tokens of `logits` (the row this is the log-softmax of) with their
+    /// log-probabilities, most likely first, equal ones by lower id; fewer where fewer logits are
+    /// above `-inf`. `ids` is scratch.
+    pub(crate) fn top(&self, logits: &[f32], k: usize, ids: &mut Vec<u32>) -> Vec<(u32, f64)> {
+        ids.clear();
+        if k > 0 {
+            top_k_by_rank(logits, k, |l| l, ids);
+        }
+        ids.iter()
+            .map(|&id| (id, self.of_logit(logits[id as usize])))
+            .collect()
     }
 }
 
@@ -282,15 +296,7 @@ impl Sampler {
             return self.pick(logits, history);
         };
         let norm = LogSoftmax::of(logits);
-        self.top_ids.clear();
-        if top > 0 {
-            top_k_by_rank(logits, top, |l| l, &mut self.top_ids);
-        }
-        let best = self
-            .top_ids
-            .iter()
-            .map(|&id| (id, norm.of_logit(logits[id as usize])))
-            .collect();
+        let best = norm.top(logits, top, &mut self.top_ids);
         // The penalty changes the history's logits in place: keep them as they came.
         let penalised = self.cfg.repetition_penalty != 1.0;
         self.raw_history.clear();
