@@ -46,7 +46,7 @@ const PER_FORMAT: [&str; 8] = [
     "matmul_tiled",
     "matvec",
     "matmul_coopmat",
-    // The experiment beside it (TANDEM_VULKAN_COOPMAT_KERNEL=khr).
+    // The KHR path's kernel from 128 rows (matmul_coopmat below them).
     "matmul_khr",
     "matmul_cm2",
     "dequant_f16",
@@ -110,23 +110,19 @@ fn main() {
         "/// Every kernel variant: name and SPIR-V words.\npub static KERNELS: &[(&str, &[u8])] = &[\n",
     );
     // `variant`: "" for the kernel itself, or the name of a build of it with more defines
-    // (`khr8`: matmul_khr with `WARPS 8`, named matmul_khr8_<fmt>; `khrh`: with `ACC_F16`;
-    // `cm2h`: matmul_cm2 with `ACC_F16`, named matmul_cm2h_<fmt>).
+    // (`cm2h`: matmul_cm2 with `ACC_F16`, named matmul_cm2h_<fmt>).
     let mut build = |kernel: &str, format: Option<&str>, variant: &str| {
         let body = read(&format!("{kernel}.comp"));
         let mut defines = match format {
             Some(f) => format!("#define WFMT_{} 1\n", f.to_uppercase()),
             None => String::new(),
         };
-        match variant {
-            "khr8" => defines.push_str("#define WARPS 8\n"),
-            "khrh" | "cm2h" => defines.push_str("#define ACC_F16 1\n"),
-            _ => {}
+        if variant == "cm2h" {
+            defines.push_str("#define ACC_F16 1\n");
         }
         let kernel = match variant {
             "" => kernel.to_string(),
-            "cm2h" => "matmul_cm2h".to_string(),
-            _ => kernel.replacen("khr", variant, 1),
+            _ => format!("matmul_{variant}"),
         };
         let kernel = kernel.as_str();
         let source = format!("#version 460\n{defines}{layouts}{common}\n#line 1 1\n{body}");
@@ -163,11 +159,8 @@ fn main() {
             build(k, Some(f), "");
         }
     }
-    // The experiment matmul_khr with 8 subgroups per workgroup, and with f16 accumulators.
+    // matmul_cm2 with f16 accumulators (TANDEM_VULKAN_CM2_ACC=f16).
     for f in FORMATS {
-        build("matmul_khr", Some(f), "khr8");
-        build("matmul_khr", Some(f), "khrh");
-        // matmul_cm2 with f16 accumulators (TANDEM_VULKAN_CM2_ACC=f16).
         build("matmul_cm2", Some(f), "cm2h");
     }
     for k in PLAIN {

@@ -18,12 +18,13 @@
 # $OUT gets experiments.txt.
 #
 # Parameters (environment): BIN (.bench/new), SHAPES ("gemma3-1b:q4_k gemma3-4b:q4_k"), CONFIGS, CM2_CONFIGS,
-# REPEAT (2), WORK (/tmp/kx), OUT.
+# REPEAT (2), WORK (/tmp/kx), OUT, PROFILE (labels whose prefill step is also profiled per op,
+# e.g. "default cm2-default"), ATTN_TOL (the conformance floor for attention_coopmat, 3e-3).
 set -uo pipefail
 BIN=${BIN:-.bench/new}
 SHAPES=${SHAPES:-"gemma3-1b:q4_k gemma3-4b:q4_k"}
-CONFIGS=${CONFIGS:-"default=- khr=TANDEM_VULKAN_COOPMAT_KERNEL=khr khr8=TANDEM_VULKAN_COOPMAT_KERNEL=khr8 khrh=TANDEM_VULKAN_COOPMAT_KERNEL=khrh attn=TANDEM_VULKAN_ATTN_COOPMAT=1"}
-CM2_CONFIGS=${CM2_CONFIGS:-"default=- acc16=TANDEM_VULKAN_CM2_ACC=f16"}
+CONFIGS=${CONFIGS:-"default=- khr=TANDEM_VULKAN_COOPMAT_KERNEL=khr khr8=TANDEM_VULKAN_COOPMAT_KERNEL=khr8 attn=TANDEM_VULKAN_ATTN_COOPMAT=1 khr8+attn=TANDEM_VULKAN_COOPMAT_KERNEL=khr8,TANDEM_VULKAN_ATTN_COOPMAT=1"}
+CM2_CONFIGS=${CM2_CONFIGS:-"default=- attn=TANDEM_VULKAN_ATTN_COOPMAT=1 acc16+attn=TANDEM_VULKAN_CM2_ACC=f16,TANDEM_VULKAN_ATTN_COOPMAT=1"}
 REPEAT=${REPEAT:-2}
 WORK=${WORK:-/tmp/kx}
 OUT=${OUT:-$PWD/bench-out}
@@ -46,7 +47,7 @@ if [ -x "$BIN/t/deps/vulkan_backend" ]; then
 fi
 if [ -x "$BIN/t/deps/conformance" ]; then
     echo "== conformance, attention_coopmat on (KHR)" | tee -a "$log"
-    TANDEM_CONFORMANCE_BACKENDS=vulkan TANDEM_VULKAN_ATTN_COOPMAT=1 timeout 200 "$BIN/t/deps/conformance" 2>&1 \
+    TANDEM_CONFORMANCE_BACKENDS=vulkan TANDEM_VULKAN_ATTN_COOPMAT=1 TANDEM_CONFORMANCE_MIN_TOL=${ATTN_TOL:-3e-3} timeout 200 "$BIN/t/deps/conformance" 2>&1 \
         | grep -E "^test |panicked|attention" | head -20 | tee -a "$log"
 fi
 
@@ -59,12 +60,22 @@ for pair in $SHAPES; do
         case $config in cm2:*) config=${config#cm2:}; path_env="TANDEM_VULKAN_COOPMAT2=1"; config="cm2-$config";; esac
         label=${config%%=*}
         envs=${config#*=}
+        envs=${envs//,/ }
         [ "$envs" = "-" ] && envs=""
         env $path_env $envs timeout 300 "$BIN/engine" bench --model "$gguf" --backend vulkan --prompt-tokens 512 \
             --gen-tokens 32 --chunk 512 --repeat "$REPEAT" --json >"$WORK/r.json" 2>"$WORK/err.txt" \
             || { echo "$pair $label: failed: $(tail -2 "$WORK/err.txt")" | tee -a "$log"; continue; }
         python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['runs'][0]; print('%-18s %-8s prefill %9.1f decode %7.1f' % (sys.argv[2], sys.argv[3], r['prefill_tokens_per_s']['median'], r['decode_tokens_per_s']['median']))" \
             "$WORK/r.json" "$pair" "$label" | tee -a "$log"
+        # The per-op profile of a prefill step, for the configurations PROFILE names.
+        case " ${PROFILE:-} " in *" $label "*)
+            env $path_env $envs "$BIN/engine" bench --model "$gguf" --backend vulkan --prompt-tokens 512 \
+                --gen-tokens 4 --chunk 512 --repeat 1 --profile --json >"$WORK/p.json" 2>/dev/null \
+                && python3 -c "
+import json,sys
+for o in json.load(open(sys.argv[1]))['runs'][0]['profile']['prefill'][:6]:
+    print('    %-44s %3d %8.3f ms' % (o['op'], o['nodes'], o['seconds'] * 1e3))" "$WORK/p.json" | tee -a "$log";;
+        esac
     done
     rm -f "$gguf"
 done

@@ -40,17 +40,21 @@ uint ld_u16(uint64_t addr, uint64_t i) { return uint(U16s(addr + i * 2).v[0]); }
 void st_u16(uint64_t addr, uint64_t i, uint v) { U16s(addr + i * 2).v[0] = uint16_t(v); }
 
 // Whether every row of the block of `br` rows holding row r (of `rows`) belongs to one slot:
-// the blocks attention_tiled takes, which `attention` and `attention_combine` then skip.
+// the blocks attention_tiled takes, which `attention` and `attention_combine` then skip. The
+// subgroup reads the block's slots together (one load each per lane, then one vote): read one
+// after another, each waited on, they cost every workgroup of the attention kernels some 30
+// dependent loads. Call it where the whole subgroup runs (every caller does, at its start).
 bool one_slot_block(uint64_t slots, uint r, uint rows, uint br) {
     uint r0 = r - r % br;
     uint end = min(r0 + br, rows);
     uint first = U32s(slots).v[r0];
-    for (uint i = r0 + 1u; i < end; i++) {
+    uint same = 1u;
+    for (uint i = r0 + gl_SubgroupInvocationID; i < end; i += gl_SubgroupSize) {
         if (U32s(slots).v[i] != first) {
-            return false;
+            same = 0u;
         }
     }
-    return true;
+    return subgroupMin(same) == 1u;
 }
 
 // tanh that saturates instead of overflowing.

@@ -1,23 +1,27 @@
-// EXPERIMENT (TANDEM_VULKAN_COOPMAT_KERNEL=khr, khr8 for the build with WARPS 8, khrh for the
-// build with ACC_F16, f16 accumulators, for speed and KL-divergence runs; not yet run on a GPU): `matmul_coopmat`'s default configuration written for the compiler rather than
-// for tuning: no specialisation-constant branches (a module that merely held two more of them
-// prefilled at half the rate: bench/results/2026-11-28-prefill-khr), a compile-time 128 x 128
-// tile, and the accumulators and fragments as separate variables rather than arrays indexed in
-// loops (which drivers may keep in memory rather than registers). The same arithmetic as
-// `matmul_coopmat` with MODE = 8: f16 input (the host's `to_f16`), k 32 at a time, q4_k staged
-// (the host takes this kernel only where the weight is 16-byte aligned), results staged through
-// shared memory; split k as `matmul_coopmat`'s. WARPS (4 unless the build defines 8) subgroups
-// of 32 per workgroup, 2 along the input rows by WARPS / 2 along the weight rows: each 64 x 64
-// of the tile with 4, 64 x 32 with 8 (half the accumulators, twice the subgroups to hide the
-// loads behind). The specialisation constants are ignored (the host passes 128 x 128).
+// The KHR cooperative-matrix prefill kernel (products of at least 128 rows on the KHR path; see
+// `matmul_coopmat` for the tuning kernel it came from and the smaller products): a compile-time
+// 128 x 128 tile, no specialisation-constant branches (a module that merely held two more of
+// them prefilled at half the rate: bench/results/2026-11-28-prefill-khr), and the accumulators
+// and fragments as separate variables rather than arrays indexed in loops (which drivers may
+// keep in memory rather than registers).
+//
+// Pipeline: k is taken 32 at a time. Each invocation first fetches its share of the next step's
+// f16 input (the host's `to_f16`) and weight (q4_k: raw blocks, two invocations per weight row;
+// the host takes this kernel only where the weight is 16-byte aligned; float formats: 8 values
+// at a time; other block formats: one 32-value unit) into registers, multiplies the current
+// step from shared memory while those loads are in flight, then decodes them into the other of
+// two shared buffers: one barrier per step (H200, 4B q4_k prefill 512: 11,430 tok/s against
+// 8,952 for the same kernel single-buffered, loads waited on before each step). Split k and
+// the partials as `matmul_coopmat`'s. Eight subgroups of 32 per workgroup, 2 along the input
+// rows by 4 along the weight rows, each 64 x 32 of the tile (eight 16x16 f32 accumulators; 4
+// subgroups of 64 x 64 were slower: 9,171). The specialisation constants are ignored (the host
+// passes 128 x 128).
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : require
 
-#ifndef WARPS
-#define WARPS 4
-#endif
+#define WARPS 8
 #define THREADS (32 * WARPS)
 layout(local_size_x = THREADS) in;
 
@@ -45,27 +49,186 @@ layout(push_constant, scalar) uniform Params {
 #define BK 32
 // Row stride of the shared tiles in f16vec2s: 40 halves, 80 bytes.
 #define SK2 20
+// One buffer of a shared tile, in f16vec2s.
+#define TILE (BX * SK2)
 // uvec4s (8 halves) of the input tile per invocation.
 const uint XV = (BX * (BK / 8) + THREADS - 1) / THREADS;
 
 layout(buffer_reference, scalar, buffer_reference_align = 16) buffer U4s { uvec4 v[]; };
 
-shared f16vec2 xs[BX * SK2];
-shared f16vec2 ws[BW * SK2];
-shared float cs[WARPS * 256];
-#if defined(WFMT_Q4_K)
-shared uvec4 raw[BW * 3];
-const uint RAW = (BW * 3 + THREADS - 1) / THREADS;
-#endif
+// Two buffers each: the step being multiplied and the next. After the loop the first input
+// buffer holds each subgroup's 16x16 slot of results on their way out.
+shared f16vec2 xs[2 * TILE];
+shared f16vec2 ws[2 * TILE];
 
 #define F16_MAX 65504.0
 
-#if UNIT == 1
+// The next step's loads, per invocation.
+uvec4 xh[XV];
+#if defined(WFMT_Q4_K)
+// q4_k: THREADS / BW invocations per weight row, each 32 / (THREADS / BW) values of it: the
+// row's 16 bytes of d, dmin and scales and its 16 or 32 bytes of nibbles.
+#define PER_ROW (THREADS / BW)
+#define QV (2 / PER_ROW)
+uvec4 qhead;
+uvec4 qnib[QV];
+#elif UNIT == 1
 const uint WG8 = BW * (BK / 8) / THREADS;
+f16vec4 wv[2 * WG8];
+#else
+float wu[UNIT];
 #endif
 
+// Fetches step k0's input and weight into this invocation's registers.
+void fetch(uint k0, uint ke, bool vec_x, bool vec_w) {
+    uint tid = gl_LocalInvocationID.x;
+    uint m0 = gl_WorkGroupID.x * BX;
+    uint n0 = gl_WorkGroupID.y * BW;
+    // Input: 8 halves per invocation and trip, row e / 4, columns (e % 4) * 8 ...
+    [[unroll]] for (uint i = 0; i < XV; i++) {
+        uint e = tid + THREADS * i;
+        uint c = k0 + (e % 4) * 8;
+        uint r = m0 + e / 4;
+        xh[i] = uvec4(0);
+        if (e < BX * (BK / 8) && r < p.rows) {
+            uint64_t at = uint64_t(r) * p.k + c;
+            if (vec_x) {
+                if (c < ke) {
+                    xh[i] = U4s(p.x + at * 2).v[0];
+                }
+            } else {
+                [[unroll]] for (uint j = 0; j < 8; j++) {
+                    if (c + j < ke) {
+                        xh[i][j / 2] |= ld_u16(p.x, at + j) << (16 * (j % 2));
+                    }
+                }
+            }
+        }
+    }
+#if defined(WFMT_Q4_K)
+    {
+        uint r = tid / PER_ROW;
+        uint half_ = tid % PER_ROW;
+        uint s = (k0 / 32) & 7u;
+        qhead = uvec4(0);
+        [[unroll]] for (uint i = 0; i < QV; i++) {
+            qnib[i] = uvec4(0);
+        }
+        if (n0 + r < p.n) {
+            uint64_t blk = p.w + uint64_t(n0 + r) * p.row_bytes + uint64_t(k0 / 256) * Q4_K_BYTES;
+            qhead = U4s(blk).v[0];
+            [[unroll]] for (uint i = 0; i < QV; i++) {
+                qnib[i] = U4s(blk + Q4_K_QS + 32 * (s >> 1) + 16 * (half_ * QV + i)).v[0];
+            }
+        }
+    }
+#elif UNIT == 1
+    // Float weights: groups of 8 values, 4 invocations per weight row.
+    [[unroll]] for (uint i = 0; i < WG8; i++) {
+        uint e = tid + THREADS * i;
+        uint r = e / 4;
+        uint c = k0 + (e % 4) * 8;
+        vec4 lo = vec4(0.0);
+        vec4 hi = vec4(0.0);
+        wv[2 * i] = f16vec4(0.0);
+        wv[2 * i + 1] = f16vec4(0.0);
+        if (n0 + r < p.n) {
+            uint64_t row = p.w + uint64_t(n0 + r) * p.row_bytes;
+#if defined(WFMT_F16)
+            if (vec_w && c < ke) {
+                uvec4 h = U4s(row + uint64_t(c) * 2).v[0];
+                wv[2 * i] = f16vec4(unpackFloat2x16(h.x), unpackFloat2x16(h.y));
+                wv[2 * i + 1] = f16vec4(unpackFloat2x16(h.z), unpackFloat2x16(h.w));
+                continue;
+            }
+#endif
+            [[unroll]] for (uint j = 0; j < 4; j++) {
+                if (c + j < ke) {
+                    lo[j] = wload(row, c + j);
+                }
+                if (c + 4 + j < ke) {
+                    hi[j] = wload(row, c + 4 + j);
+                }
+            }
+            wv[2 * i] = f16vec4(clamp(lo, -F16_MAX, F16_MAX));
+            wv[2 * i + 1] = f16vec4(clamp(hi, -F16_MAX, F16_MAX));
+        }
+    }
+#else
+    // Other block formats: one 32-value unit of one weight row per invocation.
+    [[unroll]] for (uint i = 0; i < UNIT; i++) {
+        wu[i] = 0.0;
+    }
+    if (tid < BW && n0 + tid < p.n) {
+        load_unit(p.w + uint64_t(n0 + tid) * p.row_bytes, k0 / UNIT, wu);
+    }
+#endif
+}
+
+// Decodes the fetched step k0 into shared buffer `buf`.
+void stage(uint k0, uint buf) {
+    uint tid = gl_LocalInvocationID.x;
+    uint xb = buf * TILE;
+    [[unroll]] for (uint i = 0; i < XV; i++) {
+        uint e = tid + THREADS * i;
+        if (e >= BX * (BK / 8)) {
+            break;
+        }
+        uint at = xb + (e / 4) * SK2 + (e % 4) * 4;
+        xs[at] = unpackFloat2x16(xh[i].x);
+        xs[at + 1] = unpackFloat2x16(xh[i].y);
+        xs[at + 2] = unpackFloat2x16(xh[i].z);
+        xs[at + 3] = unpackFloat2x16(xh[i].w);
+    }
+#if defined(WFMT_Q4_K)
+    {
+        uint r = tid / PER_ROW;
+        uint half_ = tid % PER_ROW;
+        uint s = (k0 / 32) & 7u;
+        vec2 dm = unpackHalf2x16(qhead[Q4_K_D / 4]);
+        uint scale;
+        uint mn;
+        q4k_scale_min(uvec3(qhead.y, qhead.z, qhead.w), s, scale, mn);
+        float d1 = dm.x * float(scale);
+        float m1 = dm.y * float(mn);
+        uint shift = (s & 1u) * 4;
+        // Values 16 * (half_ * QV + i) + 4 * j .. of the step.
+        [[unroll]] for (uint i = 0; i < QV; i++) {
+            [[unroll]] for (uint j = 0; j < 4; j++) {
+                uint v = qnib[i][j] >> shift;
+                vec4 f = vec4(d1 * float(v & 15u) - m1, d1 * float((v >> 8) & 15u) - m1,
+                              d1 * float((v >> 16) & 15u) - m1, d1 * float((v >> 24) & 15u) - m1);
+                f16vec4 hv = f16vec4(clamp(f, -F16_MAX, F16_MAX));
+                uint at = xb + r * SK2 + 8 * (half_ * QV + i) + 2 * j;
+                ws[at] = hv.xy;
+                ws[at + 1] = hv.zw;
+            }
+        }
+    }
+#elif UNIT == 1
+    [[unroll]] for (uint i = 0; i < WG8; i++) {
+        uint e = tid + THREADS * i;
+        uint at = xb + (e / 4) * SK2 + (e % 4) * 4;
+        ws[at] = wv[2 * i].xy;
+        ws[at + 1] = wv[2 * i].zw;
+        ws[at + 2] = wv[2 * i + 1].xy;
+        ws[at + 3] = wv[2 * i + 1].zw;
+    }
+#else
+    if (tid < BW) {
+        [[unroll]] for (uint i = 0; i < 8; i++) {
+            vec4 f = vec4(wu[4 * i], wu[4 * i + 1], wu[4 * i + 2], wu[4 * i + 3]);
+            f16vec4 hv = f16vec4(clamp(f, -F16_MAX, F16_MAX));
+            ws[xb + tid * SK2 + 2 * i] = hv.xy;
+            ws[xb + tid * SK2 + 2 * i + 1] = hv.zw;
+        }
+    }
+#endif
+}
+
 // Accumulator (i, j) of this subgroup into the outputs (or the split-k partial `slice`),
-// through the subgroup's 16x16 slot of shared memory.
+// through the subgroup's 16x16 slot of shared memory: 256 f32 values in the first input
+// buffer (free once the loop's last barrier has passed), one f16vec2 per value's bits.
 void store(coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> acc, uint i, uint j, uint64_t slice) {
     uint sg = gl_SubgroupID;
     uint lane = gl_SubgroupInvocationID;
@@ -73,7 +236,7 @@ void store(coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> acc
     uint n0 = gl_WorkGroupID.y * BW;
     uint wx = (sg & 1u) * (BX / 2);
     uint ww = (sg >> 1) * (BW / (WARPS / 2));
-    coopMatStore(acc, cs, sg * 256, 16, gl_CooperativeMatrixLayoutRowMajor);
+    coopMatStore(acc, xs, sg * 256, 16, gl_CooperativeMatrixLayoutRowMajor);
     subgroupMemoryBarrierShared();
     subgroupBarrier();
     [[unroll]] for (uint t = 0; t < 8; t++) {
@@ -83,7 +246,7 @@ void store(coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> acc
         if (row >= p.rows || col >= p.n) {
             continue;
         }
-        float v = cs[sg * 256 + e];
+        float v = uintBitsToFloat(packFloat2x16(xs[sg * 256 + e]));
         if (p.kslice != 0u) {
             st_f32(slice, uint64_t(row) * p.n + col, v);
             continue;
@@ -106,176 +269,37 @@ void store(coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> acc
 }
 
 void main() {
-    uint tid = gl_LocalInvocationID.x;
     uint sg = gl_SubgroupID;
-    uint lane = gl_SubgroupInvocationID;
-    uint m0 = gl_WorkGroupID.x * BX;
-    uint n0 = gl_WorkGroupID.y * BW;
     uint wx = (sg & 1u) * (BX / 2);
     uint ww = (sg >> 1) * (BW / (WARPS / 2));
     uint kb = p.kslice * gl_WorkGroupID.z;
     uint ke = p.kslice == 0u ? p.k : min(p.k, kb + p.kslice);
     bool vec_x = (p.k & 7u) == 0u && (p.x & 15ul) == 0ul;
-#if UNIT == 1
     bool vec_w = (p.k & 7u) == 0u && (p.row_bytes & 15u) == 0u && (p.w & 15ul) == 0ul;
-#endif
 
-    // Accumulator (i, j): input rows wx + 16i.., weight rows ww + 16j.. (j < 4 with 4
-    // subgroups, j < 2 with 8).
-#if defined(ACC_F16)
-// f16 accumulators (the khrh build; llama.cpp's default precision): half the registers.
-#define ACC_T coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
-#else
+    // Accumulator (i, j): input rows wx + 16i.., weight rows ww + 16j.. (i < 4, j < 2).
 #define ACC_T coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
-#endif
-#define DECL_ROW(i) ACC_T acc##i##0 = ACC_T(0.0); ACC_T acc##i##1 = ACC_T(0.0); DECL_ROW_HI(i)
-#if WARPS == 4
-#define DECL_ROW_HI(i) ACC_T acc##i##2 = ACC_T(0.0); ACC_T acc##i##3 = ACC_T(0.0);
-#else
-#define DECL_ROW_HI(i)
-#endif
+#define DECL_ROW(i) ACC_T acc##i##0 = ACC_T(0.0); ACC_T acc##i##1 = ACC_T(0.0);
     DECL_ROW(0)
     DECL_ROW(1)
     DECL_ROW(2)
     DECL_ROW(3)
 
+    fetch(kb, ke, vec_x, vec_w);
+    stage(kb, 0u);
+    barrier();
+    uint buf = 0u;
     for (uint k0 = kb; k0 < ke; k0 += BK) {
-        // Input: 8 halves per invocation and trip, row e / 4, columns (e % 4) * 8 ...
-        uvec4 xh[XV];
-        [[unroll]] for (uint i = 0; i < XV; i++) {
-            uint e = tid + THREADS * i;
-            uint c = k0 + (e % 4) * 8;
-            uint r = m0 + e / 4;
-            xh[i] = uvec4(0);
-            if (e < BX * (BK / 8) && r < p.rows) {
-                uint64_t at = uint64_t(r) * p.k + c;
-                if (vec_x) {
-                    if (c < ke) {
-                        xh[i] = U4s(p.x + at * 2).v[0];
-                    }
-                } else {
-                    [[unroll]] for (uint j = 0; j < 8; j++) {
-                        if (c + j < ke) {
-                            xh[i][j / 2] |= ld_u16(p.x, at + j) << (16 * (j % 2));
-                        }
-                    }
-                }
-            }
+        bool more = k0 + BK < ke;
+        // The next step's global loads go out before this step's products.
+        if (more) {
+            fetch(k0 + BK, ke, vec_x, vec_w);
         }
-#if defined(WFMT_Q4_K)
-        // q4_k: the rows' 16 bytes of d, dmin and scales and 32 bytes of nibbles, raw.
-        uint s = (k0 / 32) & 7u;
-        [[unroll]] for (uint i = 0; i < RAW; i++) {
-            uint j = tid + THREADS * i;
-            uint r = j / 3;
-            uint part = j % 3;
-            if (r < BW) {
-                uvec4 v = uvec4(0);
-                if (n0 + r < p.n) {
-                    uint off = part == 0u ? 0u : Q4_K_QS + 32 * (s >> 1) + 16 * (part - 1);
-                    v = U4s(p.w + uint64_t(n0 + r) * p.row_bytes + uint64_t(k0 / 256) * Q4_K_BYTES + off).v[0];
-                }
-                raw[j] = v;
-            }
-        }
-        barrier();
-        if (tid < BW) {
-            uvec4 h = raw[tid * 3];
-            uvec4 qa = raw[tid * 3 + 1];
-            uvec4 qb = raw[tid * 3 + 2];
-            vec2 dm = unpackHalf2x16(h[Q4_K_D / 4]);
-            uint scale;
-            uint mn;
-            q4k_scale_min(uvec3(h.y, h.z, h.w), s, scale, mn);
-            float d1 = dm.x * float(scale);
-            float m1 = dm.y * float(mn);
-            uint shift = (s & 1u) * 4;
-            [[unroll]] for (uint i = 0; i < 8; i++) {
-                uint v = (i < 4 ? qa[i] : qb[i - 4]) >> shift;
-                vec4 f = vec4(d1 * float(v & 15u) - m1, d1 * float((v >> 8) & 15u) - m1,
-                              d1 * float((v >> 16) & 15u) - m1, d1 * float((v >> 24) & 15u) - m1);
-                f16vec4 hv = f16vec4(clamp(f, -F16_MAX, F16_MAX));
-                ws[tid * SK2 + 2 * i] = hv.xy;
-                ws[tid * SK2 + 2 * i + 1] = hv.zw;
-            }
-        }
-#elif UNIT == 1
-        // Float weights: groups of 8 values, 4 invocations per weight row.
-        f16vec4 wv[2 * WG8];
-        [[unroll]] for (uint i = 0; i < WG8; i++) {
-            uint e = tid + THREADS * i;
-            uint r = e / 4;
-            uint c = k0 + (e % 4) * 8;
-            vec4 lo = vec4(0.0);
-            vec4 hi = vec4(0.0);
-            wv[2 * i] = f16vec4(0.0);
-            wv[2 * i + 1] = f16vec4(0.0);
-            if (n0 + r < p.n) {
-                uint64_t row = p.w + uint64_t(n0 + r) * p.row_bytes;
-#if defined(WFMT_F16)
-                if (vec_w && c < ke) {
-                    uvec4 h = U4s(row + uint64_t(c) * 2).v[0];
-                    wv[2 * i] = f16vec4(unpackFloat2x16(h.x), unpackFloat2x16(h.y));
-                    wv[2 * i + 1] = f16vec4(unpackFloat2x16(h.z), unpackFloat2x16(h.w));
-                    continue;
-                }
-#endif
-                [[unroll]] for (uint j = 0; j < 4; j++) {
-                    if (c + j < ke) {
-                        lo[j] = wload(row, c + j);
-                    }
-                    if (c + 4 + j < ke) {
-                        hi[j] = wload(row, c + 4 + j);
-                    }
-                }
-                wv[2 * i] = f16vec4(clamp(lo, -F16_MAX, F16_MAX));
-                wv[2 * i + 1] = f16vec4(clamp(hi, -F16_MAX, F16_MAX));
-            }
-        }
-        barrier();
-        [[unroll]] for (uint i = 0; i < WG8; i++) {
-            uint e = tid + THREADS * i;
-            uint at = (e / 4) * SK2 + (e % 4) * 4;
-            ws[at] = wv[2 * i].xy;
-            ws[at + 1] = wv[2 * i].zw;
-            ws[at + 2] = wv[2 * i + 1].xy;
-            ws[at + 3] = wv[2 * i + 1].zw;
-        }
-#else
-        // Other block formats: one 32-value unit of one weight row per invocation.
-        float w[UNIT];
-        [[unroll]] for (uint i = 0; i < UNIT; i++) {
-            w[i] = 0.0;
-        }
-        if (tid < BW && n0 + tid < p.n) {
-            load_unit(p.w + uint64_t(n0 + tid) * p.row_bytes, k0 / UNIT, w);
-        }
-        barrier();
-        if (tid < BW) {
-            [[unroll]] for (uint i = 0; i < 8; i++) {
-                vec4 f = vec4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
-                f16vec4 hv = f16vec4(clamp(f, -F16_MAX, F16_MAX));
-                ws[tid * SK2 + 2 * i] = hv.xy;
-                ws[tid * SK2 + 2 * i + 1] = hv.zw;
-            }
-        }
-#endif
-        [[unroll]] for (uint i = 0; i < XV; i++) {
-            uint e = tid + THREADS * i;
-            if (e >= BX * (BK / 8)) {
-                break;
-            }
-            uint at = (e / 4) * SK2 + (e % 4) * 4;
-            xs[at] = unpackFloat2x16(xh[i].x);
-            xs[at + 1] = unpackFloat2x16(xh[i].y);
-            xs[at + 2] = unpackFloat2x16(xh[i].z);
-            xs[at + 3] = unpackFloat2x16(xh[i].w);
-        }
-        barrier();
+        uint xb = buf * TILE;
 #define A_T coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
 #define B_T coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
 #define MMA_COL(j) \
-        coopMatLoad(b, ws, (ww + j * 16) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutColumnMajor); \
+        coopMatLoad(b, ws, xb + (ww + j * 16) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutColumnMajor); \
         acc0##j = coopMatMulAdd(a0, b, acc0##j); \
         acc1##j = coopMatMulAdd(a1, b, acc1##j); \
         acc2##j = coopMatMulAdd(a2, b, acc2##j); \
@@ -286,28 +310,23 @@ void main() {
             A_T a2;
             A_T a3;
             B_T b;
-            coopMatLoad(a0, xs, (wx + 0) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
-            coopMatLoad(a1, xs, (wx + 16) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
-            coopMatLoad(a2, xs, (wx + 32) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
-            coopMatLoad(a3, xs, (wx + 48) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatLoad(a0, xs, xb + (wx + 0) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatLoad(a1, xs, xb + (wx + 16) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatLoad(a2, xs, xb + (wx + 32) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatLoad(a3, xs, xb + (wx + 48) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
             // B[k][n] = W[n][k]: the weight tile is B in column-major order.
             MMA_COL(0)
             MMA_COL(1)
-#if WARPS == 4
-            MMA_COL(2)
-            MMA_COL(3)
-#endif
         }
+        if (more) {
+            stage(k0 + BK, buf ^ 1u);
+        }
+        barrier();
+        buf ^= 1u;
     }
 
     uint64_t slice = p.part + uint64_t(gl_WorkGroupID.z) * p.rows * p.n * 4u;
-#define F32_T coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
-#define STORE_ROW(i) store(F32_T(acc##i##0), i, 0, slice); store(F32_T(acc##i##1), i, 1, slice); STORE_ROW_HI(i)
-#if WARPS == 4
-#define STORE_ROW_HI(i) store(F32_T(acc##i##2), i, 2, slice); store(F32_T(acc##i##3), i, 3, slice);
-#else
-#define STORE_ROW_HI(i)
-#endif
+#define STORE_ROW(i) store(acc##i##0, i, 0, slice); store(acc##i##1, i, 1, slice);
     STORE_ROW(0)
     STORE_ROW(1)
     STORE_ROW(2)

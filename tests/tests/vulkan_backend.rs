@@ -256,12 +256,12 @@ fn every_weight_format_matches_the_cpu_reference() {
 /// Prefill products at odd sizes on every weight format: 100, 511, 512 and 513 rows (partial
 /// tiles of input rows), 133 weight rows split 70 + 63 (partial tiles of weight rows, a split
 /// inside a tile), k not a multiple of the tile's 32 (float formats) or an odd number of
-/// blocks. Where the device has cooperative matrices (not lavapipe: the H100 runs this binary
-/// with them) `matmul_coopmat` takes these rows: as chosen, with its k split in 3 (partial
-/// tiles summed by `matmul_reduce`), with each of its tile shapes forced, with its f32 input
-/// converted in the loads (not by `to_f16` first), with block formats dequantised first, with
-/// q4_k decoded in the loads, with k taken 64 at a time, and as the experiments `matmul_khr` and
-/// `matmul_khr8`.
+/// blocks. Where the device has cooperative matrices (not lavapipe: the H200 runs this binary
+/// with them) the KHR kernels take these rows: as chosen (`matmul_coopmat` at 100 rows,
+/// `matmul_khr` from 128), with k split in 3 (partial tiles summed by `matmul_reduce`), with
+/// block formats dequantised first, and `matmul_coopmat` at 513 rows with each of its tile shapes
+/// forced, with its f32 input converted in the loads (not by `to_f16` first), with q4_k decoded
+/// in the loads and with k taken 64 at a time.
 #[test]
 fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
     let Some(mut vk) = vulkan() else { return };
@@ -270,25 +270,26 @@ fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
     let coopmat = vk.info().features.iter().any(|f| f == "cooperative_matrix");
     let tol = if coopmat { 5e-3 } else { 1e-5 };
     let splits = [70usize, 63];
-    // (variable, value) pairs tried in turn where the device has cooperative matrices.
-    let knobs: &[(&str, &str)] = if coopmat {
+    // Settings ((variable, value) pairs) tried in turn where the device has cooperative
+    // matrices; the tuning variables of `matmul_coopmat` alone come with it forced.
+    const COOPMAT: (&str, &str) = ("TANDEM_VULKAN_COOPMAT_KERNEL", "coopmat");
+    let knobs: &[&[(&str, &str)]] = if coopmat {
         &[
-            ("", ""),
-            ("TANDEM_VULKAN_COOPMAT_KSPLIT", "3"),
-            ("TANDEM_VULKAN_COOPMAT_TILE", "32x64"),
-            ("TANDEM_VULKAN_COOPMAT_TILE", "64x128"),
-            ("TANDEM_VULKAN_COOPMAT_TILE", "128x64"),
-            ("TANDEM_VULKAN_COOPMAT_X16", "0"),
-            ("TANDEM_VULKAN_COOPMAT_DEQUANT", "1"),
+            &[],
+            &[("TANDEM_VULKAN_COOPMAT_KSPLIT", "3")],
+            &[("TANDEM_VULKAN_COOPMAT_DEQUANT", "1")],
+            &[COOPMAT],
+            &[COOPMAT, ("TANDEM_VULKAN_COOPMAT_KSPLIT", "3")],
+            &[COOPMAT, ("TANDEM_VULKAN_COOPMAT_TILE", "32x64")],
+            &[COOPMAT, ("TANDEM_VULKAN_COOPMAT_TILE", "64x128")],
+            &[COOPMAT, ("TANDEM_VULKAN_COOPMAT_TILE", "128x64")],
+            &[COOPMAT, ("TANDEM_VULKAN_COOPMAT_X16", "0")],
             // q4_k decoded in the loads rather than staged.
-            ("TANDEM_VULKAN_COOPMAT_MODE", "16"),
-            ("TANDEM_VULKAN_COOPMAT_BK", "64"),
-            // The experiment without the tuning branches.
-            ("TANDEM_VULKAN_COOPMAT_KERNEL", "khr"),
-            ("TANDEM_VULKAN_COOPMAT_KERNEL", "khr8"),
+            &[COOPMAT, ("TANDEM_VULKAN_COOPMAT_MODE", "16")],
+            &[COOPMAT, ("TANDEM_VULKAN_COOPMAT_BK", "64")],
         ]
     } else {
-        &[("", "")]
+        &[&[]]
     };
     for d in WEIGHT_FORMATS {
         let k = match d {
@@ -297,15 +298,16 @@ fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
             _ => 32 * 37,
         };
         let bytes = weight_bytes(&mut rng, d, splits.iter().sum(), k);
-        for &(var, value) in knobs {
-            if !var.is_empty() {
+        for &setting in knobs {
+            for &(var, value) in setting {
                 std::env::set_var(var, value);
             }
-            let rows_list: &[usize] = if var.is_empty() {
+            let rows_list: &[usize] = if setting.is_empty() {
                 &[100, 511, 512, 513]
             } else {
                 &[513]
             };
+            let named: Vec<String> = setting.iter().map(|(v, x)| format!("{v}={x}")).collect();
             for &rows in rows_list {
                 let x = rng.vec(rows * k, 1.0);
                 let want = run_split_format(reference.as_mut(), d, rows, k, &bytes, &x, &splits).unwrap();
@@ -313,14 +315,14 @@ fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
                     .unwrap_or_else(|e| panic!("{d} with {rows} rows, k = {k} on vulkan: {e}"));
                 let want: Vec<f64> = want.iter().map(|v| *v as f64).collect();
                 assert_close(
-                    &format!("matmul {d} x{rows} k={k} {var}={value}"),
+                    &format!("matmul {d} x{rows} k={k} {}", named.join(" ")),
                     "vulkan vs cpu",
                     &got,
                     &want,
                     tol,
                 );
             }
-            if !var.is_empty() {
+            for &(var, _) in setting {
                 std::env::remove_var(var);
             }
         }

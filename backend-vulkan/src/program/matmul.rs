@@ -138,16 +138,22 @@ fn coopmat_bk64() -> bool {
     std::env::var("TANDEM_VULKAN_COOPMAT_BK").is_ok_and(|v| v == "64")
 }
 
-/// The KHR cooperative-matrix prefill kernel: `matmul_coopmat`, or with
-/// `TANDEM_VULKAN_COOPMAT_KERNEL=khr` the experiment `matmul_khr` (its default configuration
-/// without the tuning branches; not yet measured), `=khr8` the same with 8 subgroups per
-/// workgroup (`matmul_khr8`), `=khrh` with f16 accumulators (`matmul_khrh`: llama.cpp's default
-/// precision, for speed and KL-divergence runs), for A/B runs.
-fn coopmat_kernel() -> &'static str {
+/// Rows from which a product on the KHR path takes `matmul_khr` (one 128 x 128 tile shape,
+/// loads one k step ahead) rather than `matmul_coopmat` (tile shapes chosen by size, tuning
+/// branches). Measured at 512 rows (H200, prefill 512, bench/results/2026-11-28-prefill-khr2):
+/// 4B q4_k 11,430 tok/s against 7,496, 1B 24,728 against 22,023; below 128 rows a 128-row tile
+/// would be mostly empty, and `matmul_coopmat`'s 32- and 64-row tiles are kept.
+const KHR_ROWS: usize = 128;
+
+/// The KHR cooperative-matrix prefill kernel for `rows` rows: `matmul_khr` from [`KHR_ROWS`],
+/// `matmul_coopmat` below; `TANDEM_VULKAN_COOPMAT_KERNEL=coopmat` (or `=khr`) forces one, for
+/// A/B runs and for the tuning variables that only `matmul_coopmat` reads (tile shapes,
+/// `_X16`, `_BK`, `_MODE`).
+fn coopmat_kernel(rows: usize) -> &'static str {
     match std::env::var("TANDEM_VULKAN_COOPMAT_KERNEL").as_deref() {
+        Ok("coopmat") => "matmul_coopmat",
         Ok("khr") => "matmul_khr",
-        Ok("khr8") => "matmul_khr8",
-        Ok("khrh") => "matmul_khrh",
+        _ if rows >= KHR_ROWS => "matmul_khr",
         _ => "matmul_coopmat",
     }
 }
@@ -188,7 +194,12 @@ impl Staging {
                 (format!("{}_f16", cm2_kernel()), spec),
             )
         } else if is_coopmat(&c.kernel) {
-            let kernel = format!("{}_f16", coopmat_kernel());
+            let family = if c.kernel.starts_with("matmul_khr") {
+                "matmul_khr"
+            } else {
+                "matmul_coopmat"
+            };
+            let kernel = format!("{family}_f16");
             (takes_x16(&c.kernel), coopmat_dequant(dt), (kernel, c.spec))
         } else {
             return None;
@@ -552,7 +563,8 @@ pub fn variants(graph: &tandem_backend_api::Graph, unit: Unit, most_rows: usize)
 /// Decode (few rows) takes a matrix-vector kernel, from TILED_ROWS(_WIDE) rows the tiled one,
 /// from COOPMAT_ROWS the cooperative-matrix one where the device has it: `matmul_cm2_<fmt>`
 /// where `cm2` says the device has NV cooperative matrix 2 and the node suits it (split
-/// boundaries multiples of [`CM2_BM`], 16-byte aligned addresses), else `matmul_coopmat_<fmt>`.
+/// boundaries multiples of [`CM2_BM`], 16-byte aligned addresses), else `matmul_khr_<fmt>` from
+/// [`KHR_ROWS`] rows and `matmul_coopmat_<fmt>` below.
 /// - float rows whose k is not a multiple of 16: `matmul_<fmt>`, one weight row per workgroup;
 /// - q4_k, one row: `matvec_q4k` (`TANDEM_VULKAN_Q4K_MATVEC=old`: split-mode `matvec_q4_k`);
 /// - q4_k, several rows: `matvec_rows_q4_k`, 4 weight rows x 8 input rows per workgroup (at 32
@@ -591,17 +603,15 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
     if rows >= coopmat_rows_override().unwrap_or(COOPMAT_ROWS) && coopmat {
         // Prefill on KHR cooperative matrices: BX input rows x BW weight rows per workgroup,
         // k split where the grid is small.
-        // (The experiments `matmul_khr*` have a compile-time 128 x 128 tile.)
-        let (bx, bw) = if coopmat_kernel().starts_with("matmul_khr") {
-            (128, 128)
-        } else {
-            coopmat_tile(rows, n)
-        };
+        // (`matmul_khr` has a compile-time 128 x 128 tile.)
+        let kernel = coopmat_kernel(rows);
+        let khr = kernel == "matmul_khr";
+        let (bx, bw) = if khr { (128, 128) } else { coopmat_tile(rows, n) };
         let (gx, gy) = (div_up(rows, bx), div_up(n, bw));
         let kslice = coopmat_kslice((gx * gy) as usize, k);
         return Choice {
-            kernel: format!("{}_{fmt}", coopmat_kernel()),
-            spec: if coopmat_kernel().starts_with("matmul_khr") {
+            kernel: format!("{kernel}_{fmt}"),
+            spec: if khr {
                 [bw as u32, bx as u32]
             } else {
                 [
@@ -983,22 +993,29 @@ mod tests {
             // Float weights keep their kernels.
             assert_eq!(choose(8, 2560, 2560, DType::F16, dot).kernel, "matvec_f16");
         }
-        // Prefill: cooperative matrices where the device has them, else tiles.
-        assert_eq!(
-            choose(128, 2560, 2560, DType::Q8_0, u(true, false)).kernel,
-            "matmul_coopmat_q8_0"
-        );
-        if ["TILE", "GROUPS", "KSPLIT", "MODE", "X16"]
+        // Prefill: cooperative matrices where the device has them (matmul_khr from 128 rows),
+        // else tiles.
+        if ["TILE", "GROUPS", "KSPLIT", "MODE", "X16", "KERNEL"]
             .iter()
             .all(|v| std::env::var_os(format!("TANDEM_VULKAN_COOPMAT_{v}")).is_none())
         {
-            // 4B's gate and up at 512 rows: 128 x 128 tiles (f16 input: MODE bit 3), a grid of
-            // 4 x 160, k whole.
+            assert_eq!(
+                choose(127, 2560, 2560, DType::Q8_0, u(true, false)).kernel,
+                "matmul_coopmat_q8_0"
+            );
+            assert_eq!(
+                choose(128, 2560, 2560, DType::Q8_0, u(true, false)).kernel,
+                "matmul_khr_q8_0"
+            );
+            // 4B's gate and up at 512 rows: 128 x 128 tiles, a grid of 4 x 160, k whole; at 100
+            // rows matmul_coopmat's 128 x 128 (f16 input: MODE bit 3), k in 2 (160 workgroups).
             let c = choose(512, 20480, 2560, DType::Q4K, u(true, false));
             assert_eq!(
-                (c.spec, c.groups, c.kslice),
-                ([128 | 8 << 16, 128], [4, 160, 1], 0)
+                (c.kernel.as_str(), c.spec, c.groups, c.kslice),
+                ("matmul_khr_q4_k", [128, 128], [4, 160, 1], 0)
             );
+            let c = choose(100, 20480, 2560, DType::Q4K, u(true, false));
+            assert_eq!((c.spec, c.groups), ([128 | 8 << 16, 128], [1, 160, 2]));
             // 4B's down: 80 tiles, so k in 4 slices of 2560 for 320 workgroups.
             let c = choose(512, 2560, 10240, DType::Q4K, u(true, false));
             assert_eq!((c.groups, c.kslice), ([4, 20, 4], 2560));
