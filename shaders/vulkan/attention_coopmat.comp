@@ -12,8 +12,14 @@
 // row's softmax in f32 (two lanes per row): the new running maximum, the factor that rescales
 // the row's earlier outputs, and the probabilities as f16. The output accumulators (f32, up to
 // 8 of 16 x 16) are rescaled in registers, multiplied component-wise by a matrix whose row r
-// holds row r's factor (indexing an accumulator's elements instead kept every accumulator in
-// memory). Then O += P V.
+// holds row r's factor (no indexing of an accumulator's elements, whose layout is the
+// driver's). Then O += P V.
+//
+// Measured (H200, prefill 512, bench/results/2026-11-28-prefill-khr2/experiments-*.txt and the
+// note of issue 54): 4B q4_k 5.2-6.0 ms of attention a step against 5.8 for `attention_tiled`,
+// 1B 2.4-3.3 against 3.75, depending on the splits; about 5 us a 16-key tile per workgroup,
+// whichever the splits, so each workgroup waits more than it computes. Not the default: not
+// clearly faster, and its f16 rounding needs the precision issue's rule.
 //
 // Q and the probabilities are rounded to f16 (as K and V are), so this kernel is held to a
 // tensor-core tolerance, not to the f32 kernels' (the precision issue's rule decides where it
