@@ -8,13 +8,13 @@
 #   BIN=.bench/new bash bench/khr-experiments.sh
 # 1. Correctness, KHR path (coopmat2 off), validation off (the layer is not on that machine):
 #    `vulkan_backend prefill` (every weight format and variant at odd sizes, `matmul_khr` and
-#    `matmul_khr8` included), then the conformance binary with `TANDEM_VULKAN_ATTN_COOPMAT=1`
+#    `matmul_coopmat`), then the conformance binary with `TANDEM_VULKAN_ATTN_COOPMAT=1`
 #    (`attention_coopmat` in the prefill attention cases).
 # 2. Speed: `engine bench` prefill 512 / decode on each SHAPES entry with each setting of CONFIGS
-#    (label=ENV... ; `-` for none) on the KHR path, then of CM2_CONFIGS on the cooperative-matrix-2
-#    path (labelled cm2-...), one line each. `khrh` (f16 accumulators) is not in
-#    the conformance run: its precision is for `engine perplexity --kl-divergence` on a real
-#    model to judge (issue 56's rule).
+#    (label=ENV,ENV... ; `-` for none) on the KHR path, then of CM2_CONFIGS on the
+#    cooperative-matrix-2 path (labelled cm2-...), one line each. `acc16` (f16 accumulators) is
+#    not in the conformance run: its precision is for `engine perplexity --kl-divergence` on a
+#    real model to judge (issue 56's rule).
 # $OUT gets experiments.txt.
 #
 # Parameters (environment): BIN (.bench/new), SHAPES ("gemma3-1b:q4_k gemma3-4b:q4_k"), CONFIGS, CM2_CONFIGS,
@@ -23,7 +23,7 @@
 set -uo pipefail
 BIN=${BIN:-.bench/new}
 SHAPES=${SHAPES:-"gemma3-1b:q4_k gemma3-4b:q4_k"}
-CONFIGS=${CONFIGS:-"default=- khr=TANDEM_VULKAN_COOPMAT_KERNEL=khr khr8=TANDEM_VULKAN_COOPMAT_KERNEL=khr8 attn=TANDEM_VULKAN_ATTN_COOPMAT=1 khr8+attn=TANDEM_VULKAN_COOPMAT_KERNEL=khr8,TANDEM_VULKAN_ATTN_COOPMAT=1"}
+CONFIGS=${CONFIGS:-"default=- coopmat=TANDEM_VULKAN_COOPMAT_KERNEL=coopmat attn=TANDEM_VULKAN_ATTN_COOPMAT=1 attn-s2=TANDEM_VULKAN_ATTN_COOPMAT=1,TANDEM_VULKAN_TILED_SPLITS=2"}
 CM2_CONFIGS=${CM2_CONFIGS:-"default=- attn=TANDEM_VULKAN_ATTN_COOPMAT=1 acc16+attn=TANDEM_VULKAN_CM2_ACC=f16,TANDEM_VULKAN_ATTN_COOPMAT=1"}
 REPEAT=${REPEAT:-2}
 WORK=${WORK:-/tmp/kx}
