@@ -94,10 +94,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let mut extra = settings.plugin_dirs.clone();
     extra.extend(cli.plugin_dirs.iter().cloned());
-    let ctx = Context {
-        search: PluginSearch::standard(&extra),
-        settings,
+    let search = PluginSearch::standard(&extra);
+    // A memory limit binds every backend on its device (nothing is probed without one).
+    let settings = if settings.has_memory_limit() {
+        let discovery = search.discover();
+        tandem_engine::runtime::device_budget::share_limits(
+            &discovery,
+            &settings,
+            &mut commands::load::print_notice,
+        )
+    } else {
+        settings
     };
+    let ctx = Context { search, settings };
     match cli.command {
         Command::Backends(args) => commands::backends::run(&ctx, &args),
         Command::Run(args) => commands::run::run(&ctx, &args),

@@ -291,3 +291,73 @@ fn a_detected_npu_without_usable_artefacts_says_which_and_why() {
     ));
     assert!(r.contains("no AMD NPU found"), "{r}");
 }
+
+/// A memory budget belongs to the device: with `[backend.vulkan] memory_limit` set, a placement
+/// on wgpu, which drives the same GPU (lavapipe in CI), is held to that limit and the error says
+/// whose limit it is; and units of one placement on one device share its budget, which `engine
+/// placement` says. Needs both GPU backends on one physical device (CI: lavapipe); elsewhere it
+/// checks nothing more than that they are not.
+#[test]
+fn a_memory_limit_binds_every_backend_on_its_device() {
+    let install = Install::new(&["cpu", "vulkan", "wgpu"]);
+    let out = install.run(&["backends", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let list: serde_json::Value = serde_json::from_str(&install.stdout(&out)).expect("backends JSON");
+    let device = |name: &str| {
+        list["backends"]
+            .as_array()
+            .and_then(|a| a.iter().find(|b| b["name"] == name))
+            .and_then(|b| b["info"]["physical_device"].as_str())
+            .map(str::to_string)
+    };
+    let (vk, wgpu) = (device("vulkan"), device("wgpu"));
+    if vk.is_none() || vk != wgpu {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs vulkan and wgpu on one lavapipe device: {vk:?} {wgpu:?}"
+        );
+        return;
+    }
+    let model = common::fixture("text-published");
+    let model = model.to_str().expect("UTF-8 path");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("limit.toml");
+    std::fs::write(&config, "[backend.vulkan]\nmemory_limit = \"16MiB\"\n").expect("config");
+    let config = config.to_str().expect("UTF-8 path");
+    let args = [
+        "--config",
+        config,
+        "placement",
+        "--model",
+        model,
+        "--backend",
+        "wgpu",
+    ];
+    let out = install.run(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // (A note that wgpu runs on a software GPU may come first.)
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    for want in [
+        "does not fit wgpu",
+        "[backend.vulkan] memory_limit = \"16MiB\", which binds wgpu too",
+    ] {
+        assert!(line.contains(want), "{want:?} not in: {line}");
+    }
+    // No limit: attention on vulkan, the rest on wgpu, one device and one budget between them.
+    let out = install.run(&["placement", "--model", model, "--backend", "vulkan+wgpu"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = install.stdout(&out);
+    assert!(
+        text.contains("shares its device and its budget with wgpu"),
+        "{text}"
+    );
+    assert!(
+        text.contains("shares its device and its budget with vulkan"),
+        "{text}"
+    );
+}

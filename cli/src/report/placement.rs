@@ -47,6 +47,15 @@ pub fn placement_text(report: &PlacementReport) -> String {
                         gib(u.kv_cache_bytes),
                         gib(u.activation_bytes),
                     );
+                    if !u.shares_device_with.is_empty() {
+                        let _ = writeln!(
+                            o,
+                            "  {:<10} shares its device and its budget with {}: {} together",
+                            "",
+                            u.shares_device_with.join(", "),
+                            gib(u.device_need_bytes),
+                        );
+                    }
                 }
             }
         }
@@ -139,6 +148,8 @@ mod tests {
             kv_cache_bytes: 1 << 20,
             activation_bytes: 64 << 10,
             budget_bytes: budget,
+            shares_device_with: Vec::new(),
+            device_need_bytes: (3 << 20) + (1 << 20) + (64 << 10),
             host: false,
         }
     }

@@ -28,16 +28,20 @@ pub enum Fit {
 
 fn budget_source(settings: &Settings, unit: &str) -> String {
     let plugin = super::placement::plugin_name(unit);
-    match settings
-        .backend_options(plugin)
-        .get(tandem_backend_api::MEMORY_LIMIT)
-    {
-        Some(v) => format!("[backend.{plugin}] memory_limit = \"{v}\""),
-        None => "the device's memory".to_string(),
-    }
+    settings
+        .memory_limit_source(plugin)
+        .unwrap_or_else(|| "the device's memory".to_string())
 }
 
 fn over(u: &UnitReport, settings: &Settings, hint: String) -> BudgetError {
+    let mut source_of_budget = budget_source(settings, &u.name);
+    if !u.shares_device_with.is_empty() {
+        source_of_budget.push_str(&format!(
+            ", shared with {} on the same device, which need {} with it",
+            u.shares_device_with.join(", "),
+            gib(u.device_need_bytes)
+        ));
+    }
     BudgetError {
         unit: u.name.clone(),
         need: u.need_bytes(),
@@ -45,7 +49,7 @@ fn over(u: &UnitReport, settings: &Settings, hint: String) -> BudgetError {
         kv_cache: u.kv_cache_bytes,
         activations: u.activation_bytes,
         budget: u.budget_bytes.unwrap_or(0),
-        source_of_budget: budget_source(settings, &u.name),
+        source_of_budget,
         hint,
     }
 }

@@ -3,7 +3,8 @@
 //! - [`placement`] turns `--backend` and `[placement]` into preference lists and units, and puts
 //!   every node of the step graph on one ([`layers`] places whole layers: `--gpu-layers`,
 //!   `[placement.layers]`); [`budget`] checks what each unit holds against its memory, and fits
-//!   layers to it; [`placement_report`] says what that costs;
+//!   layers to it ([`device_budget`]: a limit binds every backend on its device);
+//!   [`placement_report`] says what that costs;
 //! - [`load`] decides the placement (with [`adapters`] telling `auto` what each backend offers
 //!   and [`calibrate`] measuring), then [`planned`]
 //!   uploads the model onto its units: the one load path, one backend being a split of one;
@@ -17,6 +18,7 @@
 pub mod adapters;
 pub mod budget;
 pub mod calibrate;
+pub mod device_budget;
 pub mod environment;
 pub mod fitted;
 pub mod layers;

@@ -34,8 +34,15 @@ pub struct UnitReport {
     /// nothing.
     pub activation_bytes: u64,
     /// The most it may hold ([`tandem_backend_api::BackendInfo::memory_bytes`]: the device's
-    /// memory, or `[backend.NAME] memory_limit`), when the backend says.
+    /// memory, or `[backend.NAME] memory_limit`), when the backend says; where other units of
+    /// the placement drive the same physical device, the smallest of their budgets.
     pub budget_bytes: Option<u64>,
+    /// The other units of the placement on the same physical device
+    /// ([`tandem_backend_api::BackendInfo::physical_device`]), which share its budget.
+    pub shares_device_with: Vec<String>,
+    /// What it and the units it shares its device with need together (its own need where it
+    /// shares with none): what [`UnitReport::over_budget`] holds against the budget.
+    pub device_need_bytes: u64,
     /// Whether what it holds is the host's memory (the CPU backend), counted in the process's
     /// resident set.
     pub host: bool,
@@ -47,10 +54,44 @@ impl UnitReport {
         self.weight_bytes + self.kv_cache_bytes + self.activation_bytes
     }
 
-    /// Whether it runs nodes and needs more than its budget.
+    /// Whether it runs nodes and it, with the units it shares its device with, needs more than
+    /// its budget.
     pub fn over_budget(&self) -> bool {
-        self.nodes != (0, 0) && self.budget_bytes.is_some_and(|b| self.need_bytes() > b)
+        self.nodes != (0, 0) && self.budget_bytes.is_some_and(|b| self.device_need_bytes > b)
     }
+}
+
+/// `units` with the budgets of those on one physical device (`physical[u]`, `None`: unknown)
+/// shared: each such unit's budget becomes the smallest of theirs, its need for the budget
+/// check what all of them that run nodes need together, and each names the others.
+pub fn share_devices(mut units: Vec<UnitReport>, physical: &[Option<String>]) -> Vec<UnitReport> {
+    let needs: Vec<u64> = units
+        .iter()
+        .map(|u| if u.nodes == (0, 0) { 0 } else { u.need_bytes() })
+        .collect();
+    let budgets: Vec<Option<u64>> = units.iter().map(|u| u.budget_bytes).collect();
+    let names: Vec<String> = units.iter().map(|u| u.name.clone()).collect();
+    for (u, unit) in units.iter_mut().enumerate() {
+        unit.device_need_bytes = unit.need_bytes();
+        let Some(Some(device)) = physical.get(u) else {
+            continue;
+        };
+        let mates: Vec<usize> = (0..names.len())
+            .filter(|&v| v != u && physical.get(v).is_some_and(|d| d.as_ref() == Some(device)))
+            .collect();
+        if mates.is_empty() {
+            continue;
+        }
+        unit.shares_device_with = mates.iter().map(|&v| names[v].clone()).collect();
+        unit.device_need_bytes += mates.iter().map(|&v| needs[v]).sum::<u64>();
+        for &v in &mates {
+            unit.budget_bytes = match (unit.budget_bytes, budgets[v]) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+    }
+    units
 }
 
 /// Bytes kept free on a device unit beyond the estimate, for staging and the driver's own use.
@@ -265,10 +306,20 @@ impl PlacementReport {
                         device,
                     ),
                     budget_bytes: info.and_then(|i| i.memory_bytes),
+                    shares_device_with: Vec::new(),
+                    device_need_bytes: 0,
                     host: c_is_host,
                 }
             })
             .collect();
+        let physical: Vec<Option<String>> = candidates
+            .iter()
+            .map(|(_, c)| match c {
+                Candidate::Ready(b) => b.info().physical_device,
+                Candidate::Unavailable(_) => None,
+            })
+            .collect();
+        let units = share_devices(units, &physical);
         let shared_weights = model
             .tensors()
             .iter()
@@ -384,5 +435,60 @@ pub fn gib(bytes: u64) -> String {
         format!("{:.1} KiB", bytes as f64 / 1024.0)
     } else {
         "0 B".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(name: &str, runs: bool, need_mib: u64, budget_mib: Option<u64>) -> UnitReport {
+        UnitReport {
+            name: name.into(),
+            device: Some("gpu".into()),
+            unavailable: None,
+            nodes: if runs { (1, 1) } else { (0, 0) },
+            weight_bytes: need_mib << 20,
+            kv_cache_bytes: 0,
+            activation_bytes: 0,
+            budget_bytes: budget_mib.map(|b| b << 20),
+            shares_device_with: Vec::new(),
+            device_need_bytes: 0,
+            host: false,
+        }
+    }
+
+    #[test]
+    fn units_on_one_device_share_its_budget() {
+        let units = vec![
+            unit("vulkan", true, 60, Some(100)),
+            unit("wgpu", true, 60, Some(1000)),
+            unit("cpu", true, 500, None),
+            unit("vulkan#2", false, 0, None),
+        ];
+        let gpu = Some("uuid0".to_string());
+        let shared = share_devices(units, &[gpu.clone(), gpu.clone(), None, gpu]);
+        // Each GPU unit: the smaller budget, both needs (the idle instance adds nothing).
+        for u in &shared[..2] {
+            assert_eq!(u.budget_bytes, Some(100 << 20), "{}", u.name);
+            assert_eq!(u.device_need_bytes, 120 << 20, "{}", u.name);
+            assert!(u.over_budget(), "{}", u.name);
+        }
+        assert_eq!(shared[0].shares_device_with, vec!["wgpu", "vulkan#2"]);
+        // The CPU shares nothing and fits (no budget).
+        assert!(shared[2].shares_device_with.is_empty());
+        assert_eq!(shared[2].device_need_bytes, 500 << 20);
+        assert!(!shared[2].over_budget());
+        // Apart, each fits its own budget.
+        let apart = share_devices(
+            vec![
+                unit("vulkan", true, 60, Some(100)),
+                unit("wgpu", true, 60, Some(1000)),
+            ],
+            &[Some("a".into()), Some("b".into())],
+        );
+        assert!(apart
+            .iter()
+            .all(|u| !u.over_budget() && u.shares_device_with.is_empty()));
     }
 }

@@ -50,6 +50,11 @@ pub struct Settings {
     /// Options per backend name, passed to the plugin at creation.
     #[serde(default)]
     pub backend: BTreeMap<String, BTreeMap<String, toml::Value>>,
+    /// Memory limits backends take from another backend on their device (backend name: the
+    /// other backend's name and its limit as written): see
+    /// [`crate::runtime::device_budget`]. Not read from the file.
+    #[serde(skip)]
+    shared_limits: BTreeMap<String, (String, String)>,
 }
 
 /// `[placement]`: for each part of the model, backends in order of preference, and per-phase
@@ -334,7 +339,8 @@ impl Settings {
             .insert(key.to_string(), toml::Value::String(value.to_string()));
     }
 
-    /// The options for backend `name`.
+    /// The options for backend `name`: its `[backend.NAME]` table, with the memory limit it
+    /// shares with another backend on its device where it has none of its own.
     pub fn backend_options(&self, name: &str) -> BackendOptions {
         let mut o = BackendOptions::default();
         if let Some(table) = self.backend.get(name) {
@@ -346,7 +352,45 @@ impl Settings {
                 o.set(k.clone(), s);
             }
         }
+        if let Some((_, value)) = self.shared_limits.get(name) {
+            if o.get(tandem_backend_api::MEMORY_LIMIT).is_none() {
+                o.set(tandem_backend_api::MEMORY_LIMIT.to_string(), value.clone());
+            }
+        }
         o
+    }
+
+    /// Whether any `[backend.NAME]` table sets `memory_limit`.
+    pub fn has_memory_limit(&self) -> bool {
+        self.backend
+            .values()
+            .any(|t| t.contains_key(tandem_backend_api::MEMORY_LIMIT))
+    }
+
+    /// Backend `plugin` drives the same device as `from`, whose memory limit is `value`: it takes
+    /// that limit where it has none of its own ([`crate::runtime::device_budget`]).
+    pub fn share_limit(&mut self, plugin: &str, from: &str, value: &str) {
+        self.shared_limits
+            .insert(plugin.to_string(), (from.to_string(), value.to_string()));
+    }
+
+    /// Where backend `plugin`'s memory limit comes from, when it has one: its own
+    /// `[backend.NAME] memory_limit`, or another backend's on the same device.
+    pub fn memory_limit_source(&self, plugin: &str) -> Option<String> {
+        let own = self
+            .backend
+            .get(plugin)
+            .and_then(|t| t.get(tandem_backend_api::MEMORY_LIMIT))
+            .map(|v| match v {
+                toml::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            });
+        match own {
+            Some(v) => Some(format!("[backend.{plugin}] memory_limit = \"{v}\"")),
+            None => self.shared_limits.get(plugin).map(|(from, v)| {
+                format!("[backend.{from}] memory_limit = \"{v}\", which binds {plugin} too: both drive the same device")
+            }),
+        }
     }
 }
 
