@@ -621,9 +621,10 @@ impl Gpu {
         if coopmat2 {
             features.push("cooperative_matrix2".into());
         }
-        // The product path prefill takes: NV cooperative matrix 2 (`matmul_cm2_<fmt>`), KHR
-        // cooperative matrices on f16 tiles (`matmul_coopmat_<fmt>`), or the scalar tiled kernel
-        // (`matmul_tiled_<fmt>`).
+        // The product path prefill takes: NV cooperative matrix 2 (`matmul_cm2_<fmt>`; q4_k's
+        // products on `matmul_khr`, faster there), KHR cooperative matrices on f16 tiles
+        // (`matmul_khr_<fmt>`, `matmul_coopmat_<fmt>` below 128 rows), or the scalar tiled
+        // kernel (`matmul_tiled_<fmt>`).
         let prefill = if coopmat2 {
             "coopmat2"
         } else if coopmat {

@@ -362,6 +362,17 @@ fn cm2_rows_override() -> Option<usize> {
     env_usize("TANDEM_VULKAN_CM2_ROWS", 1..=usize::MAX)
 }
 
+/// Whether a q4_k product of `rows` rows takes `matmul_khr` even where the device has
+/// cooperative matrix 2: from [`KHR_ROWS`] rows (prefill), unless `TANDEM_VULKAN_CM2_Q4K=1`.
+/// H200, prefill 512, 4B q4_k's products: 31.4 ms a step on `matmul_khr` against 35.9 on
+/// `matmul_cm2` (dequantised to f16 first), same call; 1B's q4_k products 4.0 ms against 6.0
+/// with `matmul_cm2`'s f16 accumulators (bench/results/2026-11-28-prefill-khr2/). Other formats
+/// keep `matmul_cm2` (1B's q5_0 products: 7.8 ms on `matmul_khr` against 5.0 on `matmul_cm2`
+/// with f16 accumulators, in another call: not measured against f32 accumulators).
+fn q4k_takes_khr(dt: DType, rows: usize) -> bool {
+    dt == DType::Q4K && rows >= KHR_ROWS && !std::env::var("TANDEM_VULKAN_CM2_Q4K").is_ok_and(|v| v == "1")
+}
+
 /// `matmul_cm2_<fmt>`'s input rows per tile: 128, or the rows rounded up to 32 below that.
 /// `TANDEM_VULKAN_CM2_BN` (32, 64, 96, ... 256) fixes it, for tuning runs.
 fn cm2_bn(rows: usize) -> usize {
@@ -396,8 +407,9 @@ fn cm2_dequant(dt: DType, rows: usize) -> bool {
 }
 
 /// The NV cooperative-matrix-2 kernel: `matmul_cm2`, or with `TANDEM_VULKAN_CM2_ACC=f16` the
-/// experiment `matmul_cm2h` (f16 accumulators, llama.cpp's default precision for these products;
-/// not yet measured), for speed and KL-divergence runs.
+/// experiment `matmul_cm2h` (f16 accumulators, llama.cpp's default precision for these
+/// products; H200, prefill 512: 4B q4_k 12,121 tok/s against 10,431), for speed and
+/// KL-divergence runs.
 fn cm2_kernel() -> &'static str {
     if std::env::var("TANDEM_VULKAN_CM2_ACC").is_ok_and(|v| v == "f16") {
         "matmul_cm2h"
@@ -589,7 +601,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
     } else {
         8
     };
-    if cm2 && coopmat && rows >= cm2_rows_override().unwrap_or(CM2_ROWS) {
+    if cm2 && coopmat && rows >= cm2_rows_override().unwrap_or(CM2_ROWS) && !q4k_takes_khr(dt, rows) {
         let (bm, bn) = (cm2_bm(rows), cm2_bn(rows));
         let (gx, gy) = (div_up(n, bm), div_up(rows, bn));
         let kslice = cm2_kslice(rows, (gx * gy) as usize, k);
@@ -1024,8 +1036,9 @@ mod tests {
             assert_eq!(coopmat_tile(40, 33), (64, 64));
             assert_eq!(coopmat_tile(20, 2560), (32, 128));
             // What they stage in the scratch: 4B's down (512 x 10240 in, 2560 out, 4 slices)
-            // its f16 input and its partial tiles; with cooperative matrix 2 at 512 rows, q4_k's
-            // gate and up their f16 input and their dequantised weight, k whole.
+            // its f16 input and its partial tiles; with cooperative matrix 2 at 512 rows, q5_0's
+            // gate and up their f16 input and their dequantised weight, k whole (q4_k's take
+            // matmul_khr there too).
             let c = choose(512, 2560, 10240, DType::Q4K, u(true, false));
             let st = Staging::of(&c, DType::Q4K, 512, 2560, 10240).unwrap();
             assert_eq!(
@@ -1043,10 +1056,17 @@ mod tests {
             .iter()
             .all(|v| std::env::var_os(format!("TANDEM_VULKAN_{v}")).is_none())
             {
-                let c = choose(512, 20480, 2560, DType::Q4K, u(true, true));
-                let st = Staging::of(&c, DType::Q4K, 512, 20480, 2560).unwrap();
+                let c = choose(512, 20480, 2560, DType::Q5_0, u(true, true));
+                let st = Staging::of(&c, DType::Q5_0, 512, 20480, 2560).unwrap();
                 assert_eq!((st.x16, st.w16, st.part), (512 * 2560 * 2, 20480 * 2560 * 2, 0));
                 assert_eq!(st.f16_kernel.0, "matmul_cm2_f16");
+                if std::env::var_os("TANDEM_VULKAN_CM2_Q4K").is_none() {
+                    let c = choose(512, 20480, 2560, DType::Q4K, u(true, true));
+                    assert_eq!(c.kernel, "matmul_khr_q4_k");
+                    // Batched decode of 32 sequences keeps matmul_cm2.
+                    let c = choose(32, 20480, 2560, DType::Q4K, u(true, true));
+                    assert_eq!(c.kernel, "matmul_cm2_q4_k");
+                }
             }
             let c = choose(1, 2560, 2560, DType::Q4K, u(true, false));
             assert!(Staging::of(&c, DType::Q4K, 1, 2560, 2560).is_none());
@@ -1069,8 +1089,9 @@ mod tests {
             && std::env::var_os("TANDEM_VULKAN_CM2_BM").is_none()
             && std::env::var_os("TANDEM_VULKAN_CM2_ROWS").is_none()
         {
-            let c = choose(512, 2560, 2560, DType::Q4K, u(true, true));
-            assert_eq!(c.kernel, "matmul_cm2_q4_k");
+            // (q5_0: q4_k's prefill products take matmul_khr, see q4k_takes_khr.)
+            let c = choose(512, 2560, 2560, DType::Q5_0, u(true, true));
+            assert_eq!(c.kernel, "matmul_cm2_q5_0");
             assert_eq!((c.spec, c.groups), ([128, 128 | 2 << 16], [20, 4, 1]));
             // Batched decode (below 128 rows): tiles of 64 weight rows, twice the workgroups.
             assert_eq!(
@@ -1085,7 +1106,7 @@ mod tests {
                     ([64, 32 | 2 << 16], [18, 1, 16], 448)
                 );
                 // Prefill keeps k whole.
-                assert_eq!(choose(512, 1152, 6912, DType::Q4K, u(true, true)).kslice, 0);
+                assert_eq!(choose(512, 1152, 6912, DType::Q5_0, u(true, true)).kslice, 0);
             }
             // Not without cooperative matrices at all.
             assert_eq!(
