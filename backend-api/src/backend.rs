@@ -266,6 +266,12 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// of it and the device's memory, and `alloc` refuses what would pass it.
 pub const MEMORY_LIMIT: &str = "memory_limit";
 
+/// The feature ([`BackendInfo::features`]) of a device backend that places
+/// [`crate::Usage::HostWeight`] buffers in host memory its kernels read directly, outside its
+/// budget: the engine runs the products of layers held elsewhere on it for prefill steps only
+/// where a unit lists it.
+pub const HOST_WEIGHTS_FEATURE: &str = "host_weights";
+
 /// Parses a size in bytes: a whole number with an optional unit, `B`, `KiB`, `MiB`, `GiB`,
 /// `TiB` (powers of 1024) or `KB`, `MB`, `GB`, `TB` (powers of 1000), case-insensitive, spaces
 /// allowed before the unit (`8GiB`, `512 MiB`, `1.5GiB`, `1000000`). The error says what is wrong.

@@ -23,7 +23,7 @@ mod tensor;
 
 pub use backend::{
     parse_bytes, BackendInfo, BackendOptions, BackendPlugin, ComputeBackend, DeviceKind, MemoryUse, NodeTime,
-    ProgramId, Support, Ticket, MEMORY_LIMIT,
+    ProgramId, Support, Ticket, HOST_WEIGHTS_FEATURE, MEMORY_LIMIT,
 };
 pub use backend::{CostAnswer, CostQuery, ModelShape, PeerUnit, PlacementEstimate};
 pub use boundary::{SharedTimeline, TimelineId, HOST_IMPORT_ALIGN};

@@ -82,6 +82,12 @@ pub enum Usage {
     /// Activations crossing a program boundary: graph inputs and outputs the host (or the
     /// scheduler, between backends) reads and writes every step.
     Activation,
+    /// Model weights a device reads from host memory rather than its own (the products of layers
+    /// held on another unit, run here for prefill steps: the scheduler's op offload). Asked only
+    /// of backends listing [`crate::HOST_WEIGHTS_FEATURE`] among their features, which place
+    /// them in host memory outside the device's budget; another backend treats them as
+    /// [`Usage::Weight`].
+    HostWeight,
 }
 
 #[cfg(test)]

@@ -775,7 +775,7 @@ impl ComputeBackend for CpuBackend {
         self.in_use = self.in_use.saturating_sub(buf.held());
         debug_assert!(matches!(
             buf.usage,
-            Usage::Weight | Usage::KvCache | Usage::Activation
+            Usage::Weight | Usage::HostWeight | Usage::KvCache | Usage::Activation
         ));
         Ok(())
     }

@@ -468,7 +468,8 @@ impl ComputeBackend for VulkanBackend {
         let len = desc.byte_size()?;
         let place = match usage {
             Usage::Weight | Usage::KvCache => Place::Device,
-            Usage::Activation => Place::Host,
+            // Read by the kernels over the bus (HOST_WEIGHTS_FEATURE), outside the budget.
+            Usage::Activation | Usage::HostWeight => Place::Host,
         };
         // Device memory past what the budget has left, or host memory past the heap, is refused
         // before Vulkan is asked.

@@ -113,3 +113,78 @@ fn auto_passes_over_a_software_gpu() {
         assert!(!stderr.contains("software GPU"), "{stderr}");
     }
 }
+
+/// The prefill op offload on Vulkan (lavapipe in CI, validation on): with layer 0 on the GPU and
+/// the rest on the CPU, and the offload forced from one row (`TANDEM_PREFILL_OFFLOAD_ROWS=1`;
+/// it starts at 32 rows otherwise), the CPU-held layers' products run on the GPU in the prompt's
+/// step with their weights read from host memory. Greedy tokens stay the reference ones, and
+/// the logits of every prompt position stay within the GPU's tolerance of the same split
+/// without the offload.
+#[test]
+fn prefill_offload_gives_the_split_s_tokens_and_logits_on_vulkan() {
+    std::env::set_var("TANDEM_VULKAN_VALIDATION", "1");
+    let install = Install::new(&["cpu", "vulkan"]);
+    let out = install.run(&["backends", "--json"]);
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("backends JSON");
+    let available = listed["backends"]
+        .as_array()
+        .and_then(|a| a.iter().find(|b| b["name"] == "vulkan"))
+        .is_some_and(|b| b["available"] == true);
+    if !available {
+        assert!(std::env::var_os("CI").is_none(), "CI must run vulkan (lavapipe)");
+        return;
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/text-published");
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let g = &reference["greedy"][0];
+    let prompt: Vec<String> = g["prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap().to_string())
+        .collect();
+    let prompt = prompt.join(",");
+    let n = g["max_new_tokens"].as_u64().unwrap().to_string();
+    let model = dir.to_str().unwrap();
+    let split = ["--backend", "vulkan", "--gpu-layers", "1"];
+    // Both runs of each command set the variable before starting (the engine reads it at load).
+    let run = |rows: &str, args: &[&str]| {
+        std::env::set_var("TANDEM_PREFILL_OFFLOAD_ROWS", rows);
+        let out = install.run(args);
+        std::env::remove_var("TANDEM_PREFILL_OFFLOAD_ROWS");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        out
+    };
+    let mut args = vec!["run", "--model", model, "--tokens", &prompt, "--temperature", "0"];
+    args.extend_from_slice(&["--max-tokens", &n, "--json"]);
+    args.extend_from_slice(&split);
+    let out = run("1", &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("prefill offload: vulkan runs"),
+        "no offload note: {stderr}"
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
+    assert_eq!(
+        got["tokens"], g["generated"],
+        "greedy continuation with the offload"
+    );
+    let mut args = vec!["logits", "--model", model, "--tokens", &prompt, "--json"];
+    args.extend_from_slice(&split);
+    let logits = |rows: &str| -> Vec<Vec<f64>> {
+        let out = run(rows, &args);
+        let v: Value = serde_json::from_slice(&out.stdout).expect("logits JSON");
+        serde_json::from_value(v["logits"].clone()).expect("rows of logits")
+    };
+    let (with, without) = (logits("1"), logits("0"));
+    assert_eq!(with.len(), without.len());
+    assert!(!with.is_empty() && !with[0].is_empty());
+    // The products ran elsewhere: the GPU's f32 products round unlike the CPU's kernels.
+    assert_ne!(with, without, "the offload changed nothing: did it run?");
+    for (a, b) in with.iter().zip(&without) {
+        let scale = b.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(worst <= 1e-3 * scale, "logits moved by {worst} (largest {scale})");
+    }
+}

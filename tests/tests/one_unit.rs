@@ -50,7 +50,15 @@ fn one_unit_through_the_split_scheduler_equals_the_unsplit_graph_bit_for_bit() {
     let mut backend = cpu();
     let all: Vec<BufferId> = model.tensors().iter().map(|t| t.id).collect();
     let map = model
-        .upload(&all, &ckpt, backend.as_mut(), &mut 0, 0, &mut |_: u64, _: u64| {})
+        .upload(
+            &all,
+            &[],
+            &ckpt,
+            backend.as_mut(),
+            &mut 0,
+            0,
+            &mut |_: u64, _: u64| {},
+        )
         .unwrap();
     let mut run = |rows: usize, selected: usize, args: StepArgs<'_>| -> Vec<f32> {
         let logits = backend

@@ -293,6 +293,7 @@ pub fn usage_to_u32(u: crate::Usage) -> u32 {
         crate::Usage::Weight => 0,
         crate::Usage::KvCache => 1,
         crate::Usage::Activation => 2,
+        crate::Usage::HostWeight => 3,
     }
 }
 
@@ -302,6 +303,7 @@ pub fn usage_from_u32(v: u32) -> Option<crate::Usage> {
         0 => Some(crate::Usage::Weight),
         1 => Some(crate::Usage::KvCache),
         2 => Some(crate::Usage::Activation),
+        3 => Some(crate::Usage::HostWeight),
         _ => None,
     }
 }
@@ -331,6 +333,7 @@ mod tests {
             crate::Usage::Weight,
             crate::Usage::KvCache,
             crate::Usage::Activation,
+            crate::Usage::HostWeight,
         ] {
             assert_eq!(usage_from_u32(usage_to_u32(u)), Some(u));
         }

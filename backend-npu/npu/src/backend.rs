@@ -483,7 +483,7 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
             // What the buffer will hold: a cache keeps bf16 elements whatever its dtype.
             let held = match usage {
                 Usage::KvCache => (desc.numel() as u64).saturating_mul(2),
-                Usage::Activation | Usage::Weight => bytes,
+                Usage::Activation | Usage::Weight | Usage::HostWeight => bytes,
             };
             let available = budget.saturating_sub(self.host_bytes());
             if held > available {
@@ -502,7 +502,7 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
                     kv,
                 }
             }
-            Usage::Activation | Usage::Weight => {
+            Usage::Activation | Usage::Weight | Usage::HostWeight => {
                 let len = usize::try_from(bytes)
                     .map_err(|_| BackendError::invalid(format!("{desc} is too large")))?;
                 Buffer::Host(host::HostBytes::Owned(vec![0; len]))

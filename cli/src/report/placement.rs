@@ -13,6 +13,9 @@ pub fn placement_text(report: &PlacementReport) -> String {
     if let Some(l) = &report.layers {
         let _ = writeln!(o, "layers: {l}");
     }
+    if let Some(l) = &report.offload {
+        let _ = writeln!(o, "prefill offload: {l}");
+    }
     let _ = writeln!(o, "units:");
     for u in &report.units {
         match (&u.device, &u.unavailable) {
@@ -47,6 +50,14 @@ pub fn placement_text(report: &PlacementReport) -> String {
                         gib(u.kv_cache_bytes),
                         gib(u.activation_bytes),
                     );
+                    if u.host_weight_bytes > 0 {
+                        let _ = writeln!(
+                            o,
+                            "  {:<10} reads {} of weights from host memory in prefill (the offload), outside its budget",
+                            "",
+                            gib(u.host_weight_bytes),
+                        );
+                    }
                     if !u.shares_device_with.is_empty() {
                         let _ = writeln!(
                             o,
@@ -150,6 +161,7 @@ mod tests {
             budget_bytes: budget,
             shares_device_with: Vec::new(),
             device_need_bytes: (3 << 20) + (1 << 20) + (64 << 10),
+            host_weight_bytes: 0,
             host: false,
         }
     }
@@ -214,10 +226,12 @@ mod tests {
             kv_handoff_layers: 2,
             kv_handoff_bytes_per_token: 512,
             process_bytes: None,
+            offload: Some("gpu runs 12 products ...".into()),
         };
         let want = "\
 placement from --backend gpu+cpu: prefill: attention on gpu, ffn on gpu, default on cpu; decode: attention on cpu, ffn on gpu, default on cpu
 layers: gpu: layers 0-2, embedding, head; cpu: layers 3-5
+prefill offload: gpu runs 12 products ...
 units:
   npu        unavailable: no 'npu' backend plugin found
   gpu        gpu device: 2 prefill / 1 decode nodes, weights 3145728 bytes, KV cache 1048576 bytes
@@ -244,6 +258,7 @@ KV-cache hand-off: 512 bytes per prompt token (2 layers; a sliding layer stops a
             kv_handoff_layers: 0,
             kv_handoff_bytes_per_token: 0,
             process_bytes: None,
+            offload: None,
             ..report
         };
         let text = placement_text(&one);
@@ -254,5 +269,6 @@ KV-cache hand-off: 512 bytes per prompt token (2 layers; a sliding layer stops a
             "{text}"
         );
         assert!(!text.contains("layers:"), "{text}");
+        assert!(!text.contains("offload"), "{text}");
     }
 }

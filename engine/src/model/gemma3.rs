@@ -286,10 +286,13 @@ impl Gemma3Model {
 
     /// Allocates the planned tensors `ids` on `backend` and uploads the weights among them from
     /// `source` (adding their bytes to `done` of `total` for `progress`); returns each planned
-    /// id's buffer there. On failure, frees what it allocated.
+    /// id's buffer there. The weights among `host` are allocated as [`Usage::HostWeight`] (read
+    /// from host memory: the prefill op offload's). On failure, frees what it allocated.
+    #[allow(clippy::too_many_arguments)]
     pub fn upload(
         &self,
         ids: &[BufferId],
+        host: &[BufferId],
         source: &dyn WeightSource,
         backend: &mut dyn ComputeBackend,
         done: &mut u64,
@@ -299,8 +302,14 @@ impl Gemma3Model {
         let mut map = HashMap::with_capacity(ids.len());
         let result = (|| {
             for t in self.tensors.iter().filter(|t| ids.contains(&t.id)) {
+                // Weights this unit reads from host memory (the prefill op offload's).
+                let usage = if t.usage == Usage::Weight && host.contains(&t.id) {
+                    Usage::HostWeight
+                } else {
+                    t.usage
+                };
                 let buffer = backend
-                    .alloc(&t.desc, t.usage)
+                    .alloc(&t.desc, usage)
                     .map_err(backend_err(format!("allocating {}", t.label)))?;
                 map.insert(t.id, buffer);
                 let mut offset = 0u64;

@@ -4,7 +4,8 @@
 //!   every node of the step graph on one ([`layers`] places whole layers: `--gpu-layers`,
 //!   `[placement.layers]`); [`budget`] checks what each unit holds against its memory, and fits
 //!   layers to it ([`device_budget`]: a limit binds every backend on its device);
-//!   [`placement_report`] says what that costs;
+//!   [`placement_report`] says what that costs; [`offload`] runs the products of CPU-held
+//!   layers on the GPU for prefill;
 //! - [`load`] decides the placement (with [`adapters`] telling `auto` what each backend offers
 //!   and [`calibrate`] measuring), then [`planned`]
 //!   uploads the model onto its units: the one load path, one backend being a split of one;
@@ -25,6 +26,7 @@ pub mod layers;
 pub mod load;
 pub mod load_error;
 pub mod notice;
+pub mod offload;
 pub mod placement;
 pub mod placement_report;
 pub mod planned;

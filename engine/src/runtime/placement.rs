@@ -630,6 +630,9 @@ pub struct Assignment {
     pub prefill: Vec<NodeChoice>,
     /// Per node, for decode steps.
     pub decode: Vec<NodeChoice>,
+    /// The nodes whose prefill unit is the GPU of a layer split though their layer is held on
+    /// the CPU: products offloaded for prefill steps ([`super::offload`]).
+    pub offloaded: Vec<usize>,
 }
 
 impl Assignment {
@@ -742,7 +745,11 @@ pub fn assign(
     }
     let decode = per_phase.pop().unwrap_or_default();
     let prefill = per_phase.pop().unwrap_or_default();
-    Ok(Assignment { prefill, decode })
+    Ok(Assignment {
+        prefill,
+        decode,
+        offloaded: Vec::new(),
+    })
 }
 
 /// The notes a placement owes its user: one per backend passed over (unavailable, or refusing

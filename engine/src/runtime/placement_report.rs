@@ -43,6 +43,9 @@ pub struct UnitReport {
     /// What it and the units it shares its device with need together (its own need where it
     /// shares with none): what [`UnitReport::over_budget`] holds against the budget.
     pub device_need_bytes: u64,
+    /// Weights it reads from host memory ([`tandem_backend_api::Usage::HostWeight`]: the
+    /// prefill op offload's), held in the host's memory and not counted in its need.
+    pub host_weight_bytes: u64,
     /// Whether what it holds is the host's memory (the CPU backend), counted in the process's
     /// resident set.
     pub host: bool,
@@ -203,6 +206,10 @@ pub struct PlacementReport {
     /// uploaded (the program, the checkpoint's metadata and vocabulary, the backends' threads),
     /// measured (Linux `VmHWM`); `None` where the OS does not say.
     pub process_bytes: Option<u64>,
+    /// The prefill op offload, where one applies ([`crate::runtime::offload`]): which unit runs
+    /// how many products of layers held elsewhere, from how many rows, reading how many bytes of
+    /// weights from host memory per prompt chunk.
+    pub offload: Option<String>,
 }
 
 impl PlacementReport {
@@ -221,7 +228,9 @@ impl PlacementReport {
             .filter(|u| u.host && u.nodes != (0, 0))
             .map(UnitReport::need_bytes)
             .sum();
-        self.process_bytes.map(|p| p + units)
+        // Weights device units read from host memory are the host's too.
+        let host_weights: u64 = self.units.iter().map(|u| u.host_weight_bytes).sum();
+        self.process_bytes.map(|p| p + units + host_weights)
     }
 }
 
@@ -269,6 +278,9 @@ impl PlacementReport {
         let held: Vec<Vec<BufferId>> = (0..candidates.len())
             .map(|u| unit_tensors(graph, assignment, u))
             .collect();
+        let host: Vec<Vec<BufferId>> = (0..candidates.len())
+            .map(|u| super::offload::host_weights(graph, assignment, u))
+            .collect();
         let shapes = graph.infer_shapes().unwrap_or_default();
         let selected = model.cache_shape.slots.max(1);
         let units = candidates
@@ -295,7 +307,12 @@ impl PlacementReport {
                         Candidate::Unavailable(r) => Some(r.clone()),
                     },
                     nodes: (count(Phase::Prefill), count(Phase::Decode)),
-                    weight_bytes: held[u].iter().map(|&id| tensor_bytes(id, Usage::Weight)).sum(),
+                    weight_bytes: held[u]
+                        .iter()
+                        .filter(|id| !host[u].contains(id))
+                        .map(|&id| tensor_bytes(id, Usage::Weight))
+                        .sum(),
+                    host_weight_bytes: host[u].iter().map(|&id| tensor_bytes(id, Usage::Weight)).sum(),
                     kv_cache_bytes: held[u].iter().map(|&id| tensor_bytes(id, Usage::KvCache)).sum(),
                     activation_bytes: activation_estimate(
                         graph,
@@ -389,6 +406,9 @@ impl PlacementReport {
             kv_handoff_layers: handoff_layers,
             kv_handoff_bytes_per_token: 2 * row * handoff_layers as u64,
             process_bytes: super::environment::process_peak_bytes(),
+            offload: super::offload::describe(assignment, &names, &host, &|id| {
+                tensor_bytes(id, Usage::Weight)
+            }),
         }
     }
 
@@ -454,6 +474,7 @@ mod tests {
             budget_bytes: budget_mib.map(|b| b << 20),
             shares_device_with: Vec::new(),
             device_need_bytes: 0,
+            host_weight_bytes: 0,
             host: false,
         }
     }

@@ -150,7 +150,8 @@ impl Planned {
         parts: Vec<Part>,
         regions: Vec<Region>,
     ) -> Result<Planned, LoadError> {
-        let assignment = assign(&graph, &parts, &regions, &placement.spec, &placement.candidates)?;
+        let mut assignment = assign(&graph, &parts, &regions, &placement.spec, &placement.candidates)?;
+        super::offload::offload(&mut assignment, &graph, &regions, &placement);
         Ok(Planned {
             placement,
             model,
@@ -208,6 +209,9 @@ impl Planned {
                 self.placement.spec.origin
             )));
         }
+        if let Some(o) = &report.offload {
+            notices(Notice::Note(format!("prefill offload: {o}")));
+        }
         let Planned {
             placement,
             model,
@@ -219,6 +223,7 @@ impl Planned {
         let mut index: HashMap<usize, usize> = HashMap::new();
         let mut units: Vec<Unit> = Vec::new();
         let mut held: Vec<Vec<BufferId>> = Vec::new();
+        let mut host: Vec<Vec<BufferId>> = Vec::new();
         for (i, (name, c)) in placement.candidates.into_iter().enumerate() {
             let runs = assignment
                 .prefill
@@ -233,6 +238,7 @@ impl Planned {
                     map: HashMap::new(),
                 });
                 held.push(unit_tensors(&graph, &assignment, i));
+                host.push(super::offload::host_weights(&graph, &assignment, i));
             }
         }
         // Every node's unit among those, per phase (a node's candidate always runs nodes).
@@ -253,15 +259,26 @@ impl Planned {
         };
         let total: u64 = held.iter().map(|h| bytes_of(h)).sum();
         let mut done = 0;
-        for (unit, ids) in units.iter_mut().zip(&held) {
+        for ((unit, ids), host) in units.iter_mut().zip(&held).zip(&host) {
             unit.map = model
-                .upload(ids, weights, unit.backend.as_mut(), &mut done, total, progress)
+                .upload(
+                    ids,
+                    host,
+                    weights,
+                    unit.backend.as_mut(),
+                    &mut done,
+                    total,
+                    progress,
+                )
                 .map_err(|source| LoadError::Upload {
                     path: path.to_path_buf(),
                     source: Box::new(source),
                 })?;
         }
-        let scheduler = SplitScheduler::new(units, per_node, &graph, &model)?;
+        let mut scheduler = SplitScheduler::new(units, per_node, &graph, &model)?;
+        if !assignment.offloaded.is_empty() {
+            scheduler.set_min_prefill_rows(super::offload::offload_rows());
+        }
         Ok(Session::new(scheduler, model))
     }
 }

@@ -272,6 +272,9 @@ pub struct SplitScheduler {
     /// `0, 1, 2, ...`: the select rows of a micro-batch (grown, never shrunk).
     iota: Vec<u32>,
     last: Option<StepKey>,
+    /// Prefill steps of fewer rows run with the decode placement (the prefill op offload's
+    /// threshold; 0: every prefill step takes the prefill placement).
+    min_prefill_rows: usize,
     mode: BoundaryMode,
     /// `timelines[consumer][producer]`: the producer's timeline imported by the consumer, once
     /// asked (on the first build with device boundaries).
@@ -337,6 +340,7 @@ impl SplitScheduler {
             micro_batches: 1,
             iota: Vec::new(),
             last: None,
+            min_prefill_rows: 0,
             mode: BoundaryMode::default(),
             timelines: None,
         })
@@ -433,6 +437,13 @@ impl SplitScheduler {
     /// whole.
     pub fn set_micro_batches(&mut self, n: usize) {
         self.micro_batches = n.clamp(1, MAX_MICRO_BATCHES);
+    }
+
+    /// Prefill steps of fewer than `rows` rows run with the decode placement: where the prefill
+    /// placement differs only to offload products to another unit ([`crate::runtime::offload`]),
+    /// which pays from some rows on. The KV caches go where the placement that runs puts them.
+    pub fn set_min_prefill_rows(&mut self, rows: usize) {
+        self.min_prefill_rows = rows;
     }
 
     /// The units, in unit order.
@@ -684,6 +695,11 @@ impl SplitScheduler {
     ) -> Result<(), ScheduleError> {
         let (rows, selected) = (args.tokens.len(), args.select.len());
         let vocab = if top_k > 0 { 2 * top_k } else { model.vocab_size() };
+        let phase = if phase == Phase::Prefill && rows < self.min_prefill_rows {
+            Phase::Decode
+        } else {
+            phase
+        };
         let phase = self.phase_key(phase);
         let (bounds, m) = self.micro_bounds(phase, rows, args.select);
         let key = StepKey {
