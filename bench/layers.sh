@@ -64,6 +64,8 @@
 #   LLAMA_PLUS1       1: also llama-bench -ngl N+1                      (1)
 #   LLAMA_RUNS        0: no llama.cpp build or runs (tandem only)       (1)
 #   HOST_BOUNDARIES   1: also the host-boundary runs (see above)        (0)
+#   NO_OFFLOAD        1: also --gpu-layers N without the prefill op offload
+#                     (TANDEM_PREFILL_OFFLOAD_ROWS=0; label tandem-ngl<N>-nooffload)  (0)
 #   VV_MB_BATCHES     batches of vulkan/vulkan#2 micro_batches=2 runs   (empty: none)
 #   PROMPT_27B, GEN_27B, REPEAT_27B, LIMIT_27B   (64, 16, 1, 8GiB)
 #   NGL_27B           N when neither the placement nor the note says it (empty)
@@ -91,6 +93,7 @@ NGL_4B=${NGL_4B:-17}
 LLAMA_PLUS1=${LLAMA_PLUS1:-1}
 LLAMA_RUNS=${LLAMA_RUNS:-1}
 HOST_BOUNDARIES=${HOST_BOUNDARIES:-0}
+NO_OFFLOAD=${NO_OFFLOAD:-0}
 VV_MB_BATCHES=${VV_MB_BATCHES:-}
 P27=${PROMPT_27B:-64}
 G27=${GEN_27B:-16}
@@ -103,7 +106,7 @@ W=${WORK:-/tmp/tandem-layers}
 OUT=${OUT:-$PWD/layers-out}
 J=$W/json
 PARTS=${PARTS//small/1b 4b}
-COMMAND="PARTS=\"$PARTS\" PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R VULKAN_BATCHES=$VULKAN_BATCHES MB_BATCHES_1B=\"$MB_BATCHES_1B\" MB_BATCHES_4B=\"$MB_BATCHES_4B\" MB_PROMPT_TOKENS=$MB_P MB_GEN_TOKENS=$MB_G MB_REPEAT=$MB_R NGL_1B=$NGL_1B NGL_4B=$NGL_4B LLAMA_RUNS=$LLAMA_RUNS HOST_BOUNDARIES=$HOST_BOUNDARIES VV_MB_BATCHES=\"$VV_MB_BATCHES\" PROMPT_27B=$P27 GEN_27B=$G27 REPEAT_27B=$R27 LIMIT_27B=$LIMIT_27B bash bench/layers.sh"
+COMMAND="PARTS=\"$PARTS\" PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R VULKAN_BATCHES=$VULKAN_BATCHES MB_BATCHES_1B=\"$MB_BATCHES_1B\" MB_BATCHES_4B=\"$MB_BATCHES_4B\" MB_PROMPT_TOKENS=$MB_P MB_GEN_TOKENS=$MB_G MB_REPEAT=$MB_R NGL_1B=$NGL_1B NGL_4B=$NGL_4B LLAMA_RUNS=$LLAMA_RUNS HOST_BOUNDARIES=$HOST_BOUNDARIES NO_OFFLOAD=$NO_OFFLOAD VV_MB_BATCHES=\"$VV_MB_BATCHES\" PROMPT_27B=$P27 GEN_27B=$G27 REPEAT_27B=$R27 LIMIT_27B=$LIMIT_27B bash bench/layers.sh"
 PROMPT_IDS=2,1000,2000,3000,4000
 rm -rf "$J"
 mkdir -p "$W" "$J" "$OUT"
@@ -257,6 +260,10 @@ PY
 
     llama "llama-ngl$N" "$N" "$P" "$G" "$R"
     tandem "tandem-ngl$N" --backend vulkan --gpu-layers "$N" --prompt-tokens "$P" --gen-tokens "$G" --batch 1 --repeat "$R"
+    if [ "$NO_OFFLOAD" = 1 ]; then
+        TANDEM_PREFILL_OFFLOAD_ROWS=0 tandem "tandem-ngl$N-nooffload" --backend vulkan --gpu-layers "$N" \
+            --prompt-tokens "$P" --gen-tokens "$G" --batch 1 --repeat "$R"
+    fi
     [ "$LLAMA_PLUS1" = 1 ] && llama "llama-ngl$n1" "$n1" "$P" "$G" "$R"
     llama "llama-ngl99" 99 "$P" "$G" "$R"
     tandem "tandem-vulkan" --backend vulkan --prompt-tokens "$P" --gen-tokens "$G" --batch "$VULKAN_BATCHES" --repeat "$R"

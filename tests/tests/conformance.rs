@@ -558,3 +558,84 @@ fn wgpu_variants_match_the_oracle() {
         assert!(ran >= 5, "{label} ran {ran} cases");
     }
 }
+
+/// Weights allocated as `Usage::HostWeight` (the prefill op offload's: host memory a device's
+/// kernels read directly, on backends listing `host_weights`; any other backend holds them as
+/// weights) give exactly the products `Usage::Weight` gives, on every plugin that loads here,
+/// through the plugin boundary's usage code.
+#[test]
+fn host_weights_give_what_weights_give() {
+    let (mut backends, reference) = backends_under_test();
+    backends.push(tandem_conformance::UnderTest {
+        name: "cpu reference".into(),
+        backend: reference,
+    });
+    let (n, k, rows) = (40usize, 64usize, 3usize);
+    let mut rng = tandem_conformance::Rng::new(5);
+    let x = rng.vec(rows * k, 1.0);
+    let w = rng.vec(n * k, 0.5);
+    let bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+    let desc = TensorDesc::new(DType::F32, [n, k]);
+    let mut tested = Vec::new();
+    for b in &mut backends {
+        let be = b.backend.as_mut();
+        let probe = Op::MatMul {
+            x: tandem_backend_api::ValueId(0),
+            weight: WeightRef {
+                buffer: tandem_backend_api::BufferId(0),
+                desc: desc.clone(),
+            },
+            splits: vec![n],
+        };
+        if !be.supports(&probe).is_yes() {
+            continue;
+        }
+        let mut run = |usage: Usage| -> Vec<u8> {
+            let wb = be.alloc(&desc, usage).unwrap();
+            be.write(wb, 0, &bytes(&w)).unwrap();
+            let xb = be
+                .alloc(&TensorDesc::new(DType::F32, [rows * k]), Usage::Activation)
+                .unwrap();
+            be.write(xb, 0, &bytes(&x)).unwrap();
+            let ob = be
+                .alloc(&TensorDesc::new(DType::F32, [rows * n]), Usage::Activation)
+                .unwrap();
+            let mut g = GraphBuilder::new("host weights", rows, 0);
+            let xi = g.push1(Op::Input {
+                buffer: xb,
+                cols: k,
+                selected: false,
+            });
+            let y = g.push(Op::MatMul {
+                x: xi,
+                weight: WeightRef {
+                    buffer: wb,
+                    desc: desc.clone(),
+                },
+                splits: vec![n],
+            });
+            g.push(Op::Output { x: y[0], buffer: ob });
+            let p = be.compile(&g.finish()).unwrap();
+            let args = StepArgs {
+                tokens: &[0; 3],
+                positions: &[0, 1, 2],
+                slots: &[0; 3],
+                select: &[],
+            };
+            be.execute(p, &args).unwrap();
+            let mut out = vec![0u8; rows * n * 4];
+            be.read(ob, 0, &mut out).unwrap();
+            be.release(p).unwrap();
+            for buf in [wb, xb, ob] {
+                be.free(buf).unwrap();
+            }
+            out
+        };
+        let (as_weight, as_host) = (run(Usage::Weight), run(Usage::HostWeight));
+        assert!(as_weight.iter().any(|&b| b != 0), "{}: no product", b.name);
+        assert_eq!(as_weight, as_host, "{}: host weights give other products", b.name);
+        tested.push(b.name.clone());
+    }
+    eprintln!("host weights: tested {tested:?}");
+    assert!(tested.iter().any(|n| n == "cpu reference"), "{tested:?}");
+}
