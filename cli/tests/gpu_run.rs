@@ -182,6 +182,17 @@ fn prefill_offload_gives_the_split_s_tokens_and_logits_on_vulkan() {
     assert!(!with.is_empty() && !with[0].is_empty());
     // The products ran elsewhere: the GPU's f32 products round unlike the CPU's kernels.
     assert_ne!(with, without, "the offload changed nothing: did it run?");
+    // At the default threshold (32 rows) the prompt's step of fewer rows runs as decode does.
+    assert!(
+        with.len() < 32,
+        "the fixture's prompt has grown: {} rows",
+        with.len()
+    );
+    assert_eq!(
+        logits("32"),
+        without,
+        "a step under the threshold took the offload"
+    );
     for (a, b) in with.iter().zip(&without) {
         let scale = b.iter().fold(1.0f64, |m, x| m.max(x.abs()));
         let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);

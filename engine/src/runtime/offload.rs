@@ -16,7 +16,11 @@ use tandem_backend_api::{BufferId, DeviceKind, Graph, Op, Support, HOST_WEIGHTS_
 
 use super::layers::LayerRule;
 use super::placement::{Assignment, Candidate, Placement};
-use super::placement_report::op_tensors;
+
+/// The weights `op` reads.
+fn op_weights(op: &Op) -> Vec<BufferId> {
+    op.weights().iter().map(|w| w.buffer).collect()
+}
 use crate::model::Region;
 
 /// Rows from which a prefill step runs the offloaded products on the GPU (llama.cpp's op
@@ -75,7 +79,7 @@ pub fn host_weights(graph: &Graph, assignment: &Assignment, unit: usize) -> Vec<
         for (i, (node, c)) in graph.nodes.iter().zip(phase).enumerate() {
             let offloaded = p == 0 && assignment.offloaded.contains(&i);
             if c.unit == unit && !offloaded {
-                own.extend(op_tensors(&node.op));
+                own.extend(op_weights(&node.op));
             }
         }
     }
@@ -83,7 +87,7 @@ pub fn host_weights(graph: &Graph, assignment: &Assignment, unit: usize) -> Vec<
         .offloaded
         .iter()
         .filter(|&&i| assignment.prefill[i].unit == unit)
-        .flat_map(|&i| op_tensors(&graph.nodes[i].op))
+        .flat_map(|&i| op_weights(&graph.nodes[i].op))
         .filter(|b| !own.contains(b))
         .collect();
     out.sort_by_key(|b| b.0);
@@ -91,23 +95,17 @@ pub fn host_weights(graph: &Graph, assignment: &Assignment, unit: usize) -> Vec<
     out
 }
 
-/// One line saying what [`offload`] did to `assignment` (`None`: nothing): the unit, the products
-/// and their layers, the rows from which they run there, and the bytes of weights read from host
-/// memory (`host[u]`: unit `u`'s host weights; `bytes`: a planned tensor's size).
-pub fn describe(
-    assignment: &Assignment,
-    names: &[String],
-    host: &[Vec<BufferId>],
-    bytes: &dyn Fn(BufferId) -> u64,
-) -> Option<String> {
+/// One line saying what [`offload`] did to `assignment` (`None`: nothing): the unit, the products,
+/// the rows from which they run there, and `read` (the size of the weights it reads from host
+/// memory, as the caller writes sizes).
+pub fn describe(assignment: &Assignment, names: &[String], read: &dyn Fn(usize) -> String) -> Option<String> {
     let first = *assignment.offloaded.first()?;
     let unit = assignment.prefill[first].unit;
-    let read: u64 = host.get(unit).map_or(0, |h| h.iter().map(|&b| bytes(b)).sum());
     Some(format!(
         "{} runs {} products of the layers held elsewhere in prefill steps of {} rows or more, reading {} of their weights from host memory per step",
         names.get(unit).map_or("?", String::as_str),
         assignment.offloaded.len(),
         offload_rows(),
-        super::placement_report::gib(read),
+        read(unit),
     ))
 }
