@@ -361,3 +361,52 @@ fn a_memory_limit_binds_every_backend_on_its_device() {
         "{text}"
     );
 }
+
+/// A second instance takes its own `[backend."vulkan#2"]` table over `[backend.vulkan]` (the
+/// way to put it on a second GPU): here its `memory_limit`, which a layer split across the two
+/// instances then meets, and the error names that table. On lavapipe both instances drive one
+/// device, so the first instance is held to the second's smaller budget too.
+#[test]
+fn a_second_instance_takes_its_own_options() {
+    let install = Install::new(&["cpu", "vulkan"]);
+    let out = install.run(&["backends", "--json"]);
+    let list: serde_json::Value = serde_json::from_str(&install.stdout(&out)).expect("backends JSON");
+    let available = list["backends"]
+        .as_array()
+        .and_then(|a| a.iter().find(|b| b["name"] == "vulkan"))
+        .is_some_and(|b| b["available"] == true);
+    if !available {
+        assert!(std::env::var_os("CI").is_none(), "CI runs vulkan (lavapipe)");
+        return;
+    }
+    let model = common::fixture("text-published");
+    let model = model.to_str().expect("UTF-8 path");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("two.toml");
+    std::fs::write(
+        &config,
+        "[backend.\"vulkan#2\"]\nmemory_limit = \"16MiB\"\n[placement.layers]\nvulkan = \"0-2\"\n\"vulkan#2\" = \"3-5\"\n",
+    )
+    .expect("config");
+    let config = config.to_str().expect("UTF-8 path");
+    let args = [
+        "--config",
+        config,
+        "placement",
+        "--model",
+        model,
+        "--backend",
+        "auto",
+    ];
+    let out = install.run(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    assert!(
+        line.contains("[backend.\"vulkan#2\"] memory_limit = \"16MiB\""),
+        "{line}"
+    );
+}

@@ -161,6 +161,7 @@ mod tests {
             budget_bytes: budget,
             shares_device_with: Vec::new(),
             device_need_bytes: (3 << 20) + (1 << 20) + (64 << 10),
+            budget_of: None,
             host_weight_bytes: 0,
             host: false,
         }

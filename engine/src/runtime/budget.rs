@@ -27,14 +27,13 @@ pub enum Fit {
 }
 
 fn budget_source(settings: &Settings, unit: &str) -> String {
-    let plugin = super::placement::plugin_name(unit);
     settings
-        .memory_limit_source(plugin)
+        .memory_limit_source(unit)
         .unwrap_or_else(|| "the device's memory".to_string())
 }
 
 fn over(u: &UnitReport, settings: &Settings, hint: String) -> BudgetError {
-    let mut source_of_budget = budget_source(settings, &u.name);
+    let mut source_of_budget = budget_source(settings, u.budget_of.as_deref().unwrap_or(&u.name));
     if !u.shares_device_with.is_empty() {
         source_of_budget.push_str(&format!(
             ", shared with {} on the same device, which need {} with it",
@@ -132,7 +131,7 @@ pub fn fit(
         gib(whole.need_bytes()),
         whole.name,
         gib(whole.budget_bytes.unwrap_or(0)),
-        budget_source(settings, &whole.name),
+        budget_source(settings, whole.budget_of.as_deref().unwrap_or(&whole.name)),
     )));
     Ok(planned)
 }

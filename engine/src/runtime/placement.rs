@@ -588,7 +588,7 @@ pub fn open_candidates(
     let mut out = Vec::new();
     for name in spec.names() {
         let plugin = plugin_name(&name);
-        match discovery.create(plugin, &settings.backend_options(plugin)) {
+        match discovery.create(plugin, &settings.instance_options(&name)) {
             Ok(b) => out.push((name, Candidate::Ready(b))),
             Err(e) if settings.strict(plugin) => {
                 return Err(SpecError::Strict {

@@ -43,6 +43,9 @@ pub struct UnitReport {
     /// What it and the units it shares its device with need together (its own need where it
     /// shares with none): what [`UnitReport::over_budget`] holds against the budget.
     pub device_need_bytes: u64,
+    /// The unit whose budget it is held to, where that is another unit on its device (whose
+    /// budget is smaller); `None`: its own.
+    pub budget_of: Option<String>,
     /// Weights it reads from host memory ([`tandem_backend_api::Usage::HostWeight`]: the
     /// prefill op offload's), held in the host's memory and not counted in its need.
     pub host_weight_bytes: u64,
@@ -88,10 +91,14 @@ pub fn share_devices(mut units: Vec<UnitReport>, physical: &[Option<String>]) ->
         unit.shares_device_with = mates.iter().map(|&v| names[v].clone()).collect();
         unit.device_need_bytes += mates.iter().map(|&v| needs[v]).sum::<u64>();
         for &v in &mates {
-            unit.budget_bytes = match (unit.budget_bytes, budgets[v]) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
+            let smaller = match (unit.budget_bytes, budgets[v]) {
+                (Some(a), Some(b)) => b < a,
+                (a, b) => a.is_none() && b.is_some(),
             };
+            if smaller {
+                unit.budget_bytes = budgets[v];
+                unit.budget_of = Some(names[v].clone());
+            }
         }
     }
     units
@@ -325,6 +332,7 @@ impl PlacementReport {
                     budget_bytes: info.and_then(|i| i.memory_bytes),
                     shares_device_with: Vec::new(),
                     device_need_bytes: 0,
+                    budget_of: None,
                     host: c_is_host,
                 }
             })
@@ -474,6 +482,7 @@ mod tests {
             budget_bytes: budget_mib.map(|b| b << 20),
             shares_device_with: Vec::new(),
             device_need_bytes: 0,
+            budget_of: None,
             host_weight_bytes: 0,
             host: false,
         }
@@ -496,6 +505,9 @@ mod tests {
             assert!(u.over_budget(), "{}", u.name);
         }
         assert_eq!(shared[0].shares_device_with, vec!["wgpu", "vulkan#2"]);
+        // vulkan's own budget is the smaller; wgpu is held to vulkan's.
+        assert_eq!(shared[0].budget_of, None);
+        assert_eq!(shared[1].budget_of.as_deref(), Some("vulkan"));
         // The CPU shares nothing and fits (no budget).
         assert!(shared[2].shares_device_with.is_empty());
         assert_eq!(shared[2].device_need_bytes, 500 << 20);

@@ -367,6 +367,26 @@ impl Settings {
             .any(|t| t.contains_key(tandem_backend_api::MEMORY_LIMIT))
     }
 
+    /// The options for the instance `instance` of a backend (`vulkan`, `vulkan#2`): its
+    /// backend's ([`Settings::backend_options`]), with the entries of the instance's own
+    /// `[backend."vulkan#2"]` table over them (a second GPU: `device = "1"` there).
+    pub fn instance_options(&self, instance: &str) -> BackendOptions {
+        let plugin = instance_plugin(instance);
+        let mut o = self.backend_options(plugin);
+        if instance != plugin {
+            if let Some(table) = self.backend.get(instance) {
+                for (k, v) in table {
+                    let s = match v {
+                        toml::Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    o.set(k.clone(), s);
+                }
+            }
+        }
+        o
+    }
+
     /// Backend `plugin` drives the same device as `from`, whose memory limit is `value`: it takes
     /// that limit where it has none of its own ([`crate::runtime::device_budget`]).
     pub fn share_limit(&mut self, plugin: &str, from: &str, value: &str) {
@@ -374,24 +394,37 @@ impl Settings {
             .insert(plugin.to_string(), (from.to_string(), value.to_string()));
     }
 
-    /// Where backend `plugin`'s memory limit comes from, when it has one: its own
-    /// `[backend.NAME] memory_limit`, or another backend's on the same device.
-    pub fn memory_limit_source(&self, plugin: &str) -> Option<String> {
-        let own = self
-            .backend
-            .get(plugin)
-            .and_then(|t| t.get(tandem_backend_api::MEMORY_LIMIT))
-            .map(|v| match v {
-                toml::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            });
+    /// Where the memory limit of `instance` (`vulkan`, `vulkan#2`) comes from, when it has one:
+    /// the instance's own `[backend."vulkan#2"]` table, its backend's `[backend.NAME]
+    /// memory_limit`, or another backend's on the same device.
+    pub fn memory_limit_source(&self, instance: &str) -> Option<String> {
+        let plugin = instance_plugin(instance);
+        let limit = |table: &str| {
+            self.backend
+                .get(table)
+                .and_then(|t| t.get(tandem_backend_api::MEMORY_LIMIT))
+                .map(|v| match v {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+        };
+        let own = match limit(instance) {
+            Some(v) if instance != plugin => Some((format!("\"{instance}\""), v)),
+            _ => limit(plugin).map(|v| (plugin.to_string(), v)),
+        };
         match own {
-            Some(v) => Some(format!("[backend.{plugin}] memory_limit = \"{v}\"")),
+            Some((table, v)) => Some(format!("[backend.{table}] memory_limit = \"{v}\"")),
             None => self.shared_limits.get(plugin).map(|(from, v)| {
                 format!("[backend.{from}] memory_limit = \"{v}\", which binds {plugin} too: both drive the same device")
             }),
         }
     }
+}
+
+/// The backend (plugin) an instance name (`vulkan`, `vulkan#2`) is of, as the config's tables
+/// take it.
+fn instance_plugin(instance: &str) -> &str {
+    instance.split('#').next().unwrap_or(instance)
 }
 
 /// Options every backend table takes (read by the engine).
@@ -603,6 +636,34 @@ mod tests {
         let (_d, p) = write("[backend.npu]\nstrict = \"yes\"\n");
         let e = Settings::load(&p).unwrap_err().to_string();
         assert!(e.contains("backend.npu.strict"), "{e}");
+    }
+
+    #[test]
+    fn a_second_instance_takes_its_own_table_over_its_backend_s() {
+        let (_d, p) = write(
+            "[backend.vulkan]\ndevice = \"0\"\nmemory_limit = \"8GiB\"\n[backend.\"vulkan#2\"]\ndevice = \"1\"\n",
+        );
+        let mut s = Settings::load(&p).unwrap();
+        let first = s.instance_options("vulkan");
+        let second = s.instance_options("vulkan#2");
+        assert_eq!(first.get("device"), Some("0"));
+        assert_eq!(second.get("device"), Some("1"));
+        // What it does not set, it takes from its backend.
+        assert_eq!(second.get("memory_limit"), Some("8GiB"));
+        assert_eq!(
+            s.memory_limit_source("vulkan#2").as_deref(),
+            Some("[backend.vulkan] memory_limit = \"8GiB\"")
+        );
+        s.backend
+            .get_mut("vulkan#2")
+            .unwrap()
+            .insert("memory_limit".into(), toml::Value::String("1GiB".into()));
+        assert_eq!(s.instance_options("vulkan#2").get("memory_limit"), Some("1GiB"));
+        assert_eq!(
+            s.memory_limit_source("vulkan#2").as_deref(),
+            Some("[backend.\"vulkan#2\"] memory_limit = \"1GiB\"")
+        );
+        assert_eq!(s.instance_options("vulkan").get("memory_limit"), Some("8GiB"));
     }
 
     #[test]
