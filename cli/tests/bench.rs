@@ -85,6 +85,18 @@ fn bench_json_follows_the_schema_and_renders() {
             .is_some_and(|s| s.starts_with("host memcpy")),
         "{cpu:#}"
     );
+    // One unit: no split times. Two CPU instances: each unit's share of a decode step.
+    assert!(runs.iter().all(|r| r.get("split_host_ms").is_none()), "{cpu:#}");
+    let split = bench(&install, "cpu+cpu");
+    validate_against_schema(&split, &schema).unwrap_or_else(|e| panic!("cpu+cpu result: {e}\n{split:#}"));
+    let host = split["runs"][0]["split_host_ms"].as_array().expect("split times");
+    let units: Vec<&str> = host.iter().filter_map(|u| u["unit"].as_str()).collect();
+    assert_eq!(units, ["cpu#2", "cpu"], "{host:?}");
+    // Each CPU unit computes its part inside execute: time spent there, none negative.
+    assert!(host.iter().all(|u| u["execute"].as_f64() > Some(0.0)), "{host:?}");
+    assert!(host
+        .iter()
+        .all(|u| u["wait"].as_f64() >= Some(0.0) && u["copy"].as_f64() >= Some(0.0)));
     let mut files = vec![];
     let json_path = cache.path().join("cpu.json");
     std::fs::write(&json_path, serde_json::to_string(&cpu).expect("json")).expect("write");

@@ -187,6 +187,7 @@ mod tests {
             peak_rss_bytes: 400 << 20,
             device_memory_bytes: device_memory,
             profile,
+            split_host_ms: None,
         }
     }
 

@@ -166,6 +166,10 @@ pub struct BatchRun {
     /// Device time per op kind, where the backend measures it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<StepProfile>,
+    /// Where the host's time went per unit in a decode step of a split placement (the last
+    /// repeat's steps, averaged); absent on one unit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split_host_ms: Option<Vec<UnitHostTime>>,
 }
 
 /// Device time per op kind of one prefill chunk and one decode step.
@@ -175,6 +179,21 @@ pub struct StepProfile {
     pub prefill: Vec<OpTime>,
     /// The last decode step's op kinds, most time first.
     pub decode: Vec<OpTime>,
+}
+
+/// Where the host's time went for one unit of a split in an average decode step, milliseconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnitHostTime {
+    /// The unit's instance name.
+    pub unit: String,
+    /// In its backend's `execute` (a CPU unit computes its part there; a GPU unit records and
+    /// submits).
+    pub execute: f64,
+    /// Waiting for its work to finish (before a hand-over through the host, or at the end of
+    /// the step).
+    pub wait: f64,
+    /// Copying its boundary values to the units that read them.
+    pub copy: f64,
 }
 
 /// The device time of every node of one op kind in one step.

@@ -14,7 +14,7 @@ use super::limits::{host_copy_bandwidth, peak_flops};
 use super::machine::{cpu_name, now_rfc3339, peak_rss};
 use super::results::{
     BackendDesc, BatchRun, BenchResult, BenchSettings, Limits, Machine, ModelDesc, OpTime, Percentiles,
-    Spread, StepProfile, SCHEMA_ID,
+    Spread, StepProfile, UnitHostTime, SCHEMA_ID,
 };
 use crate::checkpoint::config::LayerType;
 use crate::checkpoint::synth::{write_synthetic_gguf, SynthDtype, SynthShape};
@@ -253,6 +253,7 @@ pub fn run(
         };
         let (mut prefill, mut decode, mut ttft, mut lat) = (vec![], vec![], vec![], vec![]);
         let (mut prefill_profile, mut decode_profile) = (vec![], vec![]);
+        let mut split_host_ms = None;
         for rep in 0..=args.repeat {
             let prompts: Vec<Vec<u32>> = (0..batch)
                 .map(|_| (0..args.prompt_tokens).map(|_| next_token()).collect())
@@ -273,6 +274,8 @@ pub fn run(
             let slots: Vec<u32> = (0..batch as u32).collect();
             // The first generated token comes from the prefill's logits; the rest are decode steps.
             let mut steps = Vec::with_capacity(args.gen_tokens);
+            // Host time per unit of a split: counted from here over this repeat's decode steps.
+            let _ = loaded.session.take_host_times();
             let t1 = Instant::now();
             for _ in 1..args.gen_tokens {
                 let toks: Vec<u32> = (0..batch).map(|_| next_token()).collect();
@@ -282,6 +285,20 @@ pub fn run(
                 events(BenchEvent::Tokens(batch as u64));
             }
             let decode_s = t1.elapsed().as_secs_f64();
+            let host = loaded.session.take_host_times();
+            if rep == args.repeat && host.len() > 1 && !steps.is_empty() {
+                let per = 1e3 / steps.len() as f64;
+                split_host_ms = Some(
+                    host.into_iter()
+                        .map(|(unit, t)| UnitHostTime {
+                            unit,
+                            execute: t.execute.as_secs_f64() * per,
+                            wait: t.wait.as_secs_f64() * per,
+                            copy: t.copy.as_secs_f64() * per,
+                        })
+                        .collect(),
+                );
+            }
             if rep == args.repeat {
                 decode_profile = loaded.session.profile_last_step()?;
             }
@@ -356,6 +373,7 @@ pub fn run(
             peak_rss_bytes: peak_rss().unwrap_or(0),
             device_memory_bytes: device_memory,
             profile,
+            split_host_ms,
         });
         units.get_or_insert_with(|| {
             loaded
@@ -543,6 +561,7 @@ mod tests {
                     peak_rss_bytes: m.rss,
                     device_memory_bytes: m.device_memory,
                     profile: m.profile.clone(),
+                    split_host_ms: None,
                 }
             })
             .collect();

@@ -204,6 +204,12 @@ impl<M: StepModel> Session<M> {
         self.scheduler.units().iter().map(|u| u.name.as_str()).collect()
     }
 
+    /// Where the host's time went per unit since the last call
+    /// ([`crate::runtime::split::SplitScheduler::take_host_times`]).
+    pub fn take_host_times(&mut self) -> Vec<(String, crate::runtime::split::HostTimes)> {
+        self.scheduler.take_host_times()
+    }
+
     /// Bytes moved between units so far: boundary values through the host, and KV caches
     /// handed from the prefill unit to the decode unit.
     pub fn moved_bytes(&self) -> (u64, u64) {

@@ -47,6 +47,7 @@ use tandem_backend_api::{
 };
 
 use self::kv::KvHandoff;
+pub use self::program::HostTimes;
 use self::program::{Boundaries, BoundaryCounts, Scheduled};
 use crate::model::StepModel;
 
@@ -465,6 +466,16 @@ impl SplitScheduler {
     /// Micro-batches the last step ran in (1: whole; 0: no step yet).
     pub fn last_step_micro_batches(&self) -> usize {
         self.last.map_or(0, |k| k.micro_batches)
+    }
+
+    /// Where the host's time went per unit (in unit order, with the unit's name) since the last
+    /// call, over every step shape run: see [`HostTimes`]. The figures start again from zero.
+    pub fn take_host_times(&mut self) -> Vec<(String, HostTimes)> {
+        let mut sum = vec![HostTimes::default(); self.units.len()];
+        for s in self.programs.values_mut().flatten() {
+            s.take_times(&mut sum);
+        }
+        self.units.iter().map(|u| u.name.clone()).zip(sum).collect()
     }
 
     /// Bytes moved between units so far: boundary values through the host, and KV caches

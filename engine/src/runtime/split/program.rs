@@ -89,6 +89,30 @@ pub struct Scheduled {
     /// Scratch for one submission's waits (capacity set at build: no allocation per step).
     waits: Vec<(TimelineId, Ticket)>,
     counts: BoundaryCounts,
+    /// Host time spent per unit (by unit index) since the last [`Scheduled::take_times`].
+    times: Vec<HostTimes>,
+}
+
+/// Where the host's time went for one unit of a split, over some steps: in its backend's
+/// `execute` (a CPU unit computes its part there; a GPU unit records and submits), waiting for
+/// its work to finish before a hand-over or at the end of a step, and copying the values it
+/// produced to other units through the host.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HostTimes {
+    /// In `execute` (or `execute_after`).
+    pub execute: std::time::Duration,
+    /// Waiting for its submissions.
+    pub wait: std::time::Duration,
+    /// Reading its boundary values and writing them to the units that read them.
+    pub copy: std::time::Duration,
+}
+
+impl HostTimes {
+    fn add(&mut self, o: HostTimes) {
+        self.execute += o.execute;
+        self.wait += o.wait;
+        self.copy += o.copy;
+    }
 }
 
 impl Scheduled {
@@ -116,6 +140,7 @@ impl Scheduled {
             tickets: Vec::new(),
             waits: Vec::new(),
             counts: BoundaryCounts::default(),
+            times: vec![HostTimes::default(); units.len()],
         };
         let result = s.compile(units, graph, &plan, rows, selected, vocab, boundaries);
         match result {
@@ -383,12 +408,14 @@ impl Scheduled {
         waits.clear();
         waits.extend(seg.device_waits.iter().map(|&(p, t)| (t, tickets[p])));
         let unit = &mut units[seg.unit];
+        let started = std::time::Instant::now();
         let ticket = if waits.is_empty() {
             unit.backend.execute(seg.program, args)
         } else {
             unit.backend.execute_after(seg.program, args, waits)
         }
         .map_err(step_err("running a step on", &unit.name))?;
+        self.times[seg.unit].execute += started.elapsed();
         tickets[i] = ticket;
         Ok(())
     }
@@ -401,6 +428,7 @@ impl Scheduled {
             staging,
             moved,
             tickets,
+            times,
             ..
         } = self;
         let seg = &segments[i];
@@ -408,9 +436,12 @@ impl Scheduled {
             return Ok(());
         }
         let unit = &mut units[seg.unit];
+        let started = std::time::Instant::now();
         unit.backend
             .wait(tickets[i])
             .map_err(step_err("waiting for a step on", &unit.name))?;
+        let waited = std::time::Instant::now();
+        times[seg.unit].wait += waited - started;
         for c in &seg.copies {
             let buf = &mut staging[..c.bytes];
             let from = &mut units[seg.unit];
@@ -425,6 +456,7 @@ impl Scheduled {
                 *moved += c.bytes as u64;
             }
         }
+        times[seg.unit].copy += waited.elapsed();
         Ok(())
     }
 
@@ -439,11 +471,22 @@ impl Scheduled {
             }
             seen |= bit;
             let unit = &mut units[seg.unit];
+            let started = std::time::Instant::now();
             unit.backend
                 .wait(t)
                 .map_err(step_err("waiting for a step on", &unit.name))?;
+            self.times[seg.unit].wait += started.elapsed();
         }
         Ok(())
+    }
+
+    /// Adds the host time per unit since the last call to `into` (by unit index), and starts
+    /// counting again.
+    pub fn take_times(&mut self, into: &mut [HostTimes]) {
+        for (t, o) in self.times.iter_mut().zip(into.iter_mut()) {
+            o.add(*t);
+            *t = HostTimes::default();
+        }
     }
 
     /// What this schedule's boundaries do each step.
