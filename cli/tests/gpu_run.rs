@@ -199,3 +199,91 @@ fn prefill_offload_gives_the_split_s_tokens_and_logits_on_vulkan() {
         assert!(worst <= 1e-3 * scale, "logits moved by {worst} (largest {scale})");
     }
 }
+
+/// `[backend.vulkan] devices = [...]` with `--backend vulkan`: one instance per device, the
+/// layers spread over them by their memory (two instances of lavapipe's one device here, so
+/// half each), and greedy tokens still the reference ones.
+#[test]
+fn devices_spread_the_layers_over_instances() {
+    std::env::set_var("TANDEM_VULKAN_VALIDATION", "1");
+    let install = Install::new(&["cpu", "vulkan"]);
+    let out = install.run(&["backends", "--json"]);
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("backends JSON");
+    let available = listed["backends"]
+        .as_array()
+        .and_then(|a| a.iter().find(|b| b["name"] == "vulkan"))
+        .is_some_and(|b| b["available"] == true);
+    if !available {
+        assert!(std::env::var_os("CI").is_none(), "CI must run vulkan (lavapipe)");
+        return;
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/text-published");
+    let model = dir.to_str().unwrap();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let config = tmp.path().join("devices.toml");
+    std::fs::write(&config, "[backend.vulkan]\ndevices = [0, 0]\n").expect("config");
+    let config = config.to_str().unwrap();
+    let out = install.run(&[
+        "--config",
+        config,
+        "placement",
+        "--model",
+        model,
+        "--backend",
+        "vulkan",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("layers: vulkan: layers 0-2, embedding; vulkan#2: layers 3-5, head"),
+        "{text}"
+    );
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let g = &reference["greedy"][0];
+    let prompt: Vec<String> = g["prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap().to_string())
+        .collect();
+    let n = g["max_new_tokens"].as_u64().unwrap().to_string();
+    let prompt = prompt.join(",");
+    let out = install.run(&[
+        "--config",
+        config,
+        "run",
+        "--model",
+        model,
+        "--tokens",
+        &prompt,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        &n,
+        "--backend",
+        "vulkan",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
+    assert_eq!(
+        got["tokens"], g["generated"],
+        "greedy continuation over two instances"
+    );
+    // --gpu-layers takes one device: with devices named, a clean error.
+    let out = install.run(&[
+        "--config",
+        config,
+        "placement",
+        "--model",
+        model,
+        "--backend",
+        "vulkan",
+        "--gpu-layers",
+        "2",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("devices"), "{err}");
+}

@@ -78,6 +78,9 @@ pub fn fit(
             Some(LayerRule::First { count, .. }) => {
                 format!("lower --gpu-layers ({count} now), raise the budget or shorten --context")
             }
+            Some(LayerRule::Spread { .. }) => {
+                "name fewer devices, raise their budgets or shorten --context".to_string()
+            }
             Some(LayerRule::Ranges(_)) => {
                 "move layers off it in [placement.layers], raise the budget or shorten --context".to_string()
             }

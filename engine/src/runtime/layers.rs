@@ -26,6 +26,13 @@ pub enum LayerRule {
     },
     /// `[placement.layers]`.
     Ranges(LayerSettings),
+    /// `[backend.NAME] devices = [...]` with `--backend NAME`: the layers spread over the
+    /// instances `units` (one per device, in order), contiguous, in proportion to each one's
+    /// memory budget; the embedding on the first, the head on the last.
+    Spread {
+        /// The instances (`vulkan`, `vulkan#2`, ...).
+        units: Vec<String>,
+    },
 }
 
 /// The unit (an instance name) of every region of the model.
@@ -172,14 +179,37 @@ impl LayerRule {
                 s.units.iter().for_each(|(n, _)| add(n));
                 s.embedding.iter().chain(&s.head).for_each(add);
             }
+            LayerRule::Spread { units } => units.iter().for_each(add),
         }
         out
     }
 
     /// The unit of every region of a model of `layers` layers. `rank` orders units by speed
     /// (lower is faster): the default head of `[placement.layers]` goes to the fastest named.
-    pub fn resolve(&self, layers: usize, rank: &dyn Fn(&str) -> u8) -> Result<RegionUnits, LayerError> {
+    /// `memory` is a unit's budget in bytes (`None`: unknown), by which
+    /// [`LayerRule::Spread`] shares the layers out.
+    pub fn resolve(
+        &self,
+        layers: usize,
+        rank: &dyn Fn(&str) -> u8,
+        memory: &dyn Fn(&str) -> Option<u64>,
+    ) -> Result<RegionUnits, LayerError> {
         match self {
+            LayerRule::Spread { units } => {
+                let counts = spread(layers, &units.iter().map(|u| memory(u)).collect::<Vec<_>>());
+                let per_layer: Vec<String> = units
+                    .iter()
+                    .zip(&counts)
+                    .flat_map(|(u, &n)| std::iter::repeat_n(u.clone(), n))
+                    .collect();
+                let first = per_layer.first().or(units.first()).cloned().unwrap_or_default();
+                let last = per_layer.last().or(units.last()).cloned().unwrap_or_default();
+                Ok(RegionUnits {
+                    embedding: first,
+                    layers: per_layer,
+                    head: last,
+                })
+            }
             LayerRule::First { unit, count, rest } => {
                 if *count > layers {
                     return Err(LayerError::TooMany {
@@ -250,8 +280,43 @@ impl LayerRule {
         match self {
             LayerRule::First { unit, count, .. } => format!("--backend {unit} --gpu-layers {count}"),
             LayerRule::Ranges(_) => "the config's [placement.layers]".to_string(),
+            LayerRule::Spread { units } => {
+                let plugin = units
+                    .first()
+                    .and_then(|u| u.split('#').next())
+                    .unwrap_or_default();
+                format!("--backend {plugin} over [backend.{plugin}] devices")
+            }
         }
     }
+}
+
+/// `layers` layers shared out over units of budgets `memory` (unknown: the mean of the known
+/// ones, or equal shares), in proportion, by largest remainder: the counts sum to `layers`.
+fn spread(layers: usize, memory: &[Option<u64>]) -> Vec<usize> {
+    if memory.is_empty() {
+        return Vec::new();
+    }
+    let known: Vec<u64> = memory.iter().flatten().copied().collect();
+    let fill = if known.is_empty() {
+        1
+    } else {
+        (known.iter().map(|&m| u128::from(m)).sum::<u128>() / known.len() as u128).max(1) as u64
+    };
+    let w: Vec<u128> = memory
+        .iter()
+        .map(|m| u128::from(m.unwrap_or(fill).max(1)))
+        .collect();
+    let total: u128 = w.iter().sum();
+    let exact: Vec<u128> = w.iter().map(|&x| x * layers as u128).collect();
+    let mut counts: Vec<usize> = exact.iter().map(|&e| (e / total) as usize).collect();
+    let mut order: Vec<usize> = (0..w.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(exact[i] % total));
+    let short = layers - counts.iter().sum::<usize>();
+    for &i in order.iter().take(short) {
+        counts[i] += 1;
+    }
+    counts
 }
 
 #[cfg(test)]
@@ -273,7 +338,7 @@ mod tests {
             count: 2,
             rest: "cpu".into(),
         };
-        let u = r.resolve(4, &rank).unwrap();
+        let u = r.resolve(4, &rank, &|_| None).unwrap();
         assert_eq!(u.layers, ["vulkan", "vulkan", "cpu", "cpu"]);
         assert_eq!(
             (u.of(Region::Embedding), u.of(Region::Head)),
@@ -289,7 +354,7 @@ mod tests {
             rest: "cpu".into(),
         };
         assert_eq!(
-            none.resolve(4, &rank).unwrap().describe(),
+            none.resolve(4, &rank, &|_| None).unwrap().describe(),
             "cpu: layers 0-3, embedding, head"
         );
         let e = LayerRule::First {
@@ -297,7 +362,7 @@ mod tests {
             count: 5,
             rest: "cpu".into(),
         }
-        .resolve(4, &rank)
+        .resolve(4, &rank, &|_| None)
         .unwrap_err();
         assert_eq!(
             e.to_string(),
@@ -316,7 +381,7 @@ mod tests {
     #[test]
     fn ranges_place_each_layer_once_and_the_head_on_the_fastest_unless_named() {
         let r = ranges(&[("cpu", &[(0, 1), (4, 4)]), ("vulkan", &[(2, 3)])], None);
-        let u = r.resolve(5, &rank).unwrap();
+        let u = r.resolve(5, &rank, &|_| None).unwrap();
         assert_eq!(u.layers, ["cpu", "cpu", "vulkan", "vulkan", "cpu"]);
         assert_eq!((u.embedding.as_str(), u.head.as_str()), ("cpu", "vulkan"));
         assert_eq!(
@@ -324,27 +389,47 @@ mod tests {
             "cpu: layers 0-1,4, embedding; vulkan: layers 2-3, head"
         );
         let named = ranges(&[("cpu", &[(0, 4)]), ("vulkan", &[])], Some("cpu"));
-        assert_eq!(named.resolve(5, &rank).unwrap().head, "cpu");
+        assert_eq!(named.resolve(5, &rank, &|_| None).unwrap().head, "cpu");
         assert_eq!(r.names(), ["cpu", "vulkan"]);
     }
 
     #[test]
     fn bad_ranges_are_named() {
-        let e = ranges(&[("cpu", &[(0, 9)])], None).resolve(5, &rank).unwrap_err();
+        let e = ranges(&[("cpu", &[(0, 9)])], None)
+            .resolve(5, &rank, &|_| None)
+            .unwrap_err();
         assert!(
             e.to_string().contains("cpu = \"0-9\": the model has layers 0-4"),
             "{e}"
         );
         let e = ranges(&[("cpu", &[(0, 2)]), ("vulkan", &[(2, 4)])], None)
-            .resolve(5, &rank)
+            .resolve(5, &rank, &|_| None)
             .unwrap_err();
         assert!(
             e.to_string().contains("layer 2 is in both cpu's and vulkan's"),
             "{e}"
         );
         let e = ranges(&[("cpu", &[(0, 1), (4, 4)])], None)
-            .resolve(5, &rank)
+            .resolve(5, &rank, &|_| None)
             .unwrap_err();
         assert!(e.to_string().contains("layers 2-3 are on no unit"), "{e}");
+    }
+
+    #[test]
+    fn spread_shares_layers_by_memory() {
+        assert_eq!(spread(62, &[Some(80), Some(80)]), vec![31, 31]);
+        assert_eq!(spread(26, &[Some(3), Some(1)]), vec![20, 6]);
+        assert_eq!(spread(5, &[None, None]), vec![3, 2]);
+        assert_eq!(spread(7, &[Some(10), None, Some(10)]), vec![3, 2, 2]);
+        let r = LayerRule::Spread {
+            units: vec!["vulkan".into(), "vulkan#2".into()],
+        };
+        let mem = |u: &str| Some(if u == "vulkan" { 1 << 30 } else { 3 << 30 });
+        let u = r.resolve(8, &|_| 0, &mem).unwrap();
+        assert_eq!(
+            u.describe(),
+            "vulkan: layers 0-1, embedding; vulkan#2: layers 2-7, head"
+        );
+        assert_eq!(r.names(), vec!["vulkan", "vulkan#2"]);
     }
 }

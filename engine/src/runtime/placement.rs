@@ -203,9 +203,9 @@ impl PlacementSpec {
 /// context, so that every boundary between the two is a real copy.
 pub const SECOND_INSTANCE: &str = "#2";
 
-/// The plugin an instance name (`vulkan`, `vulkan#2`) creates.
+/// The plugin an instance name (`vulkan`, `vulkan#2`, `vulkan#3`) creates.
 pub fn plugin_name(instance: &str) -> &str {
-    instance.strip_suffix(SECOND_INSTANCE).unwrap_or(instance)
+    instance.split('#').next().unwrap_or(instance)
 }
 
 /// Why a placement could not be made.
@@ -312,7 +312,40 @@ impl PlacementSpec {
             match parts.as_slice() {
                 [one] if !one.is_empty() => {
                     check(&origin, one)?;
-                    return Ok(None);
+                    let devices = settings.devices(one);
+                    if devices.len() < 2 {
+                        return Ok(None);
+                    }
+                    if let Some(count) = gpu_layers {
+                        return Err(SpecError::GpuLayers {
+                            count,
+                            why: format!(
+                                "[backend.{one}] devices names {} devices, over which the layers spread already",
+                                devices.len()
+                            ),
+                        });
+                    }
+                    // One instance per device, the layers spread over them by their memory.
+                    let units: Vec<String> = (0..devices.len())
+                        .map(|i| {
+                            if i == 0 {
+                                one.to_string()
+                            } else {
+                                format!("{one}#{}", i + 1)
+                            }
+                        })
+                        .collect();
+                    let lists = PartLists {
+                        attention: units.clone(),
+                        ffn: units.clone(),
+                        default: units.clone(),
+                    };
+                    return Ok(Some(PlacementSpec {
+                        prefill: lists.clone(),
+                        decode: lists,
+                        origin: format!("{origin} over [backend.{one}] devices"),
+                        layers: Some(LayerRule::Spread { units }),
+                    }));
                 }
                 [a, b] if !a.is_empty() && !b.is_empty() => {
                     check(&origin, a)?;
@@ -672,7 +705,11 @@ pub fn region_units(
         Some((_, Candidate::Ready(b))) => speed_rank(b.info().kind),
         _ => u8::MAX,
     };
-    Ok(Some(rule.resolve(layers, &rank)?))
+    let memory = |name: &str| match candidates.iter().find(|(n, _)| n == name) {
+        Some((_, Candidate::Ready(b))) => b.info().memory_bytes,
+        _ => None,
+    };
+    Ok(Some(rule.resolve(layers, &rank, &memory)?))
 }
 
 /// Places every node of `graph` (whose parts are `parts` and regions `regions`) on the first

@@ -303,7 +303,26 @@ impl Settings {
                     });
                 }
             }
+            if let Some(v) = table.get(DEVICES) {
+                let ok = v.as_array().is_some_and(|a| {
+                    !a.is_empty()
+                        && a.iter()
+                            .all(|d| matches!(d, toml::Value::String(_) | toml::Value::Integer(_)))
+                });
+                if !ok {
+                    return Err(SettingsError::Value {
+                        path: path.to_path_buf(),
+                        key: format!("backend.{backend}.{DEVICES}"),
+                        message: format!(
+                            "expected a list of device indices or name substrings (devices = [0, 1]), got {v}"
+                        ),
+                    });
+                }
+            }
             for (key, v) in table {
+                if key == DEVICES {
+                    continue;
+                }
                 if !matches!(
                     v,
                     toml::Value::String(_)
@@ -340,11 +359,16 @@ impl Settings {
     }
 
     /// The options for backend `name`: its `[backend.NAME]` table, with the memory limit it
-    /// shares with another backend on its device where it has none of its own.
+    /// shares with another backend on its device where it has none of its own. Its `devices`
+    /// list is the engine's (one instance per device): the backend gets the first as its
+    /// `device` instead.
     pub fn backend_options(&self, name: &str) -> BackendOptions {
         let mut o = BackendOptions::default();
         if let Some(table) = self.backend.get(name) {
             for (k, v) in table {
+                if k == DEVICES {
+                    continue;
+                }
                 let s = match v {
                     toml::Value::String(s) => s.clone(),
                     other => other.to_string(),
@@ -357,7 +381,25 @@ impl Settings {
                 o.set(tandem_backend_api::MEMORY_LIMIT.to_string(), value.clone());
             }
         }
+        if let Some(first) = self.devices(name).first() {
+            o.set("device", first.clone());
+        }
         o
+    }
+
+    /// `[backend.NAME] devices = [...]`: the devices (indices or name substrings, as `device`
+    /// takes them) whose instances `--backend NAME` spreads the layers over; empty without one.
+    pub fn devices(&self, plugin: &str) -> Vec<String> {
+        match self.backend.get(plugin).and_then(|t| t.get(DEVICES)) {
+            Some(toml::Value::Array(a)) => a
+                .iter()
+                .map(|v| match v {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// Whether any `[backend.NAME]` table sets `memory_limit`.
@@ -373,6 +415,14 @@ impl Settings {
     pub fn instance_options(&self, instance: &str) -> BackendOptions {
         let plugin = instance_plugin(instance);
         let mut o = self.backend_options(plugin);
+        // Instance N (`vulkan#N`) of a backend with `devices` takes the N-th.
+        let ordinal = instance
+            .split_once('#')
+            .and_then(|(_, n)| n.parse::<usize>().ok())
+            .unwrap_or(1);
+        if let Some(device) = self.devices(plugin).get(ordinal.saturating_sub(1)) {
+            o.set("device", device.clone());
+        }
         if instance != plugin {
             if let Some(table) = self.backend.get(instance) {
                 for (k, v) in table {
@@ -427,6 +477,9 @@ fn instance_plugin(instance: &str) -> &str {
     instance.split('#').next().unwrap_or(instance)
 }
 
+/// `[backend.NAME] devices`: read by the engine, never passed to the plugin.
+const DEVICES: &str = "devices";
+
 /// Options every backend table takes (read by the engine).
 const COMMON_OPTIONS: [&str; 2] = ["strict", tandem_backend_api::MEMORY_LIMIT];
 
@@ -439,6 +492,7 @@ pub const BACKEND_OPTIONS: [(&str, &[&str]); 5] = [
         "vulkan",
         &[
             "device",
+            DEVICES,
             "validation",
             "coopmat",
             "coopmat2",
@@ -636,6 +690,24 @@ mod tests {
         let (_d, p) = write("[backend.npu]\nstrict = \"yes\"\n");
         let e = Settings::load(&p).unwrap_err().to_string();
         assert!(e.contains("backend.npu.strict"), "{e}");
+    }
+
+    #[test]
+    fn devices_give_each_instance_its_device_and_bad_ones_are_named() {
+        let (_d, p) = write("[backend.vulkan]\ndevices = [0, \"NVIDIA\"]\nvalidation = true\n");
+        let s = Settings::load(&p).unwrap();
+        assert_eq!(s.devices("vulkan"), vec!["0", "NVIDIA"]);
+        // The plugin never sees the list: each instance gets its own `device`.
+        let first = s.backend_options("vulkan");
+        assert_eq!((first.get("devices"), first.get("device")), (None, Some("0")));
+        assert_eq!(s.instance_options("vulkan#2").get("device"), Some("NVIDIA"));
+        assert_eq!(s.instance_options("vulkan#2").get("validation"), Some("true"));
+        assert!(s.devices("cpu").is_empty());
+        for bad in ["devices = \"0,1\"", "devices = []", "devices = [[0]]"] {
+            let (_d, p) = write(&format!("[backend.vulkan]\n{bad}\n"));
+            let e = Settings::load(&p).unwrap_err().to_string();
+            assert!(e.contains("backend.vulkan.devices"), "{bad}: {e}");
+        }
     }
 
     #[test]
