@@ -8,18 +8,16 @@
 #   SHAPE=gemma3-27b:q4_k bash bench/two-gpus.sh
 # It writes one GGUF, then:
 #   1. llama-bench -p 512 -n 128 -fa 1 -ngl 99 -sm layer (both GPUs; a warm-up run first);
-#   2. tandem with `[backend."vulkan#2"] device = "1"` and `[placement.layers]` giving the first
-#      half of the layers to `vulkan` (device 0, with the embedding) and the rest to `vulkan#2`
-#      (with the head), `engine bench --backend auto --prompt-tokens 512 --gen-tokens 128
-#      --chunk 512` (a warm-up repetition, REPEAT timed), then the same on one GPU alone
-#      (`--backend vulkan`) where it fits, for scale.
+#   2. tandem with `[backend.vulkan] devices = [0, 1]` (one instance per GPU, the layers spread
+#      by their memory: halves on two like GPUs, the embedding on the first, the head on the
+#      second), `engine bench --backend vulkan --prompt-tokens 512 --gen-tokens 128 --chunk 512`
+#      (a warm-up repetition, REPEAT timed), then the same on one GPU alone where it fits, for
+#      scale.
 # $OUT gets report.md (every ratio ours / peer) and results.tar.gz (the JSON).
 #
-# Parameters (environment): SHAPE (gemma3-27b:q4_k), LAYERS (62: the shape's layer count),
-# ENGINE (.bench/new/engine), PEER (.peer), REPEAT (3), WORK (/tmp/tg), OUT.
+# Parameters (environment): SHAPE (gemma3-27b:q4_k), ENGINE (.bench/new/engine), PEER (.peer), REPEAT (3), WORK (/tmp/tg), OUT.
 set -uo pipefail
 SHAPE=${SHAPE:-gemma3-27b:q4_k}
-LAYERS=${LAYERS:-62}
 ENGINE=${ENGINE:-.bench/new/engine}
 PEER=${PEER:-.peer}
 REPEAT=${REPEAT:-3}
@@ -42,21 +40,13 @@ peer_env=(env LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu)
 IFS=: read -r shape dtype <<<"$SHAPE"
 gguf="$WORK/$shape-$dtype.gguf"
 "$ENGINE" synth --shape "$shape" --dtype "$dtype" --out "$gguf" --force >/dev/null || { echo "synth failed"; exit 1; }
-half=$((LAYERS / 2))
-cat >"$WORK/two.toml" <<TOML
-[backend."vulkan#2"]
-device = "1"
-[placement.layers]
-vulkan = "0-$((half - 1))"
-"vulkan#2" = "$half-$((LAYERS - 1))"
-head = "vulkan#2"
-TOML
+printf '[backend.vulkan]\ndevices = [0, 1]\n' >"$WORK/two.toml"
 
 "${peer_env[@]}" "$llama" -m "$gguf" -p 512 -n 16 -fa 1 -ngl 99 -sm layer -r 1 >/dev/null 2>&1
 "${peer_env[@]}" "$llama" -m "$gguf" -p 512 -n 128 -fa 1 -ngl 99 -sm layer -r "$REPEAT" -o json \
     >"$OUT/llamacpp-two.json" 2>>"$OUT/build.log" || echo "llama-bench failed"
-"$ENGINE" --config "$WORK/two.toml" placement --model "$gguf" --backend auto >"$OUT/placement.txt" 2>&1
-timeout 500 "$ENGINE" --config "$WORK/two.toml" bench --model "$gguf" --backend auto --prompt-tokens 512 \
+"$ENGINE" --config "$WORK/two.toml" placement --model "$gguf" --backend vulkan >"$OUT/placement.txt" 2>&1
+timeout 500 "$ENGINE" --config "$WORK/two.toml" bench --model "$gguf" --backend vulkan --prompt-tokens 512 \
     --gen-tokens 128 --chunk 512 --repeat "$REPEAT" --json >"$OUT/tandem-two.json" || echo "engine bench (two GPUs) failed"
 timeout 300 "$ENGINE" bench --model "$gguf" --backend vulkan --prompt-tokens 512 --gen-tokens 128 --chunk 512 \
     --repeat "$REPEAT" --json >"$OUT/tandem-one.json" || echo "engine bench (one GPU) failed"
@@ -84,7 +74,7 @@ cell = lambda a, b: "-" if a is None else (f"{a:,.1f} / -" if b is None else f"{
 print(f"GPUs: {open(f'{out}/gpu.txt').read().strip()}\n")
 print("| shape | tandem | prefill 512: ours / llama.cpp -sm layer | decode: ours / llama.cpp |")
 print("| --- | --- | --- | --- |")
-for name, label in (("two", "two GPUs, layers halved"), ("one", "one GPU (scale)")):
+for name, label in (("two", "two GPUs, devices = [0, 1]"), ("one", "one GPU (scale)")):
     p, d = tandem(name)
     print(f"| {shape} | {label} | {cell(p, lp)} | {cell(d, ld)} |")
 PY
