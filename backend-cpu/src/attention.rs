@@ -1,5 +1,7 @@
 //! The fast kernels' `Op::Attention` (second half, after `kernels::kv_append`): scores and
-//! weighted values read straight from an `f32` KV cache, with no copy of the cached rows; one
+//! weighted values read straight from an `f32` KV cache, with no copy of the cached rows (from
+//! an `f16` cache each row is widened to `f32` as it is read: half the bytes; a prompt chunk's
+//! rows then attend one by one, the tiles reading `f32` rows only); one
 //! parallel task per (row, KV head), whose query heads (grouped-query attention) read each
 //! cached K and V row once between them; the score buffer is per thread, sized to the group's
 //! heads times the cache's capacity when a program is compiled ([`reserve`]) and kept between
@@ -88,14 +90,27 @@ pub fn attend(
     vc: &[u8],
     out: &mut [f32],
 ) -> bool {
-    if s.cache_dtype != DType::F32 || s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) {
+    if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) {
         return false;
     }
-    let (Ok(kc), Ok(vc)) = (
-        bytemuck::try_cast_slice::<u8, f32>(kc),
-        bytemuck::try_cast_slice::<u8, f32>(vc),
-    ) else {
-        return false;
+    let (kc, vc) = match s.cache_dtype {
+        DType::F32 => match (
+            bytemuck::try_cast_slice::<u8, f32>(kc),
+            bytemuck::try_cast_slice::<u8, f32>(vc),
+        ) {
+            (Ok(k), Ok(v)) => (KvRows::F32(k), KvRows::F32(v)),
+            _ => return false,
+        },
+        // Heads that fit the widening buffer (a prompt chunk's rows attend one by one: the
+        // tiles read f32 rows).
+        DType::F16 if s.head_dim <= MAX_F16_HEAD => match (
+            bytemuck::try_cast_slice::<u8, u16>(kc),
+            bytemuck::try_cast_slice::<u8, u16>(vc),
+        ) {
+            (Ok(k), Ok(v)) => (KvRows::F16(k), KvRows::F16(v)),
+            _ => return false,
+        },
+        _ => return false,
     };
     let qcols = s.heads * s.head_dim;
     let group = s.heads / s.kv_heads;
@@ -180,9 +195,70 @@ struct Cache<'a> {
     q: &'a [f32],
     positions: &'a [u32],
     slots: &'a [u32],
-    kc: &'a [f32],
-    vc: &'a [f32],
+    kc: KvRows<'a>,
+    vc: KvRows<'a>,
     simd: Option<Simd>,
+}
+
+/// The largest head an `f16` cache is read with (its rows widened into a buffer of this size).
+const MAX_F16_HEAD: usize = 512;
+
+/// A KV cache's elements.
+#[derive(Clone, Copy)]
+enum KvRows<'a> {
+    F32(&'a [f32]),
+    /// IEEE half floats, as bits.
+    F16(&'a [u16]),
+}
+
+impl KvRows<'_> {
+    /// The `hd` values at `at` as `f32`: in place, or widened into `buf`.
+    #[inline(always)]
+    fn row<'b>(&'b self, at: usize, hd: usize, buf: &'b mut [f32; MAX_F16_HEAD]) -> &'b [f32] {
+        match self {
+            KvRows::F32(c) => &c[at..at + hd],
+            KvRows::F16(c) => {
+                widen(&c[at..at + hd], &mut buf[..hd]);
+                &buf[..hd]
+            }
+        }
+    }
+}
+
+/// `out[i] = f32(h[i])` for half floats given as bits (F16C where the CPU has it).
+fn widen(h: &[u16], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx") {
+        // SAFETY: F16C and AVX were detected at run time just above.
+        return unsafe { widen_f16c(h, out) };
+    }
+    for (o, &b) in out.iter_mut().zip(h) {
+        *o = half::f16::from_bits(b).to_f32();
+    }
+}
+
+/// [`widen`] eight values at a time with `vcvtph2ps`.
+///
+/// # Safety
+/// The CPU has F16C and AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn widen_f16c(h: &[u16], out: &mut [f32]) {
+    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+    let n = h.len().min(out.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: `h[i..i + 8]` and `out[i..i + 8]` are in bounds (i + 8 <= n); both accesses
+        // are unaligned loads and stores of exactly eight elements.
+        unsafe {
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(h[i..i + 8].as_ptr() as *const __m128i));
+            _mm256_storeu_ps(out[i..i + 8].as_mut_ptr(), v);
+        }
+        i += 8;
+    }
+    for j in i..n {
+        out[j] = half::f16::from_bits(h[j]).to_f32();
+    }
 }
 
 impl Cache<'_> {
@@ -209,16 +285,19 @@ impl Cache<'_> {
         pool.install(|| {
             blocks.into_par_iter().for_each(|(r0, ob)| {
                 let n = ob.len() / qcols;
-                let tiled = tiled::block(
-                    width,
-                    s,
-                    &self.q[r0 * qcols..(r0 + n) * qcols],
-                    &self.positions[r0..r0 + n],
-                    self.slots[r0],
-                    self.kc,
-                    self.vc,
-                    ob,
-                );
+                let tiled = match (self.kc, self.vc) {
+                    (KvRows::F32(kc), KvRows::F32(vc)) => tiled::block(
+                        width,
+                        s,
+                        &self.q[r0 * qcols..(r0 + n) * qcols],
+                        &self.positions[r0..r0 + n],
+                        self.slots[r0],
+                        kc,
+                        vc,
+                        ob,
+                    ),
+                    _ => false,
+                };
                 if !tiled {
                     for r in 0..n {
                         for (g, og) in ob[r * qcols..(r + 1) * qcols].chunks_mut(group * hd).enumerate() {
@@ -233,7 +312,7 @@ impl Cache<'_> {
     /// Row `r`'s attention for KV head `g`, whole ([`attend_group`]).
     fn group(&self, r: usize, g: usize, og: &mut [f32]) {
         let c = self;
-        attend_group(c.simd, c.s, c.q, c.positions, c.slots, c.kc, c.vc, r, g, og);
+        attend_group(c.simd, c.s, c.q, c.positions, c.slots, &c.kc, &c.vc, r, g, og);
     }
 
     /// How many chunks row `r`'s keys split into: as many as keep `2 * threads` busy on one
@@ -295,8 +374,8 @@ impl Cache<'_> {
                         c.q,
                         c.positions,
                         c.slots,
-                        c.kc,
-                        c.vc,
+                        &c.kc,
+                        &c.vc,
                         rows[j],
                         local / n,
                         local % n,
@@ -387,13 +466,14 @@ fn attend_group(
     q: &[f32],
     positions: &[u32],
     slots: &[u32],
-    kc: &[f32],
-    vc: &[f32],
+    kc: &KvRows,
+    vc: &KvRows,
     r: usize,
     g: usize,
     og: &mut [f32],
 ) {
     let (hd, group) = (s.head_dim, s.heads / s.kv_heads);
+    let mut buf = [0f32; MAX_F16_HEAD];
     let Row { qg, lo, n, at } = Row::of(s, q, positions, slots, r, g);
     SCORES.with(|cell| {
         let mut scores = cell.borrow_mut();
@@ -415,7 +495,7 @@ fn attend_group(
             for (h, w) in w[..group].iter_mut().enumerate() {
                 *w = scores[h * n + j];
             }
-            group_axpy(simd, &w[..group], &vc[at(pos)..at(pos) + hd], og);
+            group_axpy(simd, &w[..group], vc.row(at(pos), hd, &mut buf), og);
         }
     })
 }
@@ -427,7 +507,7 @@ fn score_keys(
     simd: Option<Simd>,
     s: &AttentionShape,
     qg: &[f32],
-    kc: &[f32],
+    kc: &KvRows,
     at: &dyn Fn(u32) -> usize,
     first: u32,
     n: usize,
@@ -435,9 +515,10 @@ fn score_keys(
 ) {
     let (hd, group) = (s.head_dim, s.heads / s.kv_heads);
     let mut dots = [0f32; MAX_GROUP];
+    let mut buf = [0f32; MAX_F16_HEAD];
     for j in 0..n {
         let row = at(first + j as u32);
-        group_dots(simd, qg, &kc[row..row + hd], &mut dots[..group]);
+        group_dots(simd, qg, kc.row(row, hd, &mut buf), &mut dots[..group]);
         for (h, &d) in dots[..group].iter().enumerate() {
             let mut v = d * s.scale;
             if let Some(cap) = s.softcap {
@@ -480,14 +561,15 @@ fn partial_group(
     q: &[f32],
     positions: &[u32],
     slots: &[u32],
-    kc: &[f32],
-    vc: &[f32],
+    kc: &KvRows,
+    vc: &KvRows,
     r: usize,
     g: usize,
     c: usize,
     chunks: usize,
     part: &mut [f32],
 ) {
+    let mut buf = [0f32; MAX_F16_HEAD];
     let (hd, group) = (s.head_dim, s.heads / s.kv_heads);
     let Row { qg, lo, n: total, at } = Row::of(s, q, positions, slots, r, g);
     let (k0, k1) = (total * c / chunks, total * (c + 1) / chunks);
@@ -517,7 +599,7 @@ fn partial_group(
                 *w = scores[h * n + j];
             }
             // The group's weighted sums, `hd + 2` apart.
-            let v = &vc[at(pos)..at(pos) + hd];
+            let v = vc.row(at(pos), hd, &mut buf);
             for (h, ph) in part.chunks_exact_mut(hd + 2).enumerate() {
                 group_axpy(simd, &w[h..h + 1], v, &mut ph[2..]);
             }
@@ -734,15 +816,26 @@ mod tests {
         seed: u32,
     ) {
         let kv_cols = s.kv_heads * s.head_dim;
-        // Aligned copies of the caches for the zero-copy view.
+        // Aligned copies of the caches for the zero-copy view (f16: as half-float bits).
         let kw = vals(2 * s.capacity * kv_cols, seed);
         let vw = vals(2 * s.capacity * kv_cols, seed + 1);
-        let (kb, vb) = (to_bytes(&kw), to_bytes(&vw));
+        let half = |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect() };
+        let (kh, vh) = (half(&kw), half(&vw));
+        let (kb, vb) = match s.cache_dtype {
+            DType::F16 => (
+                bytemuck::cast_slice::<u16, u8>(&kh).to_vec(),
+                bytemuck::cast_slice::<u16, u8>(&vh).to_vec(),
+            ),
+            _ => (to_bytes(&kw), to_bytes(&vw)),
+        };
         let q = vals(positions.len() * s.heads * s.head_dim, seed + 2);
         let mut want = vec![0f32; q.len()];
         kernels::attend(pool, s, &q, positions, slots, &kb, &vb, &mut want);
         let mut got = vec![0f32; q.len()];
-        let (kc, vc) = (bytemuck::cast_slice(&kw), bytemuck::cast_slice(&vw));
+        let (kc, vc): (&[u8], &[u8]) = match s.cache_dtype {
+            DType::F16 => (bytemuck::cast_slice(&kh), bytemuck::cast_slice(&vh)),
+            _ => (bytemuck::cast_slice(&kw), bytemuck::cast_slice(&vw)),
+        };
         assert!(attend(pool, spin, s, &q, positions, slots, kc, vc, &mut got));
         let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -805,6 +898,52 @@ mod tests {
             for spin in [None, Some(&spin)] {
                 check(&pool, spin, &s, &positions, &slots, 11);
             }
+        }
+    }
+
+    /// `f16` caches (read as half-float bits, each row widened as it is read) against the
+    /// reference kernel over the same caches: a prompt-sized run (its rows one by one), decode
+    /// rows with split keys on the pool and the spinning threads, windowed and soft-capped,
+    /// grouped, and a head size that is not a multiple of eight (the widening's tail).
+    #[test]
+    fn f16_caches_match_the_reference_kernel() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
+        let spin = crate::spin::SpinPool::new(4).unwrap();
+        let f16 = |heads, kv_heads, head_dim, capacity, window, softcap| AttentionShape {
+            window,
+            softcap,
+            cache_dtype: DType::F16,
+            ..shape(heads, kv_heads, head_dim, capacity)
+        };
+        let slots: Vec<u32> = (0..23).map(|r| u32::from(r < 14)).collect();
+        let positions: Vec<u32> = (0..23u32)
+            .map(|r| if r < 14 { 5 + r } else { 8 + (r - 14) })
+            .collect();
+        check(
+            &pool,
+            None,
+            &f16(4, 2, 18, 64, Some(9), Some(3.0)),
+            &positions,
+            &slots,
+            3,
+        );
+        for spin in [None, Some(&spin)] {
+            check(
+                &pool,
+                spin,
+                &f16(6, 3, 24, 1024, Some(300), Some(5.0)),
+                &[650],
+                &[0],
+                11,
+            );
+            check(
+                &pool,
+                spin,
+                &f16(2, 1, 20, 1024, None, None),
+                &[259, 999],
+                &[0, 1],
+                12,
+            );
         }
     }
 
