@@ -1,7 +1,7 @@
 //! The fast kernels' `Op::Attention` (second half, after `kernels::kv_append`): scores and
 //! weighted values read straight from an `f32` KV cache, with no copy of the cached rows (from
 //! an `f16` cache each row is widened to `f32` as it is read: half the bytes; a prompt chunk's
-//! rows then attend one by one, the tiles reading `f32` rows only); one
+//! tile widens its block's rows once into a per-thread buffer); one
 //! parallel task per (row, KV head), whose query heads (grouped-query attention) read each
 //! cached K and V row once between them; the score buffer is per thread, sized to the group's
 //! heads times the cache's capacity when a program is compiled ([`reserve`]) and kept between
@@ -205,13 +205,21 @@ const MAX_F16_HEAD: usize = 512;
 
 /// A KV cache's elements.
 #[derive(Clone, Copy)]
-enum KvRows<'a> {
+pub(super) enum KvRows<'a> {
     F32(&'a [f32]),
     /// IEEE half floats, as bits.
     F16(&'a [u16]),
 }
 
 impl KvRows<'_> {
+    /// The `out.len()` values at `at`, as `f32`, into `out`.
+    pub(super) fn widen_into(&self, at: usize, out: &mut [f32]) {
+        match self {
+            KvRows::F32(c) => out.copy_from_slice(&c[at..at + out.len()]),
+            KvRows::F16(c) => widen(&c[at..at + out.len()], out),
+        }
+    }
+
     /// The `hd` values at `at` as `f32`: in place, or widened into `buf`.
     #[inline(always)]
     fn row<'b>(&'b self, at: usize, hd: usize, buf: &'b mut [f32; MAX_F16_HEAD]) -> &'b [f32] {
@@ -285,19 +293,16 @@ impl Cache<'_> {
         pool.install(|| {
             blocks.into_par_iter().for_each(|(r0, ob)| {
                 let n = ob.len() / qcols;
-                let tiled = match (self.kc, self.vc) {
-                    (KvRows::F32(kc), KvRows::F32(vc)) => tiled::block(
-                        width,
-                        s,
-                        &self.q[r0 * qcols..(r0 + n) * qcols],
-                        &self.positions[r0..r0 + n],
-                        self.slots[r0],
-                        kc,
-                        vc,
-                        ob,
-                    ),
-                    _ => false,
-                };
+                let tiled = tiled::block(
+                    width,
+                    s,
+                    &self.q[r0 * qcols..(r0 + n) * qcols],
+                    &self.positions[r0..r0 + n],
+                    self.slots[r0],
+                    self.kc,
+                    self.vc,
+                    ob,
+                );
                 if !tiled {
                     for r in 0..n {
                         for (g, og) in ob[r * qcols..(r + 1) * qcols].chunks_mut(group * hd).enumerate() {
@@ -902,7 +907,7 @@ mod tests {
     }
 
     /// `f16` caches (read as half-float bits, each row widened as it is read) against the
-    /// reference kernel over the same caches: a prompt-sized run (its rows one by one), decode
+    /// reference kernel over the same caches: a prompt-sized run (tiles over widened rows), decode
     /// rows with split keys on the pool and the spinning threads, windowed and soft-capped,
     /// grouped, and a head size that is not a multiple of eight (the widening's tail).
     #[test]

@@ -40,6 +40,11 @@ struct Tiles {
     hi: Vec<u32>,
     /// Per key: its row's offset in the cache.
     offs: Vec<usize>,
+    /// An f16 cache's rows of the block's keys and values, widened (grown on first use).
+    kw: Vec<f32>,
+    vw: Vec<f32>,
+    /// Their offsets in `kw` and `vw` (`j * head_dim`).
+    woffs: Vec<usize>,
 }
 
 thread_local! {
@@ -137,8 +142,8 @@ pub(super) fn block(
     q: &[f32],
     positions: &[u32],
     slot: u32,
-    kc: &[f32],
-    vc: &[f32],
+    kc: super::KvRows,
+    vc: super::KvRows,
     out: &mut [f32],
 ) -> bool {
     let (hd, qcols) = (s.head_dim, s.heads * s.head_dim);
@@ -192,12 +197,44 @@ pub(super) fn block(
             for (j, o) in t.offs[..nk].iter_mut().enumerate() {
                 *o = key_row(klo + j as u32) + g * hd;
             }
-            let offs = &t.offs[..nk];
+            // The rows as f32: the cache's own, or an f16 cache's widened into `kw`, `vw`.
+            let (keys, values) = match (kc, vc) {
+                (super::KvRows::F32(kc), super::KvRows::F32(vc)) => {
+                    let offs = &t.offs[..nk];
+                    (Rows { cache: kc, offs, hd }, Rows { cache: vc, offs, hd })
+                }
+                (kc, vc) => {
+                    grow(&mut t.kw, nk * hd);
+                    grow(&mut t.vw, nk * hd);
+                    if t.woffs.len() < nk {
+                        t.woffs.resize(nk, 0);
+                    }
+                    for j in 0..nk {
+                        let at = t.offs[j];
+                        kc.widen_into(at, &mut t.kw[j * hd..(j + 1) * hd]);
+                        vc.widen_into(at, &mut t.vw[j * hd..(j + 1) * hd]);
+                        t.woffs[j] = j * hd;
+                    }
+                    let offs = &t.woffs[..nk];
+                    (
+                        Rows {
+                            cache: &t.kw[..nk * hd],
+                            offs,
+                            hd,
+                        },
+                        Rows {
+                            cache: &t.vw[..nk * hd],
+                            offs,
+                            hd,
+                        },
+                    )
+                }
+            };
             let h = Head {
                 s,
                 klo,
-                keys: Rows { cache: kc, offs, hd },
-                values: Rows { cache: vc, offs, hd },
+                keys,
+                values,
                 mp,
                 lo: &t.lo[..mp],
                 hi: &t.hi[..mp],
