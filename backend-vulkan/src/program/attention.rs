@@ -117,8 +117,9 @@ fn use_tiled(rows: usize, head_dim: usize) -> bool {
 }
 
 /// `TANDEM_VULKAN_ATTN_COOPMAT=1`: the blocks `attention_tiled` takes go to the experiment
-/// `attention_coopmat` (QK^T and PV on KHR cooperative matrices; not yet run on a GPU) where the
-/// device has cooperative matrices and the head's size is a multiple of 32.
+/// `attention_coopmat` (QK^T and PV on KHR cooperative matrices; on the H200 not clearly faster
+/// than `attention_tiled`, bench/results/2026-11-28-prefill-khr2) where the device has
+/// cooperative matrices and the head's size is a multiple of 32.
 fn coopmat_attention() -> bool {
     std::env::var("TANDEM_VULKAN_ATTN_COOPMAT").is_ok_and(|v| v == "1")
 }
