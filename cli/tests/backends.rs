@@ -300,14 +300,9 @@ fn a_detected_npu_without_usable_artefacts_says_which_and_why() {
 #[test]
 fn a_memory_limit_binds_every_backend_on_its_device() {
     let install = Install::new(&["cpu", "vulkan", "wgpu"]);
-    let out = install.run(&["backends", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let list: serde_json::Value = serde_json::from_str(&install.stdout(&out)).expect("backends JSON");
     let device = |name: &str| {
-        list["backends"]
-            .as_array()
-            .and_then(|a| a.iter().find(|b| b["name"] == name))
-            .and_then(|b| b["info"]["physical_device"].as_str())
+        common::backend_listing(&install, name)["info"]["physical_device"]
+            .as_str()
             .map(str::to_string)
     };
     let (vk, wgpu) = (device("vulkan"), device("wgpu"));
@@ -333,15 +328,8 @@ fn a_memory_limit_binds_every_backend_on_its_device() {
         "--backend",
         "wgpu",
     ];
-    let out = install.run(&args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
     // (A note that wgpu runs on a software GPU may come first.)
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("error: "))
-        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    let line = common::error_line_after_notes(&args, &install.run(&args));
     for want in [
         "does not fit wgpu",
         "[backend.vulkan] memory_limit = \"16MiB\", which binds wgpu too",
@@ -369,14 +357,7 @@ fn a_memory_limit_binds_every_backend_on_its_device() {
 #[test]
 fn a_second_instance_takes_its_own_options() {
     let install = Install::new(&["cpu", "vulkan"]);
-    let out = install.run(&["backends", "--json"]);
-    let list: serde_json::Value = serde_json::from_str(&install.stdout(&out)).expect("backends JSON");
-    let available = list["backends"]
-        .as_array()
-        .and_then(|a| a.iter().find(|b| b["name"] == "vulkan"))
-        .is_some_and(|b| b["available"] == true);
-    if !available {
-        assert!(std::env::var_os("CI").is_none(), "CI runs vulkan (lavapipe)");
+    if !common::gpu_available(&install, "vulkan") {
         return;
     }
     let model = common::fixture("text-published");
@@ -398,13 +379,7 @@ fn a_second_instance_takes_its_own_options() {
         "--backend",
         "auto",
     ];
-    let out = install.run(&args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("error: "))
-        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    let line = common::error_line_after_notes(&args, &install.run(&args));
     assert!(
         line.contains("[backend.\"vulkan#2\"] memory_limit = \"16MiB\""),
         "{line}"

@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::Install;
 use serde_json::Value;
 
@@ -26,40 +24,21 @@ fn engine_run_generates_on(backend: &str) {
     std::env::set_var("TANDEM_VULKAN_VALIDATION", "1");
     std::env::set_var("TANDEM_WGPU_VALIDATION", "1");
     let install = Install::new(&["cpu", backend]);
-    let out = install.run(&["backends", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let listed: Value = serde_json::from_str(&text).expect("backends JSON");
-    let listing = listed["backends"]
-        .as_array()
-        .and_then(|a| a.iter().find(|b| b["name"] == backend))
-        .cloned()
-        .unwrap_or_else(|| panic!("{backend} is not listed: {text}"));
-    if listing["available"] != true {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must run the {backend} backend (lavapipe): {listing}"
-        );
-        eprintln!("skipping: the {backend} backend is unavailable here: {listing}");
+    if !common::gpu_available(&install, backend) {
         return;
     }
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/text-published");
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-    let g = &reference["greedy"][0];
-    let prompt: Vec<String> = g["prompt"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap().to_string())
-        .collect();
-    let n = g["max_new_tokens"].as_u64().unwrap().to_string();
+    let model = common::fixture("text-published");
+    let Greedy {
+        prompt,
+        max_tokens: n,
+        generated,
+    } = greedy_reference();
     let out = install.run(&[
         "run",
         "--model",
-        dir.to_str().unwrap(),
+        model.to_str().unwrap(),
         "--tokens",
-        &prompt.join(","),
+        &prompt,
         "--temperature",
         "0",
         "--max-tokens",
@@ -74,21 +53,14 @@ fn engine_run_generates_on(backend: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
     let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
-    assert_eq!(got["tokens"], g["generated"], "greedy continuation on {backend}");
+    assert_eq!(got["tokens"], generated, "greedy continuation on {backend}");
 }
 
 #[test]
 fn auto_passes_over_a_software_gpu() {
     let install = Install::new(&["cpu", "vulkan"]);
-    let out = install.run(&["backends", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let listed: Value = serde_json::from_slice(&out.stdout).expect("backends JSON");
-    let vulkan = listed["backends"]
-        .as_array()
-        .and_then(|a| a.iter().find(|b| b["name"] == "vulkan"))
-        .cloned()
-        .expect("vulkan is listed");
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/text-published");
+    let vulkan = common::backend_listing(&install, "vulkan");
+    let dir = common::fixture("text-published");
     let out = install.run(&[
         "run",
         "--model",
@@ -114,6 +86,31 @@ fn auto_passes_over_a_software_gpu() {
     }
 }
 
+/// The first greedy case of the `text-published` fixture's reference: its prompt as `--tokens`,
+/// its `--max-tokens` and the ids transformers generated.
+struct Greedy {
+    prompt: String,
+    max_tokens: String,
+    generated: Value,
+}
+
+fn greedy_reference() -> Greedy {
+    let path = common::fixture("text-published").join("reference.json");
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let g = &reference["greedy"][0];
+    let prompt: Vec<String> = g["prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap().to_string())
+        .collect();
+    Greedy {
+        prompt: prompt.join(","),
+        max_tokens: g["max_new_tokens"].as_u64().unwrap().to_string(),
+        generated: g["generated"].clone(),
+    }
+}
+
 /// The prefill op offload on Vulkan (lavapipe in CI, validation on): with layer 0 on the GPU and
 /// the rest on the CPU, and the offload forced from one row (`TANDEM_PREFILL_OFFLOAD_ROWS=1`;
 /// it starts at 32 rows otherwise), the CPU-held layers' products run on the GPU in the prompt's
@@ -124,29 +121,16 @@ fn auto_passes_over_a_software_gpu() {
 fn prefill_offload_gives_the_split_s_tokens_and_logits_on_vulkan() {
     std::env::set_var("TANDEM_VULKAN_VALIDATION", "1");
     let install = Install::new(&["cpu", "vulkan"]);
-    let out = install.run(&["backends", "--json"]);
-    let listed: Value = serde_json::from_slice(&out.stdout).expect("backends JSON");
-    let available = listed["backends"]
-        .as_array()
-        .and_then(|a| a.iter().find(|b| b["name"] == "vulkan"))
-        .is_some_and(|b| b["available"] == true);
-    if !available {
-        assert!(std::env::var_os("CI").is_none(), "CI must run vulkan (lavapipe)");
+    if !common::gpu_available(&install, "vulkan") {
         return;
     }
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/text-published");
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-    let g = &reference["greedy"][0];
-    let prompt: Vec<String> = g["prompt"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap().to_string())
-        .collect();
-    let prompt = prompt.join(",");
-    let n = g["max_new_tokens"].as_u64().unwrap().to_string();
+    let dir = common::fixture("text-published");
     let model = dir.to_str().unwrap();
+    let Greedy {
+        prompt,
+        max_tokens: n,
+        generated,
+    } = greedy_reference();
     let split = ["--backend", "vulkan", "--gpu-layers", "1"];
     // Both runs of each command set the variable before starting (the engine reads it at load).
     let run = |rows: &str, args: &[&str]| {
@@ -166,10 +150,7 @@ fn prefill_offload_gives_the_split_s_tokens_and_logits_on_vulkan() {
         "no offload note: {stderr}"
     );
     let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
-    assert_eq!(
-        got["tokens"], g["generated"],
-        "greedy continuation with the offload"
-    );
+    assert_eq!(got["tokens"], generated, "greedy continuation with the offload");
     let mut args = vec!["logits", "--model", model, "--tokens", &prompt, "--json"];
     args.extend_from_slice(&split);
     let logits = |rows: &str| -> Vec<Vec<f64>> {
@@ -207,17 +188,10 @@ fn prefill_offload_gives_the_split_s_tokens_and_logits_on_vulkan() {
 fn devices_spread_the_layers_over_instances() {
     std::env::set_var("TANDEM_VULKAN_VALIDATION", "1");
     let install = Install::new(&["cpu", "vulkan"]);
-    let out = install.run(&["backends", "--json"]);
-    let listed: Value = serde_json::from_slice(&out.stdout).expect("backends JSON");
-    let available = listed["backends"]
-        .as_array()
-        .and_then(|a| a.iter().find(|b| b["name"] == "vulkan"))
-        .is_some_and(|b| b["available"] == true);
-    if !available {
-        assert!(std::env::var_os("CI").is_none(), "CI must run vulkan (lavapipe)");
+    if !common::gpu_available(&install, "vulkan") {
         return;
     }
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/text-published");
+    let dir = common::fixture("text-published");
     let model = dir.to_str().unwrap();
     let tmp = tempfile::tempdir().expect("temp dir");
     let config = tmp.path().join("devices.toml");
@@ -238,17 +212,11 @@ fn devices_spread_the_layers_over_instances() {
         text.contains("layers: vulkan: layers 0-2, embedding; vulkan#2: layers 3-5, head"),
         "{text}"
     );
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-    let g = &reference["greedy"][0];
-    let prompt: Vec<String> = g["prompt"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap().to_string())
-        .collect();
-    let n = g["max_new_tokens"].as_u64().unwrap().to_string();
-    let prompt = prompt.join(",");
+    let Greedy {
+        prompt,
+        max_tokens: n,
+        generated,
+    } = greedy_reference();
     let out = install.run(&[
         "--config",
         config,
@@ -267,10 +235,7 @@ fn devices_spread_the_layers_over_instances() {
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
-    assert_eq!(
-        got["tokens"], g["generated"],
-        "greedy continuation over two instances"
-    );
+    assert_eq!(got["tokens"], generated, "greedy continuation over two instances");
     // --gpu-layers takes one device: with devices named, a clean error.
     let out = install.run(&[
         "--config",

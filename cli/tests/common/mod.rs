@@ -86,6 +86,49 @@ pub fn error_line(args: &[&str], out: &Output) -> String {
     line.to_string()
 }
 
+/// Asserts a clean failure (exit status 1, no panic) whose stderr may hold notes before the
+/// error (a software-GPU note, say), and returns the `error:` line.
+pub fn error_line_after_notes(args: &[&str], out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "engine {args:?}: {stderr}");
+    assert!(
+        !stderr.contains("panicked"),
+        "engine {args:?} panicked:\n{stderr}"
+    );
+    stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("engine {args:?}: no error line: {stderr}"))
+        .to_string()
+}
+
+/// `install`'s `engine backends --json` entry for backend `name`.
+pub fn backend_listing(install: &Install, name: &str) -> serde_json::Value {
+    let out = install.run(&["backends", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("backends JSON");
+    listed["backends"]
+        .as_array()
+        .and_then(|a| a.iter().find(|b| b["name"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("{name} is not listed: {listed}"))
+}
+
+/// Whether backend `name` is available in `install`; under CI (`CI` set) it must be (lavapipe
+/// runs the GPU backends there), elsewhere its absence skips the test.
+pub fn gpu_available(install: &Install, name: &str) -> bool {
+    let listing = backend_listing(install, name);
+    let available = listing["available"] == true;
+    if !available {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run the {name} backend (lavapipe): {listing}"
+        );
+        eprintln!("skipping: the {name} backend is unavailable here: {listing}");
+    }
+    available
+}
+
 /// The fixture model `case` (`tests/fixtures/models/<case>`).
 pub fn fixture(case: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
