@@ -33,7 +33,7 @@ fn budget_source(settings: &Settings, unit: &str) -> String {
 }
 
 fn over(u: &UnitReport, settings: &Settings, hint: String) -> BudgetError {
-    let mut source_of_budget = budget_source(settings, u.budget_of.as_deref().unwrap_or(&u.name));
+    let mut source_of_budget = budget_source(settings, u.budget_unit());
     if !u.shares_device_with.is_empty() {
         source_of_budget.push_str(&format!(
             ", shared with {} on the same device, which need {} with it",
@@ -134,7 +134,7 @@ pub fn fit(
         gib(whole.need_bytes()),
         whole.name,
         gib(whole.budget_bytes.unwrap_or(0)),
-        budget_source(settings, whole.budget_of.as_deref().unwrap_or(&whole.name)),
+        budget_source(settings, whole.budget_unit()),
     )));
     Ok(planned)
 }

@@ -60,6 +60,11 @@ impl UnitReport {
         self.weight_bytes + self.kv_cache_bytes + self.activation_bytes
     }
 
+    /// The unit whose budget it is held to: its own name, or [`UnitReport::budget_of`].
+    pub fn budget_unit(&self) -> &str {
+        self.budget_of.as_deref().unwrap_or(&self.name)
+    }
+
     /// Whether it runs nodes and it, with the units it shares its device with, needs more than
     /// its budget.
     pub fn over_budget(&self) -> bool {

@@ -291,10 +291,7 @@ impl Settings {
                 });
             }
             if let Some(v) = table.get(tandem_backend_api::MEMORY_LIMIT) {
-                let text = match v {
-                    toml::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
+                let text = option_text(v);
                 if let Err(message) = tandem_backend_api::parse_bytes(&text) {
                     return Err(SettingsError::Value {
                         path: path.to_path_buf(),
@@ -369,11 +366,7 @@ impl Settings {
                 if k == DEVICES {
                     continue;
                 }
-                let s = match v {
-                    toml::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                o.set(k.clone(), s);
+                o.set(k.clone(), option_text(v));
             }
         }
         if let Some((_, value)) = self.shared_limits.get(name) {
@@ -391,13 +384,7 @@ impl Settings {
     /// takes them) whose instances `--backend NAME` spreads the layers over; empty without one.
     pub fn devices(&self, plugin: &str) -> Vec<String> {
         match self.backend.get(plugin).and_then(|t| t.get(DEVICES)) {
-            Some(toml::Value::Array(a)) => a
-                .iter()
-                .map(|v| match v {
-                    toml::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                })
-                .collect(),
+            Some(toml::Value::Array(a)) => a.iter().map(option_text).collect(),
             _ => Vec::new(),
         }
     }
@@ -426,11 +413,7 @@ impl Settings {
         if instance != plugin {
             if let Some(table) = self.backend.get(instance) {
                 for (k, v) in table {
-                    let s = match v {
-                        toml::Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    };
-                    o.set(k.clone(), s);
+                    o.set(k.clone(), option_text(v));
                 }
             }
         }
@@ -453,10 +436,7 @@ impl Settings {
             self.backend
                 .get(table)
                 .and_then(|t| t.get(tandem_backend_api::MEMORY_LIMIT))
-                .map(|v| match v {
-                    toml::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                })
+                .map(option_text)
         };
         let own = match limit(instance) {
             Some(v) if instance != plugin => Some((format!("\"{instance}\""), v)),
@@ -468,6 +448,15 @@ impl Settings {
                 format!("[backend.{from}] memory_limit = \"{v}\", which binds {plugin} too: both drive the same device")
             }),
         }
+    }
+}
+
+/// An option's value as the plugin takes it: a string as written, any other value as TOML
+/// writes it (`2`, `true`).
+fn option_text(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
     }
 }
 
