@@ -107,7 +107,10 @@ pub fn attend(
             bytemuck::try_cast_slice::<u8, u16>(kc),
             bytemuck::try_cast_slice::<u8, u16>(vc),
         ) {
-            (Ok(k), Ok(v)) => (KvRows::F16(k), KvRows::F16(v)),
+            (Ok(k), Ok(v)) => {
+                let f16c = F16c::detect();
+                (KvRows::F16(k, f16c), KvRows::F16(v, f16c))
+            }
             _ => return false,
         },
         _ => return false,
@@ -203,12 +206,27 @@ struct Cache<'a> {
 /// The largest head an `f16` cache is read with (its rows widened into a buffer of this size).
 const MAX_F16_HEAD: usize = 512;
 
+/// Proof that F16C and AVX were detected at run time; only [`F16c::detect`] makes one (once per
+/// attention, not per cached row).
+#[derive(Clone, Copy)]
+pub(super) struct F16c(());
+
+impl F16c {
+    fn detect() -> Option<F16c> {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx") {
+            return Some(F16c(()));
+        }
+        None
+    }
+}
+
 /// A KV cache's elements.
 #[derive(Clone, Copy)]
 pub(super) enum KvRows<'a> {
     F32(&'a [f32]),
-    /// IEEE half floats, as bits.
-    F16(&'a [u16]),
+    /// IEEE half floats, as bits, and whether they widen with F16C.
+    F16(&'a [u16], Option<F16c>),
 }
 
 impl KvRows<'_> {
@@ -216,7 +234,7 @@ impl KvRows<'_> {
     pub(super) fn widen_into(&self, at: usize, out: &mut [f32]) {
         match self {
             KvRows::F32(c) => out.copy_from_slice(&c[at..at + out.len()]),
-            KvRows::F16(c) => widen(&c[at..at + out.len()], out),
+            KvRows::F16(c, f16c) => widen(&c[at..at + out.len()], out, *f16c),
         }
     }
 
@@ -225,21 +243,22 @@ impl KvRows<'_> {
     fn row<'b>(&'b self, at: usize, hd: usize, buf: &'b mut [f32; MAX_F16_HEAD]) -> &'b [f32] {
         match self {
             KvRows::F32(c) => &c[at..at + hd],
-            KvRows::F16(c) => {
-                widen(&c[at..at + hd], &mut buf[..hd]);
+            KvRows::F16(..) => {
+                self.widen_into(at, &mut buf[..hd]);
                 &buf[..hd]
             }
         }
     }
 }
 
-/// `out[i] = f32(h[i])` for half floats given as bits (F16C where the CPU has it).
-fn widen(h: &[u16], out: &mut [f32]) {
+/// `out[i] = f32(h[i])` for half floats given as bits (with F16C where `f16c`).
+fn widen(h: &[u16], out: &mut [f32], f16c: Option<F16c>) {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx") {
-        // SAFETY: F16C and AVX were detected at run time just above.
+    if f16c.is_some() {
+        // SAFETY: an `F16c` exists only where F16C and AVX were detected at run time.
         return unsafe { widen_f16c(h, out) };
     }
+    let _ = f16c;
     for (o, &b) in out.iter_mut().zip(h) {
         *o = half::f16::from_bits(b).to_f32();
     }
