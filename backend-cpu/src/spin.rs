@@ -20,7 +20,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long a worker waits for the next job (spinning, then yielding its core) before it sleeps.
-const SPIN: Duration = Duration::from_micros(200);
+/// Long enough for the gaps between the loops of one step; short, because in a layer split the
+/// step goes on on another unit once this pool's part ends, and workers still spinning then
+/// slowed it (H200, 1B q4_k, 13 of 26 layers on the GPU, decode: 90.8 tok/s at 200 us against
+/// 122.9 at 50 and 122.2 at 20; the CPU alone 66.3, 63.4 and 67.4, within its noise:
+/// bench/results/2026-11-28-split-decode).
+const SPIN: Duration = Duration::from_micros(50);
 
 /// Checks of the job counter a worker makes before it starts yielding its core between them
 /// (a few microseconds: the gap between two loops of a step).

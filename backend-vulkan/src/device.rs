@@ -113,6 +113,9 @@ pub struct Gpu {
     pub timeline: vk::Semaphore,
     /// The last value a submission will signal.
     pub submitted: u64,
+    /// How long [`Gpu::wait_for`] polls the timeline before it blocks in `vkWaitSemaphores`
+    /// (the backend option `wait_spin_us`; zero: it blocks at once).
+    pub wait_spin: std::time::Duration,
     pub pool: vk::CommandPool,
     /// The property flags of each memory type, by index.
     pub memory_types: Vec<vk::MemoryPropertyFlags>,
@@ -395,6 +398,7 @@ impl Gpu {
                 timestamp_period: o.timestamp_period,
                 timeline: o.timeline,
                 submitted: 0,
+                wait_spin: std::time::Duration::ZERO,
                 pool: o.pool,
                 memory_types: o.memory_types,
                 host_import: o.host_import,
@@ -852,6 +856,22 @@ impl Gpu {
     pub fn wait_for(&self, value: u64) -> Result<(), BackendError> {
         if value == 0 || value > self.submitted {
             return Ok(());
+        }
+        if !self.wait_spin.is_zero() {
+            // Poll first: a blocked waiter wakes late after a short submission (see
+            // `wait_spin_us` in lib.rs), and the host has nothing else to do meanwhile.
+            let start = std::time::Instant::now();
+            let mut polls = 0u32;
+            loop {
+                if self.completed()? >= value {
+                    return Ok(());
+                }
+                polls = polls.wrapping_add(1);
+                if polls.is_multiple_of(16) && start.elapsed() > self.wait_spin {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
         }
         let sems = [self.timeline];
         let vals = [value];

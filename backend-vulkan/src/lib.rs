@@ -92,6 +92,14 @@ fn copy_out(out: &mut [u8], src: &[u8]) {
 
 /// Environment variable naming the device.
 pub const DEVICE_VAR: &str = "TANDEM_VULKAN_DEVICE";
+
+/// The variable standing in for the backend option `wait_spin_us` (microseconds a wait for the
+/// device polls before it blocks).
+pub const WAIT_SPIN_VAR: &str = "TANDEM_VULKAN_WAIT_SPIN_US";
+
+/// `wait_spin_us`'s default on a hardware device: longer than a decode step of the models the
+/// backend runs at batch 1, so such a step's wait never blocks.
+const DEFAULT_WAIT_SPIN: std::time::Duration = std::time::Duration::from_millis(3);
 /// Environment variable enabling the validation layer.
 pub const VALIDATION_VAR: &str = "TANDEM_VULKAN_VALIDATION";
 
@@ -176,6 +184,20 @@ impl BackendPlugin for VulkanBackend {
             coopmat2,
             int_dot,
         })?;
+        // `wait_spin_us` / TANDEM_VULKAN_WAIT_SPIN_US: how long a wait for the device polls its
+        // timeline before blocking. A thread blocked in vkWaitSemaphores woke late after the
+        // short submissions of decode (H200, 1B q4_k batch 1: 414.6 tok/s blocking at once,
+        // 437.7 polling up to 3 ms; bench/results/2026-11-28-split-decode). Zero on a software
+        // device (lavapipe), whose own threads need the cores a poll would take.
+        gpu.wait_spin = match setting(options, "wait_spin_us", WAIT_SPIN_VAR) {
+            Some(v) => std::time::Duration::from_micros(v.trim().parse::<u64>().map_err(|_| {
+                BackendError::invalid(format!(
+                    "backend option 'wait_spin_us' must be a whole number of microseconds, not '{v}'"
+                ))
+            })?),
+            None if gpu.kind == tandem_backend_api::DeviceKind::SoftwareGpu => std::time::Duration::ZERO,
+            None => DEFAULT_WAIT_SPIN,
+        };
         // The device-local heap, or the smaller `memory_limit` (an error when it is larger).
         let budget = options.memory_budget(gpu.memory_bytes)?;
         if options.get(MEMORY_LIMIT).is_some() {

@@ -425,6 +425,35 @@ fn a_device_that_is_not_there_is_unavailable_by_name() {
     assert!(err.to_string().contains("'999'"), "{err}");
 }
 
+/// `wait_spin_us`: a wait that polls the timeline first (forced here, as lavapipe's default
+/// is not to) returns the same product as one that blocks; a value that is not a number of
+/// microseconds is refused by name.
+#[test]
+fn polling_waits_give_the_same_results_and_bad_values_are_refused() {
+    let mut o = options_for("vulkan");
+    o.set("wait_spin_us", "2000");
+    let Some(mut polling) = vulkan_with(o.clone()) else {
+        return;
+    };
+    let Some(mut blocking) = vulkan() else { return };
+    let mut rng = Rng::new(7);
+    let (rows, k) = (3, 64);
+    let bytes = weight_bytes(&mut rng, DType::Q8_0, 37, k);
+    let x = rng.vec(rows * k, 1.0);
+    let a = run_format(polling.as_mut(), DType::Q8_0, rows, k, &bytes, &x).expect("polling");
+    let b = run_format(blocking.as_mut(), DType::Q8_0, rows, k, &bytes, &x).expect("blocking");
+    assert_eq!(a, b);
+    o.set("wait_spin_us", "soon");
+    let err = discover()
+        .create("vulkan", &o)
+        .err()
+        .expect("wait_spin_us = soon");
+    assert!(
+        err.to_string().contains("wait_spin_us") && err.to_string().contains("soon"),
+        "{err}"
+    );
+}
+
 #[test]
 fn more_than_the_device_holds_is_out_of_memory() {
     let Some(mut vk) = vulkan() else { return };
