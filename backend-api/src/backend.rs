@@ -267,8 +267,8 @@ const GIB: f64 = (1u64 << 30) as f64;
 pub const MEMORY_LIMIT: &str = "memory_limit";
 
 /// The feature ([`BackendInfo::features`]) of a device backend that places
-/// [`crate::Usage::HostWeight`] buffers in host memory its kernels read directly, outside its
-/// budget: the engine runs the products of layers held elsewhere on it for prefill steps only
+/// [`crate::Usage::HostWeight`] buffers in host memory outside its budget (the Vulkan backend
+/// copies each into a buffer of its own before the product that reads it): the engine runs the products of layers held elsewhere on it for prefill steps only
 /// where a unit lists it.
 pub const HOST_WEIGHTS_FEATURE: &str = "host_weights";
 

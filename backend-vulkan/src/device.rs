@@ -637,8 +637,8 @@ impl Gpu {
             "scalar"
         };
         features.push(format!("prefill={prefill}"));
-        // Usage::HostWeight buffers live in host-visible memory the kernels read through their
-        // device addresses (the engine's prefill op offload).
+        // Usage::HostWeight buffers live in host-visible memory, copied into a program's stream
+        // buffer before each product that reads them (the engine's prefill op offload).
         features.push(tandem_backend_api::HOST_WEIGHTS_FEATURE.into());
         if has_ext(c"VK_EXT_subgroup_size_control") || props.api_version >= vk::API_VERSION_1_3 {
             features.push("subgroup_size_control".into());

@@ -113,8 +113,8 @@ fn greedy_reference() -> Greedy {
 
 /// The prefill op offload on Vulkan (lavapipe in CI, validation on): with layer 0 on the GPU and
 /// the rest on the CPU, and the offload forced from one row (`TANDEM_PREFILL_OFFLOAD_ROWS=1`;
-/// it starts at 32 rows otherwise), the CPU-held layers' products run on the GPU in the prompt's
-/// step with their weights read from host memory. Greedy tokens stay the reference ones, and
+/// it starts at 32 rows otherwise), every node of the CPU-held layers but their attention runs
+/// on the GPU in the prompt's step, with their weights copied from host memory. Greedy tokens stay the reference ones, and
 /// the logits of every prompt position stay within the GPU's tolerance of the same split
 /// without the offload.
 #[test]

@@ -559,10 +559,10 @@ fn wgpu_variants_match_the_oracle() {
     }
 }
 
-/// Weights allocated as `Usage::HostWeight` (the prefill op offload's: host memory a device's
-/// kernels read directly, on backends listing `host_weights`; any other backend holds them as
-/// weights) give exactly the products `Usage::Weight` gives, on every plugin that loads here,
-/// through the plugin boundary's usage code.
+/// Weights allocated as `Usage::HostWeight` (the prefill op offload's: host memory a device
+/// copies into its own before each product, on backends listing `host_weights`; any other
+/// backend holds them as weights) give exactly the products `Usage::Weight` gives, on every
+/// plugin that loads here, through the plugin boundary's usage code.
 #[test]
 fn host_weights_give_what_weights_give() {
     let (mut backends, reference) = backends_under_test();

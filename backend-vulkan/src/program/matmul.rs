@@ -7,6 +7,7 @@ use tandem_gpu_kit::matmul::{dot_columns, dot_rows, q4k_matvec_shape, DECODE_ROW
 
 use super::cmd::{Access, Cmd, Push};
 use super::{format_name, Ctx, WG};
+use crate::memory::Place;
 use crate::VulkanBackend;
 
 /// Rows from which a matmul takes the tiled matrix-matrix kernel instead of the matrix-vector
@@ -782,7 +783,7 @@ impl VulkanBackend {
             && ends
                 .iter()
                 .all(|e| (*e as usize).is_multiple_of(cm2_bm(rows)) || *e as usize == n)
-            && aligned(w.mem.address)
+            && (w.mem.place == Place::Host || aligned(w.mem.address))
             && dsts[..outputs.len()].iter().all(|d| aligned(*d));
         // A cooperative-matrix-2 kernel still being compiled behind (option `prepare`): the
         // program takes the KHR kernel meanwhile and is rebuilt once that one is made.
@@ -804,13 +805,33 @@ impl VulkanBackend {
             int_dot: self.gpu.int_dot,
         };
         let mut c = choose(rows, n, k, dt, unit);
-        let mut cmds = Vec::with_capacity(3);
+        let mut cmds = Vec::with_capacity(4);
         let mut input = (ctx.addr(x)?, ctx.span(x)?);
         let mut weights = (w.mem.address, dt.row_bytes(k).unwrap_or(0) as u32);
         let mut weight_reads = Vec::new();
+        if w.mem.place == Place::Host {
+            // A weight in host memory (a prefill op offload): one copy to the device, then the
+            // product reads the copy.
+            let Some((buffer, span)) = ctx.stream.filter(|s| s.1 .1 - s.1 .0 >= w.mem.size) else {
+                return Err(BackendError::internal(format!(
+                    "a product's weight ({n} x {k} {}) is in host memory and the program has no stream buffer for it",
+                    dt.name()
+                )));
+            };
+            let to = (span.0, span.0 + w.mem.size);
+            cmds.push(Cmd::Copy {
+                src: w.mem.buffer,
+                src_offset: 0,
+                dst: buffer,
+                size: w.mem.size,
+                access: Access::new(Vec::new(), [to]),
+            });
+            weights.0 = to.0;
+            weight_reads.push(to);
+        }
         // Split-k partial tiles: where and how large, when `c.kslice` is nonzero.
         let mut part = (0u64, 0u64);
-        if c.kernel.starts_with("matmul_khr") && dt == DType::Q4K && !w.mem.address.is_multiple_of(16) {
+        if c.kernel.starts_with("matmul_khr") && dt == DType::Q4K && !weights.0.is_multiple_of(16) {
             // matmul_khr stages q4_k blocks with 16-byte loads.
             c.kernel = "matmul_coopmat_q4_k".into();
             c.spec = [c.spec[0] | (u32::from(coopmat_x16()) << 3) << 16, c.spec[1]];
@@ -855,10 +876,10 @@ impl VulkanBackend {
                         .u32(weights.1)
                         .0,
                     groups: [gx, gy, 1],
-                    access: Access::new(Vec::new(), [w16]),
+                    access: Access::new(weight_reads.clone(), [w16]),
                 });
                 weights = (w16.0, (k * 2) as u32);
-                weight_reads.push(w16);
+                weight_reads = vec![w16];
                 (c.kernel, c.spec) = st.f16_kernel;
             }
         }

@@ -47,6 +47,9 @@ pub struct Program {
     pub args: GpuBuffer,
     /// Attention's per-split partial results, when an attention is split.
     pub scratch: Option<GpuBuffer>,
+    /// Where a product whose weight is in host memory (`Usage::HostWeight`: a prefill op
+    /// offload) has it copied before it multiplies: sized for the largest such weight.
+    pub stream: Option<GpuBuffer>,
     pub layout: ArgsLayout,
     pub queries: Option<vk::QueryPool>,
     /// Timeline value of the last submission.
@@ -71,6 +74,9 @@ pub(crate) struct Ctx<'a> {
     /// Device addresses of the scratch buffer: attention's partial results, matmul_cm2's f16
     /// inputs.
     pub scratch: Span,
+    /// The program's stream buffer and its device addresses, where a product's weight is in
+    /// host memory ([`Program::stream`]).
+    pub stream: Option<(vk::Buffer, Span)>,
     /// Per node: the device address of its rope table.
     tables: Vec<Option<u64>>,
     /// Attention nodes whose K/V store a fused group does.
@@ -222,9 +228,46 @@ impl VulkanBackend {
         } else {
             None
         };
+        // The largest weight a product reads from host memory: copied to the device first
+        // (a DMA over the bus once, where the kernels' own reads of host memory crossed it
+        // once per tile).
+        let stream_size = graph
+            .nodes
+            .iter()
+            .filter_map(|node| match &node.op {
+                Op::MatMul { weight, .. } => self
+                    .buffers
+                    .get(weight.buffer)
+                    .ok()
+                    .filter(|b| b.mem.place == Place::Host)
+                    .map(|b| b.mem.size),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let stream = if stream_size > 0 {
+            match self
+                .memory
+                .create(&self.gpu, stream_size, Place::Device, "program weight stream")
+            {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    self.memory.destroy(&self.gpu, args);
+                    for b in [arena, scratch].into_iter().flatten() {
+                        self.memory.destroy(&self.gpu, b);
+                    }
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
         let scratch_span = scratch
             .as_ref()
             .map_or((0, 0), |s| (s.address, s.address + s.size));
+        let stream_at = stream
+            .as_ref()
+            .map(|s| (s.buffer, (s.address, s.address + s.size)));
         let result = self.lower_and_record(
             graph,
             &shapes,
@@ -233,6 +276,7 @@ impl VulkanBackend {
             arena.as_ref(),
             &args,
             scratch_span,
+            stream_at,
             layout,
             &tables,
             &table_at,
@@ -244,6 +288,7 @@ impl VulkanBackend {
                     arena,
                     args,
                     scratch,
+                    stream,
                     layout,
                     queries,
                     last_submit: 0,
@@ -254,7 +299,7 @@ impl VulkanBackend {
             )),
             Err(e) => {
                 self.memory.destroy(&self.gpu, args);
-                for b in [arena, scratch].into_iter().flatten() {
+                for b in [arena, scratch, stream].into_iter().flatten() {
                     self.memory.destroy(&self.gpu, b);
                 }
                 Err(e)
@@ -273,6 +318,7 @@ impl VulkanBackend {
         arena: Option<&GpuBuffer>,
         args: &GpuBuffer,
         scratch: Span,
+        stream: Option<(vk::Buffer, Span)>,
         layout: ArgsLayout,
         tables: &[(usize, Vec<f32>)],
         table_at: &[u64],
@@ -300,6 +346,7 @@ impl VulkanBackend {
             args: args.address,
             layout,
             scratch,
+            stream,
             tables: rope_tables,
             stored: &fusion.stored,
         };
@@ -320,7 +367,7 @@ impl VulkanBackend {
             }
         }
         self.memory.destroy(&self.gpu, p.args);
-        for b in [p.arena, p.scratch].into_iter().flatten() {
+        for b in [p.arena, p.scratch, p.stream].into_iter().flatten() {
             self.memory.destroy(&self.gpu, b);
         }
     }

@@ -1,16 +1,19 @@
 //! Op offload for prefill: with a layer split (`--gpu-layers N`, or a budget's fit), the layers
 //! held on the CPU prefill there slowly, while the GPU beside it idles. llama.cpp's scheduler
 //! copies those layers' weights to the GPU for large batches and multiplies there. Here, where the
-//! GPU unit lists [`HOST_WEIGHTS_FEATURE`], the products (`MatMul` nodes) of the CPU-held layers
-//! run on the GPU in prefill steps of at least [`offload_rows`] rows, their weights read by the
-//! GPU's kernels from host memory ([`Usage::HostWeight`](tandem_backend_api::Usage): not
-//! counted against the GPU's budget, held in the host's memory beside the CPU's own copy). Every
-//! other node of those layers (norms, rope, attention, GeGLU) stays on the CPU, so their KV
-//! caches stay where the placement put them; steps of fewer rows (decode, short chunks) run as
-//! the decode placement does.
+//! GPU unit lists [`HOST_WEIGHTS_FEATURE`], every node of the CPU-held layers but their attention
+//! (products, norms, rope, GeGLU, residual adds) runs on the GPU in prefill steps of at least
+//! [`offload_rows`] rows, their weights held in host memory
+//! ([`Usage::HostWeight`](tandem_backend_api::Usage): not counted against the GPU's budget, held
+//! beside the CPU's own copy; the Vulkan backend copies each into its own memory before the
+//! product). Attention stays on the CPU with its KV cache, where the placement put it, so a
+//! layer's step crosses between the units twice (q, k, v out, the attention's output back);
+//! steps of fewer rows (decode, short chunks) run as the decode placement does.
 //!
-//! Not yet measured on a GPU: the rows from which it pays are the tuning variable
-//! `TANDEM_PREFILL_OFFLOAD_ROWS` (0: off) until they are.
+//! Moving only the products cost more than it saved: on the H200 (4B q4_k, 17 of 34 layers on
+//! the GPU, prefill 512) the boundary copies of the products' inputs and outputs took 269 of a
+//! step's 477 ms, and the CPU's GeGLU and norms another 39 (bench/results/2026-11-28-split-decode).
+//! The threshold is the tuning variable `TANDEM_PREFILL_OFFLOAD_ROWS` (0: off).
 
 use tandem_backend_api::{BufferId, DeviceKind, Graph, Op, Support, HOST_WEIGHTS_FEATURE};
 
@@ -35,9 +38,9 @@ pub fn offload_rows() -> usize {
         .unwrap_or(OFFLOAD_ROWS)
 }
 
-/// Moves the prefill products of the layers `placement`'s layer rule keeps off its GPU unit onto
-/// that unit, where it lists [`HOST_WEIGHTS_FEATURE`] and runs them, and records them in
-/// `assignment.offloaded`. Nothing changes without a `--gpu-layers`-style rule, with
+/// Moves the prefill nodes but attention of the layers `placement`'s layer rule keeps off its GPU
+/// unit onto that unit, where it lists [`HOST_WEIGHTS_FEATURE`] and runs them, and records them
+/// in `assignment.offloaded`. Nothing changes without a `--gpu-layers`-style rule, with
 /// [`offload_rows`] 0, or on a unit without the feature.
 pub fn offload(assignment: &mut Assignment, graph: &Graph, regions: &[Region], placement: &Placement) {
     assignment.offloaded.clear();
@@ -60,7 +63,11 @@ pub fn offload(assignment: &mut Assignment, graph: &Graph, regions: &[Region], p
     }
     for (i, node) in graph.nodes.iter().enumerate() {
         let held_elsewhere = matches!(regions.get(i), Some(Region::Layer(l)) if *l >= *count);
-        if !held_elsewhere || !matches!(node.op, Op::MatMul { .. }) || assignment.prefill[i].unit != cpu {
+        let moves = !matches!(
+            node.op,
+            Op::Attention { .. } | Op::Input { .. } | Op::Output { .. }
+        );
+        if !held_elsewhere || !moves || assignment.prefill[i].unit != cpu {
             continue;
         }
         if matches!(backend.supports(&node.op), Support::Yes) {
@@ -71,7 +78,7 @@ pub fn offload(assignment: &mut Assignment, graph: &Graph, regions: &[Region], p
     }
 }
 
-/// The weights the offloaded products of `assignment` read on `unit`, where no other node of that
+/// The weights the offloaded nodes of `assignment` read on `unit`, where no other node of that
 /// unit reads them: what it holds as host weights.
 pub fn host_weights(graph: &Graph, assignment: &Assignment, unit: usize) -> Vec<BufferId> {
     let mut own: Vec<BufferId> = Vec::new();
@@ -98,14 +105,29 @@ pub fn host_weights(graph: &Graph, assignment: &Assignment, unit: usize) -> Vec<
 /// One line saying what [`offload`] did to `assignment` (`None`: nothing): the unit, the products,
 /// the rows from which they run there, and `read` (the size of the weights it reads from host
 /// memory, as the caller writes sizes).
-pub fn describe(assignment: &Assignment, names: &[String], read: &dyn Fn(usize) -> String) -> Option<String> {
+pub fn describe(
+    assignment: &Assignment,
+    graph: &Graph,
+    names: &[String],
+    read: &dyn Fn(usize) -> String,
+) -> Option<String> {
     let first = *assignment.offloaded.first()?;
     let unit = assignment.prefill[first].unit;
     Some(format!(
-        "{} runs {} products of the layers held elsewhere in prefill steps of {} rows or more, reading {} of their weights from host memory per step",
+        "{} runs {} nodes ({} products) of the layers held elsewhere, all but their attention, in prefill steps of {} rows or more, copying {} of their weights from host memory per step",
         names.get(unit).map_or("?", String::as_str),
         assignment.offloaded.len(),
+        products(assignment, graph),
         offload_rows(),
         read(unit),
     ))
+}
+
+/// How many of the offloaded nodes are products.
+fn products(assignment: &Assignment, graph: &Graph) -> usize {
+    assignment
+        .offloaded
+        .iter()
+        .filter(|&&i| matches!(graph.nodes.get(i).map(|n| &n.op), Some(Op::MatMul { .. })))
+        .count()
 }

@@ -419,7 +419,7 @@ impl PlacementReport {
             kv_handoff_layers: handoff_layers,
             kv_handoff_bytes_per_token: 2 * row * handoff_layers as u64,
             process_bytes: super::environment::process_peak_bytes(),
-            offload: super::offload::describe(assignment, &names, &|u| {
+            offload: super::offload::describe(assignment, graph, &names, &|u| {
                 gib(host[u].iter().map(|&id| tensor_bytes(id, Usage::Weight)).sum())
             }),
         }
