@@ -113,10 +113,12 @@ fn greedy_reference() -> Greedy {
 
 /// The prefill op offload on Vulkan (lavapipe in CI, validation on): with layer 0 on the GPU and
 /// the rest on the CPU, and the offload forced from one row (`TANDEM_PREFILL_OFFLOAD_ROWS=1`;
-/// it starts at 32 rows otherwise), every node of the CPU-held layers but their attention runs
-/// on the GPU in the prompt's step, with their weights copied from host memory. Greedy tokens stay the reference ones, and
-/// the logits of every prompt position stay within the GPU's tolerance of the same split
-/// without the offload.
+/// it starts at 32 rows otherwise), every node of the CPU-held layers, attention included (over
+/// a copy of their KV caches), runs on the GPU in the prompt's step, with their weights copied
+/// from host memory. Greedy tokens stay the reference ones, and the logits of every prompt
+/// position stay within the GPU's tolerance of the same split without the offload. From 8 rows
+/// with 8-row chunks, the prompt's first two chunks run offloaded and its last (2 rows) and the
+/// decode steps on the CPU, after the KV hand-off of the rows the GPU wrote: the same tokens.
 #[test]
 fn prefill_offload_gives_the_split_s_tokens_and_logits_on_vulkan() {
     std::env::set_var("TANDEM_VULKAN_VALIDATION", "1");
@@ -149,8 +151,20 @@ fn prefill_offload_gives_the_split_s_tokens_and_logits_on_vulkan() {
         stderr.contains("prefill offload: vulkan runs"),
         "no offload note: {stderr}"
     );
+    assert!(
+        stderr.contains("attentions over a copy of their KV caches"),
+        "attention stayed on the CPU: {stderr}"
+    );
     let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
     assert_eq!(got["tokens"], generated, "greedy continuation with the offload");
+    let mut chunked = args.clone();
+    chunked.extend_from_slice(&["--chunk", "8"]);
+    let out = run("8", &chunked);
+    let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
+    assert_eq!(
+        got["tokens"], generated,
+        "greedy continuation after the KV hand-off"
+    );
     let mut args = vec!["logits", "--model", model, "--tokens", &prompt, "--json"];
     args.extend_from_slice(&split);
     let logits = |rows: &str| -> Vec<Vec<f64>> {

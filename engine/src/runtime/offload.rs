@@ -1,14 +1,20 @@
 //! Op offload for prefill: with a layer split (`--gpu-layers N`, or a budget's fit), the layers
 //! held on the CPU prefill there slowly, while the GPU beside it idles. llama.cpp's scheduler
 //! copies those layers' weights to the GPU for large batches and multiplies there. Here, where the
-//! GPU unit lists [`HOST_WEIGHTS_FEATURE`], every node of the CPU-held layers but their attention
-//! (products, norms, rope, GeGLU, residual adds) runs on the GPU in prefill steps of at least
-//! [`offload_rows`] rows, their weights held in host memory
-//! ([`Usage::HostWeight`](tandem_backend_api::Usage): not counted against the GPU's budget, held
-//! beside the CPU's own copy; the Vulkan backend copies each into its own memory before the
-//! product). Attention stays on the CPU with its KV cache, where the placement put it, so a
-//! layer's step crosses between the units twice (q, k, v out, the attention's output back);
-//! steps of fewer rows (decode, short chunks) run as the decode placement does.
+//! GPU unit lists [`HOST_WEIGHTS_FEATURE`], every node of the CPU-held layers (products, norms,
+//! rope, GeGLU, residual adds, and attention where the GPU's budget holds a copy of those
+//! layers' KV caches) runs on the GPU in prefill steps of at least [`offload_rows`] rows, their
+//! weights held in host memory ([`Usage::HostWeight`](tandem_backend_api::Usage): not counted
+//! against the GPU's budget, held beside the CPU's own copy; the Vulkan backend copies each into
+//! its own memory before the product). Steps of fewer rows (decode, short chunks) run as the
+//! decode placement does.
+//!
+//! With attention moved, the GPU holds a second KV cache of those layers, and the split
+//! scheduler's KV hand-off ([`super::split`]) copies a sequence's rows of them to the unit whose
+//! phase runs next (the rows a prompt wrote, to the CPU before its first decode step; the rows
+//! decode added, back before the next prompt chunk). Without room for those caches, attention
+//! stays on the CPU with its cache, and a layer's prefill crosses between the units twice (q, k,
+//! v out, the attention's output back).
 //!
 //! Moving only the products cost more than it saved: on the H200 (4B q4_k, 17 of 34 layers on
 //! the GPU, prefill 512) the boundary copies of the products' inputs and outputs took 269 of a
@@ -38,11 +44,17 @@ pub fn offload_rows() -> usize {
         .unwrap_or(OFFLOAD_ROWS)
 }
 
-/// Moves the prefill nodes but attention of the layers `placement`'s layer rule keeps off its GPU
-/// unit onto that unit, where it lists [`HOST_WEIGHTS_FEATURE`] and runs them, and records them
-/// in `assignment.offloaded`. Nothing changes without a `--gpu-layers`-style rule, with
+/// Moves the prefill nodes of the layers `placement`'s layer rule keeps off its GPU unit onto that
+/// unit (their attention only with `attention`), where it lists [`HOST_WEIGHTS_FEATURE`] and runs
+/// them, and records them in `assignment.offloaded`. Nothing changes without a `--gpu-layers`-style rule, with
 /// [`offload_rows`] 0, or on a unit without the feature.
-pub fn offload(assignment: &mut Assignment, graph: &Graph, regions: &[Region], placement: &Placement) {
+pub fn offload(
+    assignment: &mut Assignment,
+    graph: &Graph,
+    regions: &[Region],
+    placement: &Placement,
+    attention: bool,
+) {
     assignment.offloaded.clear();
     if offload_rows() == 0 {
         return;
@@ -63,10 +75,11 @@ pub fn offload(assignment: &mut Assignment, graph: &Graph, regions: &[Region], p
     }
     for (i, node) in graph.nodes.iter().enumerate() {
         let held_elsewhere = matches!(regions.get(i), Some(Region::Layer(l)) if *l >= *count);
-        let moves = !matches!(
-            node.op,
-            Op::Attention { .. } | Op::Input { .. } | Op::Output { .. }
-        );
+        let moves = match node.op {
+            Op::Input { .. } | Op::Output { .. } => false,
+            Op::Attention { .. } => attention,
+            _ => true,
+        };
         if !held_elsewhere || !moves || assignment.prefill[i].unit != cpu {
             continue;
         }
@@ -114,20 +127,24 @@ pub fn describe(
     let first = *assignment.offloaded.first()?;
     let unit = assignment.prefill[first].unit;
     Some(format!(
-        "{} runs {} nodes ({} products) of the layers held elsewhere, all but their attention, in prefill steps of {} rows or more, copying {} of their weights from host memory per step",
+        "{} runs {} nodes ({} products{}) of the layers held elsewhere in prefill steps of {} rows or more, copying {} of their weights from host memory per step",
         names.get(unit).map_or("?", String::as_str),
         assignment.offloaded.len(),
-        products(assignment, graph),
+        count(assignment, graph, |op| matches!(op, Op::MatMul { .. })),
+        match count(assignment, graph, |op| matches!(op, Op::Attention { .. })) {
+            0 => ", not their attention: no room for their KV caches".to_string(),
+            n => format!(", {n} attentions over a copy of their KV caches"),
+        },
         offload_rows(),
         read(unit),
     ))
 }
 
-/// How many of the offloaded nodes are products.
-fn products(assignment: &Assignment, graph: &Graph) -> usize {
+/// How many of the offloaded nodes' ops are `what`.
+fn count(assignment: &Assignment, graph: &Graph, what: fn(&Op) -> bool) -> usize {
     assignment
         .offloaded
         .iter()
-        .filter(|&&i| matches!(graph.nodes.get(i).map(|n| &n.op), Some(Op::MatMul { .. })))
+        .filter(|&&i| graph.nodes.get(i).is_some_and(|n| what(&n.op)))
         .count()
 }

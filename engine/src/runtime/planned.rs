@@ -150,8 +150,28 @@ impl Planned {
         parts: Vec<Part>,
         regions: Vec<Region>,
     ) -> Result<Planned, LoadError> {
-        let mut assignment = assign(&graph, &parts, &regions, &placement.spec, &placement.candidates)?;
-        super::offload::offload(&mut assignment, &graph, &regions, &placement);
+        let plain = assign(&graph, &parts, &regions, &placement.spec, &placement.candidates)?;
+        // The prefill op offload with the held layers' attention where the GPU has room for a
+        // copy of their KV caches, else without it.
+        let mut assignment = plain.clone();
+        super::offload::offload(&mut assignment, &graph, &regions, &placement, true);
+        let over = |a: &Assignment| {
+            let chunk = model.cache_shape.max_step_rows;
+            let report = PlacementReport::new(
+                &model,
+                &placement.spec,
+                &placement.candidates,
+                &graph,
+                &parts,
+                a,
+                chunk,
+            );
+            report.units.iter().any(|u| u.over_budget())
+        };
+        if !assignment.offloaded.is_empty() && over(&assignment) && !over(&plain) {
+            assignment = plain;
+            super::offload::offload(&mut assignment, &graph, &regions, &placement, false);
+        }
         Ok(Planned {
             placement,
             model,
