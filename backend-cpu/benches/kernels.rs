@@ -61,7 +61,11 @@ fn products(c: &mut Criterion, rows: usize, label: &str) {
         let mut scratch = vec![0f32; n * rows];
         group.throughput(Throughput::Bytes(bytes.len() as u64));
         let fast_too = dtype.is_quantized();
-        for (name, fast) in [("reference", false), ("fast", true)] {
+        for (name, fast, int8) in [
+            ("reference", false, false),
+            ("fast", true, false),
+            ("fast_int8", true, true),
+        ] {
             if fast && !fast_too {
                 continue;
             }
@@ -76,6 +80,7 @@ fn products(c: &mut Criterion, rows: usize, label: &str) {
                         &mut scratch,
                         fast.then(KernelSet::detect),
                         true,
+                        int8,
                     )
                 })
             });
@@ -151,20 +156,23 @@ fn head(c: &mut Criterion) {
             .num_threads(threads)
             .build()
             .expect("thread pool");
-        group.bench_with_input(BenchmarkId::new("fast", threads), &threads, |b, _| {
-            b.iter(|| {
-                matmul::product(
-                    &pool,
-                    None,
-                    &x,
-                    1,
-                    w,
-                    &mut scratch,
-                    Some(KernelSet::detect()),
-                    false,
-                )
-            })
-        });
+        for (name, int8) in [("fast", false), ("fast_int8", true)] {
+            group.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, _| {
+                b.iter(|| {
+                    matmul::product(
+                        &pool,
+                        None,
+                        &x,
+                        1,
+                        w,
+                        &mut scratch,
+                        Some(KernelSet::detect()),
+                        false,
+                        int8,
+                    )
+                })
+            });
+        }
         group.bench_with_input(BenchmarkId::new("read", threads), &threads, |b, _| {
             b.iter(|| {
                 pool.install(|| {
@@ -211,7 +219,7 @@ fn prefill(c: &mut Criterion) {
             .filter(|s| s.available())
         {
             group.bench_with_input(BenchmarkId::new(set.name(), &id), &id, |b, _| {
-                b.iter(|| matmul::product(&pool, None, &x, rows, w, &mut scratch, Some(set), true))
+                b.iter(|| matmul::product(&pool, None, &x, rows, w, &mut scratch, Some(set), true, false))
             });
         }
     }

@@ -57,6 +57,7 @@ const GEMM_MIN_BLOCK_ROWS: usize = 48;
 #[cfg(target_arch = "x86_64")]
 mod amx;
 mod gemm;
+pub mod int8;
 
 /// The weight formats this module covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -481,8 +482,14 @@ pub fn matmul(
     w: &WeightView,
     scratch: &mut [f32],
     gemm: bool,
+    int8: bool,
 ) -> Option<Layout> {
     let gemm = gemm && rows >= GEMM_MIN_ROWS;
+    if int8 && !gemm {
+        if let Some(layout) = int8::matmul(pool, spin, set, x, rows, w, scratch) {
+            return Some(layout);
+        }
+    }
     let kind = Kind::of(w.dtype)?;
     let k = w.k;
     if rows == 0 || k == 0 || !k.is_multiple_of(kind.block()) {
@@ -1584,7 +1591,8 @@ mod tests {
             let x: Vec<f32> = (0..rows * k).map(|_| rng.unit()).collect();
             for set in KernelSet::ALL.into_iter().filter(|s| s.available()) {
                 let mut scratch = vec![0f32; n * rows];
-                let layout = matmul(&pool, None, set, &x, rows, &w, &mut scratch, true).expect("covered");
+                let layout =
+                    matmul(&pool, None, set, &x, rows, &w, &mut scratch, true, false).expect("covered");
                 let mut product = vec![0f32; n * rows];
                 crate::layout::scatter(&scratch, layout, rows, 0, &mut product);
                 let mut wf = vec![0f32; k];
@@ -1625,8 +1633,18 @@ mod tests {
             };
             let product = |set, rows: usize, gemm| {
                 let mut scratch = vec![0f32; n * rows];
-                let layout = matmul(&pool, None, set, &x[..rows * k], rows, &view, &mut scratch, gemm)
-                    .expect("a covered format");
+                let layout = matmul(
+                    &pool,
+                    None,
+                    set,
+                    &x[..rows * k],
+                    rows,
+                    &view,
+                    &mut scratch,
+                    gemm,
+                    false,
+                )
+                .expect("a covered format");
                 let mut out = vec![0f32; n * rows];
                 crate::layout::scatter(&scratch, layout, rows, 0, &mut out);
                 out
@@ -1637,8 +1655,8 @@ mod tests {
                     let alone = {
                         let mut scratch = vec![0f32; n];
                         let xr = &x[r * k..(r + 1) * k];
-                        let layout =
-                            matmul(&pool, None, set, xr, 1, &view, &mut scratch, false).expect("covered");
+                        let layout = matmul(&pool, None, set, xr, 1, &view, &mut scratch, false, false)
+                            .expect("covered");
                         let mut out = vec![0f32; n];
                         crate::layout::scatter(&scratch, layout, 1, 0, &mut out);
                         out
@@ -1709,6 +1727,17 @@ mod tests {
         let mut x = vec![1f32; 32];
         x[3] = f32::INFINITY;
         let mut scratch = vec![0f32; 2];
-        assert!(matmul(&pool, None, KernelSet::detect(), &x, 1, &w, &mut scratch, false).is_none());
+        assert!(matmul(
+            &pool,
+            None,
+            KernelSet::detect(),
+            &x,
+            1,
+            &w,
+            &mut scratch,
+            false,
+            false
+        )
+        .is_none());
     }
 }

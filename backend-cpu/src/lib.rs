@@ -177,6 +177,11 @@ pub struct CpuBackend {
     /// covers through 16-bit quantized activations; `"reference"` (`None`) keeps every op on
     /// the plain `kernels` (the oracle).
     kernels: Option<KernelSet>,
+    /// Backend option `precision`: `"exact"` (the default) keeps 16-bit activations in every
+    /// product; `"fast"` takes decode products on `q8_0` weights through 8-bit activations
+    /// where the CPU has AVX-512 VNNI (`fast::int8`), as ggml does. Judged on the real model
+    /// by `engine perplexity --kl-divergence` (docs/precision.md).
+    int8: bool,
     /// The most bytes `alloc` may hold: the host's memory or the smaller `memory_limit`; `None`
     /// where the host's memory is unknown and no limit was set.
     memory_budget: Option<u64>,
@@ -230,6 +235,15 @@ impl BackendPlugin for CpuBackend {
                 }
             },
         };
+        let int8 = match options.get("precision") {
+            None | Some("exact") => false,
+            Some("fast") => kernels.is_some(),
+            Some(v) => {
+                return Err(BackendError::invalid(format!(
+                    "backend option 'precision' must be 'exact' or 'fast', not '{v}'"
+                )))
+            }
+        };
         // The host's memory is the device's; where it cannot be read, only the option bounds.
         let memory_budget = match host_memory_bytes() {
             Some(total) => Some(options.memory_budget(total)?),
@@ -255,6 +269,7 @@ impl BackendPlugin for CpuBackend {
             programs: Programs::new(),
             tickets: Tickets::new(),
             kernels,
+            int8,
             memory_budget,
             arena: Arena::default(),
             in_use: 0,
@@ -532,6 +547,7 @@ impl CpuBackend {
                             &mut arena.scratch[..prog.scratch],
                             self.kernels,
                             gemm,
+                            self.int8,
                         );
                         let scratch = &arena.scratch[..prog.scratch];
                         let rows_of = |o: &mut [f32]| {
@@ -693,6 +709,7 @@ impl ComputeBackend for CpuBackend {
                     None => format!("threads={}", self.threads),
                 },
                 format!("kernels={}", self.kernels.map_or("reference", KernelSet::name)),
+                format!("precision={}", if self.int8 { "fast" } else { "exact" }),
                 format!(
                     "decode_threads={}",
                     if self.spin.is_some() { "spin" } else { "pool" }
@@ -855,6 +872,32 @@ mod tests {
         let mut o = BackendOptions::default();
         o.set(MEMORY_LIMIT, limit).set("threads", "1");
         CpuBackend::create(&o)
+    }
+
+    /// `precision`: `exact` (the default) and `fast` are named in the features; `fast` with the
+    /// reference kernels stays exact (they have no 8-bit path); another value is refused by name.
+    #[test]
+    fn precision_is_exact_or_fast_and_says_which() {
+        let feature = |b: &CpuBackend| {
+            b.info()
+                .features
+                .into_iter()
+                .find(|f| f.starts_with("precision="))
+                .unwrap_or_default()
+        };
+        let mut o = BackendOptions::default();
+        o.set("threads", "1");
+        assert_eq!(feature(&CpuBackend::create(&o).unwrap()), "precision=exact");
+        o.set("precision", "fast");
+        assert_eq!(feature(&CpuBackend::create(&o).unwrap()), "precision=fast");
+        o.set("kernels", "reference");
+        assert_eq!(feature(&CpuBackend::create(&o).unwrap()), "precision=exact");
+        o.set("precision", "sloppy");
+        let err = CpuBackend::create(&o)
+            .err()
+            .expect("precision = sloppy")
+            .to_string();
+        assert!(err.contains("'precision'") && err.contains("sloppy"), "{err}");
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub fn matmul_with(
     outs: &mut [&mut [f32]],
     fast: Option<KernelSet>,
 ) {
-    let layout = product(pool, None, x, rows, w, scratch, fast, true);
+    let layout = product(pool, None, x, rows, w, scratch, fast, true, false);
     let mut j0 = 0;
     for out in outs.iter_mut() {
         j0 = scatter(scratch, layout, rows, j0, out);
@@ -41,9 +41,10 @@ pub fn product(
     scratch: &mut [f32],
     fast: Option<KernelSet>,
     gemm: bool,
+    int8: bool,
 ) -> Layout {
     if let Some(set) = fast {
-        if let Some(layout) = crate::fast::matmul(pool, spin, set, x, rows, &w, scratch, gemm) {
+        if let Some(layout) = crate::fast::matmul(pool, spin, set, x, rows, &w, scratch, gemm, int8) {
             return layout;
         }
     }

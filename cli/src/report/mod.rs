@@ -220,6 +220,7 @@ mod tests {
                 placement: split.then(|| "vulkan+cpu --gpu-layers 3".to_string()),
                 units: split.then(|| vec!["vulkan".to_string(), "cpu".to_string()]),
                 kind,
+                precision: None,
             },
             model: ModelDesc {
                 name: "tiny".into(),

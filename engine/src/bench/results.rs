@@ -68,6 +68,10 @@ pub struct BackendDesc {
     pub units: Option<Vec<String>>,
     /// The kind of device.
     pub kind: DeviceKind,
+    /// The arithmetic the unit ran, where it names one (`exact`, `fast`: its `precision=`
+    /// feature); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<String>,
 }
 
 /// The model a result ran.

@@ -142,7 +142,16 @@ fn backend_desc(
         }),
         units,
         kind: info.kind,
+        precision: precision(info),
     }
+}
+
+/// The arithmetic a unit runs, where its features name it (`precision=fast`).
+fn precision(info: &BackendInfo) -> Option<String> {
+    info.features
+        .iter()
+        .find_map(|f| f.strip_prefix("precision="))
+        .map(str::to_string)
 }
 
 /// Sets each run's decode bandwidth fraction: its bytes per step over its median step time,
@@ -511,6 +520,9 @@ mod tests {
             });
         }
         let mut backend_doc = json!({ "name": info.name, "device": info.device, "kind": info.kind });
+        if let Some(p) = precision(info) {
+            backend_doc["precision"] = json!(p);
+        }
         if let Some(units) = h.units.clone().filter(|u| u.len() > 1) {
             backend_doc["placement"] = json!(match h.gpu_layers {
                 Some(n) => format!("{} --gpu-layers {n}", h.backend),

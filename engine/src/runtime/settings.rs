@@ -476,7 +476,7 @@ const COMMON_OPTIONS: [&str; 2] = ["strict", tandem_backend_api::MEMORY_LIMIT];
 /// (besides [`COMMON_OPTIONS`]). A plugin that adds an option adds it here, so that a typo in
 /// the config is an error instead of a setting silently ignored.
 pub const BACKEND_OPTIONS: [(&str, &[&str]); 5] = [
-    ("cpu", &["threads", "kernels", "spin", "profile"]),
+    ("cpu", &["threads", "kernels", "spin", "profile", "precision"]),
     (
         "vulkan",
         &[
@@ -490,6 +490,7 @@ pub const BACKEND_OPTIONS: [(&str, &[&str]); 5] = [
             "int_dot",
             "pipeline_cache",
             "prepare",
+            "wait_spin_us",
         ],
     ),
     (

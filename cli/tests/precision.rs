@@ -1,0 +1,77 @@
+//! The precision rule (docs/precision.md): on the real default model over a public-domain text
+//! (tests/fixtures/text, Jules Verne's *Around the World in Eighty Days*, chapters I-V), every
+//! backend's `precision = "fast"` against its `"exact"`, by `engine perplexity
+//! --kl-divergence`: mean KL divergence <= 1e-3, the same top token >= 98% of the time, and
+//! perplexity within 0.5%. Steps of 4 rows (`--chunk 4`), so the decode-shaped products the fast
+//! path covers score every token; 8 chunks of 512 tokens.
+
+mod common;
+
+use common::Install;
+use serde_json::Value;
+
+/// The text the rule is checked on.
+fn text() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/text/around-the-world-in-80-days-1-5.txt")
+}
+
+#[test]
+fn fast_precision_on_the_cpu_keeps_the_rule_on_the_default_model() {
+    let Some(model) = common::default_model() else {
+        return;
+    };
+    let install = Install::new(&["cpu"]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = |precision: &str| {
+        let p = dir.path().join(format!("{precision}.toml"));
+        std::fs::write(&p, format!("[backend.cpu]\nprecision = \"{precision}\"\n")).expect("config");
+        p
+    };
+    let (exact, fast) = (config("exact"), config("fast"));
+    let base = dir.path().join("exact.kl");
+    let (model, text, base_s) = (model.to_str().unwrap(), text(), base.to_str().unwrap());
+    let text = text.to_str().unwrap();
+    let common = [
+        "perplexity",
+        "--model",
+        model,
+        "--backend",
+        "cpu",
+        "--file",
+        text,
+        "--chunk",
+        "4",
+        "--chunks",
+        "8",
+    ];
+    let run = |config: &std::path::Path, extra: &[&str]| -> Value {
+        let mut args = vec!["--config", config.to_str().unwrap()];
+        args.extend_from_slice(&common);
+        args.extend_from_slice(extra);
+        args.push("--json");
+        let out = install.run(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("perplexity JSON")
+    };
+    run(&exact, &["--kl-divergence-base", base_s]);
+    let got = run(&fast, &["--kl-divergence", base_s]);
+    let kl = &got["kl_divergence"];
+    let f = |key: &str| kl[key].as_f64().unwrap_or_else(|| panic!("{key} in {kl}"));
+    assert_eq!(kl["tokens"].as_u64(), Some(8 * 256), "{kl}");
+    eprintln!(
+        "fast against exact: mean KL {:.6}, same top {:.4}, ppl {:.4} / {:.4}",
+        f("kl_mean"),
+        f("same_top"),
+        f("ppl"),
+        f("ppl_reference")
+    );
+    assert!(f("kl_mean") <= 1e-3, "mean KL divergence {}", f("kl_mean"));
+    assert!(f("same_top") >= 0.98, "same top token {}", f("same_top"));
+    assert!(
+        (f("ppl") / f("ppl_reference") - 1.0).abs() <= 0.005,
+        "perplexity {} against {}",
+        f("ppl"),
+        f("ppl_reference")
+    );
+}
