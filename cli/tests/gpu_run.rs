@@ -134,11 +134,9 @@ fn prefill_offload_gives_the_split_s_tokens_and_logits_on_vulkan() {
         generated,
     } = greedy_reference();
     let split = ["--backend", "vulkan", "--gpu-layers", "1"];
-    // Both runs of each command set the variable before starting (the engine reads it at load).
+    // The threshold is set for each engine run alone (the engine reads it at load).
     let run = |rows: &str, args: &[&str]| {
-        std::env::set_var("TANDEM_PREFILL_OFFLOAD_ROWS", rows);
-        let out = install.run(args);
-        std::env::remove_var("TANDEM_PREFILL_OFFLOAD_ROWS");
+        let out = install.run_env(args, &[("TANDEM_PREFILL_OFFLOAD_ROWS", rows)]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         out
     };
@@ -193,6 +191,63 @@ fn prefill_offload_gives_the_split_s_tokens_and_logits_on_vulkan() {
         let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
         assert!(worst <= 1e-3 * scale, "logits moved by {worst} (largest {scale})");
     }
+}
+
+/// The prefill op offload under a budget that holds the GPU's own layers but not a copy of the
+/// others' KV caches (`memory_limit = "70MiB"` with a 32,768-token context: the copies would take
+/// the GPU's need from about 67 to 74 MiB): attention stays on the CPU, the note says why, and the
+/// greedy tokens are still the reference ones.
+#[test]
+fn prefill_offload_keeps_attention_on_the_cpu_without_room_for_the_caches() {
+    std::env::set_var("TANDEM_VULKAN_VALIDATION", "1");
+    let install = Install::new(&["cpu", "vulkan"]);
+    if !common::gpu_available(&install, "vulkan") {
+        return;
+    }
+    let dir = common::fixture("text-published");
+    let model = dir.to_str().unwrap();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let config = tmp.path().join("limit.toml");
+    std::fs::write(&config, "[backend.vulkan]\nmemory_limit = \"70MiB\"\n").expect("config");
+    let Greedy {
+        prompt,
+        max_tokens: n,
+        generated,
+    } = greedy_reference();
+    let args = [
+        "--config",
+        config.to_str().unwrap(),
+        "run",
+        "--model",
+        model,
+        "--tokens",
+        &prompt,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        &n,
+        "--json",
+        "--backend",
+        "vulkan",
+        "--gpu-layers",
+        "1",
+        "--context",
+        "32768",
+        "--chunk",
+        "8",
+    ];
+    let out = install.run_env(&args, &[("TANDEM_PREFILL_OFFLOAD_ROWS", "8")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("not their attention: no room for their KV caches"),
+        "attention moved without room for its caches: {stderr}"
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
+    assert_eq!(
+        got["tokens"], generated,
+        "greedy continuation with attention on the CPU"
+    );
 }
 
 /// `[backend.vulkan] devices = [...]` with `--backend vulkan`: one instance per device, the

@@ -47,9 +47,16 @@ impl Install {
     }
 
     pub fn run(&self, args: &[&str]) -> Output {
+        self.run_env(args, &[])
+    }
+
+    /// [`Install::run`] with `vars` set for the engine alone (not for the test process, whose
+    /// other tests run beside it).
+    pub fn run_env(&self, args: &[&str], vars: &[(&str, &str)]) -> Output {
         Command::new(self.dir.path().join("engine"))
             .args(args)
             .env_remove("TANDEM_PLUGIN_PATH")
+            .envs(vars.iter().copied())
             .output()
             .expect("engine runs")
     }
