@@ -202,6 +202,12 @@ impl KernelSet {
         }
     }
 
+    /// Whether the set takes `precision = "fast"`'s 8-bit products ([`int8`]): it uses AVX-512
+    /// VNNI and the CPU has it.
+    pub fn int8_products(self) -> bool {
+        self.vnni().is_some()
+    }
+
     /// The AVX-512 VNNI proof, where the set uses VNNI and the CPU has it.
     fn vnni(self) -> Option<Vnni> {
         match self {

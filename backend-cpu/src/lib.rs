@@ -237,7 +237,8 @@ impl BackendPlugin for CpuBackend {
         };
         let int8 = match options.get("precision") {
             None | Some("exact") => false,
-            Some("fast") => kernels.is_some(),
+            // Without a kernel set that has the 8-bit products, `fast` is `exact` (and says so).
+            Some("fast") => kernels.is_some_and(KernelSet::int8_products),
             Some(v) => {
                 return Err(BackendError::invalid(format!(
                     "backend option 'precision' must be 'exact' or 'fast', not '{v}'"
@@ -875,7 +876,8 @@ mod tests {
     }
 
     /// `precision`: `exact` (the default) and `fast` are named in the features; `fast` with the
-    /// reference kernels stays exact (they have no 8-bit path); another value is refused by name.
+    /// reference kernels, or on a CPU without AVX-512 VNNI, stays exact (no 8-bit path there);
+    /// another value is refused by name.
     #[test]
     fn precision_is_exact_or_fast_and_says_which() {
         let feature = |b: &CpuBackend| {
@@ -889,7 +891,12 @@ mod tests {
         o.set("threads", "1");
         assert_eq!(feature(&CpuBackend::create(&o).unwrap()), "precision=exact");
         o.set("precision", "fast");
-        assert_eq!(feature(&CpuBackend::create(&o).unwrap()), "precision=fast");
+        let fast = if KernelSet::detect().int8_products() {
+            "precision=fast"
+        } else {
+            "precision=exact"
+        };
+        assert_eq!(feature(&CpuBackend::create(&o).unwrap()), fast);
         o.set("kernels", "reference");
         assert_eq!(feature(&CpuBackend::create(&o).unwrap()), "precision=exact");
         o.set("precision", "sloppy");

@@ -75,3 +75,43 @@ fn fast_precision_on_the_cpu_keeps_the_rule_on_the_default_model() {
         f("ppl_reference")
     );
 }
+
+/// `--precision fast` on a model command reaches the CPU backend: `engine bench` names the
+/// precision its unit ran (`fast` where the CPU has AVX-512 VNNI, else `exact`), and `exact`
+/// is the default.
+#[test]
+fn the_precision_flag_reaches_the_backend_and_bench_names_it() {
+    let install = Install::new(&["cpu"]);
+    let model = common::fixture("text-published");
+    let bench = |extra: &[&str]| -> Value {
+        let mut args = vec!["bench", "--model", model.to_str().unwrap(), "--backend", "cpu"];
+        args.extend_from_slice(&[
+            "--prompt-tokens",
+            "8",
+            "--gen-tokens",
+            "2",
+            "--repeat",
+            "1",
+            "--json",
+        ]);
+        args.extend_from_slice(extra);
+        let out = install.run(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("bench JSON")
+    };
+    // The CPU backend's 8-bit products need AVX-512 F, BW, VL and VNNI with AVX2, FMA, F16C.
+    #[cfg(target_arch = "x86_64")]
+    let vnni = std::arch::is_x86_feature_detected!("avx512vnni")
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c");
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    assert_eq!(bench(&[])["backend"]["precision"], "exact");
+    let fast = bench(&["--precision", "fast"]);
+    assert_eq!(fast["backend"]["precision"], if vnni { "fast" } else { "exact" });
+    assert_eq!(bench(&["--precision", "exact"])["backend"]["precision"], "exact");
+}

@@ -93,7 +93,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     };
     let total_tokens = options.total_decode_tokens();
     let mut progress = Progress::new(progress::load_label(args.model.model.as_deref()));
-    let mut settings = ctx.settings.clone();
+    let mut settings = args.model.settings(&ctx.settings);
     if args.profile {
         for name in ["cpu", "vulkan", "wgpu"] {
             settings.set_backend_option(name, "profile", "true");

@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use tandem_engine::{KvCacheType, Loaded, ModelOptions, Notice};
+use tandem_engine::{KvCacheType, Loaded, ModelOptions, Notice, Settings};
 
 use super::progress::{self, Progress};
 use crate::Context;
@@ -38,6 +38,11 @@ pub struct ModelArgs {
     /// layer count.
     #[arg(long, value_name = "N")]
     pub gpu_layers: Option<usize>,
+    /// Arithmetic of the backends that offer a choice, over the config's `precision`: exact
+    /// (16-bit activations, the default) or fast (8-bit activations where they pass the KL
+    /// rule: the CPU's q8_0 decode products with AVX-512 VNNI). See docs/precision.md.
+    #[arg(long, value_parser = ["exact", "fast"])]
+    pub precision: Option<String>,
 }
 
 fn parse_kv_cache(s: &str) -> Result<KvCacheType, String> {
@@ -46,6 +51,20 @@ fn parse_kv_cache(s: &str) -> Result<KvCacheType, String> {
 }
 
 impl ModelArgs {
+    /// `settings` with these flags' backend options over the config's: `--precision` on every
+    /// backend that reads `precision`.
+    pub fn settings(&self, settings: &Settings) -> Settings {
+        let mut s = settings.clone();
+        if let Some(p) = &self.precision {
+            for (name, keys) in tandem_engine::runtime::settings::BACKEND_OPTIONS {
+                if keys.contains(&"precision") {
+                    s.set_backend_option(name, "precision", p);
+                }
+            }
+        }
+        s
+    }
+
     /// The engine's options for these flags.
     pub fn options(&self) -> ModelOptions {
         ModelOptions {
@@ -72,7 +91,7 @@ pub fn load(ctx: &Context, args: &ModelArgs, slots: usize) -> anyhow::Result<Loa
     let progress = RefCell::new(Progress::new(progress::load_label(args.model.as_deref())));
     let loaded = tandem_engine::load(
         &ctx.search,
-        &ctx.settings,
+        &args.settings(&ctx.settings),
         &args.options(),
         slots,
         &mut |n| progress.borrow_mut().notice(n),

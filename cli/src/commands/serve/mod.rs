@@ -107,7 +107,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     // A server meets every step size: the Vulkan backend creates every matmul kernel variant
     // of its largest step at once, on several threads (`[backend.vulkan] prepare`), unless the
     // config says otherwise.
-    let mut settings = ctx.settings.clone();
+    let mut settings = args.model.settings(&ctx.settings);
     if settings.backend_options("vulkan").get("prepare").is_none() {
         settings.set_backend_option("vulkan", "prepare", "true");
     }
