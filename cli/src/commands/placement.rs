@@ -25,7 +25,7 @@ pub struct Args {
 pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let planned = plan(
         &ctx.search,
-        &ctx.settings,
+        &args.model.settings(&ctx.settings),
         &args.model.options(),
         1,
         &mut print_notice,
