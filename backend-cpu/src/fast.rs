@@ -554,11 +554,7 @@ pub fn matmul(
             });
             return Some(Layout::Panels { width, n: w.n });
         }
-        let threads = spin.map_or(pool.current_num_threads(), |p| p.threads());
-        let chunk_rows =
-            w.n.div_ceil(threads * TASKS_PER_THREAD)
-                .max(MIN_CHUNK)
-                .next_multiple_of(WROWS);
+        let chunk_rows = column_chunk(pool, spin, w.n);
         let wrow = |j: usize| &w.bytes[j * rb..(j + 1) * rb];
         let task = |chunk: usize, dst: &mut [f32]| {
             let j0 = chunk * chunk_rows;
@@ -594,17 +590,40 @@ pub fn matmul(
                 }
             }
         };
-        match spin {
-            Some(p) => crate::spin::chunks_mut(p, &mut scratch[..w.n * rows], chunk_rows * rows, task),
-            None => pool.install(|| {
-                scratch[..w.n * rows]
-                    .par_chunks_mut(chunk_rows * rows)
-                    .enumerate()
-                    .for_each(|(chunk, dst)| task(chunk, dst))
-            }),
-        }
+        in_columns(pool, spin, &mut scratch[..w.n * rows], chunk_rows * rows, task);
         Some(Layout::Columns)
     })
+}
+
+/// Weight rows (output columns) per parallel task of a decode-shaped product over `n` of them:
+/// [`TASKS_PER_THREAD`] tasks per thread of `spin` (where given) or `pool`, at least
+/// [`MIN_CHUNK`], a whole number of [`WROWS`].
+fn column_chunk(pool: &rayon::ThreadPool, spin: Option<&crate::spin::SpinPool>, n: usize) -> usize {
+    let threads = spin.map_or(pool.current_num_threads(), |p| p.threads());
+    n.div_ceil(threads * TASKS_PER_THREAD)
+        .max(MIN_CHUNK)
+        .next_multiple_of(WROWS)
+}
+
+/// Runs `task(i, chunk)` over the chunks of `len` values of `out` on the spinning threads where
+/// given, else on `pool`.
+fn in_columns<F>(
+    pool: &rayon::ThreadPool,
+    spin: Option<&crate::spin::SpinPool>,
+    out: &mut [f32],
+    len: usize,
+    task: F,
+) where
+    F: Fn(usize, &mut [f32]) + Sync,
+{
+    match spin {
+        Some(p) => crate::spin::chunks_mut(p, out, len, task),
+        None => pool.install(|| {
+            out.par_chunks_mut(len)
+                .enumerate()
+                .for_each(|(chunk, dst)| task(chunk, dst))
+        }),
+    }
 }
 
 /// One task of the prefill product ([`gemm::task`]'s arguments): on AMX tiles ([`amx::task`])

@@ -16,10 +16,9 @@
 use std::cell::RefCell;
 
 use half::f16;
-use rayon::prelude::*;
 use tandem_backend_api::block;
 
-use super::{grow, KernelSet, Vnni, MIN_CHUNK, QK, TASKS_PER_THREAD, WROWS};
+use super::{column_chunk, grow, in_columns, KernelSet, Vnni, QK};
 use crate::layout::Layout;
 use crate::weight::WeightView;
 
@@ -111,11 +110,7 @@ pub fn matmul(
             return None;
         }
         let (d, qs) = (&d[..nb], &qs[..rows * k]);
-        let threads = spin.map_or(pool.current_num_threads(), |p| p.threads());
-        let chunk_rows =
-            w.n.div_ceil(threads * TASKS_PER_THREAD)
-                .max(MIN_CHUNK)
-                .next_multiple_of(WROWS);
+        let chunk_rows = column_chunk(pool, spin, w.n);
         let wrow = |j: usize| &w.bytes[j * rb..(j + 1) * rb];
         // One weight row at a time: the weights then stream through memory in order. Four
         // rows side by side (the 16-bit path's matrix-vector shape) took the head's product
@@ -130,15 +125,7 @@ pub fn matmul(
                 }
             }
         };
-        match spin {
-            Some(p) => crate::spin::chunks_mut(p, &mut scratch[..w.n * rows], chunk_rows * rows, task),
-            None => pool.install(|| {
-                scratch[..w.n * rows]
-                    .par_chunks_mut(chunk_rows * rows)
-                    .enumerate()
-                    .for_each(|(chunk, dst)| task(chunk, dst))
-            }),
-        }
+        in_columns(pool, spin, &mut scratch[..w.n * rows], chunk_rows * rows, task);
         Some(Layout::Columns)
     })
 }
