@@ -115,3 +115,28 @@ fn the_precision_flag_reaches_the_backend_and_bench_names_it() {
     assert_eq!(fast["backend"]["precision"], if vnni { "fast" } else { "exact" });
     assert_eq!(bench(&["--precision", "exact"])["backend"]["precision"], "exact");
 }
+
+/// `--precision exact` reproduces the default's logits bit for bit, and `fast` leaves a model
+/// without `q8_0` weights (the fixture's f32/bf16 ones) bit for bit as `exact` has it: the
+/// 8-bit path covers only what the rule judged.
+#[test]
+fn exact_is_the_default_bit_for_bit_and_fast_touches_only_what_it_covers() {
+    let install = Install::new(&["cpu"]);
+    let model = common::fixture("text-published");
+    let logits = |extra: &[&str]| -> Value {
+        let mut args = vec!["logits", "--model", model.to_str().unwrap(), "--backend", "cpu"];
+        args.extend_from_slice(&["--tokens", "2,17,5,9,11", "--json"]);
+        args.extend_from_slice(extra);
+        let out = install.run(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).expect("logits JSON");
+        v["logits"].clone()
+    };
+    let default = logits(&[]);
+    assert!(
+        default.as_array().is_some_and(|rows| !rows.is_empty()),
+        "{default}"
+    );
+    assert_eq!(logits(&["--precision", "exact"]), default);
+    assert_eq!(logits(&["--precision", "fast"]), default);
+}
