@@ -177,10 +177,11 @@ pub struct CpuBackend {
     /// covers through 16-bit quantized activations; `"reference"` (`None`) keeps every op on
     /// the plain `kernels` (the oracle).
     kernels: Option<KernelSet>,
-    /// Backend option `precision`: `"exact"` (the default) keeps 16-bit activations in every
-    /// product; `"fast"` takes decode products on `q8_0` weights through 8-bit activations
-    /// where the CPU has AVX-512 VNNI (`fast::int8`), as ggml does. Judged on the real model
-    /// by `engine perplexity --kl-divergence` (docs/precision.md).
+    /// Backend option `precision`: `"fast"` (the default) takes decode products on `q8_0`
+    /// weights through 8-bit activations where the CPU has AVX-512 VNNI (`fast::int8`), as
+    /// ggml does, judged on the real model by `engine perplexity --kl-divergence`
+    /// (docs/precision.md); `"exact"` keeps 16-bit activations in every product (the
+    /// conformance suite and the reference tests run it).
     int8: bool,
     /// The most bytes `alloc` may hold: the host's memory or the smaller `memory_limit`; `None`
     /// where the host's memory is unknown and no limit was set.
@@ -236,9 +237,10 @@ impl BackendPlugin for CpuBackend {
             },
         };
         let int8 = match options.get("precision") {
-            None | Some("exact") => false,
+            Some("exact") => false,
+            // The default: it passes the precision rule on the default model (docs/precision.md).
             // Without a kernel set that has the 8-bit products, `fast` is `exact` (and says so).
-            Some("fast") => kernels.is_some_and(KernelSet::int8_products),
+            None | Some("fast") => kernels.is_some_and(KernelSet::int8_products),
             Some(v) => {
                 return Err(BackendError::invalid(format!(
                     "backend option 'precision' must be 'exact' or 'fast', not '{v}'"
@@ -875,7 +877,7 @@ mod tests {
         CpuBackend::create(&o)
     }
 
-    /// `precision`: `exact` (the default) and `fast` are named in the features; `fast` with the
+    /// `precision`: `fast` (the default) and `exact` are named in the features; `fast` with the
     /// reference kernels, or on a CPU without AVX-512 VNNI, stays exact (no 8-bit path there);
     /// another value is refused by name.
     #[test]
@@ -889,13 +891,15 @@ mod tests {
         };
         let mut o = BackendOptions::default();
         o.set("threads", "1");
-        assert_eq!(feature(&CpuBackend::create(&o).unwrap()), "precision=exact");
-        o.set("precision", "fast");
         let fast = if KernelSet::detect().int8_products() {
             "precision=fast"
         } else {
             "precision=exact"
         };
+        assert_eq!(feature(&CpuBackend::create(&o).unwrap()), fast);
+        o.set("precision", "exact");
+        assert_eq!(feature(&CpuBackend::create(&o).unwrap()), "precision=exact");
+        o.set("precision", "fast");
         assert_eq!(feature(&CpuBackend::create(&o).unwrap()), fast);
         o.set("kernels", "reference");
         assert_eq!(feature(&CpuBackend::create(&o).unwrap()), "precision=exact");

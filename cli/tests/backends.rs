@@ -18,7 +18,8 @@ fn lists_cpu_available_and_the_others_with_a_reason() {
 }
 
 /// `threads=<n>` becomes `threads=N`, `kernels=<set>` `kernels=SET` (after checking that the
-/// set is one the CPU backend names) and `decode_threads=<spin|pool>` `decode_threads=POOL`.
+/// set is one the CPU backend names), `precision=<exact|fast>` `precision=P` (fast where the CPU
+/// has the 8-bit products) and `decode_threads=<spin|pool>` `decode_threads=POOL`.
 fn normalize_cpu_line(s: &str) -> String {
     s.lines()
         .map(|l| {
@@ -26,6 +27,7 @@ fn normalize_cpu_line(s: &str) -> String {
             for (key, with) in [
                 ("threads=", "N"),
                 ("kernels=", "SET"),
+                ("precision=", "P"),
                 ("decode_threads=", "POOL"),
             ] {
                 if let Some(i) = l.find(key) {
@@ -37,6 +39,12 @@ fn normalize_cpu_line(s: &str) -> String {
                         assert!(
                             ["spin", "pool"].contains(&&l[v..end]),
                             "unknown decode threads in {l}"
+                        );
+                    }
+                    if key == "precision=" {
+                        assert!(
+                            ["exact", "fast"].contains(&&l[v..end]),
+                            "unknown precision in {l}"
                         );
                     }
                     if key == "kernels=" {

@@ -76,9 +76,9 @@ fn fast_precision_on_the_cpu_keeps_the_rule_on_the_default_model() {
     );
 }
 
-/// `--precision fast` on a model command reaches the CPU backend: `engine bench` names the
-/// precision its unit ran (`fast` where the CPU has AVX-512 VNNI, else `exact`), and `exact`
-/// is the default.
+/// `--precision` on a model command reaches the CPU backend: `engine bench` names the precision
+/// its unit ran (`fast` where the CPU has AVX-512 VNNI, else `exact`), and `fast` is the
+/// default.
 #[test]
 fn the_precision_flag_reaches_the_backend_and_bench_names_it() {
     let install = Install::new(&["cpu"]);
@@ -110,17 +110,16 @@ fn the_precision_flag_reaches_the_backend_and_bench_names_it() {
         && std::arch::is_x86_feature_detected!("f16c");
     #[cfg(not(target_arch = "x86_64"))]
     let vnni = false;
-    assert_eq!(bench(&[])["backend"]["precision"], "exact");
-    let fast = bench(&["--precision", "fast"]);
-    assert_eq!(fast["backend"]["precision"], if vnni { "fast" } else { "exact" });
+    let fast = if vnni { "fast" } else { "exact" };
+    assert_eq!(bench(&[])["backend"]["precision"], fast);
+    assert_eq!(bench(&["--precision", "fast"])["backend"]["precision"], fast);
     assert_eq!(bench(&["--precision", "exact"])["backend"]["precision"], "exact");
 }
 
-/// `--precision exact` reproduces the default's logits bit for bit, and `fast` leaves a model
-/// without `q8_0` weights (the fixture's f32/bf16 ones) bit for bit as `exact` has it: the
-/// 8-bit path covers only what the rule judged.
+/// On a model without `q8_0` weights (the fixture's f32/bf16 ones) `fast` (the default) gives
+/// `exact`'s logits bit for bit: the 8-bit path covers only what the rule judged.
 #[test]
-fn exact_is_the_default_bit_for_bit_and_fast_touches_only_what_it_covers() {
+fn fast_touches_only_what_it_covers() {
     let install = Install::new(&["cpu"]);
     let model = common::fixture("text-published");
     let logits = |extra: &[&str]| -> Value {

@@ -118,8 +118,10 @@ pub fn backends_under_test() -> (Vec<UnderTest>, Box<dyn ComputeBackend>) {
     (out, reference)
 }
 
-/// The options a backend under test is created with: the GPU backends (Vulkan, wgpu) run with
-/// the Khronos validation layer on, so that any validation message fails the suite.
+/// The options a backend under test is created with: the CPU runs `precision = "exact"` (the
+/// 8-bit products have their own oracle tests and the KL rule, docs/precision.md); the GPU
+/// backends (Vulkan, wgpu) run with the Khronos validation layer on, so that any validation
+/// message fails the suite.
 ///
 /// `TANDEM_CONFORMANCE_VALIDATION=0` leaves the layer off, for a machine whose layer is older
 /// than an extension the device uses (Debian bookworm's 1.3.239 rejects
@@ -127,6 +129,9 @@ pub fn backends_under_test() -> (Vec<UnderTest>, Box<dyn ComputeBackend>) {
 /// checked without it). CI never sets it.
 pub fn options_for(name: &str) -> tandem_backend_api::BackendOptions {
     let mut o = tandem_backend_api::BackendOptions::default();
+    if name == "cpu" {
+        o.set("precision", "exact");
+    }
     let off = std::env::var("TANDEM_CONFORMANCE_VALIDATION").is_ok_and(|v| v == "0");
     if (name == "vulkan" || name == "wgpu") && !off {
         o.set("validation", "true");

@@ -31,7 +31,7 @@ fn ids(v: &Value) -> Vec<u32> {
 fn session(path: &std::path::Path, kernels: &str) -> Session {
     let files = open_model(Some(path)).unwrap();
     let mut options = BackendOptions::default();
-    options.set("kernels", kernels);
+    options.set("kernels", kernels).set("precision", "exact");
     let backend = tandem_conformance::discover().create("cpu", &options).unwrap();
     let shape = CacheShape {
         slots: 1,

@@ -41,7 +41,7 @@ fn real_model_matches_transformers() {
     }
 
     let backend = tandem_conformance::discover()
-        .create("cpu", &Default::default())
+        .create("cpu", &tandem_conformance::options_for("cpu"))
         .unwrap();
     let shape = CacheShape {
         slots: 1,
