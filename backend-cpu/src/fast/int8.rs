@@ -161,13 +161,25 @@ mod vnni {
         unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
     }
 
+    /// The integer dots of two `q8_0` blocks (`two`, whole) with their 64 activation bytes `y`,
+    /// as `f32` lanes: 0-7 sum the first block, 8-15 the second. The weight's magnitude is
+    /// `vpdpbusd`'s unsigned operand and its sign moves onto the activations.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn pair(two: &[u8], y: __m512i) -> __m512 {
+        let zero = _mm512_setzero_si512();
+        let lo = load32(&two[QS.range()]);
+        let hi = load32(&two[BYTES + QS.at..]);
+        let wv = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        let sy = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(wv), zero, y);
+        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), sy))
+    }
+
     /// # Safety
     /// The CPU has AVX-512 F, BW, VL and VNNI besides AVX2, FMA and F16C.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn row(w: &[u8], d: &[f32], qs: &[i8]) -> f32 {
         let nb = w.len() / BYTES;
         let mut acc = _mm512_setzero_ps();
-        let zero = _mm512_setzero_si512();
         let mut b = 0;
         // Four blocks per trip, two per vector (lanes 0-7 block b, 8-15 block b + 1): their four
         // f16 scales converted together and spread over the lanes by two permutes.
@@ -197,15 +209,12 @@ mod vnni {
             let ad = &d[b..b + 4];
             // SAFETY: `ad` holds 4 `f32`; the load is unaligned.
             let sc = _mm512_castps128_ps512(_mm_mul_ps(wd, unsafe { _mm_loadu_ps(ad.as_ptr()) }));
-            let dot2 = |at: usize, y: __m512i| {
-                let lo = load32(&four[BYTES * at + QS.at..]);
-                let hi = load32(&four[BYTES * (at + 1) + QS.at..]);
-                let wv = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                let sy = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(wv), zero, y);
-                _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), sy))
-            };
-            acc = _mm512_fmadd_ps(dot2(0, y0), _mm512_permutexvar_ps(lanes01, sc), acc);
-            acc2 = _mm512_fmadd_ps(dot2(2, y1), _mm512_permutexvar_ps(lanes23, sc), acc2);
+            acc = _mm512_fmadd_ps(pair(four, y0), _mm512_permutexvar_ps(lanes01, sc), acc);
+            acc2 = _mm512_fmadd_ps(
+                pair(&four[2 * BYTES..], y1),
+                _mm512_permutexvar_ps(lanes23, sc),
+                acc2,
+            );
             b += 4;
         }
         acc = _mm512_add_ps(acc, acc2);
@@ -216,18 +225,12 @@ mod vnni {
             let y = unsafe { _mm512_loadu_si512(y.as_ptr() as *const __m512i) };
             let two = &w[BYTES * b..BYTES * (b + 2)];
             _mm_prefetch::<_MM_HINT_T0>(two.as_ptr().wrapping_add(4096) as *const i8);
-            let lo = load32(&two[QS.range()]);
-            let hi = load32(&two[BYTES + QS.at..]);
-            let wv = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-            let neg = _mm512_movepi8_mask(wv);
-            let sy = _mm512_mask_sub_epi8(y, neg, zero, y);
-            let dot = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), sy);
             let s = _mm512_mask_blend_ps(
                 0xFF00,
                 _mm512_set1_ps(scale(two) * d[b]),
                 _mm512_set1_ps(scale(&two[BYTES..]) * d[b + 1]),
             );
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc);
+            acc = _mm512_fmadd_ps(pair(two, y), s, acc);
             b += 2;
         }
         let mut total = _mm512_reduce_add_ps(acc);
