@@ -28,32 +28,20 @@ fn engine_run_generates_on(backend: &str) {
         return;
     }
     let model = common::fixture("text-published");
-    let Greedy {
-        prompt,
-        max_tokens: n,
-        generated,
-    } = greedy_reference();
-    let out = install.run(&[
-        "run",
-        "--model",
-        model.to_str().unwrap(),
-        "--tokens",
-        &prompt,
-        "--temperature",
-        "0",
-        "--max-tokens",
-        &n,
-        "--backend",
-        backend,
-        "--json",
-    ]);
+    let greedy = greedy_reference();
+    let mut args = greedy.run_args(model.to_str().unwrap());
+    args.extend_from_slice(&["--backend", backend]);
+    let out = install.run(&args);
     assert!(
         out.status.success(),
         "engine run: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
-    assert_eq!(got["tokens"], generated, "greedy continuation on {backend}");
+    assert_eq!(
+        got["tokens"], greedy.generated,
+        "greedy continuation on {backend}"
+    );
 }
 
 #[test]
@@ -94,6 +82,24 @@ struct Greedy {
     generated: Value,
 }
 
+impl Greedy {
+    /// `engine run` of this case on `model`, greedy, printing JSON (backend flags to follow).
+    fn run_args<'a>(&'a self, model: &'a str) -> Vec<&'a str> {
+        vec![
+            "run",
+            "--model",
+            model,
+            "--tokens",
+            &self.prompt,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            &self.max_tokens,
+            "--json",
+        ]
+    }
+}
+
 fn greedy_reference() -> Greedy {
     let path = common::fixture("text-published").join("reference.json");
     let reference: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -128,11 +134,8 @@ fn prefill_offload_gives_the_split_s_tokens_and_logits_on_vulkan() {
     }
     let dir = common::fixture("text-published");
     let model = dir.to_str().unwrap();
-    let Greedy {
-        prompt,
-        max_tokens: n,
-        generated,
-    } = greedy_reference();
+    let greedy = greedy_reference();
+    let (prompt, generated) = (&greedy.prompt, &greedy.generated);
     let split = ["--backend", "vulkan", "--gpu-layers", "1"];
     // The threshold is set for each engine run alone (the engine reads it at load).
     let run = |rows: &str, args: &[&str]| {
@@ -140,8 +143,7 @@ fn prefill_offload_gives_the_split_s_tokens_and_logits_on_vulkan() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         out
     };
-    let mut args = vec!["run", "--model", model, "--tokens", &prompt, "--temperature", "0"];
-    args.extend_from_slice(&["--max-tokens", &n, "--json"]);
+    let mut args = greedy.run_args(model);
     args.extend_from_slice(&split);
     let out = run("1", &args);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -154,16 +156,16 @@ fn prefill_offload_gives_the_split_s_tokens_and_logits_on_vulkan() {
         "attention stayed on the CPU: {stderr}"
     );
     let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
-    assert_eq!(got["tokens"], generated, "greedy continuation with the offload");
+    assert_eq!(&got["tokens"], generated, "greedy continuation with the offload");
     let mut chunked = args.clone();
     chunked.extend_from_slice(&["--chunk", "8"]);
     let out = run("8", &chunked);
     let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
     assert_eq!(
-        got["tokens"], generated,
+        &got["tokens"], generated,
         "greedy continuation after the KV hand-off"
     );
-    let mut args = vec!["logits", "--model", model, "--tokens", &prompt, "--json"];
+    let mut args = vec!["logits", "--model", model, "--tokens", prompt, "--json"];
     args.extend_from_slice(&split);
     let logits = |rows: &str| -> Vec<Vec<f64>> {
         let out = run(rows, &args);
@@ -209,33 +211,11 @@ fn prefill_offload_keeps_attention_on_the_cpu_without_room_for_the_caches() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let config = tmp.path().join("limit.toml");
     std::fs::write(&config, "[backend.vulkan]\nmemory_limit = \"70MiB\"\n").expect("config");
-    let Greedy {
-        prompt,
-        max_tokens: n,
-        generated,
-    } = greedy_reference();
-    let args = [
-        "--config",
-        config.to_str().unwrap(),
-        "run",
-        "--model",
-        model,
-        "--tokens",
-        &prompt,
-        "--temperature",
-        "0",
-        "--max-tokens",
-        &n,
-        "--json",
-        "--backend",
-        "vulkan",
-        "--gpu-layers",
-        "1",
-        "--context",
-        "32768",
-        "--chunk",
-        "8",
-    ];
+    let greedy = greedy_reference();
+    let mut args = vec!["--config", config.to_str().unwrap()];
+    args.extend(greedy.run_args(model));
+    args.extend_from_slice(&["--backend", "vulkan", "--gpu-layers", "1"]);
+    args.extend_from_slice(&["--context", "32768", "--chunk", "8"]);
     let out = install.run_env(&args, &[("TANDEM_PREFILL_OFFLOAD_ROWS", "8")]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -245,7 +225,7 @@ fn prefill_offload_keeps_attention_on_the_cpu_without_room_for_the_caches() {
     );
     let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
     assert_eq!(
-        got["tokens"], generated,
+        got["tokens"], greedy.generated,
         "greedy continuation with attention on the CPU"
     );
 }
@@ -281,30 +261,17 @@ fn devices_spread_the_layers_over_instances() {
         text.contains("layers: vulkan: layers 0-2, embedding; vulkan#2: layers 3-5, head"),
         "{text}"
     );
-    let Greedy {
-        prompt,
-        max_tokens: n,
-        generated,
-    } = greedy_reference();
-    let out = install.run(&[
-        "--config",
-        config,
-        "run",
-        "--model",
-        model,
-        "--tokens",
-        &prompt,
-        "--temperature",
-        "0",
-        "--max-tokens",
-        &n,
-        "--backend",
-        "vulkan",
-        "--json",
-    ]);
+    let greedy = greedy_reference();
+    let mut args = vec!["--config", config];
+    args.extend(greedy.run_args(model));
+    args.extend_from_slice(&["--backend", "vulkan"]);
+    let out = install.run(&args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
-    assert_eq!(got["tokens"], generated, "greedy continuation over two instances");
+    assert_eq!(
+        got["tokens"], greedy.generated,
+        "greedy continuation over two instances"
+    );
     // --gpu-layers takes one device: with devices named, a clean error.
     let out = install.run(&[
         "--config",
