@@ -141,6 +141,20 @@ pub fn options_for(name: &str) -> tandem_backend_api::BackendOptions {
 
 /// The name a backend created with default options is reported under: the CPU plugin's
 /// defaults are its fast kernels.
+/// `settings` with each backend under test given what [`options_for`] gives it, over what the
+/// file says (the CPU's exact precision, the GPU backends' validation layer), for the tests that
+/// load whole models through a config file.
+pub fn under_test(
+    mut settings: tandem_engine::runtime::settings::Settings,
+) -> tandem_engine::runtime::settings::Settings {
+    for name in ["cpu", "vulkan", "wgpu"] {
+        for (key, value) in &options_for(name).entries {
+            settings.set_backend_option(name, key, value);
+        }
+    }
+    settings
+}
+
 fn display_name(plugin: &str) -> String {
     if plugin == "cpu" {
         "cpu(fast)".to_string()

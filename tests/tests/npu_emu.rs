@@ -29,14 +29,10 @@ fn json(path: PathBuf) -> Value {
 }
 
 fn settings() -> Settings {
-    let mut text = String::new();
-    if options_for("vulkan").get("validation") == Some("true") {
-        text.push_str("[backend.vulkan]\nvalidation = true\n");
-    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tandem.toml");
-    std::fs::write(&path, text).unwrap();
-    Settings::load(&path).unwrap_or_else(|e| panic!("{e}"))
+    std::fs::write(&path, "").unwrap();
+    tandem_conformance::under_test(Settings::load(&path).unwrap_or_else(|e| panic!("{e}")))
 }
 
 fn load_model(model: PathBuf, backend: &str, context: usize, chunk: usize) -> Loaded {

@@ -134,18 +134,10 @@ fn vulkan_available() -> bool {
 /// `placement` (a tandem.toml fragment) read through `Settings::load`, with the Vulkan backend's
 /// validation layer on as the rest of the suite runs it (`options_for`).
 fn settings(placement: &str) -> Settings {
-    let mut text = placement.to_string();
-    if options_for("vulkan").get("validation") == Some("true") {
-        let table = "[backend.vulkan]\n";
-        text = match text.contains(table) {
-            true => text.replacen(table, "[backend.vulkan]\nvalidation = true\n", 1),
-            false => format!("{table}validation = true\n{text}"),
-        };
-    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tandem.toml");
-    std::fs::write(&path, text).unwrap();
-    Settings::load(&path).unwrap_or_else(|e| panic!("{e}"))
+    std::fs::write(&path, placement).unwrap();
+    tandem_conformance::under_test(Settings::load(&path).unwrap_or_else(|e| panic!("{e}")))
 }
 
 /// `backend` as `--backend` takes it, or with ` --gpu-layers N` after it.
