@@ -23,6 +23,7 @@ use tandem_engine::tokenizer::chat::{ChatTemplate, Message, Role};
 use super::generate::{self, Ask, Prefill, SamplingArgs, Watch};
 use super::load::{load, ModelArgs};
 use super::progress::Progress;
+use super::speculate::DraftArgs;
 use crate::Context;
 
 /// Flags of `engine chat`.
@@ -38,6 +39,8 @@ pub struct Args {
     max_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    draft: DraftArgs,
     /// Print each turn's prompt, as the chat template renders the conversation, on stderr
     /// (one line: `prompt: ` and the text as a JSON string).
     #[arg(long)]
@@ -286,7 +289,13 @@ impl Interrupts {
 pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     // Every flag is checked before the first prompt, those that need no model before it loads.
     args.sampling.check()?;
+    args.draft.check()?;
     let mut loaded = load(ctx, &args.model, 1)?;
+    let mut drafter = args.draft.build(ctx, &args.model)?;
+    let mut spec = match drafter.as_mut() {
+        Some(d) => Some(args.draft.speculator(d, &loaded)?),
+        None => None,
+    };
     let tk = &loaded.tokenizer;
     if !tk.has_vocabulary() {
         bail!("chat needs the model's tokenizer, and this model has none (no tokenizer.json)");
@@ -424,6 +433,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             sampling,
             stop: &args.sampling.stop,
             keep,
+            before: &ids[..common],
         };
         // A long turn's feeding shows on a terminal's stderr, cleared before the reply.
         let mut progress = Progress::for_prompt();
@@ -432,7 +442,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             stop: interrupts.as_ref().map(Interrupts::arm),
             prefill: Some(&mut prefill),
         };
-        let g = generate::run(&mut loaded, ask, Some(&mut stdout), watch);
+        let g = generate::run(&mut loaded, ask, Some(&mut stdout), watch, spec.as_mut());
         if let Some(i) = &interrupts {
             i.disarm();
         }

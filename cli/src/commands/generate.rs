@@ -8,6 +8,8 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use tandem_engine::runtime::sequence::Sequence;
+use tandem_engine::runtime::speculative::{self, SpecStats, Speculator};
 use tandem_engine::{
     Event, EventSink, FinishReason, GenerateError, GenerationStats, Loaded, Request, RequestError,
     SamplerConfig, SessionError,
@@ -90,6 +92,8 @@ pub struct Ask<'a> {
     pub stop: &'a [String],
     /// Continue the cached sequence of slot 0 instead of starting anew.
     pub keep: bool,
+    /// With `keep`, the ids slot 0 holds before the prompt (a drafter reads them).
+    pub before: &'a [u32],
 }
 
 /// Where a prompt's feeding stands, before a step that feeds part of it.
@@ -124,6 +128,8 @@ pub struct Generated {
     pub stats: GenerationStats,
     /// Whether [`Watch::stop`] ended it (the timing's finish reason is then `length`).
     pub stopped: bool,
+    /// What speculative decoding did, where it ran.
+    pub speculation: Option<SpecStats>,
 }
 
 /// The events of one generation: ids and text collected, text also written to `out` as it
@@ -175,12 +181,14 @@ impl EventSink for &mut Collect<'_> {
 }
 
 /// Runs `ask` in slot 0 of `loaded`, writing the text to `out` as it comes (then a newline)
-/// when given: `tandem_engine::generate`'s steps, with `watch` heard between them.
+/// when given: `tandem_engine::generate`'s steps, with `watch` heard between them; with `spec`,
+/// speculative decoding's (`runtime::speculative::generate`).
 pub fn run(
     loaded: &mut Loaded,
     ask: Ask<'_>,
     out: Option<&mut (dyn Write + Send)>,
     mut watch: Watch<'_>,
+    mut spec: Option<&mut Speculator<'_>>,
 ) -> anyhow::Result<Generated> {
     let streaming = out.is_some();
     let mut collect = Collect {
@@ -203,7 +211,7 @@ pub fn run(
     let mut stopped = false;
     // The engine's generation loop, heard between steps: a stop asked (Ctrl-C) ends it, a
     // prompt being read reports its progress.
-    let stepped = tandem_engine::generate(session, &loaded.tokenizer, request, 0, ask.keep, &mut |seq| {
+    let mut before_step = |seq: &Sequence<'_>| {
         if watch.stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
             stopped = true;
             return false;
@@ -217,7 +225,25 @@ pub fn run(
             });
         }
         true
-    });
+    };
+    let stepped = match spec.as_deref_mut() {
+        None => tandem_engine::generate(session, &loaded.tokenizer, request, 0, ask.keep, &mut before_step),
+        Some(spec) => {
+            spec.before.clear();
+            if ask.keep {
+                spec.before.extend_from_slice(ask.before);
+            }
+            speculative::generate(
+                session,
+                &loaded.tokenizer,
+                request,
+                0,
+                ask.keep,
+                spec,
+                &mut before_step,
+            )
+        }
+    };
     if let Some(e) = collect.error.take() {
         return Err(e.into());
     }
@@ -233,6 +259,7 @@ pub fn run(
         text: collect.text,
         stats,
         stopped,
+        speculation: spec.map(|s| s.stats.clone()),
     })
 }
 

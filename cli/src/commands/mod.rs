@@ -12,5 +12,6 @@ pub mod placement;
 pub mod progress;
 pub mod run;
 pub mod serve;
+pub mod speculate;
 pub mod synth;
 pub mod tokenize;

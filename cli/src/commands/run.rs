@@ -7,6 +7,7 @@ use anyhow::bail;
 use super::generate::{self, Ask, Prefill, SamplingArgs, Watch};
 use super::load::{load, parse_tokens, ModelArgs};
 use super::progress::Progress;
+use super::speculate::{self, DraftArgs};
 use crate::Context;
 
 /// Flags of `engine run`.
@@ -25,6 +26,8 @@ pub struct Args {
     max_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    draft: DraftArgs,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -34,7 +37,13 @@ pub struct Args {
 pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     // A sampling flag out of range is told before the model loads.
     args.sampling.check()?;
+    args.draft.check()?;
     let mut loaded = load(ctx, &args.model, 1)?;
+    let mut drafter = args.draft.build(ctx, &args.model)?;
+    let mut spec = match drafter.as_mut() {
+        Some(d) => Some(args.draft.speculator(d, &loaded)?),
+        None => None,
+    };
     // The model's default sampling, with the flags given over it.
     let sampler_cfg = args.sampling.config(loaded.sampling)?;
     let prompt = match (&args.prompt, &args.tokens) {
@@ -52,6 +61,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         sampling: sampler_cfg,
         stop: &args.sampling.stop,
         keep: false,
+        before: &[],
     };
     let streaming = !args.json && text_out;
     // A long prompt's feeding shows on a terminal's stderr, cleared before the first token.
@@ -61,7 +71,13 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         stop: None,
         prefill: Some(&mut prefill),
     };
-    let g = generate::run(&mut loaded, ask, streaming.then_some(&mut stdout as _), watch)?;
+    let g = generate::run(
+        &mut loaded,
+        ask,
+        streaming.then_some(&mut stdout as _),
+        watch,
+        spec.as_mut(),
+    )?;
     progress.finish();
     let mut out = stdout.lock();
     if !args.json && !text_out {
@@ -69,6 +85,9 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         writeln!(out, "{}", ids.join(","))?;
     }
     let stats = g.stats;
+    if let (Some(s), false) = (&g.speculation, args.json) {
+        eprintln!("{}", speculate::summary(s));
+    }
     if args.json {
         let text = text_out.then_some(g.text);
         let doc = serde_json::json!({
@@ -80,6 +99,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             "stats": stats,
             "prefill_tokens_per_second": stats.prompt_tokens as f64 / stats.prefill_seconds.max(1e-9),
             "decode_tokens_per_second": (stats.generated_tokens.saturating_sub(1)) as f64 / stats.decode_seconds.max(1e-9),
+            "speculation": g.speculation.as_ref().map(speculate::json),
         });
         writeln!(out, "{doc}")?;
     }

@@ -35,6 +35,7 @@ pub mod sampler;
 pub mod sequence;
 pub mod session;
 pub mod settings;
+pub mod speculative;
 pub mod split;
 pub mod stepper;
 pub mod stop;

@@ -363,6 +363,14 @@ impl Sampler {
             return 0;
         }
         let warp = warp_for(max, self.cfg.temperature);
+        self.fill_candidates(logits, &warp);
+        let pick = self.draw(|i| warp(logits[i as usize]));
+        self.candidates[pick]
+    }
+
+    /// The candidates of a row before top-p and min-p: its top-k by rank, or every token with
+    /// a warped logit above `-inf` (in rank order where top-p will need it).
+    fn fill_candidates(&mut self, logits: &[f32], warp: &impl Fn(f32) -> f32) {
         let k = self.cfg.top_k;
         let candidates = &mut self.candidates;
         candidates.clear();
@@ -380,8 +388,68 @@ impl Sampler {
                 candidates.sort_unstable_by(|a, b| by_rank(logits, *a, *b));
             }
         }
-        let pick = self.draw(|i| warp(logits[i as usize]));
-        self.candidates[pick]
+    }
+
+    /// The distribution [`Sampler::sample`] draws from for `logits` and `history` (after the
+    /// repetition penalty, which edits `logits` in place, and every warper), in `out`: each
+    /// candidate with its probability, most likely first (equal ones by lower id); greedy, or
+    /// a row with no logit above `-inf`: the one token `sample` picks, with probability 1.
+    /// Draws no random number. Speculative decoding's acceptance rule reads it
+    /// (`runtime::speculative`).
+    pub fn distribution(&mut self, logits: &mut [f32], history: &[u32], out: &mut Vec<(u32, f64)>) {
+        out.clear();
+        if self.cfg.repetition_penalty != 1.0 {
+            self.apply_repetition_penalty(logits, history);
+        }
+        let max = nan_free_max(logits);
+        if self.cfg.temperature == 0.0 || max == f32::NEG_INFINITY {
+            out.push((argmax(logits), 1.0));
+            return;
+        }
+        let warp = warp_for(max, self.cfg.temperature);
+        self.fill_candidates(logits, &warp);
+        self.restrict(|i| warp(logits[i as usize]));
+        if self.candidates.is_empty() {
+            out.push((argmax(logits), 1.0));
+            return;
+        }
+        let total: f64 = self.weights.iter().map(|&w| f64::from(w)).sum();
+        out.extend(
+            self.candidates
+                .iter()
+                .zip(&self.weights)
+                .map(|(&id, &w)| (id, f64::from(w) / total)),
+        );
+    }
+
+    /// A token drawn from `dist` (ids with weights, not necessarily normalised) with one of
+    /// this sampler's random numbers; its first id when every weight is 0.
+    pub fn draw_from(&mut self, dist: &[(u32, f64)]) -> u32 {
+        let total: f64 = dist.iter().map(|&(_, w)| w.max(0.0)).sum();
+        let Some(&(first, _)) = dist.first() else {
+            return 0;
+        };
+        if total.is_nan() || total <= 0.0 {
+            return first;
+        }
+        let target = self.rng.next_f64() * total;
+        let mut cumulative = 0.0f64;
+        for &(id, w) in dist {
+            cumulative += w.max(0.0);
+            if cumulative > target {
+                return id;
+            }
+        }
+        dist.iter()
+            .rev()
+            .find(|&&(_, w)| w > 0.0)
+            .map_or(first, |&(id, _)| id)
+    }
+
+    /// One of this sampler's random numbers, uniform in `[0, 1)` (speculative decoding's
+    /// acceptance test draws it from the request's own seeded stream).
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
     }
 
     /// [`Sampler::sample`] for a row of which only its best `k` logits are known, given as
@@ -430,6 +498,34 @@ impl Sampler {
     /// Top-p, min-p and the draw over `self.candidates` (in rank order where top-p needs it),
     /// whose warped logits `warped` gives; returns the index of the pick in `candidates`.
     fn draw(&mut self, warped: impl Fn(u32) -> f32) -> usize {
+        self.restrict(warped);
+        let candidates = &mut self.candidates;
+        let weights = &self.weights;
+        match candidates.len() {
+            // Unreachable: the maximum has weight 1 and survives every warper.
+            0 => {
+                candidates.push(0);
+                0
+            }
+            1 => 0,
+            _ => {
+                let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+                let target = self.rng.next_f64() * total;
+                let mut cumulative = 0.0f64;
+                for (i, &w) in weights.iter().enumerate() {
+                    cumulative += f64::from(w);
+                    if cumulative > target {
+                        return i;
+                    }
+                }
+                candidates.len() - 1
+            }
+        }
+    }
+
+    /// Weighs the candidates (`exp` of their warped logits) and applies top-p and min-p to
+    /// them, leaving `candidates` and `weights` as the draw sees them.
+    fn restrict(&mut self, warped: impl Fn(u32) -> f32) {
         let candidates = &mut self.candidates;
         // Weights relative to the most likely candidate, whose warped logit is 0 (weight 1).
         let weights = &mut self.weights;
@@ -467,27 +563,6 @@ impl Sampler {
             }
             candidates.truncate(kept);
             weights.truncate(kept);
-        }
-
-        match candidates.len() {
-            // Unreachable: the maximum has weight 1 and survives every warper.
-            0 => {
-                candidates.push(0);
-                0
-            }
-            1 => 0,
-            _ => {
-                let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
-                let target = self.rng.next_f64() * total;
-                let mut cumulative = 0.0f64;
-                for (i, &w) in weights.iter().enumerate() {
-                    cumulative += f64::from(w);
-                    if cumulative > target {
-                        return i;
-                    }
-                }
-                candidates.len() - 1
-            }
         }
     }
 }

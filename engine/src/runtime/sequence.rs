@@ -298,6 +298,17 @@ impl<'t> Sequence<'t> {
         }
     }
 
+    /// The prompt and the generated ids so far (the last generated one is [`Sequence::next`]
+    /// until it is fed).
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+
+    /// Tokens it may still generate (its `max_tokens` less those generated).
+    pub fn remaining(&self) -> usize {
+        self.max_tokens.saturating_sub(self.generated)
+    }
+
     /// Tokens in the prompt.
     pub fn prompt_len(&self) -> usize {
         self.prompt.len()
