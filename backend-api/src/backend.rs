@@ -73,6 +73,14 @@ pub struct BackendInfo {
     /// the JSON of plugins that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub physical_device: Option<String>,
+    /// The most rows of one sequence (one slot) a step computes as it computes a single row:
+    /// the decode kernels, each row's result bit for bit what it would be alone; a longer run
+    /// of one slot's rows (a prompt chunk) may take other kernels, with other rounding.
+    /// Speculative decoding keeps its verification steps within it, so that greedy output is
+    /// plain decoding's token for token. `None` where unknown. Absent from the JSON of
+    /// plugins that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_rows: Option<usize>,
 }
 
 /// A model's shape as a cost model sees it: the widths and counts that set a decode step's

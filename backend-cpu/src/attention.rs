@@ -444,7 +444,7 @@ impl Cache<'_> {
 }
 
 /// The fewest rows in a step that attend in [`tiled`] blocks.
-const TILED_MIN_ROWS: usize = 8;
+pub(crate) const TILED_MIN_ROWS: usize = 8;
 
 /// Row `r`'s view for KV head `g`.
 struct Row<'a, F: Fn(u32) -> usize> {

@@ -719,6 +719,7 @@ impl ComputeBackend for CpuBackend {
                 ),
             ],
             physical_device: None,
+            decode_rows: Some(fast::GEMM_MIN_ROWS.min(attention::TILED_MIN_ROWS) - 1),
         }
     }
 

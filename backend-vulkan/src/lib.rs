@@ -475,6 +475,7 @@ impl ComputeBackend for VulkanBackend {
                 .chain(self.pipelines.cache.features())
                 .collect(),
             physical_device: Some(self.gpu.physical_device.clone()),
+            decode_rows: Some(tandem_gpu_kit::matmul::DECODE_ROWS - 1),
         }
     }
 

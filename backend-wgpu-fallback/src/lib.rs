@@ -352,6 +352,7 @@ impl ComputeBackend for WgpuBackend {
                 )
                 .collect(),
             physical_device: self.gpu.physical_device.clone(),
+            decode_rows: Some(tandem_gpu_kit::matmul::DECODE_ROWS - 1),
         }
     }
 

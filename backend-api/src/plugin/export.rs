@@ -650,6 +650,7 @@ macro_rules! export_unavailable_backend {
                     memory_bytes: None,
                     features: vec![],
                     physical_device: None,
+                    decode_rows: None,
                 }
             }
             fn supports(&self, _op: &$crate::Op) -> $crate::Support {

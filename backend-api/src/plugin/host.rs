@@ -343,6 +343,7 @@ impl ComputeBackend for PluginBackend {
                 memory_bytes: None,
                 features: vec![],
                 physical_device: None,
+                decode_rows: None,
             },
         }
     }

@@ -457,6 +457,7 @@ impl<F: Flavor> ComputeBackend for NpuBackend<F> {
                 f
             },
             physical_device: None,
+            decode_rows: None,
         }
     }
 

@@ -97,6 +97,7 @@ pub(crate) mod tests {
             memory_bytes: None,
             features: features.iter().map(|f| f.to_string()).collect(),
             physical_device: None,
+            decode_rows: None,
         }
     }
 

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use tandem_engine::runtime::speculative::draft::ModelDrafter;
 use tandem_engine::runtime::speculative::ngram::NgramDrafter;
-use tandem_engine::runtime::speculative::{Drafter, SpecStats, Speculator, MAX_DRAFT_TOKENS};
+use tandem_engine::runtime::speculative::{
+    DraftSetup, Drafter, SpecStats, Speculator, Target, MAX_DRAFT_TOKENS,
+};
 use tandem_engine::Loaded;
 
 use super::load::{load, ModelArgs};
@@ -106,12 +108,41 @@ impl DraftArgs {
         Ok(Some(Built::Model(Box::new(ModelDrafter::new(loaded.session)))))
     }
 
+    /// `built` with the flags' settings, for `engine serve`'s batcher: a draft model of
+    /// another vocabulary than the target's (`target_vocab` logits) is refused here, before
+    /// the server starts.
+    pub fn setup(&self, built: Built, target_vocab: usize) -> anyhow::Result<DraftSetup> {
+        let drafter: Box<dyn Drafter> = match built {
+            Built::Ngram(d) => Box::new(d),
+            Built::Model(d) => d,
+        };
+        if let Some(v) = drafter.vocab() {
+            let t = target_vocab;
+            if v != t {
+                anyhow::bail!(
+                    "--draft-model: {}",
+                    tandem_engine::runtime::speculative::SpeculationError::Vocabulary { draft: v, target: t }
+                );
+            }
+        }
+        Ok(DraftSetup {
+            drafter,
+            max_tokens: self.draft_tokens,
+            fixed: self.draft_fixed,
+            overlap: match self.draft_overlap.as_str() {
+                "on" => Some(true),
+                "off" => Some(false),
+                _ => None,
+            },
+        })
+    }
+
     /// Speculation over `built` for `target`'s session: the flags' depth and overlap; a draft
     /// model of another vocabulary is refused here.
     pub fn speculator<'d>(&self, built: &'d mut Built, target: &Loaded) -> anyhow::Result<Speculator<'d>> {
         let is_model = matches!(built, Built::Model(_));
-        let units = target.session.unit_names();
-        let mut spec = Speculator::new(built.drafter(), self.draft_tokens, target.session.vocab(), &units)
+        let target = Target::of(&target.session);
+        let mut spec = Speculator::new(built.drafter(), self.draft_tokens, &target)
             .map_err(|e| anyhow::anyhow!("--draft-model: {e}"))?;
         match self.draft_overlap.as_str() {
             "on" => spec.set_overlap(is_model),

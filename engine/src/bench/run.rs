@@ -618,6 +618,7 @@ mod tests {
             memory_bytes: None,
             features: vec![],
             physical_device: None,
+            decode_rows: None,
         }
     }
 

@@ -504,6 +504,7 @@ mod tests {
                 memory_bytes: None,
                 features: features.iter().map(|f| f.to_string()).collect(),
                 physical_device: None,
+                decode_rows: None,
             },
         }
     }

@@ -199,6 +199,16 @@ impl<M: StepModel> Session<M> {
         self.scheduler.boundary_counts()
     }
 
+    /// The most rows of one sequence every unit computes as it computes a single row
+    /// (`BackendInfo::decode_rows`, asked of each unit); `None` where none says.
+    pub fn decode_rows(&self) -> Option<usize> {
+        self.scheduler
+            .units()
+            .iter()
+            .filter_map(|u| u.backend.info().decode_rows)
+            .min()
+    }
+
     /// The units' instance names, in unit order.
     pub fn unit_names(&self) -> Vec<&str> {
         self.scheduler.units().iter().map(|u| u.name.as_str()).collect()

@@ -54,8 +54,9 @@ use super::metrics::{Metrics, Outcome};
 use crate::runtime::sampler::Sampler;
 use crate::runtime::sequence::{self, Event, FinishReason, Latency, Limits, Request, Sequence};
 use crate::runtime::session::{Logits, Session, SessionError, Step};
+use crate::runtime::speculative::{DraftSetup, Target};
 use crate::runtime::split::Phase;
-use crate::runtime::stepper::{Padding, Stepper};
+use crate::runtime::stepper::{GenerateError, Padding, Stepper};
 use crate::tokenizer::Tokenizer;
 
 /// How the batcher queues work.
@@ -228,7 +229,7 @@ pub fn start(
     tokenizer: Arc<Tokenizer>,
     options: BatcherOptions,
 ) -> std::io::Result<(Handle, JoinHandle<()>)> {
-    start_with(session, tokenizer, options, None)
+    start_with(session, tokenizer, options, None, None)
 }
 
 /// The slots requests take (`0..served`) and the padder, where `buckets` pads the steps of
@@ -258,6 +259,7 @@ pub fn start_with(
     tokenizer: Arc<Tokenizer>,
     options: BatcherOptions,
     replace: Option<Replace>,
+    draft: Option<DraftSetup>,
 ) -> std::io::Result<(Handle, JoinHandle<()>)> {
     let (served, padder) = padding_of(&session, options.step_buckets)?;
     // A unit that cannot run these steps fails the first request the same way, with its
@@ -289,6 +291,7 @@ pub fn start_with(
                 reuse_prefix: options.reuse_prefix,
                 step_buckets: options.step_buckets,
                 replace,
+                draft,
             };
             run(session, &tokenizer, rx, &thread_shared, setup)
         })?;
@@ -374,6 +377,8 @@ struct Setup {
     step_buckets: StepBuckets,
     /// Loads the model again without a lost unit.
     replace: Option<Replace>,
+    /// Speculative decoding's drafter, for a sequence running alone.
+    draft: Option<DraftSetup>,
 }
 
 /// The batcher's loop; returns when it is shut down and idle, or every handle is gone.
@@ -390,7 +395,22 @@ fn run(
         reuse_prefix,
         step_buckets,
         mut replace,
+        mut draft,
     } = setup;
+    // Speculation, where a drafter was given and it suits the model (refused, it is said once
+    // and the server serves without it).
+    let mut spec = match draft.as_mut() {
+        Some(d) => match d.speculator(&Target::of(&session)) {
+            Ok(spec) => Some(spec),
+            Err(e) => {
+                eprintln!("warning: serving without speculative decoding: {e}");
+                None
+            }
+        },
+        None => None,
+    };
+    // The slot of the sequence the speculator was last started for.
+    let mut spec_slot: Option<u32> = None;
     let metrics = &shared.metrics;
     // `None` once a unit was lost and the model could not be placed on what remains.
     let mut session = Some(session);
@@ -475,6 +495,7 @@ fn run(
             };
             held_here.truncate(kept);
             let mut s = Sequence::new(request, sampler, slot, tokenizer);
+            spec_slot = None;
             s.skip_cached(kept);
             metrics.prompt(s.prompt_len());
             metrics.reused(kept);
@@ -501,6 +522,69 @@ fn run(
         }
         // 3. One step of every sequence with something to feed (`Stepper`: decode rows, then
         //    prompt chunks within the step's budget, padded to a bucket where steps are).
+        //    A sequence running alone, with nothing queued, decodes in speculative blocks
+        //    where a drafter was given (and it asks for no log-probabilities, which the
+        //    acceptance rule does not give): the steps are its own then, and batching gains
+        //    nothing.
+        let alone = seqs.len() == 1
+            && !seqs[0].prefilling()
+            && seqs[0].next.is_some()
+            && seqs[0].sampler().logprobs().is_none()
+            && metrics.queue_depth() == 0;
+        if let (true, Some(spec)) = (alone, spec.as_mut()) {
+            let s = &mut seqs[0];
+            let slot = s.slot;
+            if spec_slot != Some(slot) {
+                spec.start(s.sampler().config());
+                spec_slot = Some(slot);
+            }
+            let before = s.history().len();
+            let blocked = spec.block(live, s, &mut |l| counted(l, metrics));
+            metrics.step_builds(live.step_builds());
+            let mut lost = None;
+            let ended = match blocked {
+                Ok(b) => {
+                    // The pending token and the kept drafts are in the cache now.
+                    let fed = &s.history()[before - 1..before - 1 + b.fed];
+                    held[slot as usize].extend_from_slice(fed);
+                    b.ended.map(outcome)
+                }
+                Err(e) => {
+                    held[slot as usize].clear();
+                    live.reset(slot as usize);
+                    if let GenerateError::Session(SessionError::Schedule(e)) = &e {
+                        lost = e.lost_unit().map(|u| (u.to_string(), e.to_string()));
+                    }
+                    Some(Outcome::Error)
+                }
+            };
+            if let Some(o) = ended {
+                let s = seqs.remove(0);
+                free.push(s.slot);
+                shared.leave(o);
+                spec_slot = None;
+            }
+            if let Some((unit, why)) = lost {
+                // The drafter's speculator borrows nothing of the session: the model is loaded
+                // again as after a failed step.
+                metrics.unit_lost();
+                for h in &mut held {
+                    h.clear();
+                }
+                let placed = place_again(
+                    &mut session,
+                    &mut replace,
+                    &unit,
+                    &why,
+                    step_buckets,
+                    served,
+                    shared,
+                );
+                padder = placed.unwrap_or(None);
+            }
+            metrics.running.store(seqs.len(), Ordering::SeqCst);
+            continue;
+        }
         let padding = padder.as_ref().map(|p| p as &dyn Padding);
         let stepped = stepper.step(live, &mut seqs, padding, &mut |l| counted(l, metrics));
         metrics.step_builds(live.step_builds());

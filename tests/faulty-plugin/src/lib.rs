@@ -204,6 +204,7 @@ impl ComputeBackend for FaultyBackend {
                 memory_bytes: None,
                 features: vec![],
                 physical_device: None,
+                decode_rows: None,
             },
         }
     }

@@ -21,6 +21,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tandem_engine::serve::{self, BatcherOptions, Handle, StepBuckets};
+
+use super::speculate::DraftArgs;
 use tandem_engine::tokenizer::chat::ChatTemplate;
 
 use super::load::{load, ModelArgs};
@@ -67,6 +69,10 @@ pub struct Args {
     /// Seconds to let running requests finish after Ctrl-C or SIGTERM before cancelling them.
     #[arg(long, default_value_t = 30)]
     shutdown_timeout: u64,
+    /// Speculative decoding, for a request running alone with nothing queued (several
+    /// requests batch instead): the flags of `run`.
+    #[command(flatten)]
+    draft: DraftArgs,
 }
 
 fn parse_step_buckets(s: &str) -> Result<StepBuckets, String> {
@@ -104,6 +110,7 @@ fn slots_hint(e: anyhow::Error, parallel: u32) -> anyhow::Error {
 pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     // Resolved before the model loads, so that a wrong name is told at once.
     let addrs = listen_addrs(&args.host, args.port)?;
+    args.draft.check()?;
     // A server meets every step size: the Vulkan backend creates every matmul kernel variant
     // of its largest step at once, on several threads (`[backend.vulkan] prepare`), unless the
     // config says otherwise.
@@ -141,6 +148,10 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     } else {
         None
     };
+    let draft = match args.draft.build(ctx, &args.model)? {
+        Some(built) => Some(args.draft.setup(built, loaded.session.vocab())?),
+        None => None,
+    };
     let replace = replace(ctx, &args.model, args.parallel as usize + sink);
     let (handle, batcher) = serve::start_with(
         loaded.session,
@@ -151,6 +162,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             step_buckets: args.step_buckets,
         },
         Some(replace),
+        draft,
     )
     .context("starting the batcher thread")?;
     let created = std::time::SystemTime::now()

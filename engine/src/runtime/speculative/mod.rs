@@ -15,8 +15,9 @@
 //!   included). A draft model on units the target does not use runs ahead: while the target
 //!   verifies a block it drafts the next one as if every token were kept, and that block is
 //!   used where they were (and its first token was the target's own next one).
-//! - [`Depth`]: `k` follows the measured acceptance, and speculation stops while it does not
-//!   pay (a block's time per emitted token above a plain step's).
+//! - [`Depth`]: `k` is the one the measured acceptance and step times say gives the most
+//!   tokens per second; none (plain steps, tried again now and then) where speculation does
+//!   not pay.
 
 pub mod draft;
 pub mod ngram;
@@ -26,7 +27,7 @@ use std::time::Instant;
 
 use crate::model::StepModel;
 use crate::runtime::sampler::SamplerConfig;
-use crate::runtime::sequence::{GenerationStats, Limits, Request, Sequence};
+use crate::runtime::sequence::{GenerationStats, Latency, Limits, Outcome, Request, Sequence};
 use crate::runtime::session::{Logits, Session, SessionError, Step};
 use crate::runtime::split::Phase;
 use crate::runtime::stepper::{GenerateError, Stepper};
@@ -94,6 +95,34 @@ pub trait Drafter: Send {
     fn name(&self) -> String;
 }
 
+/// A drafter owned with its settings, for a caller that builds its [`Speculator`] later (the
+/// server's batcher thread).
+pub struct DraftSetup {
+    /// The drafter.
+    pub drafter: Box<dyn Drafter>,
+    /// The most draft tokens per block.
+    pub max_tokens: usize,
+    /// Always `max_tokens` ([`Speculator::fixed`]).
+    pub fixed: bool,
+    /// Whether it runs ahead, where the caller says ([`Speculator::set_overlap`]); `None`: by
+    /// the units.
+    pub overlap: Option<bool>,
+}
+
+impl DraftSetup {
+    /// The speculator over this drafter for `target`.
+    pub fn speculator(&mut self, target: &Target) -> Result<Speculator<'_>, SpeculationError> {
+        let mut spec = Speculator::new(self.drafter.as_mut(), self.max_tokens, target)?;
+        if let Some(on) = self.overlap {
+            spec.set_overlap(on && !spec.drafter.units().is_empty());
+        }
+        Ok(match self.fixed {
+            true => spec.fixed(self.max_tokens),
+            false => spec,
+        })
+    }
+}
+
 /// Why speculation cannot be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum SpeculationError {
@@ -118,42 +147,53 @@ pub enum SpeculationError {
 /// The most draft tokens a block may hold.
 pub const MAX_DRAFT_TOKENS: usize = 16;
 
-/// How many draft tokens the next block takes: up by one after a block kept whole, down after
-/// one rejected early; and none for [`PAUSE_STEPS`] steps once the blocks' time per emitted
-/// token (a moving average over at least [`MEASURED_BLOCKS`] blocks) is above a plain step's
-/// (measured the same way, by the plain steps: the first decode step is one).
+/// How many draft tokens the next block takes: the `k` that maximises the expected tokens per
+/// second, `(1 + a + a^2 + ... + a^k) / (step(k + 1) + k * draft)`, with `a` the measured
+/// chance that a draft token is kept (each judged draft a trial, recent blocks weighing more),
+/// `step(n)` the measured time of a target step of `n` rows (a line through the plain step's
+/// time and the slope of the block sizes measured: a CPU's rows cost nearly in proportion, a
+/// GPU's almost nothing until it is busy) and `draft` the drafter's time per token where it
+/// does not run ahead. `k = 0` (a plain step) wins where speculation does not pay; every
+/// [`PROBE_STEPS`] plain steps one block is tried again, so that a text that turns
+/// copy-heavy is noticed.
 #[derive(Debug, Clone)]
 pub struct Depth {
     max: usize,
-    k: usize,
     adaptive: bool,
-    /// Seconds per plain (one-row) step, and per emitted token of a speculative block.
-    plain: Option<f64>,
-    spec: Option<f64>,
-    /// Blocks measured since speculation last resumed.
-    measured: usize,
-    /// Plain steps left before speculation is tried again.
-    pause: usize,
+    fixed: usize,
+    /// A step's seconds by its rows (index `rows - 1`), moving averages.
+    cost: Vec<Option<f64>>,
+    /// Drafts kept and blocks that ended in a rejection, decayed per block.
+    kept: f64,
+    rejected: f64,
+    /// The drafter's seconds per draft token outside an overlap.
+    draft: Option<f64>,
+    /// Plain steps since speculation was last tried, while plain steps won.
+    idle: usize,
+    /// The last depth tried.
+    last: usize,
 }
 
-/// Plain steps taken before speculation is tried again, once it did not pay.
-pub const PAUSE_STEPS: usize = 32;
-/// Blocks measured before speculation may be paused.
-pub const MEASURED_BLOCKS: usize = 4;
+/// Plain steps between two tries of speculation while it does not pay.
+pub const PROBE_STEPS: usize = 32;
 /// The weight of a new measurement in the moving averages.
 const EWMA: f64 = 0.25;
+/// How much the acceptance counts of the blocks before weigh, per block.
+const DECAY: f64 = 0.9;
 
 impl Depth {
-    /// Up to `max` draft tokens, starting at half of it, adapting.
+    /// Up to `max` draft tokens, chosen by the measurements.
     pub fn adaptive(max: usize) -> Self {
         Depth {
             max,
-            k: max.div_ceil(2).max(1),
             adaptive: true,
-            plain: None,
-            spec: None,
-            measured: 0,
-            pause: 0,
+            fixed: max,
+            cost: vec![None; max + 1],
+            kept: 0.0,
+            rejected: 0.0,
+            draft: None,
+            idle: 0,
+            last: max.div_ceil(2).max(1),
         }
     }
 
@@ -161,61 +201,96 @@ impl Depth {
     pub fn fixed(k: usize) -> Self {
         Depth {
             adaptive: false,
+            fixed: k,
             ..Depth::adaptive(k)
         }
-        .with_k(k)
     }
 
-    fn with_k(mut self, k: usize) -> Self {
-        self.k = k;
-        self
+    /// The chance that a draft token is kept: the trials so far with one kept and one
+    /// rejected added (0.5 before any).
+    pub fn acceptance(&self) -> f64 {
+        (self.kept + 1.0) / (self.kept + self.rejected + 2.0)
+    }
+
+    /// The modelled time of a target step of `rows` rows, where the plain step was measured.
+    fn step_cost(&self, rows: usize) -> Option<f64> {
+        let plain = self.cost.first().copied().flatten()?;
+        if let Some(Some(c)) = self.cost.get(rows - 1) {
+            return Some(*c);
+        }
+        // The slope through the plain step and the sizes measured (least squares through the
+        // plain step's point); half a plain step per row before any.
+        let (mut num, mut den) = (0.0, 0.0);
+        for (i, c) in self.cost.iter().enumerate().skip(1) {
+            if let Some(c) = c {
+                num += (c - plain) * i as f64;
+                den += (i * i) as f64;
+            }
+        }
+        let slope = if den > 0.0 {
+            (num / den).max(0.0)
+        } else {
+            0.5 * plain
+        };
+        Some(plain + slope * (rows - 1) as f64)
     }
 
     /// The draft tokens to ask for now (0: a plain step).
-    pub fn k(&self) -> usize {
-        match self.adaptive && (self.pause > 0 || self.plain.is_none()) {
-            true => 0,
-            false => self.k,
+    pub fn next(&mut self) -> usize {
+        if !self.adaptive {
+            return self.fixed;
         }
+        let Some(plain) = self.step_cost(1) else {
+            // The first step measures a plain step.
+            return 0;
+        };
+        let a = self.acceptance();
+        let draft = self.draft.unwrap_or(0.0);
+        let (mut best, mut best_rate) = (0, 1.0 / plain);
+        let mut expected = 1.0;
+        let mut term = 1.0;
+        for k in 1..=self.max {
+            term *= a;
+            expected += term;
+            let Some(step) = self.step_cost(k + 1) else {
+                break;
+            };
+            let rate = expected / (step + k as f64 * draft);
+            if rate > best_rate {
+                (best, best_rate) = (k, rate);
+            }
+        }
+        if best > 0 {
+            self.idle = 0;
+            self.last = best;
+            return best;
+        }
+        self.idle += 1;
+        if self.idle >= PROBE_STEPS {
+            self.idle = 0;
+            return self.last;
+        }
+        0
     }
 
-    /// Records a step: `drafted` tokens proposed, `kept` of them kept, `emitted` tokens out,
-    /// in `seconds`.
-    pub fn record(&mut self, drafted: usize, kept: usize, emitted: usize, seconds: f64) {
-        if !self.adaptive {
-            return;
-        }
+    /// Records a step: `drafted` tokens proposed (its rows are `drafted + 1`), `kept` of them
+    /// kept, whether the block ended in a rejection, the target step's `seconds`, and the
+    /// drafter's `draft_seconds` spent before it (outside an overlap).
+    pub fn record(&mut self, drafted: usize, kept: usize, rejected: bool, seconds: f64, draft_seconds: f64) {
         let avg = |old: Option<f64>, new: f64| Some(old.map_or(new, |o| o + EWMA * (new - o)));
-        if drafted == 0 {
-            self.plain = avg(self.plain, seconds);
-            if self.pause > 0 {
-                self.pause -= 1;
-                if self.pause == 0 {
-                    // Measured afresh once speculation resumes.
-                    self.spec = None;
-                    self.measured = 0;
-                }
-            }
-            return;
+        if let Some(c) = self.cost.get_mut(drafted) {
+            *c = avg(*c, seconds);
         }
-        self.spec = avg(self.spec, seconds / emitted.max(1) as f64);
-        self.measured += 1;
-        self.k = if kept == drafted {
-            self.k + 1
-        } else {
-            (kept + 1).max(self.k.saturating_sub(1))
-        }
-        .clamp(1, self.max);
-        if let (Some(p), Some(s)) = (self.plain, self.spec) {
-            if self.measured >= MEASURED_BLOCKS && s > p {
-                self.pause = PAUSE_STEPS;
-            }
+        if drafted > 0 {
+            self.kept = self.kept * DECAY + kept as f64;
+            self.rejected = self.rejected * DECAY + f64::from(u8::from(rejected));
+            self.draft = avg(self.draft, draft_seconds / drafted as f64);
         }
     }
 }
 
-/// Speculation for a generation: the drafter, the most draft tokens per block, whether the
-/// drafter runs ahead, and what happened.
+/// Speculation for a generation (or a server's single running sequence): the drafter, the
+/// depth, whether the drafter runs ahead, what happened, and the blocks' scratch.
 pub struct Speculator<'d> {
     drafter: &'d mut dyn Drafter,
     depth: Depth,
@@ -225,6 +300,13 @@ pub struct Speculator<'d> {
     pub before: Vec<u32>,
     /// What happened.
     pub stats: SpecStats,
+    block: Block,
+    /// The block drafted ahead, whether it still holds, and the text it was drafted after.
+    ahead: Draft,
+    ahead_valid: bool,
+    ahead_history: Vec<u32>,
+    /// Scratch: `before` and the sequence's history.
+    full: Vec<u32>,
 }
 
 /// What speculation did in a generation.
@@ -264,15 +346,47 @@ impl SpecStats {
     }
 }
 
+/// What one block did.
+#[derive(Debug, Clone, Copy)]
+pub struct Blocked {
+    /// Tokens the target's cache took (the pending token and the kept drafts).
+    pub fed: usize,
+    /// How the sequence ended, where it did.
+    pub ended: Option<Outcome>,
+}
+
+/// What speculation needs to know of the target's session.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The width of its logits.
+    pub vocab: usize,
+    /// Its units' instance names.
+    pub units: Vec<String>,
+    /// The most rows of one sequence every unit computes as a single row
+    /// (`BackendInfo::decode_rows`): a block's rows stay within it.
+    pub decode_rows: Option<usize>,
+}
+
+impl Target {
+    /// `session`'s (asks each unit for its info once).
+    pub fn of<M: StepModel>(session: &Session<M>) -> Target {
+        Target {
+            vocab: session.vocab(),
+            units: session.unit_names().into_iter().map(str::to_string).collect(),
+            decode_rows: session.decode_rows(),
+        }
+    }
+}
+
 impl<'d> Speculator<'d> {
-    /// Speculation with `drafter`, at most `max_tokens` drafts per block, for a target whose
-    /// logits are `target_vocab` wide on `target_units`: a model draft must have the same
-    /// width; it runs ahead where it shares no unit with the target.
+    /// Speculation with `drafter`, at most `max_tokens` drafts per block, for `target`: a
+    /// model draft must have its vocabulary; it runs ahead where it shares no unit with it.
+    /// A block's rows (the pending token and the drafts) stay within the rows the target's
+    /// units compute as single rows, so that greedy output is plain decoding's.
     pub fn new(
         drafter: &'d mut dyn Drafter,
         max_tokens: usize,
-        target_vocab: usize,
-        target_units: &[&str],
+        target: &Target,
     ) -> Result<Self, SpeculationError> {
         if max_tokens == 0 || max_tokens > MAX_DRAFT_TOKENS {
             return Err(SpeculationError::Depth {
@@ -281,15 +395,19 @@ impl<'d> Speculator<'d> {
             });
         }
         if let Some(v) = drafter.vocab() {
-            if v != target_vocab {
+            if v != target.vocab {
                 return Err(SpeculationError::Vocabulary {
                     draft: v,
-                    target: target_vocab,
+                    target: target.vocab,
                 });
             }
         }
+        let max_tokens = match target.decode_rows {
+            Some(rows) => max_tokens.min(rows.saturating_sub(1)).max(1),
+            None => max_tokens,
+        };
         let units = drafter.units();
-        let overlap = !units.is_empty() && units.iter().all(|u| !target_units.contains(&u.as_str()));
+        let overlap = !units.is_empty() && units.iter().all(|u| !target.units.contains(u));
         let stats = SpecStats {
             drafter: drafter.name(),
             overlap,
@@ -301,6 +419,11 @@ impl<'d> Speculator<'d> {
             overlap,
             before: Vec::new(),
             stats,
+            block: Block::default(),
+            ahead: Draft::default(),
+            ahead_valid: false,
+            ahead_history: Vec::new(),
+            full: Vec::new(),
         })
     }
 
@@ -314,15 +437,133 @@ impl<'d> Speculator<'d> {
     /// Every block asks for `k` drafts (no adaptation, no pause): tests, and measuring one
     /// depth.
     pub fn fixed(mut self, k: usize) -> Self {
-        self.depth = Depth::fixed(k.clamp(1, MAX_DRAFT_TOKENS));
+        self.depth = Depth::fixed(k.clamp(1, self.depth.max));
         self
+    }
+
+    /// Sets the drafter up for a new request sampled with `sampling`; forgets a block drafted
+    /// ahead for another.
+    pub fn start(&mut self, sampling: &SamplerConfig) {
+        self.drafter.configure(sampling);
+        self.ahead_valid = false;
+    }
+
+    /// One decode block of `seq` (which has a picked token to feed) on `session`: drafts (or
+    /// takes the block drafted ahead), verifies in one step of the pending token and the
+    /// drafts, hands every emitted token to `seq` (`on_token` hears each one's latency), and
+    /// keeps the accepted rows of the cache.
+    pub fn block<M: StepModel>(
+        &mut self,
+        session: &mut Session<M>,
+        seq: &mut Sequence<'_>,
+        on_token: &mut dyn FnMut(Latency),
+    ) -> Result<Blocked, GenerateError> {
+        let slot = seq.slot;
+        // What the drafter reads: the ids before the prompt, the prompt and what came since.
+        let history: &[u32] = if self.before.is_empty() {
+            seq.history()
+        } else {
+            self.full.clear();
+            self.full.extend_from_slice(&self.before);
+            self.full.extend_from_slice(seq.history());
+            &self.full
+        };
+        let base = session.len(slot as usize);
+        // The block's rows (the pending token and the drafts) fit the context, the step size
+        // and the tokens still to generate.
+        let k = self
+            .depth
+            .next()
+            .min(session.context().saturating_sub(base + 1))
+            .min(session.chunk().saturating_sub(1))
+            .min(seq.remaining().saturating_sub(1));
+        let started = Instant::now();
+        let mut draft_seconds = 0.0;
+        let draft = &mut self.block.draft;
+        if self.ahead_valid {
+            // Drafted while the last block was verified, after its first token (the guess of
+            // the target's next one, now confirmed).
+            std::mem::swap(draft, &mut self.ahead);
+            draft.advance(1);
+            draft.tokens.truncate(k);
+            draft.dists.truncate(k);
+            self.stats.ready_blocks += 1;
+        } else if k > 0 {
+            if let Err(e) = self.drafter.propose(history, k, draft) {
+                seq.fail(format!("the draft failed: {e}"));
+                return Err(e.into());
+            }
+            draft_seconds = started.elapsed().as_secs_f64();
+            self.stats.draft_seconds += draft_seconds;
+        } else {
+            draft.clear();
+        }
+        let drafted = draft.tokens.len();
+        let verify_start = Instant::now();
+        // Verify; a drafter on other units drafts the next block meanwhile, as if this one
+        // were kept whole (its first token is its guess of the target's next one).
+        let overlap = self.overlap && drafted > 0;
+        let (verified, drafted_ahead) = if overlap {
+            self.ahead_history.clear();
+            self.ahead_history.extend_from_slice(history);
+            self.ahead_history.extend_from_slice(&draft.tokens);
+            let drafter = &mut *self.drafter;
+            let (hist, ahead) = (&self.ahead_history, &mut self.ahead);
+            let block = &mut self.block;
+            let next_k = k + 1;
+            std::thread::scope(|scope| {
+                let drafting = scope.spawn(move || drafter.propose(hist, next_k, ahead));
+                let verified = block.verify(session, seq, on_token);
+                (verified, drafting.join())
+            })
+        } else {
+            (self.block.verify(session, seq, on_token), Ok(Ok(())))
+        };
+        let (kept, emitted, ended) = verified?;
+        let verify_seconds = verify_start.elapsed().as_secs_f64();
+        self.stats.verify_seconds += verify_seconds;
+        self.ahead_valid = false;
+        if overlap {
+            match drafted_ahead {
+                // Usable where every draft was kept and the target's own token is the
+                // draft's guess.
+                Ok(Ok(())) => {
+                    self.ahead_valid = kept == drafted
+                        && ended.is_none()
+                        && self.ahead.tokens.len() > 1
+                        && seq.next == self.ahead.tokens.first().copied();
+                }
+                Ok(Err(e)) => {
+                    seq.fail(format!("the draft failed: {e}"));
+                    return Err(e.into());
+                }
+                Err(_) => {
+                    let e = SessionError::Invalid("the draft thread panicked".into());
+                    seq.fail(e.to_string());
+                    return Err(e.into());
+                }
+            }
+        }
+        // A block that ended with the target's own token after fewer drafts than it had was
+        // rejected there (not cut short by the end of the sequence).
+        let rejected = kept < drafted && ended.is_none();
+        self.depth
+            .record(drafted, kept, rejected, verify_seconds, draft_seconds);
+        self.stats.target_steps += 1;
+        self.stats.emitted += emitted;
+        if drafted > 0 {
+            self.stats.blocks += 1;
+            self.stats.drafted += drafted;
+            self.stats.accepted += kept;
+        }
+        Ok(Blocked { fed: 1 + kept, ended })
     }
 }
 
 /// [`crate::runtime::stepper::generate`] with speculation: runs `request` alone in `slot` of
 /// `session`, its prompt through the request engine's step, its decode in blocks that
-/// `spec`'s drafter proposes and the target verifies. `before_step` is heard before each step
-/// as there. Returns the timing.
+/// `spec`'s drafter proposes and the target verifies ([`Speculator::block`]). `before_step`
+/// is heard before each step as there. Returns the timing.
 pub fn generate<M: StepModel>(
     session: &mut Session<M>,
     tokenizer: &Tokenizer,
@@ -337,7 +578,7 @@ pub fn generate<M: StepModel>(
     }
     let limits = Limits::of(session, tokenizer);
     let sampler = request.check(limits, session.len(slot as usize))?;
-    spec.drafter.configure(sampler.config());
+    spec.start(sampler.config());
     let mut seq = [Sequence::new(request, sampler, slot, tokenizer)];
     // The prompt, up to the first token.
     let mut stepper = Stepper::default();
@@ -355,101 +596,8 @@ pub fn generate<M: StepModel>(
             Err(failed) => return Err(failed.error.into()),
         }
     }
-    let mut block = Block::default();
-    let mut ahead = Draft::default();
-    let mut ahead_history: Vec<u32> = Vec::new();
-    let mut full: Vec<u32> = Vec::new();
-    let mut ahead_valid = false;
-    while seq[0].next.is_some() {
-        if !before_step(&seq[0]) {
-            break;
-        }
-        let s = &seq[0];
-        // What the drafter reads: the ids before the prompt, the prompt and what came since.
-        let history: &[u32] = if spec.before.is_empty() {
-            s.history()
-        } else {
-            full.clear();
-            full.extend_from_slice(&spec.before);
-            full.extend_from_slice(s.history());
-            &full
-        };
-        let base = session.len(slot as usize);
-        // The block's rows (the pending token and the drafts) fit the context, the step size
-        // and the tokens still to generate.
-        let k = spec
-            .depth
-            .k()
-            .min(session.context().saturating_sub(base + 1))
-            .min(session.chunk().saturating_sub(1))
-            .min(s.remaining().saturating_sub(1));
-        let started = Instant::now();
-        if ahead_valid {
-            // Drafted while the last block was verified, after its first token (the guess of
-            // the target's next one, now confirmed).
-            std::mem::swap(&mut block.draft, &mut ahead);
-            block.draft.advance(1);
-            block.draft.tokens.truncate(k);
-            block.draft.dists.truncate(k);
-            spec.stats.ready_blocks += 1;
-        } else if k > 0 {
-            spec.drafter.propose(history, k, &mut block.draft)?;
-            spec.stats.draft_seconds += started.elapsed().as_secs_f64();
-        } else {
-            block.draft.clear();
-        }
-        let drafted = block.draft.tokens.len();
-        let verify_start = Instant::now();
-        // Verify; a drafter on other units drafts the next block meanwhile, as if this one
-        // were kept whole (its first token is its guess of the target's next one).
-        let overlap = spec.overlap && drafted > 0;
-        let result = if overlap {
-            ahead_history.clear();
-            ahead_history.extend_from_slice(history);
-            ahead_history.extend_from_slice(&block.draft.tokens);
-            let drafter = &mut *spec.drafter;
-            let hist = &ahead_history;
-            let ahead_ref = &mut ahead;
-            let next_k = k + 1;
-            std::thread::scope(|scope| {
-                let drafting = scope.spawn(move || drafter.propose(hist, next_k, ahead_ref));
-                let verified = block.verify(session, &mut seq[0], slot);
-                let drafted_ahead = drafting.join();
-                (verified, drafted_ahead)
-            })
-        } else {
-            (block.verify(session, &mut seq[0], slot), Ok(Ok(())))
-        };
-        let (verified, drafted_ahead) = result;
-        let (kept, emitted, ended) = verified?;
-        spec.stats.verify_seconds += verify_start.elapsed().as_secs_f64();
-        ahead_valid = false;
-        if overlap {
-            match drafted_ahead {
-                Ok(Ok(())) => {
-                    // Usable where every draft was kept and the target's own token is the
-                    // draft's guess.
-                    ahead_valid = kept == drafted
-                        && !ended
-                        && ahead.tokens.len() > 1
-                        && seq[0].next == ahead.tokens.first().copied();
-                }
-                Ok(Err(e)) => return Err(e.into()),
-                Err(_) => {
-                    return Err(SessionError::Invalid("the draft thread panicked".into()).into());
-                }
-            }
-        }
-        spec.depth
-            .record(drafted, kept, emitted, started.elapsed().as_secs_f64());
-        spec.stats.target_steps += 1;
-        spec.stats.emitted += emitted;
-        if drafted > 0 {
-            spec.stats.blocks += 1;
-            spec.stats.drafted += drafted;
-            spec.stats.accepted += kept;
-        }
-        if ended {
+    while seq[0].next.is_some() && before_step(&seq[0]) {
+        if spec.block(session, &mut seq[0], &mut |_| {})?.ended.is_some() {
             break;
         }
     }
@@ -469,15 +617,16 @@ struct Block {
 impl Block {
     /// Runs the target over the pending token and the drafts, judges each row in turn, hands
     /// every emitted token to `seq`, and keeps the accepted rows of the cache. Returns the
-    /// drafts kept, the tokens emitted, and whether the sequence ended.
+    /// drafts kept, the tokens emitted, and how the sequence ended, where it did.
     fn verify<M: StepModel>(
         &mut self,
         session: &mut Session<M>,
         seq: &mut Sequence<'_>,
-        slot: u32,
-    ) -> Result<(usize, usize, bool), GenerateError> {
+        on_token: &mut dyn FnMut(Latency),
+    ) -> Result<(usize, usize, Option<Outcome>), GenerateError> {
+        let slot = seq.slot;
         let Some(pending) = seq.next.take() else {
-            return Ok((0, 0, true));
+            return Ok((0, 0, None));
         };
         let base = session.len(slot as usize);
         let context = session.context();
@@ -498,10 +647,9 @@ impl Block {
         } else {
             Logits::Rows
         };
-        let ranked = matches!(logits, Logits::Best(_));
-        let width = match logits {
-            Logits::Best(k) => 2 * k,
-            Logits::Rows => session.vocab(),
+        let (ranked, width) = match logits {
+            Logits::Best(k) => (true, 2 * k),
+            Logits::Rows => (false, session.vocab()),
         };
         if let Err(e) = session.step(Step {
             phase: Phase::Decode,
@@ -516,7 +664,7 @@ impl Block {
         let rows = session.logits_mut();
         let mut kept = 0;
         let mut emitted = 0;
-        let mut ended = false;
+        let mut ended = None;
         for (i, row) in rows.chunks_exact_mut(width).take(n).enumerate() {
             let draft = drafts.get(i).copied();
             let (sampler, history) = seq.sampler_parts();
@@ -534,10 +682,11 @@ impl Block {
             };
             // The cache holds the pending token and the drafts before this row's pick.
             let at_limit = base + i + 2 >= context;
-            let (outcome, _) = seq.accept_id(id, at_limit);
+            let (outcome, latency) = seq.accept_id(id, at_limit);
+            on_token(latency);
             emitted += 1;
             if outcome.is_some() {
-                ended = true;
+                ended = outcome;
                 break;
             }
             if !keep {

@@ -88,6 +88,7 @@ impl ComputeBackend for Fake {
             memory_bytes: None,
             features: vec![],
             physical_device: None,
+            decode_rows: None,
         }
     }
     fn supports(&self, _: &Op) -> Support {
