@@ -2,13 +2,15 @@
 """bench/spec_client.py: one client for tandem's `engine serve` and `llama-server` alike, for
 speculative decoding's comparison (bench/speculative-vs-llamacpp.sh).
 
-For one server and one prompt file: a warm-up request, then REPEAT greedy streamed requests of
-MAX_TOKENS through /v1/completions. Each run's decode rate is (tokens - 1) / (time of the last
-chunk - time of the first), the tokens counted by a non-streamed request of the same settings
-(greedy: the same text) from its `usage`; the text is kept so that runs can be compared. Prints
-one JSON document.
+For one server: a warm-up request with the first prompt file, then one greedy streamed request
+of MAX_TOKENS through /v1/completions per other prompt file, each a different passage (a
+server that remembers earlier replies, as llama-server's `ngram-mod` does, gains nothing from
+having seen the same request before). Each request's decode rate is (tokens - 1) / (time of the
+last chunk - time of the first), its tokens the `usage` of the stream's last chunk
+(`stream_options.include_usage`). Prints one JSON document with each reply's text, so that
+runs can be compared.
 
-usage: spec_client.py URL PROMPT_FILE MAX_TOKENS REPEAT LABEL
+usage: spec_client.py URL MAX_TOKENS LABEL WARMUP_FILE PROMPT_FILE...
 """
 import json
 import sys
@@ -16,21 +18,17 @@ import time
 import urllib.request
 
 
-def post(url, doc, stream):
+def streamed(url, doc):
+    """Time of the request, of the first and last content chunk, the text and the usage."""
     req = urllib.request.Request(
         url + "/v1/completions",
-        data=json.dumps(doc).encode(),
+        data=json.dumps(dict(doc, stream=True, stream_options={"include_usage": True})).encode(),
         headers={"Content-Type": "application/json"},
     )
-    return urllib.request.urlopen(req, timeout=600)
-
-
-def streamed(url, doc):
-    """Time of the first and last content chunk, and the text."""
-    first = last = None
+    first = last = usage = None
     text = []
     start = time.perf_counter()
-    with post(url, dict(doc, stream=True), True) as r:
+    with urllib.request.urlopen(req, timeout=600) as r:
         for raw in r:
             line = raw.decode().strip()
             if not line.startswith("data:"):
@@ -39,44 +37,43 @@ def streamed(url, doc):
             if data == "[DONE]":
                 break
             chunk = json.loads(data)
+            usage = chunk.get("usage") or usage
             piece = "".join(c.get("text", "") for c in chunk.get("choices", []))
             if piece:
                 now = time.perf_counter()
                 first = first if first is not None else now
                 last = now
                 text.append(piece)
-    return start, first, last, "".join(text)
+    return start, first, last, "".join(text), usage
 
 
 def main():
-    url, prompt_file, max_tokens, repeat, label = sys.argv[1:6]
-    prompt = open(prompt_file).read()
-    doc = {"prompt": prompt, "max_tokens": int(max_tokens), "temperature": 0, "seed": 0}
-    # Warm-up, and the token count of the (greedy, so fixed) reply.
-    with post(url, doc, False) as r:
-        whole = json.load(r)
-    tokens = whole["usage"]["completion_tokens"]
+    url, max_tokens, label, warmup, *prompts = sys.argv[1:]
+    doc = {"max_tokens": int(max_tokens), "temperature": 0, "seed": 0}
+    streamed(url, dict(doc, prompt=open(warmup).read()))
     runs = []
-    for _ in range(int(repeat)):
-        start, first, last, text = streamed(url, doc)
+    for f in prompts:
+        start, first, last, text, usage = streamed(url, dict(doc, prompt=open(f).read()))
+        tokens = (usage or {}).get("completion_tokens", 0)
         span = (last - first) if first is not None and last is not None else 0.0
         runs.append(
             {
+                "prompt": f,
+                "completion_tokens": tokens,
                 "ttft_s": (first - start) if first is not None else None,
                 "decode_s": span,
                 "decode_tokens_per_second": (tokens - 1) / span if span > 0 else None,
-                "same_text": text == whole["choices"][0]["text"],
+                "text": text,
             }
         )
-    rates = sorted(r["decode_tokens_per_second"] or 0.0 for r in runs)
+    tokens = sum(r["completion_tokens"] - 1 for r in runs)
+    seconds = sum(r["decode_s"] for r in runs)
     print(
         json.dumps(
             {
                 "label": label,
-                "completion_tokens": tokens,
-                "text": whole["choices"][0]["text"],
                 "runs": runs,
-                "median_decode_tokens_per_second": rates[len(rates) // 2],
+                "decode_tokens_per_second": tokens / seconds if seconds > 0 else None,
             }
         )
     )

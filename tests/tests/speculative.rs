@@ -380,3 +380,34 @@ fn sampled_speculative_tokens_are_distributed_as_plain_sampling() {
         );
     }
 }
+
+#[test]
+fn the_default_model_speculates_to_its_plain_greedy_output() {
+    let path = match tandem_engine::model::files::default_model() {
+        Ok(p) => p,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping: {e}");
+            return;
+        }
+        Err(e) => panic!("CI must fetch the default model: {e}"),
+    };
+    let mut loaded = load_model(path.clone(), "cpu", 256);
+    // A passage and the start of its copy: lookup drafts find it.
+    let text = "The cat sat on the mat. The dog lay by the door. The bird sang in the tree.\n\
+                Again: The cat sat on the mat. The dog";
+    let p = loaded.tokenizer.encode(text, true).unwrap();
+    let (truth, _) = run(&mut loaded, &p, 40, SamplerConfig::greedy(), None);
+    let mut ngram = NgramDrafter::default();
+    let mut spec = Speculator::new(&mut ngram, 6, &Target::of(&loaded.session)).unwrap();
+    let (got, _) = run(&mut loaded, &p, 40, SamplerConfig::greedy(), Some(&mut spec));
+    assert_eq!(got, truth, "ngram: {:?}", spec.stats);
+    assert!(spec.stats.accepted > 0, "the copy is found: {:?}", spec.stats);
+    // The model as its own draft (in a session of its own): every draft is its pick.
+    let mut own = ModelDrafter::new(load_model(path, "cpu", 256).session);
+    let mut spec = Speculator::new(&mut own, 4, &Target::of(&loaded.session))
+        .unwrap()
+        .fixed(4);
+    let (got, _) = run(&mut loaded, &p, 40, SamplerConfig::greedy(), Some(&mut spec));
+    assert_eq!(got, truth, "self-draft: {:?}", spec.stats);
+    assert!(spec.stats.accepted + 4 >= spec.stats.drafted, "{:?}", spec.stats);
+}

@@ -155,7 +155,8 @@ pub const MAX_DRAFT_TOKENS: usize = 16;
 /// GPU's almost nothing until it is busy) and `draft` the drafter's time per token where it
 /// does not run ahead. `k = 0` (a plain step) wins where speculation does not pay; every
 /// [`PROBE_STEPS`] plain steps one block is tried again, so that a text that turns
-/// copy-heavy is noticed.
+/// copy-heavy is noticed. The first step is plain and the second a block of half the most
+/// drafts, so that both are measured before the model chooses.
 #[derive(Debug, Clone)]
 pub struct Depth {
     max: usize,
@@ -244,6 +245,10 @@ impl Depth {
             // The first step measures a plain step.
             return 0;
         };
+        if self.cost.iter().skip(1).all(Option::is_none) {
+            // Then a block of half the most, to measure one.
+            return self.last;
+        }
         let a = self.acceptance();
         let draft = self.draft.unwrap_or(0.0);
         let (mut best, mut best_rate) = (0, 1.0 / plain);
@@ -705,5 +710,72 @@ impl Block {
             return Err(e.into());
         }
         Ok((kept, emitted, ended))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fixed_depth_is_always_its_k() {
+        let mut d = Depth::fixed(5);
+        for _ in 0..3 {
+            assert_eq!(d.next(), 5);
+            d.record(5, 0, true, 1.0, 0.0);
+        }
+    }
+
+    #[test]
+    fn the_first_step_is_plain_the_second_a_block_then_the_model_chooses() {
+        let mut d = Depth::adaptive(8);
+        assert_eq!(d.next(), 0);
+        d.record(0, 0, false, 0.010, 0.0);
+        assert_eq!(d.next(), 4);
+        // Cheap rows (a GPU: 5 rows cost 1.1 plain steps) and every draft kept: deeper.
+        for _ in 0..5 {
+            d.record(4, 4, false, 0.011, 0.0);
+        }
+        assert_eq!(d.next(), 8, "{d:?}");
+    }
+
+    #[test]
+    fn speculation_stops_where_it_does_not_pay_and_is_tried_again() {
+        let mut d = Depth::adaptive(8);
+        assert_eq!(d.next(), 0);
+        d.record(0, 0, false, 0.010, 0.0);
+        let k = d.next();
+        assert_eq!(k, 4);
+        // Each row costs a plain step (a busy CPU) and drafts are rarely kept.
+        for _ in 0..10 {
+            d.record(4, 0, true, 0.050, 0.0);
+        }
+        let mut plain = 0;
+        while d.next() == 0 {
+            d.record(0, 0, false, 0.010, 0.0);
+            plain += 1;
+            assert!(plain <= PROBE_STEPS, "{d:?}");
+        }
+        assert_eq!(plain, PROBE_STEPS - 1, "a probe after {PROBE_STEPS} plain steps");
+    }
+
+    #[test]
+    fn the_depth_follows_the_acceptance_on_rows_that_cost() {
+        // Rows cost 30% of a plain step each (the 2-core CPU's measured curve): a high
+        // acceptance takes a few drafts, a middling one fewer.
+        let run = |kept_of_4: usize| {
+            let mut d = Depth::adaptive(6);
+            d.next();
+            d.record(0, 0, false, 0.010, 0.0);
+            for _ in 0..20 {
+                let k = d.next().max(1);
+                let kept = kept_of_4.min(k);
+                d.record(k, kept, kept < k, 0.010 * (1.0 + 0.3 * k as f64), 0.0);
+            }
+            d.next()
+        };
+        let (high, low) = (run(4), run(1));
+        assert!(high >= 3, "{high}");
+        assert!(low < high, "{low} {high}");
     }
 }
