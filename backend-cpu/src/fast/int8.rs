@@ -111,19 +111,16 @@ pub fn matmul(
         }
         let (d, qs) = (&d[..nb], &qs[..rows * k]);
         let chunk_rows = column_chunk(pool, spin, w.n);
-        let wrow = |j: usize| &w.bytes[j * rb..(j + 1) * rb];
         // One weight row at a time: the weights then stream through memory in order. Four
         // rows side by side (the 16-bit path's matrix-vector shape) took the head's product
-        // from 13.0 to 21.0 ms on one thread of the 2-core VM (two rows: 20.6).
+        // from 13.0 to 21.0 ms on one thread of the 2-core VM (two rows: 20.6). Several
+        // activation rows share each weight row's loads, signs and magnitudes
+        // ([`vnni::q8_0_rows`]), each row's sum the same operations in the same order as alone:
+        // a row's result never depends on how many rows share the step.
         let task = |chunk: usize, dst: &mut [f32]| {
             let j0 = chunk * chunk_rows;
-            for (c, col) in dst.chunks_exact_mut(rows).enumerate() {
-                let w = wrow(j0 + c);
-                for (r, o) in col.iter_mut().enumerate() {
-                    let (ad, aq) = (&d[r * k / QK..(r + 1) * k / QK], &qs[r * k..(r + 1) * k]);
-                    *o = vnni::q8_0(vnni, w, ad, aq);
-                }
-            }
+            let cols = dst.len() / rows;
+            vnni::q8_0_columns(vnni, &w.bytes[j0 * rb..(j0 + cols) * rb], rb, d, qs, rows, dst);
         };
         in_columns(pool, spin, &mut scratch[..w.n * rows], chunk_rows * rows, task);
         Some(Layout::Columns)
@@ -138,12 +135,76 @@ mod vnni {
 
     use super::super::{Vnni, QK};
 
-    /// The dot of weight row `w` (whole `q8_0` blocks) with the activation row (`d`, `qs`):
-    /// [`super::dot_q8_0`]'s integer block sums, in another order of `f32` additions.
-    pub fn q8_0(_proof: Vnni, w: &[u8], d: &[f32], qs: &[i8]) -> f32 {
+    /// The dots of the weight rows `ws` (`rb` bytes each, whole `q8_0` blocks) with the
+    /// `rows` activation rows (`d`, `qs`), into `dst` column by column (`dst[c * rows + r]`):
+    /// [`super::dot_q8_0`]'s integer block sums, in another order of `f32` additions, the same
+    /// for a row whatever `rows` is. The rows go in groups of 8, 4, 2 and 1, each group's rows
+    /// sharing every weight row's loads.
+    pub fn q8_0_columns(
+        _proof: Vnni,
+        ws: &[u8],
+        rb: usize,
+        d: &[f32],
+        qs: &[i8],
+        rows: usize,
+        dst: &mut [f32],
+    ) {
         // SAFETY: a `Vnni` exists only where AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C were
         // detected at run time; every read below goes through a checked slice.
-        unsafe { row(w, d, qs) }
+        unsafe { columns(ws, rb, d, qs, rows, dst) }
+    }
+
+    /// # Safety
+    /// The CPU has AVX-512 F, BW, VL and VNNI besides AVX2, FMA and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn columns(ws: &[u8], rb: usize, d: &[f32], qs: &[i8], rows: usize, dst: &mut [f32]) {
+        let k = rb / BYTES * QK;
+        let mut r0 = 0;
+        while r0 < rows {
+            let n = match rows - r0 {
+                8.. => 8,
+                4..=7 => 4,
+                2 | 3 => 2,
+                _ => 1,
+            };
+            // SAFETY: the features are those of this function.
+            unsafe {
+                match n {
+                    8 => group::<8>(ws, rb, d, qs, k, rows, r0, dst),
+                    4 => group::<4>(ws, rb, d, qs, k, rows, r0, dst),
+                    2 => group::<2>(ws, rb, d, qs, k, rows, r0, dst),
+                    _ => group::<1>(ws, rb, d, qs, k, rows, r0, dst),
+                }
+            }
+            r0 += n;
+        }
+    }
+
+    /// Rows `r0..r0 + R` against every weight row of `ws`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW, VL and VNNI besides AVX2, FMA and F16C.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn group<const R: usize>(
+        ws: &[u8],
+        rb: usize,
+        d: &[f32],
+        qs: &[i8],
+        k: usize,
+        rows: usize,
+        r0: usize,
+        dst: &mut [f32],
+    ) {
+        let a: [(&[f32], &[i8]); R] = std::array::from_fn(|i| {
+            let r = r0 + i;
+            (&d[r * k / QK..(r + 1) * k / QK], &qs[r * k..(r + 1) * k])
+        });
+        for (w, col) in ws.chunks_exact(rb).zip(dst.chunks_exact_mut(rows)) {
+            // SAFETY: the features are those of this function.
+            let out = unsafe { rows_of::<R>(w, a) };
+            col[r0..r0 + R].copy_from_slice(&out);
+        }
     }
 
     /// The scale of `blk` (its f16 `d`), by F16C.
@@ -161,43 +222,55 @@ mod vnni {
         unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
     }
 
-    /// The integer dots of two `q8_0` blocks (`two`, whole) with their 64 activation bytes `y`,
-    /// as `f32` lanes: 0-7 sum the first block, 8-15 the second. The weight's magnitude is
-    /// `vpdpbusd`'s unsigned operand and its sign moves onto the activations.
+    /// Two `q8_0` blocks' (`two`, whole) 64 weight bytes as `vpdpbusd` takes them: which are
+    /// negative, and their magnitudes (128 for -128, as an unsigned byte).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn pair(two: &[u8], y: __m512i) -> __m512 {
-        let zero = _mm512_setzero_si512();
+    fn weights(two: &[u8]) -> (__mmask64, __m512i) {
         let lo = load32(&two[QS.range()]);
         let hi = load32(&two[BYTES + QS.at..]);
         let wv = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-        let sy = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(wv), zero, y);
-        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), sy))
+        (_mm512_movepi8_mask(wv), _mm512_abs_epi8(wv))
     }
 
+    /// The integer dots of two blocks' weights (`weights`) with their 64 activation bytes `y`,
+    /// as `f32` lanes: 0-7 sum the first block, 8-15 the second. The weight's magnitude is
+    /// `vpdpbusd`'s unsigned operand and its sign moves onto the activations.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn pair((negative, magnitude): (__mmask64, __m512i), y: __m512i) -> __m512 {
+        let zero = _mm512_setzero_si512();
+        let sy = _mm512_mask_sub_epi8(y, negative, zero, y);
+        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, magnitude, sy))
+    }
+
+    /// 64 bytes of `s` (checked) as a vector.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn load64(s: &[i8]) -> __m512i {
+        let s = &s[..64];
+        // SAFETY: `s` holds 64 bytes; the load is unaligned.
+        unsafe { _mm512_loadu_si512(s.as_ptr() as *const __m512i) }
+    }
+
+    /// The dots of one weight row with `R` activation rows (`a[r]`: scales, values). The weight
+    /// side (loads, signs, magnitudes, scales) is done once for all rows; each row's sum is
+    /// the same sequence of operations as with `R = 1`.
+    ///
     /// # Safety
     /// The CPU has AVX-512 F, BW, VL and VNNI besides AVX2, FMA and F16C.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn row(w: &[u8], d: &[f32], qs: &[i8]) -> f32 {
+    unsafe fn rows_of<const R: usize>(w: &[u8], a: [(&[f32], &[i8]); R]) -> [f32; R] {
         let nb = w.len() / BYTES;
-        let mut acc = _mm512_setzero_ps();
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut acc2 = [_mm512_setzero_ps(); R];
         let mut b = 0;
         // Four blocks per trip, two per vector (lanes 0-7 block b, 8-15 block b + 1): their four
         // f16 scales converted together and spread over the lanes by two permutes.
         let lanes01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
         let lanes23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
-        let mut acc2 = _mm512_setzero_ps();
         while b + 4 <= nb {
             let four = &w[BYTES * b..BYTES * (b + 4)];
             _mm_prefetch::<_MM_HINT_T0>(four.as_ptr().wrapping_add(4096) as *const i8);
             _mm_prefetch::<_MM_HINT_T0>(four.as_ptr().wrapping_add(4096 + 64) as *const i8);
-            let y = &qs[QK * b..QK * b + 4 * QK];
-            // SAFETY: `y` holds 128 bytes; the loads are unaligned.
-            let (y0, y1) = unsafe {
-                (
-                    _mm512_loadu_si512(y.as_ptr() as *const __m512i),
-                    _mm512_loadu_si512(y.as_ptr().add(64) as *const __m512i),
-                )
-            };
+            let (w01, w23) = (weights(four), weights(&four[2 * BYTES..]));
             let half = |i: usize| {
                 u64::from(u16::from_le_bytes([
                     four[BYTES * i + D.at],
@@ -206,39 +279,45 @@ mod vnni {
             };
             let bits = half(0) | half(1) << 16 | half(2) << 32 | half(3) << 48;
             let wd = _mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64));
-            let ad = &d[b..b + 4];
-            // SAFETY: `ad` holds 4 `f32`; the load is unaligned.
-            let sc = _mm512_castps128_ps512(_mm_mul_ps(wd, unsafe { _mm_loadu_ps(ad.as_ptr()) }));
-            acc = _mm512_fmadd_ps(pair(four, y0), _mm512_permutexvar_ps(lanes01, sc), acc);
-            acc2 = _mm512_fmadd_ps(
-                pair(&four[2 * BYTES..], y1),
-                _mm512_permutexvar_ps(lanes23, sc),
-                acc2,
-            );
+            for r in 0..R {
+                let (d, qs) = a[r];
+                let y = &qs[QK * b..QK * b + 4 * QK];
+                let (y0, y1) = (load64(y), load64(&y[64..]));
+                let ad = &d[b..b + 4];
+                // SAFETY: `ad` holds 4 `f32`; the load is unaligned.
+                let sc = _mm512_castps128_ps512(_mm_mul_ps(wd, unsafe { _mm_loadu_ps(ad.as_ptr()) }));
+                acc[r] = _mm512_fmadd_ps(pair(w01, y0), _mm512_permutexvar_ps(lanes01, sc), acc[r]);
+                acc2[r] = _mm512_fmadd_ps(pair(w23, y1), _mm512_permutexvar_ps(lanes23, sc), acc2[r]);
+            }
             b += 4;
         }
-        acc = _mm512_add_ps(acc, acc2);
+        for r in 0..R {
+            acc[r] = _mm512_add_ps(acc[r], acc2[r]);
+        }
         // Two blocks per vector: lanes 0-7 sum block b, lanes 8-15 block b + 1.
         while b + 2 <= nb {
-            let y = &qs[QK * b..QK * b + 2 * QK];
-            // SAFETY: `y` holds 64 bytes; the load is unaligned.
-            let y = unsafe { _mm512_loadu_si512(y.as_ptr() as *const __m512i) };
             let two = &w[BYTES * b..BYTES * (b + 2)];
             _mm_prefetch::<_MM_HINT_T0>(two.as_ptr().wrapping_add(4096) as *const i8);
-            let s = _mm512_mask_blend_ps(
-                0xFF00,
-                _mm512_set1_ps(scale(two) * d[b]),
-                _mm512_set1_ps(scale(&two[BYTES..]) * d[b + 1]),
-            );
-            acc = _mm512_fmadd_ps(pair(two, y), s, acc);
+            let w01 = weights(two);
+            let (s0, s1) = (scale(two), scale(&two[BYTES..]));
+            for r in 0..R {
+                let (d, qs) = a[r];
+                let y = load64(&qs[QK * b..QK * b + 2 * QK]);
+                let s =
+                    _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s0 * d[b]), _mm512_set1_ps(s1 * d[b + 1]));
+                acc[r] = _mm512_fmadd_ps(pair(w01, y), s, acc[r]);
+            }
             b += 2;
         }
-        let mut total = _mm512_reduce_add_ps(acc);
-        if b < nb {
-            // An odd last block.
-            total += super::dot_q8_0(&w[BYTES * b..BYTES * nb], &d[b..nb], &qs[QK * b..QK * nb]);
-        }
-        total
+        std::array::from_fn(|r| {
+            let (d, qs) = a[r];
+            let mut total = _mm512_reduce_add_ps(acc[r]);
+            if b < nb {
+                // An odd last block.
+                total += super::dot_q8_0(&w[BYTES * b..BYTES * nb], &d[b..nb], &qs[QK * b..QK * nb]);
+            }
+            total
+        })
     }
 }
 
@@ -247,8 +326,21 @@ mod vnni {
     use super::super::Vnni;
 
     /// No VNNI off x86-64 ([`Vnni`] is never made there).
-    pub fn q8_0(_proof: Vnni, w: &[u8], d: &[f32], qs: &[i8]) -> f32 {
-        super::dot_q8_0(w, d, qs)
+    pub fn q8_0_columns(
+        _proof: Vnni,
+        ws: &[u8],
+        rb: usize,
+        d: &[f32],
+        qs: &[i8],
+        rows: usize,
+        dst: &mut [f32],
+    ) {
+        let k = rb / tandem_backend_api::block::q8_0::BYTES * super::super::QK;
+        for (w, col) in ws.chunks_exact(rb).zip(dst.chunks_exact_mut(rows)) {
+            for (r, o) in col.iter_mut().enumerate() {
+                *o = super::dot_q8_0(w, &d[r * k / 32..(r + 1) * k / 32], &qs[r * k..(r + 1) * k]);
+            }
+        }
     }
 }
 
@@ -350,6 +442,8 @@ mod tests {
             (41, 160, 2),
             (5, 256, 1),
             (3, 224, 2),
+            (7, 128, 5),
+            (11, 96, 13),
         ] {
             let w = q8_0_rows(n, k, n as u64);
             let x = acts(rows * k, k as u64);
@@ -393,5 +487,63 @@ mod tests {
             &mut [0.0]
         )
         .is_none());
+    }
+
+    /// A row's result is the same bits whatever else shares the product: each row of 1-15 rows
+    /// against that row alone (the rows go through the kernel in groups of 8, 4, 2 and 1).
+    #[test]
+    fn a_rows_result_does_not_depend_on_the_rows_beside_it() {
+        let Some(_) = KernelSet::Avx512Vnni.vnni() else {
+            eprintln!("skipping: this CPU has no AVX-512 VNNI");
+            return;
+        };
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let (n, k) = (19usize, 288usize);
+        let w = q8_0_rows(n, k, 77);
+        let view = WeightView {
+            dtype: tandem_backend_api::DType::Q8_0,
+            n,
+            k,
+            bytes: &w,
+        };
+        let x = acts(15 * k, 5);
+        let alone: Vec<Vec<f32>> = (0..15)
+            .map(|r| {
+                let mut out = vec![0.0f32; n];
+                matmul(
+                    &pool,
+                    None,
+                    KernelSet::Avx512Vnni,
+                    &x[r * k..(r + 1) * k],
+                    1,
+                    &view,
+                    &mut out,
+                )
+                .unwrap();
+                out
+            })
+            .collect();
+        for rows in 2..=15 {
+            let mut scratch = vec![0.0f32; n * rows];
+            matmul(
+                &pool,
+                None,
+                KernelSet::Avx512Vnni,
+                &x[..rows * k],
+                rows,
+                &view,
+                &mut scratch,
+            )
+            .unwrap();
+            for r in 0..rows {
+                for j in 0..n {
+                    assert_eq!(
+                        scratch[j * rows + r].to_bits(),
+                        alone[r][j].to_bits(),
+                        "rows {rows}, row {r}, column {j}"
+                    );
+                }
+            }
+        }
     }
 }
