@@ -53,13 +53,18 @@ fn load_model(model: PathBuf, backend: &str, context: usize) -> Loaded {
 
 /// Whether the Vulkan backend is here (lavapipe in CI, where it must be).
 fn vulkan_here() -> bool {
-    match discover().create("vulkan", &options_for("vulkan")) {
+    here("vulkan")
+}
+
+/// Whether backend `name` is here (in CI the GPU backends must be, on lavapipe).
+fn here(name: &str) -> bool {
+    match discover().create(name, &options_for(name)) {
         Ok(_) => true,
         Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipping the vulkan cases: {e}");
+            eprintln!("skipping the {name} cases: {e}");
             false
         }
-        Err(e) => panic!("CI must run the vulkan backend (lavapipe): {e}"),
+        Err(e) => panic!("CI must run the {name} backend (lavapipe): {e}"),
     }
 }
 
@@ -410,4 +415,28 @@ fn the_default_model_speculates_to_its_plain_greedy_output() {
     let (got, _) = run(&mut loaded, &p, 40, SamplerConfig::greedy(), Some(&mut spec));
     assert_eq!(got, truth, "self-draft: {:?}", spec.stats);
     assert!(spec.stats.accepted + 4 >= spec.stats.drafted, "{:?}", spec.stats);
+}
+
+#[test]
+fn greedy_speculation_equals_plain_decoding_on_wgpu_and_with_attention_on_the_npu_emulator() {
+    for backend in ["wgpu", "npu-emu+cpu"] {
+        if backend == "wgpu" && !here("wgpu") {
+            continue;
+        }
+        let mut loaded = load_model(fixture("text-published"), backend, 256);
+        let p = prompt(12);
+        let (truth, _) = run(&mut loaded, &p, 32, SamplerConfig::greedy(), None);
+        let target = Target::of(&loaded.session);
+        let mut ngram = NgramDrafter::default();
+        let mut spec = Speculator::new(&mut ngram, 8, &target).unwrap();
+        let (got, _) = run(&mut loaded, &p, 32, SamplerConfig::greedy(), Some(&mut spec));
+        assert_eq!(got, truth, "{backend}, ngram: {:?}", spec.stats);
+        let mut other = ModelDrafter::new(load_model(fixture("text-newer"), "cpu", 256).session);
+        for k in [2, 8] {
+            let mut spec = Speculator::new(&mut other, k, &target).unwrap().fixed(k);
+            let (got, _) = run(&mut loaded, &p, 32, SamplerConfig::greedy(), Some(&mut spec));
+            assert_eq!(got, truth, "{backend}, cpu draft, k {k}: {:?}", spec.stats);
+            assert!(spec.stats.blocks > 0, "{backend}: {:?}", spec.stats);
+        }
+    }
 }
