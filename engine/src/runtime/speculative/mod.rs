@@ -237,7 +237,7 @@ impl Depth {
     }
 
     /// The draft tokens to ask for now (0: a plain step).
-    pub fn next(&mut self) -> usize {
+    pub fn choose(&mut self) -> usize {
         if !self.adaptive {
             return self.fixed;
         }
@@ -478,7 +478,7 @@ impl<'d> Speculator<'d> {
         // and the tokens still to generate.
         let k = self
             .depth
-            .next()
+            .choose()
             .min(session.context().saturating_sub(base + 1))
             .min(session.chunk().saturating_sub(1))
             .min(seq.remaining().saturating_sub(1));
@@ -721,7 +721,7 @@ mod tests {
     fn a_fixed_depth_is_always_its_k() {
         let mut d = Depth::fixed(5);
         for _ in 0..3 {
-            assert_eq!(d.next(), 5);
+            assert_eq!(d.choose(), 5);
             d.record(5, 0, true, 1.0, 0.0);
         }
     }
@@ -729,29 +729,29 @@ mod tests {
     #[test]
     fn the_first_step_is_plain_the_second_a_block_then_the_model_chooses() {
         let mut d = Depth::adaptive(8);
-        assert_eq!(d.next(), 0);
+        assert_eq!(d.choose(), 0);
         d.record(0, 0, false, 0.010, 0.0);
-        assert_eq!(d.next(), 4);
+        assert_eq!(d.choose(), 4);
         // Cheap rows (a GPU: 5 rows cost 1.1 plain steps) and every draft kept: deeper.
         for _ in 0..5 {
             d.record(4, 4, false, 0.011, 0.0);
         }
-        assert_eq!(d.next(), 8, "{d:?}");
+        assert_eq!(d.choose(), 8, "{d:?}");
     }
 
     #[test]
     fn speculation_stops_where_it_does_not_pay_and_is_tried_again() {
         let mut d = Depth::adaptive(8);
-        assert_eq!(d.next(), 0);
+        assert_eq!(d.choose(), 0);
         d.record(0, 0, false, 0.010, 0.0);
-        let k = d.next();
+        let k = d.choose();
         assert_eq!(k, 4);
         // Each row costs a plain step (a busy CPU) and drafts are rarely kept.
         for _ in 0..10 {
             d.record(4, 0, true, 0.050, 0.0);
         }
         let mut plain = 0;
-        while d.next() == 0 {
+        while d.choose() == 0 {
             d.record(0, 0, false, 0.010, 0.0);
             plain += 1;
             assert!(plain <= PROBE_STEPS, "{d:?}");
@@ -765,14 +765,14 @@ mod tests {
         // acceptance takes a few drafts, a middling one fewer.
         let run = |kept_of_4: usize| {
             let mut d = Depth::adaptive(6);
-            d.next();
+            d.choose();
             d.record(0, 0, false, 0.010, 0.0);
             for _ in 0..20 {
-                let k = d.next().max(1);
+                let k = d.choose().max(1);
                 let kept = kept_of_4.min(k);
                 d.record(k, kept, kept < k, 0.010 * (1.0 + 0.3 * k as f64), 0.0);
             }
-            d.next()
+            d.choose()
         };
         let (high, low) = (run(4), run(1));
         assert!(high >= 3, "{high}");
