@@ -38,6 +38,11 @@ pub struct Args {
     /// Timed repetitions per batch size (after one warm-up).
     #[arg(long, default_value_t = 5)]
     repeat: usize,
+    /// Also measure speculative decoding's verification cost curve: one step of 1..N rows of
+    /// one sequence against a one-row step (its own session, after the batch sizes), with the
+    /// speedups it predicts at acceptance 0.5-0.9 (docs/speculative.md).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    verify_rows: usize,
     /// Per-op times: on the GPU backends device timestamps after every node (which serialise the
     /// GPU's work: a profiled run measures where time goes, not the speed), on the CPU the wall
     /// time of every node.
@@ -90,6 +95,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         gen_tokens: args.gen_tokens,
         batches,
         repeat: args.repeat,
+        verify_rows: args.verify_rows,
     };
     let total_tokens = options.total_decode_tokens();
     let mut progress = Progress::new(progress::load_label(args.model.model.as_deref()));
@@ -167,6 +173,24 @@ fn table(r: &BenchResult) -> String {
                     .collect();
                 let _ = writeln!(o, "       {step} device time: {}", ops.join(", "));
             }
+        }
+    }
+    if let Some(curve) = &r.verify_curve {
+        let _ = writeln!(
+            o,
+            "verification: one step of N rows of one sequence against one row"
+        );
+        let _ = writeln!(o, "rows        ms  ratio");
+        for p in curve {
+            let _ = writeln!(o, "{:>4}  {:>8.3}  {:>5.2}", p.rows, p.ms, p.ratio);
+        }
+        let _ = writeln!(
+            o,
+            "predicted speedup over plain decode (a draft that costs the target nothing: on another unit, running ahead; best depth):"
+        );
+        for a in [0.5, 0.6, 0.7, 0.8, 0.9] {
+            let (s, k) = tandem_engine::bench::verify::predicted_speedup(curve, a, 0.0);
+            let _ = writeln!(o, "  acceptance {a:.1}: {s:.2}x at {k} drafts");
         }
     }
     o

@@ -155,7 +155,7 @@ mod tests {
     use tandem_backend_api::DeviceKind;
     use tandem_engine::bench::results::{
         BackendDesc, BatchRun, BenchSettings, Limits, Machine, ModelDesc, OpTime, Percentiles, Spread,
-        StepProfile,
+        StepProfile, VerifyPoint,
     };
 
     use super::*;
@@ -252,6 +252,20 @@ mod tests {
             } else {
                 vec![run(1, None, None), run(2, None, None)]
             },
+            verify_curve: split.then(|| {
+                vec![
+                    VerifyPoint {
+                        rows: 1,
+                        ms: 2.0,
+                        ratio: 1.0,
+                    },
+                    VerifyPoint {
+                        rows: 2,
+                        ms: 2.5,
+                        ratio: 1.25,
+                    },
+                ]
+            }),
         }
     }
 

@@ -34,6 +34,21 @@ pub struct BenchResult {
     pub limits: Limits,
     /// One entry per batch size that ran.
     pub runs: Vec<BatchRun>,
+    /// Speculative decoding's verification cost curve (`--verify-rows N`): one step of 1..N
+    /// rows of one sequence; absent without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_curve: Option<Vec<VerifyPoint>>,
+}
+
+/// One point of the verification cost curve.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VerifyPoint {
+    /// Rows of the step (the pending token and the drafts), of one sequence.
+    pub rows: usize,
+    /// Its median time, milliseconds.
+    pub ms: f64,
+    /// That time over a one-row step's.
+    pub ratio: f64,
 }
 
 /// The machine a result was measured on.

@@ -43,6 +43,9 @@ pub struct BenchOptions {
     pub batches: Vec<usize>,
     /// Timed repetitions per batch size, after one warm-up.
     pub repeat: usize,
+    /// The verification cost curve up to this many rows (0: none), in a session of its own
+    /// after the batch sizes ([`super::verify::curve`]).
+    pub verify_rows: usize,
 }
 
 impl BenchOptions {
@@ -216,7 +219,7 @@ pub fn run(
             )
         }
     };
-    model_args.context = Some(args.prompt_tokens + args.gen_tokens + 1);
+    model_args.context = Some(args.prompt_tokens + args.gen_tokens.max(args.verify_rows) + 1);
     model_args.chunk = model_args.chunk.max(1);
 
     let mut runs = Vec::new();
@@ -399,6 +402,37 @@ pub fn run(
     };
     // The backend's own device copy where it has memory of its own; else a host copy, measured
     // after the runs so that its 2 GiB of buffers stay out of their peak RSS.
+    let verify_curve = match args.verify_rows {
+        0 => None,
+        rows => {
+            let shared = std::cell::RefCell::new(&mut *events);
+            let mut loaded = load(
+                search,
+                settings,
+                &model_args,
+                1,
+                &mut |n| (shared.borrow_mut())(BenchEvent::Notice(n)),
+                &mut |done, total| (shared.borrow_mut())(BenchEvent::Loading { done, total }),
+            )?;
+            events(BenchEvent::Loaded);
+            let vocab = loaded.session.vocab() as u64;
+            let mut rng = 0x2545_F491_4F6C_DD1Du64;
+            let mut token = || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                (rng % (vocab - 3)) as u32 + 3
+            };
+            let prompt: Vec<u32> = (0..args.prompt_tokens).map(|_| token()).collect();
+            Some(super::verify::curve(
+                &mut loaded.session,
+                &prompt,
+                rows,
+                args.repeat,
+                &mut token,
+            )?)
+        }
+    };
     let (copy_bw, copy_src) = match copy_bw {
         Some((bw, src)) if bw > 0.0 => (bw, src),
         _ => (
@@ -445,6 +479,7 @@ pub fn run(
             peak_flops_source: peak_src,
         },
         runs,
+        verify_curve,
     })
 }
 
@@ -607,6 +642,7 @@ mod tests {
                 peak_flops_source: "cpu backend matmul".into(),
             },
             runs,
+            verify_curve: None,
         }
     }
 
