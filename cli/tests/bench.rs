@@ -155,3 +155,66 @@ fn bench_json_follows_the_schema_and_renders() {
         load_result(f).expect("the written result loads back");
     }
 }
+
+/// `--verify-rows` and `--draft ngram --prompt-file`: the curve's points and the speculative
+/// run are in the JSON, which still follows the schema; the speculative tokens are the plain
+/// ones.
+#[test]
+fn bench_measures_the_verification_curve_and_a_speculative_run() {
+    let cache = tempfile::tempdir().expect("tempdir");
+    std::env::set_var("TANDEM_CACHE_DIR", cache.path());
+    let install = Install::new(&["cpu"]);
+    let prompt = cache.path().join("prompt.txt");
+    std::fs::write(
+        &prompt,
+        "one two three four five six. one two three four five six. one two",
+    )
+    .unwrap();
+    let prompt = prompt.to_string_lossy().into_owned();
+    let out = install.run(&[
+        "bench",
+        "--synthetic",
+        "tiny",
+        "--dtype",
+        "q8_0",
+        "--backend",
+        "cpu",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "12",
+        "--repeat",
+        "1",
+        "--verify-rows",
+        "4",
+        "--draft",
+        "ngram",
+        "--prompt-file",
+        &prompt,
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("bench prints JSON");
+    validate_against_schema(&v, &schema()).unwrap_or_else(|e| panic!("{e}\n{v:#}"));
+    let curve = v["verify_curve"].as_array().expect("a curve");
+    assert_eq!(curve.len(), 4);
+    assert_eq!(curve[0]["ratio"].as_f64(), Some(1.0));
+    assert!(curve.iter().all(|p| p["ms"].as_f64() > Some(0.0)), "{curve:?}");
+    let s = &v["speculation"];
+    assert_eq!(s["same_tokens"], true, "{s}");
+    assert_eq!(s["gen_tokens"], 12);
+    assert!(s["tokens_per_s"].as_f64() > Some(0.0) && s["plain_tokens_per_s"].as_f64() > Some(0.0));
+    // Without a drafter the prompt file is refused, naming both flags.
+    let out = install.run(&[
+        "bench",
+        "--synthetic",
+        "tiny",
+        "--backend",
+        "cpu",
+        "--prompt-file",
+        &prompt,
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--prompt-file") && err.contains("--draft"), "{err}");
+}

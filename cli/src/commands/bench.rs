@@ -8,11 +8,12 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};
-use tandem_engine::bench::results::BenchResult;
+use tandem_engine::bench::results::{BenchResult, SpeculationRun};
 use tandem_engine::bench::run::{BenchEvent, BenchOptions};
 
-use super::load::ModelArgs;
+use super::load::{load, ModelArgs};
 use super::progress::{self, Progress};
+use super::speculate::DraftArgs;
 use crate::Context;
 
 /// Flags of `engine bench`.
@@ -43,6 +44,13 @@ pub struct Args {
     /// speedups it predicts at acceptance 0.5-0.9 (docs/speculative.md).
     #[arg(long, default_value_t = 0, value_name = "N")]
     verify_rows: usize,
+    /// With a drafter (--draft ngram, --draft-model M): also continue this text greedily by
+    /// --gen-tokens, with and without speculative decoding (rates, speedup, acceptance,
+    /// tokens per target step).
+    #[arg(long, value_name = "FILE")]
+    prompt_file: Option<PathBuf>,
+    #[command(flatten)]
+    draft: DraftArgs,
     /// Per-op times: on the GPU backends device timestamps after every node (which serialise the
     /// GPU's work: a profiled run measures where time goes, not the speed), on the CPU the wall
     /// time of every node.
@@ -87,6 +95,10 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     if args.prompt_tokens == 0 || args.gen_tokens < 2 || args.repeat == 0 {
         bail!("--prompt-tokens and --repeat must be at least 1, --gen-tokens at least 2");
     }
+    args.draft.check()?;
+    if args.draft.enabled() != args.prompt_file.is_some() {
+        bail!("--prompt-file and a drafter (--draft ngram, --draft-model M) go together");
+    }
     let options = BenchOptions {
         model: args.model.options(),
         synthetic: args.synthetic.clone(),
@@ -115,7 +127,10 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     // The progress line is cleared before the table prints, or the table's first line starts
     // after it.
     progress.finish();
-    let result = result?;
+    let mut result = result?;
+    if let Some(file) = &args.prompt_file {
+        result.speculation = Some(speculation(ctx, args, file)?);
+    }
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&result)?)
             .with_context(|| format!("writing {}", out.display()))?;
@@ -134,6 +149,33 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
 ///
 /// The names are printed as JSON strings (quoted) and the batch column unpadded, as the table
 /// always has been (it used to print `serde_json::Value`s, which ignore widths).
+/// `file` continued by --gen-tokens with and without the flags' drafter, on the model and
+/// backend of the run.
+fn speculation(ctx: &Context, args: &Args, file: &std::path::Path) -> anyhow::Result<SpeculationRun> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("--prompt-file {}", file.display()))?;
+    // The model the run measured: a synthetic one is where the run wrote it.
+    let mut model = args.model.clone();
+    if let Some(shape) = &args.synthetic {
+        let dtype = args.dtype.parse().map_err(|e| anyhow::anyhow!("--dtype: {e}"))?;
+        model.model = Some(tandem_engine::bench::run::synthetic_path(shape, dtype));
+    }
+    let mut loaded = load(ctx, &model, 1)?;
+    let prompt = loaded.tokenizer.encode(&text, true)?;
+    let mut built = args
+        .draft
+        .build(ctx, &model)?
+        .context("a drafter (--draft ngram, --draft-model M)")?;
+    let mut spec = args.draft.speculator(&mut built, &loaded)?;
+    Ok(tandem_engine::bench::verify::speculation(
+        &mut loaded.session,
+        &loaded.tokenizer,
+        &prompt,
+        args.gen_tokens,
+        args.repeat,
+        &mut spec,
+    )?)
+}
+
 fn table(r: &BenchResult) -> String {
     use std::fmt::Write as _;
     let quoted = |s: &str| serde_json::Value::from(s).to_string();
@@ -174,6 +216,20 @@ fn table(r: &BenchResult) -> String {
                 let _ = writeln!(o, "       {step} device time: {}", ops.join(", "));
             }
         }
+    }
+    if let Some(s) = &r.speculation {
+        let _ = writeln!(
+            o,
+            "speculation ({}{}): {:.1} / {:.1} tok/s = {:.2}x, acceptance {:.2}, {:.2} tokens per target step, {} the plain tokens",
+            s.drafter,
+            if s.overlap { ", running ahead" } else { "" },
+            s.tokens_per_s,
+            s.plain_tokens_per_s,
+            s.speedup,
+            s.acceptance,
+            s.tokens_per_target_step,
+            if s.same_tokens { "the same as" } else { "NOT" }
+        );
     }
     if let Some(curve) = &r.verify_curve {
         let _ = writeln!(

@@ -154,8 +154,8 @@ fn write_file(path: &Path, text: &str) -> Result<(), ReportError> {
 mod tests {
     use tandem_backend_api::DeviceKind;
     use tandem_engine::bench::results::{
-        BackendDesc, BatchRun, BenchSettings, Limits, Machine, ModelDesc, OpTime, Percentiles, Spread,
-        StepProfile, VerifyPoint,
+        BackendDesc, BatchRun, BenchSettings, Limits, Machine, ModelDesc, OpTime, Percentiles,
+        SpeculationRun, Spread, StepProfile, VerifyPoint,
     };
 
     use super::*;
@@ -265,6 +265,19 @@ mod tests {
                         ratio: 1.25,
                     },
                 ]
+            }),
+            speculation: split.then(|| SpeculationRun {
+                drafter: "ngram (2..4-grams)".into(),
+                prompt_tokens: 300,
+                gen_tokens: 128,
+                plain_tokens_per_s: 80.0,
+                tokens_per_s: 140.0,
+                speedup: 1.75,
+                acceptance: 0.84,
+                tokens_per_target_step: 2.4,
+                overlap: false,
+                ready_blocks: 0,
+                same_tokens: true,
             }),
         }
     }

@@ -38,6 +38,37 @@ pub struct BenchResult {
     /// rows of one sequence; absent without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify_curve: Option<Vec<VerifyPoint>>,
+    /// A text generated with and without speculative decoding (`--draft ...
+    /// --prompt-file F`); absent without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<SpeculationRun>,
+}
+
+/// A text continued greedily with and without speculative decoding.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpeculationRun {
+    /// The drafter (`ngram (2..4-grams)`, `draft model on cpu`).
+    pub drafter: String,
+    /// The prompt's tokens.
+    pub prompt_tokens: usize,
+    /// Tokens generated per run.
+    pub gen_tokens: usize,
+    /// Median decode rate without speculation.
+    pub plain_tokens_per_s: f64,
+    /// Median decode rate with it.
+    pub tokens_per_s: f64,
+    /// The second over the first.
+    pub speedup: f64,
+    /// Draft tokens kept per draft token proposed (the last run).
+    pub acceptance: f64,
+    /// Tokens emitted per target step (the last run).
+    pub tokens_per_target_step: f64,
+    /// Whether the draft ran ahead of the target.
+    pub overlap: bool,
+    /// Blocks drafted while the block before was verified (the last run).
+    pub ready_blocks: usize,
+    /// Whether every speculative run gave the plain run's tokens.
+    pub same_tokens: bool,
 }
 
 /// One point of the verification cost curve.

@@ -172,6 +172,15 @@ fn set_bandwidth_fractions(runs: &mut [BatchRun], copy_bw: f64) {
 
 /// Runs the benchmark `options` describes on the plugins `search` finds, and returns the
 /// `tandem-bench/1` result.
+/// Where the synthetic model of `shape` and `dtype` is kept (written by [`run`] when absent):
+/// `synthetic/SHAPE-DTYPE.gguf` in the cache directory.
+pub fn synthetic_path(shape: &str, dtype: SynthDtype) -> std::path::PathBuf {
+    cache_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("synthetic")
+        .join(format!("{shape}-{dtype}.gguf"))
+}
+
 pub fn run(
     search: &PluginSearch,
     settings: &Settings,
@@ -190,12 +199,13 @@ pub fn run(
         Some(shape) => {
             let shape_v: SynthShape = shape.parse()?;
             let dtype: SynthDtype = args.dtype.parse()?;
-            let dir = cache_dir().unwrap_or_else(std::env::temp_dir).join("synthetic");
-            std::fs::create_dir_all(&dir).map_err(|source| BenchError::Io {
-                path: dir.clone(),
-                source,
-            })?;
-            let path = dir.join(format!("{shape}-{dtype}.gguf"));
+            let path = synthetic_path(shape, dtype);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(|source| BenchError::Io {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
+            }
             if !path.exists() {
                 events(BenchEvent::WritingSynthetic(&path));
                 write_synthetic_gguf(shape_v, dtype, &path, 0, &mut |_, _| {})?;
@@ -480,6 +490,7 @@ pub fn run(
         },
         runs,
         verify_curve,
+        speculation: None,
     })
 }
 
@@ -643,6 +654,7 @@ mod tests {
             },
             runs,
             verify_curve: None,
+            speculation: None,
         }
     }
 

@@ -1,15 +1,20 @@
-//! Speculative decoding's verification cost curve: the time of one target step of `n` rows of
-//! one sequence (the token it picked last and `n - 1` drafts, every row's logits kept as a
-//! greedy verification asks for them) against a one-row step, and the speedup such a curve
-//! predicts at a given acceptance (`engine bench --verify-rows N`).
+//! Speculative decoding measured: the verification cost curve (the time of one target step of
+//! `n` rows of one sequence, the token it picked last and `n - 1` drafts, every row's logits kept
+//! as a greedy verification asks for them, against a one-row step) and the speedup such a curve
+//! predicts at a given acceptance (`engine bench --verify-rows N`); and a text generated with and
+//! without a drafter ([`speculation`], `engine bench --draft ... --prompt-file F`).
 
 use std::time::Instant;
 
 use super::error::BenchError;
-use super::results::VerifyPoint;
-use crate::runtime::sampler::Sampler;
+use super::results::{SpeculationRun, VerifyPoint};
+use crate::runtime::sampler::{Sampler, SamplerConfig};
+use crate::runtime::sequence::{Event, EventSink, Request};
 use crate::runtime::session::{Session, Step};
+use crate::runtime::speculative::{self, SpecStats, Speculator};
 use crate::runtime::split::Phase;
+use crate::runtime::stepper::generate;
+use crate::tokenizer::Tokenizer;
 
 /// Steps of 1 to `max_rows` rows of slot 0 after a prompt of `prompt` (fed first), each shape
 /// stepped once to build it, then `repeat` times from the same point (the rows cut off the
@@ -82,6 +87,91 @@ pub fn predicted_speedup(points: &[VerifyPoint], acceptance: f64, draft_ratio: f
         }
     }
     best
+}
+
+/// Collects a generation's ids.
+struct Ids<'a>(&'a mut Vec<u32>);
+
+impl EventSink for Ids<'_> {
+    fn send(&mut self, event: Event) -> bool {
+        if let Event::Token { id, .. } = event {
+            self.0.push(id);
+        }
+        true
+    }
+
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+/// `prompt` continued greedily by `gen_tokens` in slot 0 of `session`, plainly and with `spec`,
+/// one warm-up of each and then `repeat` of each in turn: the median decode rate of each, the
+/// speedup, the last speculative run's acceptance and tokens per target step, and whether every
+/// speculative run gave the plain run's tokens.
+pub fn speculation(
+    session: &mut Session,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    gen_tokens: usize,
+    repeat: usize,
+    spec: &mut Speculator<'_>,
+) -> Result<SpeculationRun, BenchError> {
+    let one = |session: &mut Session, spec: Option<&mut Speculator<'_>>| {
+        let mut ids = Vec::new();
+        let request = Request {
+            prompt: prompt.to_vec(),
+            max_tokens: gen_tokens,
+            sampling: SamplerConfig::greedy(),
+            stop: Vec::new(),
+            sink: Box::new(Ids(&mut ids)),
+            arrived: Instant::now(),
+        };
+        let stats = match spec {
+            None => generate(session, tokenizer, request, 0, false, &mut |_| true),
+            Some(s) => speculative::generate(session, tokenizer, request, 0, false, s, &mut |_| true),
+        }
+        .map_err(|e| BenchError::Options(format!("generating: {e}")))?;
+        let rate = stats.generated_tokens.saturating_sub(1) as f64 / stats.decode_seconds.max(1e-9);
+        Ok::<_, BenchError>((ids, rate))
+    };
+    let drafter = spec.stats.drafter.clone();
+    let (mut plain, mut fast) = (Vec::new(), Vec::new());
+    let mut same = true;
+    let mut last = SpecStats::default();
+    for rep in 0..=repeat {
+        let (want, p) = one(session, None)?;
+        spec.stats = SpecStats {
+            drafter: drafter.clone(),
+            overlap: spec.stats.overlap,
+            ..SpecStats::default()
+        };
+        let (got, f) = one(session, Some(spec))?;
+        same &= got == want;
+        if rep > 0 {
+            plain.push(p);
+            fast.push(f);
+        }
+        last = spec.stats.clone();
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (plain, fast) = (median(plain), median(fast));
+    Ok(SpeculationRun {
+        drafter,
+        prompt_tokens: prompt.len(),
+        gen_tokens,
+        plain_tokens_per_s: plain,
+        tokens_per_s: fast,
+        speedup: fast / plain,
+        acceptance: last.acceptance(),
+        tokens_per_target_step: last.tokens_per_step(),
+        overlap: last.overlap,
+        ready_blocks: last.ready_blocks,
+        same_tokens: same,
+    })
 }
 
 #[cfg(test)]
