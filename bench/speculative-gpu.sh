@@ -63,3 +63,6 @@ for f in "$OUT"/verify-*.txt; do echo "== $f"; tail -16 "$f"; done
 for f in "$OUT"/e2e-*.json; do
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], round(d['decode_tokens_per_second'],1), d.get('speculation'))" "$f"
 done
+for f in "$OUT"/draft-270m-*.json; do
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); r=d['runs'][0]; print(sys.argv[1], 'decode', round(r['decode_tokens_per_s']['median'],1), 'tok/s, p50', round(r['token_latency_ms']['p50'],3), 'ms')" "$f"
+done

@@ -68,6 +68,14 @@ impl DraftArgs {
         self.draft.is_some() || self.draft_model.is_some()
     }
 
+    /// The draft model's flag and file, as an error names them.
+    fn named(&self) -> String {
+        match &self.draft_model {
+            Some(p) => format!("--draft-model {}", p.display()),
+            None => "--draft".into(),
+        }
+    }
+
     /// Checks the flags that need no model.
     pub fn check(&self) -> anyhow::Result<()> {
         if !self.enabled() {
@@ -120,7 +128,8 @@ impl DraftArgs {
             let t = target_vocab;
             if v != t {
                 anyhow::bail!(
-                    "--draft-model: {}",
+                    "{}: {}",
+                    self.named(),
                     tandem_engine::runtime::speculative::SpeculationError::Vocabulary { draft: v, target: t }
                 );
             }
@@ -142,8 +151,9 @@ impl DraftArgs {
     pub fn speculator<'d>(&self, built: &'d mut Built, target: &Loaded) -> anyhow::Result<Speculator<'d>> {
         let is_model = matches!(built, Built::Model(_));
         let target = Target::of(&target.session);
+        let named = self.named();
         let mut spec = Speculator::new(built.drafter(), self.draft_tokens, &target)
-            .map_err(|e| anyhow::anyhow!("--draft-model: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("{named}: {e}"))?;
         match self.draft_overlap.as_str() {
             "on" => spec.set_overlap(is_model),
             "off" => spec.set_overlap(false),
