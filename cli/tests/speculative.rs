@@ -112,7 +112,9 @@ fn a_draft_of_another_vocabulary_or_depth_is_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("--draft-model") && err.contains("486") && err.contains(&other_s),
+        err.contains("--draft-model")
+            && err.contains(&other_s)
+            && err.contains("has 512 tokens and the target's 486"),
         "{err}"
     );
     let out = install.run(&[
