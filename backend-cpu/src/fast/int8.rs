@@ -138,7 +138,7 @@ mod vnni {
     /// The dots of the weight rows `ws` (`rb` bytes each, whole `q8_0` blocks) with the
     /// `rows` activation rows (`d`, `qs`), into `dst` column by column (`dst[c * rows + r]`):
     /// [`super::dot_q8_0`]'s integer block sums, in another order of `f32` additions, the same
-    /// for a row whatever `rows` is. The rows go in groups of 8, 4, 2 and 1, each group's rows
+    /// for a row whatever `rows` is. The rows go in groups of up to 8, each group's rows
     /// sharing every weight row's loads.
     pub fn q8_0_columns(
         _proof: Vnni,
@@ -161,17 +161,16 @@ mod vnni {
         let k = rb / BYTES * QK;
         let mut r0 = 0;
         while r0 < rows {
-            let n = match rows - r0 {
-                8.. => 8,
-                4..=7 => 4,
-                2 | 3 => 2,
-                _ => 1,
-            };
+            let n = (rows - r0).min(8);
             // SAFETY: the features are those of this function.
             unsafe {
                 match n {
                     8 => group::<8>(ws, rb, d, qs, k, rows, r0, dst),
+                    7 => group::<7>(ws, rb, d, qs, k, rows, r0, dst),
+                    6 => group::<6>(ws, rb, d, qs, k, rows, r0, dst),
+                    5 => group::<5>(ws, rb, d, qs, k, rows, r0, dst),
                     4 => group::<4>(ws, rb, d, qs, k, rows, r0, dst),
+                    3 => group::<3>(ws, rb, d, qs, k, rows, r0, dst),
                     2 => group::<2>(ws, rb, d, qs, k, rows, r0, dst),
                     _ => group::<1>(ws, rb, d, qs, k, rows, r0, dst),
                 }
@@ -490,7 +489,7 @@ mod tests {
     }
 
     /// A row's result is the same bits whatever else shares the product: each row of 1-15 rows
-    /// against that row alone (the rows go through the kernel in groups of 8, 4, 2 and 1).
+    /// against that row alone (the rows go through the kernel in groups of up to 8).
     #[test]
     fn a_rows_result_does_not_depend_on_the_rows_beside_it() {
         let Some(_) = KernelSet::Avx512Vnni.vnni() else {
