@@ -52,7 +52,7 @@ use super::buckets::{self, Padder, StepBuckets};
 use super::error::SubmitError;
 use super::metrics::{Metrics, Outcome};
 use crate::runtime::sampler::Sampler;
-use crate::runtime::sequence::{self, Event, FinishReason, Latency, Limits, Request, Sequence};
+use crate::runtime::sequence::{self, Event, EventSink, FinishReason, Latency, Limits, Request, Sequence};
 use crate::runtime::session::{Logits, Session, SessionError, Step};
 use crate::runtime::speculative::{DraftSetup, Target};
 use crate::runtime::split::Phase;
@@ -119,10 +119,52 @@ struct Shared {
 }
 
 impl Shared {
-    /// One admitted request has ended (finished, failed or cancelled).
+    /// One admitted request has ended (finished, failed or cancelled): counted. Its place among
+    /// the admitted was given back by its sink ([`Admitted`]).
     fn leave(&self, outcome: Outcome) {
         self.metrics.finished(outcome);
-        self.admitted.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// An admitted request's sink as the batcher holds it: gives the request's place among the
+/// admitted (`Shared::admitted`) back just before its last event (done or failed) goes out,
+/// or when it is dropped without one (a cancelled request). A client that has its answer can
+/// then send the next request at once: giving it back after the step, as the batcher once
+/// did, left a window in which a loaded machine refused that request as over capacity.
+struct Admitted {
+    sink: Box<dyn EventSink + 'static>,
+    shared: Arc<Shared>,
+    held: bool,
+}
+
+impl Admitted {
+    fn release(&mut self) {
+        if std::mem::take(&mut self.held) {
+            self.shared.admitted.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl EventSink for Admitted {
+    fn send(&mut self, event: Event) -> bool {
+        if matches!(event, Event::Done { .. } | Event::Failed { .. }) {
+            self.release();
+        }
+        self.sink.send(event)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.sink.is_closed()
+    }
+
+    fn logprobs(&self) -> Option<usize> {
+        self.sink.logprobs()
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -346,9 +388,16 @@ impl Handle {
             });
         }
         metrics.queued.fetch_add(1, Ordering::SeqCst);
+        let mut request = request;
+        request.sink = Box::new(Admitted {
+            sink: request.sink,
+            shared: shared.clone(),
+            held: true,
+        });
+        // A request the batcher will not take is dropped with its sink, which gives its place
+        // back.
         if self.tx.send((request, sampler)).is_err() {
             metrics.queued.fetch_sub(1, Ordering::SeqCst);
-            shared.admitted.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::ShuttingDown);
         }
         Ok(())
@@ -761,5 +810,85 @@ fn outcome(o: sequence::Outcome) -> Outcome {
         sequence::Outcome::Finished(FinishReason::Stop) => Outcome::Stop,
         sequence::Outcome::Finished(FinishReason::Length) => Outcome::Length,
         sequence::Outcome::Cancelled => Outcome::Cancelled,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records how many requests were admitted each time an event reached the client.
+    struct Client {
+        shared: Arc<Shared>,
+        seen: Arc<Mutex<Vec<usize>>>,
+    }
+
+    impl EventSink for Client {
+        fn send(&mut self, _: Event) -> bool {
+            let n = self.shared.admitted.load(Ordering::SeqCst);
+            self.seen.lock().map(|mut s| s.push(n)).is_ok()
+        }
+
+        fn is_closed(&self) -> bool {
+            false
+        }
+    }
+
+    fn shared(admitted: usize) -> Arc<Shared> {
+        Arc::new(Shared {
+            metrics: Metrics::default(),
+            draining: AtomicBool::new(false),
+            cancel: AtomicBool::new(false),
+            limits: Limits {
+                vocab: 8,
+                context: 8,
+                text: false,
+            },
+            slots: 1,
+            admitted: AtomicUsize::new(admitted),
+            capacity: 2,
+            health: Mutex::default(),
+        })
+    }
+
+    #[test]
+    fn a_request_gives_its_place_back_before_its_last_event_reaches_the_client() {
+        let s = shared(2);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let client = Client {
+            shared: s.clone(),
+            seen: seen.clone(),
+        };
+        let mut sink = Admitted {
+            sink: Box::new(client),
+            shared: s.clone(),
+            held: true,
+        };
+        sink.send(Event::Token {
+            id: 1,
+            text: String::new(),
+            logprobs: None,
+        });
+        sink.send(Event::Done {
+            text: String::new(),
+            finish_reason: FinishReason::Stop,
+            prompt_tokens: 1,
+            completion_tokens: 1,
+        });
+        drop(sink);
+        // Still held during the token; given back before the client heard it was done; once.
+        assert_eq!(*seen.lock().unwrap(), [2, 1]);
+        assert_eq!(s.admitted.load(Ordering::SeqCst), 1);
+        // A request dropped without a last event (cancelled) gives its place back too.
+        let sink = Admitted {
+            sink: Box::new(Client {
+                shared: s.clone(),
+                seen,
+            }),
+            shared: s.clone(),
+            held: true,
+        };
+        drop(sink);
+        assert_eq!(s.admitted.load(Ordering::SeqCst), 0);
     }
 }
