@@ -161,8 +161,11 @@ fn bench_json_follows_the_schema_and_renders() {
 /// ones.
 #[test]
 fn bench_measures_the_verification_curve_and_a_speculative_run() {
+    // Its own cache directory, given to its processes alone: the other test of this binary
+    // sets the variable for the whole process, and both run at once.
     let cache = tempfile::tempdir().expect("tempdir");
-    std::env::set_var("TANDEM_CACHE_DIR", cache.path());
+    let cache_dir = cache.path().to_string_lossy().into_owned();
+    let env = [("TANDEM_CACHE_DIR", cache_dir.as_str())];
     let install = Install::new(&["cpu"]);
     let prompt = cache.path().join("prompt.txt");
     std::fs::write(
@@ -171,28 +174,31 @@ fn bench_measures_the_verification_curve_and_a_speculative_run() {
     )
     .unwrap();
     let prompt = prompt.to_string_lossy().into_owned();
-    let out = install.run(&[
-        "bench",
-        "--synthetic",
-        "tiny",
-        "--dtype",
-        "q8_0",
-        "--backend",
-        "cpu",
-        "--prompt-tokens",
-        "8",
-        "--gen-tokens",
-        "12",
-        "--repeat",
-        "1",
-        "--verify-rows",
-        "4",
-        "--draft",
-        "ngram",
-        "--prompt-file",
-        &prompt,
-        "--json",
-    ]);
+    let out = install.run_env(
+        &[
+            "bench",
+            "--synthetic",
+            "tiny",
+            "--dtype",
+            "q8_0",
+            "--backend",
+            "cpu",
+            "--prompt-tokens",
+            "8",
+            "--gen-tokens",
+            "12",
+            "--repeat",
+            "1",
+            "--verify-rows",
+            "4",
+            "--draft",
+            "ngram",
+            "--prompt-file",
+            &prompt,
+            "--json",
+        ],
+        &env,
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).expect("bench prints JSON");
     validate_against_schema(&v, &schema()).unwrap_or_else(|e| panic!("{e}\n{v:#}"));
@@ -205,15 +211,18 @@ fn bench_measures_the_verification_curve_and_a_speculative_run() {
     assert_eq!(s["gen_tokens"], 12);
     assert!(s["tokens_per_s"].as_f64() > Some(0.0) && s["plain_tokens_per_s"].as_f64() > Some(0.0));
     // Without a drafter the prompt file is refused, naming both flags.
-    let out = install.run(&[
-        "bench",
-        "--synthetic",
-        "tiny",
-        "--backend",
-        "cpu",
-        "--prompt-file",
-        &prompt,
-    ]);
+    let out = install.run_env(
+        &[
+            "bench",
+            "--synthetic",
+            "tiny",
+            "--backend",
+            "cpu",
+            "--prompt-file",
+            &prompt,
+        ],
+        &env,
+    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--prompt-file") && err.contains("--draft"), "{err}");
