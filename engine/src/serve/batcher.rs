@@ -580,7 +580,8 @@ fn run(
             && seqs[0].next.is_some()
             && seqs[0].sampler().logprobs().is_none()
             && metrics.queue_depth() == 0;
-        if let (true, Some(spec)) = (alone, spec.as_mut()) {
+        let mut lost = None;
+        let mut ended: Vec<(usize, Outcome)> = if let (true, Some(spec)) = (alone, spec.as_mut()) {
             let s = &mut seqs[0];
             let slot = s.slot;
             if spec_slot != Some(slot) {
@@ -590,75 +591,50 @@ fn run(
             let before = s.history().len();
             let blocked = spec.block(live, s, &mut |l| counted(l, metrics));
             metrics.step_builds(live.step_builds());
-            let mut lost = None;
-            let ended = match blocked {
+            match blocked {
                 Ok(b) => {
                     // The pending token and the kept drafts are in the cache now.
                     let fed = &s.history()[before - 1..before - 1 + b.fed];
                     held[slot as usize].extend_from_slice(fed);
-                    b.ended.map(outcome)
+                    b.ended.map(|o| (0, outcome(o))).into_iter().collect()
                 }
                 Err(e) => {
+                    // The sequence heard the error (`Speculator::block` tells it); what its
+                    // slot's cache holds is unknown, so it starts empty.
                     held[slot as usize].clear();
                     live.reset(slot as usize);
                     if let GenerateError::Session(SessionError::Schedule(e)) = &e {
                         lost = e.lost_unit().map(|u| (u.to_string(), e.to_string()));
                     }
-                    Some(Outcome::Error)
+                    vec![(0, Outcome::Error)]
                 }
-            };
-            if let Some(o) = ended {
-                let s = seqs.remove(0);
-                free.push(s.slot);
-                shared.leave(o);
-                spec_slot = None;
             }
-            if let Some((unit, why)) = lost {
-                // The drafter's speculator borrows nothing of the session: the model is loaded
-                // again as after a failed step.
-                metrics.unit_lost();
-                for h in &mut held {
-                    h.clear();
+        } else {
+            let padding = padder.as_ref().map(|p| p as &dyn Padding);
+            let stepped = stepper.step(live, &mut seqs, padding, &mut |l| counted(l, metrics));
+            metrics.step_builds(live.step_builds());
+            match stepped {
+                Ok(None) => continue,
+                Ok(Some(stepped)) => {
+                    let (tokens, slots) = stepped.fed;
+                    for (t, s) in tokens.iter().zip(slots) {
+                        held[*s as usize].push(*t);
+                    }
+                    stepped.ended.iter().map(|&(i, o)| (i, outcome(o))).collect()
                 }
-                let placed = place_again(
-                    &mut session,
-                    &mut replace,
-                    &unit,
-                    &why,
-                    step_buckets,
-                    served,
-                    shared,
-                );
-                padder = placed.unwrap_or(None);
-            }
-            metrics.running.store(seqs.len(), Ordering::SeqCst);
-            continue;
-        }
-        let padding = padder.as_ref().map(|p| p as &dyn Padding);
-        let stepped = stepper.step(live, &mut seqs, padding, &mut |l| counted(l, metrics));
-        metrics.step_builds(live.step_builds());
-        let mut lost = None;
-        let mut ended: Vec<(usize, Outcome)> = match stepped {
-            Ok(None) => continue,
-            Ok(Some(stepped)) => {
-                let (tokens, slots) = stepped.fed;
-                for (t, s) in tokens.iter().zip(slots) {
-                    held[*s as usize].push(*t);
+                Err(failed) => {
+                    // Each sequence of the step heard the error; what their slots' caches hold
+                    // is unknown, so they start empty.
+                    for &i in &failed.sequences {
+                        let slot = seqs[i].slot as usize;
+                        held[slot].clear();
+                        live.reset(slot);
+                    }
+                    if let SessionError::Schedule(e) = &failed.error {
+                        lost = e.lost_unit().map(|u| (u.to_string(), failed.error.to_string()));
+                    }
+                    failed.sequences.iter().map(|&i| (i, Outcome::Error)).collect()
                 }
-                stepped.ended.iter().map(|&(i, o)| (i, outcome(o))).collect()
-            }
-            Err(failed) => {
-                // Each sequence of the step heard the error; what their slots' caches hold is
-                // unknown, so they start empty.
-                for &i in &failed.sequences {
-                    let slot = seqs[i].slot as usize;
-                    held[slot].clear();
-                    live.reset(slot);
-                }
-                if let SessionError::Schedule(e) = &failed.error {
-                    lost = e.lost_unit().map(|u| (u.to_string(), failed.error.to_string()));
-                }
-                failed.sequences.iter().map(|&i| (i, Outcome::Error)).collect()
             }
         };
         // Finished sequences leave; their slots are reset when reused.
