@@ -155,6 +155,41 @@ pub fn under_test(
     settings
 }
 
+/// The real default model's file. Where it is missing: `None`, said on stderr (the test passes
+/// without running) unless `CI` is set, where its absence fails the test (CI fetches it).
+pub fn default_model_or_skip() -> Option<PathBuf> {
+    match tandem_engine::model::files::default_model() {
+        Ok(p) => Some(p),
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping the real-model test: {e}");
+            None
+        }
+        Err(e) => panic!("CI must fetch the default model: {e}"),
+    }
+}
+
+/// `model` on `backend` (one slot, `context` and `chunk` as given) through the engine's one
+/// load path, every backend with the options of the backends under test ([`under_test`]).
+pub fn load_under_test(model: PathBuf, backend: &str, context: usize, chunk: usize) -> tandem_engine::Loaded {
+    let opts = tandem_engine::ModelOptions {
+        model: Some(model),
+        backend: backend.into(),
+        context: Some(context),
+        chunk,
+        kv_cache: Default::default(),
+        gpu_layers: None,
+    };
+    tandem_engine::load(
+        &PluginSearch::only(&plugin_dirs()),
+        &under_test(tandem_engine::Settings::default()),
+        &opts,
+        1,
+        &mut |_| {},
+        &mut |_: u64, _: u64| {},
+    )
+    .unwrap_or_else(|e| panic!("loading with {backend}: {e}"))
+}
+
 fn display_name(plugin: &str) -> String {
     if plugin == "cpu" {
         "cpu(fast)".to_string()

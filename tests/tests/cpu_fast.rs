@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 use tandem_backend_api::BackendOptions;
-use tandem_engine::model::files::{default_model, open_model};
+use tandem_engine::model::files::open_model;
 use tandem_engine::model::CacheShape;
 use tandem_engine::runtime::session::Session;
 use tandem_engine::tokenizer::Tokenizer;
@@ -48,13 +48,8 @@ fn greedy(s: &mut Session, prompt: &[u32], n: usize, tokenizer: &Tokenizer) -> V
 
 #[test]
 fn fast_kernels_match_the_reference_kernels_on_the_real_model() {
-    let path = match default_model() {
-        Ok(p) => p,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipping the fast-kernel real-model test: {e}");
-            return;
-        }
-        Err(e) => panic!("CI must fetch the default model: {e}"),
+    let Some(path) = tandem_conformance::default_model_or_skip() else {
+        return;
     };
     let r = reference();
     let tokenizer = open_model(Some(&path)).unwrap().tokenizer;

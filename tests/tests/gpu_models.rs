@@ -12,7 +12,7 @@ use serde_json::Value;
 use tandem_backend_api::{ComputeBackend, DType};
 use tandem_conformance::ids;
 use tandem_conformance::{discover, options_for};
-use tandem_engine::model::files::{default_model, open_model};
+use tandem_engine::model::files::open_model;
 use tandem_engine::model::CacheShape;
 use tandem_engine::runtime::session::Session;
 use tandem_engine::tokenizer::Tokenizer;
@@ -126,13 +126,8 @@ fn the_default_model_matches_transformers_on_wgpu() {
 }
 
 fn the_default_model_matches_transformers(name: &str) {
-    let path = match default_model() {
-        Ok(p) => p,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipping the real-model test: {e}");
-            return;
-        }
-        Err(e) => panic!("CI must fetch the default model: {e}"),
+    let Some(path) = tandem_conformance::default_model_or_skip() else {
+        return;
     };
     let Some(backend) = gpu(name) else { return };
     let r: Value = serde_json::from_str(

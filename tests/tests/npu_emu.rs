@@ -5,10 +5,8 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
-use tandem_conformance::{discover, ids, options_for, plugin_dirs};
-use tandem_engine::runtime::load::{load, Loaded, ModelOptions};
-use tandem_engine::runtime::plugins::PluginSearch;
-use tandem_engine::runtime::settings::Settings;
+use tandem_conformance::{discover, ids, options_for};
+use tandem_engine::runtime::load::Loaded;
 
 const CASES: [&str; 5] = [
     "text-published",
@@ -28,31 +26,8 @@ fn json(path: PathBuf) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-fn settings() -> Settings {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tandem.toml");
-    std::fs::write(&path, "").unwrap();
-    tandem_conformance::under_test(Settings::load(&path).unwrap_or_else(|e| panic!("{e}")))
-}
-
 fn load_model(model: PathBuf, backend: &str, context: usize, chunk: usize) -> Loaded {
-    let opts = ModelOptions {
-        model: Some(model),
-        backend: backend.into(),
-        context: Some(context),
-        chunk,
-        kv_cache: Default::default(),
-        gpu_layers: None,
-    };
-    load(
-        &PluginSearch::only(&plugin_dirs()),
-        &settings(),
-        &opts,
-        1,
-        &mut |_| {},
-        &mut |_: u64, _: u64| {},
-    )
-    .unwrap_or_else(|e| panic!("loading with {backend}: {e}"))
+    tandem_conformance::load_under_test(model, backend, context, chunk)
 }
 
 /// Greedy continuations of every entry of `reference["greedy"]` (prompt ids under `key`).
@@ -113,13 +88,8 @@ fn fixtures_give_transformers_greedy_continuations_with_attention_on_the_emulato
 /// and the last logits within bf16 attention's distance of theirs.
 #[test]
 fn the_default_model_with_attention_on_the_emulator_matches_transformers() {
-    let path = match tandem_engine::model::files::default_model() {
-        Ok(p) => p,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipping: {e}");
-            return;
-        }
-        Err(e) => panic!("CI must fetch the default model: {e}"),
+    let Some(path) = tandem_conformance::default_model_or_skip() else {
+        return;
     };
     let r = json(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gemma3-270m/reference.json"));
     let mut loaded = load_model(path, "npu-emu+cpu", 128, 64);

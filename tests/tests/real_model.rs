@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 use tandem_conformance::ids;
-use tandem_engine::model::files::{default_model, open_model};
+use tandem_engine::model::files::open_model;
 use tandem_engine::model::CacheShape;
 
 fn reference() -> Value {
@@ -20,13 +20,8 @@ fn reference() -> Value {
 
 #[test]
 fn real_model_matches_transformers() {
-    let path = match default_model() {
-        Ok(p) => p,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipping the real-model test: {e}");
-            return;
-        }
-        Err(e) => panic!("CI must fetch the default model: {e}"),
+    let Some(path) = tandem_conformance::default_model_or_skip() else {
+        return;
     };
     let r = reference();
     let files = open_model(Some(&path)).unwrap();

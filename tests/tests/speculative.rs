@@ -6,13 +6,11 @@
 
 use std::path::PathBuf;
 
-use tandem_conformance::{discover, options_for, plugin_dirs, under_test};
-use tandem_engine::runtime::load::{load, Loaded, ModelOptions};
-use tandem_engine::runtime::plugins::PluginSearch;
+use tandem_conformance::{discover, options_for};
+use tandem_engine::runtime::load::Loaded;
 use tandem_engine::runtime::sampler::SamplerConfig;
 use tandem_engine::runtime::sequence::{Event, EventSink, FinishReason, Request};
 use tandem_engine::runtime::session::SessionError;
-use tandem_engine::runtime::settings::Settings;
 use tandem_engine::runtime::speculative::draft::ModelDrafter;
 use tandem_engine::runtime::speculative::ngram::NgramDrafter;
 use tandem_engine::runtime::speculative::{self, Draft, Drafter, SpecStats, Speculator, Target};
@@ -24,31 +22,8 @@ fn fixture(case: &str) -> PathBuf {
         .join(case)
 }
 
-fn settings() -> Settings {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tandem.toml");
-    std::fs::write(&path, "").unwrap();
-    under_test(Settings::load(&path).unwrap_or_else(|e| panic!("{e}")))
-}
-
 fn load_model(model: PathBuf, backend: &str, context: usize) -> Loaded {
-    let opts = ModelOptions {
-        model: Some(model),
-        backend: backend.into(),
-        context: Some(context),
-        chunk: 32,
-        kv_cache: Default::default(),
-        gpu_layers: None,
-    };
-    load(
-        &PluginSearch::only(&plugin_dirs()),
-        &settings(),
-        &opts,
-        1,
-        &mut |_| {},
-        &mut |_: u64, _: u64| {},
-    )
-    .unwrap_or_else(|e| panic!("loading with {backend}: {e}"))
+    tandem_conformance::load_under_test(model, backend, context, 32)
 }
 
 /// Whether the Vulkan backend is here (lavapipe in CI, where it must be).
@@ -388,13 +363,8 @@ fn sampled_speculative_tokens_are_distributed_as_plain_sampling() {
 
 #[test]
 fn the_default_model_speculates_to_its_plain_greedy_output() {
-    let path = match tandem_engine::model::files::default_model() {
-        Ok(p) => p,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipping: {e}");
-            return;
-        }
-        Err(e) => panic!("CI must fetch the default model: {e}"),
+    let Some(path) = tandem_conformance::default_model_or_skip() else {
+        return;
     };
     let mut loaded = load_model(path.clone(), "cpu", 256);
     // A passage and the start of its copy: lookup drafts find it.

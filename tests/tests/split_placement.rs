@@ -1073,13 +1073,8 @@ fn calibration_measures_a_layer_split() {
 /// continuations.
 #[test]
 fn the_default_model_split_matches_transformers() {
-    let path = match tandem_engine::model::files::default_model() {
-        Ok(p) => p,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipping: {e}");
-            return;
-        }
-        Err(e) => panic!("CI must fetch the default model: {e}"),
+    let Some(path) = tandem_conformance::default_model_or_skip() else {
+        return;
     };
     let r: Value = serde_json::from_str(
         &std::fs::read_to_string(
