@@ -322,7 +322,7 @@ mod vnni {
 
 #[cfg(not(target_arch = "x86_64"))]
 mod vnni {
-    use super::super::Vnni;
+    use super::super::{Vnni, QK};
 
     /// No VNNI off x86-64 ([`Vnni`] is never made there).
     pub fn q8_0_columns(
@@ -334,10 +334,10 @@ mod vnni {
         rows: usize,
         dst: &mut [f32],
     ) {
-        let k = rb / tandem_backend_api::block::q8_0::BYTES * super::super::QK;
+        let k = rb / tandem_backend_api::block::q8_0::BYTES * QK;
         for (w, col) in ws.chunks_exact(rb).zip(dst.chunks_exact_mut(rows)) {
             for (r, o) in col.iter_mut().enumerate() {
-                *o = super::dot_q8_0(w, &d[r * k / 32..(r + 1) * k / 32], &qs[r * k..(r + 1) * k]);
+                *o = super::dot_q8_0(w, &d[r * k / QK..(r + 1) * k / QK], &qs[r * k..(r + 1) * k]);
             }
         }
     }

@@ -38,11 +38,6 @@ impl<M: StepModel> ModelDrafter<M> {
         }
     }
 
-    /// The draft's session.
-    pub fn session(&self) -> &Session<M> {
-        &self.session
-    }
-
     /// Feeds `tokens` after what the cache holds and leaves the last one's logits in the
     /// session's logits (whole rows).
     fn feed(&mut self, tokens: &[u32]) -> Result<(), SessionError> {
