@@ -21,7 +21,10 @@
 //! `coopmat2` / `TANDEM_VULKAN_COOPMAT2` (of those, the workgroup-scope NV cooperative-matrix-2
 //! matmul where the device has it, on by default), `int_dot` / `TANDEM_VULKAN_INT_DOT` (decode's
 //! integer-dot-product kernels: by default where the device's packed 8-bit dot product is
-//! accelerated, `true` wherever it has one, `false` never), `memory_limit` (the most device-local memory
+//! accelerated, `true` wherever it has one, `false` never), `precision` /
+//! `TANDEM_VULKAN_PRECISION` (`exact`, the default: those kernels take their input at 16 bits;
+//! `fast`: at 8, as ggml's q8_1, docs/precision.md; `info().features` says `precision=exact|fast`,
+//! `exact` where the integer kernels do not run), `memory_limit` (the most device-local memory
 //! the backend may hold, `8GiB`: at most the device-local heap, which is the budget without it;
 //! `info().memory_bytes` reports the budget, and buffers and program arenas past it are
 //! `OutOfMemory`), `pipeline_cache` / `TANDEM_PIPELINE_CACHE` (the `VkPipelineCache` on disk,
@@ -97,6 +100,9 @@ pub const DEVICE_VAR: &str = "TANDEM_VULKAN_DEVICE";
 /// device polls before it blocks).
 pub const WAIT_SPIN_VAR: &str = "TANDEM_VULKAN_WAIT_SPIN_US";
 
+/// The environment variable behind option `precision` (`exact` or `fast`).
+pub const PRECISION_VAR: &str = "TANDEM_VULKAN_PRECISION";
+
 /// `wait_spin_us`'s default on a hardware device: longer than a decode step of the models the
 /// backend runs at batch 1, so such a step's wait never blocks.
 const DEFAULT_WAIT_SPIN: std::time::Duration = std::time::Duration::from_millis(3);
@@ -135,6 +141,9 @@ pub struct VulkanBackend {
     /// The matmul weight shapes (n, k, format) and the row count up to which their kernel
     /// variants were created up front.
     prepared: Vec<((usize, usize, tandem_backend_api::DType), usize)>,
+    /// Option `precision = "fast"`: the integer-dot decode kernels take their input at 8 bits
+    /// (docs/precision.md); `false` (`"exact"`, the default) keeps 16.
+    narrow: bool,
 }
 
 /// What the Vulkan kernels cover, for the shared op support rule
@@ -177,6 +186,15 @@ impl BackendPlugin for VulkanBackend {
         // the cache, with what it did on stderr (`pipeline_cache`).
         let pipeline_cache =
             cache_file::Mode::parse(setting(options, cache_file::OPTION, cache_file::VAR).as_deref());
+        let fast = match setting(options, "precision", PRECISION_VAR).as_deref() {
+            None | Some("exact") => false,
+            Some("fast") => true,
+            Some(v) => {
+                return Err(BackendError::invalid(format!(
+                    "backend option 'precision' must be 'exact' or 'fast', not '{v}'"
+                )))
+            }
+        };
         let mut gpu = Gpu::open(&DeviceRequest {
             device,
             validation,
@@ -203,6 +221,11 @@ impl BackendPlugin for VulkanBackend {
         if options.get(MEMORY_LIMIT).is_some() {
             gpu.features.push(format!("memory_limit={budget}"));
         }
+        // `fast` changes only the integer-dot kernels' input: where they do not run, the
+        // arithmetic is `exact` whatever was asked, and the feature says so.
+        let narrow = fast && gpu.int_dot;
+        gpu.features
+            .push(format!("precision={}", if narrow { "fast" } else { "exact" }));
         let memory = Memory::new(&gpu, budget)?;
         let pipelines = Pipelines::new(&gpu, pipeline_cache)?;
         let alloc = vk::CommandBufferAllocateInfo::default()
@@ -226,6 +249,7 @@ impl BackendPlugin for VulkanBackend {
             prepare,
             stand_in: std::cell::Cell::new(false),
             prepared: Vec::new(),
+            narrow,
         };
         let staging = b.memory.create(&b.gpu, STAGING_BYTES, Place::Host, "staging")?;
         b.staging = Some(staging);
@@ -237,6 +261,17 @@ impl BackendPlugin for VulkanBackend {
 tandem_backend_api::export_backend!(VulkanBackend);
 
 impl VulkanBackend {
+    /// What this device offers a matmul, as the kernel choice takes it (cooperative matrix 2
+    /// as the device has it; a node may not suit it).
+    pub(crate) fn unit(&self) -> program::matmul::Unit {
+        program::matmul::Unit {
+            coopmat: self.gpu.coopmat,
+            cm2: self.gpu.coopmat2,
+            int_dot: self.gpu.int_dot,
+            narrow: self.narrow,
+        }
+    }
+
     /// Fails once the validation layer has said anything.
     fn validation(&self) -> Result<(), BackendError> {
         match self.gpu.validation_error() {
@@ -665,11 +700,7 @@ impl ComputeBackend for VulkanBackend {
         let built = if fresh.is_empty() {
             Ok(())
         } else {
-            let unit = program::matmul::Unit {
-                coopmat: self.gpu.coopmat,
-                cm2: self.gpu.coopmat2,
-                int_dot: self.gpu.int_dot,
-            };
+            let unit = self.unit();
             let keys = program::matmul::variants(graph, unit, graph.rows);
             self.prepared.retain(|(p, _)| !fresh.contains(p));
             self.prepared.extend(fresh.into_iter().map(|s| (s, graph.rows)));

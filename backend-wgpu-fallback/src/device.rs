@@ -20,6 +20,8 @@ pub const BACKENDS_VAR: &str = "TANDEM_WGPU_BACKENDS";
 pub const VALIDATION_VAR: &str = "TANDEM_WGPU_VALIDATION";
 /// Environment variable choosing the kernel variants, like the `features` option.
 pub const FEATURES_VAR: &str = "TANDEM_WGPU_FEATURES";
+/// The environment variable behind option `precision` (`exact` or `fast`).
+pub const PRECISION_VAR: &str = "TANDEM_WGPU_PRECISION";
 
 /// The optional features the kernels may use, by name (`features` option).
 pub const FEATURE_NAMES: [&str; 4] = ["subgroups", "f16", "coopmat", "int_dot"];
@@ -76,6 +78,9 @@ pub struct Request {
     pub fuse: bool,
     /// The pipeline cache on disk (option `pipeline_cache`, on by default).
     pub pipeline_cache: Mode,
+    /// Option `precision = "fast"` (`TANDEM_WGPU_PRECISION`): `matvec_dot.wgsl` takes its input
+    /// at 8 bits, as ggml's q8_1 (docs/precision.md); `"exact"` (the default) at 16.
+    pub fast: bool,
 }
 
 /// Parses a `backends` list, naming the entry it does not know.
@@ -120,6 +125,15 @@ impl Request {
             Some(v) => parse_features(&v)?,
             None => FeatureRequest::Auto,
         };
+        let fast = match setting(options, "precision", PRECISION_VAR).as_deref() {
+            None | Some("exact") => false,
+            Some("fast") => true,
+            Some(v) => {
+                return Err(BackendError::invalid(format!(
+                    "backend option 'precision' must be 'exact' or 'fast', not '{v}'"
+                )))
+            }
+        };
         // `memory_limit` is checked against the adapter's limits by the backend, once they are
         // known; a malformed size is refused here, before any adapter is opened.
         options.bytes(MEMORY_LIMIT)?;
@@ -130,6 +144,7 @@ impl Request {
             "profile",
             "features",
             "fuse",
+            "precision",
             cache_file::OPTION,
             MEMORY_LIMIT,
         ];
@@ -137,7 +152,7 @@ impl Request {
             if !known.contains(&key.as_str()) {
                 return Err(BackendError::invalid(format!(
                     "backend option '{key}' is not a wgpu option (adapter, backends, validation, profile, \
-                     features, fuse, {}, {MEMORY_LIMIT})",
+                     features, fuse, precision, {}, {MEMORY_LIMIT})",
                     cache_file::OPTION
                 )));
             }
@@ -150,6 +165,7 @@ impl Request {
             features,
             fuse,
             pipeline_cache,
+            fast,
         })
     }
 }

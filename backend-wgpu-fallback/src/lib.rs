@@ -117,6 +117,8 @@ pub struct WgpuBackend {
     fuse: bool,
     /// Option `profile`: compile also says on stderr how many dispatches a program has.
     profile: bool,
+    /// Option `precision = "fast"` where the integer-dot kernels run: their input at 8 bits.
+    narrow: bool,
 }
 
 impl BackendPlugin for WgpuBackend {
@@ -131,6 +133,11 @@ impl BackendPlugin for WgpuBackend {
         if let Some(limit) = memory_limit {
             gpu.features.push(format!("memory_limit={limit}"));
         }
+        // `fast` changes only the integer-dot kernels' input: where they do not run, the
+        // arithmetic is `exact` whatever was asked, and the feature says so.
+        let narrow = req.fast && gpu.variant.int_dot;
+        gpu.features
+            .push(format!("precision={}", if narrow { "fast" } else { "exact" }));
         let mut pipelines = Pipelines::new(gpu.variant);
         let disk_cache = DiskCache::open(&gpu.device, gpu.cache_identity, req.pipeline_cache);
         pipelines.cache = disk_cache.cache.clone();
@@ -148,6 +155,7 @@ impl BackendPlugin for WgpuBackend {
             memory_limit,
             fuse: req.fuse,
             profile: req.profile,
+            narrow,
         })
     }
 }

@@ -16,7 +16,7 @@ use crate::attention_tiled;
 use crate::fuse::{self, Group};
 use crate::kernels::{dot_supported, Format, Kernel, PipelineKey, COVERAGE};
 use crate::tuning::{
-    coopmat_staged, dot_columns_override, dot_q4k_one_row, dot_wide, f16_items_off, half_fm, half_subgroups,
+    coopmat_staged, dot_columns_override, dot_q4k_one_row, f16_items_off, half_fm, half_subgroups,
     matvec_columns_override, matvec_wide_groups, matvec_width_override, q4k_rows_off, q4k_rows_shape,
 };
 use crate::WgpuBackend;
@@ -698,7 +698,8 @@ impl WgpuBackend {
         };
         let dot = self.dot_takes(m, k, dt);
         if dot {
-            d.planned.push(quantize_planned(i, chunk_params(0, 0), m, k));
+            d.planned
+                .push(quantize_planned(i, chunk_params(0, 0), m, k, !self.narrow));
         }
         if half {
             d.half_needed = d.half_needed.max(half_bytes);
@@ -979,7 +980,7 @@ impl WgpuBackend {
             .planned
             .iter()
             .filter(|p| p.key.0 == Kernel::QuantizeQ8)
-            .map(|p| dot_input_bytes(p.params[2] as usize, p.params[1] as usize))
+            .map(|p| dot_input_bytes(p.params[2] as usize, p.params[1] as usize, !self.narrow))
             .max()
             .unwrap_or(0);
         let staging_needed = d.half_needed.max(dot_needed);
@@ -1218,7 +1219,7 @@ impl WgpuBackend {
                 ];
                 let mut v = Vec::new();
                 if dot {
-                    v.push(quantize_planned(group.at(), params.clone(), m, k));
+                    v.push(quantize_planned(group.at(), params.clone(), m, k, !self.narrow));
                 }
                 v.push(Planned {
                     node: group.at(),
@@ -1496,29 +1497,30 @@ fn q4k_rows_launch(n: usize, k: usize, geglu: bool) -> (u32, [u32; 3]) {
 /// below 4 input rows per workgroup, 2 or 1 from 4. Unlike the Vulkan backend's `matvec_dot`
 /// (1 from 4 rows), 2 at 8 rows: on the H100, decode at batch 8 went from 618.8 to 732.1 tok/s
 /// on 4B q4_k (1B: 1,125.8 to 1,129.0).
-fn dot_launch(n: usize, m: usize, geglu: bool) -> (u32, [u32; 3]) {
+fn dot_launch(n: usize, m: usize, geglu: bool, wide: bool) -> (u32, [u32; 3]) {
     let r = dot_rows(m);
     let slices = m.div_ceil(r);
     let most = if r < 4 { 4 } else { 2 };
     let nc = dot_columns_override().unwrap_or(dot_columns(n, slices, most));
     let nc = if geglu { nc.min(2) } else { nc };
     let [gx, gy] = spread(div_up(n, nc));
-    let key = r | nc << 8 | usize::from(dot_wide()) << 16 | usize::from(geglu) << 17;
+    let key = r | nc << 8 | usize::from(wide) << 16 | usize::from(geglu) << 17;
     (key as u32, [gx, gy, slices as u32])
 }
 
-/// Bytes of the quantised input of `m` rows of `k` values (`parts/dot_input.wgsl`).
-fn dot_input_bytes(m: usize, k: usize) -> u64 {
-    tandem_gpu_kit::matmul::dot_input_bytes(m, k, dot_wide())
+/// Bytes of the quantised input of `m` rows of `k` values (`parts/dot_input.wgsl`), at 16
+/// bits (`wide`) or 8.
+fn dot_input_bytes(m: usize, k: usize, wide: bool) -> u64 {
+    tandem_gpu_kit::matmul::dot_input_bytes(m, k, wide)
 }
 
 /// The dispatch quantising a matmul's `m` input rows of `k` values for `matvec_dot.wgsl`, with
 /// the matmul's parameters (x, k, rows): one invocation per block of 32.
-fn quantize_planned(node: usize, params: Vec<u32>, m: usize, k: usize) -> Planned {
+fn quantize_planned(node: usize, params: Vec<u32>, m: usize, k: usize, wide: bool) -> Planned {
     let [gx, gy] = spread(div_up(m * (k / 32), 64));
     Planned {
         node,
-        key: (Kernel::QuantizeQ8, None, u32::from(dot_wide())),
+        key: (Kernel::QuantizeQ8, None, u32::from(wide)),
         params,
         weight: None,
         weight2: None,
@@ -1544,7 +1546,7 @@ impl WgpuBackend {
     ) -> (PipelineKey, [u32; 3]) {
         let dt = format.dtype;
         if self.dot_takes(m, k, dt) {
-            let (r, groups) = dot_launch(n, m, geglu);
+            let (r, groups) = dot_launch(n, m, geglu, !self.narrow);
             return ((Kernel::MatVecDot, Some(format), r), groups);
         }
         if m == 1 && dt == DType::Q4K && !q4k_rows_off() {
@@ -1615,7 +1617,7 @@ mod tests {
         for m in 1..16 {
             for n in [1, 37, 1152, 2560, 10_240, 262_144] {
                 for geglu in [false, true] {
-                    let (key, groups) = dot_launch(n, m, geglu);
+                    let (key, groups) = dot_launch(n, m, geglu, true);
                     let (r, nc) = ((key & 0xFF) as usize, ((key >> 8) & 0xFF) as usize);
                     let nw = if geglu { 2 * nc } else { nc };
                     assert!(matches!(r, 1 | 2 | 4 | 8) && r >= m.min(2), "m={m}: R={r}");
@@ -1629,9 +1631,9 @@ mod tests {
             }
         }
         // Batch 8 on 4B's 2560 columns: two columns per workgroup (1,280 workgroups).
-        assert_eq!((dot_launch(2560, 8, false).0 >> 8) & 0xFF, 2);
+        assert_eq!((dot_launch(2560, 8, false, true).0 >> 8) & 0xFF, 2);
         // One row of 1B's 1152 columns: one column per workgroup (fewer leave under 1,024).
-        assert_eq!((dot_launch(1152, 1, false).0 >> 8) & 0xFF, 1);
+        assert_eq!((dot_launch(1152, 1, false, true).0 >> 8) & 0xFF, 1);
     }
 
     #[test]

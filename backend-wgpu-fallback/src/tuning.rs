@@ -115,15 +115,6 @@ pub(crate) fn loop_bounds_forced() -> bool {
     *S.get_or_init(|| std::env::var("TANDEM_WGPU_LOOP_BOUNDS").is_ok_and(|v| v == "1"))
 }
 
-/// Whether `matvec_dot.wgsl` takes its input at 16 bits (two byte planes, twice the dot
-/// products; as exact as the CPU backend's activations) rather than 8 (ggml's q8_1, which moves
-/// the default model's logits past the tests' tolerance; the Vulkan backend's `dot_wide`).
-/// `TANDEM_WGPU_DOT_BITS=8` takes 8, for tuning runs.
-pub(crate) fn dot_wide() -> bool {
-    static S: OnceLock<bool> = OnceLock::new();
-    *S.get_or_init(|| std::env::var("TANDEM_WGPU_DOT_BITS").map_or(true, |v| v != "8"))
-}
-
 /// `TANDEM_WGPU_DOT_NC=n` (1, 2 or 4): `matvec_dot.wgsl`'s output columns per workgroup, for
 /// tuning runs (a fused GeGlu takes at most 2).
 pub(crate) fn dot_columns_override() -> Option<usize> {

@@ -375,17 +375,29 @@ fn quantized_weight(dtype: DType, n: usize, k: usize, rng: &mut Rng) -> (Vec<u8>
 /// 1e-5 to 1e-4 of the largest; a backend with 8-bit activations (ggml's `q8_0`, error 1/254 per
 /// value) would need about 1e-2. The reference kernels meet 1e-5 here.
 fn matmul_quantized(dtype: DType, rows: usize, k: usize, splits: Vec<usize>) -> Case {
+    matmul_quantized_input(dtype, rows, k, splits, false)
+}
+
+/// [`matmul_quantized`], its input quantised to 8 bits per block of 32 in the oracle where
+/// `act8` ([`oracle::quantize_q8`]: the product a `precision = "fast"` kernel computes, exact
+/// to the integer), at a tolerance (1e-5 of the largest output) that one value rounded the
+/// other way would break (about 1e-3).
+fn matmul_quantized_input(dtype: DType, rows: usize, k: usize, splits: Vec<usize>, act8: bool) -> Case {
     let n: usize = splits.iter().sum();
     let mut rng = Rng::new(40 + rows as u64 + k as u64);
     let x = rng.vec(rows * k, 2.0);
     let (bytes, w) = quantized_weight(dtype, n, k, &mut rng);
-    let full = oracle::matmul(&f64s(&x), rows, &f64s(&w), n);
+    let xs = if act8 { oracle::quantize_q8(&x) } else { f64s(&x) };
+    let full = oracle::matmul(&xs, rows, &f64s(&w), n);
     let expected = oracle::split_cols(&full, rows, &splits).concat();
     let mut step = StepData::rows(rows);
     step.inputs = vec![x];
     Case {
-        name: format!("matmul {dtype} rows={rows} k={k} n={n} splits={splits:?}"),
-        tol: 1e-3,
+        name: format!(
+            "matmul {dtype} rows={rows} k={k} n={n} splits={splits:?}{}",
+            if act8 { " (8-bit input)" } else { "" }
+        ),
+        tol: if act8 { 1e-5 } else { 1e-3 },
         rows,
         selected_rows: 0,
         steps: vec![step],
@@ -899,6 +911,16 @@ fn selected_input(sel: usize, cols: usize) -> Case {
 /// cases for a backend's 8-bit-activation path (Vulkan's `matvec_dot_<fmt>`), which the caller
 /// checks at its own tolerance.
 pub fn int_dot_matmuls() -> Vec<Case> {
+    int_dot_cases(false)
+}
+
+/// [`int_dot_matmuls`] against the oracle of 8-bit input (`precision = "fast"`): the integer
+/// sums exact, so at 1e-5 of the largest output.
+pub fn int8_dot_matmuls() -> Vec<Case> {
+    int_dot_cases(true)
+}
+
+fn int_dot_cases(act8: bool) -> Vec<Case> {
     let mut v = Vec::new();
     for d in [
         DType::Q4_0,
@@ -915,7 +937,10 @@ pub fn int_dot_matmuls() -> Vec<Case> {
             96
         };
         for rows in [1, 2, 3, 8, 13] {
-            v.push(matmul_quantized(d, rows, k, vec![64, 37]));
+            // q4_k's one-row products take their own kernel on f32 input on both GPU backends
+            // (`matvec_q4k`, `matvec_q4k_rows`), whatever the precision.
+            let act8 = act8 && !(d == DType::Q4K && rows == 1);
+            v.push(matmul_quantized_input(d, rows, k, vec![64, 37], act8));
         }
     }
     v

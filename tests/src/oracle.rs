@@ -38,6 +38,25 @@ pub fn matmul(x: &[f64], rows: usize, w: &[f64], n: usize) -> Vec<f64> {
     out
 }
 
+/// `x` as an 8-bit-activation product sees it (`precision = "fast"`, ggml's q8_0/q8_1 input):
+/// per block of 32 values, `d = max |x| / 127` and `q = round(x / d)` in `f32` (ties away
+/// from zero), each value replaced by `d * q`. The integer sums of such a product are exact, so
+/// its result is [`matmul`] of these values up to the `f32` scaling of each block's sum.
+pub fn quantize_q8(x: &[f32]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(x.len());
+    for block in x.chunks(32) {
+        let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(
+            block
+                .iter()
+                .map(|v| f64::from(d) * f64::from((v * inv).round().clamp(-127.0, 127.0))),
+        );
+    }
+    out
+}
+
 /// Splits a `[rows, n]` matrix into column blocks.
 pub fn split_cols(m: &[f64], rows: usize, splits: &[usize]) -> Vec<Vec<f64>> {
     let n: usize = splits.iter().sum();
@@ -189,4 +208,22 @@ pub fn select_rows(x: &[f64], cols: usize, select: &[u32]) -> Vec<f64> {
         .iter()
         .flat_map(|&r| x[r as usize * cols..(r as usize + 1) * cols].to_vec())
         .collect()
+}
+
+#[cfg(test)]
+mod q8_tests {
+    #[test]
+    fn quantize_q8_is_within_half_a_step() {
+        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+        let q = super::quantize_q8(&x);
+        for (b, (xs, qs)) in x.chunks(32).zip(q.chunks(32)).enumerate() {
+            let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            for (a, b2) in xs.iter().zip(qs) {
+                assert!(
+                    (f64::from(*a) - b2).abs() <= f64::from(amax) / 254.0 + 1e-7,
+                    "block {b}: {a} {b2}"
+                );
+            }
+        }
+    }
 }

@@ -501,6 +501,27 @@ fn vulkan_integer_dot_products_match_the_oracle() {
             .unwrap_or_else(|e| panic!("{} on vulkan(int_dot): {e}", case.name));
         assert_close(&case.name, "vulkan(int_dot)", &got, &case.expected, case.tol);
     }
+    assert!(features.iter().any(|f| f == "precision=exact"), "{features:?}");
+    // `precision = "fast"`: the input at 8 bits, against the oracle that quantises it the same
+    // way.
+    options.set("precision", "fast");
+    let mut backend = tandem_conformance::discover()
+        .create("vulkan", &options)
+        .unwrap_or_else(|e| panic!("vulkan with precision = fast: {e}"));
+    let features = backend.info().features;
+    assert!(features.iter().any(|f| f == "precision=fast"), "{features:?}");
+    for case in cases::int8_dot_matmuls() {
+        let got = case
+            .run(backend.as_mut())
+            .unwrap_or_else(|e| panic!("{} on vulkan(fast): {e}", case.name));
+        assert_close(&case.name, "vulkan(fast)", &got, &case.expected, case.tol);
+    }
+    options.set("precision", "sloppy");
+    let err = match tandem_conformance::discover().create("vulkan", &options) {
+        Ok(_) => panic!("vulkan took precision = sloppy"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("'precision'") && err.contains("sloppy"), "{err}");
 }
 
 /// The wgpu backend's kernel variants: the main test runs the variant the adapter gets (on
@@ -516,9 +537,14 @@ fn wgpu_variants_match_the_oracle() {
         ("wgpu(portable)", "features", "portable", "kernels=portable"),
         ("wgpu(unfused)", "fuse", "false", "kernels="),
         ("wgpu(int_dot)", "features", "int_dot", "kernels=int_dot"),
+        ("wgpu(int_dot, fast)", "features", "int_dot", "precision=fast"),
     ] {
+        let fast = label.contains("fast");
         let mut options = options_for("wgpu");
         options.set(key, value);
+        if fast {
+            options.set("precision", "fast");
+        }
         let mut backend = match tandem_conformance::discover().create("wgpu", &options) {
             Ok(b) => b,
             Err(e) if std::env::var_os("CI").is_none() => {
@@ -533,8 +559,10 @@ fn wgpu_variants_match_the_oracle() {
             "{label}: {features:?}"
         );
         let int_dot = value == "int_dot";
-        let mut cases = cases::all();
-        if int_dot {
+        let mut cases = if fast { Vec::new() } else { cases::all() };
+        if fast {
+            cases.extend(cases::int8_dot_matmuls());
+        } else if int_dot {
             cases.extend(cases::int_dot_matmuls());
         }
         let mut ran = 0;

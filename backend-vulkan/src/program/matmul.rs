@@ -252,8 +252,7 @@ pub fn coopmat_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueS
     }
     let unit = Unit {
         coopmat,
-        cm2: false,
-        int_dot: false,
+        ..Unit::default()
     };
     max_over_matmuls(graph, shapes, |rows, n, k, dt| {
         Staging::of(&choose(rows, n, k, dt, unit), dt, rows, n, k).map(|s| s.bytes())
@@ -438,12 +437,14 @@ fn q4k_matvec_override() -> Option<Option<(u32, u32)>> {
 }
 
 /// What the device offers a matmul: cooperative matrices (`coopmat`), NV cooperative matrix 2
-/// where the node suits it (`cm2`), packed 8-bit integer dot products (`int_dot`).
+/// where the node suits it (`cm2`), packed 8-bit integer dot products (`int_dot`), and whether
+/// those take their input at 8 bits (`narrow`: option `precision = "fast"`) rather than 16.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Unit {
     pub coopmat: bool,
     pub cm2: bool,
     pub int_dot: bool,
+    pub narrow: bool,
 }
 
 /// `matvec_dot_<fmt>`'s weight rows per workgroup (4, 2 or 1) are the most that leave
@@ -465,42 +466,26 @@ fn dot_q4k_one_row() -> bool {
     std::env::var("TANDEM_VULKAN_DOT_Q4K1").is_ok_and(|v| v == "1")
 }
 
-/// Whether `matvec_dot` takes its input at 16 bits (two byte planes, twice the dot products;
-/// as exact as the CPU backend's activations) rather than 8 (ggml's q8_1: the default model's
-/// logits then move by about 1.3% of the largest, past the tests' 1e-2, and its greedy text
-/// changes). `TANDEM_VULKAN_DOT_BITS=8` takes 8, for tuning runs.
-fn dot_wide() -> bool {
-    std::env::var("TANDEM_VULKAN_DOT_BITS").map_or(true, |v| v != "8")
-}
-
-/// Bytes of `matvec_dot`'s quantised input of `rows` x `k`: 80 per 32 elements at 16 bits, 48
-/// at 8.
-fn dot_input_bytes(rows: usize, k: usize) -> u64 {
-    tandem_gpu_kit::matmul::dot_input_bytes(rows, k, dot_wide())
+/// Whether a `matvec_dot` choice takes its input at 16 bits (two byte planes, twice the dot
+/// products; as exact as the CPU backend's activations: `precision = "exact"`) rather than 8
+/// (ggml's q8_1, `precision = "fast"`; docs/precision.md): bit 16 of its second constant.
+fn dot_wide(c: &Choice) -> bool {
+    c.spec[1] >> 16 & 1 == 1
 }
 
 /// Bytes of scratch the integer-dot-product matmuls of `graph` need (0 without `int_dot`): the
 /// largest quantised input. Counted as if no node took cooperative matrix 2, which only makes
 /// more nodes take `matvec_dot`.
-pub fn dot_scratch_bytes(
-    graph: &tandem_backend_api::Graph,
-    shapes: &[ValueShape],
-    coopmat: bool,
-    int_dot: bool,
-) -> u64 {
-    if !int_dot {
+pub fn dot_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueShape], unit: Unit) -> u64 {
+    if !unit.int_dot {
         return 0;
     }
-    let unit = Unit {
-        coopmat,
-        cm2: false,
-        int_dot,
-    };
+    let unit = Unit { cm2: false, ..unit };
     max_over_matmuls(graph, shapes, |rows, n, k, dt| {
-        choose(rows, n, k, dt, unit)
-            .kernel
+        let c = choose(rows, n, k, dt, unit);
+        c.kernel
             .starts_with("matvec_dot")
-            .then(|| dot_input_bytes(rows, k))
+            .then(|| tandem_gpu_kit::matmul::dot_input_bytes(rows, k, dot_wide(&c)))
     })
 }
 
@@ -590,6 +575,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
         coopmat,
         cm2,
         int_dot,
+        narrow,
     } = unit;
     let fmt = format_name(dt);
     let float = matches!(dt, DType::F32 | DType::F16 | DType::Bf16);
@@ -665,7 +651,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
         let [gx, gy] = spread(div_up(n, nc));
         return Choice {
             kernel: format!("matvec_dot_{fmt}"),
-            spec: [r as u32, nc as u32 | u32::from(dot_wide()) << 16],
+            spec: [r as u32, nc as u32 | u32::from(!narrow) << 16],
             groups: [gx, gy, slices as u32],
             kslice: 0,
         };
@@ -740,7 +726,7 @@ pub fn cm2_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueShape
     let unit = Unit {
         coopmat: true,
         cm2: true,
-        int_dot: false,
+        ..Unit::default()
     };
     max_over_matmuls(graph, shapes, |rows, n, k, dt| {
         if rows < cm2_rows_override().unwrap_or(CM2_ROWS) {
@@ -789,9 +775,8 @@ impl VulkanBackend {
         // program takes the KHR kernel meanwhile and is rebuilt once that one is made.
         let cm2 = cm2 && {
             let unit = Unit {
-                coopmat: self.gpu.coopmat,
                 cm2: true,
-                int_dot: self.gpu.int_dot,
+                ..self.unit()
             };
             let want = choose(rows, n, k, dt, unit);
             let waiting = want.kernel.starts_with("matmul_cm2")
@@ -799,11 +784,7 @@ impl VulkanBackend {
             self.stand_in.set(self.stand_in.get() | waiting);
             !waiting
         };
-        let unit = Unit {
-            coopmat: self.gpu.coopmat,
-            cm2,
-            int_dot: self.gpu.int_dot,
-        };
+        let unit = Unit { cm2, ..self.unit() };
         let mut c = choose(rows, n, k, dt, unit);
         let mut cmds = Vec::with_capacity(4);
         let mut input = (ctx.addr(x)?, ctx.span(x)?);
@@ -885,7 +866,11 @@ impl VulkanBackend {
         }
         if c.kernel.starts_with("matvec_dot") {
             // The input quantised into the scratch buffer first.
-            let q8 = (ctx.scratch.0, ctx.scratch.0 + dot_input_bytes(rows, k));
+            let wide = dot_wide(&c);
+            let q8 = (
+                ctx.scratch.0,
+                ctx.scratch.0 + tandem_gpu_kit::matmul::dot_input_bytes(rows, k, wide),
+            );
             if q8.1 > ctx.scratch.1 {
                 return Err(BackendError::internal(format!(
                     "matvec_dot's quantised input ({rows} x {k}) does not fit the program's scratch"
@@ -895,7 +880,7 @@ impl VulkanBackend {
             let [gx, gy] = spread(div_up(blocks, 256));
             cmds.push(Cmd::Dispatch {
                 kernel: "quantize_q8".into(),
-                spec: [u32::from(dot_wide()), 0],
+                spec: [u32::from(wide), 0],
                 push: Push::default().u64(input.0).u64(q8.0).u32(blocks as u32).0,
                 groups: [gx, gy, 1],
                 access: Access::new([input.1], [q8]),
@@ -971,7 +956,7 @@ mod tests {
         Unit {
             coopmat,
             cm2,
-            int_dot: false,
+            ..Unit::default()
         }
     }
 
@@ -1001,11 +986,10 @@ mod tests {
         // ones (its own kernel); 4 rows per workgroup from 4 input rows.
         let dot = Unit {
             coopmat: true,
-            cm2: false,
             int_dot: true,
+            ..Unit::default()
         };
         if std::env::var_os("TANDEM_VULKAN_DOT_NC").is_none()
-            && std::env::var_os("TANDEM_VULKAN_DOT_BITS").is_none()
             && std::env::var_os("TANDEM_VULKAN_DOT_Q4K1").is_none()
         {
             let c = choose(8, 2560, 2560, DType::Q4K, dot);

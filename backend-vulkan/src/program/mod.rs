@@ -204,12 +204,7 @@ impl VulkanBackend {
         let scratch_size = attention::scratch_bytes(graph)
             .max(matmul::cm2_scratch_bytes(graph, &shapes, self.gpu.coopmat2))
             .max(matmul::coopmat_scratch_bytes(graph, &shapes, self.gpu.coopmat))
-            .max(matmul::dot_scratch_bytes(
-                graph,
-                &shapes,
-                self.gpu.coopmat,
-                self.gpu.int_dot,
-            ))
+            .max(matmul::dot_scratch_bytes(graph, &shapes, self.unit()))
             .max(top_k::scratch_bytes(graph, &shapes));
         let scratch = if scratch_size > 0 {
             match self

@@ -488,6 +488,7 @@ pub const BACKEND_OPTIONS: [(&str, &[&str]); 5] = [
             "profile",
             "fuse",
             "int_dot",
+            "precision",
             "pipeline_cache",
             "prepare",
             "wait_spin_us",
@@ -495,7 +496,16 @@ pub const BACKEND_OPTIONS: [(&str, &[&str]); 5] = [
     ),
     (
         "wgpu",
-        &["adapter", "backends", "validation", "profile", "pipeline_cache"],
+        &[
+            "adapter",
+            "backends",
+            "validation",
+            "profile",
+            "features",
+            "fuse",
+            "pipeline_cache",
+            "precision",
+        ],
     ),
     (
         "npu",
