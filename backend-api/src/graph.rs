@@ -146,6 +146,52 @@ pub enum Op {
         /// Right input.
         b: ValueId,
     },
+    /// Layer normalisation of each row over its columns:
+    /// `y = (x - mean) / sqrt(var + eps) * w + b` with the biased variance, in f32 (SigLIP's,
+    /// in the vision tower).
+    LayerNorm {
+        /// Input.
+        x: ValueId,
+        /// `[cols]` weight.
+        weight: WeightRef,
+        /// `[cols]` bias.
+        bias: WeightRef,
+        /// Added to the variance.
+        eps: f32,
+    },
+    /// `y = x + b` on every row, `b` a `[cols]` weight (a linear layer's bias).
+    Bias {
+        /// Input.
+        x: ValueId,
+        /// `[cols]` bias.
+        bias: WeightRef,
+    },
+    /// `gelu_tanh(x)`, [`Op::GeGlu`]'s activation without the product.
+    Gelu {
+        /// Input.
+        x: ValueId,
+    },
+    /// Bidirectional attention within consecutive blocks of `block` step rows (the patches of
+    /// one image): row `r` of block `b` attends, per head `h`, to every row of its block:
+    /// `s_j = scale * q_r . k_j`, `out_r = sum_j softmax(s)_j v_j`. No cache, no positions, as
+    /// many key/value heads as query heads. Output `[rows, heads * head_dim]`; the step's rows
+    /// are a multiple of `block`.
+    BlockAttention {
+        /// Queries `[rows, heads * head_dim]`.
+        q: ValueId,
+        /// Keys, the same shape.
+        k: ValueId,
+        /// Values, the same shape.
+        v: ValueId,
+        /// Heads.
+        heads: usize,
+        /// Size of one head.
+        head_dim: usize,
+        /// Multiplier of the dot products.
+        scale: f32,
+        /// Rows per block.
+        block: usize,
+    },
     /// `cap * tanh(x / cap)`.
     Softcap {
         /// Input.
@@ -185,7 +231,7 @@ pub const TOP_K_MAX: usize = 128;
 
 impl Op {
     /// Every op kind, as [`Op::kind`] names them.
-    pub const KINDS: [&'static str; 12] = [
+    pub const KINDS: [&'static str; 16] = [
         "input",
         "embed",
         "rms_norm",
@@ -194,6 +240,10 @@ impl Op {
         "attention",
         "geglu",
         "add",
+        "layer_norm",
+        "bias",
+        "gelu",
+        "block_attention",
         "softcap",
         "top_k",
         "select_rows",
@@ -211,6 +261,10 @@ impl Op {
             Op::Attention { .. } => "attention",
             Op::GeGlu { .. } => "geglu",
             Op::Add { .. } => "add",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::Bias { .. } => "bias",
+            Op::Gelu { .. } => "gelu",
+            Op::BlockAttention { .. } => "block_attention",
             Op::Softcap { .. } => "softcap",
             Op::TopK { .. } => "top_k",
             Op::SelectRows { .. } => "select_rows",
@@ -223,7 +277,11 @@ impl Op {
     pub fn name(&self) -> String {
         let base = self.kind();
         match self {
-            Op::Embed { table: w, .. } | Op::RmsNorm { weight: w, .. } | Op::MatMul { weight: w, .. } => {
+            Op::Embed { table: w, .. }
+            | Op::RmsNorm { weight: w, .. }
+            | Op::MatMul { weight: w, .. }
+            | Op::LayerNorm { weight: w, .. }
+            | Op::Bias { bias: w, .. } => {
                 format!("{base}({})", w.desc.dtype)
             }
             Op::Attention { cache, .. } => format!("{base}(kv {})", cache.dtype),
@@ -239,10 +297,13 @@ impl Op {
             | Op::MatMul { x, .. }
             | Op::Rope { x, .. }
             | Op::Softcap { x, .. }
+            | Op::LayerNorm { x, .. }
+            | Op::Bias { x, .. }
+            | Op::Gelu { x }
             | Op::TopK { x, .. }
             | Op::SelectRows { x }
             | Op::Output { x, .. } => vec![*x],
-            Op::Attention { q, k, v, .. } => vec![*q, *k, *v],
+            Op::Attention { q, k, v, .. } | Op::BlockAttention { q, k, v, .. } => vec![*q, *k, *v],
             Op::GeGlu { gate: a, up: b } | Op::Add { a, b } => vec![*a, *b],
         }
     }
@@ -255,10 +316,13 @@ impl Op {
             | Op::MatMul { x, .. }
             | Op::Rope { x, .. }
             | Op::Softcap { x, .. }
+            | Op::LayerNorm { x, .. }
+            | Op::Bias { x, .. }
+            | Op::Gelu { x }
             | Op::TopK { x, .. }
             | Op::SelectRows { x }
             | Op::Output { x, .. } => vec![x],
-            Op::Attention { q, k, v, .. } => vec![q, k, v],
+            Op::Attention { q, k, v, .. } | Op::BlockAttention { q, k, v, .. } => vec![q, k, v],
             Op::GeGlu { gate: a, up: b } | Op::Add { a, b } => vec![a, b],
         }
     }
@@ -269,6 +333,8 @@ impl Op {
             Op::Embed { table: w, .. } | Op::RmsNorm { weight: w, .. } | Op::MatMul { weight: w, .. } => {
                 vec![w]
             }
+            Op::LayerNorm { weight, bias, .. } => vec![weight, bias],
+            Op::Bias { bias, .. } => vec![bias],
             _ => vec![],
         }
     }
@@ -282,7 +348,11 @@ impl Op {
                 vec![&mut w.buffer]
             }
             Op::Attention { cache, .. } => vec![&mut cache.k, &mut cache.v],
+            Op::LayerNorm { weight, bias, .. } => vec![&mut weight.buffer, &mut bias.buffer],
+            Op::Bias { bias, .. } => vec![&mut bias.buffer],
             Op::Rope { .. }
+            | Op::Gelu { .. }
+            | Op::BlockAttention { .. }
             | Op::GeGlu { .. }
             | Op::Add { .. }
             | Op::Softcap { .. }
@@ -507,6 +577,63 @@ impl Graph {
                         return Err(err(format!("operand shapes differ: {sa:?} and {sb:?}")));
                     }
                     vec![sa]
+                }
+                Op::LayerNorm { x, weight, bias, eps } => {
+                    let s = get(*x)?;
+                    for (what, w) in [("weight", weight), ("bias", bias)] {
+                        if w.desc.shape.as_slice() != [s.cols] {
+                            return Err(err(format!(
+                                "{what} must be [{}] (the input's columns), found {:?}",
+                                s.cols, w.desc.shape
+                            )));
+                        }
+                    }
+                    if !(eps.is_finite() && *eps >= 0.0) {
+                        return Err(err(format!("eps must be finite and >= 0, found {eps}")));
+                    }
+                    vec![s]
+                }
+                Op::Bias { x, bias } => {
+                    let s = get(*x)?;
+                    if bias.desc.shape.as_slice() != [s.cols] {
+                        return Err(err(format!(
+                            "bias must be [{}] (the input's columns), found {:?}",
+                            s.cols, bias.desc.shape
+                        )));
+                    }
+                    vec![s]
+                }
+                Op::Gelu { x } => vec![get(*x)?],
+                Op::BlockAttention {
+                    q,
+                    k,
+                    v,
+                    heads,
+                    head_dim,
+                    block,
+                    ..
+                } => {
+                    let (sq, sk, sv) = (get(*q)?, get(*k)?, get(*v)?);
+                    let width = heads * head_dim;
+                    if *heads == 0 || *head_dim == 0 || *block == 0 {
+                        return Err(err("heads, head_dim and block must be positive".into()));
+                    }
+                    if [sq.cols, sk.cols, sv.cols] != [width; 3] {
+                        return Err(err(format!(
+                            "q, k and v must have {heads} x {head_dim} = {width} columns, found {}, {}, {}",
+                            sq.cols, sk.cols, sv.cols
+                        )));
+                    }
+                    if [sq.rows, sk.rows, sv.rows].iter().any(|r| *r != RowCount::Step) {
+                        return Err(err("q, k and v must have the step's rows".into()));
+                    }
+                    if !self.rows.is_multiple_of(*block) {
+                        return Err(err(format!(
+                            "the step's {} rows are not a whole number of blocks of {block}",
+                            self.rows
+                        )));
+                    }
+                    vec![sq]
                 }
                 Op::Softcap { x, cap } => {
                     if !(cap.is_finite() && *cap > 0.0) {

@@ -234,6 +234,84 @@ pub fn geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `Op::LayerNorm` on rows of `weight.len()` values: the mean and the biased variance in f32.
+pub fn layer_norm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
+    let cols = weight.len();
+    for (row, o) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
+        let mean = row.iter().sum::<f32>() / cols as f32;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / cols as f32;
+        let inv = 1.0 / (var + eps).sqrt();
+        for (((o, v), w), b) in o.iter_mut().zip(row).zip(weight).zip(bias) {
+            *o = (v - mean) * inv * w + b;
+        }
+    }
+}
+
+/// `Op::Bias` on rows of `bias.len()` values.
+pub fn bias(x: &[f32], bias: &[f32], out: &mut [f32]) {
+    for (row, o) in x.chunks_exact(bias.len()).zip(out.chunks_exact_mut(bias.len())) {
+        for ((o, v), b) in o.iter_mut().zip(row).zip(bias) {
+            *o = v + b;
+        }
+    }
+}
+
+/// `Op::Gelu`.
+pub fn gelu(x: &[f32], out: &mut [f32]) {
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = gelu_tanh(*v);
+    }
+}
+
+/// `Op::BlockAttention`: each row's heads against every row of its block of `block` rows, on
+/// `pool` (a row per task): scores in f32, the softmax shifted by its largest score.
+#[allow(clippy::too_many_arguments)]
+pub fn block_attention(
+    pool: &rayon::ThreadPool,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    heads: usize,
+    head_dim: usize,
+    scale: f32,
+    block: usize,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let width = heads * head_dim;
+    pool.install(|| {
+        out.par_chunks_mut(width).enumerate().for_each(|(r, orow)| {
+            let first = r / block * block;
+            let mut scores = vec![0f32; block];
+            for h in 0..heads {
+                let at = h * head_dim;
+                let qh = &q[r * width + at..r * width + at + head_dim];
+                let mut max = f32::NEG_INFINITY;
+                for (j, sc) in scores.iter_mut().enumerate() {
+                    let kr = (first + j) * width + at;
+                    let kh = &k[kr..kr + head_dim];
+                    *sc = scale * qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>();
+                    max = max.max(*sc);
+                }
+                let mut sum = 0f32;
+                for sc in &mut scores {
+                    *sc = (*sc - max).exp();
+                    sum += *sc;
+                }
+                let oh = &mut orow[at..at + head_dim];
+                oh.fill(0.0);
+                for (j, sc) in scores.iter().enumerate() {
+                    let vr = (first + j) * width + at;
+                    let wgt = sc / sum;
+                    for (o, x) in oh.iter_mut().zip(&v[vr..vr + head_dim]) {
+                        *o += wgt * x;
+                    }
+                }
+            }
+        })
+    });
+}
+
 /// `Op::Add`.
 pub fn add(a: &[f32], b: &[f32], out: &mut [f32]) {
     for ((o, x), y) in out.iter_mut().zip(a).zip(b) {

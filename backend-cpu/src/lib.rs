@@ -664,6 +664,46 @@ impl CpuBackend {
                         kernels::add(&a[at..at + o.len()], &b[at..at + o.len()], o)
                     });
                 }
+                Op::LayerNorm { x, weight, bias, eps } => {
+                    let (w, b) = (self.weight_row(weight)?, self.weight_row(bias)?);
+                    let (xs, cols) = (v(x), w.len());
+                    par::rows(&self.pool, out, cols, |first, ys| {
+                        let xs = &xs[first * cols..first * cols + ys.len()];
+                        kernels::layer_norm(xs, &w, &b, *eps, ys)
+                    });
+                }
+                Op::Bias { x, bias } => {
+                    let (b, xs) = (self.weight_row(bias)?, v(x));
+                    let cols = b.len();
+                    par::rows(&self.pool, out, cols, |first, ys| {
+                        kernels::bias(&xs[first * cols..first * cols + ys.len()], &b, ys)
+                    });
+                }
+                Op::Gelu { x } => {
+                    let xs = v(x);
+                    par::rows(&self.pool, out, 1, |at, o| {
+                        kernels::gelu(&xs[at..at + o.len()], o)
+                    });
+                }
+                Op::BlockAttention {
+                    q,
+                    k,
+                    v: vv,
+                    heads,
+                    head_dim,
+                    scale,
+                    block,
+                } => kernels::block_attention(
+                    &self.pool,
+                    v(q),
+                    v(k),
+                    v(vv),
+                    *heads,
+                    *head_dim,
+                    *scale,
+                    *block,
+                    out,
+                ),
                 Op::Softcap { x, cap } => kernels::softcap(v(x), *cap, out),
                 Op::TopK { x, k } => {
                     let cols = prog.shapes[x.0 as usize].cols;
@@ -681,6 +721,14 @@ impl CpuBackend {
             prog.times.push(m.elapsed().as_secs_f64());
         }
         Ok(())
+    }
+
+    /// A 1-D weight (a norm's or a bias's) decoded to f32.
+    fn weight_row(&self, w: &WeightRef) -> Result<Vec<f32>, BackendError> {
+        let view = self.weight_view(w)?;
+        let mut row = vec![0f32; view.n * view.k];
+        convert::decode_row(view.dtype, view.bytes, &mut row);
+        Ok(row)
     }
 
     fn weight_view(&self, w: &WeightRef) -> Result<WeightView<'_>, BackendError> {

@@ -84,6 +84,12 @@ pub fn op_support(op: &Op, coverage: &Coverage) -> Result<(), String> {
             }
             Ok(())
         }
+        // The vision tower's ops (issue 58): the CPU backend runs them; no GPU kernel yet.
+        Op::LayerNorm { .. } | Op::Bias { .. } | Op::Gelu { .. } | Op::BlockAttention { .. } => Err(format!(
+            "{} has no {} kernel yet (the CPU backend runs the vision tower's ops)",
+            op.kind(),
+            coverage.kernels
+        )),
         _ => Ok(()),
     }
 }

@@ -546,6 +546,10 @@ impl WgpuBackend {
                     groups: [gx, gy, 1],
                 });
             }
+            Op::LayerNorm { .. } | Op::Bias { .. } | Op::Gelu { .. } | Op::BlockAttention { .. } => {
+                // Refused by `check_ops` before planning (the shared op support).
+                return Err(BackendError::unsupported(node.op.name(), "no wgpu kernel"));
+            }
             Op::Softcap { x, cap } => {
                 let s = shapes[x.0 as usize];
                 let n = value_rows(graph, &s) * s.cols;

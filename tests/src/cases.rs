@@ -304,6 +304,117 @@ fn rms_norm(dtype: DType, rows: usize, cols: usize, group: usize, offset: f32) -
     }
 }
 
+/// The vision tower's norm (`Op::LayerNorm`), on rows of SigLIP-like widths.
+fn layer_norm(dtype: DType, rows: usize, cols: usize) -> Case {
+    let mut rng = Rng::new(60 + cols as u64);
+    let x = rng.vec(rows * cols, 2.0);
+    let w = rounded(dtype, &rng.vec(cols, 1.0));
+    let b = rounded(dtype, &rng.vec(cols, 0.5));
+    let eps = 1e-6f32;
+    let expected = oracle::layer_norm(&f64s(&x), &f64s(&w), &f64s(&b), eps as f64);
+    let mut step = StepData::rows(rows);
+    step.inputs = vec![x];
+    Case {
+        name: format!("layer_norm {dtype} rows={rows} cols={cols}"),
+        tol: 1e-5,
+        rows,
+        selected_rows: 0,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let x = c.input(cols, false)?;
+            let weight = c.weight(dtype, &[cols], &w)?;
+            let bias = c.weight(dtype, &[cols], &b)?;
+            let y = c.push1(Op::LayerNorm { x, weight, bias, eps });
+            c.output(y, rows * cols)
+        }),
+        expected,
+    }
+}
+
+/// A linear layer with its bias and the GELU after it (`Op::MatMul`, `Op::Bias`, `Op::Gelu`):
+/// SigLIP's MLP half.
+fn linear_bias_gelu(dtype: DType, rows: usize, k: usize, n: usize) -> Case {
+    let mut rng = Rng::new(70 + n as u64);
+    let x = rng.vec(rows * k, 1.0);
+    let w = rounded(dtype, &rng.vec(n * k, 0.5));
+    let b = rounded(dtype, &rng.vec(n, 1.0));
+    let lin = oracle::matmul(&f64s(&x), rows, &f64s(&w), n);
+    let expected = lin
+        .iter()
+        .enumerate()
+        .map(|(i, v)| oracle::gelu(v + b[i % n] as f64))
+        .collect();
+    let mut step = StepData::rows(rows);
+    step.inputs = vec![x];
+    Case {
+        name: format!("matmul+bias+gelu {dtype} rows={rows} k={k} n={n}"),
+        tol: 1e-5,
+        rows,
+        selected_rows: 0,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let x = c.input(k, false)?;
+            let weight = c.weight(dtype, &[n, k], &w)?;
+            let bias = c.weight(dtype, &[n], &b)?;
+            let y = c.push1(Op::MatMul {
+                x,
+                weight,
+                splits: vec![n],
+            });
+            let y = c.push1(Op::Bias { x: y, bias });
+            let y = c.push1(Op::Gelu { x: y });
+            c.output(y, rows * n)
+        }),
+        expected,
+    }
+}
+
+/// `Op::BlockAttention`: `rows / block` images of `block` patches each.
+fn block_attention(rows: usize, block: usize, heads: usize, head_dim: usize) -> Case {
+    let width = heads * head_dim;
+    let mut rng = Rng::new(80 + rows as u64);
+    let (q, k, v) = (
+        rng.vec(rows * width, 1.0),
+        rng.vec(rows * width, 1.0),
+        rng.vec(rows * width, 1.0),
+    );
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let expected = oracle::block_attention(
+        &f64s(&q),
+        &f64s(&k),
+        &f64s(&v),
+        heads,
+        head_dim,
+        scale as f64,
+        block,
+    );
+    let mut step = StepData::rows(rows);
+    step.inputs = vec![q, k, v];
+    Case {
+        name: format!("block_attention rows={rows} block={block} heads={heads} head_dim={head_dim}"),
+        tol: 1e-5,
+        rows,
+        selected_rows: 0,
+        steps: vec![step],
+        build: Box::new(move |c| {
+            let q = c.input(width, false)?;
+            let k = c.input(width, false)?;
+            let v = c.input(width, false)?;
+            let y = c.push1(Op::BlockAttention {
+                q,
+                k,
+                v,
+                heads,
+                head_dim,
+                scale,
+                block,
+            });
+            c.output(y, rows * width)
+        }),
+        expected,
+    }
+}
+
 fn matmul(dtype: DType, rows: usize, k: usize, splits: Vec<usize>) -> Case {
     matmul_within(dtype, rows, k, splits, 1e-5)
 }
@@ -961,6 +1072,13 @@ pub fn all() -> Vec<Case> {
     // Vulkan backend's norm_add does, 512 x 12).
     v.push(rms_norm(DType::F16, 2, 2560, 2560, 0.0));
     v.push(rms_norm(DType::F32, 1, 6500, 6500, 1.0));
+    // The vision tower's ops: SigLIP's norm, MLP half and attention over whole images.
+    v.push(layer_norm(DType::F32, 3, 72));
+    v.push(layer_norm(DType::Bf16, 2, 1152));
+    v.push(linear_bias_gelu(DType::F32, 5, 48, 37));
+    v.push(linear_bias_gelu(DType::F16, 2, 64, 16));
+    v.push(block_attention(8, 4, 2, 16));
+    v.push(block_attention(9, 9, 3, 8));
     v.push(matmul(DType::F32, 1, 50, vec![37]));
     v.push(matmul(DType::F16, 5, 33, vec![7, 5, 7]));
     v.push(matmul(DType::Bf16, 7, 64, vec![20, 20]));

@@ -26,6 +26,65 @@ pub fn rms_norm(x: &[f64], w: &[f64], eps: f64, offset: f64) -> Vec<f64> {
         .collect()
 }
 
+/// `Op::LayerNorm`: rows of `w.len()` values, biased variance.
+pub fn layer_norm(x: &[f64], w: &[f64], b: &[f64], eps: f64) -> Vec<f64> {
+    x.chunks(w.len())
+        .flat_map(|row| {
+            let n = row.len() as f64;
+            let mean = row.iter().sum::<f64>() / n;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+            let inv = 1.0 / (var + eps).sqrt();
+            row.iter()
+                .zip(w)
+                .zip(b)
+                .map(move |((v, wi), bi)| (v - mean) * inv * wi + bi)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// `gelu_tanh`, in f64.
+pub fn gelu(x: f64) -> f64 {
+    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// `Op::BlockAttention` over `[rows, heads * head_dim]` q, k, v.
+pub fn block_attention(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    heads: usize,
+    head_dim: usize,
+    scale: f64,
+    block: usize,
+) -> Vec<f64> {
+    let width = heads * head_dim;
+    let rows = q.len() / width;
+    let mut out = vec![0.0; rows * width];
+    for r in 0..rows {
+        let first = r / block * block;
+        for h in 0..heads {
+            let at = h * head_dim;
+            let dot = |j: usize| -> f64 {
+                (0..head_dim)
+                    .map(|d| q[r * width + at + d] * k[j * width + at + d])
+                    .sum::<f64>()
+                    * scale
+            };
+            let s: Vec<f64> = (first..first + block).map(dot).collect();
+            let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for (i, j) in (first..first + block).enumerate() {
+                for d in 0..head_dim {
+                    out[r * width + at + d] += e[i] / sum * v[j * width + at + d];
+                }
+            }
+        }
+    }
+    out
+}
+
 /// `Op::MatMul` without splitting: `[rows, n]`.
 pub fn matmul(x: &[f64], rows: usize, w: &[f64], n: usize) -> Vec<f64> {
     let k = w.len() / n;

@@ -575,6 +575,13 @@ fn wgpu_variants_match_the_oracle() {
             if int_dot && !case.name.starts_with("matmul") {
                 continue;
             }
+            // The vision tower's ops have no wgpu kernel: refused, as the main test checks.
+            if ["layer_norm", "matmul+bias", "block_attention"]
+                .iter()
+                .any(|p| case.name.starts_with(p))
+            {
+                continue;
+            }
             match case.run(backend.as_mut()) {
                 Ok(got) => {
                     assert_close(&case.name, label, &got, &case.expected, case.tol);

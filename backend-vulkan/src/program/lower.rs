@@ -38,6 +38,10 @@ impl VulkanBackend {
                 return self.lower_matmul(ctx, *x, weight, splits, &node.outputs)
             }
             Op::Attention { .. } => return self.lower_attention(ctx, i),
+            Op::LayerNorm { .. } | Op::Bias { .. } | Op::Gelu { .. } | Op::BlockAttention { .. } => {
+                // Refused by `check_ops` before lowering (the shared op support).
+                return Err(BackendError::unsupported(node.op.name(), "no Vulkan kernel"));
+            }
             Op::TopK { x, k } => return super::top_k::lower(ctx, *x, *k, out()?),
             Op::Embed { table, scale } => {
                 let t = self.buffers.get(table.buffer)?;
