@@ -8,6 +8,8 @@
 //! - [`quantize`]: encoding f32 into ggml's block formats; [`synth`]: random-weight GGUF files
 //!   of the real Gemma 3 shapes.
 //! - [`tuning`]: whether the metadata says instruction-tuned, base, or no chat template.
+//! - [`vision`]: Gemma 3's vision tower and projector in Hugging Face checkpoints (their config
+//!   and tensors).
 
 pub mod config;
 pub mod error;
@@ -20,5 +22,6 @@ pub mod safetensors;
 pub mod source;
 pub mod synth;
 pub mod tuning;
+pub mod vision;
 
 pub use error::CheckpointError;

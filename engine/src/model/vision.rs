@@ -1,0 +1,491 @@
+//! Gemma 3's vision tower (SigLIP) and multimodal projector on one backend: an image's
+//! `pixel_values` to the soft tokens the language model reads in place of its image tokens.
+//!
+//! As transformers' `Gemma3ForConditionalGeneration.get_image_features` computes them:
+//! 1. **Patches** (host): the `C x S x S` pixels cut into `(S / P)^2` patches of `C x P x P`
+//!    values in the convolution weight's order (channel, row, column), patches row by row.
+//! 2. **The tower** (one graph, a row per patch): the patch embedding (`MatMul` + `Bias`, the
+//!    convolution as a product), the position embedding (`Embed` of the patch index, `Add`),
+//!    then per layer `x += out(attn(ln1(x)))`, `x += fc2(gelu(fc1(ln2(x))))` with
+//!    bidirectional attention over the image's patches (`BlockAttention`), and the final
+//!    `post_layernorm`.
+//! 3. **The average pool** (host): the `(S / P)^2` patch grid to `tokens_per_image` tokens,
+//!    each the mean of a square of patches, tokens row by row.
+//! 4. **The projector** (one graph, a row per soft token): Gemma's RMSNorm (`1 + w`) and the
+//!    projection to the language model's width (`mm_input_projection_weight`, stored
+//!    `[vision, text]` and multiplied as `x @ W`, so uploaded transposed).
+//!
+//! The ops are the backend trait's; which unit runs them is the caller's choice (the GPU
+//! backends have no kernels for the vision ops yet, so the CPU backend runs it today).
+
+use tandem_backend_api::{
+    BufferId, ComputeBackend, DType, GraphBuilder, Op, ProgramId, StepArgs, TensorDesc, Usage, ValueId,
+    WeightRef,
+};
+
+use super::error::ModelError;
+use crate::checkpoint::source::StoredTensor;
+use crate::checkpoint::vision::{HfVisionWeights, VisionConfig};
+
+/// What one image gives: the tower's last hidden state and the projected soft tokens.
+#[derive(Debug, Clone)]
+pub struct ImageEncoding {
+    /// `[patches, vision hidden]`, after `post_layernorm`.
+    pub hidden: Vec<f32>,
+    /// `[tokens_per_image, text hidden]`: what the language model reads.
+    pub tokens: Vec<f32>,
+}
+
+/// The tower and projector, uploaded and compiled on one backend.
+pub struct VisionTower {
+    cfg: VisionConfig,
+    text_hidden: usize,
+    patches_in: BufferId,
+    hidden_out: BufferId,
+    tower: ProgramId,
+    pooled_in: BufferId,
+    tokens_out: BufferId,
+    projector: ProgramId,
+    buffers: Vec<BufferId>,
+}
+
+/// The backend's error as a [`ModelError`], saying what was being done.
+fn backend(context: impl Into<String>) -> impl FnOnce(tandem_backend_api::BackendError) -> ModelError {
+    let context = context.into();
+    move |error| ModelError::Backend { context, error }
+}
+
+impl VisionTower {
+    /// Uploads the tower's and projector's weights from `weights` to `unit` and compiles both
+    /// graphs. `text_hidden` is the language model's width.
+    pub fn load(
+        unit: &mut dyn ComputeBackend,
+        cfg: &VisionConfig,
+        text_hidden: usize,
+        weights: &HfVisionWeights,
+    ) -> Result<Self, ModelError> {
+        let mut up = Uploader {
+            unit,
+            buffers: Vec::new(),
+        };
+        let (h, patches) = (cfg.hidden, cfg.patches());
+        // The tower.
+        let mut g = GraphBuilder::new("vision tower", patches, 0);
+        let patches_in = up.activation([patches, cfg.patch_values()])?;
+        let x = g.push1(Op::Input {
+            buffer: patches_in,
+            cols: cfg.patch_values(),
+            selected: false,
+        });
+        let conv = weights.tensor(
+            "embeddings.patch_embedding.weight",
+            &[h, cfg.channels, cfg.patch_size, cfg.patch_size],
+        )?;
+        let conv = up.weight_as(&conv, &[h, cfg.patch_values()])?;
+        let x = g.push1(Op::MatMul {
+            x,
+            weight: conv,
+            splits: vec![h],
+        });
+        let x = bias(&mut g, &mut up, weights, x, "embeddings.patch_embedding.bias", h)?;
+        let pos = up.weight(&weights.tensor("embeddings.position_embedding.weight", &[patches, h])?)?;
+        let pos = g.push1(Op::Embed {
+            table: pos,
+            scale: 1.0,
+        });
+        let mut x = g.push1(Op::Add { a: x, b: pos });
+        let head_dim = h / cfg.heads;
+        for l in 0..cfg.layers {
+            let p = format!("encoder.layers.{l}.");
+            let n = layer_norm(
+                &mut g,
+                &mut up,
+                weights,
+                x,
+                &format!("{p}layer_norm1"),
+                h,
+                cfg.eps,
+            )?;
+            let mut qkv = [n; 3];
+            for (v, name) in qkv.iter_mut().zip(["q_proj", "k_proj", "v_proj"]) {
+                *v = linear(&mut g, &mut up, weights, n, &format!("{p}self_attn.{name}"), h, h)?;
+            }
+            let a = g.push1(Op::BlockAttention {
+                q: qkv[0],
+                k: qkv[1],
+                v: qkv[2],
+                heads: cfg.heads,
+                head_dim,
+                scale: (head_dim as f32).powf(-0.5),
+                block: patches,
+            });
+            let a = linear(
+                &mut g,
+                &mut up,
+                weights,
+                a,
+                &format!("{p}self_attn.out_proj"),
+                h,
+                h,
+            )?;
+            x = g.push1(Op::Add { a: x, b: a });
+            let n = layer_norm(
+                &mut g,
+                &mut up,
+                weights,
+                x,
+                &format!("{p}layer_norm2"),
+                h,
+                cfg.eps,
+            )?;
+            let m = linear(
+                &mut g,
+                &mut up,
+                weights,
+                n,
+                &format!("{p}mlp.fc1"),
+                cfg.intermediate,
+                h,
+            )?;
+            let m = g.push1(Op::Gelu { x: m });
+            let m = linear(
+                &mut g,
+                &mut up,
+                weights,
+                m,
+                &format!("{p}mlp.fc2"),
+                h,
+                cfg.intermediate,
+            )?;
+            x = g.push1(Op::Add { a: x, b: m });
+        }
+        let x = layer_norm(&mut g, &mut up, weights, x, "post_layernorm", h, cfg.eps)?;
+        let hidden_out = up.activation([patches, h])?;
+        g.push(Op::Output {
+            x,
+            buffer: hidden_out,
+        });
+        let tower = up
+            .unit
+            .compile(&g.finish())
+            .map_err(backend("compiling the vision tower"))?;
+        // The projector.
+        let tokens = cfg.tokens_per_image;
+        let mut g = GraphBuilder::new("multimodal projector", tokens, 0);
+        let pooled_in = up.activation([tokens, h])?;
+        let x = g.push1(Op::Input {
+            buffer: pooled_in,
+            cols: h,
+            selected: false,
+        });
+        let norm = up.weight(&weights.tensor("projector.mm_soft_emb_norm.weight", &[h])?)?;
+        let x = g.push1(Op::RmsNorm {
+            x,
+            weight: norm,
+            eps: cfg.eps,
+            weight_offset: 1.0,
+        });
+        let proj = weights.tensor("projector.mm_input_projection_weight", &[h, text_hidden])?;
+        let proj = up.transposed(&proj)?;
+        let y = g.push1(Op::MatMul {
+            x,
+            weight: proj,
+            splits: vec![text_hidden],
+        });
+        let tokens_out = up.activation([tokens, text_hidden])?;
+        g.push(Op::Output {
+            x: y,
+            buffer: tokens_out,
+        });
+        let projector = up
+            .unit
+            .compile(&g.finish())
+            .map_err(backend("compiling the multimodal projector"))?;
+        Ok(VisionTower {
+            cfg: cfg.clone(),
+            text_hidden,
+            patches_in,
+            hidden_out,
+            tower,
+            pooled_in,
+            tokens_out,
+            projector,
+            buffers: up.buffers,
+        })
+    }
+
+    /// The configuration it was loaded with.
+    pub fn config(&self) -> &VisionConfig {
+        &self.cfg
+    }
+
+    /// Encodes one image's `pixel_values` (`C x S x S`, as `tandem_image_input::preprocess`
+    /// gives them) on `unit`, the backend it was loaded on.
+    pub fn encode(
+        &mut self,
+        unit: &mut dyn ComputeBackend,
+        pixels: &[f32],
+    ) -> Result<ImageEncoding, ModelError> {
+        let cfg = &self.cfg;
+        let want = cfg.channels * cfg.image_size * cfg.image_size;
+        if pixels.len() != want {
+            return Err(ModelError::Layout {
+                path: "image".into(),
+                message: format!(
+                    "{} pixel values; the vision tower takes {} x {} x {} = {want}",
+                    pixels.len(),
+                    cfg.channels,
+                    cfg.image_size,
+                    cfg.image_size
+                ),
+            });
+        }
+        let patches = cfg.patches();
+        let rows = patchify(cfg, pixels);
+        unit.write(self.patches_in, 0, bytemuck::cast_slice(&rows))
+            .map_err(backend("writing the image's patches"))?;
+        let positions: Vec<u32> = (0..patches as u32).collect();
+        let zeros = vec![0u32; patches];
+        let args = StepArgs {
+            tokens: &positions,
+            positions: &positions,
+            slots: &zeros,
+            select: &[],
+        };
+        let t = unit
+            .execute(self.tower, &args)
+            .map_err(backend("running the vision tower"))?;
+        unit.wait(t).map_err(backend("running the vision tower"))?;
+        let mut hidden = vec![0f32; patches * cfg.hidden];
+        unit.read(self.hidden_out, 0, bytemuck::cast_slice_mut(&mut hidden))
+            .map_err(backend("reading the vision tower's output"))?;
+        let pooled = pool(cfg, &hidden);
+        unit.write(self.pooled_in, 0, bytemuck::cast_slice(&pooled))
+            .map_err(backend("writing the pooled image features"))?;
+        let n = cfg.tokens_per_image;
+        let ids: Vec<u32> = (0..n as u32).collect();
+        let zeros = vec![0u32; n];
+        let args = StepArgs {
+            tokens: &ids,
+            positions: &ids,
+            slots: &zeros,
+            select: &[],
+        };
+        let t = unit
+            .execute(self.projector, &args)
+            .map_err(backend("running the multimodal projector"))?;
+        unit.wait(t)
+            .map_err(backend("running the multimodal projector"))?;
+        let mut tokens = vec![0f32; n * self.text_hidden];
+        unit.read(self.tokens_out, 0, bytemuck::cast_slice_mut(&mut tokens))
+            .map_err(backend("reading the image's soft tokens"))?;
+        Ok(ImageEncoding { hidden, tokens })
+    }
+
+    /// Frees its programs and buffers on `unit`.
+    pub fn free(self, unit: &mut dyn ComputeBackend) -> Result<(), ModelError> {
+        for p in [self.tower, self.projector] {
+            unit.release(p)
+                .map_err(backend("releasing the vision programs"))?;
+        }
+        for b in self.buffers {
+            unit.free(b).map_err(backend("freeing the vision buffers"))?;
+        }
+        Ok(())
+    }
+}
+
+/// The image's patches as the tower's input rows: patch `(py, px)` is row `py * side + px`,
+/// its values in the convolution weight's order (channel, row, column).
+pub fn patchify(cfg: &VisionConfig, pixels: &[f32]) -> Vec<f32> {
+    let (s, p, side) = (cfg.image_size, cfg.patch_size, cfg.patches_per_side());
+    let mut out = Vec::with_capacity(pixels.len());
+    for py in 0..side {
+        for px in 0..side {
+            for c in 0..cfg.channels {
+                for y in 0..p {
+                    let at = c * s * s + (py * p + y) * s + px * p;
+                    out.extend_from_slice(&pixels[at..at + p]);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The average pool of the tower's `[patches, hidden]` output to `[tokens_per_image, hidden]`:
+/// token `(ty, tx)` (row `ty * tokens_per_side + tx`) is the mean of the `k x k` patches it
+/// covers, `k = patches_per_side / tokens_per_side` (transformers' `AvgPool2d(k, stride=k)`).
+pub fn pool(cfg: &VisionConfig, hidden: &[f32]) -> Vec<f32> {
+    let (h, side, tside) = (cfg.hidden, cfg.patches_per_side(), cfg.tokens_per_side());
+    let k = side / tside;
+    let mut out = vec![0f32; cfg.tokens_per_image * h];
+    for ty in 0..tside {
+        for tx in 0..tside {
+            let o = &mut out[(ty * tside + tx) * h..(ty * tside + tx + 1) * h];
+            for y in ty * k..(ty + 1) * k {
+                for x in tx * k..(tx + 1) * k {
+                    let row = &hidden[(y * side + x) * h..(y * side + x + 1) * h];
+                    for (a, b) in o.iter_mut().zip(row) {
+                        *a += b;
+                    }
+                }
+            }
+            let inv = 1.0 / (k * k) as f32;
+            for a in o.iter_mut() {
+                *a *= inv;
+            }
+        }
+    }
+    out
+}
+
+/// Uploads to one unit, keeping what it allocated.
+struct Uploader<'a> {
+    unit: &'a mut dyn ComputeBackend,
+    buffers: Vec<BufferId>,
+}
+
+impl Uploader<'_> {
+    fn alloc(&mut self, desc: TensorDesc, usage: Usage, what: &str) -> Result<BufferId, ModelError> {
+        let b = self
+            .unit
+            .alloc(&desc, usage)
+            .map_err(backend(format!("allocating {what} ({desc})")))?;
+        self.buffers.push(b);
+        Ok(b)
+    }
+
+    fn activation(&mut self, shape: [usize; 2]) -> Result<BufferId, ModelError> {
+        self.alloc(
+            TensorDesc::new(DType::F32, shape),
+            Usage::Activation,
+            "a vision activation",
+        )
+    }
+
+    /// `t` as stored, under `shape` (the same number of elements).
+    fn weight_as(&mut self, t: &StoredTensor<'_>, shape: &[usize]) -> Result<WeightRef, ModelError> {
+        let desc = TensorDesc::new(t.desc.dtype, shape.to_vec());
+        let buffer = self.alloc(desc.clone(), Usage::Weight, &t.name)?;
+        self.unit
+            .write(buffer, 0, t.data)
+            .map_err(backend(format!("uploading {}", t.name)))?;
+        Ok(WeightRef { buffer, desc })
+    }
+
+    fn weight(&mut self, t: &StoredTensor<'_>) -> Result<WeightRef, ModelError> {
+        let shape = t.desc.shape.clone();
+        self.weight_as(t, &shape)
+    }
+
+    /// A 2-D `t` transposed, in f32.
+    fn transposed(&mut self, t: &StoredTensor<'_>) -> Result<WeightRef, ModelError> {
+        let (rows, cols) = (t.desc.shape[0], t.desc.shape[1]);
+        let mut values = vec![0f32; rows * cols];
+        tandem_backend_api::kit::quant::dequantize_row(t.desc.dtype, t.data, &mut values).map_err(|e| {
+            ModelError::Layout {
+                path: t.file.to_path_buf(),
+                message: format!("tensor {}: {e}", t.name),
+            }
+        })?;
+        let mut out = vec![0f32; rows * cols];
+        for r in 0..rows {
+            for c in 0..cols {
+                out[c * rows + r] = values[r * cols + c];
+            }
+        }
+        let desc = TensorDesc::new(DType::F32, [cols, rows]);
+        let buffer = self.alloc(desc.clone(), Usage::Weight, &t.name)?;
+        self.unit
+            .write(buffer, 0, bytemuck::cast_slice(&out))
+            .map_err(backend(format!("uploading {}", t.name)))?;
+        Ok(WeightRef { buffer, desc })
+    }
+}
+
+/// `x + b` with the bias `name` of `n` values.
+fn bias(
+    g: &mut GraphBuilder,
+    up: &mut Uploader<'_>,
+    w: &HfVisionWeights,
+    x: ValueId,
+    name: &str,
+    n: usize,
+) -> Result<ValueId, ModelError> {
+    let b = up.weight(&w.tensor(name, &[n])?)?;
+    Ok(g.push1(Op::Bias { x, bias: b }))
+}
+
+/// The linear layer `name` (`.weight` `[n, k]`, `.bias` `[n]`) of `x`.
+fn linear(
+    g: &mut GraphBuilder,
+    up: &mut Uploader<'_>,
+    w: &HfVisionWeights,
+    x: ValueId,
+    name: &str,
+    n: usize,
+    k: usize,
+) -> Result<ValueId, ModelError> {
+    let weight = up.weight(&w.tensor(&format!("{name}.weight"), &[n, k])?)?;
+    let y = g.push1(Op::MatMul {
+        x,
+        weight,
+        splits: vec![n],
+    });
+    bias(g, up, w, y, &format!("{name}.bias"), n)
+}
+
+/// The layer norm `name` (`.weight`, `.bias`, `[h]` each) of `x`.
+fn layer_norm(
+    g: &mut GraphBuilder,
+    up: &mut Uploader<'_>,
+    w: &HfVisionWeights,
+    x: ValueId,
+    name: &str,
+    h: usize,
+    eps: f32,
+) -> Result<ValueId, ModelError> {
+    let weight = up.weight(&w.tensor(&format!("{name}.weight"), &[h])?)?;
+    let bias = up.weight(&w.tensor(&format!("{name}.bias"), &[h])?)?;
+    Ok(g.push1(Op::LayerNorm { x, weight, bias, eps }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> VisionConfig {
+        VisionConfig {
+            hidden: 2,
+            intermediate: 4,
+            layers: 1,
+            heads: 1,
+            image_size: 4,
+            patch_size: 2,
+            channels: 1,
+            eps: 1e-6,
+            tokens_per_image: 1,
+            image_token: 9,
+            boi_token: 7,
+            eoi_token: 8,
+        }
+    }
+
+    #[test]
+    fn patches_go_row_by_row_in_the_kernel_s_order() {
+        // A 4 x 4 one-channel image numbered 0..16: four 2 x 2 patches.
+        let pixels: Vec<f32> = (0..16).map(|v| v as f32).collect();
+        let rows = patchify(&cfg(), &pixels);
+        assert_eq!(&rows[..4], &[0.0, 1.0, 4.0, 5.0]);
+        assert_eq!(&rows[4..8], &[2.0, 3.0, 6.0, 7.0]);
+        assert_eq!(&rows[8..12], &[8.0, 9.0, 12.0, 13.0]);
+    }
+
+    #[test]
+    fn the_pool_averages_squares_of_patches() {
+        // 2 x 2 patches of width 2 pooled to one token.
+        let hidden = [1.0, 10.0, 2.0, 20.0, 3.0, 30.0, 6.0, 60.0];
+        assert_eq!(pool(&cfg(), &hidden), vec![3.0, 30.0]);
+    }
+}

@@ -1,0 +1,71 @@
+//! Gemma 3's vision tower and projector (issue 58) against transformers on the tiny `vision`
+//! fixture (tests/fixtures/models/vision: SigLIP of 2 layers over a 56 x 56 image, 16 patches
+//! pooled to 4 soft tokens; reference.json holds transformers' pixel values, last hidden state
+//! and image features): the CPU backend (`exact`) runs the tower's graph, and both outputs are
+//! within 1e-4 of the largest value.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use tandem_engine::checkpoint::config::Gemma3Config;
+use tandem_engine::checkpoint::vision::{HfVisionWeights, VisionConfig};
+use tandem_engine::model::vision::VisionTower;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/models/vision")
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_f64().expect("number") as f32)
+        .collect()
+}
+
+fn assert_within(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * scale, "{what}[{i}]: got {g}, want {w}");
+    }
+}
+
+#[test]
+fn the_tower_and_projector_match_transformers_on_the_cpu() {
+    let reference: Value =
+        serde_json::from_slice(&std::fs::read(dir().join("reference.json")).expect("reference.json"))
+            .expect("reference JSON");
+    let cfg = VisionConfig::from_file(&dir().join("config.json"))
+        .expect("config")
+        .expect("a vision tower");
+    let text = Gemma3Config::from_file(&dir().join("config.json")).expect("text config");
+    let weights = HfVisionWeights::open_dir(&dir()).expect("weights");
+    let mut cpu = tandem_conformance::discover()
+        .create("cpu", &tandem_conformance::options_for("cpu"))
+        .expect("the cpu backend");
+    let mut tower = VisionTower::load(cpu.as_mut(), &cfg, text.hidden_size, &weights).expect("load");
+    let images = reference["images"].as_array().expect("images");
+    assert!(!images.is_empty());
+    for image in images {
+        let name = image["image"].as_str().unwrap_or("?");
+        let pixels = floats(&image["pixel_values"]);
+        let got = tower.encode(cpu.as_mut(), &pixels).expect("encode");
+        assert_within(
+            &format!("{name}: last hidden state"),
+            &got.hidden,
+            &floats(&image["vision_last_hidden_state"]),
+            1e-4,
+        );
+        assert_within(
+            &format!("{name}: image features"),
+            &got.tokens,
+            &floats(&image["image_features"]),
+            1e-4,
+        );
+    }
+    // A wrong number of pixels is an error, not a panic.
+    let err = tower.encode(cpu.as_mut(), &[0.0; 5]).expect_err("5 pixels");
+    assert!(err.to_string().contains("pixel values"), "{err}");
+    tower.free(cpu.as_mut()).expect("free");
+}
