@@ -1,14 +1,15 @@
 //! Gemma 3's vision tower and projector (issue 58) against transformers on the tiny `vision`
 //! fixture (tests/fixtures/models/vision: SigLIP of 2 layers over a 56 x 56 image, 16 patches
 //! pooled to 4 soft tokens; reference.json holds transformers' pixel values, last hidden state
-//! and image features): the CPU backend (`exact`) runs the tower's graph, and both outputs are
-//! within 1e-4 of the largest value.
+//! and image features): the CPU backend (`exact`) runs the tower's graph, from the Hugging Face
+//! weights and from llama.cpp's mmproj GGUF of the same model, and both outputs are within 1e-4
+//! of the largest value.
 
 use std::path::PathBuf;
 
 use serde_json::Value;
 use tandem_engine::checkpoint::config::Gemma3Config;
-use tandem_engine::checkpoint::vision::{HfVisionWeights, VisionConfig};
+use tandem_engine::checkpoint::vision::{HfVisionWeights, MmprojWeights, VisionConfig};
 use tandem_engine::model::vision::VisionTower;
 
 fn dir() -> PathBuf {
@@ -64,6 +65,34 @@ fn the_tower_and_projector_match_transformers_on_the_cpu() {
             1e-4,
         );
     }
+    // The same tower from llama.cpp's mmproj file (its projection stored in f16: the
+    // reference's features with the f16-rounded projection).
+    let (mcfg, mmproj) = MmprojWeights::open(&dir().join("mmproj-f32.gguf")).expect("mmproj");
+    assert_eq!(
+        (mcfg.hidden, mcfg.layers, mcfg.patches(), mcfg.tokens_per_image),
+        (cfg.hidden, cfg.layers, cfg.patches(), cfg.tokens_per_image)
+    );
+    assert_eq!(mmproj.projection_dim().expect("projection_dim"), text.hidden_size);
+    let mut from_gguf =
+        VisionTower::load(cpu.as_mut(), &mcfg, text.hidden_size, &mmproj).expect("load mmproj");
+    for image in images {
+        let got = from_gguf
+            .encode(cpu.as_mut(), &floats(&image["pixel_values"]))
+            .expect("encode");
+        assert_within(
+            "mmproj: last hidden state",
+            &got.hidden,
+            &floats(&image["vision_last_hidden_state"]),
+            1e-4,
+        );
+        assert_within(
+            "mmproj: image features",
+            &got.tokens,
+            &floats(&image["image_features_f16_projection"]),
+            1e-4,
+        );
+    }
+    from_gguf.free(cpu.as_mut()).expect("free");
     // A wrong number of pixels is an error, not a panic.
     let err = tower.encode(cpu.as_mut(), &[0.0; 5]).expect_err("5 pixels");
     assert!(err.to_string().contains("pixel values"), "{err}");

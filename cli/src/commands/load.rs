@@ -38,9 +38,10 @@ pub struct ModelArgs {
     /// layer count.
     #[arg(long, value_name = "N")]
     pub gpu_layers: Option<usize>,
-    /// Arithmetic of the backends that offer a choice, over the config's `precision`: fast (the
-    /// default: 8-bit activations where they pass the KL rule, the CPU's q8_0 decode products
-    /// with AVX-512 VNNI) or exact (16-bit activations). See docs/precision.md.
+    /// Arithmetic of the backends that offer a choice, over the config's `precision`: fast
+    /// (8-bit activations: the CPU's q8_0 decode products with AVX-512 VNNI, the CPU's default
+    /// as it passes the KL rule; the GPUs' integer-dot decode products, which fail it, so exact
+    /// is their default) or exact (16-bit activations). See docs/precision.md.
     #[arg(long, value_parser = ["exact", "fast"])]
     pub precision: Option<String>,
 }

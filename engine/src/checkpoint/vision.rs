@@ -1,7 +1,12 @@
-//! Gemma 3's vision tower (SigLIP) and multimodal projector as Hugging Face checkpoints store
-//! them: the `vision_config` of a `"gemma3"` `config.json` with the image-token fields beside
-//! it, and the tensors under `vision_tower.*` and `multi_modal_projector.*` (with or without
-//! the `model.` prefix and SigLIP's `vision_model.`), yielded under canonical names.
+//! Gemma 3's vision tower (SigLIP) and multimodal projector as checkpoints store them, yielded
+//! under canonical names through [`VisionWeights`]:
+//! - Hugging Face ([`HfVisionWeights`]): the `vision_config` of a `"gemma3"` `config.json` with
+//!   the image-token fields beside it, the tensors under `vision_tower.*` and
+//!   `multi_modal_projector.*` (with or without the `model.` prefix and SigLIP's
+//!   `vision_model.`);
+//! - llama.cpp's mmproj GGUF files ([`MmprojWeights`], `--mmproj`): `clip.vision.*` metadata
+//!   and `v.*` / `mm.*` tensors, as its `convert_hf_to_gguf.py --mmproj` writes them for
+//!   `clip.projector_type = "gemma3"` (the soft-embedding norm stored as `1 + w`).
 //!
 //! The reference is transformers' `Gemma3Config` / `SiglipVisionConfig`: a missing field takes
 //! its default there. Every error names the file and the field.
@@ -13,6 +18,7 @@ use tandem_backend_api::{DType, TensorDesc};
 
 use super::config::ConfigError;
 use super::error::CheckpointError;
+use super::gguf::reader::GgufFile;
 use super::safetensors::{SafetensorsCheckpoint, StDtype};
 use super::source::StoredTensor;
 
@@ -191,6 +197,19 @@ impl VisionConfig {
     }
 }
 
+/// A checkpoint's vision tower and projector tensors under canonical names: the tower's
+/// relative to SigLIP's `vision_model` (`embeddings.patch_embedding.weight`,
+/// `encoder.layers.3.self_attn.q_proj.bias`, `post_layernorm.weight`) and the projector's
+/// prefixed `projector.` (`projector.mm_input_projection_weight` `[vision, text]`,
+/// `projector.mm_soft_emb_norm.weight`).
+pub trait VisionWeights {
+    /// The tensor with canonical name `name`, checked to have `shape` (row-major).
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>, CheckpointError>;
+    /// What to add to the stored soft-embedding norm weight (Hugging Face stores `w`: 1; GGUF
+    /// `1 + w`: 0).
+    fn norm_offset(&self) -> f32;
+}
+
 /// Where the tower's tensors live in Hugging Face layouts (the tower's prefix, the projector's).
 /// transformers 5's default save writes the tower without SigLIP's `vision_model.`.
 const LAYOUTS: [(&str, &str); 4] = [
@@ -200,11 +219,7 @@ const LAYOUTS: [(&str, &str); 4] = [
     ("vision_tower.", "multi_modal_projector."),
 ];
 
-/// The vision tower's and projector's tensors of a Hugging Face checkpoint, under canonical
-/// names: the tower's relative to SigLIP's `vision_model` (`embeddings.patch_embedding.weight`,
-/// `encoder.layers.3.self_attn.q_proj.bias`, `post_layernorm.weight`) and the projector's
-/// prefixed `projector.` (`projector.mm_input_projection_weight`,
-/// `projector.mm_soft_emb_norm.weight`).
+/// The vision tower's and projector's tensors of a Hugging Face checkpoint.
 pub struct HfVisionWeights {
     ckpt: SafetensorsCheckpoint,
     tower: &'static str,
@@ -237,9 +252,14 @@ impl HfVisionWeights {
     pub fn location(&self) -> PathBuf {
         self.ckpt.source().to_path_buf()
     }
+}
 
-    /// The tensor with canonical name `name`, checked to have `shape`.
-    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>, CheckpointError> {
+impl VisionWeights for HfVisionWeights {
+    fn norm_offset(&self) -> f32 {
+        1.0
+    }
+
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>, CheckpointError> {
         let full = match name.strip_prefix("projector.") {
             Some(rest) => format!("{}{rest}", self.projector),
             None => format!("{}{name}", self.tower),
@@ -255,6 +275,126 @@ impl HfVisionWeights {
             file: t.file,
             desc: TensorDesc::new(dtype, shape.to_vec()),
             data: t.data,
+        })
+    }
+}
+
+/// llama.cpp's mmproj GGUF file of a Gemma 3 vision tower.
+pub struct MmprojWeights {
+    file: GgufFile,
+}
+
+/// The GGUF name of canonical tensor `name` in an mmproj file.
+fn mmproj_name(name: &str) -> Option<String> {
+    let fixed = [
+        ("embeddings.patch_embedding.weight", "v.patch_embd.weight"),
+        ("embeddings.patch_embedding.bias", "v.patch_embd.bias"),
+        ("embeddings.position_embedding.weight", "v.position_embd.weight"),
+        ("post_layernorm.weight", "v.post_ln.weight"),
+        ("post_layernorm.bias", "v.post_ln.bias"),
+        ("projector.mm_soft_emb_norm.weight", "mm.soft_emb_norm.weight"),
+        (
+            "projector.mm_input_projection_weight",
+            "mm.input_projection.weight",
+        ),
+    ];
+    if let Some((_, g)) = fixed.iter().find(|(c, _)| *c == name) {
+        return Some((*g).to_string());
+    }
+    let rest = name.strip_prefix("encoder.layers.")?;
+    let (layer, part) = rest.split_once('.')?;
+    let (module, kind) = part.rsplit_once('.')?;
+    let g = match module {
+        "layer_norm1" => "ln1",
+        "layer_norm2" => "ln2",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.out_proj" => "attn_out",
+        "mlp.fc1" => "ffn_up",
+        "mlp.fc2" => "ffn_down",
+        _ => return None,
+    };
+    Some(format!("v.blk.{layer}.{g}.{kind}"))
+}
+
+impl MmprojWeights {
+    /// Opens an mmproj file and reads its vision configuration. The image-token ids are the
+    /// released Gemma 3 vocabulary's (the text model's files give them).
+    pub fn open(path: &Path) -> Result<(VisionConfig, Self), CheckpointError> {
+        let file = GgufFile::open(path)?;
+        let layout = |message: String| CheckpointError::Layout {
+            path: path.to_path_buf(),
+            message,
+        };
+        let kind = file.get_str("clip.projector_type")?;
+        if kind != "gemma3" {
+            return Err(layout(format!(
+                "metadata clip.projector_type is \"{kind}\"; a Gemma 3 mmproj file has \"gemma3\""
+            )));
+        }
+        if file.get("clip.has_vision_encoder").is_some() && !file.get_bool("clip.has_vision_encoder")? {
+            return Err(layout(
+                "metadata clip.has_vision_encoder is false: no vision tower".into(),
+            ));
+        }
+        let u = |key: &str| -> Result<usize, CheckpointError> { Ok(file.get_u32(key)? as usize) };
+        let (image_size, patch_size) = (u("clip.vision.image_size")?, u("clip.vision.patch_size")?);
+        let scale = u("clip.vision.projector.scale_factor")?;
+        if patch_size == 0 || scale == 0 || !(image_size / patch_size.max(1)).is_multiple_of(scale) {
+            return Err(layout(format!(
+                "metadata clip.vision.projector.scale_factor {scale} does not divide the {} patches per side",
+                image_size / patch_size.max(1)
+            )));
+        }
+        let side = image_size / patch_size / scale;
+        let cfg = VisionConfig {
+            hidden: u("clip.vision.embedding_length")?,
+            intermediate: u("clip.vision.feed_forward_length")?,
+            layers: u("clip.vision.block_count")?,
+            heads: u("clip.vision.attention.head_count")?,
+            image_size,
+            patch_size,
+            channels: 3,
+            eps: file.get_f32("clip.vision.attention.layer_norm_epsilon")?,
+            tokens_per_image: side * side,
+            image_token: 262_144,
+            boi_token: 255_999,
+            eoi_token: 256_000,
+        };
+        cfg.check(path)?;
+        Ok((cfg, MmprojWeights { file }))
+    }
+
+    /// The text model's width the projector maps to (`clip.vision.projection_dim`).
+    pub fn projection_dim(&self) -> Result<usize, CheckpointError> {
+        Ok(self.file.get_u32("clip.vision.projection_dim")? as usize)
+    }
+}
+
+impl VisionWeights for MmprojWeights {
+    fn norm_offset(&self) -> f32 {
+        0.0
+    }
+
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>, CheckpointError> {
+        let path = self.file.path();
+        let gname = mmproj_name(name).ok_or_else(|| CheckpointError::Layout {
+            path: path.to_path_buf(),
+            message: format!("no mmproj name for tensor {name}"),
+        })?;
+        let t = self.file.tensor(&gname)?;
+        if t.desc.shape != shape {
+            return Err(CheckpointError::Layout {
+                path: path.to_path_buf(),
+                message: format!("tensor {gname} has shape {:?}; expected {shape:?}", t.desc.shape),
+            });
+        }
+        Ok(StoredTensor {
+            name: gname,
+            file: path,
+            desc: TensorDesc::new(t.desc.dtype, shape.to_vec()),
+            data: t.bytes,
         })
     }
 }
@@ -283,6 +423,40 @@ mod tests {
         assert_eq!(
             (c.eps, c.image_token, c.boi_token, c.eoi_token),
             (1e-6, 262_144, 255_999, 256_000)
+        );
+    }
+
+    #[test]
+    fn mmproj_names_follow_llama_cpp() {
+        assert_eq!(
+            mmproj_name("encoder.layers.12.self_attn.out_proj.bias").as_deref(),
+            Some("v.blk.12.attn_out.bias")
+        );
+        assert_eq!(
+            mmproj_name("encoder.layers.0.mlp.fc1.weight").as_deref(),
+            Some("v.blk.0.ffn_up.weight")
+        );
+        assert_eq!(mmproj_name("encoder.layers.0.mlp.gate.weight"), None);
+        assert_eq!(
+            mmproj_name("projector.mm_input_projection_weight").as_deref(),
+            Some("mm.input_projection.weight")
+        );
+    }
+
+    #[test]
+    fn an_mmproj_of_another_projector_is_refused_by_name() {
+        use crate::checkpoint::gguf::writer::{GgufWriteError, GgufWriter, TensorSink};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mmproj.gguf");
+        let mut w = GgufWriter::new();
+        w.add_metadata("clip.projector_type", "mlp".to_string()).unwrap();
+        w.write_file(&path, |_, _: &mut TensorSink<'_>| Ok::<(), GgufWriteError>(()))
+            .unwrap();
+        let err = MmprojWeights::open(&path).err().expect("an mlp projector");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("clip.projector_type") && msg.contains("mlp"),
+            "{msg}"
         );
     }
 

@@ -25,7 +25,7 @@ use tandem_backend_api::{
 
 use super::error::ModelError;
 use crate::checkpoint::source::StoredTensor;
-use crate::checkpoint::vision::{HfVisionWeights, VisionConfig};
+use crate::checkpoint::vision::{VisionConfig, VisionWeights};
 
 /// What one image gives: the tower's last hidden state and the projected soft tokens.
 #[derive(Debug, Clone)]
@@ -62,7 +62,7 @@ impl VisionTower {
         unit: &mut dyn ComputeBackend,
         cfg: &VisionConfig,
         text_hidden: usize,
-        weights: &HfVisionWeights,
+        weights: &dyn VisionWeights,
     ) -> Result<Self, ModelError> {
         let mut up = Uploader {
             unit,
@@ -183,7 +183,7 @@ impl VisionTower {
             x,
             weight: norm,
             eps: cfg.eps,
-            weight_offset: 1.0,
+            weight_offset: weights.norm_offset(),
         });
         let proj = weights.tensor("projector.mm_input_projection_weight", &[h, text_hidden])?;
         let proj = up.transposed(&proj)?;
@@ -408,7 +408,7 @@ impl Uploader<'_> {
 fn bias(
     g: &mut GraphBuilder,
     up: &mut Uploader<'_>,
-    w: &HfVisionWeights,
+    w: &dyn VisionWeights,
     x: ValueId,
     name: &str,
     n: usize,
@@ -421,7 +421,7 @@ fn bias(
 fn linear(
     g: &mut GraphBuilder,
     up: &mut Uploader<'_>,
-    w: &HfVisionWeights,
+    w: &dyn VisionWeights,
     x: ValueId,
     name: &str,
     n: usize,
@@ -440,7 +440,7 @@ fn linear(
 fn layer_norm(
     g: &mut GraphBuilder,
     up: &mut Uploader<'_>,
-    w: &HfVisionWeights,
+    w: &dyn VisionWeights,
     x: ValueId,
     name: &str,
     h: usize,
