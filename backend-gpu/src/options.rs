@@ -28,6 +28,19 @@ pub fn tristate(options: &BackendOptions, key: &str, var: &str) -> Option<bool> 
     setting(options, key, var).map(|v| truthy(&v))
 }
 
+/// Option `precision` (else the environment variable `var`): `Ok(true)` for `"fast"` (the
+/// integer-dot decode kernels take 8-bit input), `Ok(false)` for `"exact"` or neither set, an
+/// error naming the option otherwise.
+pub fn fast_precision(options: &BackendOptions, var: &str) -> Result<bool, tandem_backend_api::BackendError> {
+    match setting(options, "precision", var).as_deref() {
+        None | Some("exact") => Ok(false),
+        Some("fast") => Ok(true),
+        Some(v) => Err(tandem_backend_api::BackendError::invalid(format!(
+            "backend option 'precision' must be 'exact' or 'fast', not '{v}'"
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -186,15 +186,7 @@ impl BackendPlugin for VulkanBackend {
         // the cache, with what it did on stderr (`pipeline_cache`).
         let pipeline_cache =
             cache_file::Mode::parse(setting(options, cache_file::OPTION, cache_file::VAR).as_deref());
-        let fast = match setting(options, "precision", PRECISION_VAR).as_deref() {
-            None | Some("exact") => false,
-            Some("fast") => true,
-            Some(v) => {
-                return Err(BackendError::invalid(format!(
-                    "backend option 'precision' must be 'exact' or 'fast', not '{v}'"
-                )))
-            }
-        };
+        let fast = tandem_gpu_kit::options::fast_precision(options, PRECISION_VAR)?;
         let mut gpu = Gpu::open(&DeviceRequest {
             device,
             validation,

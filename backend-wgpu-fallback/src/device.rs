@@ -125,15 +125,7 @@ impl Request {
             Some(v) => parse_features(&v)?,
             None => FeatureRequest::Auto,
         };
-        let fast = match setting(options, "precision", PRECISION_VAR).as_deref() {
-            None | Some("exact") => false,
-            Some("fast") => true,
-            Some(v) => {
-                return Err(BackendError::invalid(format!(
-                    "backend option 'precision' must be 'exact' or 'fast', not '{v}'"
-                )))
-            }
-        };
+        let fast = tandem_gpu_kit::options::fast_precision(options, PRECISION_VAR)?;
         // `memory_limit` is checked against the adapter's limits by the backend, once they are
         // known; a malformed size is refused here, before any adapter is opened.
         options.bytes(MEMORY_LIMIT)?;

@@ -42,20 +42,7 @@ impl WeightSource for HfWeights {
     }
 
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>, CheckpointError> {
-        let t = self
-            .ckpt
-            .get_with_shape(&format!("{}{name}", self.prefix), shape)?;
-        let dtype = match t.dtype {
-            StDtype::F32 => DType::F32,
-            StDtype::F16 => DType::F16,
-            StDtype::BF16 => DType::Bf16,
-        };
-        Ok(StoredTensor {
-            name: t.name.to_string(),
-            file: t.file,
-            desc: TensorDesc::new(dtype, shape.to_vec()),
-            data: t.data,
-        })
+        stored(&self.ckpt, &format!("{}{name}", self.prefix), shape)
     }
 
     fn norm_offset(&self) -> f32 {
@@ -69,6 +56,26 @@ impl WeightSource for HfWeights {
     fn location(&self) -> &Path {
         self.ckpt.source()
     }
+}
+
+/// Tensor `full_name` of `ckpt`, checked to have `shape`, as a [`StoredTensor`].
+pub(super) fn stored<'a>(
+    ckpt: &'a SafetensorsCheckpoint,
+    full_name: &str,
+    shape: &[usize],
+) -> Result<StoredTensor<'a>, CheckpointError> {
+    let t = ckpt.get_with_shape(full_name, shape)?;
+    let dtype = match t.dtype {
+        StDtype::F32 => DType::F32,
+        StDtype::F16 => DType::F16,
+        StDtype::BF16 => DType::Bf16,
+    };
+    Ok(StoredTensor {
+        name: t.name.to_string(),
+        file: t.file,
+        desc: TensorDesc::new(dtype, shape.to_vec()),
+        data: t.data,
+    })
 }
 
 /// Opens a Hugging Face model directory's config and weights.

@@ -14,12 +14,12 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use tandem_backend_api::{DType, TensorDesc};
+use tandem_backend_api::TensorDesc;
 
 use super::config::ConfigError;
 use super::error::CheckpointError;
 use super::gguf::reader::GgufFile;
-use super::safetensors::{SafetensorsCheckpoint, StDtype};
+use super::safetensors::SafetensorsCheckpoint;
 use super::source::StoredTensor;
 
 /// The vision tower's and projector's shapes, and the tokens that carry an image in the text.
@@ -264,18 +264,7 @@ impl VisionWeights for HfVisionWeights {
             Some(rest) => format!("{}{rest}", self.projector),
             None => format!("{}{name}", self.tower),
         };
-        let t = self.ckpt.get_with_shape(&full, shape)?;
-        let dtype = match t.dtype {
-            StDtype::F32 => DType::F32,
-            StDtype::F16 => DType::F16,
-            StDtype::BF16 => DType::Bf16,
-        };
-        Ok(StoredTensor {
-            name: t.name.to_string(),
-            file: t.file,
-            desc: TensorDesc::new(dtype, shape.to_vec()),
-            data: t.data,
-        })
+        super::hf::stored(&self.ckpt, &full, shape)
     }
 }
 

@@ -240,45 +240,28 @@ impl VisionTower {
                 ),
             });
         }
-        let patches = cfg.patches();
         let rows = patchify(cfg, pixels);
-        unit.write(self.patches_in, 0, bytemuck::cast_slice(&rows))
-            .map_err(backend("writing the image's patches"))?;
-        let positions: Vec<u32> = (0..patches as u32).collect();
-        let zeros = vec![0u32; patches];
-        let args = StepArgs {
-            tokens: &positions,
-            positions: &positions,
-            slots: &zeros,
-            select: &[],
-        };
-        let t = unit
-            .execute(self.tower, &args)
-            .map_err(backend("running the vision tower"))?;
-        unit.wait(t).map_err(backend("running the vision tower"))?;
-        let mut hidden = vec![0f32; patches * cfg.hidden];
-        unit.read(self.hidden_out, 0, bytemuck::cast_slice_mut(&mut hidden))
-            .map_err(backend("reading the vision tower's output"))?;
+        let hidden = run(
+            unit,
+            self.tower,
+            self.patches_in,
+            &rows,
+            cfg.patches(),
+            self.hidden_out,
+            cfg.hidden,
+            "the vision tower",
+        )?;
         let pooled = pool(cfg, &hidden);
-        unit.write(self.pooled_in, 0, bytemuck::cast_slice(&pooled))
-            .map_err(backend("writing the pooled image features"))?;
-        let n = cfg.tokens_per_image;
-        let ids: Vec<u32> = (0..n as u32).collect();
-        let zeros = vec![0u32; n];
-        let args = StepArgs {
-            tokens: &ids,
-            positions: &ids,
-            slots: &zeros,
-            select: &[],
-        };
-        let t = unit
-            .execute(self.projector, &args)
-            .map_err(backend("running the multimodal projector"))?;
-        unit.wait(t)
-            .map_err(backend("running the multimodal projector"))?;
-        let mut tokens = vec![0f32; n * self.text_hidden];
-        unit.read(self.tokens_out, 0, bytemuck::cast_slice_mut(&mut tokens))
-            .map_err(backend("reading the image's soft tokens"))?;
+        let tokens = run(
+            unit,
+            self.projector,
+            self.pooled_in,
+            &pooled,
+            cfg.tokens_per_image,
+            self.tokens_out,
+            self.text_hidden,
+            "the multimodal projector",
+        )?;
         Ok(ImageEncoding { hidden, tokens })
     }
 
@@ -293,6 +276,40 @@ impl VisionTower {
         }
         Ok(())
     }
+}
+
+/// Writes `input` to `into`, runs `program` over its `rows` rows (each row's token id and
+/// position its index, as the position embedding reads them) and reads back `width` values a
+/// row from `out`.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    unit: &mut dyn ComputeBackend,
+    program: ProgramId,
+    into: BufferId,
+    input: &[f32],
+    rows: usize,
+    out: BufferId,
+    width: usize,
+    what: &str,
+) -> Result<Vec<f32>, ModelError> {
+    unit.write(into, 0, bytemuck::cast_slice(input))
+        .map_err(backend(format!("writing the input of {what}")))?;
+    let ids: Vec<u32> = (0..rows as u32).collect();
+    let zeros = vec![0u32; rows];
+    let args = StepArgs {
+        tokens: &ids,
+        positions: &ids,
+        slots: &zeros,
+        select: &[],
+    };
+    let t = unit
+        .execute(program, &args)
+        .map_err(backend(format!("running {what}")))?;
+    unit.wait(t).map_err(backend(format!("running {what}")))?;
+    let mut values = vec![0f32; rows * width];
+    unit.read(out, 0, bytemuck::cast_slice_mut(&mut values))
+        .map_err(backend(format!("reading the output of {what}")))?;
+    Ok(values)
 }
 
 /// The image's patches as the tower's input rows: patch `(py, px)` is row `py * side + px`,
