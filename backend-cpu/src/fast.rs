@@ -1146,7 +1146,7 @@ mod avx2 {
     /// The eight 6-bit scales and eight 6-bit minimums of a `q4_k` block's 12 packed bytes
     /// (the values `k_scale_min` gives one at a time), each as the bytes of a `u64`.
     #[inline(always)]
-    fn q4k_scales_mins(p: &[u8]) -> (u64, u64) {
+    pub(super) fn q4k_scales_mins(p: &[u8]) -> (u64, u64) {
         let w = |i: usize| u32::from_le_bytes([p[4 * i], p[4 * i + 1], p[4 * i + 2], p[4 * i + 3]]);
         let (u0, u1, u2) = (w(0), w(1), w(2));
         let sc_lo = u0 & 0x3f3f_3f3f;

@@ -177,8 +177,8 @@ pub struct CpuBackend {
     /// covers through 16-bit quantized activations; `"reference"` (`None`) keeps every op on
     /// the plain `kernels` (the oracle).
     kernels: Option<KernelSet>,
-    /// Backend option `precision`: `"fast"` (the default) takes decode products on `q8_0`
-    /// weights through 8-bit activations where the CPU has AVX-512 VNNI (`fast::int8`), as
+    /// Backend option `precision`: `"fast"` (the default) takes decode products on `q8_0` and
+    /// `q4_k` weights through 8-bit activations where the CPU has AVX-512 VNNI (`fast::int8`), as
     /// ggml does, judged on the real model by `engine perplexity --kl-divergence`
     /// (docs/precision.md); `"exact"` keeps 16-bit activations in every product (the
     /// conformance suite and the reference tests run it).
