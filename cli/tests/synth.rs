@@ -95,3 +95,38 @@ fn an_existing_out_file_is_kept_unless_force_is_given() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(&std::fs::read(&out).unwrap()[..4], b"GGUF");
 }
+
+/// `--mmproj` writes the shape's vision tower beside the model (tiny here), and a shape without
+/// one is refused before anything is written.
+#[test]
+fn mmproj_files_are_written_for_shapes_with_a_vision_tower_only() {
+    let install = Install::new(&["cpu"]);
+    let (out, mm) = (
+        install.path().join("t.gguf"),
+        install.path().join("t-mmproj.gguf"),
+    );
+    let args = |shape: &str| {
+        vec![
+            "synth".to_string(),
+            "--shape".into(),
+            shape.into(),
+            "--out".into(),
+            out.to_str().unwrap().into(),
+            "--mmproj".into(),
+            mm.to_str().unwrap().into(),
+            "--force".into(),
+        ]
+    };
+    let run = |shape: &str| {
+        let a = args(shape);
+        install.run(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let o = run("tiny");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::metadata(&mm).is_ok_and(|m| m.len() > 0));
+    std::fs::remove_file(&out).unwrap();
+    let o = run("gemma3-270m");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("no vision tower"), "{err}");
+    assert!(!out.exists(), "the model was written before the refusal");
+}

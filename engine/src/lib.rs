@@ -14,7 +14,7 @@
 
 /// What a front end (the CLI, a server) needs to load a model and generate, in one place: the
 /// modules below stay reachable for the rest (bench, serve, chat templates, file formats).
-pub use checkpoint::synth::{write_synthetic_gguf, SynthDtype, SynthShape};
+pub use checkpoint::synth::{write_synthetic_gguf, write_synthetic_mmproj, SynthDtype, SynthShape};
 pub use model::files::{open_model, DEFAULT_MODEL_FILE};
 pub use runtime::environment::prepare_for_gpu_probes;
 pub use runtime::load::{load, plan, KvCacheType, LoadError, Loaded, ModelOptions, Planned};

@@ -98,3 +98,27 @@ fn the_tower_and_projector_match_transformers_on_the_cpu() {
     assert!(err.to_string().contains("pixel values"), "{err}");
     tower.free(cpu.as_mut()).expect("free");
 }
+
+/// `engine synth --mmproj`'s file (the tiny shape's tower) loads and runs on the CPU: finite
+/// soft tokens of the text model's width, four of them.
+#[test]
+fn a_synthetic_mmproj_runs_on_the_cpu() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("mmproj.gguf");
+    tandem_engine::write_synthetic_mmproj(tandem_engine::SynthShape::Tiny, &path, 1, &mut |_, _| {})
+        .expect("write");
+    let (cfg, weights) = MmprojWeights::open(&path).expect("open");
+    let text = weights.projection_dim().expect("projection_dim");
+    let mut cpu = tandem_conformance::discover()
+        .create("cpu", &tandem_conformance::options_for("cpu"))
+        .expect("the cpu backend");
+    let mut tower = VisionTower::load(cpu.as_mut(), &cfg, text, &weights).expect("load");
+    let pixels: Vec<f32> = (0..3 * cfg.image_size * cfg.image_size)
+        .map(|i| ((i % 17) as f32 / 8.0) - 1.0)
+        .collect();
+    let got = tower.encode(cpu.as_mut(), &pixels).expect("encode");
+    assert_eq!(got.tokens.len(), cfg.tokens_per_image * text);
+    assert!(got.tokens.iter().all(|v| v.is_finite()), "non-finite soft tokens");
+    assert!(got.tokens.iter().any(|v| *v != 0.0), "all-zero soft tokens");
+    tower.free(cpu.as_mut()).expect("free");
+}

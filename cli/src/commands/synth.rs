@@ -4,7 +4,7 @@
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
-use tandem_engine::{write_synthetic_gguf, SynthDtype, SynthShape};
+use tandem_engine::{write_synthetic_gguf, write_synthetic_mmproj, SynthDtype, SynthShape};
 
 use crate::Context;
 
@@ -23,17 +23,29 @@ pub struct Args {
     /// Seed of the random weights.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Overwrite `--out` if it exists.
+    /// Overwrite `--out` (and `--mmproj`) if it exists.
     #[arg(long)]
     force: bool,
+    /// Also write a random vision tower for the shape to this file, in llama.cpp's mmproj GGUF
+    /// layout (4B, 12B, 27B and tiny have one).
+    #[arg(long, value_name = "FILE")]
+    mmproj: Option<PathBuf>,
 }
 
 /// Runs the command.
 pub fn run(_ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let shape: SynthShape = args.shape.parse()?;
     let dtype: SynthDtype = args.dtype.parse()?;
-    if !args.force && args.out.exists() {
-        anyhow::bail!("{} exists; pass --force to overwrite it", args.out.display());
+    if args.mmproj.is_some() && !shape.has_vision() {
+        anyhow::bail!(
+            "--mmproj: Gemma 3 {} has no vision tower (4B, 12B and 27B have one; tiny for tests)",
+            shape.name()
+        );
+    }
+    for out in std::iter::once(&args.out).chain(&args.mmproj) {
+        if !args.force && out.exists() {
+            anyhow::bail!("{} exists; pass --force to overwrite it", out.display());
+        }
     }
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::new(0);
@@ -53,14 +65,20 @@ pub fn run(_ctx: &Context, args: &Args) -> anyhow::Result<()> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    writeln!(
-        std::io::stdout().lock(),
-        "wrote {} ({} bytes, {} tensors, {} parameters) in {:.1} s",
-        report.path.display(),
-        report.bytes,
-        report.tensors,
-        report.params,
-        t0.elapsed().as_secs_f64()
-    )?;
+    let say = |report: &tandem_engine::checkpoint::synth::SynthReport| {
+        writeln!(
+            std::io::stdout().lock(),
+            "wrote {} ({} bytes, {} tensors, {} parameters) in {:.1} s",
+            report.path.display(),
+            report.bytes,
+            report.tensors,
+            report.params,
+            t0.elapsed().as_secs_f64()
+        )
+    };
+    say(&report)?;
+    if let Some(path) = &args.mmproj {
+        say(&write_synthetic_mmproj(shape, path, args.seed, &mut |_, _| {})?)?;
+    }
     Ok(())
 }

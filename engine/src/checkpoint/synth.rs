@@ -292,6 +292,12 @@ pub enum SynthError {
         /// The name given.
         name: String,
     },
+    /// An mmproj file was asked of a shape without a vision tower.
+    #[error("Gemma 3 {shape} has no vision tower (4B, 12B and 27B have one; tiny for tests)")]
+    NoVision {
+        /// The shape's name.
+        shape: &'static str,
+    },
     /// Describing or writing the GGUF file failed (the error names the file).
     #[error(transparent)]
     Gguf(#[from] GgufWriteError),
@@ -327,6 +333,137 @@ pub fn write_synthetic_gguf(
         .map_or(1, |n| n.get())
         .min(16);
     write_with_threads(shape, dtype, out, seed, progress, threads)
+}
+
+/// The vision tower an mmproj file of `shape` holds: Gemma 3's SigLIP (896 / 14, 1152 wide, 27
+/// layers, 256 soft tokens) for the multimodal sizes, a test-sized one for `tiny` (56 / 14, 32
+/// wide, 2 layers, 4 soft tokens); `None` for the text-only sizes (270M and 1B).
+/// (image_size, patch_size, hidden, intermediate, layers, heads, pool scale).
+fn vision_dims(shape: SynthShape) -> Option<(u32, u32, u64, u64, u64, u32, u32)> {
+    match shape {
+        SynthShape::Tiny => Some((56, 14, 32, 48, 2, 2, 2)),
+        SynthShape::Gemma3_4b | SynthShape::Gemma3_12b | SynthShape::Gemma3_27b => {
+            Some((896, 14, 1152, 4304, 27, 16, 4))
+        }
+        _ => None,
+    }
+}
+
+impl SynthShape {
+    /// Whether the shape has a vision tower ([`write_synthetic_mmproj`] writes one).
+    pub fn has_vision(self) -> bool {
+        vision_dims(self).is_some()
+    }
+}
+
+/// Writes a synthetic mmproj GGUF (llama.cpp's layout for `clip.projector_type = "gemma3"`: `v.*`
+/// tower tensors in f16 with f32 biases and norms, `mm.*` projector) for the text model of
+/// `shape`, with weights from `seed`: the vision tower a `--mmproj` run loads, for benchmarks
+/// where the real file cannot travel. Shapes without a vision tower are an error.
+pub fn write_synthetic_mmproj(
+    shape: SynthShape,
+    out: &Path,
+    seed: u64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<SynthReport, SynthError> {
+    let (image, patch, h, ff, layers, heads, scale) =
+        vision_dims(shape).ok_or_else(|| SynthError::NoVision { shape: shape.name() })?;
+    let text = shape.dims().hidden;
+    let mut w = GgufWriter::new();
+    w.add_metadata("general.architecture", "clip")?;
+    w.add_metadata(
+        "general.name",
+        format!("Gemma 3 {} synthetic mmproj", shape.name()),
+    )?;
+    w.add_metadata("clip.projector_type", "gemma3")?;
+    w.add_metadata("clip.has_vision_encoder", true)?;
+    w.add_metadata("clip.use_gelu", true)?;
+    w.add_metadata("clip.vision.image_size", image)?;
+    w.add_metadata("clip.vision.patch_size", patch)?;
+    w.add_metadata("clip.vision.embedding_length", h as u32)?;
+    w.add_metadata("clip.vision.feed_forward_length", ff as u32)?;
+    w.add_metadata("clip.vision.block_count", layers as u32)?;
+    w.add_metadata("clip.vision.attention.head_count", heads)?;
+    w.add_metadata("clip.vision.attention.layer_norm_epsilon", 1e-6f32)?;
+    w.add_metadata("clip.vision.projection_dim", text as u32)?;
+    w.add_metadata("clip.vision.projector.scale_factor", scale)?;
+    w.add_metadata("clip.vision.image_mean", vec![0.5f32; 3])?;
+    w.add_metadata("clip.vision.image_std", vec![0.5f32; 3])?;
+    let patches = u64::from(image / patch).pow(2);
+    let p = u64::from(patch);
+    let mut plan: Vec<(TensorSpec, Init)> = Vec::new();
+    let mut add = |name: String, dims: &[u64], dtype: DType, init: Init| {
+        plan.push((TensorSpec::new(name, dims, dtype), init));
+    };
+    add(
+        "v.patch_embd.weight".into(),
+        &[p, p, 3, h],
+        DType::F16,
+        Init::Matrix,
+    );
+    add("v.patch_embd.bias".into(), &[h], DType::F32, Init::Matrix);
+    add(
+        "v.position_embd.weight".into(),
+        &[h, patches],
+        DType::F16,
+        Init::Matrix,
+    );
+    for l in 0..layers {
+        for (name, dims) in [
+            ("attn_q", [h, h]),
+            ("attn_k", [h, h]),
+            ("attn_v", [h, h]),
+            ("attn_out", [h, h]),
+            ("ffn_up", [h, ff]),
+            ("ffn_down", [ff, h]),
+        ] {
+            add(
+                format!("v.blk.{l}.{name}.weight"),
+                &dims,
+                DType::F16,
+                Init::Matrix,
+            );
+            add(
+                format!("v.blk.{l}.{name}.bias"),
+                &[dims[1]],
+                DType::F32,
+                Init::Matrix,
+            );
+        }
+        for ln in ["ln1", "ln2"] {
+            add(format!("v.blk.{l}.{ln}.weight"), &[h], DType::F32, Init::Norm);
+            add(format!("v.blk.{l}.{ln}.bias"), &[h], DType::F32, Init::Matrix);
+        }
+    }
+    add("v.post_ln.weight".into(), &[h], DType::F32, Init::Norm);
+    add("v.post_ln.bias".into(), &[h], DType::F32, Init::Matrix);
+    add("mm.soft_emb_norm.weight".into(), &[h], DType::F32, Init::Norm);
+    add(
+        "mm.input_projection.weight".into(),
+        &[text, h],
+        DType::F16,
+        Init::Matrix,
+    );
+    for (spec, _) in &plan {
+        w.add_tensor(spec.clone())?;
+    }
+    let total = w.file_len();
+    let params = plan.iter().map(|(spec, _)| spec.elems().unwrap_or(0)).sum();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(16);
+    let bytes = w.write_file(out, |i, sink: &mut TensorSink<'_>| -> Result<(), SynthError> {
+        progress(sink.position(), total);
+        let (spec, init) = &plan[i];
+        write_tensor(spec, *init, seed, sink, threads, out, progress, total)
+    })?;
+    progress(bytes, total);
+    Ok(SynthReport {
+        path: out.to_path_buf(),
+        bytes,
+        tensors: plan.len(),
+        params,
+    })
 }
 
 /// How a tensor's values are drawn.
@@ -765,6 +902,22 @@ impl RowJob {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_mmproj_of_a_shape_opens_as_its_vision_tower() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mmproj.gguf");
+        let report = write_synthetic_mmproj(SynthShape::Tiny, &path, 7, &mut |_, _| {}).unwrap();
+        assert_eq!(report.tensors, 3 + 2 * 16 + 4);
+        let (cfg, weights) = crate::checkpoint::vision::MmprojWeights::open(&path).unwrap();
+        assert_eq!(
+            (cfg.hidden, cfg.layers, cfg.patches(), cfg.tokens_per_image),
+            (32, 2, 16, 4)
+        );
+        assert_eq!(weights.projection_dim().unwrap(), 256);
+        let err = write_synthetic_mmproj(SynthShape::Gemma3_1b, &path, 7, &mut |_, _| {}).unwrap_err();
+        assert!(err.to_string().contains("no vision tower"), "{err}");
+    }
     use crate::checkpoint::gguf::value::{GgufArray, GgufValue};
     use crate::checkpoint::gguf::writer::ggml_type_id;
     use crate::checkpoint::gguf::writer::test_reader::{parse, Parsed};
