@@ -329,10 +329,7 @@ pub fn write_synthetic_gguf(
     seed: u64,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<SynthReport, SynthError> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(16);
-    write_with_threads(shape, dtype, out, seed, progress, threads)
+    write_with_threads(shape, dtype, out, seed, progress, writer_threads())
 }
 
 /// The vision tower an mmproj file of `shape` holds: Gemma 3's SigLIP (896 / 14, 1152 wide, 27
@@ -444,26 +441,7 @@ pub fn write_synthetic_mmproj(
         DType::F16,
         Init::Matrix,
     );
-    for (spec, _) in &plan {
-        w.add_tensor(spec.clone())?;
-    }
-    let total = w.file_len();
-    let params = plan.iter().map(|(spec, _)| spec.elems().unwrap_or(0)).sum();
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(16);
-    let bytes = w.write_file(out, |i, sink: &mut TensorSink<'_>| -> Result<(), SynthError> {
-        progress(sink.position(), total);
-        let (spec, init) = &plan[i];
-        write_tensor(spec, *init, seed, sink, threads, out, progress, total)
-    })?;
-    progress(bytes, total);
-    Ok(SynthReport {
-        path: out.to_path_buf(),
-        bytes,
-        tensors: plan.len(),
-        params,
-    })
+    write_plan(w, &plan, out, seed, progress, writer_threads())
 }
 
 /// How a tensor's values are drawn.
@@ -485,8 +463,20 @@ fn write_with_threads(
 ) -> Result<SynthReport, SynthError> {
     let mut writer = GgufWriter::new();
     add_metadata(&mut writer, shape, dtype)?;
-    let plan = tensor_plan(shape, dtype);
-    for (spec, _) in &plan {
+    write_plan(writer, &tensor_plan(shape, dtype), out, seed, progress, threads)
+}
+
+/// Adds the tensors of `plan` to `writer` (its metadata already added) and writes the file:
+/// each tensor's values drawn by its `Init` from `seed`, encoded on `threads` threads.
+fn write_plan(
+    mut writer: GgufWriter,
+    plan: &[(TensorSpec, Init)],
+    out: &Path,
+    seed: u64,
+    progress: &mut dyn FnMut(u64, u64),
+    threads: usize,
+) -> Result<SynthReport, SynthError> {
+    for (spec, _) in plan {
         writer.add_tensor(spec.clone())?;
     }
     let total = writer.file_len();
@@ -503,6 +493,13 @@ fn write_with_threads(
         tensors: plan.len(),
         params,
     })
+}
+
+/// Threads that encode a synthetic file's tensors: the machine's, at most 16.
+fn writer_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(16)
 }
 
 /// The metadata of a llama.cpp-converted Gemma 3, in the order llama.cpp writes it.
