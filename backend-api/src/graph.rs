@@ -59,11 +59,17 @@ pub enum Op {
         selected: bool,
     },
     /// `out[r, :] = table[tokens[r], :] * scale`, table `[vocab, hidden]` of any weight dtype.
+    /// With `extra`, token ids past the vocabulary read it: `out[r, :] = extra[tokens[r] -
+    /// vocab, :]`, not scaled.
     Embed {
         /// The embedding table.
         table: WeightRef,
         /// Multiplier applied after the lookup (Gemma: `sqrt(hidden)`).
         scale: f32,
+        /// Rows past the vocabulary: an f32 `[n, hidden]` table (the soft tokens of images,
+        /// which the host rewrites between steps). Token ids `vocab ..< vocab + n` are valid.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        extra: Option<WeightRef>,
     },
     /// RMS normalisation of each group of `weight.len` consecutive columns:
     /// `y = x / sqrt(mean(x^2) + eps) * (weight_offset + w)`, in f32. With a weight of
@@ -109,6 +115,13 @@ pub enum Op {
     /// slot, where `p = positions[r]` and `lo = p + 1 - window` with a window, else 0:
     /// `s_j = scale * q . k_j`, optionally `s_j = softcap * tanh(s_j / softcap)`,
     /// `out = sum_j softmax(s)_j v_j`. Output `[rows, heads * head_dim]`.
+    ///
+    /// With `bidirectional_from = Some(t)`, rows whose token id is at least `t` (the soft tokens
+    /// of an image) see their whole block: a block is a run of consecutive step rows of one slot
+    /// at consecutive positions whose tokens are all `>= t`, and each of its rows sees up to the
+    /// block's last position, `lo ..= end` with `lo` from its own position as above (Gemma 3's
+    /// image mask). [`crate::kit::step::visible_ends`] gives every row's `end`. A block must lie
+    /// within one step.
     Attention {
         /// Queries `[rows, heads * head_dim]`.
         q: ValueId,
@@ -130,6 +143,9 @@ pub enum Op {
         window: Option<usize>,
         /// Soft-capping of the scores.
         softcap: Option<f32>,
+        /// Token ids from which rows attend bidirectionally within their block (see above).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bidirectional_from: Option<u32>,
     },
     /// `gelu_tanh(gate) * up`, with
     /// `gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`.
@@ -330,9 +346,8 @@ impl Op {
     /// The weights this op reads.
     pub fn weights(&self) -> Vec<&WeightRef> {
         match self {
-            Op::Embed { table: w, .. } | Op::RmsNorm { weight: w, .. } | Op::MatMul { weight: w, .. } => {
-                vec![w]
-            }
+            Op::Embed { table, extra, .. } => std::iter::once(table).chain(extra.as_ref()).collect(),
+            Op::RmsNorm { weight: w, .. } | Op::MatMul { weight: w, .. } => vec![w],
             Op::LayerNorm { weight, bias, .. } => vec![weight, bias],
             Op::Bias { bias, .. } => vec![bias],
             _ => vec![],
@@ -344,9 +359,10 @@ impl Op {
     pub fn buffers_mut(&mut self) -> Vec<&mut BufferId> {
         match self {
             Op::Input { buffer, .. } | Op::Output { buffer, .. } => vec![buffer],
-            Op::Embed { table: w, .. } | Op::RmsNorm { weight: w, .. } | Op::MatMul { weight: w, .. } => {
-                vec![&mut w.buffer]
-            }
+            Op::Embed { table, extra, .. } => std::iter::once(&mut table.buffer)
+                .chain(extra.as_mut().map(|e| &mut e.buffer))
+                .collect(),
+            Op::RmsNorm { weight: w, .. } | Op::MatMul { weight: w, .. } => vec![&mut w.buffer],
             Op::Attention { cache, .. } => vec![&mut cache.k, &mut cache.v],
             Op::LayerNorm { weight, bias, .. } => vec![&mut weight.buffer, &mut bias.buffer],
             Op::Bias { bias, .. } => vec![&mut bias.buffer],
@@ -463,8 +479,17 @@ impl Graph {
                     };
                     vec![ValueShape { rows, cols: *cols }]
                 }
-                Op::Embed { table, .. } => {
+                Op::Embed { table, extra, .. } => {
                     let (_, hidden) = weight_2d(table)?;
+                    if let Some(extra) = extra {
+                        let (_, cols) = weight_2d(extra)?;
+                        if cols != hidden || extra.desc.dtype != DType::F32 {
+                            return Err(err(format!(
+                                "the extra rows must be f32 [n, {hidden}], found {} {:?}",
+                                extra.desc.dtype, extra.desc.shape
+                            )));
+                        }
+                    }
                     vec![step(hidden)]
                 }
                 Op::RmsNorm { x, weight, eps, .. } => {
@@ -815,6 +840,7 @@ mod tests {
             scale: 1.0,
             window: None,
             softcap: None,
+            bidirectional_from: None,
         };
         let ids: Vec<u64> = att.buffers_mut().into_iter().map(|b| b.0).collect();
         assert_eq!(ids, vec![5, 6]);

@@ -120,7 +120,7 @@ fn attention(c: &mut Criterion) {
         let pos = [ctx as u32 - 1];
         group.throughput(Throughput::Bytes(2 * cache.len() as u64));
         group.bench_with_input(BenchmarkId::new("reference", ctx), &ctx, |b, _| {
-            b.iter(|| kernels::attend(&pool, &s, &q, &pos, &[0], cache, cache, &mut out))
+            b.iter(|| kernels::attend(&pool, &s, &q, &pos, &pos, &[0], cache, cache, &mut out))
         });
         assert!(
             attention::attend(&pool, None, &s, &q, &pos, &[0], cache, cache, &mut out),

@@ -854,7 +854,7 @@ mod tests {
         };
         let q = vals(positions.len() * s.heads * s.head_dim, seed + 2);
         let mut want = vec![0f32; q.len()];
-        kernels::attend(pool, s, &q, positions, slots, &kb, &vb, &mut want);
+        kernels::attend(pool, s, &q, positions, positions, slots, &kb, &vb, &mut want);
         let mut got = vec![0f32; q.len()];
         let (kc, vc): (&[u8], &[u8]) = match s.cache_dtype {
             DType::F16 => (bytemuck::cast_slice(&kh), bytemuck::cast_slice(&vh)),

@@ -13,11 +13,18 @@ use crate::weight::WeightView;
 const MATMUL_CHUNK: usize = 16;
 
 /// `Op::Embed`.
-pub fn embed(table: WeightView, tokens: &[u32], scale: f32, out: &mut [f32]) {
+pub fn embed(table: WeightView, extra: Option<WeightView>, tokens: &[u32], scale: f32, out: &mut [f32]) {
+    let vocab = table.n;
     for (row, &t) in out.chunks_exact_mut(table.k).zip(tokens) {
-        table.decode(t as usize, row);
-        for v in row.iter_mut() {
-            *v *= scale;
+        match extra {
+            // Past the vocabulary: the extra rows, as they are (the step check bounds `t`).
+            Some(e) if t as usize >= vocab => e.decode(t as usize - vocab, row),
+            _ => {
+                table.decode(t as usize, row);
+                for v in row.iter_mut() {
+                    *v *= scale;
+                }
+            }
         }
     }
 }
@@ -169,6 +176,7 @@ pub fn attend(
     s: &AttentionShape,
     q: &[f32],
     positions: &[u32],
+    ends: &[u32],
     slots: &[u32],
     kc: &[u8],
     vc: &[u8],
@@ -180,17 +188,18 @@ pub fn attend(
         out.par_chunks_mut(qcols).enumerate().for_each_init(
             || (vec![0f32; s.capacity], vec![0f32; hd], vec![0f32; hd]),
             |(scores, kbuf, vbuf), (r, orow)| {
-                let p = positions[r];
+                // Rows of an image block see up to its end (`Op::Attention`'s `bidirectional_from`).
+                let (p, end) = (positions[r], ends[r].max(positions[r]));
                 let lo = match s.window {
                     Some(w) => (p + 1).saturating_sub(w as u32),
                     None => 0,
                 };
-                let n = (p - lo + 1) as usize;
+                let n = (end - lo + 1) as usize;
                 for h in 0..s.heads {
                     let g = h / group;
                     let qh = &q[r * qcols + h * hd..r * qcols + (h + 1) * hd];
                     let mut max = f32::NEG_INFINITY;
-                    for (j, pos) in (lo..=p).enumerate() {
+                    for (j, pos) in (lo..=end).enumerate() {
                         let at = s.at(slots[r], pos) + g * hd * s.elem();
                         decode_row(s.cache_dtype, &kc[at..at + hd * s.elem()], kbuf);
                         let mut sc = dot(qh, kbuf) * s.scale;
@@ -207,7 +216,7 @@ pub fn attend(
                     }
                     let oh = &mut orow[h * hd..(h + 1) * hd];
                     oh.fill(0.0);
-                    for (j, pos) in (lo..=p).enumerate() {
+                    for (j, pos) in (lo..=end).enumerate() {
                         let at = s.at(slots[r], pos) + g * hd * s.elem();
                         decode_row(s.cache_dtype, &vc[at..at + hd * s.elem()], vbuf);
                         let wgt = scores[j] / sum;

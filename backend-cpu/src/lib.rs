@@ -105,6 +105,9 @@ struct Program {
     scratch: usize,
     /// Decoded norm weights (largest group).
     norm_weight: Vec<f32>,
+    /// Each row's last visible position for attention (`kit::step::visible_ends`), sized at
+    /// compile time.
+    ends: Vec<u32>,
     /// Seconds each node took in the last execution, where the backend option `profile` is on
     /// (empty otherwise).
     times: Vec<f64>,
@@ -425,6 +428,7 @@ impl CpuBackend {
             slots,
             scratch,
             norm_weight: vec![0f32; norm],
+            ends: Vec::with_capacity(graph.rows),
             times: Vec::new(),
         };
         Ok((program, buffers))
@@ -477,9 +481,10 @@ impl CpuBackend {
                     let src: &[f32] = bytemuck::cast_slice(&b[..out.len() * 4]);
                     out.copy_from_slice(src);
                 }
-                Op::Embed { table, scale } => {
+                Op::Embed { table, scale, extra } => {
                     let t = self.weight_view(table)?;
-                    kernels::embed(t, args.tokens, *scale, out);
+                    let e = extra.as_ref().map(|e| self.weight_view(e)).transpose()?;
+                    kernels::embed(t, e, args.tokens, *scale, out);
                 }
                 Op::RmsNorm {
                     x,
@@ -602,6 +607,7 @@ impl CpuBackend {
                     scale,
                     window,
                     softcap,
+                    bidirectional_from,
                 } => {
                     let shape = AttentionShape {
                         heads: *heads,
@@ -623,7 +629,12 @@ impl CpuBackend {
                         kbuf.bytes_mut(),
                         vbuf.bytes_mut(),
                     );
+                    // Rows of an image block see past their own position: the reference kernel
+                    // takes each row's end (an image's prompt chunk only).
+                    tandem_backend_api::kit::step::visible_ends(args, *bidirectional_from, &mut prog.ends);
+                    let blocks = prog.ends != args.positions;
                     let fast = self.kernels.is_some()
+                        && !blocks
                         && attention::attend(
                             &self.pool,
                             self.spin.as_ref(),
@@ -641,6 +652,7 @@ impl CpuBackend {
                             &shape,
                             v(q),
                             args.positions,
+                            &prog.ends,
                             args.slots,
                             kbuf.bytes(),
                             vbuf.bytes(),

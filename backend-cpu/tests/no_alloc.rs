@@ -108,6 +108,7 @@ fn decode_steps_allocate_nothing() {
         scale: 0.2,
         window: None,
         softcap: None,
+        bidirectional_from: None,
     });
     let y = g.push1(Op::MatMul {
         x: a,

@@ -22,6 +22,9 @@ pub struct Coverage {
     /// Whether an f16 KV cache must have an even width (`kv_heads * head_dim`), its values
     /// stored two per 32-bit word.
     pub f16_kv_pairs: bool,
+    /// Whether the kernels take images' rows: `Op::Embed`'s `extra` rows and `Op::Attention`'s
+    /// `bidirectional_from` blocks.
+    pub image_rows: bool,
 }
 
 impl Coverage {
@@ -41,6 +44,15 @@ pub fn op_support(op: &Op, coverage: &Coverage) -> Result<(), String> {
             Some(max) if *k == 0 || *k > max => Err(format!("top_k of {k} (1 to {max})")),
             _ => Ok(()),
         },
+        Op::Embed { extra: Some(_), .. }
+        | Op::Attention {
+            bidirectional_from: Some(_),
+            ..
+        } if !coverage.image_rows => Err(format!(
+            "{} with images' rows has no {} kernel yet (the CPU backend runs it)",
+            op.kind(),
+            coverage.kernels
+        )),
         Op::Embed { table: w, .. } | Op::MatMul { weight: w, .. } => {
             let d = w.desc.dtype;
             if !(coverage.weight_format)(d) {
@@ -122,6 +134,7 @@ mod tests {
             max_head_dim: 512,
             top_k_max: None,
             f16_kv_pairs: false,
+            image_rows: false,
         }
     }
 
@@ -163,6 +176,7 @@ mod tests {
             scale: 1.0,
             window: None,
             softcap: None,
+            bidirectional_from: None,
         }
     }
 

@@ -156,6 +156,7 @@ pub(crate) const COVERAGE: Coverage = Coverage {
     max_head_dim: 512,
     top_k_max: None,
     f16_kv_pairs: false,
+    image_rows: false,
 };
 
 impl BackendPlugin for VulkanBackend {
@@ -998,6 +999,7 @@ mod tests {
                 desc: table,
             },
             scale: 1.0,
+            extra: None,
         });
         g.push(Op::Output { x: e, buffer: out });
         let graph = g.finish();

@@ -91,6 +91,7 @@ mod tests {
             scale: 1.0,
             window: None,
             softcap: None,
+            bidirectional_from: None,
         }); // 8
         let an = norm(&mut g, a, heads * hd); // 9
         let s = g.push1(Op::Add { a: h, b: an }); // 10

@@ -405,6 +405,7 @@ pub const COVERAGE: tandem_gpu_kit::Coverage = tandem_gpu_kit::Coverage {
     max_head_dim: 512,
     top_k_max: Some(tandem_backend_api::TOP_K_MAX),
     f16_kv_pairs: true,
+    image_rows: false,
 };
 
 /// Whether the kernels decode weights stored in `dtype`.

@@ -971,6 +971,7 @@ mod tests {
                 desc: table,
             },
             scale: 1.0,
+            extra: None,
         });
         g.push(Op::Output { x: e, buffer: out });
         g.finish()

@@ -440,7 +440,7 @@ impl WgpuBackend {
                     size: (value_rows(graph, &s) * s.cols * 4) as u64,
                 });
             }
-            Op::Embed { table, scale } => {
+            Op::Embed { table, scale, .. } => {
                 let (vocab, cols) = (table.desc.shape[0], table.desc.shape[1]);
                 let dt = table.desc.dtype;
                 let format = Format::for_rows(dt, cols)
@@ -803,6 +803,7 @@ impl WgpuBackend {
             scale,
             window,
             softcap,
+            ..
         } = &node.op
         else {
             return Err(BackendError::internal(format!("node {i} is not an attention")));

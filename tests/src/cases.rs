@@ -268,7 +268,11 @@ fn embed(dtype: DType, vocab: usize, hidden: usize, tokens: Vec<u32>) -> Case {
         steps: vec![step],
         build: Box::new(move |c| {
             let t = c.weight(dtype, &[vocab, hidden], &table)?;
-            let e = c.push1(Op::Embed { table: t, scale });
+            let e = c.push1(Op::Embed {
+                table: t,
+                scale,
+                extra: None,
+            });
             c.output(e, rows * hidden)
         }),
         expected,
@@ -683,6 +687,7 @@ fn attention(
                 scale: scale as f32,
                 window,
                 softcap: softcap.map(|s| s as f32),
+                bidirectional_from: None,
             });
             c.output(o, rows * qc)
         }),
@@ -885,6 +890,7 @@ fn qk_norm_rope_attention_outputs(
                 scale: scale as f32,
                 window,
                 softcap: softcap.map(|s| s as f32),
+                bidirectional_from: None,
             });
             c.output(o, rows * qc)?;
             if k_out {

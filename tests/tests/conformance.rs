@@ -200,6 +200,7 @@ fn bad_graphs_and_steps_are_errors_not_panics() {
             .supports(&Op::Embed {
                 table: table.clone(),
                 scale: 1.0,
+                extra: None,
             })
             .is_yes()
         {
@@ -217,6 +218,7 @@ fn bad_graphs_and_steps_are_errors_not_panics() {
                 ..table.clone()
             },
             scale: 1.0,
+            extra: None,
         });
         g.push(Op::Output { x: e, buffer: out });
         let err = be.compile(&g.finish()).unwrap_err().to_string();
@@ -227,6 +229,7 @@ fn bad_graphs_and_steps_are_errors_not_panics() {
         let e = g.push1(Op::Embed {
             table: table.clone(),
             scale: 1.0,
+            extra: None,
         });
         let bad = g.push(Op::MatMul {
             x: e,
@@ -248,6 +251,7 @@ fn bad_graphs_and_steps_are_errors_not_panics() {
         let e = g.push1(Op::Embed {
             table: table.clone(),
             scale: 1.0,
+            extra: None,
         });
         g.push(Op::Output { x: e, buffer: out });
         let p = be.compile(&g.finish()).unwrap();
@@ -389,6 +393,7 @@ fn attention_positions_past_the_cache_are_errors() {
             scale: 0.5,
             window: None,
             softcap: None,
+            bidirectional_from: None,
         });
         g.push(Op::Output { x: o, buffer: ob });
         let p = be.compile(&g.finish()).unwrap();

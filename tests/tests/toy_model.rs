@@ -142,6 +142,7 @@ impl StepModel for Toy {
         let mut h = g.push1(Op::Embed {
             table: self.embed.clone(),
             scale: 1.0,
+            extra: None,
         });
         mark(&g, Part::Other, Region::Embedding);
         for (l, (qkv, ffn, cache)) in self.layers.iter().enumerate() {
@@ -161,6 +162,7 @@ impl StepModel for Toy {
                 scale: SCALE,
                 window: None,
                 softcap: None,
+                bidirectional_from: None,
             });
             mark(&g, Part::Attention, Region::Layer(l));
             h = g.push1(Op::Add { a: h, b: a });

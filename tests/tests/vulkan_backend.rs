@@ -152,6 +152,7 @@ fn run_split_format(
     let e = g.push1(Op::Embed {
         table: weight,
         scale: 0.5,
+        extra: None,
     });
     g.push(Op::Output { x: e, buffer: emb });
     let p = be.compile(&g.finish())?;
@@ -381,6 +382,7 @@ fn formats_without_a_kernel_are_refused_by_name() {
             desc: desc.clone(),
         },
         scale: 1.0,
+        extra: None,
     };
     match vk.supports(&op) {
         Support::No { reason } => assert!(reason.contains("q2_k"), "{reason}"),
@@ -394,6 +396,7 @@ fn formats_without_a_kernel_are_refused_by_name() {
     let e = g.push1(Op::Embed {
         table: WeightRef { buffer: w, desc },
         scale: 1.0,
+        extra: None,
     });
     g.push(Op::Output { x: e, buffer: out });
     let err = vk.compile(&g.finish()).unwrap_err();
@@ -507,6 +510,7 @@ fn info_memory_profile_and_bandwidth() {
             desc: TensorDesc::new(DType::F32, [1024, 1024]),
         },
         scale: 1.0,
+        extra: None,
     });
     let s = g.push1(Op::Softcap { x: e, cap: 3.0 });
     g.push(Op::Output { x: s, buffer: out });

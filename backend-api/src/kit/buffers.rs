@@ -238,6 +238,7 @@ mod tests {
                 desc: TensorDesc::new(DType::F32, [4, 8]),
             },
             scale: 1.0,
+            extra: None,
         });
         let qkv = g.push(Op::MatMul {
             x,
@@ -264,6 +265,7 @@ mod tests {
             scale: 1.0,
             window: None,
             softcap: None,
+            bidirectional_from: None,
         });
         g.push(Op::Output { x: a, buffer: out });
         (bufs, g.finish(), [w, out, k, v])

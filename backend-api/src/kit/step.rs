@@ -41,8 +41,9 @@ impl StepShape {
         };
         for node in &graph.nodes {
             match &node.op {
-                Op::Embed { table, .. } => {
-                    shape.vocabs.push(table.desc.shape.first().copied().unwrap_or(0));
+                Op::Embed { table, extra, .. } => {
+                    let rows = |w: &crate::graph::WeightRef| w.desc.shape.first().copied().unwrap_or(0);
+                    shape.vocabs.push(rows(table) + extra.as_ref().map_or(0, rows));
                 }
                 Op::Attention { cache, window, .. } => {
                     shape.slots = Some(shape.slots.map_or(cache.slots, |s| s.min(cache.slots)));
@@ -147,6 +148,29 @@ impl StepShape {
     }
 }
 
+/// The last position each step row sees under [`Op::Attention`]'s `bidirectional_from`: its own
+/// position, or for a row of a block (consecutive rows of one slot at consecutive positions,
+/// every token `>= from`) the block's last position. Written into `ends`, one per row.
+pub fn visible_ends(args: &StepArgs<'_>, from: Option<u32>, ends: &mut Vec<u32>) {
+    ends.clear();
+    ends.extend_from_slice(args.positions);
+    let Some(from) = from else { return };
+    let n = args.tokens.len().min(args.positions.len()).min(args.slots.len());
+    let mut r = n;
+    // Walk backwards: a block row's end is its successor's when the successor continues it.
+    while r > 0 {
+        r -= 1;
+        let continues = r + 1 < n
+            && args.tokens[r] >= from
+            && args.tokens[r + 1] >= from
+            && args.slots[r + 1] == args.slots[r]
+            && args.positions[r + 1] == args.positions[r].wrapping_add(1);
+        if continues {
+            ends[r] = ends[r + 1];
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +186,7 @@ mod tests {
                 desc: TensorDesc::new(DType::F32, [10, 4]),
             },
             scale: 1.0,
+            extra: None,
         });
         let a = g.push1(Op::Attention {
             q: x,
@@ -180,6 +205,7 @@ mod tests {
             scale: 1.0,
             window: Some(3),
             softcap: None,
+            bidirectional_from: None,
         });
         g.push1(Op::SelectRows { x: a });
         let graph = g.finish();
@@ -257,5 +283,22 @@ mod tests {
             let e = err(args);
             assert!(e.contains(want), "{e} (wanted {want})");
         }
+    }
+
+    #[test]
+    fn block_rows_see_to_their_block_end() {
+        let mut ends = Vec::new();
+        // Slot 0: text 4, image 5..=7, text 8; slot 1: image rows at 2, 3; then slot 0's second
+        // image right after a text row, broken by a position jump.
+        let args = StepArgs {
+            tokens: &[1, 50, 51, 52, 2, 60, 61, 3, 70, 71],
+            positions: &[4, 5, 6, 7, 8, 2, 3, 9, 10, 12],
+            slots: &[0, 0, 0, 0, 0, 1, 1, 0, 0, 0],
+            select: &[],
+        };
+        visible_ends(&args, Some(50), &mut ends);
+        assert_eq!(ends, [4, 7, 7, 7, 8, 3, 3, 9, 10, 12]);
+        visible_ends(&args, None, &mut ends);
+        assert_eq!(ends, args.positions);
     }
 }

@@ -100,11 +100,15 @@ pub fn kernel_shape(op: &Op) -> Result<KernelShape, String> {
         head_dim,
         softcap,
         cache,
+        bidirectional_from,
         ..
     } = op
     else {
         return Err("the NPU kernels run attention only".into());
     };
+    if bidirectional_from.is_some() {
+        return Err("the NPU attention kernel is causal only (no image blocks)".into());
+    }
     if softcap.is_some() {
         return Err("the NPU attention kernel has no score soft-capping (Gemma 3 does not use it)".into());
     }
@@ -321,6 +325,7 @@ mod tests {
             scale: 1.0,
             window: None,
             softcap,
+            bidirectional_from: None,
         }
     }
 

@@ -1262,6 +1262,7 @@ mod tests {
             scale: 0.25,
             window: None,
             softcap: None,
+            bidirectional_from: None,
         });
         g.push(Op::Output { x: a, buffer: ob });
         (b.compile(&g.finish()).unwrap(), ob)
@@ -1574,6 +1575,7 @@ mod tests {
                 scale: 0.25,
                 window,
                 softcap: None,
+                bidirectional_from: None,
             });
             let ob = b
                 .alloc(&TensorDesc::new(DType::F32, [4, 32]), Usage::Activation)

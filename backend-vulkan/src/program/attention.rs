@@ -189,6 +189,7 @@ impl VulkanBackend {
             scale,
             window,
             softcap,
+            ..
         } = &n.op
         else {
             return Err(BackendError::internal(format!("node {node} is not an attention")));

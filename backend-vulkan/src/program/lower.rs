@@ -43,7 +43,7 @@ impl VulkanBackend {
                 return Err(BackendError::unsupported(node.op.name(), "no Vulkan kernel"));
             }
             Op::TopK { x, k } => return super::top_k::lower(ctx, *x, *k, out()?),
-            Op::Embed { table, scale } => {
+            Op::Embed { table, scale, .. } => {
                 let t = self.buffers.get(table.buffer)?;
                 let cols = table.desc.shape[1];
                 let dt = table.desc.dtype;

@@ -402,6 +402,7 @@ impl Gemma3Model {
         let mut h = g.push1(Op::Embed {
             table: self.embed.clone(),
             scale: (c.hidden_size as f32).sqrt(),
+            extra: None,
         });
         region(&g, Region::Embedding);
         for (l, w) in self.layers.iter().enumerate() {
@@ -440,6 +441,7 @@ impl Gemma3Model {
                 },
                 // transformers' Gemma 3 attention does not apply `attn_logit_softcapping`.
                 softcap: None,
+                bidirectional_from: None,
             });
             let o = g.push1(Op::MatMul {
                 x: a,

@@ -92,6 +92,7 @@ impl VisionTower {
         let pos = g.push1(Op::Embed {
             table: pos,
             scale: 1.0,
+            extra: None,
         });
         let mut x = g.push1(Op::Add { a: x, b: pos });
         let head_dim = h / cfg.heads;

@@ -145,7 +145,7 @@ impl ComputeBackend for Fake {
         let mut values: Vec<Vec<f32>> = vec![Vec::new(); shapes.len()];
         for node in &graph.nodes {
             let out = match &node.op {
-                Op::Embed { table, scale } => {
+                Op::Embed { table, scale, .. } => {
                     let t = self.f32s(table.buffer)?;
                     let cols = table.desc.shape[1];
                     args.tokens

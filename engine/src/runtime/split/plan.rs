@@ -118,7 +118,11 @@ pub(super) mod tests {
         table: WeightRef,
     ) -> Graph {
         let mut g = GraphBuilder::new(name, rows, selected);
-        let x = g.push1(Op::Embed { table, scale: 1.0 });
+        let x = g.push1(Op::Embed {
+            table,
+            scale: 1.0,
+            extra: None,
+        });
         let y = g.push1(Op::Add { a: x, b: x });
         let z = g.push1(Op::Add { a: y, b: x });
         let s = g.push1(Op::SelectRows { x: z });
