@@ -178,16 +178,25 @@ pub fn load_under_test(model: PathBuf, backend: &str, context: usize, chunk: usi
         chunk,
         kv_cache: Default::default(),
         gpu_layers: None,
+        images: 0,
+        mmproj: None,
     };
+    load_options_under_test(&opts).unwrap_or_else(|e| panic!("loading with {backend}: {e}"))
+}
+
+/// `opts` through the engine's one load path (one slot), every backend with the options of the
+/// backends under test ([`under_test`]).
+pub fn load_options_under_test(
+    opts: &tandem_engine::ModelOptions,
+) -> Result<tandem_engine::Loaded, tandem_engine::runtime::load::LoadError> {
     tandem_engine::load(
         &PluginSearch::only(&plugin_dirs()),
         &under_test(tandem_engine::Settings::default()),
-        &opts,
+        opts,
         1,
         &mut |_| {},
         &mut |_: u64, _: u64| {},
     )
-    .unwrap_or_else(|e| panic!("loading with {backend}: {e}"))
 }
 
 fn display_name(plugin: &str) -> String {
@@ -332,7 +341,7 @@ pub fn session_on(
     use tandem_engine::runtime::placement::Placement;
     use tandem_engine::runtime::planned::Planned;
     let placement = Placement::single(name.to_string(), backend, format!("test on {name}"));
-    Planned::new(placement, config, weights, shape)
+    Planned::new(placement, config, weights, shape, 0)
         .and_then(|p| {
             p.load(
                 weights,

@@ -153,6 +153,8 @@ fn options(case: &str, backend: &str, chunk: usize) -> ModelOptions {
         chunk,
         kv_cache: Default::default(),
         gpu_layers,
+        images: 0,
+        mmproj: None,
     }
 }
 
@@ -1096,6 +1098,8 @@ fn the_default_model_split_matches_transformers() {
             chunk: 64,
             kv_cache: Default::default(),
             gpu_layers: None,
+            images: 0,
+            mmproj: None,
         };
         let mut loaded = load(
             &search(),

@@ -122,3 +122,131 @@ fn a_synthetic_mmproj_runs_on_the_cpu() {
     assert!(got.tokens.iter().any(|v| *v != 0.0), "all-zero soft tokens");
     tower.free(cpu.as_mut()).expect("free");
 }
+
+/// The fixture loaded on `backend` with room for two images, prompt chunks of `chunk` tokens.
+fn load_with_images(backend: &str, chunk: usize) -> tandem_engine::Loaded {
+    let opts = tandem_engine::ModelOptions {
+        model: Some(dir()),
+        backend: backend.into(),
+        context: Some(64),
+        chunk,
+        kv_cache: Default::default(),
+        gpu_layers: None,
+        images: 2,
+        mmproj: None,
+    };
+    tandem_conformance::load_options_under_test(&opts)
+        .unwrap_or_else(|e| panic!("loading with {backend}: {e}"))
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+/// Images in prompts end to end: each fixture image with the raw and the chat prompt, its soft
+/// tokens from the tower, the language model's logits at every position within 1e-3 of the
+/// largest of transformers' (the image's rows attending to each other: without that the logits
+/// differ by up to 7.6) and the greedy continuation equal. Chunks of 5 rows: the image's 4 rows
+/// never split across steps.
+#[test]
+fn image_prompts_match_transformers_on_the_cpu() {
+    image_prompts_match_transformers("cpu");
+}
+
+fn image_prompts_match_transformers(backend: &str) {
+    use tandem_engine::runtime::images::ImageInput;
+    use tandem_engine::tokenizer::chat::{ChatTemplate, Message, Role};
+    let reference: Value =
+        serde_json::from_slice(&std::fs::read(dir().join("reference.json")).expect("reference.json"))
+            .expect("reference JSON");
+    let mut loaded = load_with_images(backend, 5);
+    let vocab = loaded.session.vocab();
+    let soft = reference["image_token_ids"]["image_soft_token"]
+        .as_u64()
+        .expect("soft id") as u32;
+    for image in reference["images"].as_array().expect("images") {
+        let name = image["image"].as_str().expect("name");
+        let bytes = std::fs::read(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("fixtures/images")
+                .join(name),
+        )
+        .expect("image file");
+        let input = [ImageInput {
+            name: name.into(),
+            bytes,
+        }];
+        for prompt in image["prompts"].as_array().expect("prompts") {
+            let kind = prompt["kind"].as_str().expect("kind");
+            let (text, special) = if kind == "chat" {
+                let t = &loaded.tokenizer;
+                let template =
+                    ChatTemplate::new(t.chat_template(), t.bos_token(), t.eos_token()).expect("template");
+                let m = Message::new(Role::User, "<start_of_image>What is it?");
+                (template.render(&[m], true).expect("render"), false)
+            } else {
+                (prompt["text"].as_str().expect("text").to_string(), true)
+            };
+            assert_eq!(
+                text,
+                prompt["text"].as_str().expect("text"),
+                "{name} {kind}: the prompt text"
+            );
+            let images = loaded.images.as_mut().expect("images loaded");
+            let p = images
+                .prompt(&mut loaded.session, &loaded.tokenizer, &text, &input, special)
+                .expect("prompt");
+            // Transformers' ids, with the soft tokens at this image's rows past the vocabulary.
+            let want_ids = ids(&prompt["input_ids"]);
+            assert_eq!(p.ids.len(), want_ids.len(), "{name} {kind}: prompt length");
+            for (g, w) in p.ids.iter().zip(&want_ids) {
+                assert_eq!(*w == soft, *g as usize >= vocab, "{name} {kind}: ids {:?}", p.ids);
+                if *w != soft {
+                    assert_eq!(g, w, "{name} {kind}: ids {:?}", p.ids);
+                }
+            }
+            loaded.session.reset(0);
+            let got = loaded.session.prefill(0, &p.ids, true).expect("prefill");
+            let want: Vec<Vec<f32>> = serde_json::from_value(prompt["logits"].clone()).expect("logits");
+            let flat: Vec<f32> = want.concat();
+            assert_within(&format!("{backend} {name} {kind}: logits"), &got, &flat, 1e-3);
+            loaded.session.reset(0);
+            let n = prompt["greedy"]["max_new_tokens"].as_u64().expect("n") as usize;
+            let greedy = tandem_conformance::greedy_ids(&mut loaded.session, &loaded.tokenizer, &p.ids, n);
+            assert_eq!(
+                greedy,
+                ids(&prompt["greedy"]["generated"]),
+                "{backend} {name} {kind}: greedy"
+            );
+            loaded.images.as_mut().expect("images").release(&p.places);
+        }
+    }
+    // A prompt with more markers than images, and an image that does not decode: clear errors.
+    let images = loaded.images.as_mut().expect("images");
+    let two = "<start_of_image><start_of_image>hi";
+    let err = images
+        .prompt(&mut loaded.session, &loaded.tokenizer, two, &[], true)
+        .expect_err("markers without images");
+    assert!(
+        err.to_string()
+            .contains("2 <start_of_image> markers but 0 images"),
+        "{err}"
+    );
+    let broken = [ImageInput {
+        name: "broken.png".into(),
+        bytes: b"\x89PNG\r\n\x1a\nnot really".to_vec(),
+    }];
+    let err = images
+        .prompt(&mut loaded.session, &loaded.tokenizer, "hi", &broken, true)
+        .expect_err("a broken image");
+    assert!(err.to_string().contains("image 1 (broken.png)"), "{err}");
+    let three = vec![broken[0].clone(); 3];
+    let err = images
+        .prompt(&mut loaded.session, &loaded.tokenizer, "hi", &three, true)
+        .expect_err("too many images");
+    assert!(err.to_string().contains("3 images in one prompt"), "{err}");
+}

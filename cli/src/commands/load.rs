@@ -44,6 +44,14 @@ pub struct ModelArgs {
     /// is their default) or exact (16-bit activations). See docs/precision.md.
     #[arg(long, value_parser = ["exact", "fast"])]
     pub precision: Option<String>,
+    /// llama.cpp's mmproj GGUF holding the vision tower, for a GGUF model: turns image input on.
+    /// A Hugging Face directory of a multimodal model carries its own tower.
+    #[arg(long, value_name = "FILE")]
+    pub mmproj: Option<PathBuf>,
+    /// Images held at once (0: image input off). Default: 8 where image input is on (--mmproj,
+    /// --image, chat's /image), else 0.
+    #[arg(long, value_name = "N")]
+    pub max_images: Option<usize>,
 }
 
 fn parse_kv_cache(s: &str) -> Result<KvCacheType, String> {
@@ -66,8 +74,29 @@ impl ModelArgs {
         s
     }
 
-    /// The engine's options for these flags.
+    /// The engine's options for these flags; `images`: the command takes images even without
+    /// --mmproj (the model's own tower).
+    pub fn options_for(&self, images: bool) -> ModelOptions {
+        let on = images || self.mmproj.is_some();
+        let default_images = if on {
+            tandem_engine::runtime::images::DEFAULT_MAX_IMAGES
+        } else {
+            0
+        };
+        ModelOptions {
+            images: self.max_images.unwrap_or(default_images),
+            mmproj: self.mmproj.clone(),
+            ..self.options()
+        }
+    }
+
+    /// The engine's options for these flags (image input only with --mmproj or --max-images).
     pub fn options(&self) -> ModelOptions {
+        let images = match (&self.mmproj, self.max_images) {
+            (_, Some(n)) => n,
+            (Some(_), None) => tandem_engine::runtime::images::DEFAULT_MAX_IMAGES,
+            (None, None) => 0,
+        };
         ModelOptions {
             model: self.model.clone(),
             backend: self.backend.clone(),
@@ -75,6 +104,8 @@ impl ModelArgs {
             chunk: self.chunk,
             kv_cache: self.kv_cache,
             gpu_layers: self.gpu_layers,
+            images,
+            mmproj: self.mmproj.clone(),
         }
     }
 }
@@ -88,12 +119,22 @@ pub fn print_notice(notice: Notice) {
 
 /// Loads `--model` onto the chosen backend, with progress on a terminal ([`Progress`]).
 pub fn load(ctx: &Context, args: &ModelArgs, slots: usize) -> anyhow::Result<Loaded> {
+    load_with(ctx, args, args.options(), slots)
+}
+
+/// [`load`] with the engine's options given (image input asked for by the command).
+pub fn load_with(
+    ctx: &Context,
+    args: &ModelArgs,
+    options: ModelOptions,
+    slots: usize,
+) -> anyhow::Result<Loaded> {
     // The engine calls one of the two at a time, never one inside the other.
     let progress = RefCell::new(Progress::new(progress::load_label(args.model.as_deref())));
     let loaded = tandem_engine::load(
         &ctx.search,
         &args.settings(&ctx.settings),
-        &args.options(),
+        &options,
         slots,
         &mut |n| progress.borrow_mut().notice(n),
         &mut |done, total| progress.borrow_mut().bytes(done, total),
@@ -109,6 +150,20 @@ pub fn parse_tokens(s: &str) -> anyhow::Result<Vec<u32>> {
             t.trim()
                 .parse::<u32>()
                 .with_context(|| format!("--tokens: '{t}' is not a token id"))
+        })
+        .collect()
+}
+
+/// Reads image files for a prompt, naming the file that cannot be read.
+pub fn read_images(paths: &[PathBuf]) -> anyhow::Result<Vec<tandem_engine::runtime::images::ImageInput>> {
+    paths
+        .iter()
+        .map(|p| {
+            let bytes = std::fs::read(p).with_context(|| format!("reading the image {}", p.display()))?;
+            Ok(tandem_engine::runtime::images::ImageInput {
+                name: p.display().to_string(),
+                bytes,
+            })
         })
         .collect()
 }

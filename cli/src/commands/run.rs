@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::bail;
 
 use super::generate::{self, Ask, Prefill, SamplingArgs, Watch};
-use super::load::{load, parse_tokens, ModelArgs};
+use super::load::{load, load_with, parse_tokens, read_images, ModelArgs};
 use super::progress::Progress;
 use super::speculate::{self, DraftArgs};
 use crate::Context;
@@ -21,6 +21,10 @@ pub struct Args {
     /// Comma-separated token ids instead of a prompt.
     #[arg(long)]
     tokens: Option<String>,
+    /// An image (PNG, JPEG or WebP) for a multimodal model, repeatable: each `<start_of_image>`
+    /// of the prompt stands for the next one, and images without one go first.
+    #[arg(long = "image", value_name = "FILE", conflicts_with = "tokens")]
+    images: Vec<std::path::PathBuf>,
     /// Most tokens to generate.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
@@ -38,7 +42,15 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     // A sampling flag out of range is told before the model loads.
     args.sampling.check()?;
     args.draft.check()?;
-    let mut loaded = load(ctx, &args.model, 1)?;
+    if !args.images.is_empty() && args.draft.enabled() {
+        bail!("--image with a draft (--draft-model, --draft) is not supported yet");
+    }
+    let inputs = read_images(&args.images)?;
+    let mut loaded = if inputs.is_empty() {
+        load(ctx, &args.model, 1)?
+    } else {
+        load_with(ctx, &args.model, args.model.options_for(true), 1)?
+    };
     let mut drafter = args.draft.build(ctx, &args.model)?;
     let mut spec = match drafter.as_mut() {
         Some(d) => Some(args.draft.speculator(d, &loaded)?),
@@ -47,6 +59,14 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     // The model's default sampling, with the flags given over it.
     let sampler_cfg = args.sampling.config(loaded.sampling)?;
     let prompt = match (&args.prompt, &args.tokens) {
+        (Some(p), None) if !inputs.is_empty() => {
+            let Some(images) = loaded.images.as_mut() else {
+                bail!("the model was loaded without image input (--max-images 0)");
+            };
+            images
+                .prompt(&mut loaded.session, &loaded.tokenizer, p, &inputs, true)?
+                .ids
+        }
         (Some(p), None) => loaded.tokenizer.encode(p, true)?,
         (None, Some(t)) => parse_tokens(t)?,
         _ => bail!("give --prompt TEXT or --tokens IDS"),

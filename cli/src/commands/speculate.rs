@@ -110,6 +110,9 @@ impl DraftArgs {
             model: path,
             backend: self.draft_backend.clone(),
             gpu_layers: None,
+            // The draft reads no images.
+            mmproj: None,
+            max_images: None,
             ..target.clone()
         };
         let loaded = load(ctx, &args, 1).context("loading the draft model (--draft-model)")?;

@@ -36,6 +36,8 @@ pub struct ModelFiles {
     /// Its `generation_config.json`, where a Hugging Face directory has one (a GGUF file carries
     /// none): the runtime's default sampling for it (`runtime::sampler::sampling_defaults`).
     pub generation: Option<GenerationConfig>,
+    /// The vision tower found for it, where images were asked for (set by the load path).
+    pub vision: Option<super::vision_source::VisionSource>,
 }
 
 /// tandem's cache directory: `$TANDEM_CACHE_DIR`, else `$XDG_CACHE_HOME/tandem`, else
@@ -128,6 +130,7 @@ pub fn open_model(path: Option<&Path>) -> Result<ModelFiles, ModelError> {
         let tuning = judge_tokenizer(Metadata::HfDir(&path), &tokenizer);
         let generation = read_generation_config(&path)?;
         return Ok(ModelFiles {
+            vision: None,
             config,
             weights: Box::new(weights),
             tokenizer,
@@ -150,6 +153,7 @@ pub fn open_model(path: Option<&Path>) -> Result<ModelFiles, ModelError> {
         let weights = GgufWeights::new(file);
         // A GGUF file carries no generation config: tandem's defaults.
         return Ok(ModelFiles {
+            vision: None,
             config,
             weights: Box::new(weights),
             tokenizer,

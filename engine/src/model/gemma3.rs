@@ -5,12 +5,12 @@
 use std::collections::HashMap;
 
 use tandem_backend_api::{
-    BackendError, BufferId, ComputeBackend, Graph, GraphBuilder, KvCacheRef, Op, TensorDesc, Usage, ValueId,
-    WeightRef,
+    BackendError, BufferId, ComputeBackend, DType, Graph, GraphBuilder, KvCacheRef, Op, TensorDesc, Usage,
+    ValueId, WeightRef,
 };
 
 use super::error::ModelError;
-use super::step_model::{CacheShape, Part, Region, StepModel};
+use super::step_model::{CacheShape, ImageTable, Part, Region, StepModel};
 use crate::checkpoint::config::{Gemma3Config, LayerType};
 use crate::checkpoint::source::{StoredTensor, WeightSource};
 
@@ -67,6 +67,8 @@ pub struct Gemma3Model {
     pub weight_bytes: u64,
     /// Added to stored norm weights (1 for Hugging Face checkpoints, 0 for GGUF).
     pub norm_offset: f32,
+    /// Rows for images' soft tokens past the vocabulary ([`Gemma3Model::add_image_rows`]).
+    images: Option<WeightRef>,
 }
 
 /// Progress of a load, in bytes.
@@ -276,6 +278,37 @@ impl Gemma3Model {
             tensors: p.tensors,
             weight_bytes,
             norm_offset: source.norm_offset(),
+            images: None,
+        })
+    }
+
+    /// Adds `rows` rows for images' soft tokens (an f32 `[rows, hidden]` table, written by the
+    /// host before each image's prompt chunk): token ids `vocab ..< vocab + rows` then embed as
+    /// those rows, and the attention of rows holding them sees their whole image (Gemma 3's
+    /// bidirectional image mask, `Op::Attention::bidirectional_from`). `rows == 0` does nothing.
+    pub fn add_image_rows(&mut self, rows: usize) {
+        if rows == 0 || self.images.is_some() {
+            return;
+        }
+        let desc = TensorDesc::new(DType::F32, [rows, self.config.hidden_size]);
+        let buffer = BufferId(PLANNED_ID_BASE + self.tensors.len() as u64);
+        self.tensors.push(ModelTensor {
+            id: buffer,
+            desc: desc.clone(),
+            usage: Usage::Weight,
+            parts: Vec::new(),
+            label: "images' soft tokens".into(),
+        });
+        self.weight_bytes += self.tensors.last().map_or(0, ModelTensor::bytes);
+        self.images = Some(WeightRef { buffer, desc });
+    }
+
+    /// The images' table, where [`Gemma3Model::add_image_rows`] added one.
+    pub fn image_rows(&self) -> Option<ImageTable> {
+        self.images.as_ref().map(|w| ImageTable {
+            id: w.buffer,
+            rows: w.desc.shape.first().copied().unwrap_or(0),
+            width: self.config.hidden_size,
         })
     }
 
@@ -402,7 +435,7 @@ impl Gemma3Model {
         let mut h = g.push1(Op::Embed {
             table: self.embed.clone(),
             scale: (c.hidden_size as f32).sqrt(),
-            extra: None,
+            extra: self.images.clone(),
         });
         region(&g, Region::Embedding);
         for (l, w) in self.layers.iter().enumerate() {
@@ -441,7 +474,8 @@ impl Gemma3Model {
                 },
                 // transformers' Gemma 3 attention does not apply `attn_logit_softcapping`.
                 softcap: None,
-                bidirectional_from: None,
+                // Image rows (ids past the vocabulary) see their whole image.
+                bidirectional_from: self.images.as_ref().map(|_| c.vocab_size as u32),
             });
             let o = g.push1(Op::MatMul {
                 x: a,
@@ -520,6 +554,10 @@ impl StepModel for Gemma3Model {
             .min()
             .unwrap_or(usize::MAX)
             .min(self.cache_shape.context)
+    }
+
+    fn image_rows(&self) -> Option<ImageTable> {
+        Gemma3Model::image_rows(self)
     }
 
     fn can_rewind(&self, len: usize, by: usize) -> bool {

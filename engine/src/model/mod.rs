@@ -10,7 +10,8 @@ pub mod files;
 pub mod gemma3;
 pub mod step_model;
 pub mod vision;
+pub mod vision_source;
 
 pub use error::ModelError;
 pub use gemma3::{Gemma3Model, LayerWeights, LoadProgress, ModelTensor};
-pub use step_model::{CacheShape, Part, Region, StepModel};
+pub use step_model::{CacheShape, ImageTable, Part, Region, StepModel};

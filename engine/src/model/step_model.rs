@@ -89,6 +89,23 @@ pub trait StepModel {
     /// `engine serve`'s prefix reuse): every cache that is a ring still holds what the following
     /// steps read.
     fn can_rewind(&self, len: usize, by: usize) -> bool;
+
+    /// Its table of images' soft tokens, where it has one (token ids `vocab ..< vocab + rows`
+    /// read it).
+    fn image_rows(&self) -> Option<ImageTable> {
+        None
+    }
+}
+
+/// A model's table of images' soft tokens: f32 `[rows, width]` under a planned id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageTable {
+    /// Its planned id.
+    pub id: BufferId,
+    /// Rows: soft tokens it holds at once.
+    pub rows: usize,
+    /// Values per row: the model's width.
+    pub width: usize,
 }
 
 /// How the KV caches are sized.

@@ -8,6 +8,7 @@ use tandem_backend_api::{ComputeBackend, DeviceKind};
 
 use super::adapters::{Adapters, Facts, Taken};
 use super::fitted::{load_fitted, plan_fitted};
+use super::images::{Images, ImagesError};
 pub use super::load_error::LoadError;
 use super::notice::Notice;
 use super::placement::{discover, Candidate, Placement, AUTO_ORDER};
@@ -62,13 +63,32 @@ fn plan_files(
     options: &ModelOptions,
     slots: usize,
     notices: &mut dyn FnMut(Notice),
-) -> Result<(Planned, ModelFiles), LoadError> {
+) -> Result<(Planned, ModelFiles, Discovery), LoadError> {
     let discovery = discover(search, notices);
     let (resolved, placement) = decide(&discovery, settings, options, slots, notices)?;
     let may_split = plain_auto(settings, options);
-    plan_fitted(
+    let (planned, files) = plan_fitted(
         placement, &resolved, &discovery, settings, may_split, slots, notices,
-    )
+    )?;
+    Ok((planned, files, discovery))
+}
+
+/// Loads the vision tower found for `loaded` (where images were asked for) on a CPU unit of its
+/// own: the GPU backends have no kernels for its ops yet.
+fn attach_images(loaded: &mut Loaded, discovery: &Discovery, settings: &Settings) -> Result<(), LoadError> {
+    let Some(source) = loaded.vision.take() else {
+        return Ok(());
+    };
+    let failed = |e: ImagesError| LoadError::Images(Box::new(e));
+    let unit = discovery
+        .create("cpu", &settings.backend_options("cpu"))
+        .map_err(|e| failed(ImagesError::Unit(e.to_string())))?;
+    let hidden = loaded.session.model().config.hidden_size;
+    let images =
+        Images::open(&source, unit, "cpu", &loaded.session, hidden, &loaded.tokenizer).map_err(failed)?;
+    loaded.images = Some(images);
+    loaded.vision = Some(source);
+    Ok(())
 }
 
 /// `--backend auto` with neither `[placement]` lists nor `--gpu-layers`: what may split a model
@@ -101,8 +121,10 @@ pub fn load(
     notices: &mut dyn FnMut(Notice),
     progress: &mut dyn LoadProgress,
 ) -> Result<Loaded, LoadError> {
-    let (planned, files) = plan_files(search, settings, options, slots, notices)?;
-    load_fitted(planned, files, settings, notices, progress)
+    let (planned, files, discovery) = plan_files(search, settings, options, slots, notices)?;
+    let mut loaded = load_fitted(planned, files, settings, notices, progress)?;
+    attach_images(&mut loaded, &discovery, settings)?;
+    Ok(loaded)
 }
 
 /// Loads `options.model` again as [`load`] does, without the units `lost` (instance names of
@@ -154,7 +176,9 @@ pub fn load_without(
     let (planned, files) = plan_fitted(
         placement, options, &discovery, settings, may_split, slots, notices,
     )?;
-    load_fitted(planned, files, settings, notices, progress)
+    let mut loaded = load_fitted(planned, files, settings, notices, progress)?;
+    attach_images(&mut loaded, &discovery, settings)?;
+    Ok(loaded)
 }
 
 /// For `auto` without `[placement]` lists, when two or more hardware backends are available:

@@ -39,6 +39,9 @@ pub enum LoadError {
     /// The units could not be set up to run the placed graph.
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
+    /// The vision tower could not be found or loaded.
+    #[error(transparent)]
+    Images(Box<super::images::ImagesError>),
 }
 
 impl From<SpecError> for LoadError {

@@ -22,6 +22,7 @@ pub mod calibrate;
 pub mod device_budget;
 pub mod environment;
 pub mod fitted;
+pub mod images;
 pub mod layers;
 pub mod load;
 pub mod load_error;

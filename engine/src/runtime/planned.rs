@@ -20,6 +20,7 @@ use crate::checkpoint::config::Gemma3Config;
 use crate::checkpoint::source::WeightSource;
 use crate::checkpoint::tuning::Verdict;
 use crate::model::files::{open_model, ModelFiles};
+use crate::model::vision_source::VisionSource;
 use crate::model::{CacheShape, Gemma3Model, LoadProgress, Part, Region};
 use crate::tokenizer::Tokenizer;
 
@@ -38,6 +39,11 @@ pub struct ModelOptions {
     pub kv_cache: KvCacheType,
     /// `--gpu-layers N`: layers `0..N` on the backend chosen, the rest on the CPU.
     pub gpu_layers: Option<usize>,
+    /// Images a session holds at once (`--max-images`); 0: no image input, no vision tower
+    /// loaded.
+    pub images: usize,
+    /// llama.cpp's mmproj GGUF holding the vision tower (`--mmproj`), for a GGUF model.
+    pub mmproj: Option<PathBuf>,
 }
 
 /// The KV caches' element type.
@@ -88,6 +94,10 @@ pub struct Loaded {
     /// The model's default sampling: its `generation_config.json`, else tandem's defaults
     /// ([`super::sampler::sampling_defaults`]). Callers apply the user's settings over it.
     pub sampling: crate::runtime::sampler::SamplerConfig,
+    /// The vision tower, where images were asked for ([`ModelOptions::images`]).
+    pub images: Option<super::images::Images>,
+    /// Where the vision tower was found (kept to load it on a unit after the model).
+    pub vision: Option<VisionSource>,
 }
 
 /// The caches' sizes and element type for `options`, with `slots` sequences, for a model of
@@ -135,8 +145,10 @@ impl Planned {
         config: Gemma3Config,
         weights: &dyn WeightSource,
         shape: CacheShape,
+        image_rows: usize,
     ) -> Result<Planned, LoadError> {
-        let model = Gemma3Model::plan(config, weights, shape)?;
+        let mut model = Gemma3Model::plan(config, weights, shape)?;
+        model.add_image_rows(image_rows);
         let (graph, parts, regions) = model.step_graph_parts(1, 1, BufferId::UNBOUND);
         Planned::place(placement, model, graph, parts, regions)
     }
@@ -310,9 +322,25 @@ pub fn plan_placed(
     options: &ModelOptions,
     slots: usize,
 ) -> Result<(Planned, ModelFiles), LoadError> {
-    let files = open_model(options.model.as_deref())?;
+    let mut files = open_model(options.model.as_deref())?;
     let shape = cache_shape(options, files.config.max_position_embeddings, slots)?;
-    let planned = Planned::new(placement, files.config.clone(), files.weights.as_ref(), shape)?;
+    // With images asked for, the vision tower is found first: its tokens per image size the
+    // model's image table.
+    let rows = if options.images > 0 {
+        let source = VisionSource::find(&files.path, options.mmproj.as_deref())?;
+        let rows = source.rows(options.images);
+        files.vision = Some(source);
+        rows
+    } else {
+        0
+    };
+    let planned = Planned::new(
+        placement,
+        files.config.clone(),
+        files.weights.as_ref(),
+        shape,
+        rows,
+    )?;
     Ok((planned, files))
 }
 
@@ -331,6 +359,8 @@ pub fn load_planned(
         tokenizer: files.tokenizer,
         tuning: files.tuning,
         sampling: super::sampler::sampling_defaults(files.generation.as_ref()),
+        images: None,
+        vision: files.vision,
     })
 }
 

@@ -195,6 +195,8 @@ pub struct Limits {
     pub context: usize,
     /// The tokenizer has a vocabulary (stop strings can be matched in the text).
     pub text: bool,
+    /// Rows of images' soft tokens the model holds past its vocabulary (0: none).
+    pub image_rows: usize,
 }
 
 impl Limits {
@@ -204,6 +206,7 @@ impl Limits {
             vocab: session.vocab(),
             context: session.context(),
             text: tokenizer.has_vocabulary(),
+            image_rows: session.image_rows(),
         }
     }
 }
@@ -217,7 +220,12 @@ impl Request<'_> {
         if self.prompt.is_empty() {
             return Err(RequestError::EmptyPrompt);
         }
-        if let Some(&id) = self.prompt.iter().find(|&&t| t as usize >= limits.vocab) {
+        // Ids past the vocabulary are images' rows, where the model holds them.
+        if let Some(&id) = self
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= limits.vocab + limits.image_rows)
+        {
             return Err(RequestError::TokenOutOfRange {
                 id,
                 vocab: limits.vocab,
@@ -319,9 +327,10 @@ impl<'t> Sequence<'t> {
         self.fed < self.prompt.len()
     }
 
-    /// The next piece of the prompt, at most `chunk` tokens.
-    pub fn next_chunk(&self, chunk: usize) -> &[u32] {
-        let end = (self.fed + chunk).min(self.prompt.len());
+    /// The next piece of the prompt, at most `chunk` tokens, never cutting through an image's
+    /// rows (ids from `vocab` on: [`super::session::piece_end`]).
+    pub fn next_chunk(&self, chunk: usize, vocab: usize) -> &[u32] {
+        let end = super::session::piece_end(&self.prompt, self.fed, chunk, vocab);
         &self.prompt[self.fed..end]
     }
 
@@ -556,6 +565,7 @@ mod tests {
             vocab: tokenizer.vocab_size(),
             context: 64,
             text: true,
+            image_rows: 0,
         };
         let sampler = r.check(limits, 0).unwrap();
         let mut seq = Sequence::new(r, sampler, 0, &tokenizer);
@@ -612,6 +622,7 @@ mod tests {
             vocab,
             context: 64,
             text: true,
+            image_rows: 0,
         };
         let row: Vec<f32> = (0..vocab).map(|i| ((i * 37) % 101) as f32 * 0.1).collect();
         let mut picks = Vec::new();
@@ -659,6 +670,7 @@ mod tests {
             vocab: 10,
             context: 8,
             text: false,
+            image_rows: 0,
         };
         let field = |r: Request<'_>, cached| r.check(limits, cached).map(|_| ()).map_err(|e| e.field());
         assert_eq!(field(request(vec![1, 2], 4), 0), Ok(()));

@@ -30,6 +30,29 @@ pub enum Logits {
     Best(usize),
 }
 
+/// Where the prompt piece starting at `start` ends: at most `max` tokens on, but never inside an
+/// image's rows (ids from `vocab` on, which attend to each other and so run in one step): a cut
+/// there moves back to their start, or, where they begin the piece, on to their end. The one
+/// rule every prompt is cut by (generation's chunks, [`Session::prefill`]).
+pub fn piece_end(tokens: &[u32], start: usize, max: usize, vocab: usize) -> usize {
+    let mut end = (start + max.max(1)).min(tokens.len());
+    let image = |i: usize| tokens[i] as usize >= vocab;
+    if end < tokens.len() && end > start && image(end - 1) && image(end) {
+        let mut first = end - 1;
+        while first > start && image(first - 1) {
+            first -= 1;
+        }
+        if first > start {
+            end = first;
+        } else {
+            while end < tokens.len() && image(end) {
+                end += 1;
+            }
+        }
+    }
+    end
+}
+
 /// One step of a session: its rows (a token and a KV cache slot each), the rows whose logits
 /// come back, which logits, and the placement it runs with.
 #[derive(Debug, Clone, Copy)]
@@ -163,6 +186,41 @@ impl<M: StepModel> Session<M> {
     /// The logits per row.
     pub fn vocab(&self) -> usize {
         self.model.vocab_size()
+    }
+
+    /// Rows for images' soft tokens (token ids `vocab ..< vocab + image_rows()`); 0: the model
+    /// was loaded without them.
+    pub fn image_rows(&self) -> usize {
+        self.model.image_rows().map_or(0, |t| t.rows)
+    }
+
+    /// Writes `rows` (`[n, width]` f32, whole rows) into the images' table from row `first`:
+    /// what token ids `vocab + first ..` embed as from the next step on.
+    pub fn write_image_rows(&mut self, first: usize, rows: &[f32]) -> Result<(), SessionError> {
+        let invalid = |message: String| {
+            SessionError::Schedule(ScheduleError {
+                context: "writing an image's soft tokens".into(),
+                error: BackendError::invalid(message),
+                unit: None,
+            })
+        };
+        let Some(t) = self.model.image_rows() else {
+            return Err(invalid("the model was loaded without rows for images".into()));
+        };
+        let n = rows.len() / t.width.max(1);
+        if !rows.len().is_multiple_of(t.width.max(1)) || first + n > t.rows {
+            return Err(invalid(format!(
+                "{} values from row {first} do not fit the table of {} rows of {}",
+                rows.len(),
+                t.rows,
+                t.width
+            )));
+        }
+        let offset = (first * t.width * 4) as u64;
+        self.scheduler
+            .write_planned(t.id, offset, bytemuck::cast_slice(rows))
+            .map_err(SessionError::Schedule)?;
+        Ok(())
     }
 
     /// The backend that computes the logits (the only one, unless split).
@@ -346,7 +404,9 @@ impl<M: StepModel> Session<M> {
         top_k: usize,
     ) -> Result<(), SessionError> {
         let vocab = self.model.vocab_size();
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        // Ids past the vocabulary are images' rows, where the model holds them.
+        let limit = vocab + self.image_rows();
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= limit) {
             return Err(SessionError::TokenOutOfRange { id, vocab });
         }
         if tokens.len() != slots.len() || tokens.is_empty() {
@@ -425,7 +485,11 @@ impl<M: StepModel> Session<M> {
         let slots = vec![slot; self.chunk()];
         let mut select = Vec::new();
         let step = if all { self.scoring_chunk() } else { self.chunk() };
-        for piece in tokens.chunks(step) {
+        let (vocab, mut at) = (self.vocab(), 0);
+        while at < tokens.len() {
+            let end = piece_end(tokens, at, step, vocab);
+            let piece = &tokens[at..end];
+            at = end;
             let n = piece.len() as u32;
             select.clear();
             if all {
@@ -450,8 +514,8 @@ impl<M: StepModel> Session<M> {
             .max(1)
     }
 
-    /// `tokens` in the pieces a prompt is fed in: at most [`Session::chunk`] each. The one
-    /// place a prompt is cut into steps (generation, [`Session::prefill`], perplexity).
+    /// `tokens` in the pieces a text prompt is fed in: at most [`Session::chunk`] each
+    /// (perplexity, `engine logits`). A prompt with images is cut by [`piece_end`].
     pub fn chunks<'t>(&self, tokens: &'t [u32]) -> std::slice::Chunks<'t, u32> {
         tokens.chunks(self.chunk())
     }

@@ -125,7 +125,7 @@ impl Stepper {
     /// Gathers the step's rows (decode rows, then prompt chunks) and selected rows; false when
     /// there are none.
     fn gather<M: StepModel>(&mut self, session: &Session<M>, seqs: &mut [Sequence<'_>]) -> bool {
-        let chunk = session.chunk();
+        let (chunk, vocab) = (session.chunk(), session.vocab());
         self.tokens.clear();
         self.slots.clear();
         self.rows.clear();
@@ -142,7 +142,7 @@ impl Stepper {
         self.chunks.clear();
         let mut budget = chunk;
         for (i, s) in seqs.iter().enumerate().filter(|(_, s)| s.prefilling()) {
-            let piece = s.next_chunk(chunk);
+            let piece = s.next_chunk(chunk, vocab);
             if !self.chunks.is_empty() && piece.len() > budget {
                 break;
             }

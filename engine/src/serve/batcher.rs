@@ -819,6 +819,7 @@ mod tests {
                 vocab: 8,
                 context: 8,
                 text: false,
+                image_rows: 0,
             },
             slots: 1,
             admitted: AtomicUsize::new(admitted),

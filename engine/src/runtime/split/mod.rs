@@ -452,6 +452,25 @@ impl SplitScheduler {
         &self.units
     }
 
+    /// Writes `data` at byte `offset` of the planned tensor `id` on every unit holding it (a
+    /// table the host rewrites between steps: images' soft tokens). Between steps only.
+    pub fn write_planned(&mut self, id: BufferId, offset: u64, data: &[u8]) -> Result<usize, ScheduleError> {
+        let mut written = 0;
+        for unit in &mut self.units {
+            if let Some(&b) = unit.map.get(&id) {
+                unit.backend
+                    .write(b, offset, data)
+                    .map_err(|error| ScheduleError {
+                        context: format!("writing planned tensor {} on {}", id.0, unit.name),
+                        error,
+                        unit: Some(unit.name.as_str().into()),
+                    })?;
+                written += 1;
+            }
+        }
+        Ok(written)
+    }
+
     /// The unit of the last node of a decode step: where the logits are computed.
     pub fn main_unit(&self) -> usize {
         self.placement[1].last().copied().unwrap_or(0)
