@@ -388,6 +388,7 @@ pub fn greedy_ids(
         stop: Vec::new(),
         sink: Box::new(Ids(&mut got)),
         arrived: std::time::Instant::now(),
+        images: Vec::new(),
     };
     generate(session, tokenizer, request, 0, false, &mut |_| true)
         .unwrap_or_else(|e| panic!("greedy continuation of {prompt:?}: {e}"));

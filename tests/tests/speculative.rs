@@ -76,6 +76,7 @@ fn run(
         stop: Vec::new(),
         sink: Box::new(Ids(&mut ids, &mut finish)),
         arrived: std::time::Instant::now(),
+        images: Vec::new(),
     };
     let session = &mut loaded.session;
     let r = match spec {

@@ -21,7 +21,7 @@ use rustyline::{ConditionalEventHandler, DefaultEditor, EventContext, EventHandl
 use tandem_engine::tokenizer::chat::{ChatTemplate, Message, Role};
 
 use super::generate::{self, Ask, Prefill, SamplingArgs, Watch};
-use super::load::{load, ModelArgs};
+use super::load::{load, read_images, ModelArgs};
 use super::progress::Progress;
 use super::speculate::DraftArgs;
 use crate::Context;
@@ -50,6 +50,8 @@ pub struct Args {
 /// What `/help` prints.
 const HELP: &str = "\
 /help          this list
+/image FILE    an image for the next turn (PNG, JPEG, WebP; a model with image input: --mmproj,
+               or --max-images N for a Hugging Face multimodal directory)
 /clear         forget the conversation (the system prompt stays)
 /exit, /quit   leave (Ctrl-D on an empty line too)
 Ctrl-C stops a reply (its text so far stays in the conversation); at the prompt it clears the
@@ -62,6 +64,8 @@ enum Command<'a> {
     Help,
     Clear,
     Exit,
+    /// An image for the next turn: the rest of the line, a file.
+    Image(&'a str),
     /// No such command: a one-line hint, nothing sent.
     Unknown(&'a str),
 }
@@ -79,6 +83,7 @@ impl<'a> Command<'a> {
             "help" => Command::Help,
             "clear" => Command::Clear,
             "exit" | "quit" => Command::Exit,
+            "image" => Command::Image(rest[word.len()..].trim()),
             _ => Command::Unknown(&line[..word.len() + 1]),
         })
     }
@@ -342,6 +347,10 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     };
     // Token ids currently in the cache (slot 0).
     let mut cached: Vec<u32> = Vec::new();
+    // The image table places of each message's images (their `<start_of_image>` markers lead
+    // its text), and those given for the next turn.
+    let mut turn_images: Vec<Vec<usize>> = vec![Vec::new(); messages.len()];
+    let mut pending: Vec<usize> = Vec::new();
     let mut stdout = std::io::stdout();
     // Whether the last read ended in Ctrl-C.
     let mut interrupted = false;
@@ -373,7 +382,41 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
                 writeln!(stdout, "{HELP}")?;
                 continue;
             }
+            Some(Command::Image(path)) => {
+                let Some(images) = loaded.images.as_mut() else {
+                    eprintln!(
+                        "this chat takes no images: start it with --mmproj FILE, or --max-images N \
+                         for a Hugging Face multimodal directory"
+                    );
+                    continue;
+                };
+                if path.is_empty() {
+                    eprintln!("/image needs a file: /image photo.png");
+                    continue;
+                }
+                let input = match read_images(&[PathBuf::from(path)]) {
+                    Ok(i) => i,
+                    Err(e) => {
+                        eprintln!("{e:#}");
+                        continue;
+                    }
+                };
+                match images.place(&mut loaded.session, &input, pending.len() + 1) {
+                    Ok(p) => {
+                        pending.extend(p);
+                        eprintln!("({} image(s) for the next turn)", pending.len());
+                    }
+                    Err(e) => eprintln!("{e}"),
+                }
+                continue;
+            }
             Some(Command::Clear) => {
+                if let Some(images) = loaded.images.as_mut() {
+                    images.release(&pending);
+                    images.release(&turn_images.concat());
+                }
+                pending.clear();
+                turn_images.truncate(first_turn);
                 messages.truncate(first_turn);
                 cached.clear();
                 loaded.session.reset(0);
@@ -387,15 +430,20 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             }
             None => {}
         }
-        let user = Message::new(Role::User, turn_text(text).to_string());
+        // The turn's images lead its text, one marker each.
+        let marker = loaded.images.as_ref().map_or("", |i| i.marker());
+        let user = Message::new(Role::User, marker.repeat(pending.len()) + turn_text(text));
         // A turn that does not fit the context even alone is refused, and the conversation goes
         // on without it.
         let mut alone = messages[..first_turn].to_vec();
         alone.push(user.clone());
-        let n = loaded
-            .tokenizer
-            .encode(&template.render(&alone, true)?, false)?
-            .len();
+        let n = match encode(&loaded, &template.render(&alone, true)?, &pending) {
+            Ok(ids) => ids.len(),
+            Err(e) => {
+                eprintln!("not sent: {e:#}");
+                continue;
+            }
+        };
         if n >= context {
             eprintln!(
                 "not sent: the turn takes {n} tokens with the chat template, and the context holds \
@@ -404,15 +452,20 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
             continue;
         }
         messages.push(user);
+        turn_images.push(std::mem::take(&mut pending));
         let mut rendered = template.render(&messages, true)?;
-        let mut ids = loaded.tokenizer.encode(&rendered, false)?;
+        let mut ids = encode(&loaded, &rendered, &turn_images.concat())?;
         // A conversation that outgrows the context loses its oldest turns (the system prompt
         // stays), with one note, instead of ending.
         while ids.len() + reply_room > context && messages.len() >= first_turn + 3 {
             // A user turn and its reply: the roles still alternate.
             messages.drain(first_turn..first_turn + 2);
+            let gone: Vec<Vec<usize>> = turn_images.drain(first_turn..first_turn + 2).collect();
+            if let Some(images) = loaded.images.as_mut() {
+                images.release(&gone.concat());
+            }
             rendered = template.render(&messages, true)?;
-            ids = loaded.tokenizer.encode(&rendered, false)?;
+            ids = encode(&loaded, &rendered, &turn_images.concat())?;
             if !dropped_note {
                 eprintln!(
                     "note: the conversation outgrew the context ({context} tokens, --context sets \
@@ -449,8 +502,9 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         let g = g?;
         if g.stopped && g.ids.is_empty() {
             // Stopped before the reply began: the turn is forgotten, and so is what the cache
-            // holds of it.
+            // holds of it (its images go back to the next turn).
             messages.pop();
+            pending = turn_images.pop().unwrap_or_default();
             cached.clear();
             continue;
         }
@@ -462,8 +516,20 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         cached.extend_from_slice(&reply[..reply.len().saturating_sub(1)]);
         // The reply as it was shown: cut before a stop string, or where Ctrl-C stopped it.
         messages.push(Message::new(Role::Assistant, g.text));
+        turn_images.push(Vec::new());
     }
     Ok(())
+}
+
+/// The conversation's text as token ids, with its images (the table places of its markers, in
+/// order) where there are any.
+fn encode(loaded: &tandem_engine::Loaded, text: &str, places: &[usize]) -> anyhow::Result<Vec<u32>> {
+    Ok(match &loaded.images {
+        Some(images) if !places.is_empty() => {
+            images.tokenize(&loaded.tokenizer, text, places, false, loaded.session.vocab())?
+        }
+        _ => loaded.tokenizer.encode(text, false)?,
+    })
 }
 
 #[cfg(test)]

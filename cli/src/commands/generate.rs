@@ -206,6 +206,7 @@ pub fn run(
         stop: ask.stop.to_vec(),
         sink: Box::new(&mut collect),
         arrived: Instant::now(),
+        images: Vec::new(),
     };
     let chunk = session.chunk();
     let mut stopped = false;

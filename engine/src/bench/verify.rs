@@ -126,6 +126,7 @@ pub fn speculation(
             stop: Vec::new(),
             sink: Box::new(Ids(&mut ids)),
             arrived: Instant::now(),
+            images: Vec::new(),
         };
         let stats = match spec {
             None => generate(session, tokenizer, request, 0, false, &mut |_| true),

@@ -11,6 +11,8 @@
 //! the whole image (`Op::Attention::bidirectional_from`). A place is held until the prompt is in
 //! the KV cache ([`Images::release`]).
 
+use std::sync::{Arc, Mutex};
+
 use tandem_backend_api::ComputeBackend;
 use tandem_image_input::{ImageError, PreprocessConfig};
 
@@ -127,9 +129,87 @@ pub struct Images {
     eoi: String,
     soft_id: u32,
     per_image: usize,
-    /// Free places of the image table (each `per_image` rows), lowest last.
-    free: Vec<usize>,
+    /// The image table's places (each `per_image` rows).
+    pool: PlacePool,
+}
+
+/// The places of a model's image table (each one image's rows) and which are free: shared
+/// between whoever encodes images and whoever runs their prompts (`engine serve`'s handlers
+/// and batcher), each lock held for a moment.
+#[derive(Debug, Clone)]
+pub struct PlacePool {
+    free: Arc<Mutex<Vec<usize>>>,
     places: usize,
+}
+
+impl PlacePool {
+    fn new(places: usize) -> PlacePool {
+        PlacePool {
+            free: Arc::new(Mutex::new((0..places).rev().collect())),
+            places,
+        }
+    }
+
+    fn free(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        // A panic elsewhere leaves the list whole (pushes and pops only).
+        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes `n` free places, or none when fewer are free.
+    pub fn take(&self, n: usize) -> Result<Vec<usize>, ImagesError> {
+        let mut free = self.free();
+        if n > free.len() {
+            return Err(ImagesError::TooMany {
+                images: n,
+                held: free.len(),
+            });
+        }
+        let at = free.len() - n;
+        Ok(free.split_off(at).into_iter().rev().collect())
+    }
+
+    /// Gives places back.
+    pub fn release(&self, places: &[usize]) {
+        let mut free = self.free();
+        for &p in places {
+            if p < self.places && !free.contains(&p) {
+                free.push(p);
+            }
+        }
+    }
+
+    /// Places held until the value is dropped.
+    pub fn hold(&self, places: Vec<usize>) -> HeldPlaces {
+        HeldPlaces {
+            pool: self.clone(),
+            places,
+        }
+    }
+
+    /// Places in all.
+    pub fn capacity(&self) -> usize {
+        self.places
+    }
+}
+
+/// Places of the image table held by a request, given back when it is dropped.
+#[derive(Debug)]
+pub struct HeldPlaces {
+    pool: PlacePool,
+    places: Vec<usize>,
+}
+
+impl HeldPlaces {
+    /// The places.
+    pub fn places(&self) -> &[usize] {
+        &self.places
+    }
+}
+
+impl Drop for HeldPlaces {
+    fn drop(&mut self) {
+        self.pool.release(&self.places);
+    }
 }
 
 impl Images {
@@ -168,7 +248,7 @@ impl Images {
         );
         let weights = source.weights()?;
         let tower = VisionTower::load(unit.as_mut(), cfg, text_hidden, weights.as_ref())?;
-        let places = rows / per_image;
+        let pool = PlacePool::new(rows / per_image);
         Ok(Images {
             tower,
             unit,
@@ -179,8 +259,7 @@ impl Images {
             eoi,
             soft_id: cfg.image_token,
             per_image,
-            free: (0..places).rev().collect(),
-            places,
+            pool,
         })
     }
 
@@ -196,7 +275,12 @@ impl Images {
 
     /// Images held at once.
     pub fn capacity(&self) -> usize {
-        self.places
+        self.pool.capacity()
+    }
+
+    /// The image table's places, to share.
+    pub fn pool(&self) -> &PlacePool {
+        &self.pool
     }
 
     /// `<start_of_image>` as text: where an image goes in a prompt.
@@ -205,8 +289,8 @@ impl Images {
     }
 
     /// Encodes `images` with the tower, writes their soft tokens into free places of the
-    /// session's image table, and tokenizes `text` with them: each `<start_of_image>` of the
-    /// text stands for the next image (images without one go first, at the start of the text).
+    /// session's image table, and tokenizes `text` with them ([`Images::tokenize`]). The places
+    /// are held until [`Images::release`]; on an error none is.
     pub fn prompt(
         &mut self,
         session: &mut Session,
@@ -222,13 +306,80 @@ impl Images {
                 images: images.len(),
             });
         }
-        if images.len() > self.free.len() {
+        let places = self.place(session, images, 1)?;
+        match self.tokenize(tokenizer, text, &places, add_special, session.vocab()) {
+            Ok(ids) => Ok(ImagePrompt { ids, places }),
+            Err(e) => {
+                self.release(&places);
+                Err(e)
+            }
+        }
+    }
+
+    /// Encodes `images` with the tower and writes each one's soft tokens into a free place of
+    /// the session's image table; returns the places, held until [`Images::release`]. Every
+    /// image is encoded before a place is taken: a bad one (`first` + its index in messages)
+    /// fails with none held.
+    pub fn place(
+        &mut self,
+        session: &mut Session,
+        images: &[ImageInput],
+        first: usize,
+    ) -> Result<Vec<usize>, ImagesError> {
+        let features = self.encode(images, first)?;
+        let places = self.pool.take(images.len())?;
+        for (f, &place) in features.iter().zip(&places) {
+            if let Err(e) = session.write_image_rows(place * self.per_image, f) {
+                self.release(&places);
+                return Err(e.into());
+            }
+        }
+        Ok(places)
+    }
+
+    /// Each image's soft tokens (`[tokens_per_image, width]`): decoded, preprocessed and run
+    /// through the tower; `first` numbers the images in messages.
+    pub fn encode(&mut self, images: &[ImageInput], first: usize) -> Result<Vec<Vec<f32>>, ImagesError> {
+        if images.len() > self.pool.capacity() {
             return Err(ImagesError::TooMany {
                 images: images.len(),
-                held: self.free.len(),
+                held: self.pool.capacity(),
             });
         }
-        let mut full = self.boi.repeat(images.len() - markers);
+        let mut features = Vec::with_capacity(images.len());
+        for (i, image) in images.iter().enumerate() {
+            let failed = |source| ImagesError::Image {
+                index: first + i,
+                name: image.name.clone(),
+                source,
+            };
+            let rgb = tandem_image_input::decode(&image.bytes).map_err(failed)?;
+            let pixels = tandem_image_input::preprocess(&rgb, &self.preprocess);
+            features.push(self.tower.encode(self.unit.as_mut(), &pixels)?.tokens);
+        }
+        Ok(features)
+    }
+
+    /// Tokenizes `text` for images already in the table at `places`, in order: each
+    /// `<start_of_image>` of the text stands for the next image (images without one go first,
+    /// at the start of the text), expanded as Gemma 3's processor does, its soft tokens given
+    /// the image's rows (ids from `vocab` on).
+    pub fn tokenize(
+        &self,
+        tokenizer: &Tokenizer,
+        text: &str,
+        places: &[usize],
+        add_special: bool,
+        vocab: usize,
+    ) -> Result<Vec<u32>, ImagesError> {
+        let markers = text.matches(self.boi.as_str()).count();
+        if markers > places.len() {
+            return Err(ImagesError::Markers {
+                markers,
+                images: places.len(),
+            });
+        }
+        let mut full = self.boi.repeat(places.len() - markers);
         full.push_str(text);
         let sequence = format!(
             "\n\n{}{}{}\n\n",
@@ -250,55 +401,21 @@ impl Images {
             .filter(|r| r.2)
             .map(|r| (r.0, r.1))
             .collect();
-        if runs.len() != images.len() || runs.iter().any(|r| r.1 != self.per_image) {
+        if runs.len() != places.len() || runs.iter().any(|r| r.1 != self.per_image) {
             return Err(ImagesError::StraySoftTokens {
                 soft: self.soft.clone(),
             });
         }
-        // Each image's features first: a bad image fails before any place is taken.
-        let mut features = Vec::with_capacity(images.len());
-        for (i, image) in images.iter().enumerate() {
-            let failed = |source| ImagesError::Image {
-                index: i + 1,
-                name: image.name.clone(),
-                source,
-            };
-            let rgb = tandem_image_input::decode(&image.bytes).map_err(failed)?;
-            let pixels = tandem_image_input::preprocess(&rgb, &self.preprocess);
-            features.push(self.tower.encode(self.unit.as_mut(), &pixels)?.tokens);
-        }
-        let mut places = Vec::with_capacity(images.len());
-        for f in &features {
-            let Some(place) = self.free.pop() else {
-                break;
-            };
-            places.push(place);
-            if let Err(e) = session.write_image_rows(place * self.per_image, f) {
-                self.release(&places);
-                return Err(e.into());
-            }
-        }
-        // The soft tokens, run by run, to their image's rows.
-        let vocab = session.vocab() as u32;
-        for (&(start, len), &place) in runs.iter().zip(&places) {
+        for (&(start, len), &place) in runs.iter().zip(places) {
             for (j, id) in ids[start..start + len].iter_mut().enumerate() {
-                *id = vocab + (place * self.per_image + j) as u32;
+                *id = (vocab + place * self.per_image + j) as u32;
             }
         }
-        Ok(ImagePrompt { ids, places })
+        Ok(ids)
     }
 
     /// Frees image table places once their prompt is in the KV cache.
     pub fn release(&mut self, places: &[usize]) {
-        for &p in places {
-            if p < self.places && !self.free.contains(&p) {
-                self.free.push(p);
-            }
-        }
+        self.pool.release(places);
     }
-}
-
-/// Whether `id` is an image row's (past the vocabulary of `vocab`).
-pub fn is_image_row(id: u32, vocab: usize) -> bool {
-    id as usize >= vocab
 }

@@ -30,6 +30,19 @@ pub struct Request<'s> {
     pub sink: Box<dyn EventSink + 's>,
     /// When the request arrived (time to first token is counted from here).
     pub arrived: Instant,
+    /// Images' soft tokens the prompt's image rows read, written into the model's image table
+    /// when the request is admitted (`engine serve`; `run` and `chat` write theirs first).
+    pub images: Vec<ImageRows>,
+}
+
+/// One image's soft tokens for the model's image table: `values` (`[n, width]` f32) from row
+/// `first` on.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ImageRows {
+    /// The first row.
+    pub first: usize,
+    /// The rows.
+    pub values: Vec<f32>,
 }
 
 /// What a request hears, in order: one [`Event::Token`] per generated token, then one
@@ -491,6 +504,7 @@ mod tests {
             stop: Vec::new(),
             sink: Box::new(Nowhere),
             arrived: Instant::now(),
+            images: Vec::new(),
         }
     }
 

@@ -525,7 +525,7 @@ fn run(
                 continue;
             }
             let (at, kept) = if reuse_prefix {
-                pick_slot(&free, &held, &request.prompt, live.chunk())
+                pick_slot(&free, &held, &request.prompt, live.chunk(), live.vocab())
             } else {
                 (0, 0)
             };
@@ -543,6 +543,19 @@ fn run(
                 0
             };
             held_here.truncate(kept);
+            // The prompt's images into the image table, before any of its steps.
+            let written = request
+                .images
+                .iter()
+                .try_for_each(|im| live.write_image_rows(im.first, &im.values));
+            if let Err(e) = written {
+                request.sink.send(Event::Failed {
+                    message: format!("writing the prompt's images: {e}"),
+                });
+                free.push(slot);
+                shared.leave(Outcome::Error);
+                continue;
+            }
             let mut s = Sequence::new(request, sampler, slot, tokenizer);
             spec_slot = None;
             s.skip_cached(kept);
@@ -574,9 +587,11 @@ fn run(
         //    A sequence running alone, with nothing queued, decodes in speculative blocks
         //    where a drafter was given (and it asks for no log-probabilities, which the
         //    acceptance rule does not give): the steps are its own then, and batching gains
-        //    nothing.
+        //    nothing. Not with images: the draft model has none of the image rows.
+        let vocab = live.vocab();
         let alone = seqs.len() == 1
             && !seqs[0].prefilling()
+            && seqs[0].history().iter().all(|&t| (t as usize) < vocab)
             && seqs[0].next.is_some()
             && seqs[0].sampler().logprobs().is_none()
             && metrics.queue_depth() == 0;
@@ -751,15 +766,17 @@ fn place_again(
 /// in the very steps a fresh read would take (a chunk's rows go through a backend's prompt
 /// kernels, a shorter remainder through its row kernels), so reusing a prefix changes no
 /// result.
-fn pick_slot(free: &[u32], held: &[Vec<u32>], prompt: &[u32], chunk: usize) -> (usize, usize) {
+fn pick_slot(free: &[u32], held: &[Vec<u32>], prompt: &[u32], chunk: usize, vocab: usize) -> (usize, usize) {
     let chunk = chunk.max(1);
     let limit = prompt.len().saturating_sub(1) / chunk * chunk;
     let mut best = (0, 0);
     for (at, &slot) in free.iter().enumerate() {
+        // An image's rows (ids from `vocab` on) name places of the image table that another
+        // request's image may have taken since: a prefix ends before them.
         let shared = held[slot as usize]
             .iter()
             .zip(prompt)
-            .take_while(|(a, b)| a == b)
+            .take_while(|(a, b)| a == b && (**a as usize) < vocab)
             .count()
             .min(limit)
             / chunk

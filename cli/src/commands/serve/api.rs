@@ -6,6 +6,7 @@
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use tandem_engine::runtime::images::ImageInput;
 use tandem_engine::runtime::sampler::{TokenLogprobs, MAX_TOP_LOGPROBS};
 use tandem_engine::serve::FinishReason;
 use tandem_engine::tokenizer::chat::{Message, Role};
@@ -459,13 +460,26 @@ pub fn prompt(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
     }
 }
 
-/// `messages` of `/v1/chat/completions`.
-pub fn messages(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
+/// `messages` of `/v1/chat/completions`, with the images of their `image_url` parts (data
+/// URLs) in order. Each image part becomes `marker` (the model's `<start_of_image>`) in its
+/// message's text, where text parts are trimmed as Gemma 3's template trims them; without a
+/// marker (a server without image input) an image part is refused.
+pub fn messages(
+    obj: &Map<String, Value>,
+    marker: Option<&str>,
+) -> Result<(Vec<Message>, Vec<ImageInput>), ApiError> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Url {
+        Object { url: String },
+        Text(String),
+    }
     #[derive(Deserialize)]
     struct Part {
         #[serde(rename = "type")]
         kind: String,
         text: Option<String>,
+        image_url: Option<Url>,
     }
     #[derive(Deserialize)]
     #[serde(untagged)]
@@ -483,7 +497,9 @@ pub fn messages(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
     if raw.is_empty() {
         return Err(ApiError::invalid("`messages` is empty", Some("messages")));
     }
-    raw.into_iter()
+    let mut images = Vec::new();
+    let messages = raw
+        .into_iter()
         .enumerate()
         .map(|(i, m)| {
             let role = match m.role.as_str() {
@@ -502,12 +518,30 @@ pub fn messages(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
                 Some(Content::Text(t)) => t,
                 Some(Content::Parts(parts)) => {
                     let mut text = String::new();
-                    for p in parts {
-                        match (p.kind.as_str(), p.text) {
-                            ("text", Some(t)) => text.push_str(&t),
-                            (kind, _) => {
+                    for (j, p) in parts.into_iter().enumerate() {
+                        match (p.kind.as_str(), p.text, p.image_url) {
+                            ("text", Some(t), _) => text.push_str(t.trim()),
+                            ("image_url", _, Some(url)) => {
+                                let at = format!("messages[{i}].content[{j}].image_url");
+                                let Some(marker) = marker else {
+                                    return Err(ApiError::invalid(
+                                        format!("{at}: this server takes no images (start it with --mmproj FILE, or --max-images N for a Hugging Face multimodal directory)"),
+                                        Some("messages"),
+                                    ));
+                                };
+                                let url = match url {
+                                    Url::Object { url } | Url::Text(url) => url,
+                                };
+                                let bytes = data_url(&url).map_err(|why| ApiError::invalid(format!("{at}: {why}"), Some("messages")))?;
+                                images.push(ImageInput {
+                                    name: at,
+                                    bytes,
+                                });
+                                text.push_str(marker);
+                            }
+                            (kind, _, _) => {
                                 return Err(ApiError::invalid(
-                                    format!("messages[{i}]: content parts of type {kind:?} are not supported (text only)"),
+                                    format!("messages[{i}].content[{j}]: a part of type {kind:?} is not supported (text, image_url)"),
                                     Some("messages"),
                                 ))
                             }
@@ -518,7 +552,26 @@ pub fn messages(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
             };
             Ok(Message::new(role, content))
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((messages, images))
+}
+
+/// The bytes of a `data:` URL with base64 content; remote URLs are refused (the server fetches
+/// nothing).
+fn data_url(url: &str) -> Result<Vec<u8>, String> {
+    let Some(rest) = url.strip_prefix("data:") else {
+        let scheme = url.split(':').next().unwrap_or("");
+        return Err(format!(
+            "{scheme:?} URLs are not fetched: send the image inline as a data URL (data:image/png;base64,...)"
+        ));
+    };
+    let (head, payload) = rest
+        .split_once(',')
+        .ok_or("a data URL needs a comma before its data")?;
+    if !head.ends_with(";base64") {
+        return Err("only base64 data URLs are taken (data:image/png;base64,...)".into());
+    }
+    base64::decode(payload.trim()).map_err(|e| format!("the data URL is not valid base64: {e}"))
 }
 
 /// The two response kinds.

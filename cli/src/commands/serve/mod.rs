@@ -123,8 +123,12 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         search: ctx.search.clone(),
     };
     let sink = usize::from(args.step_buckets != StepBuckets::Off);
-    let loaded =
+    let mut loaded =
         load(ctx, &args.model, args.parallel as usize + sink).map_err(|e| slots_hint(e, args.parallel))?;
+    // The vision tower stays with the handlers (it encodes off the batcher thread).
+    let images = loaded.images.take();
+    let image_marker = images.as_ref().map(|i| i.marker().to_string());
+    let vocab = loaded.session.vocab();
     let model_id = args.model_name.clone().unwrap_or_else(|| model_name(&args.model));
     // Said once in the log, and in every chat response's `warning` field.
     let chat_warning = loaded.tuning.advice().map(|a| {
@@ -179,6 +183,9 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         max_body_bytes: args.max_body_bytes,
         created,
         counter: AtomicU64::new(0),
+        images: images.map(|i| Arc::new(std::sync::Mutex::new(i))),
+        image_marker,
+        vocab,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -18,6 +18,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
+use tandem_engine::runtime::images::{HeldPlaces, ImageInput, Images, ImagesError};
+use tandem_engine::runtime::sequence::ImageRows;
 use tandem_engine::serve::{Event, EventSink, Handle, Request};
 use tandem_engine::tokenizer::chat::ChatTemplate;
 use tandem_engine::Tokenizer;
@@ -53,6 +55,13 @@ pub struct AppState {
     pub created: u64,
     /// Responses so far, for ids.
     pub counter: AtomicU64,
+    /// The vision tower, where the server takes images (`--mmproj`, `--max-images`): one image
+    /// encoded at a time, off the async threads.
+    pub images: Option<Arc<std::sync::Mutex<Images>>>,
+    /// `<start_of_image>` as text, where the server takes images.
+    pub image_marker: Option<String>,
+    /// The model's vocabulary: image rows' ids start there.
+    pub vocab: usize,
 }
 
 type Shared = Arc<AppState>;
@@ -210,7 +219,12 @@ async fn completions(
     };
     // OpenAI's completions default to 16 tokens.
     let max_tokens = common.max_tokens.unwrap_or(16);
-    generate(&st, Kind::Completion, ids, max_tokens, common, arrived).await
+    let prompt = Prompted {
+        ids,
+        images: Vec::new(),
+        held: None,
+    };
+    generate(&st, Kind::Completion, prompt, max_tokens, common, arrived).await
 }
 
 async fn chat_completions(
@@ -219,7 +233,7 @@ async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let obj = api::object(&body(&st, raw)?)?;
-    let messages = api::messages(&obj)?;
+    let (messages, images) = api::messages(&obj, st.image_marker.as_deref())?;
     let common = api::common(&obj, true, &st.sampling)?;
     need_vocabulary(&st, "chat")?;
     let template = st
@@ -229,10 +243,15 @@ async fn chat_completions(
     let text = template
         .render(&messages, true)
         .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    let ids = st
-        .tokenizer
-        .encode(&text, false)
-        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let (ids, rows, held) = if images.is_empty() {
+        let ids = st
+            .tokenizer
+            .encode(&text, false)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+        (ids, Vec::new(), None)
+    } else {
+        with_images(&st, text, images).await?
+    };
     // Chat defaults to the room left in the context; on a model whose replies wander (a base
     // checkpoint, no template: the `warning` says so) to at most BASE_CHAT_MAX_TOKENS.
     let room = st.handle.context().saturating_sub(ids.len()) as u64;
@@ -242,7 +261,65 @@ async fn chat_completions(
         room
     };
     let max_tokens = common.max_tokens.unwrap_or(default.max(1));
-    generate(&st, Kind::Chat, ids, max_tokens, common, arrived).await
+    let prompt = Prompted {
+        ids,
+        images: rows,
+        held,
+    };
+    generate(&st, Kind::Chat, prompt, max_tokens, common, arrived).await
+}
+
+/// A prompt's ids, with its images' soft tokens for the image table and the places they hold
+/// (given back when the request ends: its sink is dropped).
+struct Prompted {
+    ids: Vec<u32>,
+    images: Vec<ImageRows>,
+    held: Option<HeldPlaces>,
+}
+
+/// Encodes a chat's images with the vision tower (one request at a time, on a blocking thread),
+/// takes places of the image table for them and tokenizes the text with them.
+async fn with_images(
+    st: &AppState,
+    text: String,
+    images: Vec<ImageInput>,
+) -> Result<(Vec<u32>, Vec<ImageRows>, Option<HeldPlaces>), ApiError> {
+    let tower = st
+        .images
+        .clone()
+        .ok_or_else(|| ApiError::invalid("this server takes no images", Some("messages")))?;
+    let (tokenizer, vocab) = (st.tokenizer.clone(), st.vocab);
+    let done = tokio::task::spawn_blocking(move || {
+        let mut tower = tower.lock().unwrap_or_else(|p| p.into_inner());
+        let features = tower.encode(&images, 1)?;
+        let places = tower.pool().take(images.len())?;
+        let held = tower.pool().hold(places);
+        let ids = tower.tokenize(&tokenizer, &text, held.places(), false, vocab)?;
+        let per_image = tower.tokens_per_image();
+        let rows = features
+            .into_iter()
+            .zip(held.places())
+            .map(|(values, &p)| ImageRows {
+                first: p * per_image,
+                values,
+            })
+            .collect();
+        Ok::<_, ImagesError>((ids, rows, Some(held)))
+    })
+    .await
+    .map_err(|e| {
+        ApiError::status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding the images: {e}"),
+        )
+    })?;
+    done.map_err(|e| match e {
+        ImagesError::TooMany { .. } => ApiError::status(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        ImagesError::Model(_) | ImagesError::Session(_) | ImagesError::Unit(_) => {
+            ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+        }
+        _ => ApiError::invalid(e.to_string(), Some("messages")),
+    })
 }
 
 fn need_vocabulary(st: &AppState, what: &str) -> Result<(), ApiError> {
@@ -260,6 +337,8 @@ fn need_vocabulary(st: &AppState, what: &str) -> Result<(), ApiError> {
 struct ChannelSink {
     tx: mpsc::UnboundedSender<Event>,
     logprobs: Option<usize>,
+    /// The image table places the request's images hold, given back when it ends.
+    _held: Option<HeldPlaces>,
 }
 
 impl EventSink for ChannelSink {
@@ -279,7 +358,7 @@ impl EventSink for ChannelSink {
 async fn generate(
     st: &AppState,
     kind: Kind,
-    prompt: Vec<u32>,
+    prompt: Prompted,
     max_tokens: u64,
     common: api::Common,
     arrived: Instant,
@@ -288,15 +367,17 @@ async fn generate(
     let max_tokens = usize::try_from(max_tokens).unwrap_or(usize::MAX);
     let (tx, rx) = mpsc::unbounded_channel();
     st.handle.submit(Request {
-        prompt,
+        prompt: prompt.ids,
         max_tokens,
         sampling: common.sampling,
         stop: common.stop,
         sink: Box::new(ChannelSink {
             tx,
             logprobs: common.logprobs,
+            _held: prompt.held,
         }),
         arrived,
+        images: prompt.images,
     })?;
     let n = st.counter.fetch_add(1, Ordering::Relaxed);
     let prefix = match kind {

@@ -1,0 +1,187 @@
+//! Images in prompts through the binary (issue 58), on the tiny multimodal `vision` fixture
+//! (tests/fixtures/models/vision, transformers' reference.json): `engine run --image` and `engine
+//! serve`'s chat completions with `image_url` data URLs give transformers' greedy tokens, also
+//! for two image requests in the same steps; bad images, remote URLs and a model without a
+//! vision tower are clear errors, and the server keeps serving.
+
+mod common;
+mod http;
+
+use std::path::PathBuf;
+
+use common::{error_line, fixture, ids, text_published, Install};
+use http::{post, Server};
+use serde_json::{json, Value};
+
+fn reference() -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(fixture("vision").join("reference.json")).expect("reference"),
+    )
+    .expect("JSON")
+}
+
+fn image(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/images")
+        .join(name)
+}
+
+/// The reference's greedy tokens for `image`'s prompt of `kind`.
+fn greedy(r: &Value, image: &str, kind: &str) -> Vec<u32> {
+    let im = r["images"]
+        .as_array()
+        .expect("images")
+        .iter()
+        .find(|i| i["image"] == image)
+        .expect("the image");
+    let p = im["prompts"]
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .find(|p| p["kind"] == kind)
+        .expect("the prompt");
+    ids(&p["greedy"]["generated"])
+}
+
+#[test]
+fn run_with_an_image_gives_transformers_greedy_tokens_and_bad_input_is_an_error() {
+    let install = Install::new(&["cpu"]);
+    let r = reference();
+    let model = fixture("vision").to_string_lossy().into_owned();
+    for name in ["photo.png", "tiny_gray.png"] {
+        let file = image(name).to_string_lossy().into_owned();
+        // The raw prompt without its marker: the image goes first.
+        let args = [
+            "run",
+            "--model",
+            &model,
+            "--backend",
+            "cpu",
+            "--prompt",
+            "What is this?",
+            "--image",
+            &file,
+            "--max-tokens",
+            "8",
+            "--temperature",
+            "0",
+            "--json",
+        ];
+        let out = install.run(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(ids(&doc["tokens"]), greedy(&r, name, "raw"), "{name}");
+    }
+    let missing = [
+        "run",
+        "--model",
+        &model,
+        "--backend",
+        "cpu",
+        "--prompt",
+        "hi",
+        "--image",
+        "no-such.png",
+    ];
+    let line = error_line(&missing, &install.run(&missing));
+    assert!(line.contains("reading the image no-such.png"), "{line}");
+    let text = text_published();
+    let photo = image("photo.png").to_string_lossy().into_owned();
+    let no_tower = [
+        "run",
+        "--model",
+        &text,
+        "--backend",
+        "cpu",
+        "--prompt",
+        "hi",
+        "--image",
+        &photo,
+    ];
+    let line = error_line(&no_tower, &install.run(&no_tower));
+    assert!(line.contains("the model has no vision tower"), "{line}");
+    assert!(line.contains("text-published"), "{line}");
+}
+
+fn chat_request(image: &str) -> Value {
+    let bytes = std::fs::read(crate::image(image)).expect("image");
+    let url = format!("data:image/png;base64,{}", base64::encode(bytes));
+    json!({
+        "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "What is it?"},
+        ]}],
+        "max_tokens": 8,
+        "temperature": 0,
+    })
+}
+
+fn token_ids(addr: &str, doc: &Value) -> Vec<u32> {
+    let r = post(addr, "/v1/chat/completions", doc);
+    assert_eq!(r.status, 200, "{}", r.text());
+    ids(&r.json()["choices"][0]["token_ids"])
+}
+
+#[test]
+fn serve_takes_image_url_parts_and_refuses_what_it_cannot_read() {
+    let install = Install::new(&["cpu"]);
+    let r = reference();
+    let model = fixture("vision").to_string_lossy().into_owned();
+    let server = Server::start(
+        &install.path().join("engine"),
+        &[
+            "--model",
+            &model,
+            "--backend",
+            "cpu",
+            "--max-images",
+            "2",
+            "--chunk",
+            "6",
+        ],
+    );
+    let addr = server.addr.clone();
+    let (photo, gray) = (chat_request("photo.png"), chat_request("tiny_gray.png"));
+    assert_eq!(token_ids(&addr, &photo), greedy(&r, "photo.png", "chat"));
+    // Two image requests at once (their prompts read in the same steps, each image in its own
+    // place of the table), then the first again (its slot's prefix ends before the image).
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| token_ids(&addr, &photo));
+        let b = s.spawn(|| token_ids(&addr, &gray));
+        (a.join().expect("a"), b.join().expect("b"))
+    });
+    assert_eq!(a, greedy(&r, "photo.png", "chat"));
+    assert_eq!(b, greedy(&r, "tiny_gray.png", "chat"));
+    assert_eq!(token_ids(&addr, &gray), greedy(&r, "tiny_gray.png", "chat"));
+    // Refused with the part named, and the server goes on.
+    for (url, want) in [
+        ("https://example.com/a.png", "URLs are not fetched"),
+        ("data:image/png;base64,AAAA", "unsupported image format"),
+        ("data:image/png;base64,%%%", "not valid base64"),
+    ] {
+        let doc = json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}]}]});
+        let resp = post(&addr, "/v1/chat/completions", &doc);
+        assert_eq!(resp.status, 400, "{}", resp.text());
+        let message = resp.json()["error"]["message"]
+            .as_str()
+            .expect("message")
+            .to_string();
+        assert!(message.contains("messages[0].content[0].image_url"), "{message}");
+        assert!(message.contains(want), "{message}");
+    }
+    assert_eq!(token_ids(&addr, &photo), greedy(&r, "photo.png", "chat"));
+    drop(server);
+    // A server started without image input refuses an image part.
+    let plain = Server::start(
+        &install.path().join("engine"),
+        &["--model", &model, "--backend", "cpu"],
+    );
+    let resp = post(&plain.addr, "/v1/chat/completions", &photo);
+    assert_eq!(resp.status, 400, "{}", resp.text());
+    assert!(
+        resp.text().contains("this server takes no images"),
+        "{}",
+        resp.text()
+    );
+}
