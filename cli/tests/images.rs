@@ -185,3 +185,39 @@ fn serve_takes_image_url_parts_and_refuses_what_it_cannot_read() {
         resp.text()
     );
 }
+
+#[test]
+fn bench_measures_the_tower_and_the_image_prefill() {
+    let install = Install::new(&["cpu"]);
+    let model = fixture("vision").to_string_lossy().into_owned();
+    let photo = image("photo.png").to_string_lossy().into_owned();
+    let args = [
+        "bench",
+        "--model",
+        &model,
+        "--backend",
+        "cpu",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "2",
+        "--repeat",
+        "1",
+        "--image",
+        &photo,
+        "--json",
+    ];
+    let out = install.run(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let im = &doc["image"];
+    assert_eq!(im["image"], "photo.png", "{doc}");
+    assert_eq!(im["tower_unit"], "cpu");
+    assert_eq!(im["tokens_per_image"], 4);
+    // BOS, "\n\n", <start_of_image>, 4 soft tokens, <end_of_image>, "\n\n" and the text.
+    assert!(im["prompt_tokens"].as_u64().expect("prompt_tokens") > 9, "{im}");
+    for key in ["encode_ms", "prefill_tokens_per_s", "first_logits_ms"] {
+        assert!(im[key].as_f64().expect(key) > 0.0, "{key}: {im}");
+    }
+    assert!(im["first_logits_ms"].as_f64() >= im["encode_ms"].as_f64(), "{im}");
+}

@@ -8,10 +8,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};
-use tandem_engine::bench::results::{BenchResult, SpeculationRun};
+use tandem_engine::bench::results::{BenchResult, ImageRun, SpeculationRun};
 use tandem_engine::bench::run::{BenchEvent, BenchOptions};
 
-use super::load::{load, ModelArgs};
+use super::load::{load, load_with, read_images, ModelArgs};
 use super::progress::{self, Progress};
 use super::speculate::DraftArgs;
 use crate::Context;
@@ -51,6 +51,12 @@ pub struct Args {
     prompt_file: Option<PathBuf>,
     #[command(flatten)]
     draft: DraftArgs,
+    /// Also measure image input with this image (PNG, JPEG, WebP): the vision tower's
+    /// encoding and the prefill of the image with a short text, medians of --repeat after a
+    /// warm-up. The model needs a vision tower (--mmproj, or a Hugging Face multimodal
+    /// directory); with --synthetic, a random one of the shape is written beside the model.
+    #[arg(long, value_name = "FILE")]
+    image: Option<PathBuf>,
     /// Per-op times: on the GPU backends device timestamps after every node (which serialise the
     /// GPU's work: a profiled run measures where time goes, not the speed), on the CPU the wall
     /// time of every node.
@@ -131,6 +137,9 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     if let Some(file) = &args.prompt_file {
         result.speculation = Some(speculation(ctx, args, file)?);
     }
+    if let Some(file) = &args.image {
+        result.image = Some(image_run(ctx, args, file)?);
+    }
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&result)?)
             .with_context(|| format!("writing {}", out.display()))?;
@@ -174,6 +183,67 @@ fn speculation(ctx: &Context, args: &Args, file: &std::path::Path) -> anyhow::Re
         args.repeat,
         &mut spec,
     )?)
+}
+
+/// `file` encoded and prefilled with a short text, on the model and backend of the run: the
+/// vision tower's time and the image prompt's prefill rate.
+fn image_run(ctx: &Context, args: &Args, file: &std::path::Path) -> anyhow::Result<ImageRun> {
+    let mut model = args.model.clone();
+    if let Some(shape) = &args.synthetic {
+        let dtype = args.dtype.parse().map_err(|e| anyhow::anyhow!("--dtype: {e}"))?;
+        let path = tandem_engine::bench::run::synthetic_path(shape, dtype);
+        if model.mmproj.is_none() {
+            let mmproj = path.with_extension("mmproj.gguf");
+            if !mmproj.exists() {
+                let shape = shape.parse().map_err(|e| anyhow::anyhow!("--synthetic: {e}"))?;
+                eprintln!("writing {}", mmproj.display());
+                tandem_engine::write_synthetic_mmproj(shape, &mmproj, 0, &mut |_, _| {})?;
+            }
+            model.mmproj = Some(mmproj);
+        }
+        model.model = Some(path);
+    }
+    let inputs = read_images(&[file.to_path_buf()])?;
+    let mut loaded = load_with(ctx, &model, model.options_for(true), 1)?;
+    let images = loaded
+        .images
+        .as_mut()
+        .context("the model was loaded without image input (--max-images 0)")?;
+    let vocab = loaded.session.vocab();
+    let (mut encode, mut prefill, mut first) = (Vec::new(), Vec::new(), Vec::new());
+    let mut prompt_tokens = 0;
+    for _ in 0..=args.repeat {
+        let t0 = std::time::Instant::now();
+        let places = images.place(&mut loaded.session, &inputs, 1)?;
+        let encoded = t0.elapsed().as_secs_f64();
+        let ids = images.tokenize(&loaded.tokenizer, "Describe this image.", &places, true, vocab)?;
+        loaded.session.reset(0);
+        let t1 = std::time::Instant::now();
+        loaded.session.prefill(0, &ids, false)?;
+        let prefilled = t1.elapsed().as_secs_f64();
+        images.release(&places);
+        prompt_tokens = ids.len();
+        encode.push(encoded * 1e3);
+        prefill.push(ids.len() as f64 / prefilled.max(1e-9));
+        first.push((encoded + prefilled) * 1e3);
+    }
+    // The first round is the warm-up.
+    let median = |v: &mut Vec<f64>| {
+        v.remove(0);
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok(ImageRun {
+        image: file
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        tower_unit: images.unit_name().to_string(),
+        tokens_per_image: images.tokens_per_image(),
+        prompt_tokens,
+        encode_ms: median(&mut encode),
+        prefill_tokens_per_s: median(&mut prefill),
+        first_logits_ms: median(&mut first),
+    })
 }
 
 fn table(r: &BenchResult) -> String {
@@ -229,6 +299,19 @@ fn table(r: &BenchResult) -> String {
             s.acceptance,
             s.tokens_per_target_step,
             if s.same_tokens { "the same as" } else { "NOT" }
+        );
+    }
+    if let Some(im) = &r.image {
+        let _ = writeln!(
+            o,
+            "image {} ({} tokens, tower on {}): encode {:.1} ms, prefill of {} tokens {:.1} tok/s, first logits {:.1} ms",
+            quoted(&im.image),
+            im.tokens_per_image,
+            im.tower_unit,
+            im.encode_ms,
+            im.prompt_tokens,
+            im.prefill_tokens_per_s,
+            im.first_logits_ms
         );
     }
     if let Some(curve) = &r.verify_curve {

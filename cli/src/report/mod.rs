@@ -279,6 +279,15 @@ mod tests {
                 ready_blocks: 0,
                 same_tokens: true,
             }),
+            image: split.then(|| tandem_engine::bench::results::ImageRun {
+                image: "photo.png".into(),
+                tower_unit: "cpu".into(),
+                tokens_per_image: 256,
+                prompt_tokens: 270,
+                encode_ms: 812.5,
+                prefill_tokens_per_s: 2100.0,
+                first_logits_ms: 941.0,
+            }),
         }
     }
 

@@ -42,6 +42,29 @@ pub struct BenchResult {
     /// --prompt-file F`); absent without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculation: Option<SpeculationRun>,
+    /// Image input (`--image FILE`): the vision tower's encoding and the prefill of a prompt
+    /// holding the image; absent without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageRun>,
+}
+
+/// One image encoded and prefilled with a short text, medians over the repeats after a warm-up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImageRun {
+    /// The image file's name.
+    pub image: String,
+    /// The unit the vision tower ran on.
+    pub tower_unit: String,
+    /// Soft tokens per image.
+    pub tokens_per_image: usize,
+    /// The prompt's tokens, the image's included.
+    pub prompt_tokens: usize,
+    /// Decoding, preprocessing and the tower (with the projector), milliseconds.
+    pub encode_ms: f64,
+    /// The prompt's prefill rate (one step per chunk, the image in one).
+    pub prefill_tokens_per_s: f64,
+    /// Encoding plus the prefill: the image prompt's time to its first logits, milliseconds.
+    pub first_logits_ms: f64,
 }
 
 /// A text continued greedily with and without speculative decoding.

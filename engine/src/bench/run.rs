@@ -491,6 +491,7 @@ pub fn run(
         runs,
         verify_curve,
         speculation: None,
+        image: None,
     })
 }
 
@@ -655,6 +656,7 @@ mod tests {
             runs,
             verify_curve: None,
             speculation: None,
+            image: None,
         }
     }
 

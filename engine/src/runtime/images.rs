@@ -235,17 +235,19 @@ impl Images {
                 chunk: session.chunk(),
             });
         }
-        let text = |what: &'static str, id: u32| -> Result<String, ImagesError> {
+        // The model's own tokens by name where its tokenizer has them (an mmproj file names no
+        // ids), else the vision config's ids.
+        let token = |what: &'static str, configured: u32| -> Result<(u32, String), ImagesError> {
+            let id = tokenizer.token_id(what).unwrap_or(configured);
             let bytes = tokenizer
                 .token_bytes(id)
                 .ok_or(ImagesError::MissingToken { what, id })?;
-            String::from_utf8(bytes).map_err(|_| ImagesError::MissingToken { what, id })
+            let text = String::from_utf8(bytes).map_err(|_| ImagesError::MissingToken { what, id })?;
+            Ok((id, text))
         };
-        let (boi, soft, eoi) = (
-            text("<start_of_image>", cfg.boi_token)?,
-            text("<image_soft_token>", cfg.image_token)?,
-            text("<end_of_image>", cfg.eoi_token)?,
-        );
+        let (_, boi) = token("<start_of_image>", cfg.boi_token)?;
+        let (soft_id, soft) = token("<image_soft_token>", cfg.image_token)?;
+        let (_, eoi) = token("<end_of_image>", cfg.eoi_token)?;
         let weights = source.weights()?;
         let tower = VisionTower::load(unit.as_mut(), cfg, text_hidden, weights.as_ref())?;
         let pool = PlacePool::new(rows / per_image);
@@ -257,7 +259,7 @@ impl Images {
             boi,
             soft,
             eoi,
-            soft_id: cfg.image_token,
+            soft_id,
             per_image,
             pool,
         })
