@@ -233,6 +233,51 @@ mod tests {
     }
 
     #[test]
+    fn images_rows_only_where_the_kernels_take_them() {
+        let mut image_attention = attention(16, 2, DType::F16);
+        if let Op::Attention {
+            bidirectional_from, ..
+        } = &mut image_attention
+        {
+            *bidirectional_from = Some(262_144);
+        }
+        let weight = |dtype, shape: [usize; 2]| WeightRef {
+            buffer: BufferId(1),
+            desc: TensorDesc::new(dtype, shape),
+        };
+        let embed = Op::Embed {
+            table: weight(DType::Q4K, [8, 256]),
+            scale: 1.0,
+            extra: Some(weight(DType::F32, [3, 256])),
+        };
+        for op in [&image_attention, &embed] {
+            assert_eq!(
+                op_support(op, &vulkan()).unwrap_err(),
+                format!(
+                    "{} with images' rows has no Vulkan kernel yet (the CPU backend runs it)",
+                    op.kind()
+                )
+            );
+            let taken = Coverage {
+                image_rows: true,
+                ..wgsl()
+            };
+            assert!(op_support(op, &taken).is_ok(), "{op:?}");
+        }
+        // The table's format is still checked.
+        let q2k = Op::Embed {
+            table: weight(DType::Q2K, [8, 256]),
+            scale: 1.0,
+            extra: Some(weight(DType::F32, [3, 256])),
+        };
+        let taken = Coverage {
+            image_rows: true,
+            ..vulkan()
+        };
+        assert!(op_support(&q2k, &taken).unwrap_err().contains("q2_k"));
+    }
+
+    #[test]
     fn norm_weights_are_float_only() {
         let norm = |dtype| Op::RmsNorm {
             x: ValueId(0),

@@ -24,6 +24,40 @@ impl VulkanBackend {
         }
     }
 
+    /// `embed_<fmt>` of `table` into `out`; where `ranged`, only the rows whose token is in
+    /// `first ..< first + table rows`, from table row `token - first`.
+    fn embed_cmd(
+        &self,
+        ctx: &Ctx,
+        table: &WeightRef,
+        scale: f32,
+        out: ValueId,
+        ranged: bool,
+        first: u32,
+    ) -> Result<Cmd, BackendError> {
+        let t = self.buffers.get(table.buffer)?;
+        let (n, cols) = (table.desc.shape[0] as u32, table.desc.shape[1]);
+        let dt = table.desc.dtype;
+        let row_bytes = dt.row_bytes(cols).unwrap_or(0) as u32;
+        let units = if dt.is_quantized() { cols / 32 } else { cols };
+        Ok(Cmd::Dispatch {
+            kernel: format!("embed_{}", format_name(dt)),
+            spec: [u32::from(ranged), 0],
+            push: Push::default()
+                .u64(t.mem.address)
+                .u64(ctx.addr(out)?)
+                .u64(ctx.tokens())
+                .u32(cols as u32)
+                .u32(row_bytes)
+                .f32(scale)
+                .u32(first)
+                .u32(first + n)
+                .0,
+            groups: [div_up(units, WG as usize), ctx.graph.rows as u32, 1],
+            access: Access::new([], [ctx.span(out)?]),
+        })
+    }
+
     fn lower_node(&self, ctx: &Ctx, i: usize) -> Result<Vec<Cmd>, BackendError> {
         let node = &ctx.graph.nodes[i];
         let out = || {
@@ -43,26 +77,17 @@ impl VulkanBackend {
                 return Err(BackendError::unsupported(node.op.name(), "no Vulkan kernel"));
             }
             Op::TopK { x, k } => return super::top_k::lower(ctx, *x, *k, out()?),
-            Op::Embed { table, scale, .. } => {
-                let t = self.buffers.get(table.buffer)?;
-                let cols = table.desc.shape[1];
-                let dt = table.desc.dtype;
-                let row_bytes = dt.row_bytes(cols).unwrap_or(0) as u32;
-                let units = if dt.is_quantized() { cols / 32 } else { cols };
-                Cmd::Dispatch {
-                    kernel: format!("embed_{}", format_name(dt)),
-                    spec: [0, 0],
-                    push: Push::default()
-                        .u64(t.mem.address)
-                        .u64(ctx.addr(out()?)?)
-                        .u64(ctx.tokens())
-                        .u32(cols as u32)
-                        .u32(row_bytes)
-                        .f32(*scale)
-                        .0,
-                    groups: [div_up(units, WG as usize), ctx.graph.rows as u32, 1],
-                    access: Access::new([], [ctx.span(out()?)?]),
+            Op::Embed { table, scale, extra } => {
+                let vocab = table.desc.shape[0] as u32;
+                // With images' rows past the vocabulary, the table's rows and the extra rows
+                // take a dispatch each (the `RANGED` variant, which writes only the rows whose
+                // token falls in its range); the extra table is read where it is, so the host
+                // may rewrite it between steps.
+                let mut cmds = vec![self.embed_cmd(ctx, table, *scale, out()?, extra.is_some(), 0)?];
+                if let Some(e) = extra {
+                    cmds.push(self.embed_cmd(ctx, e, 1.0, out()?, true, vocab)?);
                 }
+                return Ok(cmds);
             }
             Op::RmsNorm {
                 x,
