@@ -405,7 +405,7 @@ pub const COVERAGE: tandem_gpu_kit::Coverage = tandem_gpu_kit::Coverage {
     max_head_dim: 512,
     top_k_max: Some(tandem_backend_api::TOP_K_MAX),
     f16_kv_pairs: true,
-    image_rows: false,
+    image_rows: true,
 };
 
 /// Whether the kernels decode weights stored in `dtype`.
@@ -553,7 +553,8 @@ pub fn module_source(
 /// in the next; its workgroup size over 64 from bit 16, where more than 1), or
 /// matmul_half's (its subgroups along input rows in the low byte, along weight rows in the
 /// next, each subgroup's 16-row blocks of input rows above), matvec_q4k_rows' (NR, W, GEGLU),
-/// matvec_dot's (R, NC, WIDE at bit 16, GEGLU at 17) or quantize_q8's (WIDE); 0 elsewhere.
+/// matvec_dot's (R, NC, WIDE at bit 16, GEGLU at 17) or quantize_q8's (WIDE), the attention
+/// kernels' IMAGE_ROWS (1: images' blocks); 0 elsewhere.
 pub type PipelineKey = (Kernel, Option<Format>, u32);
 
 /// Pipelines made so far, all of one variant.
@@ -642,6 +643,10 @@ impl Pipelines {
                 c
             }
             Kernel::QuantizeQ8 => vec![("WIDE", f64::from(r & 1))],
+            // Images' blocks (`parts/attention_params.wgsl`): key 1.
+            Kernel::Attention | Kernel::AttentionGqa | Kernel::AttentionTiled if r & 1 == 1 => {
+                vec![("IMAGE_ROWS", 1.0)]
+            }
             Kernel::MatMulHalf | Kernel::MatMulHalfNative => {
                 // Subgroups along the input rows in the low byte, along the weight rows above.
                 // FM (each subgroup's 16-row blocks of input rows) from bit 16.

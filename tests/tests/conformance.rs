@@ -86,6 +86,19 @@ fn every_case_matches_the_oracle_and_the_cpu_reference() {
             assert!(want.len() >= 4, "the suite lost its attention cases: {want:?}");
             assert_eq!(got, want, "{}: attention cases run", b.name);
         }
+        if matches!(b.name.as_str(), "vulkan" | "wgpu") {
+            // Images' rows (issue 58): both GPU backends run every such case, none refused.
+            let image = |n: &&str| n.starts_with("image_attention") || n.starts_with("embed+extra");
+            let want: Vec<&str> = all.iter().map(|c| c.name.as_str()).filter(image).collect();
+            let got: Vec<&str> = ran
+                .iter()
+                .filter(|(name, _)| *name == b.name)
+                .map(|(_, case)| case.as_str())
+                .filter(image)
+                .collect();
+            assert!(want.len() >= 8, "the suite lost its image cases: {want:?}");
+            assert_eq!(got, want, "{}: image cases run", b.name);
+        }
     }
 }
 
