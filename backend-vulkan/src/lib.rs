@@ -157,6 +157,7 @@ pub(crate) const COVERAGE: Coverage = Coverage {
     top_k_max: None,
     f16_kv_pairs: false,
     image_rows: true,
+    vision_ops: true,
 };
 
 impl BackendPlugin for VulkanBackend {

@@ -406,6 +406,7 @@ pub const COVERAGE: tandem_gpu_kit::Coverage = tandem_gpu_kit::Coverage {
     top_k_max: Some(tandem_backend_api::TOP_K_MAX),
     f16_kv_pairs: true,
     image_rows: true,
+    vision_ops: false,
 };
 
 /// Whether the kernels decode weights stored in `dtype`.

@@ -99,6 +99,23 @@ fn every_case_matches_the_oracle_and_the_cpu_reference() {
             assert!(want.len() >= 8, "the suite lost its image cases: {want:?}");
             assert_eq!(got, want, "{}: image cases run", b.name);
         }
+        if b.name == "vulkan" {
+            // The vision tower's ops: every case of them runs on the Vulkan kernels.
+            let vision = |n: &&str| {
+                ["layer_norm", "matmul+bias+gelu", "block_attention"]
+                    .iter()
+                    .any(|p| n.starts_with(p))
+            };
+            let want: Vec<&str> = all.iter().map(|c| c.name.as_str()).filter(vision).collect();
+            let got: Vec<&str> = ran
+                .iter()
+                .filter(|(name, _)| *name == b.name)
+                .map(|(_, case)| case.as_str())
+                .filter(vision)
+                .collect();
+            assert!(want.len() >= 8, "the suite lost its vision cases: {want:?}");
+            assert_eq!(got, want, "{}: vision cases run", b.name);
+        }
     }
 }
 

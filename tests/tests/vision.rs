@@ -3,7 +3,7 @@
 //! pooled to 4 soft tokens; reference.json holds transformers' pixel values, last hidden state
 //! and image features): the CPU backend (`exact`) runs the tower's graph, from the Hugging Face
 //! weights and from llama.cpp's mmproj GGUF of the same model, and both outputs are within 1e-4
-//! of the largest value.
+//! of the largest value; the Vulkan backend runs the same graph on its kernels.
 
 use std::path::PathBuf;
 
@@ -121,4 +121,49 @@ fn a_synthetic_mmproj_runs_on_the_cpu() {
     assert!(got.tokens.iter().all(|v| v.is_finite()), "non-finite soft tokens");
     assert!(got.tokens.iter().any(|v| *v != 0.0), "all-zero soft tokens");
     tower.free(cpu.as_mut()).expect("free");
+}
+
+/// The tower on the Vulkan kernels (its layer norms, biases, GELUs and block attention included)
+/// against transformers, as the CPU test above, within 1e-3 of the largest value: the Vulkan
+/// prefill matmuls may stage their inputs in f16 (the conformance suite's prefill tolerance).
+/// Without a Vulkan device (no loader, no lavapipe) it says so and passes, except under CI.
+#[test]
+fn the_tower_matches_transformers_on_vulkan() {
+    let mut vk =
+        match tandem_conformance::discover().create("vulkan", &tandem_conformance::options_for("vulkan")) {
+            Ok(b) => b,
+            Err(e) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipping: the Vulkan backend is unavailable here: {e}");
+                return;
+            }
+            Err(e) => panic!("CI must run the Vulkan backend (lavapipe): {e}"),
+        };
+    let reference: Value =
+        serde_json::from_slice(&std::fs::read(dir().join("reference.json")).expect("reference.json"))
+            .expect("reference JSON");
+    let cfg = VisionConfig::from_file(&dir().join("config.json"))
+        .expect("config")
+        .expect("a vision tower");
+    let text = Gemma3Config::from_file(&dir().join("config.json")).expect("text config");
+    let weights = HfVisionWeights::open_dir(&dir()).expect("weights");
+    let mut tower = VisionTower::load(vk.as_mut(), &cfg, text.hidden_size, &weights).expect("load");
+    for image in reference["images"].as_array().expect("images") {
+        let name = image["image"].as_str().unwrap_or("?");
+        let got = tower
+            .encode(vk.as_mut(), &floats(&image["pixel_values"]))
+            .expect("encode");
+        assert_within(
+            &format!("{name} on vulkan: last hidden state"),
+            &got.hidden,
+            &floats(&image["vision_last_hidden_state"]),
+            1e-3,
+        );
+        assert_within(
+            &format!("{name} on vulkan: image features"),
+            &got.tokens,
+            &floats(&image["image_features"]),
+            1e-3,
+        );
+    }
+    tower.free(vk.as_mut()).expect("free");
 }

@@ -72,9 +72,80 @@ impl VulkanBackend {
                 return self.lower_matmul(ctx, *x, weight, splits, &node.outputs)
             }
             Op::Attention { .. } => return self.lower_attention(ctx, i),
-            Op::LayerNorm { .. } | Op::Bias { .. } | Op::Gelu { .. } | Op::BlockAttention { .. } => {
-                // Refused by `check_ops` before lowering (the shared op support).
-                return Err(BackendError::unsupported(node.op.name(), "no Vulkan kernel"));
+            Op::LayerNorm { x, weight, bias, eps } => {
+                let (w, b) = (self.buffers.get(weight.buffer)?, self.buffers.get(bias.buffer)?);
+                Cmd::Dispatch {
+                    kernel: "layer_norm".into(),
+                    spec: [0, 0],
+                    push: Push::default()
+                        .u64(ctx.addr(*x)?)
+                        .u64(w.mem.address)
+                        .u64(b.mem.address)
+                        .u64(ctx.addr(out()?)?)
+                        .u32(ctx.cols(*x) as u32)
+                        .f32(*eps)
+                        .u32(norm_format(weight.desc.dtype))
+                        .u32(norm_format(bias.desc.dtype))
+                        .0,
+                    groups: [1, ctx.rows(*x) as u32, 1],
+                    access: Access::new([ctx.span(*x)?], [ctx.span(out()?)?]),
+                }
+            }
+            Op::Bias { x, .. } | Op::Gelu { x } => {
+                let n = ctx.rows(*x) * ctx.cols(*x);
+                let [gx, gy] = spread(div_up(n, WG as usize));
+                let (b, op, fmt) = match &node.op {
+                    Op::Bias { bias, .. } => (
+                        self.buffers.get(bias.buffer)?.mem.address,
+                        0,
+                        norm_format(bias.desc.dtype),
+                    ),
+                    _ => (0, 1, 0),
+                };
+                Cmd::Dispatch {
+                    kernel: "bias_gelu".into(),
+                    spec: [0, 0],
+                    push: Push::default()
+                        .u64(ctx.addr(*x)?)
+                        .u64(b)
+                        .u64(ctx.addr(out()?)?)
+                        .u32(n as u32)
+                        .u32(ctx.cols(*x) as u32)
+                        .u32(op)
+                        .u32(fmt)
+                        .0,
+                    groups: [gx, gy, 1],
+                    access: Access::new([ctx.span(*x)?], [ctx.span(out()?)?]),
+                }
+            }
+            Op::BlockAttention {
+                q,
+                k,
+                v,
+                heads,
+                head_dim,
+                scale,
+                block,
+            } => {
+                let rows = ctx.rows(*q);
+                let [gx, gy] = spread((rows * heads) as u32);
+                Cmd::Dispatch {
+                    kernel: "block_attention".into(),
+                    spec: [0, 0],
+                    push: Push::default()
+                        .u64(ctx.addr(*q)?)
+                        .u64(ctx.addr(*k)?)
+                        .u64(ctx.addr(*v)?)
+                        .u64(ctx.addr(out()?)?)
+                        .u32(*heads as u32)
+                        .u32(*head_dim as u32)
+                        .u32(rows as u32)
+                        .u32(*block as u32)
+                        .f32(*scale)
+                        .0,
+                    groups: [gx, gy, 1],
+                    access: Access::new([ctx.span(*q)?, ctx.span(*k)?, ctx.span(*v)?], [ctx.span(out()?)?]),
+                }
             }
             Op::TopK { x, k } => return super::top_k::lower(ctx, *x, *k, out()?),
             Op::Embed { table, scale, extra } => {
