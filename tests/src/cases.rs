@@ -731,21 +731,7 @@ fn image_attention(
     capacity: usize,
     steps: &[Runs<'_>],
 ) -> Case {
-    let steps = steps
-        .iter()
-        .map(|runs| {
-            let (mut tokens, mut positions, mut slot_ids) = (vec![], vec![], vec![]);
-            for &(slot, first, n, image) in runs.iter() {
-                for i in 0..n as u32 {
-                    let at = tokens.len() as u32;
-                    tokens.push(if image { IMAGE_FROM + at } else { 7 + at });
-                    positions.push(first + i);
-                    slot_ids.push(slot);
-                }
-            }
-            (tokens, positions, slot_ids)
-        })
-        .collect();
+    let steps = steps.iter().map(|runs| runs_step(runs)).collect();
     attention_case(
         &format!("image_attention {label}"),
         spec,
@@ -755,6 +741,20 @@ fn image_attention(
         capacity,
         steps,
     )
+}
+
+/// The (tokens, positions, slots) of a step given as runs.
+fn runs_step(runs: Runs<'_>) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let (mut tokens, mut positions, mut slot_ids) = (vec![], vec![], vec![]);
+    for &(slot, first, n, image) in runs {
+        for i in 0..n as u32 {
+            let at = tokens.len() as u32;
+            tokens.push(if image { IMAGE_FROM + at } else { 7 + at });
+            positions.push(first + i);
+            slot_ids.push(slot);
+        }
+    }
+    (tokens, positions, slot_ids)
 }
 
 /// An attention case named `name` (then the shape), steps of (tokens, positions, slots).
@@ -943,7 +943,32 @@ fn qk_norm_rope_attention_outputs(
     steps: Vec<AttnStep>,
     k_out: bool,
 ) -> Case {
-    let rows = steps[0].0.len();
+    let steps = steps.into_iter().map(|(p, s)| (vec![0; p.len()], p, s)).collect();
+    qk_norm_rope_attention_case(spec, None, cache_dtype, capacity, steps, k_out)
+}
+
+/// [`qk_norm_rope_attention_outputs`] with images' blocks (`bidirectional_from`), each step given
+/// as runs ([`Runs`]), the roped K read by the attention alone (the fused store's path).
+fn qk_norm_rope_image_attention(
+    spec: AttentionSpec,
+    cache_dtype: DType,
+    capacity: usize,
+    steps: &[Runs<'_>],
+) -> Case {
+    let steps = steps.iter().map(|runs| runs_step(runs)).collect();
+    qk_norm_rope_attention_case(spec, Some(IMAGE_FROM), cache_dtype, capacity, steps, false)
+}
+
+/// The case of [`qk_norm_rope_attention_outputs`], steps of (tokens, positions, slots).
+fn qk_norm_rope_attention_case(
+    spec: AttentionSpec,
+    from: Option<u32>,
+    cache_dtype: DType,
+    capacity: usize,
+    steps: Vec<(Vec<u32>, Vec<u32>, Vec<u32>)>,
+    k_out: bool,
+) -> Case {
+    let rows = steps[0].1.len();
     let hd = spec.head_dim;
     let (qc, kvc) = (spec.heads * hd, spec.kv_heads * hd);
     let (theta, factor, eps) = (10_000.0f32, 1.0f32, 1e-6f32);
@@ -953,7 +978,7 @@ fn qk_norm_rope_attention_outputs(
     let mut hist = KvHistory::default();
     let mut expected = Vec::new();
     let mut data = Vec::new();
-    for (positions, slot_ids) in &steps {
+    for (tokens, positions, slot_ids) in &steps {
         let q = rng.vec(rows * qc, 2.0);
         let k = rng.vec(rows * kvc, 2.0);
         let v = rng.vec(rows * kvc, 1.0);
@@ -978,14 +1003,18 @@ fn qk_norm_rope_attention_outputs(
             .map(|x| round_to(cache_dtype, *x as f32) as f64)
             .collect();
         let vr = f64s(&rounded(cache_dtype, &v));
-        expected.extend(oracle::attention(
-            &spec, &mut hist, &qr, &kr_cached, &vr, positions, slot_ids,
+        let ends = match from {
+            Some(f) => oracle::block_ends(tokens, positions, slot_ids, f),
+            None => positions.clone(),
+        };
+        expected.extend(oracle::attention_to(
+            &spec, &mut hist, &qr, &kr_cached, &vr, positions, &ends, slot_ids,
         ));
         if k_out {
             expected.extend(kr);
         }
         data.push(StepData {
-            tokens: vec![0; rows],
+            tokens: tokens.clone(),
             positions: positions.clone(),
             slots: slot_ids.clone(),
             select: vec![],
@@ -1003,7 +1032,8 @@ fn qk_norm_rope_attention_outputs(
     } = spec;
     Case {
         name: format!(
-            "qk_norm+rope+attention heads={heads}/{kv_heads} head_dim={head_dim} window={window:?} kv={cache_dtype} capacity={capacity} rows={rows}{}",
+            "qk_norm+rope+{}attention heads={heads}/{kv_heads} head_dim={head_dim} window={window:?} kv={cache_dtype} capacity={capacity} rows={rows}{}",
+            if from.is_some() { "image_" } else { "" },
             if k_out { "" } else { " (K read by the attention alone)" }
         ),
         // f16 keys: the oracle rounds its f64 roped keys, a backend its f32 ones.
@@ -1044,7 +1074,7 @@ fn qk_norm_rope_attention_outputs(
                 scale: scale as f32,
                 window,
                 softcap: softcap.map(|s| s as f32),
-                bidirectional_from: None,
+                bidirectional_from: from,
             });
             c.output(o, rows * qc)?;
             if k_out {
@@ -1688,6 +1718,24 @@ pub fn all() -> Vec<Case> {
         8,
         (0..7).map(|p| (vec![p], vec![1])).collect(),
         false,
+    ));
+    // The same chain over images' blocks (the fused norm-rope kernels storing K and V, then the
+    // image-aware attention): a prefill of 20 rows (the GPUs' tiled kernels) in two slots, then
+    // decode-sized steps.
+    v.push(qk_norm_rope_image_attention(
+        spec(4, 2, 8, None, None),
+        DType::F32,
+        40,
+        &[
+            &[(0, 0, 2, t), (0, 2, 9, i), (0, 11, 1, t), (1, 0, 8, i)],
+            &[(0, 12, 4, i), (1, 8, 1, t), (1, 9, 15, i)],
+        ],
+    ));
+    v.push(qk_norm_rope_image_attention(
+        spec(2, 1, 64, Some(4), None),
+        DType::F16,
+        12,
+        &[&[(1, 0, 3, i)], &[(1, 3, 3, i)], &[(1, 6, 3, t)], &[(1, 9, 3, i)]],
     ));
     // Gate and up over one weight, then GeGlu: decode's row counts (one, a batch) and a prefill.
     for rows in [1, 3, 20] {
