@@ -152,12 +152,20 @@ pub enum Kernel {
     /// Decode's subgroup matvec on f16 weights with rows of a multiple of 8 values, items of 8
     /// (`matvec_f16.wgsl`), optionally with the fused GeGlu.
     MatVecF16,
+    /// The vision tower's `Op::LayerNorm` (`layer_norm.wgsl`): weight at binding 3, bias at 6.
+    LayerNorm,
+    /// The vision tower's `Op::Bias` (`bias.wgsl`).
+    Bias,
+    /// The vision tower's `Op::Gelu` (`gelu.wgsl`).
+    Gelu,
+    /// The vision tower's `Op::BlockAttention` (`block_attention.wgsl`).
+    BlockAttention,
 }
 
 impl Kernel {
     /// Every kernel.
     #[cfg(test)]
-    pub const ALL: [Kernel; 25] = [
+    pub const ALL: [Kernel; 29] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::MatVec,
@@ -183,6 +191,10 @@ impl Kernel {
         Kernel::QuantizeQ8,
         Kernel::MatVecDot,
         Kernel::MatVecF16,
+        Kernel::LayerNorm,
+        Kernel::Bias,
+        Kernel::Gelu,
+        Kernel::BlockAttention,
     ];
 
     /// The kernel's name (its pipeline label).
@@ -213,6 +225,10 @@ impl Kernel {
             Kernel::QuantizeQ8 => "quantize_q8",
             Kernel::MatVecDot => "matvec_dot",
             Kernel::MatVecF16 => "matvec_f16",
+            Kernel::LayerNorm => "layer_norm",
+            Kernel::Bias => "bias",
+            Kernel::Gelu => "gelu",
+            Kernel::BlockAttention => "block_attention",
         }
     }
 
@@ -261,6 +277,10 @@ impl Kernel {
             Kernel::QuantizeQ8 => include_str!("../../shaders/wgsl/quantize_q8.wgsl"),
             Kernel::MatVecDot => include_str!("../../shaders/wgsl/matvec_dot.wgsl"),
             Kernel::MatVecF16 => include_str!("../../shaders/wgsl/matvec_f16.wgsl"),
+            Kernel::LayerNorm => include_str!("../../shaders/wgsl/layer_norm.wgsl"),
+            Kernel::Bias => include_str!("../../shaders/wgsl/bias.wgsl"),
+            Kernel::Gelu => include_str!("../../shaders/wgsl/gelu.wgsl"),
+            Kernel::BlockAttention => include_str!("../../shaders/wgsl/block_attention.wgsl"),
         }
     }
 
@@ -291,7 +311,13 @@ impl Kernel {
     fn reduces(self) -> bool {
         matches!(
             self,
-            Kernel::RmsNorm | Kernel::NormAdd | Kernel::NormRope | Kernel::NormRopeStore | Kernel::Attention
+            Kernel::RmsNorm
+                | Kernel::NormAdd
+                | Kernel::NormRope
+                | Kernel::NormRopeStore
+                | Kernel::Attention
+                | Kernel::LayerNorm
+                | Kernel::BlockAttention
         )
     }
 
@@ -321,6 +347,9 @@ impl Kernel {
             Kernel::MatVecDot if format.is_some_and(|f| f.dtype == DType::Q4K) => &[0, 1, 9, 10],
             Kernel::MatVecDot => &[0, 1, 3, 10],
             Kernel::MatVecF16 => &[0, 1, 8, 9],
+            Kernel::LayerNorm => &[0, 1, 3, 6],
+            Kernel::Bias => &[0, 1, 3],
+            Kernel::Gelu | Kernel::BlockAttention => &[0, 1],
         }
     }
 }
@@ -406,7 +435,7 @@ pub const COVERAGE: tandem_gpu_kit::Coverage = tandem_gpu_kit::Coverage {
     top_k_max: Some(tandem_backend_api::TOP_K_MAX),
     f16_kv_pairs: true,
     image_rows: true,
-    vision_ops: false,
+    vision_ops: true,
 };
 
 /// Whether the kernels decode weights stored in `dtype`.
@@ -447,7 +476,12 @@ pub fn module_source(
     s.push_str(COMMON);
     let norm = matches!(
         kernel,
-        Kernel::RmsNorm | Kernel::NormAdd | Kernel::NormRope | Kernel::NormRopeStore
+        Kernel::RmsNorm
+            | Kernel::NormAdd
+            | Kernel::NormRope
+            | Kernel::NormRopeStore
+            | Kernel::LayerNorm
+            | Kernel::Bias
     );
     if kernel.reads_format() || norm || kernel == Kernel::MatVecDot {
         s.push_str(WEIGHTS);

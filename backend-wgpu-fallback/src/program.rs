@@ -574,9 +574,98 @@ impl WgpuBackend {
                     groups: [gx, gy, 1],
                 });
             }
-            Op::LayerNorm { .. } | Op::Bias { .. } | Op::Gelu { .. } | Op::BlockAttention { .. } => {
-                // Refused by `check_ops` before planning (the shared op support).
-                return Err(BackendError::unsupported(node.op.name(), "no wgpu kernel"));
+            Op::LayerNorm { x, weight, bias, eps } => {
+                let cols = shapes[x.0 as usize].cols;
+                let whole = |w: &tandem_backend_api::WeightRef| -> Result<WeightRange, BackendError> {
+                    Ok(WeightRange {
+                        buffer: w.buffer,
+                        offset: 0,
+                        size: self.buffers.get(w.buffer)?.size,
+                    })
+                };
+                planned.push(Planned {
+                    node: i,
+                    key: (Kernel::LayerNorm, None, 0),
+                    params: vec![
+                        elem(*x)?,
+                        elem(node.outputs[0])?,
+                        cols as u32,
+                        eps.to_bits(),
+                        norm_format(weight.desc.dtype),
+                        norm_format(bias.desc.dtype),
+                    ],
+                    weight: Some(whole(weight)?),
+                    weight2: Some(whole(bias)?),
+                    caches: None,
+                    groups: [1, rows_of(x) as u32, 1],
+                });
+            }
+            Op::Bias { x, .. } | Op::Gelu { x } => {
+                let s = shapes[x.0 as usize];
+                let n = value_rows(graph, &s) * s.cols;
+                let [gx, gy] = spread(div_up(n, 64));
+                let (key, params, weight) = match &node.op {
+                    Op::Bias { bias, .. } => (
+                        Kernel::Bias,
+                        vec![
+                            elem(*x)?,
+                            elem(node.outputs[0])?,
+                            n as u32,
+                            s.cols as u32,
+                            norm_format(bias.desc.dtype),
+                        ],
+                        Some(WeightRange {
+                            buffer: bias.buffer,
+                            offset: 0,
+                            size: self.buffers.get(bias.buffer)?.size,
+                        }),
+                    ),
+                    _ => (
+                        Kernel::Gelu,
+                        vec![elem(*x)?, elem(node.outputs[0])?, n as u32],
+                        None,
+                    ),
+                };
+                planned.push(Planned {
+                    node: i,
+                    key: (key, None, 0),
+                    params,
+                    weight,
+                    weight2: None,
+                    caches: None,
+                    groups: [gx, gy, 1],
+                });
+            }
+            Op::BlockAttention {
+                q,
+                k,
+                v,
+                heads,
+                head_dim,
+                scale,
+                block,
+            } => {
+                let rows = rows_of(q);
+                let [gx, gy] = spread((rows * heads) as u32);
+                planned.push(Planned {
+                    node: i,
+                    key: (Kernel::BlockAttention, None, 0),
+                    params: vec![
+                        elem(*q)?,
+                        elem(*k)?,
+                        elem(*v)?,
+                        elem(node.outputs[0])?,
+                        *heads as u32,
+                        *head_dim as u32,
+                        rows as u32,
+                        *block as u32,
+                        scale.to_bits(),
+                    ],
+                    weight: None,
+                    weight2: None,
+                    caches: None,
+                    groups: [gx, gy, 1],
+                });
             }
             Op::Softcap { x, cap } => {
                 let s = shapes[x.0 as usize];

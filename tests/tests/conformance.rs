@@ -99,8 +99,8 @@ fn every_case_matches_the_oracle_and_the_cpu_reference() {
             assert!(want.len() >= 8, "the suite lost its image cases: {want:?}");
             assert_eq!(got, want, "{}: image cases run", b.name);
         }
-        if b.name == "vulkan" {
-            // The vision tower's ops: every case of them runs on the Vulkan kernels.
+        if matches!(b.name.as_str(), "vulkan" | "wgpu") {
+            // The vision tower's ops: every case of them runs on both GPU backends' kernels.
             let vision = |n: &&str| {
                 ["layer_norm", "matmul+bias+gelu", "block_attention"]
                     .iter()
@@ -608,13 +608,6 @@ fn wgpu_variants_match_the_oracle() {
                 continue;
             }
             if int_dot && !case.name.starts_with("matmul") {
-                continue;
-            }
-            // The vision tower's ops have no wgpu kernel: refused, as the main test checks.
-            if ["layer_norm", "matmul+bias", "block_attention"]
-                .iter()
-                .any(|p| case.name.starts_with(p))
-            {
                 continue;
             }
             match case.run(backend.as_mut()) {
