@@ -53,7 +53,7 @@ const PER_FORMAT: [&str; 8] = [
 ];
 
 /// Kernels built once.
-const PLAIN: [&str; 21] = [
+const PLAIN: [&str; 22] = [
     "rms_norm",
     "rope",
     "kv_store",
@@ -81,6 +81,7 @@ const PLAIN: [&str; 21] = [
     "layer_norm",
     "bias_gelu",
     "block_attention",
+    "block_attention_tiled",
 ];
 
 fn main() {

@@ -1299,10 +1299,13 @@ pub fn all() -> Vec<Case> {
     v.push(linear_bias_gelu(DType::F16, 2, 64, 16));
     v.push(block_attention(8, 4, 2, 16));
     v.push(block_attention(9, 9, 3, 8));
-    // SigLIP's head of 72 over blocks of more keys than a GPU kernel's chunk of 64 (two images
-    // of 65 patches, and 2 of 100), f16 layer-norm weights.
+    // SigLIP's head of 72 over blocks of more keys than a GPU kernel's chunk of 64 and tiles of
+    // 32 rows that straddle two images (two images of 65 patches, and 2 of 100), f16 layer-norm
+    // weights.
     v.push(block_attention(130, 65, 2, 72));
     v.push(block_attention(200, 100, 3, 72));
+    // A head past the GPUs' tiled kernel's 256 (Vulkan: a workgroup per head and row).
+    v.push(block_attention(10, 5, 1, 320));
     v.push(layer_norm(DType::F16, 5, 300));
     v.push(linear_bias_gelu(DType::Bf16, 3, 64, 130));
     v.push(matmul(DType::F32, 1, 50, vec![37]));

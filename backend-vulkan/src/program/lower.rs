@@ -2,6 +2,7 @@
 //! and the fused groups of `fuse`.
 
 use tandem_backend_api::{BackendError, DType, Op, ValueId, WeightRef};
+use tandem_gpu_kit::attention::{TILED_BLOCK_ROWS, TILED_MAX_HEAD_DIM};
 use tandem_gpu_kit::launch::{div_up, spread};
 use tandem_gpu_kit::params::norm_format;
 
@@ -128,9 +129,18 @@ impl VulkanBackend {
                 block,
             } => {
                 let rows = ctx.rows(*q);
-                let [gx, gy] = spread((rows * heads) as u32);
+                // Heads up to 256: tiles of 32 query rows sharing each key tile
+                // (`block_attention_tiled`, attention_tiled's scheme); larger ones a workgroup
+                // per (head, row).
+                let (kernel, groups) = if *head_dim <= TILED_MAX_HEAD_DIM {
+                    let tiles = div_up(rows, TILED_BLOCK_ROWS);
+                    ("block_attention_tiled", [*heads as u32, tiles, 1])
+                } else {
+                    let [gx, gy] = spread((rows * heads) as u32);
+                    ("block_attention", [gx, gy, 1])
+                };
                 Cmd::Dispatch {
-                    kernel: "block_attention".into(),
+                    kernel: kernel.into(),
                     spec: [0, 0],
                     push: Push::default()
                         .u64(ctx.addr(*q)?)
@@ -143,7 +153,7 @@ impl VulkanBackend {
                         .u32(*block as u32)
                         .f32(*scale)
                         .0,
-                    groups: [gx, gy, 1],
+                    groups,
                     access: Access::new([ctx.span(*q)?, ctx.span(*k)?, ctx.span(*v)?], [ctx.span(out()?)?]),
                 }
             }
