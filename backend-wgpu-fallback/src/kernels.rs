@@ -160,12 +160,15 @@ pub enum Kernel {
     Gelu,
     /// The vision tower's `Op::BlockAttention` (`block_attention.wgsl`).
     BlockAttention,
+    /// `Op::BlockAttention` for heads up to 256 on `attention_tiled.wgsl`'s scheme
+    /// (`block_attention_tiled.wgsl`).
+    BlockAttentionTiled,
 }
 
 impl Kernel {
     /// Every kernel.
     #[cfg(test)]
-    pub const ALL: [Kernel; 29] = [
+    pub const ALL: [Kernel; 30] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::MatVec,
@@ -195,6 +198,7 @@ impl Kernel {
         Kernel::Bias,
         Kernel::Gelu,
         Kernel::BlockAttention,
+        Kernel::BlockAttentionTiled,
     ];
 
     /// The kernel's name (its pipeline label).
@@ -229,6 +233,7 @@ impl Kernel {
             Kernel::Bias => "bias",
             Kernel::Gelu => "gelu",
             Kernel::BlockAttention => "block_attention",
+            Kernel::BlockAttentionTiled => "block_attention_tiled",
         }
     }
 
@@ -281,6 +286,7 @@ impl Kernel {
             Kernel::Bias => include_str!("../../shaders/wgsl/bias.wgsl"),
             Kernel::Gelu => include_str!("../../shaders/wgsl/gelu.wgsl"),
             Kernel::BlockAttention => include_str!("../../shaders/wgsl/block_attention.wgsl"),
+            Kernel::BlockAttentionTiled => include_str!("../../shaders/wgsl/block_attention_tiled.wgsl"),
         }
     }
 
@@ -349,7 +355,7 @@ impl Kernel {
             Kernel::MatVecF16 => &[0, 1, 8, 9],
             Kernel::LayerNorm => &[0, 1, 3, 6],
             Kernel::Bias => &[0, 1, 3],
-            Kernel::Gelu | Kernel::BlockAttention => &[0, 1],
+            Kernel::Gelu | Kernel::BlockAttention | Kernel::BlockAttentionTiled => &[0, 1],
         }
     }
 }

@@ -753,7 +753,7 @@ mod tests {
             DType::Q6K,
         ];
         for kernel in Kernel::ALL {
-            if kernel == Kernel::AttentionTiled
+            if matches!(kernel, Kernel::AttentionTiled | Kernel::BlockAttentionTiled)
                 && b.gpu.limits.max_compute_workgroup_storage_size < attention_tiled::WORKGROUP_BYTES
             {
                 continue; // never planned on this adapter

@@ -646,10 +646,21 @@ impl WgpuBackend {
                 block,
             } => {
                 let rows = rows_of(q);
-                let [gx, gy] = spread((rows * heads) as u32);
+                // Heads up to 256 where the adapter has the workgroup memory: tiles of 32 query
+                // rows sharing each key tile (`block_attention_tiled.wgsl`); else a workgroup per
+                // (head, row).
+                let tiled = *head_dim <= tandem_gpu_kit::attention::TILED_MAX_HEAD_DIM
+                    && self.gpu.limits.max_compute_workgroup_storage_size >= attention_tiled::WORKGROUP_BYTES;
+                let (kernel, groups) = if tiled {
+                    let tiles = div_up(rows, attention_tiled::BLOCK_ROWS);
+                    (Kernel::BlockAttentionTiled, [*heads as u32, tiles, 1])
+                } else {
+                    let [gx, gy] = spread((rows * heads) as u32);
+                    (Kernel::BlockAttention, [gx, gy, 1])
+                };
                 planned.push(Planned {
                     node: i,
-                    key: (Kernel::BlockAttention, None, 0),
+                    key: (kernel, None, 0),
                     params: vec![
                         elem(*q)?,
                         elem(*k)?,
@@ -664,7 +675,7 @@ impl WgpuBackend {
                     weight: None,
                     weight2: None,
                     caches: None,
-                    groups: [gx, gy, 1],
+                    groups,
                 });
             }
             Op::Softcap { x, cap } => {
