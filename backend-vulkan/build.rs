@@ -53,7 +53,7 @@ const PER_FORMAT: [&str; 8] = [
 ];
 
 /// Kernels built once.
-const PLAIN: [&str; 18] = [
+const PLAIN: [&str; 22] = [
     "rms_norm",
     "rope",
     "kv_store",
@@ -77,6 +77,11 @@ const PLAIN: [&str; 18] = [
     "top_k",
     // matvec_dot's input: blocks of 32 int8 values and their scale.
     "quantize_q8",
+    // The vision tower's ops.
+    "layer_norm",
+    "bias_gelu",
+    "block_attention",
+    "block_attention_tiled",
 ];
 
 fn main() {

@@ -25,6 +25,9 @@ pub struct Coverage {
     /// Whether the kernels take images' rows: `Op::Embed`'s `extra` rows and `Op::Attention`'s
     /// `bidirectional_from` blocks.
     pub image_rows: bool,
+    /// Whether the kernels take the vision tower's ops: `Op::LayerNorm` and `Op::Bias` (weights
+    /// in f32, f16 or bf16), `Op::Gelu` and `Op::BlockAttention` (heads up to `max_head_dim`).
+    pub vision_ops: bool,
 }
 
 impl Coverage {
@@ -96,12 +99,31 @@ pub fn op_support(op: &Op, coverage: &Coverage) -> Result<(), String> {
             }
             Ok(())
         }
-        // The vision tower's ops (issue 58): the CPU backend runs them; no GPU kernel yet.
-        Op::LayerNorm { .. } | Op::Bias { .. } | Op::Gelu { .. } | Op::BlockAttention { .. } => Err(format!(
-            "{} has no {} kernel yet (the CPU backend runs the vision tower's ops)",
-            op.kind(),
-            coverage.kernels
-        )),
+        // The vision tower's ops (issue 58), where the kernels take them.
+        Op::LayerNorm { .. } | Op::Bias { .. } | Op::Gelu { .. } | Op::BlockAttention { .. }
+            if !coverage.vision_ops =>
+        {
+            Err(format!(
+                "{} has no {} kernel yet (the CPU backend runs the vision tower's ops)",
+                op.kind(),
+                coverage.kernels
+            ))
+        }
+        Op::LayerNorm { .. } | Op::Bias { .. } => match op
+            .weights()
+            .iter()
+            .find(|w| !NORM_FORMATS.contains(&w.desc.dtype))
+        {
+            Some(w) => Err(format!(
+                "{} weights in {} (f32, f16 or bf16 only)",
+                op.kind(),
+                w.desc.dtype
+            )),
+            None => Ok(()),
+        },
+        Op::BlockAttention { head_dim, .. } if *head_dim > coverage.max_head_dim => {
+            Err(format!("head_dim {head_dim} (at most {})", coverage.max_head_dim))
+        }
         _ => Ok(()),
     }
 }
@@ -134,7 +156,8 @@ mod tests {
             max_head_dim: 512,
             top_k_max: None,
             f16_kv_pairs: false,
-            image_rows: false,
+            image_rows: true,
+            vision_ops: true,
         }
     }
 
@@ -230,6 +253,102 @@ mod tests {
         assert!(op_support(&top(max + 1), &wgsl()).is_err());
         assert!(op_support(&top(max), &wgsl()).is_ok());
         assert!(op_support(&top(0), &vulkan()).is_ok());
+    }
+
+    #[test]
+    fn images_rows_only_where_the_kernels_take_them() {
+        let mut image_attention = attention(16, 2, DType::F16);
+        if let Op::Attention {
+            bidirectional_from, ..
+        } = &mut image_attention
+        {
+            *bidirectional_from = Some(262_144);
+        }
+        let weight = |dtype, shape: [usize; 2]| WeightRef {
+            buffer: BufferId(1),
+            desc: TensorDesc::new(dtype, shape),
+        };
+        let embed = Op::Embed {
+            table: weight(DType::Q4K, [8, 256]),
+            scale: 1.0,
+            extra: Some(weight(DType::F32, [3, 256])),
+        };
+        let refused = Coverage {
+            image_rows: false,
+            ..vulkan()
+        };
+        for op in [&image_attention, &embed] {
+            assert_eq!(
+                op_support(op, &refused).unwrap_err(),
+                format!(
+                    "{} with images' rows has no Vulkan kernel yet (the CPU backend runs it)",
+                    op.kind()
+                )
+            );
+            assert!(op_support(op, &wgsl()).is_ok(), "{op:?}");
+        }
+        // The table's format is still checked.
+        let q2k = Op::Embed {
+            table: weight(DType::Q2K, [8, 256]),
+            scale: 1.0,
+            extra: Some(weight(DType::F32, [3, 256])),
+        };
+        assert!(op_support(&q2k, &vulkan()).unwrap_err().contains("q2_k"));
+    }
+
+    #[test]
+    fn vision_ops_only_where_the_kernels_take_them() {
+        let w = |dtype| WeightRef {
+            buffer: BufferId(1),
+            desc: TensorDesc::new(dtype, [32]),
+        };
+        let layer_norm = |weight, bias| Op::LayerNorm {
+            x: ValueId(0),
+            weight: w(weight),
+            bias: w(bias),
+            eps: 1e-6,
+        };
+        let block = |head_dim| Op::BlockAttention {
+            q: ValueId(0),
+            k: ValueId(1),
+            v: ValueId(2),
+            heads: 2,
+            head_dim,
+            scale: 1.0,
+            block: 4,
+        };
+        let ops = [
+            layer_norm(DType::F32, DType::Bf16),
+            Op::Bias {
+                x: ValueId(0),
+                bias: w(DType::F16),
+            },
+            Op::Gelu { x: ValueId(0) },
+            block(72),
+        ];
+        let taken = vulkan();
+        let refused = Coverage {
+            vision_ops: false,
+            ..wgsl()
+        };
+        for op in &ops {
+            assert_eq!(
+                op_support(op, &refused).unwrap_err(),
+                format!(
+                    "{} has no WGSL kernel yet (the CPU backend runs the vision tower's ops)",
+                    op.kind()
+                )
+            );
+            assert!(op_support(op, &taken).is_ok(), "{op:?}");
+        }
+        assert_eq!(
+            op_support(&layer_norm(DType::F32, DType::Q8_0), &taken).unwrap_err(),
+            "layer_norm weights in q8_0 (f32, f16 or bf16 only)"
+        );
+        assert_eq!(
+            op_support(&block(640), &taken).unwrap_err(),
+            "head_dim 640 (at most 512)"
+        );
     }
 
     #[test]

@@ -156,7 +156,8 @@ pub(crate) const COVERAGE: Coverage = Coverage {
     max_head_dim: 512,
     top_k_max: None,
     f16_kv_pairs: false,
-    image_rows: false,
+    image_rows: true,
+    vision_ops: true,
 };
 
 impl BackendPlugin for VulkanBackend {
@@ -384,6 +385,12 @@ impl VulkanBackend {
             (l.select, args.select),
         ] {
             let bytes: &[u8] = bytemuck::cast_slice(vals);
+            m[at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
+        }
+        // Image-aware attentions' per-row ends, beside the positions.
+        for &(from, at) in &prog.ends {
+            tandem_backend_api::kit::step::visible_ends(args, Some(from), &mut prog.ends_scratch);
+            let bytes: &[u8] = bytemuck::cast_slice(&prog.ends_scratch);
             m[at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
         }
         let value = self.gpu.submit(prog.cmd, waits)?;

@@ -152,12 +152,23 @@ pub enum Kernel {
     /// Decode's subgroup matvec on f16 weights with rows of a multiple of 8 values, items of 8
     /// (`matvec_f16.wgsl`), optionally with the fused GeGlu.
     MatVecF16,
+    /// The vision tower's `Op::LayerNorm` (`layer_norm.wgsl`): weight at binding 3, bias at 6.
+    LayerNorm,
+    /// The vision tower's `Op::Bias` (`bias.wgsl`).
+    Bias,
+    /// The vision tower's `Op::Gelu` (`gelu.wgsl`).
+    Gelu,
+    /// The vision tower's `Op::BlockAttention` (`block_attention.wgsl`).
+    BlockAttention,
+    /// `Op::BlockAttention` for heads up to 256 on `attention_tiled.wgsl`'s scheme
+    /// (`block_attention_tiled.wgsl`).
+    BlockAttentionTiled,
 }
 
 impl Kernel {
     /// Every kernel.
     #[cfg(test)]
-    pub const ALL: [Kernel; 25] = [
+    pub const ALL: [Kernel; 30] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::MatVec,
@@ -183,6 +194,11 @@ impl Kernel {
         Kernel::QuantizeQ8,
         Kernel::MatVecDot,
         Kernel::MatVecF16,
+        Kernel::LayerNorm,
+        Kernel::Bias,
+        Kernel::Gelu,
+        Kernel::BlockAttention,
+        Kernel::BlockAttentionTiled,
     ];
 
     /// The kernel's name (its pipeline label).
@@ -213,6 +229,11 @@ impl Kernel {
             Kernel::QuantizeQ8 => "quantize_q8",
             Kernel::MatVecDot => "matvec_dot",
             Kernel::MatVecF16 => "matvec_f16",
+            Kernel::LayerNorm => "layer_norm",
+            Kernel::Bias => "bias",
+            Kernel::Gelu => "gelu",
+            Kernel::BlockAttention => "block_attention",
+            Kernel::BlockAttentionTiled => "block_attention_tiled",
         }
     }
 
@@ -261,6 +282,11 @@ impl Kernel {
             Kernel::QuantizeQ8 => include_str!("../../shaders/wgsl/quantize_q8.wgsl"),
             Kernel::MatVecDot => include_str!("../../shaders/wgsl/matvec_dot.wgsl"),
             Kernel::MatVecF16 => include_str!("../../shaders/wgsl/matvec_f16.wgsl"),
+            Kernel::LayerNorm => include_str!("../../shaders/wgsl/layer_norm.wgsl"),
+            Kernel::Bias => include_str!("../../shaders/wgsl/bias.wgsl"),
+            Kernel::Gelu => include_str!("../../shaders/wgsl/gelu.wgsl"),
+            Kernel::BlockAttention => include_str!("../../shaders/wgsl/block_attention.wgsl"),
+            Kernel::BlockAttentionTiled => include_str!("../../shaders/wgsl/block_attention_tiled.wgsl"),
         }
     }
 
@@ -291,7 +317,13 @@ impl Kernel {
     fn reduces(self) -> bool {
         matches!(
             self,
-            Kernel::RmsNorm | Kernel::NormAdd | Kernel::NormRope | Kernel::NormRopeStore | Kernel::Attention
+            Kernel::RmsNorm
+                | Kernel::NormAdd
+                | Kernel::NormRope
+                | Kernel::NormRopeStore
+                | Kernel::Attention
+                | Kernel::LayerNorm
+                | Kernel::BlockAttention
         )
     }
 
@@ -321,6 +353,9 @@ impl Kernel {
             Kernel::MatVecDot if format.is_some_and(|f| f.dtype == DType::Q4K) => &[0, 1, 9, 10],
             Kernel::MatVecDot => &[0, 1, 3, 10],
             Kernel::MatVecF16 => &[0, 1, 8, 9],
+            Kernel::LayerNorm => &[0, 1, 3, 6],
+            Kernel::Bias => &[0, 1, 3],
+            Kernel::Gelu | Kernel::BlockAttention | Kernel::BlockAttentionTiled => &[0, 1],
         }
     }
 }
@@ -405,7 +440,8 @@ pub const COVERAGE: tandem_gpu_kit::Coverage = tandem_gpu_kit::Coverage {
     max_head_dim: 512,
     top_k_max: Some(tandem_backend_api::TOP_K_MAX),
     f16_kv_pairs: true,
-    image_rows: false,
+    image_rows: true,
+    vision_ops: true,
 };
 
 /// Whether the kernels decode weights stored in `dtype`.
@@ -446,7 +482,12 @@ pub fn module_source(
     s.push_str(COMMON);
     let norm = matches!(
         kernel,
-        Kernel::RmsNorm | Kernel::NormAdd | Kernel::NormRope | Kernel::NormRopeStore
+        Kernel::RmsNorm
+            | Kernel::NormAdd
+            | Kernel::NormRope
+            | Kernel::NormRopeStore
+            | Kernel::LayerNorm
+            | Kernel::Bias
     );
     if kernel.reads_format() || norm || kernel == Kernel::MatVecDot {
         s.push_str(WEIGHTS);
@@ -553,7 +594,8 @@ pub fn module_source(
 /// in the next; its workgroup size over 64 from bit 16, where more than 1), or
 /// matmul_half's (its subgroups along input rows in the low byte, along weight rows in the
 /// next, each subgroup's 16-row blocks of input rows above), matvec_q4k_rows' (NR, W, GEGLU),
-/// matvec_dot's (R, NC, WIDE at bit 16, GEGLU at 17) or quantize_q8's (WIDE); 0 elsewhere.
+/// matvec_dot's (R, NC, WIDE at bit 16, GEGLU at 17) or quantize_q8's (WIDE), the attention
+/// kernels' IMAGE_ROWS (1: images' blocks); 0 elsewhere.
 pub type PipelineKey = (Kernel, Option<Format>, u32);
 
 /// Pipelines made so far, all of one variant.
@@ -642,6 +684,10 @@ impl Pipelines {
                 c
             }
             Kernel::QuantizeQ8 => vec![("WIDE", f64::from(r & 1))],
+            // Images' blocks (`parts/attention_params.wgsl`): key 1.
+            Kernel::Attention | Kernel::AttentionGqa | Kernel::AttentionTiled if r & 1 == 1 => {
+                vec![("IMAGE_ROWS", 1.0)]
+            }
             Kernel::MatMulHalf | Kernel::MatMulHalfNative => {
                 // Subgroups along the input rows in the low byte, along the weight rows above.
                 // FM (each subgroup's 16-row blocks of input rows) from bit 16.

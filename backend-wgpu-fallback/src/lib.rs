@@ -556,6 +556,13 @@ impl ComputeBackend for WgpuBackend {
         self.gpu
             .queue
             .write_buffer(&prog.args, 0, bytemuck::cast_slice(&words));
+        // Image-aware attentions' per-row ends, beside the positions.
+        for &(from, at) in &prog.ends {
+            tandem_backend_api::kit::step::visible_ends(args, Some(from), &mut words);
+            self.gpu
+                .queue
+                .write_buffer(&prog.args, u64::from(at) * 4, bytemuck::cast_slice(&words));
+        }
         let commands = match ready {
             Some(c) => c,
             None => self.encode(prog)?,
@@ -746,7 +753,7 @@ mod tests {
             DType::Q6K,
         ];
         for kernel in Kernel::ALL {
-            if kernel == Kernel::AttentionTiled
+            if matches!(kernel, Kernel::AttentionTiled | Kernel::BlockAttentionTiled)
                 && b.gpu.limits.max_compute_workgroup_storage_size < attention_tiled::WORKGROUP_BYTES
             {
                 continue; // never planned on this adapter
@@ -789,6 +796,8 @@ mod tests {
                         &[1 | 1 << 8 | 1 << 16, 8 | 1 << 8, 1 | 4 << 8, 2 | 2 << 8 | 3 << 16]
                     }
                     Kernel::QuantizeQ8 => &[0, 1],
+                    // The attention kernels without and with images' blocks (IMAGE_ROWS).
+                    Kernel::Attention | Kernel::AttentionGqa | Kernel::AttentionTiled => &[0, 1],
                     _ => &[0],
                 };
                 for f in &variants {

@@ -109,6 +109,9 @@ pub struct Program {
     /// The next step's commands, recorded after the last submission while the device runs it
     /// (a step's commands never depend on its arguments, which live in `args`).
     pub ready: Option<wgpu::CommandBuffer>,
+    /// Each `bidirectional_from` of the graph's attentions and the word offset in `args` of
+    /// its rows' ends, written each step beside the positions.
+    pub ends: Vec<(u32, u32)>,
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -168,6 +171,9 @@ struct Args {
     select: u32,
     /// Words in all.
     words: usize,
+    /// Each `bidirectional_from` of the graph's attentions and the word offset of its rows'
+    /// last visible positions (`kit::step::visible_ends`), written each step.
+    ends: Vec<(u32, u32)>,
     /// (rope node, word offset, inverse frequencies).
     tables: Vec<(usize, u32, Vec<f32>)>,
 }
@@ -176,6 +182,19 @@ impl Args {
     fn of(graph: &Graph) -> Args {
         let rows = graph.rows as u32;
         let mut words = 3 * graph.rows + graph.selected_rows;
+        let mut ends: Vec<(u32, u32)> = Vec::new();
+        for node in &graph.nodes {
+            if let Op::Attention {
+                bidirectional_from: Some(from),
+                ..
+            } = &node.op
+            {
+                if !ends.iter().any(|(f, _)| f == from) {
+                    ends.push((*from, words as u32));
+                    words += graph.rows;
+                }
+            }
+        }
         let mut tables = Vec::new();
         for (i, node) in graph.nodes.iter().enumerate() {
             if let Op::Rope { head_dim, theta, .. } = &node.op {
@@ -191,6 +210,7 @@ impl Args {
             slots: 2 * rows,
             select: 3 * rows,
             words,
+            ends,
             tables,
         }
     }
@@ -276,6 +296,7 @@ impl WgpuBackend {
             timestamps,
             last: None,
             ready: None,
+            ends: layout.args.ends.clone(),
         };
         Ok((program, used))
     }
@@ -440,38 +461,45 @@ impl WgpuBackend {
                     size: (value_rows(graph, &s) * s.cols * 4) as u64,
                 });
             }
-            Op::Embed { table, scale, .. } => {
-                let (vocab, cols) = (table.desc.shape[0], table.desc.shape[1]);
-                let dt = table.desc.dtype;
-                let format = Format::for_rows(dt, cols)
-                    .ok_or_else(|| BackendError::unsupported(node.op.name(), "no decoder"))?;
-                let row_bytes = dt.row_bytes(cols).unwrap_or(0) as u64;
-                let buf = self.buffers.get(table.buffer)?;
-                let what = format!("embedding table {}", table.desc);
-                for (r0, r1, offset, size) in
-                    weight_chunks(&what, vocab, row_bytes, buf.size, max_binding, align)?
-                {
-                    planned.push(Planned {
-                        node: i,
-                        key: (Kernel::Embed, Some(format), 0),
-                        params: vec![
-                            elem(node.outputs[0])?,
-                            tokens,
-                            cols as u32,
-                            row_bytes as u32,
-                            r0 as u32,
-                            r1 as u32,
-                            scale.to_bits(),
-                        ],
-                        weight: Some(WeightRange {
-                            buffer: table.buffer,
-                            offset,
-                            size,
-                        }),
-                        weight2: None,
-                        caches: None,
-                        groups: [div_up(cols / format.group(), 64), rows, 1],
-                    });
+            Op::Embed { table, scale, extra } => {
+                // The table's rows, scaled; then images' rows past the vocabulary (f32, as
+                // they are), each dispatch writing the rows whose token falls in its range. The
+                // extra table is bound where it is, so the host may rewrite it between steps.
+                let vocab = table.desc.shape[0];
+                let parts = std::iter::once((table, *scale, 0)).chain(extra.iter().map(|e| (e, 1.0, vocab)));
+                for (table, scale, first) in parts {
+                    let (n, cols) = (table.desc.shape[0], table.desc.shape[1]);
+                    let dt = table.desc.dtype;
+                    let format = Format::for_rows(dt, cols)
+                        .ok_or_else(|| BackendError::unsupported(node.op.name(), "no decoder"))?;
+                    let row_bytes = dt.row_bytes(cols).unwrap_or(0) as u64;
+                    let buf = self.buffers.get(table.buffer)?;
+                    let what = format!("embedding table {}", table.desc);
+                    for (r0, r1, offset, size) in
+                        weight_chunks(&what, n, row_bytes, buf.size, max_binding, align)?
+                    {
+                        planned.push(Planned {
+                            node: i,
+                            key: (Kernel::Embed, Some(format), 0),
+                            params: vec![
+                                elem(node.outputs[0])?,
+                                tokens,
+                                cols as u32,
+                                row_bytes as u32,
+                                (first + r0) as u32,
+                                (first + r1) as u32,
+                                scale.to_bits(),
+                            ],
+                            weight: Some(WeightRange {
+                                buffer: table.buffer,
+                                offset,
+                                size,
+                            }),
+                            weight2: None,
+                            caches: None,
+                            groups: [div_up(cols / format.group(), 64), rows, 1],
+                        });
+                    }
                 }
             }
             Op::RmsNorm {
@@ -546,9 +574,109 @@ impl WgpuBackend {
                     groups: [gx, gy, 1],
                 });
             }
-            Op::LayerNorm { .. } | Op::Bias { .. } | Op::Gelu { .. } | Op::BlockAttention { .. } => {
-                // Refused by `check_ops` before planning (the shared op support).
-                return Err(BackendError::unsupported(node.op.name(), "no wgpu kernel"));
+            Op::LayerNorm { x, weight, bias, eps } => {
+                let cols = shapes[x.0 as usize].cols;
+                let whole = |w: &tandem_backend_api::WeightRef| -> Result<WeightRange, BackendError> {
+                    Ok(WeightRange {
+                        buffer: w.buffer,
+                        offset: 0,
+                        size: self.buffers.get(w.buffer)?.size,
+                    })
+                };
+                planned.push(Planned {
+                    node: i,
+                    key: (Kernel::LayerNorm, None, 0),
+                    params: vec![
+                        elem(*x)?,
+                        elem(node.outputs[0])?,
+                        cols as u32,
+                        eps.to_bits(),
+                        norm_format(weight.desc.dtype),
+                        norm_format(bias.desc.dtype),
+                    ],
+                    weight: Some(whole(weight)?),
+                    weight2: Some(whole(bias)?),
+                    caches: None,
+                    groups: [1, rows_of(x) as u32, 1],
+                });
+            }
+            Op::Bias { x, .. } | Op::Gelu { x } => {
+                let s = shapes[x.0 as usize];
+                let n = value_rows(graph, &s) * s.cols;
+                let [gx, gy] = spread(div_up(n, 64));
+                let (key, params, weight) = match &node.op {
+                    Op::Bias { bias, .. } => (
+                        Kernel::Bias,
+                        vec![
+                            elem(*x)?,
+                            elem(node.outputs[0])?,
+                            n as u32,
+                            s.cols as u32,
+                            norm_format(bias.desc.dtype),
+                        ],
+                        Some(WeightRange {
+                            buffer: bias.buffer,
+                            offset: 0,
+                            size: self.buffers.get(bias.buffer)?.size,
+                        }),
+                    ),
+                    _ => (
+                        Kernel::Gelu,
+                        vec![elem(*x)?, elem(node.outputs[0])?, n as u32],
+                        None,
+                    ),
+                };
+                planned.push(Planned {
+                    node: i,
+                    key: (key, None, 0),
+                    params,
+                    weight,
+                    weight2: None,
+                    caches: None,
+                    groups: [gx, gy, 1],
+                });
+            }
+            Op::BlockAttention {
+                q,
+                k,
+                v,
+                heads,
+                head_dim,
+                scale,
+                block,
+            } => {
+                let rows = rows_of(q);
+                // Heads up to 256 where the adapter has the workgroup memory: tiles of 32 query
+                // rows sharing each key tile (`block_attention_tiled.wgsl`); else a workgroup per
+                // (head, row).
+                let tiled = *head_dim <= tandem_gpu_kit::attention::TILED_MAX_HEAD_DIM
+                    && self.gpu.limits.max_compute_workgroup_storage_size >= attention_tiled::WORKGROUP_BYTES;
+                let (kernel, groups) = if tiled {
+                    let tiles = div_up(rows, attention_tiled::BLOCK_ROWS);
+                    (Kernel::BlockAttentionTiled, [*heads as u32, tiles, 1])
+                } else {
+                    let [gx, gy] = spread((rows * heads) as u32);
+                    (Kernel::BlockAttention, [gx, gy, 1])
+                };
+                planned.push(Planned {
+                    node: i,
+                    key: (kernel, None, 0),
+                    params: vec![
+                        elem(*q)?,
+                        elem(*k)?,
+                        elem(*v)?,
+                        elem(node.outputs[0])?,
+                        *heads as u32,
+                        *head_dim as u32,
+                        rows as u32,
+                        *block as u32,
+                        scale.to_bits(),
+                    ],
+                    weight: None,
+                    weight2: None,
+                    caches: None,
+                    groups,
+                });
             }
             Op::Softcap { x, cap } => {
                 let s = shapes[x.0 as usize];
@@ -788,7 +916,9 @@ impl WgpuBackend {
     /// An attention node's dispatches: the K/V store (unless its NormRope group stored them),
     /// `attention_tiled` first for prefill (and the combination of its splits), then
     /// `attention_gqa` for decode with grouped queries or `attention` for the rows left, and
-    /// the combination of their splits.
+    /// the combination of their splits. With `bidirectional_from` (images' blocks) each of them
+    /// takes its `IMAGE_ROWS` variant (pipeline key 1), reading every row's end from the step
+    /// arguments (written at `execute`); text attentions keep variant 0.
     fn plan_attention(&self, l: &Layout, i: usize, planned: &mut Vec<Planned>) -> Result<(), BackendError> {
         let graph = l.graph;
         let node = &graph.nodes[i];
@@ -803,10 +933,22 @@ impl WgpuBackend {
             scale,
             window,
             softcap,
-            ..
+            bidirectional_from,
         } = &node.op
         else {
             return Err(BackendError::internal(format!("node {i} is not an attention")));
+        };
+        // Images' blocks: the kernels' IMAGE_ROWS variant (pipeline key 1), reading each row's
+        // end from the step arguments; text attentions keep their variant 0.
+        let (image, ends) = match bidirectional_from {
+            Some(from) => {
+                let at = l.args.ends.iter().find(|(f, _)| f == from).map(|(_, at)| *at);
+                (
+                    1,
+                    at.ok_or_else(|| BackendError::internal("no ends for bidirectional_from"))?,
+                )
+            }
+            None => (0, 0),
         };
         let elem = |v: ValueId| l.elem(v);
         let rows = graph.rows as u32;
@@ -853,7 +995,7 @@ impl WgpuBackend {
             let tpartial = ((scratch_at + scratch_bytes) / 4) as u32;
             planned.push(Planned {
                 node: i,
-                key: (Kernel::AttentionTiled, None, 0),
+                key: (Kernel::AttentionTiled, None, image),
                 params: vec![
                     elem(*q)?,
                     out,
@@ -872,6 +1014,7 @@ impl WgpuBackend {
                     0, // coop: attention.wgsl's
                     0, // skip_block: attention.wgsl's
                     rows,
+                    ends,
                 ],
                 weight: None,
                 weight2: None,
@@ -918,7 +1061,7 @@ impl WgpuBackend {
         };
         planned.push(Planned {
             node: i,
-            key: (kernel, None, 0),
+            key: (kernel, None, image),
             params: vec![
                 elem(*q)?,
                 out,
@@ -938,6 +1081,8 @@ impl WgpuBackend {
                 // raised batch-1 decode and lowered batch-8 decode and prefill.
                 u32::from(graph.rows == 1),
                 skip_block,
+                rows,
+                ends,
             ],
             weight: None,
             weight2: None,

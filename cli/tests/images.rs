@@ -221,3 +221,42 @@ fn bench_measures_the_tower_and_the_image_prefill() {
     }
     assert!(im["first_logits_ms"].as_f64() >= im["encode_ms"].as_f64(), "{im}");
 }
+
+#[test]
+fn the_vision_tower_takes_the_first_unit_of_its_list_that_runs_it() {
+    let install = Install::new(&["cpu"]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("tandem.toml");
+    std::fs::write(&config, "[placement]\nvision = [\"nosuch\", \"cpu\"]\n").expect("config");
+    let model = fixture("vision").to_string_lossy().into_owned();
+    let photo = image("photo.png").to_string_lossy().into_owned();
+    let cfg = config.to_string_lossy().into_owned();
+    let args = [
+        "run",
+        "--config",
+        &cfg,
+        "--model",
+        &model,
+        "--backend",
+        "cpu",
+        "--prompt",
+        "What is this?",
+        "--image",
+        &photo,
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--json",
+    ];
+    let out = install.run(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("the vision tower passed over nosuch"), "{stderr}");
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(ids(&doc["tokens"]), greedy(&reference(), "photo.png", "raw"));
+    // Nothing in the list runs it: an error naming what was tried.
+    std::fs::write(&config, "[placement]\nvision = [\"nosuch\"]\n").expect("config");
+    let line = error_line(&args, &install.run(&args));
+    assert!(line.contains("nosuch"), "{line}");
+}

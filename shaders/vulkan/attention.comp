@@ -11,6 +11,10 @@ layout(local_size_x = 64) in;
 #define MAX_HEAD_DIM 512
 #define PER_THREAD (MAX_HEAD_DIM / 64)
 #define CHUNK 64
+// Images' blocks (Op::Attention's bidirectional_from; a specialisation constant, so that text
+// programs run the kernel without them): each row sees lo ..= ends[r], its block's last
+// position (kit::step::visible_ends, uploaded beside the positions each step), not lo ..= pos.
+layout(constant_id = 1) const uint IMAGE_ROWS = 0;
 
 layout(push_constant, scalar) uniform Params {
     uint64_t q;
@@ -32,6 +36,7 @@ layout(push_constant, scalar) uniform Params {
     uint splits;
     uint rows;
     uint skip_block; // nonzero: leave the one-slot blocks of this many rows (attention_tiled's)
+    uint64_t ends;   // IMAGE_ROWS only: each row's last visible position
 } p;
 
 shared float qs[MAX_HEAD_DIM];
@@ -87,7 +92,8 @@ void main() {
     uint pos = U32s(p.positions).v[r];
     uint slot = U32s(p.slots).v[r];
     uint lo = (p.window != 0u && pos + 1u > p.window) ? pos + 1u - p.window : 0u;
-    uint total = pos - lo + 1u;
+    uint end = IMAGE_ROWS != 0u ? max(U32s(p.ends).v[r], pos) : pos;
+    uint total = end - lo + 1u;
     uint per = (total + p.splits - 1u) / p.splits;
     uint first = min(split * per, total);
     uint n = min(first + per, total) - first;

@@ -23,6 +23,10 @@ layout(local_size_x = NT) in;
 // Query heads kept in registers per pass over the positions: the group's size up to 8 (a
 // specialisation constant, so that a group of 2 holds 2 heads' registers, not 8).
 layout(constant_id = 0) const uint GM = 8;
+// Images' blocks (Op::Attention's bidirectional_from; a specialisation constant, so that text
+// programs run the kernel without them): each row sees lo ..= ends[r], its block's last
+// position (kit::step::visible_ends, uploaded beside the positions each step), not lo ..= pos.
+layout(constant_id = 1) const uint IMAGE_ROWS = 0;
 #define P 4        // positions a subgroup scores at once
 #define KPL 2      // vec4s of one position a lane loads per step
 #define CHUNK 64   // positions per online-softmax step
@@ -49,6 +53,7 @@ layout(push_constant, scalar) uniform Params {
     uint splits;
     uint rows;
     uint skip_block; // nonzero: leave the one-slot blocks of this many rows (attention_tiled's)
+    uint64_t ends;   // IMAGE_ROWS only: each row's last visible position
 } p;
 
 // The group's queries (scaled, zero past head_dim) at [head * MAX_HD4 + c] while the positions
@@ -95,7 +100,8 @@ void main() {
     uint pos = U32s(p.positions).v[r];
     uint slot = U32s(p.slots).v[r];
     uint lo = (p.window != 0u && pos + 1u > p.window) ? pos + 1u - p.window : 0u;
-    uint total = pos - lo + 1u;
+    uint end = IMAGE_ROWS != 0u ? max(U32s(p.ends).v[r], pos) : pos;
+    uint total = end - lo + 1u;
     uint per = (total + p.splits - 1u) / p.splits;
     uint first = min(split * per, total);
     uint n = min(first + per, total) - first;

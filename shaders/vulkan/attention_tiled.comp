@@ -24,6 +24,10 @@ layout(local_size_x = 256) in;
 #define DC 64
 #define MAX_HEAD_DIM 256
 #define NCH (MAX_HEAD_DIM / DC)
+// Images' blocks (Op::Attention's bidirectional_from; a specialisation constant, so that text
+// programs run the kernel without them): each row sees lo ..= ends[r], its block's last
+// position, not lo ..= pos; the block's key range ends at the largest end of its rows.
+layout(constant_id = 1) const uint IMAGE_ROWS = 0;
 
 layout(push_constant, scalar) uniform Params {
     uint64_t q;
@@ -45,6 +49,7 @@ layout(push_constant, scalar) uniform Params {
     uint splits;
     uint rows;
     uint skip_block; // unused here
+    uint64_t ends;   // IMAGE_ROWS only: each row's last visible position
 } p;
 
 const float NEG_INF = -1.0 / 0.0;
@@ -56,7 +61,7 @@ shared vec4 ps[BC][BR / 4 + 1]; // scores, then probabilities, transposed: ps[j]
 shared float vs[BC][DC];        // V chunk
 shared float red[BR][8];        // the softmax's partial maxima and sums
 shared uint s_lo[BR];
-shared uint s_pos[BR];
+shared uint s_pos[BR]; // each row's last visible position: its own, or its image block's end
 shared float s_alpha[BR];
 shared float s_l[BR];
 shared uint s_range[2];
@@ -122,7 +127,11 @@ void main() {
     uint q_cols = p.heads * hd;
     if (tid < BR) {
         uint pos = tid < nrows ? U32s(p.positions).v[r0 + tid] : 0u;
-        s_pos[tid] = pos;
+        uint end = pos;
+        if (IMAGE_ROWS != 0u && tid < nrows) {
+            end = max(U32s(p.ends).v[r0 + tid], pos);
+        }
+        s_pos[tid] = end;
         s_lo[tid] = (p.window != 0u && pos + 1u > p.window) ? pos + 1u - p.window : 0u;
     }
     barrier();

@@ -32,7 +32,7 @@ fn kernel(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
     if (p.window != 0u && pos + 1u > p.window) {
         lo = pos + 1u - p.window;
     }
-    let total = pos - lo + 1u;
+    let total = row_end(r, pos) - lo + 1u;
     let per = (total + p.splits - 1u) / p.splits;
     let first = min(split * per, total);
     let n = min(first + per, total) - first;

@@ -228,10 +228,14 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let hd = p.head_dim;
     if (tid < BR) {
         var pos = 0u;
+        var end = 0u;
         if (tid < t_nrows) {
             pos = args[p.positions + t_r0 + tid];
+            end = row_end(t_r0 + tid, pos);
         }
-        s_pos[tid] = pos;
+        // The last position the row sees: its own, or its image block's end (the block's key
+        // range then ends at the largest of its rows').
+        s_pos[tid] = end;
         var lo = 0u;
         if (p.window != 0u && pos + 1u > p.window) {
             lo = pos + 1u - p.window;

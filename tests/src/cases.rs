@@ -25,6 +25,10 @@ pub struct StepData {
     pub select: Vec<u32>,
     /// Values of each `Input`.
     pub inputs: Vec<Vec<f32>>,
+    /// New contents of the case's rewritable weights ([`Ctx::rewritable_weight`], in their
+    /// order), written with `ComputeBackend::write` before this step runs; empty: left as they
+    /// are.
+    pub rewrites: Vec<Vec<f32>>,
 }
 
 impl StepData {
@@ -66,6 +70,8 @@ pub struct Ctx<'a> {
     inputs: Vec<BufferId>,
     outputs: Vec<(BufferId, usize)>,
     buffers: Vec<BufferId>,
+    /// The f32 weights the steps rewrite ([`StepData::rewrites`]).
+    rewritable: Vec<BufferId>,
     rows: usize,
     selected_rows: usize,
 }
@@ -106,6 +112,15 @@ impl Ctx<'_> {
         let buffer = self.alloc(desc.clone(), Usage::Weight)?;
         self.backend.write(buffer, 0, &encode(dtype, vals))?;
         Ok(WeightRef { buffer, desc })
+    }
+
+    /// An f32 weight holding `vals` that the steps may rewrite between executions (the host's
+    /// images' rows): [`StepData::rewrites`] gives its new contents, in the order these are
+    /// made.
+    pub fn rewritable_weight(&mut self, shape: &[usize], vals: &[f32]) -> Result<WeightRef, BackendError> {
+        let w = self.weight(DType::F32, shape, vals)?;
+        self.rewritable.push(w.buffer);
+        Ok(w)
     }
 
     /// A weight of `dtype` holding `bytes` as stored (block-quantized formats).
@@ -183,6 +198,7 @@ impl Case {
             inputs: vec![],
             outputs: vec![],
             buffers: vec![],
+            rewritable: vec![],
             rows: self.rows,
             selected_rows: self.selected_rows,
         };
@@ -193,6 +209,9 @@ impl Case {
             let run = (|| {
                 for step in &self.steps {
                     for (buf, vals) in ctx.inputs.iter().zip(&step.inputs) {
+                        ctx.backend.write(*buf, 0, &encode(DType::F32, vals))?;
+                    }
+                    for (buf, vals) in ctx.rewritable.iter().zip(&step.rewrites) {
                         ctx.backend.write(*buf, 0, &encode(DType::F32, vals))?;
                     }
                     let args = StepArgs {
@@ -272,6 +291,67 @@ fn embed(dtype: DType, vocab: usize, hidden: usize, tokens: Vec<u32>) -> Case {
                 table: t,
                 scale,
                 extra: None,
+            });
+            c.output(e, rows * hidden)
+        }),
+        expected,
+    }
+}
+
+/// `Op::Embed` with `extra` rows past the vocabulary (images' soft tokens): each step's tokens
+/// mix vocabulary ids and extra ids; before each step after the first the extra table is
+/// rewritten with `write` (new rows each time), and the step must read the new rows.
+fn embed_extra(dtype: DType, vocab: usize, hidden: usize, extra_rows: usize, steps: Vec<Vec<u32>>) -> Case {
+    let mut rng = Rng::new(90 + hidden as u64);
+    let (bytes, table) = if matches!(dtype, DType::F32 | DType::F16 | DType::Bf16) {
+        let t = rounded(dtype, &rng.vec(vocab * hidden, 1.0));
+        (encode(dtype, &t), t)
+    } else {
+        quantized_weight(dtype, vocab, hidden, &mut rng)
+    };
+    let scale = 1.7f32;
+    let rows = steps[0].len();
+    let mut expected = Vec::new();
+    let mut data = Vec::new();
+    let mut first_extra = Vec::new();
+    for (i, tokens) in steps.iter().enumerate() {
+        assert_eq!(tokens.len(), rows, "every step has {rows} rows");
+        let extra = rng.vec(extra_rows * hidden, 3.0);
+        expected.extend(oracle::embed_extra(
+            &f64s(&table),
+            &f64s(&extra),
+            hidden,
+            tokens,
+            scale as f64,
+        ));
+        let rewrites = if i == 0 {
+            first_extra = extra;
+            vec![]
+        } else {
+            vec![extra]
+        };
+        data.push(StepData {
+            tokens: tokens.clone(),
+            rewrites,
+            ..StepData::rows(rows)
+        });
+    }
+    Case {
+        name: format!(
+            "embed+extra {dtype} vocab={vocab} hidden={hidden} extra={extra_rows} rows={rows} steps={}",
+            steps.len()
+        ),
+        tol: 1e-6,
+        rows,
+        selected_rows: 0,
+        steps: data,
+        build: Box::new(move |c| {
+            let t = c.weight_bytes(dtype, &[vocab, hidden], &bytes)?;
+            let extra = c.rewritable_weight(&[extra_rows, hidden], &first_extra)?;
+            let e = c.push1(Op::Embed {
+                table: t,
+                scale,
+                extra: Some(extra),
             });
             c.output(e, rows * hidden)
         }),
@@ -613,7 +693,6 @@ fn rope(positions: Vec<u32>, heads: usize, head_dim: usize, theta: f32, factor: 
 /// One step of an attention case: (positions, slots).
 type AttnStep = (Vec<u32>, Vec<u32>);
 
-#[allow(clippy::too_many_arguments)]
 fn attention(
     label: &str,
     spec: AttentionSpec,
@@ -622,37 +701,111 @@ fn attention(
     capacity: usize,
     steps: Vec<AttnStep>,
 ) -> Case {
-    let rows = steps[0].0.len();
+    let steps = steps.into_iter().map(|(p, s)| (vec![0; p.len()], p, s)).collect();
+    attention_case(
+        &format!("attention {label}"),
+        spec,
+        None,
+        cache_dtype,
+        slots,
+        capacity,
+        steps,
+    )
+}
+
+/// The token id from which the image attention cases' rows are images' (Gemma 3's soft tokens
+/// are past its vocabulary of 262,144).
+const IMAGE_FROM: u32 = 262_144;
+
+/// One step of an image attention case, as runs of rows `(slot, first position, rows, image)`:
+/// image rows take token ids from [`IMAGE_FROM`] on, text rows ids below it.
+type Runs<'a> = &'a [(u32, u32, usize, bool)];
+
+/// Attention with `bidirectional_from` (Gemma 3's image blocks): each step given as runs
+/// ([`Runs`]); the oracle computes every row's end itself ([`oracle::block_ends`]).
+fn image_attention(
+    label: &str,
+    spec: AttentionSpec,
+    cache_dtype: DType,
+    slots: usize,
+    capacity: usize,
+    steps: &[Runs<'_>],
+) -> Case {
+    let steps = steps.iter().map(|runs| runs_step(runs)).collect();
+    attention_case(
+        &format!("image_attention {label}"),
+        spec,
+        Some(IMAGE_FROM),
+        cache_dtype,
+        slots,
+        capacity,
+        steps,
+    )
+}
+
+/// The (tokens, positions, slots) of a step given as runs.
+fn runs_step(runs: Runs<'_>) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let (mut tokens, mut positions, mut slot_ids) = (vec![], vec![], vec![]);
+    for &(slot, first, n, image) in runs {
+        for i in 0..n as u32 {
+            let at = tokens.len() as u32;
+            tokens.push(if image { IMAGE_FROM + at } else { 7 + at });
+            positions.push(first + i);
+            slot_ids.push(slot);
+        }
+    }
+    (tokens, positions, slot_ids)
+}
+
+/// An attention case named `name` (then the shape), steps of (tokens, positions, slots).
+fn attention_case(
+    name: &str,
+    spec: AttentionSpec,
+    from: Option<u32>,
+    cache_dtype: DType,
+    slots: usize,
+    capacity: usize,
+    steps: Vec<(Vec<u32>, Vec<u32>, Vec<u32>)>,
+) -> Case {
+    let rows = steps[0].1.len();
     assert!(
-        steps.iter().all(|s| s.0.len() == rows && s.1.len() == rows),
-        "case {label}: every step has {rows} rows"
+        steps
+            .iter()
+            .all(|s| s.0.len() == rows && s.1.len() == rows && s.2.len() == rows),
+        "case {name}: every step has {rows} rows"
     );
     let (qc, kvc) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
     let mut rng = Rng::new(6);
     let mut hist = KvHistory::default();
     let mut expected = Vec::new();
     let mut data = Vec::new();
-    for (positions, slot_ids) in &steps {
+    for (tokens, positions, slot_ids) in &steps {
         let q = rng.vec(rows * qc, 1.0);
         let k = rng.vec(rows * kvc, 1.0);
         let v = rng.vec(rows * kvc, 1.0);
         // The oracle sees keys and values as the cache stores them.
         let (kr, vr) = (rounded(cache_dtype, &k), rounded(cache_dtype, &v));
-        expected.extend(oracle::attention(
+        let ends = match from {
+            Some(f) => oracle::block_ends(tokens, positions, slot_ids, f),
+            None => positions.clone(),
+        };
+        expected.extend(oracle::attention_to(
             &spec,
             &mut hist,
             &f64s(&q),
             &f64s(&kr),
             &f64s(&vr),
             positions,
+            &ends,
             slot_ids,
         ));
         data.push(StepData {
-            tokens: vec![0; rows],
+            tokens: tokens.clone(),
             positions: positions.clone(),
             slots: slot_ids.clone(),
             select: vec![],
             inputs: vec![q, k, v],
+            rewrites: vec![],
         });
     }
     let AttentionSpec {
@@ -665,7 +818,7 @@ fn attention(
     } = spec;
     Case {
         name: format!(
-            "attention {label} heads={heads}/{kv_heads} head_dim={head_dim} window={window:?} softcap={softcap:?} kv={cache_dtype} capacity={capacity} rows={rows}"
+            "{name} heads={heads}/{kv_heads} head_dim={head_dim} window={window:?} softcap={softcap:?} kv={cache_dtype} capacity={capacity} rows={rows}"
         ),
         tol: 1e-5,
         rows,
@@ -687,7 +840,7 @@ fn attention(
                 scale: scale as f32,
                 window,
                 softcap: softcap.map(|s| s as f32),
-                bidirectional_from: None,
+                bidirectional_from: from,
             });
             c.output(o, rows * qc)
         }),
@@ -790,7 +943,32 @@ fn qk_norm_rope_attention_outputs(
     steps: Vec<AttnStep>,
     k_out: bool,
 ) -> Case {
-    let rows = steps[0].0.len();
+    let steps = steps.into_iter().map(|(p, s)| (vec![0; p.len()], p, s)).collect();
+    qk_norm_rope_attention_case(spec, None, cache_dtype, capacity, steps, k_out)
+}
+
+/// [`qk_norm_rope_attention_outputs`] with images' blocks (`bidirectional_from`), each step given
+/// as runs ([`Runs`]), the roped K read by the attention alone (the fused store's path).
+fn qk_norm_rope_image_attention(
+    spec: AttentionSpec,
+    cache_dtype: DType,
+    capacity: usize,
+    steps: &[Runs<'_>],
+) -> Case {
+    let steps = steps.iter().map(|runs| runs_step(runs)).collect();
+    qk_norm_rope_attention_case(spec, Some(IMAGE_FROM), cache_dtype, capacity, steps, false)
+}
+
+/// The case of [`qk_norm_rope_attention_outputs`], steps of (tokens, positions, slots).
+fn qk_norm_rope_attention_case(
+    spec: AttentionSpec,
+    from: Option<u32>,
+    cache_dtype: DType,
+    capacity: usize,
+    steps: Vec<(Vec<u32>, Vec<u32>, Vec<u32>)>,
+    k_out: bool,
+) -> Case {
+    let rows = steps[0].1.len();
     let hd = spec.head_dim;
     let (qc, kvc) = (spec.heads * hd, spec.kv_heads * hd);
     let (theta, factor, eps) = (10_000.0f32, 1.0f32, 1e-6f32);
@@ -800,7 +978,7 @@ fn qk_norm_rope_attention_outputs(
     let mut hist = KvHistory::default();
     let mut expected = Vec::new();
     let mut data = Vec::new();
-    for (positions, slot_ids) in &steps {
+    for (tokens, positions, slot_ids) in &steps {
         let q = rng.vec(rows * qc, 2.0);
         let k = rng.vec(rows * kvc, 2.0);
         let v = rng.vec(rows * kvc, 1.0);
@@ -825,18 +1003,23 @@ fn qk_norm_rope_attention_outputs(
             .map(|x| round_to(cache_dtype, *x as f32) as f64)
             .collect();
         let vr = f64s(&rounded(cache_dtype, &v));
-        expected.extend(oracle::attention(
-            &spec, &mut hist, &qr, &kr_cached, &vr, positions, slot_ids,
+        let ends = match from {
+            Some(f) => oracle::block_ends(tokens, positions, slot_ids, f),
+            None => positions.clone(),
+        };
+        expected.extend(oracle::attention_to(
+            &spec, &mut hist, &qr, &kr_cached, &vr, positions, &ends, slot_ids,
         ));
         if k_out {
             expected.extend(kr);
         }
         data.push(StepData {
-            tokens: vec![0; rows],
+            tokens: tokens.clone(),
             positions: positions.clone(),
             slots: slot_ids.clone(),
             select: vec![],
             inputs: vec![q, k, v],
+            rewrites: vec![],
         });
     }
     let AttentionSpec {
@@ -849,7 +1032,8 @@ fn qk_norm_rope_attention_outputs(
     } = spec;
     Case {
         name: format!(
-            "qk_norm+rope+attention heads={heads}/{kv_heads} head_dim={head_dim} window={window:?} kv={cache_dtype} capacity={capacity} rows={rows}{}",
+            "qk_norm+rope+{}attention heads={heads}/{kv_heads} head_dim={head_dim} window={window:?} kv={cache_dtype} capacity={capacity} rows={rows}{}",
+            if from.is_some() { "image_" } else { "" },
             if k_out { "" } else { " (K read by the attention alone)" }
         ),
         // f16 keys: the oracle rounds its f64 roped keys, a backend its f32 ones.
@@ -890,7 +1074,7 @@ fn qk_norm_rope_attention_outputs(
                 scale: scale as f32,
                 window,
                 softcap: softcap.map(|s| s as f32),
-                bidirectional_from: None,
+                bidirectional_from: from,
             });
             c.output(o, rows * qc)?;
             if k_out {
@@ -1070,6 +1254,36 @@ pub fn all() -> Vec<Case> {
         v.push(embed(d, 11, 35, vec![3, 0, 10]));
     }
     v.push(embed(DType::F32, 7, 64, vec![6]));
+    // Images' rows past the vocabulary, rewritten between steps: float tables of a width that
+    // is no multiple of 4 and one that is, block formats (decoded 32 values at a time).
+    v.push(embed_extra(
+        DType::F32,
+        11,
+        35,
+        5,
+        vec![vec![3, 11, 0, 15, 12, 10], vec![15, 14, 1, 11, 10, 13]],
+    ));
+    v.push(embed_extra(
+        DType::Bf16,
+        6,
+        36,
+        3,
+        vec![vec![6, 8, 5, 0], vec![0, 7, 7, 6], vec![8, 1, 2, 6]],
+    ));
+    v.push(embed_extra(
+        DType::Q8_0,
+        9,
+        64,
+        4,
+        vec![vec![9, 0, 12, 8, 10], vec![1, 11, 9, 9, 12]],
+    ));
+    v.push(embed_extra(
+        DType::Q4K,
+        3,
+        256,
+        2,
+        vec![vec![4, 0, 3], vec![3, 2, 4]],
+    ));
     v.push(rms_norm(DType::F32, 1, 45, 45, 1.0));
     v.push(rms_norm(DType::Bf16, 3, 18, 6, 0.0));
     v.push(rms_norm(DType::F16, 2, 96, 32, 1.0));
@@ -1085,6 +1299,15 @@ pub fn all() -> Vec<Case> {
     v.push(linear_bias_gelu(DType::F16, 2, 64, 16));
     v.push(block_attention(8, 4, 2, 16));
     v.push(block_attention(9, 9, 3, 8));
+    // SigLIP's head of 72 over blocks of more keys than a GPU kernel's chunk of 64 and tiles of
+    // 32 rows that straddle two images (two images of 65 patches, and 2 of 100), f16 layer-norm
+    // weights.
+    v.push(block_attention(130, 65, 2, 72));
+    v.push(block_attention(200, 100, 3, 72));
+    // A head past the GPUs' tiled kernel's 256 (Vulkan: a workgroup per head and row).
+    v.push(block_attention(10, 5, 1, 320));
+    v.push(layer_norm(DType::F16, 5, 300));
+    v.push(linear_bias_gelu(DType::Bf16, 3, 64, 130));
     v.push(matmul(DType::F32, 1, 50, vec![37]));
     v.push(matmul(DType::F16, 5, 33, vec![7, 5, 7]));
     v.push(matmul(DType::Bf16, 7, 64, vec![20, 20]));
@@ -1348,6 +1571,114 @@ pub fn all() -> Vec<Case> {
         160,
         steps,
     ));
+    // Images' blocks (`bidirectional_from`): every row of a block sees to its block's end.
+    // Prefill of 40 rows (the GPUs' tiled kernels: blocks of 32 rows, their key tiles split):
+    // blocks at the start, in the middle, across the 32-row boundary and at the end of a step,
+    // then a block of 34 rows from the start of the next; GQA over an f32 cache.
+    let (t, i) = (false, true);
+    v.push(image_attention(
+        "blocks-prefill",
+        spec(4, 2, 16, None, None),
+        DType::F32,
+        1,
+        96,
+        &[
+            &[
+                (0, 0, 5, i),
+                (0, 5, 7, t),
+                (0, 12, 8, i),
+                (0, 20, 8, t),
+                (0, 28, 8, i),
+                (0, 36, 1, t),
+                (0, 37, 3, i),
+            ],
+            &[(0, 40, 34, i), (0, 74, 6, t)],
+        ],
+    ));
+    // A window shorter than the distance to the block's start (later rows of a block see
+    // neither its first rows nor what precedes them, yet all of it to its end), over a ring
+    // that wraps in the second step, f16 cache.
+    v.push(image_attention(
+        "windowed-blocks-prefill",
+        spec(4, 2, 16, Some(6), None),
+        DType::F16,
+        1,
+        48,
+        &[
+            &[(0, 0, 12, i), (0, 12, 10, t), (0, 22, 18, i)],
+            &[(0, 40, 3, t), (0, 43, 20, i), (0, 63, 17, t)],
+        ],
+    ));
+    // 17 rows of two slots (blocks of several slots: the GPUs' per-row kernels): a block cut by
+    // a position jump (slot 0 at 17..=20, then back at 5..=7, rewritten), one in slot 1 followed
+    // by its text; soft-capped scores, f16 cache.
+    v.push(image_attention(
+        "two-slots-jump",
+        spec(4, 2, 8, None, Some(20.0)),
+        DType::F16,
+        2,
+        48,
+        &[
+            &[(0, 0, 17, t)],
+            &[(0, 17, 4, i), (0, 5, 3, i), (1, 0, 6, i), (1, 6, 4, t)],
+            &[(1, 10, 3, t), (0, 21, 14, i)],
+        ],
+    ));
+    // Decode: one row a step, image and text in turn (a block of one row sees itself).
+    v.push(image_attention(
+        "decode",
+        spec(4, 2, 16, None, None),
+        DType::F32,
+        1,
+        16,
+        &[
+            &[(0, 0, 1, i)],
+            &[(0, 1, 1, t)],
+            &[(0, 2, 1, i)],
+            &[(0, 3, 1, i)],
+            &[(0, 4, 1, t)],
+        ],
+    ));
+    // Batched steps of 6 rows over three slots (decode's grouped kernels), blocks of 1 to 6
+    // rows, a window of 5 over a ring of 16 that wraps.
+    v.push(image_attention(
+        "batched",
+        spec(4, 2, 32, Some(5), None),
+        DType::F16,
+        3,
+        16,
+        &[
+            &[(0, 0, 3, i), (1, 0, 1, t), (2, 0, 2, i)],
+            &[(0, 3, 1, t), (1, 1, 3, i), (2, 2, 2, t)],
+            &[(0, 4, 6, i)],
+            &[(0, 10, 1, i), (1, 4, 1, i), (2, 4, 4, i)],
+            &[(2, 8, 2, t), (0, 11, 4, i)],
+            &[(0, 15, 6, i)],
+        ],
+    ));
+    // A head past the tiled and grouped kernels' 256 (the per-head kernels), two slots.
+    v.push(image_attention(
+        "head-320",
+        spec(2, 1, 320, None, None),
+        DType::F32,
+        2,
+        40,
+        &[&[(0, 0, 9, i), (1, 0, 8, i)], &[(1, 8, 5, t), (0, 9, 12, i)]],
+    ));
+    // Gemma 3's head of 256, one KV head, a window of 40 shorter than the image's 64 rows, over
+    // 70 rows (three tiled blocks, more rows than the grouped kernels take): one slot, then two
+    // (the first block then holds both: the per-head kernel takes it).
+    v.push(image_attention(
+        "gemma-prefill",
+        spec(4, 1, 256, Some(40), None),
+        DType::F16,
+        2,
+        112,
+        &[
+            &[(0, 0, 3, t), (0, 3, 64, i), (0, 67, 3, t)],
+            &[(0, 70, 30, i), (1, 0, 3, t), (1, 3, 37, i)],
+        ],
+    ));
     // Chains a backend may fuse: whole-row norm, add, norm; per-head norms, rope and attention,
     // prefill then decode, in two slots.
     v.push(norm_add_norm(DType::F16, 3, 300, true));
@@ -1390,6 +1721,24 @@ pub fn all() -> Vec<Case> {
         8,
         (0..7).map(|p| (vec![p], vec![1])).collect(),
         false,
+    ));
+    // The same chain over images' blocks (the fused norm-rope kernels storing K and V, then the
+    // image-aware attention): a prefill of 20 rows (the GPUs' tiled kernels) in two slots, then
+    // decode-sized steps.
+    v.push(qk_norm_rope_image_attention(
+        spec(4, 2, 8, None, None),
+        DType::F32,
+        40,
+        &[
+            &[(0, 0, 2, t), (0, 2, 9, i), (0, 11, 1, t), (1, 0, 8, i)],
+            &[(0, 12, 4, i), (1, 8, 1, t), (1, 9, 15, i)],
+        ],
+    ));
+    v.push(qk_norm_rope_image_attention(
+        spec(2, 1, 64, Some(4), None),
+        DType::F16,
+        12,
+        &[&[(1, 0, 3, i)], &[(1, 3, 3, i)], &[(1, 6, 3, t)], &[(1, 9, 3, i)]],
     ));
     // Gate and up over one weight, then GeGlu: decode's row counts (one, a batch) and a prefill.
     for rows in [1, 3, 20] {

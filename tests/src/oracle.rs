@@ -13,6 +13,26 @@ pub fn embed(table: &[f64], hidden: usize, tokens: &[u32], scale: f64) -> Vec<f6
         .collect()
 }
 
+/// `Op::Embed` with `extra` rows: ids below `vocab` read the table, scaled; the others read row
+/// `id - vocab` of `extra`, as they are.
+pub fn embed_extra(table: &[f64], extra: &[f64], hidden: usize, tokens: &[u32], scale: f64) -> Vec<f64> {
+    let vocab = table.len() / hidden;
+    tokens
+        .iter()
+        .flat_map(|&t| {
+            let t = t as usize;
+            if t < vocab {
+                table[t * hidden..(t + 1) * hidden]
+                    .iter()
+                    .map(|v| v * scale)
+                    .collect::<Vec<_>>()
+            } else {
+                extra[(t - vocab) * hidden..(t - vocab + 1) * hidden].to_vec()
+            }
+        })
+        .collect()
+}
+
 /// `Op::RmsNorm`.
 pub fn rms_norm(x: &[f64], w: &[f64], eps: f64, offset: f64) -> Vec<f64> {
     x.chunks(w.len())
@@ -183,6 +203,46 @@ pub fn attention(
     positions: &[u32],
     slots: &[u32],
 ) -> Vec<f64> {
+    let ends = positions.to_vec();
+    attention_to(spec, hist, q, k, v, positions, &ends, slots)
+}
+
+/// The last position each row sees under `Op::Attention`'s `bidirectional_from = Some(from)`:
+/// a row whose token is at least `from` sees to the last row of its block, the run of rows
+/// after it (one slot, each at the position after the one before, every token `>= from`);
+/// any other row, its own position. Walked forwards from each row (the kit walks backwards).
+pub fn block_ends(tokens: &[u32], positions: &[u32], slots: &[u32], from: u32) -> Vec<u32> {
+    (0..positions.len())
+        .map(|r| {
+            if tokens[r] < from {
+                return positions[r];
+            }
+            let mut j = r;
+            while j + 1 < positions.len()
+                && tokens[j + 1] >= from
+                && slots[j + 1] == slots[r]
+                && positions[j + 1] == positions[j] + 1
+            {
+                j += 1;
+            }
+            positions[j]
+        })
+        .collect()
+}
+
+/// [`attention`] where row `r` sees the positions `lo ..= ends[r]` (`lo` from its own position
+/// and the window): image blocks ([`block_ends`]).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_to(
+    spec: &AttentionSpec,
+    hist: &mut KvHistory,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    positions: &[u32],
+    ends: &[u32],
+    slots: &[u32],
+) -> Vec<f64> {
     let (hd, kvc, qc) = (
         spec.head_dim,
         spec.kv_heads * spec.head_dim,
@@ -203,7 +263,8 @@ pub fn attention(
         for h in 0..spec.heads {
             let g = h / (spec.heads / spec.kv_heads);
             let qh = &q[r * qc + h * hd..r * qc + (h + 1) * hd];
-            let keys: Vec<&(Vec<f64>, Vec<f64>)> = (lo..=p).map(|j| &hist.entries[&(s, j)]).collect();
+            let keys: Vec<&(Vec<f64>, Vec<f64>)> =
+                (lo..=ends[r].max(p)).map(|j| &hist.entries[&(s, j)]).collect();
             let scores: Vec<f64> = keys
                 .iter()
                 .map(|(kk, _)| {

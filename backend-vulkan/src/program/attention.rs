@@ -22,6 +22,14 @@
 //!   prefill (4B q4_k, 512 rows: 31.6 ms of attention against 76.0), where `attention_gqa` wins
 //!   decode (0.88 ms a step against 1.98).
 //!
+//! Images' blocks (`bidirectional_from`): every kernel above has an image-aware variant, chosen by
+//! its specialisation constant 1 (`IMAGE_ROWS`) only for such attentions, so text programs keep
+//! their pipelines: each row attends `lo ..= ends[r]` (its block's last position, from
+//! `kit::step::visible_ends`, which `execute` writes beside the positions each step) with `lo`
+//! from its own position; `attention_tiled` ends a block's key tiles at the largest end of its
+//! rows. The experiment `attention_coopmat` has no such variant: image-aware attentions take
+//! `attention_tiled` even where it is asked for.
+//!
 //! `TANDEM_VULKAN_ATTENTION=gqa|plain|tiled` forces one kernel (where the head fits), for tuning
 //! runs (`tiled` at every row count, decode included).
 //!
@@ -189,10 +197,16 @@ impl VulkanBackend {
             scale,
             window,
             softcap,
-            ..
+            bidirectional_from,
         } = &n.op
         else {
             return Err(BackendError::internal(format!("node {node} is not an attention")));
+        };
+        // Images' blocks: the kernels' variant that reads each row's end (specialisation
+        // constant 1), and where the ends are; text attentions keep their variant 0.
+        let (image, ends) = match bidirectional_from {
+            Some(from) => (1u32, ctx.ends(*from)?),
+            None => (0, 0),
         };
         let kb = &self.buffers.get(cache.k)?.mem;
         let vb = &self.buffers.get(cache.v)?.mem;
@@ -253,6 +267,7 @@ impl VulkanBackend {
                 .u32(splits as u32)
                 .u32(rows as u32)
                 .u32(skip_block as u32)
+                .u64(ends)
                 .0)
         };
         // `block` 0: every row; else the rows of one-slot blocks (`one_slot`) or of the others.
@@ -279,16 +294,17 @@ impl VulkanBackend {
         let skip_block = if tiled { TILED_ROWS } else { 0 };
         if tiled {
             // The experiment on cooperative matrices in its place, where asked and the head and
-            // the addresses suit it.
+            // the addresses suit it (text attentions only: it has no image-aware variant).
             let aligned = [ctx.addr(*q)?, kc, vc].iter().all(|a| a.is_multiple_of(16));
-            let kernel = if self.gpu.coopmat && coopmat_attention() && head_dim % 32 == 0 && aligned {
-                "attention_coopmat"
-            } else {
-                "attention_tiled"
-            };
+            let kernel =
+                if self.gpu.coopmat && coopmat_attention() && head_dim % 32 == 0 && aligned && image == 0 {
+                    "attention_coopmat"
+                } else {
+                    "attention_tiled"
+                };
             cmds.push(Cmd::Dispatch {
                 kernel: kernel.into(),
-                spec: [0, 0],
+                spec: [0, image],
                 push: push((tpart_o, tpart_ml), tsplits, 0)?,
                 groups: [*heads as u32, div_up(rows, TILED_ROWS), tsplits as u32],
                 access: Access::new(reads, [if tsplits > 1 { ctx.scratch } else { out_span }]),
@@ -300,9 +316,9 @@ impl VulkanBackend {
         let (kernel, wgs, spec) = if use_gqa(rows, *head_dim) {
             // Query heads held per pass: the group, up to 8.
             let gm = (heads / kv_heads).clamp(1, 8) as u32;
-            ("attention_gqa", *kv_heads, [gm, 0])
+            ("attention_gqa", *kv_heads, [gm, image])
         } else {
-            ("attention", *heads, [0, 0])
+            ("attention", *heads, [0, image])
         };
         cmds.push(Cmd::Dispatch {
             kernel: kernel.into(),

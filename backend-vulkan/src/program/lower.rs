@@ -2,6 +2,7 @@
 //! and the fused groups of `fuse`.
 
 use tandem_backend_api::{BackendError, DType, Op, ValueId, WeightRef};
+use tandem_gpu_kit::attention::{TILED_BLOCK_ROWS, TILED_MAX_HEAD_DIM};
 use tandem_gpu_kit::launch::{div_up, spread};
 use tandem_gpu_kit::params::norm_format;
 
@@ -24,6 +25,40 @@ impl VulkanBackend {
         }
     }
 
+    /// `embed_<fmt>` of `table` into `out`; where `ranged`, only the rows whose token is in
+    /// `first ..< first + table rows`, from table row `token - first`.
+    fn embed_cmd(
+        &self,
+        ctx: &Ctx,
+        table: &WeightRef,
+        scale: f32,
+        out: ValueId,
+        ranged: bool,
+        first: u32,
+    ) -> Result<Cmd, BackendError> {
+        let t = self.buffers.get(table.buffer)?;
+        let (n, cols) = (table.desc.shape[0] as u32, table.desc.shape[1]);
+        let dt = table.desc.dtype;
+        let row_bytes = dt.row_bytes(cols).unwrap_or(0) as u32;
+        let units = if dt.is_quantized() { cols / 32 } else { cols };
+        Ok(Cmd::Dispatch {
+            kernel: format!("embed_{}", format_name(dt)),
+            spec: [u32::from(ranged), 0],
+            push: Push::default()
+                .u64(t.mem.address)
+                .u64(ctx.addr(out)?)
+                .u64(ctx.tokens())
+                .u32(cols as u32)
+                .u32(row_bytes)
+                .f32(scale)
+                .u32(first)
+                .u32(first + n)
+                .0,
+            groups: [div_up(units, WG as usize), ctx.graph.rows as u32, 1],
+            access: Access::new([], [ctx.span(out)?]),
+        })
+    }
+
     fn lower_node(&self, ctx: &Ctx, i: usize) -> Result<Vec<Cmd>, BackendError> {
         let node = &ctx.graph.nodes[i];
         let out = || {
@@ -38,31 +73,102 @@ impl VulkanBackend {
                 return self.lower_matmul(ctx, *x, weight, splits, &node.outputs)
             }
             Op::Attention { .. } => return self.lower_attention(ctx, i),
-            Op::LayerNorm { .. } | Op::Bias { .. } | Op::Gelu { .. } | Op::BlockAttention { .. } => {
-                // Refused by `check_ops` before lowering (the shared op support).
-                return Err(BackendError::unsupported(node.op.name(), "no Vulkan kernel"));
-            }
-            Op::TopK { x, k } => return super::top_k::lower(ctx, *x, *k, out()?),
-            Op::Embed { table, scale, .. } => {
-                let t = self.buffers.get(table.buffer)?;
-                let cols = table.desc.shape[1];
-                let dt = table.desc.dtype;
-                let row_bytes = dt.row_bytes(cols).unwrap_or(0) as u32;
-                let units = if dt.is_quantized() { cols / 32 } else { cols };
+            Op::LayerNorm { x, weight, bias, eps } => {
+                let (w, b) = (self.buffers.get(weight.buffer)?, self.buffers.get(bias.buffer)?);
                 Cmd::Dispatch {
-                    kernel: format!("embed_{}", format_name(dt)),
+                    kernel: "layer_norm".into(),
                     spec: [0, 0],
                     push: Push::default()
-                        .u64(t.mem.address)
+                        .u64(ctx.addr(*x)?)
+                        .u64(w.mem.address)
+                        .u64(b.mem.address)
                         .u64(ctx.addr(out()?)?)
-                        .u64(ctx.tokens())
-                        .u32(cols as u32)
-                        .u32(row_bytes)
+                        .u32(ctx.cols(*x) as u32)
+                        .f32(*eps)
+                        .u32(norm_format(weight.desc.dtype))
+                        .u32(norm_format(bias.desc.dtype))
+                        .0,
+                    groups: [1, ctx.rows(*x) as u32, 1],
+                    access: Access::new([ctx.span(*x)?], [ctx.span(out()?)?]),
+                }
+            }
+            Op::Bias { x, .. } | Op::Gelu { x } => {
+                let n = ctx.rows(*x) * ctx.cols(*x);
+                let [gx, gy] = spread(div_up(n, WG as usize));
+                let (b, op, fmt) = match &node.op {
+                    Op::Bias { bias, .. } => (
+                        self.buffers.get(bias.buffer)?.mem.address,
+                        0,
+                        norm_format(bias.desc.dtype),
+                    ),
+                    _ => (0, 1, 0),
+                };
+                Cmd::Dispatch {
+                    kernel: "bias_gelu".into(),
+                    spec: [0, 0],
+                    push: Push::default()
+                        .u64(ctx.addr(*x)?)
+                        .u64(b)
+                        .u64(ctx.addr(out()?)?)
+                        .u32(n as u32)
+                        .u32(ctx.cols(*x) as u32)
+                        .u32(op)
+                        .u32(fmt)
+                        .0,
+                    groups: [gx, gy, 1],
+                    access: Access::new([ctx.span(*x)?], [ctx.span(out()?)?]),
+                }
+            }
+            Op::BlockAttention {
+                q,
+                k,
+                v,
+                heads,
+                head_dim,
+                scale,
+                block,
+            } => {
+                let rows = ctx.rows(*q);
+                // Heads up to 256: tiles of 32 query rows sharing each key tile
+                // (`block_attention_tiled`, attention_tiled's scheme); larger ones a workgroup
+                // per (head, row).
+                let (kernel, groups) = if *head_dim <= TILED_MAX_HEAD_DIM {
+                    let tiles = div_up(rows, TILED_BLOCK_ROWS);
+                    ("block_attention_tiled", [*heads as u32, tiles, 1])
+                } else {
+                    let [gx, gy] = spread((rows * heads) as u32);
+                    ("block_attention", [gx, gy, 1])
+                };
+                Cmd::Dispatch {
+                    kernel: kernel.into(),
+                    spec: [0, 0],
+                    push: Push::default()
+                        .u64(ctx.addr(*q)?)
+                        .u64(ctx.addr(*k)?)
+                        .u64(ctx.addr(*v)?)
+                        .u64(ctx.addr(out()?)?)
+                        .u32(*heads as u32)
+                        .u32(*head_dim as u32)
+                        .u32(rows as u32)
+                        .u32(*block as u32)
                         .f32(*scale)
                         .0,
-                    groups: [div_up(units, WG as usize), ctx.graph.rows as u32, 1],
-                    access: Access::new([], [ctx.span(out()?)?]),
+                    groups,
+                    access: Access::new([ctx.span(*q)?, ctx.span(*k)?, ctx.span(*v)?], [ctx.span(out()?)?]),
                 }
+            }
+            Op::TopK { x, k } => return super::top_k::lower(ctx, *x, *k, out()?),
+            Op::Embed { table, scale, extra } => {
+                let vocab = table.desc.shape[0] as u32;
+                // With images' rows past the vocabulary, the table's rows and the extra rows
+                // take a dispatch each (the `RANGED` variant, which writes only the rows whose
+                // token falls in its range); the extra table is read where it is, so the host
+                // may rewrite it between steps.
+                let mut cmds = vec![self.embed_cmd(ctx, table, *scale, out()?, extra.is_some(), 0)?];
+                if let Some(e) = extra {
+                    cmds.push(self.embed_cmd(ctx, e, 1.0, out()?, true, vocab)?);
+                }
+                return Ok(cmds);
             }
             Op::RmsNorm {
                 x,

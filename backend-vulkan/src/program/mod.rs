@@ -60,6 +60,12 @@ pub struct Program {
     /// The graph, where a matmul took a stand-in kernel while its cooperative-matrix-2 one was
     /// compiled behind: the program is built again from it once that one is made.
     pub stand_in: Option<Graph>,
+    /// Each `bidirectional_from` of the graph's attentions and the byte offset in `args` of its
+    /// rows' last visible positions (`kit::step::visible_ends`), written each step beside the
+    /// positions.
+    pub ends: Vec<(u32, u64)>,
+    /// Room for one step's ends.
+    pub ends_scratch: Vec<u32>,
 }
 
 /// Where a program's values and step arguments are, for lowering.
@@ -79,6 +85,8 @@ pub(crate) struct Ctx<'a> {
     pub stream: Option<(vk::Buffer, Span)>,
     /// Per node: the device address of its rope table.
     tables: Vec<Option<u64>>,
+    /// Per `bidirectional_from` value: byte offset of its rows' ends in the step arguments.
+    ends: &'a [(u32, u64)],
     /// Attention nodes whose K/V store a fused group does.
     pub stored: &'a [bool],
 }
@@ -117,6 +125,14 @@ impl Ctx<'_> {
     }
     pub fn select(&self) -> u64 {
         self.args + self.layout.select
+    }
+    /// Device address of each row's last visible position under `bidirectional_from = from`.
+    pub fn ends(&self, from: u32) -> Result<u64, BackendError> {
+        self.ends
+            .iter()
+            .find(|(f, _)| *f == from)
+            .map(|(_, at)| self.args + at)
+            .ok_or_else(|| BackendError::internal(format!("no ends for bidirectional_from {from}")))
     }
     pub fn rope_table(&self, node: usize) -> Result<u64, BackendError> {
         self.tables
@@ -166,6 +182,20 @@ impl VulkanBackend {
         };
         let mut tables: Vec<(usize, Vec<f32>)> = Vec::new();
         let mut args_size = rows * 12 + graph.selected_rows as u64 * 4;
+        // Each image-aware attention's rows' ends (one array per `bidirectional_from` value).
+        let mut ends: Vec<(u32, u64)> = Vec::new();
+        for node in &graph.nodes {
+            if let Op::Attention {
+                bidirectional_from: Some(from),
+                ..
+            } = &node.op
+            {
+                if !ends.iter().any(|(f, _)| f == from) {
+                    ends.push((*from, args_size));
+                    args_size += rows * 4;
+                }
+            }
+        }
         for (i, node) in graph.nodes.iter().enumerate() {
             if let Op::Rope { head_dim, theta, .. } = &node.op {
                 tables.push((i, rope_inv_freq(*head_dim, *theta)));
@@ -275,6 +305,7 @@ impl VulkanBackend {
             layout,
             &tables,
             &table_at,
+            &ends,
         );
         match result {
             Ok((cmd, queries, order)) => Ok((
@@ -289,6 +320,8 @@ impl VulkanBackend {
                     last_submit: 0,
                     order,
                     stand_in: self.stand_in.get().then(|| graph.clone()),
+                    ends,
+                    ends_scratch: Vec::with_capacity(graph.rows),
                 },
                 buffers,
             )),
@@ -317,6 +350,7 @@ impl VulkanBackend {
         layout: ArgsLayout,
         tables: &[(usize, Vec<f32>)],
         table_at: &[u64],
+        ends: &[(u32, u64)],
     ) -> Result<record::Recorded, BackendError> {
         let mut values: Vec<Option<(vk::Buffer, u64, u64)>> = vec![None; shapes.len()];
         for (v, o) in offsets.iter().enumerate() {
@@ -343,6 +377,7 @@ impl VulkanBackend {
             scratch,
             stream,
             tables: rope_tables,
+            ends,
             stored: &fusion.stored,
         };
         let mut groups = Vec::with_capacity(fusion.groups.len());

@@ -73,19 +73,57 @@ fn plan_files(
     Ok((planned, files, discovery))
 }
 
-/// Loads the vision tower found for `loaded` (where images were asked for) on a CPU unit of its
-/// own: the GPU backends have no kernels for its ops yet.
-fn attach_images(loaded: &mut Loaded, discovery: &Discovery, settings: &Settings) -> Result<(), LoadError> {
+/// Loads the vision tower found for `loaded` (where images were asked for) on a unit of its own:
+/// the first of `[placement] vision` that is available and runs the tower's ops, by default the
+/// language model's backend, then the CPU. A backend passed over is said in a note.
+fn attach_images(
+    loaded: &mut Loaded,
+    discovery: &Discovery,
+    settings: &Settings,
+    notices: &mut dyn FnMut(Notice),
+) -> Result<(), LoadError> {
     let Some(source) = loaded.vision.take() else {
         return Ok(());
     };
-    let failed = |e: ImagesError| LoadError::Images(Box::new(e));
-    let unit = discovery
-        .create("cpu", &settings.backend_options("cpu"))
-        .map_err(|e| failed(ImagesError::Unit(e.to_string())))?;
+    let order: Vec<String> = match &settings.placement.vision {
+        Some(list) => list.clone(),
+        None => {
+            let main = loaded.session.backend().info().name;
+            let mut order = vec![super::placement::plugin_name(&main).to_string()];
+            if order[0] != "cpu" {
+                order.push("cpu".into());
+            }
+            order
+        }
+    };
     let hidden = loaded.session.model().config.hidden_size;
-    let images =
-        Images::open(&source, unit, "cpu", &loaded.session, hidden, &loaded.tokenizer).map_err(failed)?;
+    let mut why = Vec::new();
+    let mut found = None;
+    for name in &order {
+        let plugin = super::placement::plugin_name(name);
+        let unit = match discovery.create(plugin, &settings.backend_options(plugin)) {
+            Ok(u) => u,
+            Err(e) => {
+                why.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        match Images::open(&source, unit, name, &loaded.session, hidden, &loaded.tokenizer) {
+            Ok(images) => {
+                found = Some(images);
+                break;
+            }
+            // The tower's ops on a backend without their kernels: the next one.
+            Err(ImagesError::Model(e)) => why.push(format!("{name}: {e}")),
+            Err(e) => return Err(LoadError::Images(Box::new(e))),
+        }
+    }
+    let Some(images) = found else {
+        return Err(LoadError::Images(Box::new(ImagesError::Unit(why.join("; ")))));
+    };
+    for w in &why {
+        notices(Notice::Note(format!("the vision tower passed over {w}")));
+    }
     loaded.images = Some(images);
     loaded.vision = Some(source);
     Ok(())
@@ -123,7 +161,7 @@ pub fn load(
 ) -> Result<Loaded, LoadError> {
     let (planned, files, discovery) = plan_files(search, settings, options, slots, notices)?;
     let mut loaded = load_fitted(planned, files, settings, notices, progress)?;
-    attach_images(&mut loaded, &discovery, settings)?;
+    attach_images(&mut loaded, &discovery, settings, notices)?;
     Ok(loaded)
 }
 
@@ -177,7 +215,7 @@ pub fn load_without(
         placement, options, &discovery, settings, may_split, slots, notices,
     )?;
     let mut loaded = load_fitted(planned, files, settings, notices, progress)?;
-    attach_images(&mut loaded, &discovery, settings)?;
+    attach_images(&mut loaded, &discovery, settings, notices)?;
     Ok(loaded)
 }
 

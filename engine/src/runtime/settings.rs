@@ -71,6 +71,10 @@ pub struct PlacementSettings {
     /// Everything else.
     #[serde(default, deserialize_with = "non_empty")]
     pub default: Option<Vec<String>>,
+    /// The vision tower (images in): the first of these that is available and runs its ops;
+    /// without it, the language model's backend, then the CPU.
+    #[serde(default, deserialize_with = "non_empty")]
+    pub vision: Option<Vec<String>>,
     /// `[placement.prefill]`: lists for prompt processing.
     pub prefill: Option<PhaseLists>,
     /// Micro-batches a split decode step of several sequences is pipelined in (1 to 4; 1: none).
