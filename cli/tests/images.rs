@@ -191,10 +191,17 @@ fn bench_measures_the_tower_and_the_image_prefill() {
     let install = Install::new(&["cpu"]);
     let model = fixture("vision").to_string_lossy().into_owned();
     let photo = image("photo.png").to_string_lossy().into_owned();
+    // The tower from llama.cpp's mmproj file of the fixture (the batch sizes still run on text).
+    let mmproj = fixture("vision")
+        .join("mmproj-f32.gguf")
+        .to_string_lossy()
+        .into_owned();
     let args = [
         "bench",
         "--model",
         &model,
+        "--mmproj",
+        &mmproj,
         "--backend",
         "cpu",
         "--prompt-tokens",

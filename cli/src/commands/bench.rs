@@ -106,7 +106,11 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         bail!("--prompt-file and a drafter (--draft ngram, --draft-model M) go together");
     }
     let options = BenchOptions {
-        model: args.model.options(),
+        // The batch sizes run on text: images are measured on their own (--image).
+        model: tandem_engine::ModelOptions {
+            images: 0,
+            ..args.model.options()
+        },
         synthetic: args.synthetic.clone(),
         dtype: args.dtype.clone(),
         prompt_tokens: args.prompt_tokens,

@@ -392,17 +392,19 @@ pub fn write_synthetic_mmproj(
     let mut add = |name: String, dims: &[u64], dtype: DType, init: Init| {
         plan.push((TensorSpec::new(name, dims, dtype), init));
     };
+    // The embeddings in f32, as llama.cpp's converter writes Gemma 3's (its CPU add of the
+    // position embedding takes no f16 operand: llama-mtmd-cli aborts on an f16 one).
     add(
         "v.patch_embd.weight".into(),
         &[p, p, 3, h],
-        DType::F16,
+        DType::F32,
         Init::Matrix,
     );
     add("v.patch_embd.bias".into(), &[h], DType::F32, Init::Matrix);
     add(
         "v.position_embd.weight".into(),
         &[h, patches],
-        DType::F16,
+        DType::F32,
         Init::Matrix,
     );
     for l in 0..layers {
