@@ -189,9 +189,18 @@ pub fn load_under_test(model: PathBuf, backend: &str, context: usize, chunk: usi
 pub fn load_options_under_test(
     opts: &tandem_engine::ModelOptions,
 ) -> Result<tandem_engine::Loaded, tandem_engine::runtime::load::LoadError> {
+    load_with_settings_under_test(opts, tandem_engine::Settings::default())
+}
+
+/// [`load_options_under_test`] with `settings` (a `[placement]`, say) under the backends' test
+/// options.
+pub fn load_with_settings_under_test(
+    opts: &tandem_engine::ModelOptions,
+    settings: tandem_engine::Settings,
+) -> Result<tandem_engine::Loaded, tandem_engine::runtime::load::LoadError> {
     tandem_engine::load(
         &PluginSearch::only(&plugin_dirs()),
-        &under_test(tandem_engine::Settings::default()),
+        &under_test(settings),
         opts,
         1,
         &mut |_| {},

@@ -123,8 +123,13 @@ fn a_synthetic_mmproj_runs_on_the_cpu() {
     tower.free(cpu.as_mut()).expect("free");
 }
 
-/// The fixture loaded on `backend` with room for two images, prompt chunks of `chunk` tokens.
-fn load_with_images(backend: &str, chunk: usize) -> tandem_engine::Loaded {
+/// The fixture loaded on `backend` under `settings` with room for two images, prompt chunks of
+/// `chunk` tokens.
+fn load_with_images_and(
+    backend: &str,
+    chunk: usize,
+    settings: tandem_engine::Settings,
+) -> tandem_engine::Loaded {
     let opts = tandem_engine::ModelOptions {
         model: Some(dir()),
         backend: backend.into(),
@@ -135,7 +140,7 @@ fn load_with_images(backend: &str, chunk: usize) -> tandem_engine::Loaded {
         images: 2,
         mmproj: None,
     };
-    tandem_conformance::load_options_under_test(&opts)
+    tandem_conformance::load_with_settings_under_test(&opts, settings)
         .unwrap_or_else(|e| panic!("loading with {backend}: {e}"))
 }
 
@@ -158,12 +163,23 @@ fn image_prompts_match_transformers_on_the_cpu() {
 }
 
 fn image_prompts_match_transformers(backend: &str, tol: f32) {
+    image_prompts_match_transformers_with(backend, tol, tandem_engine::Settings::default(), backend);
+}
+
+/// [`image_prompts_match_transformers`] with `settings`, the tower expected on `tower`.
+fn image_prompts_match_transformers_with(
+    backend: &str,
+    tol: f32,
+    settings: tandem_engine::Settings,
+    tower: &str,
+) {
     use tandem_engine::runtime::images::ImageInput;
     use tandem_engine::tokenizer::chat::{ChatTemplate, Message, Role};
     let reference: Value =
         serde_json::from_slice(&std::fs::read(dir().join("reference.json")).expect("reference.json"))
             .expect("reference JSON");
-    let mut loaded = load_with_images(backend, 5);
+    let mut loaded = load_with_images_and(backend, 5, settings);
+    assert_eq!(loaded.images.as_ref().expect("images").unit_name(), tower);
     let vocab = loaded.session.vocab();
     let soft = reference["image_token_ids"]["image_soft_token"]
         .as_u64()
@@ -332,4 +348,22 @@ fn image_prompts_match_transformers_on_vulkan() {
 #[test]
 fn image_prompts_match_transformers_on_wgpu() {
     image_prompts_on_a_gpu("wgpu");
+}
+
+/// The tower on another unit than the language model (`[placement] vision = ["cpu"]`, the
+/// model on Vulkan): its soft tokens cross from the CPU into the Vulkan unit's image table.
+#[test]
+fn image_prompts_match_transformers_with_the_tower_on_the_cpu_and_the_model_on_vulkan() {
+    if let Err(e) =
+        tandem_conformance::discover().create("vulkan", &tandem_conformance::options_for("vulkan"))
+    {
+        if std::env::var_os("CI").is_none() {
+            eprintln!("skipping: the vulkan backend is unavailable here: {e}");
+            return;
+        }
+        panic!("CI must run the vulkan backend (lavapipe): {e}");
+    }
+    let mut settings = tandem_engine::Settings::default();
+    settings.placement.vision = Some(vec!["cpu".into()]);
+    image_prompts_match_transformers_with("vulkan", 1e-2, settings, "cpu");
 }
