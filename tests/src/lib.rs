@@ -168,6 +168,20 @@ pub fn default_model_or_skip() -> Option<PathBuf> {
     }
 }
 
+/// The GPU backend `name` with the options under test; where it cannot be created (no loader,
+/// no lavapipe), `None`, said on stderr, except under CI, where the test fails (CI runs
+/// lavapipe).
+pub fn gpu_or_skip(name: &str) -> Option<Box<dyn ComputeBackend>> {
+    match discover().create(name, &options_for(name)) {
+        Ok(b) => Some(b),
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping: the {name} backend is unavailable here: {e}");
+            None
+        }
+        Err(e) => panic!("CI must run the {name} backend (lavapipe): {e}"),
+    }
+}
+
 /// `model` on `backend` (one slot, `context` and `chunk` as given) through the engine's one
 /// load path, every backend with the options of the backends under test ([`under_test`]).
 pub fn load_under_test(model: PathBuf, backend: &str, context: usize, chunk: usize) -> tandem_engine::Loaded {

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use tandem_backend_api::{ComputeBackend, DType};
 use tandem_conformance::ids;
-use tandem_conformance::{discover, options_for};
 use tandem_engine::model::files::open_model;
 use tandem_engine::model::CacheShape;
 use tandem_engine::runtime::session::Session;
@@ -26,14 +25,7 @@ const FIXTURES: [&str; 5] = [
 ];
 
 fn gpu(name: &str) -> Option<Box<dyn ComputeBackend>> {
-    match discover().create(name, &options_for(name)) {
-        Ok(b) => Some(b),
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipping: the {name} backend is unavailable here: {e}");
-            None
-        }
-        Err(e) => panic!("CI must run the {name} backend (lavapipe): {e}"),
-    }
+    tandem_conformance::gpu_or_skip(name)
 }
 
 fn session(

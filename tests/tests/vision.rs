@@ -271,13 +271,8 @@ fn image_prompts_match_transformers_with(
 /// included) against transformers, as the CPU test above, within `tol` of the largest value.
 /// Without the backend's device (no loader, no lavapipe) it says so and passes, except under CI.
 fn tower_on_a_gpu(name: &str, tol: f32) {
-    let mut gpu = match tandem_conformance::discover().create(name, &tandem_conformance::options_for(name)) {
-        Ok(b) => b,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipping: the {name} backend is unavailable here: {e}");
-            return;
-        }
-        Err(e) => panic!("CI must run the {name} backend (lavapipe): {e}"),
+    let Some(mut gpu) = tandem_conformance::gpu_or_skip(name) else {
+        return;
     };
     let reference: Value =
         serde_json::from_slice(&std::fs::read(dir().join("reference.json")).expect("reference.json"))
@@ -330,12 +325,8 @@ fn the_tower_matches_transformers_on_wgpu() {
 /// GPU fixtures' tolerance) and the greedy tokens equal. Without the backend's device it says so
 /// and passes, except under CI.
 fn image_prompts_on_a_gpu(name: &str) {
-    if let Err(e) = tandem_conformance::discover().create(name, &tandem_conformance::options_for(name)) {
-        if std::env::var_os("CI").is_none() {
-            eprintln!("skipping: the {name} backend is unavailable here: {e}");
-            return;
-        }
-        panic!("CI must run the {name} backend (lavapipe): {e}");
+    if tandem_conformance::gpu_or_skip(name).is_none() {
+        return;
     }
     image_prompts_match_transformers(name, 1e-2);
 }
@@ -354,14 +345,8 @@ fn image_prompts_match_transformers_on_wgpu() {
 /// model on Vulkan): its soft tokens cross from the CPU into the Vulkan unit's image table.
 #[test]
 fn image_prompts_match_transformers_with_the_tower_on_the_cpu_and_the_model_on_vulkan() {
-    if let Err(e) =
-        tandem_conformance::discover().create("vulkan", &tandem_conformance::options_for("vulkan"))
-    {
-        if std::env::var_os("CI").is_none() {
-            eprintln!("skipping: the vulkan backend is unavailable here: {e}");
-            return;
-        }
-        panic!("CI must run the vulkan backend (lavapipe): {e}");
+    if tandem_conformance::gpu_or_skip("vulkan").is_none() {
+        return;
     }
     let mut settings = tandem_engine::Settings::default();
     settings.placement.vision = Some(vec!["cpu".into()]);

@@ -110,6 +110,25 @@ impl ModelTensor {
     }
 }
 
+/// Adds a tensor to `tensors` under the next planned id, and returns the id.
+fn push_tensor(
+    tensors: &mut Vec<ModelTensor>,
+    desc: TensorDesc,
+    usage: Usage,
+    parts: Vec<(String, Vec<usize>)>,
+    label: String,
+) -> BufferId {
+    let id = BufferId(PLANNED_ID_BASE + tensors.len() as u64);
+    tensors.push(ModelTensor {
+        id,
+        desc,
+        usage,
+        parts,
+        label,
+    });
+    id
+}
+
 struct Planner<'a> {
     source: &'a dyn WeightSource,
     tensors: Vec<ModelTensor>,
@@ -123,15 +142,7 @@ impl Planner<'_> {
         parts: Vec<(String, Vec<usize>)>,
         label: String,
     ) -> BufferId {
-        let id = BufferId(PLANNED_ID_BASE + self.tensors.len() as u64);
-        self.tensors.push(ModelTensor {
-            id,
-            desc,
-            usage,
-            parts,
-            label,
-        });
-        id
+        push_tensor(&mut self.tensors, desc, usage, parts, label)
     }
 
     /// Plans the concatenation (along rows) of `names` as one weight when they share a dtype (a
@@ -291,15 +302,9 @@ impl Gemma3Model {
             return;
         }
         let desc = TensorDesc::new(DType::F32, [rows, self.config.hidden_size]);
-        let buffer = BufferId(PLANNED_ID_BASE + self.tensors.len() as u64);
-        self.tensors.push(ModelTensor {
-            id: buffer,
-            desc: desc.clone(),
-            usage: Usage::Weight,
-            parts: Vec::new(),
-            label: "images' soft tokens".into(),
-        });
-        self.weight_bytes += self.tensors.last().map_or(0, ModelTensor::bytes);
+        let label = "images' soft tokens".to_string();
+        let buffer = push_tensor(&mut self.tensors, desc.clone(), Usage::Weight, Vec::new(), label);
+        self.weight_bytes += desc.byte_size().unwrap_or(0);
         self.images = Some(WeightRef { buffer, desc });
     }
 

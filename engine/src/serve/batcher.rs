@@ -591,10 +591,11 @@ fn run(
         let vocab = live.vocab();
         let alone = seqs.len() == 1
             && !seqs[0].prefilling()
-            && seqs[0].history().iter().all(|&t| (t as usize) < vocab)
             && seqs[0].next.is_some()
             && seqs[0].sampler().logprobs().is_none()
-            && metrics.queue_depth() == 0;
+            && metrics.queue_depth() == 0
+            && spec.is_some()
+            && seqs[0].history().iter().all(|&t| (t as usize) < vocab);
         let mut lost = None;
         let mut ended: Vec<(usize, Outcome)> = if let (true, Some(spec)) = (alone, spec.as_mut()) {
             let s = &mut seqs[0];
