@@ -8,8 +8,8 @@
 #   BIN=.bench/new bash bench/khr-experiments.sh
 # 1. Correctness, KHR path (coopmat2 off), validation off (the layer is not on that machine):
 #    `vulkan_backend prefill` (every weight format and variant at odd sizes, `matmul_khr` and
-#    `matmul_coopmat`), then the conformance binary with `TANDEM_VULKAN_ATTN_COOPMAT=1`
-#    (`attention_coopmat` in the prefill attention cases).
+#    `matmul_coopmat`), then the conformance binary at the tensor-core floor (`attention_coopmat`,
+#    the default on this path, in the prefill attention cases).
 # 2. Speed: `engine bench` prefill 512 / decode on each SHAPES entry with each setting of CONFIGS
 #    (label=ENV,ENV... ; `-` for none) on the KHR path, then of CM2_CONFIGS on the
 #    cooperative-matrix-2 path (labelled cm2-...), one line each. `acc16` (f16 accumulators) is
@@ -23,8 +23,8 @@
 set -uo pipefail
 BIN=${BIN:-.bench/new}
 SHAPES=${SHAPES:-"gemma3-1b:q4_k gemma3-4b:q4_k"}
-CONFIGS=${CONFIGS:-"default=- coopmat=TANDEM_VULKAN_COOPMAT_KERNEL=coopmat attn=TANDEM_VULKAN_ATTN_COOPMAT=1 attn-s2=TANDEM_VULKAN_ATTN_COOPMAT=1,TANDEM_VULKAN_TILED_SPLITS=2"}
-CM2_CONFIGS=${CM2_CONFIGS:-"default=- attn=TANDEM_VULKAN_ATTN_COOPMAT=1 acc16+attn=TANDEM_VULKAN_CM2_ACC=f16,TANDEM_VULKAN_ATTN_COOPMAT=1"}
+CONFIGS=${CONFIGS:-"default=- coopmat=TANDEM_VULKAN_COOPMAT_KERNEL=coopmat tiled=TANDEM_VULKAN_ATTN_COOPMAT=0 s2=TANDEM_VULKAN_TILED_SPLITS=2"}
+CM2_CONFIGS=${CM2_CONFIGS:-"default=- tiled=TANDEM_VULKAN_ATTN_COOPMAT=0 acc16=TANDEM_VULKAN_CM2_ACC=f16"}
 REPEAT=${REPEAT:-2}
 WORK=${WORK:-/tmp/kx}
 OUT=${OUT:-$PWD/bench-out}
@@ -46,8 +46,8 @@ if [ -x "$BIN/t/deps/vulkan_backend" ]; then
     timeout 200 "$BIN/t/deps/vulkan_backend" prefill 2>&1 | grep -E "^test |panicked|left|right" | head -20 | tee -a "$log"
 fi
 if [ -x "$BIN/t/deps/conformance" ]; then
-    echo "== conformance, attention_coopmat on (KHR)" | tee -a "$log"
-    TANDEM_CONFORMANCE_BACKENDS=vulkan TANDEM_VULKAN_ATTN_COOPMAT=1 TANDEM_CONFORMANCE_MIN_TOL=${ATTN_TOL:-3e-3} timeout 200 "$BIN/t/deps/conformance" 2>&1 \
+    echo "== conformance (KHR, tensor-core floor)" | tee -a "$log"
+    TANDEM_CONFORMANCE_BACKENDS=vulkan TANDEM_CONFORMANCE_MIN_TOL=${ATTN_TOL:-3e-3} timeout 200 "$BIN/t/deps/conformance" 2>&1 \
         | grep -E "^test |panicked|attention" | head -20 | tee -a "$log"
 fi
 

@@ -65,6 +65,7 @@ struct Opened {
     coopmat: bool,
     coopmat2: bool,
     int_dot: bool,
+    subgroup_32: bool,
     timestamp_period: Option<f64>,
     timeline: vk::Semaphore,
     pool: vk::CommandPool,
@@ -107,6 +108,11 @@ pub struct Gpu {
     /// Whether the integer-dot-product decode kernels (`matvec_dot_<fmt>`) can run: the
     /// device's `shaderIntegerDotProduct`, enabled.
     pub int_dot: bool,
+    /// Whether every pipeline asks for subgroups of 32 (`requiredSubgroupSize`): the device's
+    /// default size is another (AMD's drivers report 64) and subgroup size control allows 32 in
+    /// compute shaders, so the kernels, written for and measured at 32 lanes (NVIDIA's size),
+    /// run as they were measured and the cooperative-matrix kernels can run at all.
+    pub subgroup_32: bool,
     /// Nanoseconds per timestamp tick; `None` when the queue has no timestamps.
     pub timestamp_period: Option<f64>,
     /// The queue's timeline: every submission signals the next value.
@@ -395,6 +401,7 @@ impl Gpu {
                 coopmat: o.coopmat,
                 coopmat2: o.coopmat2,
                 int_dot: o.int_dot,
+                subgroup_32: o.subgroup_32,
                 timestamp_period: o.timestamp_period,
                 timeline: o.timeline,
                 submitted: 0,
@@ -534,19 +541,35 @@ impl Gpu {
         };
         let mut v11f = vk::PhysicalDeviceVulkan11Features::default();
         let mut v12f = vk::PhysicalDeviceVulkan12Features::default();
+        // Subgroup size control: core in 1.3, else VK_EXT_subgroup_size_control.
+        let size_control_ext = props.api_version < vk::API_VERSION_1_3;
+        let size_control = !size_control_ext || has_ext(ash::ext::subgroup_size_control::NAME);
+        let mut size_f = vk::PhysicalDeviceSubgroupSizeControlFeatures::default();
+        let mut size_p = vk::PhysicalDeviceSubgroupSizeControlProperties::default();
         let mut f2 = vk::PhysicalDeviceFeatures2::default()
             .push_next(&mut v11f)
             .push_next(&mut v12f);
+        if size_control {
+            f2 = f2.push_next(&mut size_f);
+        }
         let mut sub = vk::PhysicalDeviceSubgroupProperties::default();
         let mut ids = vk::PhysicalDeviceIDProperties::default();
         let mut p2 = vk::PhysicalDeviceProperties2::default()
             .push_next(&mut sub)
             .push_next(&mut ids);
-        // SAFETY: as above (VkPhysicalDeviceIDProperties is core 1.1; the device has 1.2).
+        if size_control {
+            p2 = p2.push_next(&mut size_p);
+        }
+        // SAFETY: as above (VkPhysicalDeviceIDProperties is core 1.1; the device has 1.2; the
+        // subgroup size control structures are chained only where the device has them: 1.3 or
+        // the extension).
         unsafe {
             instance.get_physical_device_features2(physical, &mut f2);
             instance.get_physical_device_properties2(physical, &mut p2);
         }
+        let subgroup_32 = size_control
+            && size_f.subgroup_size_control == vk::TRUE
+            && wants_subgroup_32(sub.subgroup_size, &size_p);
         let device_id = format!("{}/{}", hex(&ids.driver_uuid), hex(&ids.device_uuid));
         let physical_device = hex(&ids.device_uuid);
         let host_import_alignment = (has_ext(ash::ext::external_memory_host::NAME)
@@ -579,7 +602,11 @@ impl Gpu {
                 vk::api_version_minor(props.api_version),
                 vk::api_version_patch(props.api_version)
             ),
-            format!("subgroup={}", sub.subgroup_size),
+            if subgroup_32 {
+                format!("subgroup=32 (required; default {})", sub.subgroup_size)
+            } else {
+                format!("subgroup={}", sub.subgroup_size)
+            },
             "buffer_device_address".into(),
         ];
         if fp16 {
@@ -612,7 +639,7 @@ impl Gpu {
             && has_ext(c"VK_KHR_cooperative_matrix")
             && fp16
             && v12f.vulkan_memory_model == vk::TRUE
-            && sub.subgroup_size == 32
+            && (sub.subgroup_size == 32 || subgroup_32)
             && coopmat_f16_shape(entry, instance, physical);
         if coopmat {
             features.push("cooperative_matrix".into());
@@ -690,12 +717,17 @@ impl Gpu {
         let mut en_coopmat2 = coopmat2::Features::enabled();
         let mut en_int_dot =
             vk::PhysicalDeviceShaderIntegerDotProductFeatures::default().shader_integer_dot_product(true);
+        let mut en_size =
+            vk::PhysicalDeviceSubgroupSizeControlFeatures::default().subgroup_size_control(true);
         let mut device_exts = Vec::new();
         if int_dot && props.api_version < vk::API_VERSION_1_3 {
             device_exts.push(ash::khr::shader_integer_dot_product::NAME.as_ptr());
         }
         if coopmat {
             device_exts.push(ash::khr::cooperative_matrix::NAME.as_ptr());
+        }
+        if subgroup_32 && size_control_ext {
+            device_exts.push(ash::ext::subgroup_size_control::NAME.as_ptr());
         }
         if coopmat2 {
             device_exts.push(coopmat2::NAME.as_ptr());
@@ -735,11 +767,17 @@ impl Gpu {
         } else {
             create
         };
+        let create = if subgroup_32 {
+            create.push_next(&mut en_size)
+        } else {
+            create
+        };
         // SAFETY: the create info and its chain live on this frame; every feature enabled was
         // checked present by `missing_features` (the cooperative-matrix extension, its feature,
         // shaderFloat16 and vulkanMemoryModel only when `coopmat` found them; the NV
         // cooperative-matrix-2 extension and features only when `coopmat2::supported` did;
-        // shaderIntegerDotProduct only when `int_dot_support` found it;
+        // shaderIntegerDotProduct only when `int_dot_support` found it; subgroupSizeControl
+        // (and, below 1.3, its extension) only when `subgroup_32` found it;
         // the external memory host, semaphore fd and pipeline creation feedback extensions only
         // where the device lists them).
         let device = match unsafe { instance.create_device(physical, &create, None) } {
@@ -833,6 +871,7 @@ impl Gpu {
             coopmat,
             coopmat2,
             int_dot,
+            subgroup_32,
             timestamp_period,
             timeline,
             pool,
@@ -1111,6 +1150,19 @@ impl Drop for Gpu {
     }
 }
 
+/// Whether pipelines should ask for subgroups of 32 on a device whose default subgroup size is
+/// `default` and whose subgroup size control (enabled) reports `size`: the default is another,
+/// and 32 is allowed in compute shaders for workgroups of up to 256 invocations (8 subgroups).
+fn wants_subgroup_32(default: u32, size: &vk::PhysicalDeviceSubgroupSizeControlProperties) -> bool {
+    default != 32
+        && size.min_subgroup_size <= 32
+        && size.max_subgroup_size >= 32
+        && size.max_compute_workgroup_subgroups >= 8
+        && size
+            .required_subgroup_size_stages
+            .contains(vk::ShaderStageFlags::COMPUTE)
+}
+
 /// Whether `physical` reports a 16x16x16 f16 x f16 -> f32 subgroup-scope cooperative-matrix
 /// shape (the one `matmul_coopmat.comp` is compiled for), and has the feature.
 fn coopmat_f16_shape(entry: &ash::Entry, instance: &ash::Instance, physical: vk::PhysicalDevice) -> bool {
@@ -1307,5 +1359,40 @@ mod coopmat2 {
                     .iter()
                     .all(|g| *g > 0 && 32 % g == 0)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn size(
+        min: u32,
+        max: u32,
+        subgroups: u32,
+        stages: vk::ShaderStageFlags,
+    ) -> vk::PhysicalDeviceSubgroupSizeControlProperties<'static> {
+        vk::PhysicalDeviceSubgroupSizeControlProperties::default()
+            .min_subgroup_size(min)
+            .max_subgroup_size(max)
+            .max_compute_workgroup_subgroups(subgroups)
+            .required_subgroup_size_stages(stages)
+    }
+
+    #[test]
+    fn subgroups_of_32_are_asked_for_only_where_the_default_differs_and_32_is_allowed() {
+        let compute = vk::ShaderStageFlags::COMPUTE;
+        // AMD RDNA (RADV, AMDVLK): default 64, 32 to 64 in compute shaders.
+        assert!(wants_subgroup_32(64, &size(32, 64, 16, compute)));
+        // NVIDIA: already 32.
+        assert!(!wants_subgroup_32(32, &size(32, 32, 32, compute)));
+        // lavapipe: 8 only.
+        assert!(!wants_subgroup_32(8, &size(8, 8, 128, compute)));
+        // 32 allowed, but not for compute shaders, or not for workgroups of 256.
+        assert!(!wants_subgroup_32(
+            64,
+            &size(32, 64, 16, vk::ShaderStageFlags::FRAGMENT)
+        ));
+        assert!(!wants_subgroup_32(64, &size(32, 64, 4, compute)));
     }
 }

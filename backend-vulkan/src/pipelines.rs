@@ -112,6 +112,7 @@ impl Pipelines {
             .min(todo.len())
             .max(1);
         let (layout, cache, feedback) = (self.layout, self.cache.handle, gpu.creation_feedback);
+        let subgroup_32 = gpu.subgroup_32;
         let device = &gpu.device;
         let next = std::sync::atomic::AtomicUsize::new(0);
         let results: Vec<Vec<(usize, Result<Built, vk::Result>)>> = std::thread::scope(|scope| {
@@ -124,7 +125,10 @@ impl Pipelines {
                             let Some(&(_, spec, module)) = todo.get(i) else {
                                 break;
                             };
-                            done.push((i, create(device, layout, cache, module, spec, feedback)));
+                            done.push((
+                                i,
+                                create(device, layout, cache, module, spec, feedback, subgroup_32),
+                            ));
                         }
                         done
                     })
@@ -184,9 +188,10 @@ impl Pipelines {
             let module = self.module(gpu, &key.0)?;
             let (device, layout, cache) = (gpu.device.clone(), self.layout, self.cache.handle);
             let (feedback, tx, key) = (gpu.creation_feedback, self.done.0.clone(), key.clone());
+            let subgroup_32 = gpu.subgroup_32;
             self.pending.push(key.clone());
             self.workers.push(std::thread::spawn(move || {
-                let built = create(&device, layout, cache, module, key.1, feedback);
+                let built = create(&device, layout, cache, module, key.1, feedback, subgroup_32);
                 let _ = tx.send((key, built));
             }));
         }
@@ -284,6 +289,7 @@ fn create(
     module: vk::ShaderModule,
     spec: [u32; 2],
     feedback: bool,
+    subgroup_32: bool,
 ) -> Result<Built, vk::Result> {
     let entries = [
         vk::SpecializationMapEntry::default()
@@ -301,11 +307,19 @@ fn create(
     let spec_info = vk::SpecializationInfo::default()
         .map_entries(&entries)
         .data(&data);
+    let mut size =
+        vk::PipelineShaderStageRequiredSubgroupSizeCreateInfo::default().required_subgroup_size(32);
     let stage = vk::PipelineShaderStageCreateInfo::default()
         .stage(vk::ShaderStageFlags::COMPUTE)
         .module(module)
         .name(c"main")
         .specialization_info(&spec_info);
+    // Subgroups of 32 where the device's default is another (`Gpu::subgroup_32`).
+    let stage = if subgroup_32 {
+        stage.push_next(&mut size)
+    } else {
+        stage
+    };
     let mut fb = vk::PipelineCreationFeedback::default();
     let mut fb_info = vk::PipelineCreationFeedbackCreateInfo::default().pipeline_creation_feedback(&mut fb);
     let mut info = vk::ComputePipelineCreateInfo::default()
@@ -319,7 +333,8 @@ fn create(
     // (`Pipelines::prepare` holds `&mut` of them); the pipeline cache is internally
     // synchronised, so several threads may create through it at once; the create info and its
     // chain (creation feedback only where the device has it: Vulkan 1.3 or the extension,
-    // enabled) live on this frame.
+    // enabled; the required subgroup size only where `Gpu::subgroup_32` found subgroup size
+    // control enabled and 32 allowed for compute) live on this frame.
     let created = unsafe { device.create_compute_pipelines(cache, &[info], None) };
     let took = start.elapsed();
     let pipeline = created

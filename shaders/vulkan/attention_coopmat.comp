@@ -1,45 +1,62 @@
-// EXPERIMENT (TANDEM_VULKAN_ATTN_COOPMAT=1): `attention_tiled` on KHR cooperative matrices, one
-// pass with an online softmax. Same push constants, grid, blocks and split partials as
-// `attention_tiled`: workgroup (h, b, s) attends query head h of the block of 32 rows b*32 ..
-// over split s of the key tiles of the rows' visible ranges, when every row of the block belongs
-// to one slot. Heads of up to 256 dimensions, a multiple of 32 (the host checks it).
+// Prefill attention on KHR cooperative matrices (flash attention, one pass, online softmax in
+// f32), for the blocks `attention_tiled` would take: the same blocks of BR rows of one slot, the
+// same split partials and `attention_combine`, but one workgroup attends TWO query heads that
+// share a KV head (grouped-query attention; every Gemma 3 has an even group), so each K and V
+// tile is read from memory once for 64 query rows. Workgroup (hp, b, s): query heads 2hp and
+// 2hp + 1, block rows b*BR .., split s of the block's key tiles. The host takes this kernel
+// where the device has cooperative matrices, the head has a multiple of 32 dimensions up to
+// 256, the group is even and q and the caches are 16-byte aligned; image attentions
+// (bidirectional blocks) keep `attention_tiled`.
 //
-// Four subgroups of 32: subgroup (rr = sg & 1, dh = sg >> 1) owns rows 16rr .. 16rr+15 and the
-// output dimensions dh * hd / 2 .. of the half it computes. Per tile of 16 keys (K and V
-// fetched into registers while the tile before multiplies, then into shared memory as f16), each subgroup computes its rows' 16 x 16 scores over the
-// whole head (QK^T in 16x16x16 f16 products with f32 sums; the two subgroups of a row half
-// compute the same scores, so neither waits on the other), then, within the subgroup, each
-// row's softmax in f32 (two lanes per row): the new running maximum, the factor that rescales
-// the row's earlier outputs, and the probabilities as f16. The output accumulators (f32, up to
-// 8 of 16 x 16) are rescaled in registers, multiplied component-wise by a matrix whose row r
-// holds row r's factor (no indexing of an accumulator's elements, whose layout is the
-// driver's). Then O += P V.
+// Eight subgroups of 32 (the device's subgroup size on this path). Query row q = hh*BR + i
+// (head 2hp + hh, block row i), 64 in all, in four groups of 16 (rg = sg & 3):
+// - setup: the 64 Q rows as f16 go through shared memory into registers: subgroup sg keeps its
+//   group's 16 rows over the whole head as up to 16 A fragments (16 x 16).
+// - per tile of BC = 32 keys (K and V as f16 in shared memory, the next tile's K loaded into
+//   registers while this tile's scores are computed, its V while the softmax and P V run):
+//   1. scores: subgroup (rg, kg = sg >> 2) computes S for its 16 rows x keys 16kg .. 16kg+15
+//      (two accumulators, even and odd 16-dimension steps, so the products do not wait on each
+//      other), stored as f32 into the score area (row stride SPS slots of 32 bits);
+//   2. softmax (f32): invocation tid owns row tid / 4 and its keys 8 * (tid % 4) ..: the scaled
+//      (soft-capped) masked scores, the row's new maximum and sum (two shuffles each), and over
+//      the row's scores its probabilities as f16 (slots 0..15) and its rescale factor alpha
+//      (slots 16..31, 16 copies: row r of a 16 x 16 accumulator-shaped matrix);
+//   3. P V: subgroup (rg, dg = sg >> 2) owns its rows' outputs at dimensions dg * hd / 2 ..
+//      (up to 8 accumulators of 16 x 16 f32), scales them component-wise by the alpha matrix
+//      (no element of an accumulator is indexed: their layout is the driver's) and adds P V.
+//   Three barriers a tile. Shared memory: 43 KB (K and V tiles 33 KB, scores 9 KB), under the
+//   48 KB that NVIDIA's Vulkan driver offers.
+// - end: outputs times 1 / sum per row (one split) or unnormalised with (max, sum) (several),
+//   through each subgroup's 256 slots of the score area.
 //
-// Measured (H200, prefill 512, bench/results/2026-11-28-prefill-khr2/experiments-*.txt and the
-// note of issue 54): 4B q4_k 5.2-6.0 ms of attention a step against 5.8 for `attention_tiled`,
-// 1B 2.4-3.3 against 3.75, depending on the splits; about 5 us a 16-key tile per workgroup,
-// whichever the splits, so each workgroup waits more than it computes. Not the default: not
-// clearly faster, and its f16 rounding needs the precision issue's rule.
-//
-// Q and the probabilities are rounded to f16 (as K and V are), so this kernel is held to a
-// tensor-core tolerance, not to the f32 kernels' (the precision issue's rule decides where it
-// may be the default). A row that sees no key of the split keeps maximum -inf, sum 0 and zero
-// outputs.
+// Q, K, V and the probabilities are rounded to f16 (as the products' inputs on this path are),
+// sums and the softmax are f32. Keys past the block's last position are zero in the tiles (so
+// a zero probability never meets a NaN of an unwritten cache row); a row that sees no key of
+// the split keeps maximum -inf, sum 0 and zero outputs.
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_shuffle : require
-#extension GL_KHR_shader_subgroup_vote : require
 
-layout(local_size_x = 128) in;
+layout(local_size_x = 256) in;
+// Probe bits for tuning runs (TANDEM_VULKAN_ATTN_MODE; 0 otherwise, and results are wrong with
+// any set): 1 skips the score products, 2 the P V products, 4 the global loads of every tile
+// after the first, 8 the output stores. (A variant that issued each tile's V loads with its K
+// loads, a tile ahead in a second set of registers, measured the same: H200, 4B q4_k, 4.26 ms
+// of attention a step against 4.30, bench/results/2026-11-28-attention-khr/call4.)
+layout(constant_id = 0) const uint MODE = 0;
 #define BR 32
-#define BC 16
+#define QR 64
+#define BC 32
 #define MAX_HEAD_DIM 256
-// Row stride of the Q, K and V tiles in f16vec2s at most (head_dim + 8 halves).
-#define QS2_MAX ((MAX_HEAD_DIM + 8) / 2)
-// Row stride of a subgroup's probabilities in f16vec2s (16 + 8 halves, 48 bytes).
-#define PS2 12
+// Row stride of the Q, K and V tiles in f16vec2s (the largest head + 8 halves: 528 bytes, so
+// the 16-byte rows a fragment load reads fall in different banks).
+#define KS2 (MAX_HEAD_DIM / 2 + 4)
+// The V tile's offset in `kvs`.
+#define VOFF (BC * KS2)
+// Row stride of the score area in 32-bit slots (32 scores + 4: 144 bytes).
+#define SPS 36
 
 layout(push_constant, scalar) uniform Params {
     uint64_t q;
@@ -68,86 +85,79 @@ const float NEG_INF = -1.0 / 0.0;
 
 layout(buffer_reference, scalar, buffer_reference_align = 8) buffer U2s { uvec2 v[]; };
 
-shared f16vec2 qs[BR * QS2_MAX];
-shared f16vec2 ks[BC * QS2_MAX];
-shared f16vec2 vs[BC * QS2_MAX];
-// Per subgroup: a 16 x 16 f32 slot (scores, then the rows' factors, then outputs on their way
-// out) and its rows' probabilities.
-shared float ss[4 * 256];
-shared f16vec2 ps[4 * 16 * PS2];
+// The K tile then the V tile (BC rows of KS2 each); during setup, the 64 Q rows.
+shared f16vec2 kvs[2 * BC * KS2];
+// Scores (f32 bits), then probabilities (f16 pairs, slots 0..15) and alphas (slots 16..31) per
+// query row; at the end each subgroup's 16 x 16 outputs on their way out.
+shared f16vec2 sp[QR * SPS];
 shared uint s_lo[BR];
 shared uint s_pos[BR];
-shared uint s_range[2];
 
-// Quads (4 dimensions) of the largest head.
-#define MQ (MAX_HEAD_DIM / 4)
-// Loads per invocation of a K (or V) tile: 16 keys x MQ quads over 128 invocations.
-#define TL (BC * MQ / 128)
+// One tile's K or V loads of this invocation: 4 values each (f32 bits, or f16 pairs in .xy).
+#define TL (BC * (MAX_HEAD_DIM / 4) / 256)
+uvec4 raw[TL];
 
-// The next tile's K and V, as loaded (f32 bits, or f16 pairs in .xy), in registers: every load
-// of a tile is issued before any is waited on (a loop over the head's quads at run time
-// waited on each load in turn: H200, 4B, 6.7 us a tile), and a tile's loads go out while the
-// tile before it multiplies.
-uvec4 kraw[TL];
-uvec4 vraw[TL];
-
-// Fetches the K and V tiles at key t0 (keys past kmax: zeros) into kraw and vraw.
-void fetch_tiles(uint t0, uint kmax, uint slot, uint g, uint hd, uint kv_cols) {
+// Fetches the tile of keys t0 .. t0 + BC - 1 of `base` (keys past kmax: zeros) into raw.
+void fetch(uint64_t base, uint t0, uint kmax, uint slot, uint g, uint hd, uint kv_cols) {
     uint tid = gl_LocalInvocationID.x;
+    uint nq = hd / 4u;
     [[unroll]] for (uint it = 0; it < TL; it++) {
-        uint e = tid + 128u * it;
-        uint j = e / MQ;
-        uint dq = e % MQ;
+        uint e = tid + 256u * it;
+        uint j = e / nq;
+        uint dq = e % nq;
         uint key = t0 + j;
-        kraw[it] = uvec4(0);
-        vraw[it] = uvec4(0);
-        if (dq * 4u < hd && key <= kmax) {
-            uint64_t crow = uint64_t(slot) * p.capacity + key % p.capacity;
-            uint64_t at = crow * kv_cols + g * hd + dq * 4u;
+        uvec4 r = uvec4(0);
+        if (j < BC && key <= kmax) {
+            uint64_t at = (uint64_t(slot) * p.capacity + key % p.capacity) * kv_cols + g * hd + dq * 4u;
             if (p.f16 != 0u) {
-                kraw[it].xy = U2s(p.kc + at * 2).v[0];
-                vraw[it].xy = U2s(p.vc + at * 2).v[0];
+                r.xy = U2s(base + at * 2).v[0];
             } else {
-                kraw[it] = floatBitsToUint(V4s(p.kc + at * 4).v[0]);
-                vraw[it] = floatBitsToUint(V4s(p.vc + at * 4).v[0]);
+                r = floatBitsToUint(V4s(base + at * 4).v[0]);
             }
         }
+        raw[it] = r;
     }
 }
 
-// Four fetched values as f16.
-f16vec4 as_f16(uvec4 raw) {
-    if (p.f16 != 0u) {
-        return f16vec4(unpackFloat2x16(raw.x), unpackFloat2x16(raw.y));
-    }
-    return f16vec4(clamp(uintBitsToFloat(raw), -F16_MAX, F16_MAX));
-}
-
-// The fetched tiles into ks and vs.
-void stage_tiles(uint hd, uint qs2) {
+// The fetched tile into `kvs` at `off`.
+void stage(uint off, uint hd) {
     uint tid = gl_LocalInvocationID.x;
+    uint nq = hd / 4u;
     [[unroll]] for (uint it = 0; it < TL; it++) {
-        uint e = tid + 128u * it;
-        uint j = e / MQ;
-        uint dq = e % MQ;
-        if (dq * 4u < hd) {
-            f16vec4 kv = as_f16(kraw[it]);
-            f16vec4 vv = as_f16(vraw[it]);
-            ks[j * qs2 + dq * 2u] = kv.xy;
-            ks[j * qs2 + dq * 2u + 1u] = kv.zw;
-            vs[j * qs2 + dq * 2u] = vv.xy;
-            vs[j * qs2 + dq * 2u + 1u] = vv.zw;
+        uint e = tid + 256u * it;
+        uint j = e / nq;
+        uint dq = e % nq;
+        if (j < BC) {
+            uvec4 r = raw[it];
+            f16vec4 v;
+            if (p.f16 != 0u) {
+                v = f16vec4(unpackFloat2x16(r.x), unpackFloat2x16(r.y));
+            } else {
+                v = f16vec4(clamp(uintBitsToFloat(r), -F16_MAX, F16_MAX));
+            }
+            kvs[off + j * KS2 + dq * 2u] = v.xy;
+            kvs[off + j * KS2 + dq * 2u + 1u] = v.zw;
         }
     }
 }
 
+f16vec2 bits_of(float v) {
+    return unpackFloat2x16(floatBitsToUint(v));
+}
+
+float float_of(f16vec2 v) {
+    return uintBitsToFloat(packFloat2x16(v));
+}
+
+#define A_T coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define B_T coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
 #define ACC_T coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint sg = gl_SubgroupID;
     uint lane = gl_SubgroupInvocationID;
-    uint h = gl_WorkGroupID.x;
+    uint h0 = gl_WorkGroupID.x * 2u;
     uint r0 = gl_WorkGroupID.y * BR;
     uint split = gl_WorkGroupID.z;
     uint nrows = min(uint(BR), p.rows - r0);
@@ -156,8 +166,9 @@ void main() {
     }
     uint slot = U32s(p.slots).v[r0];
     uint hd = p.head_dim;
-    uint qs2 = (hd + 8) / 2;
-    uint g = h / (p.heads / p.kv_heads);
+    uint nd = hd / 16u;
+    uint nf = hd / 32u;
+    uint g = h0 / (p.heads / p.kv_heads);
     uint kv_cols = p.kv_heads * hd;
     uint q_cols = p.heads * hd;
     if (tid < BR) {
@@ -165,62 +176,47 @@ void main() {
         s_pos[tid] = pos;
         s_lo[tid] = (p.window != 0u && pos + 1u > p.window) ? pos + 1u - p.window : 0u;
     }
-    // Q of the block's rows (zero past them) as f16, every load issued before any is used.
-    {
-        vec4 qv[BR * MQ / 128];
-        [[unroll]] for (uint it = 0; it < BR * MQ / 128; it++) {
-            uint e = tid + 128u * it;
-            uint i = e / MQ;
-            uint dq = e % MQ;
-            qv[it] = vec4(0.0);
-            if (i < nrows && dq * 4u < hd) {
-                qv[it] = V4s(p.q + (uint64_t(r0 + i) * q_cols + h * hd + dq * 4u) * 4).v[0];
-            }
+    // The Q rows as f16 (zero past the block's rows and the head).
+    [[unroll]] for (uint it = 0; it < QR * (MAX_HEAD_DIM / 4) / 256; it++) {
+        uint e = tid + 256u * it;
+        uint qrow = e / (MAX_HEAD_DIM / 4);
+        uint dq = e % (MAX_HEAD_DIM / 4);
+        uint i = qrow % BR;
+        vec4 v = vec4(0.0);
+        if (i < nrows && dq * 4u < hd) {
+            v = V4s(p.q + (uint64_t(r0 + i) * q_cols + (h0 + qrow / BR) * hd + dq * 4u) * 4).v[0];
         }
-        [[unroll]] for (uint it = 0; it < BR * MQ / 128; it++) {
-            uint e = tid + 128u * it;
-            uint i = e / MQ;
-            uint dq = e % MQ;
-            if (dq * 4u < hd) {
-                f16vec4 hv = f16vec4(clamp(qv[it], -F16_MAX, F16_MAX));
-                qs[i * qs2 + dq * 2u] = hv.xy;
-                qs[i * qs2 + dq * 2u + 1u] = hv.zw;
-            }
-        }
+        f16vec4 hv = f16vec4(clamp(v, -F16_MAX, F16_MAX));
+        kvs[qrow * KS2 + dq * 2u] = hv.xy;
+        kvs[qrow * KS2 + dq * 2u + 1u] = hv.zw;
     }
     barrier();
-    if (tid == 0u) {
-        uint lo = s_lo[0];
-        uint hi = s_pos[0];
-        for (uint i = 1; i < nrows; i++) {
-            lo = min(lo, s_lo[i]);
-            hi = max(hi, s_pos[i]);
-        }
-        s_range[0] = lo;
-        s_range[1] = hi;
-    }
-    barrier();
-    // This split's tiles of the block's range.
-    uint tiles = (s_range[1] - s_range[0]) / BC + 1u;
+    uint rg = sg & 3u;
+    uint kg = sg >> 2;
+#define QDECL(d) A_T qf##d = A_T(0.0); if (d < nd) { coopMatLoad(qf##d, kvs, rg * 16u * KS2 + 8u * d, KS2, gl_CooperativeMatrixLayoutRowMajor); }
+    QDECL(0) QDECL(1) QDECL(2) QDECL(3) QDECL(4) QDECL(5) QDECL(6) QDECL(7)
+    QDECL(8) QDECL(9) QDECL(10) QDECL(11) QDECL(12) QDECL(13) QDECL(14) QDECL(15)
+    // The block's key range (every subgroup computes it; lane i reads row i).
+    uint rlo = subgroupMin(lane < nrows ? s_lo[lane] : 0xFFFFFFFFu);
+    uint rhi = subgroupMax(lane < nrows ? s_pos[lane] : 0u);
+    barrier(); // Q is in registers before the tiles replace it
+    uint tiles = (rhi - rlo) / BC + 1u;
     uint per = (tiles + p.splits - 1u) / p.splits;
     uint first = min(split * per, tiles);
-    uint kmin = s_range[0] + first * BC;
-    uint kend = s_range[0] + min(first + per, tiles) * BC;
-    uint kmax = s_range[1];
+    uint kmin = rlo + first * BC;
+    uint kend = rlo + min(first + per, tiles) * BC;
 
-    uint rr = sg & 1u;
-    uint dh = sg >> 1;
-    // Softmax: lane (row lane / 2 of the subgroup's 16, keys 8 * (lane & 1) ..) of block row i.
-    uint srow = lane >> 1;
-    uint part = lane & 1u;
-    uint i = rr * 16u + srow;
-    bool live = i < nrows;
-    uint lo_i = s_lo[i];
-    uint pos_i = s_pos[i];
+    // The softmax's row and keys.
+    uint srow = tid >> 2;
+    uint part = tid & 3u;
+    uint qi = srow % BR;
+    bool live = qi < nrows;
+    uint lo_i = s_lo[qi];
+    uint pos_i = s_pos[qi];
     float m = NEG_INF;
     float l = 0.0;
 
-    uint nf = hd / 32u; // 16x16 output fragments per subgroup, up to 8
+    uint obase = kg * (hd / 2u);
     ACC_T o0 = ACC_T(0.0);
     ACC_T o1 = ACC_T(0.0);
     ACC_T o2 = ACC_T(0.0);
@@ -229,39 +225,41 @@ void main() {
     ACC_T o5 = ACC_T(0.0);
     ACC_T o6 = ACC_T(0.0);
     ACC_T o7 = ACC_T(0.0);
-    uint obase = dh * (hd / 2u);
 
     if (kmin < kend) {
-        fetch_tiles(kmin, kmax, slot, g, hd, kv_cols);
+        fetch(p.kc, kmin, rhi, slot, g, hd, kv_cols);
+        stage(0u, hd);
+        fetch(p.vc, kmin, rhi, slot, g, hd, kv_cols);
+        stage(VOFF, hd);
     }
+    barrier();
     for (uint t0 = kmin; t0 < kend; t0 += BC) {
-        stage_tiles(hd, qs2);
-        barrier();
-        // The next tile's loads go out before this one's products.
-        if (t0 + BC < kend) {
-            fetch_tiles(t0 + BC, kmax, slot, g, hd, kv_cols);
+        bool more = t0 + BC < kend;
+        // The next K tile's loads go out before this tile's scores.
+        if (more && (MODE & 4u) == 0u) {
+            fetch(p.kc, t0 + BC, rhi, slot, g, hd, kv_cols);
         }
-        // Scores of rows 16rr.. against the tile's 16 keys.
-        ACC_T s = ACC_T(0.0);
-        for (uint d = 0; d < hd; d += 16) {
-            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a;
-            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
-            coopMatLoad(a, qs, rr * 16u * qs2 + d / 2u, qs2, gl_CooperativeMatrixLayoutRowMajor);
-            // B[d][key] = K[key][d]: the K tile is B in column-major order.
-            coopMatLoad(b, ks, d / 2u, qs2, gl_CooperativeMatrixLayoutColumnMajor);
-            s = coopMatMulAdd(a, b, s);
+        // 1. Scores of rows 16rg .. against keys 16kg ...
+        ACC_T s0 = ACC_T(0.0);
+        ACC_T s1 = ACC_T(0.0);
+#define SDOT(d, acc) if (d < nd && (MODE & 1u) == 0u) { B_T b; coopMatLoad(b, kvs, 16u * kg * KS2 + 8u * d, KS2, gl_CooperativeMatrixLayoutColumnMajor); acc = coopMatMulAdd(qf##d, b, acc); }
+        SDOT(0, s0) SDOT(1, s1) SDOT(2, s0) SDOT(3, s1) SDOT(4, s0) SDOT(5, s1) SDOT(6, s0) SDOT(7, s1)
+        SDOT(8, s0) SDOT(9, s1) SDOT(10, s0) SDOT(11, s1) SDOT(12, s0) SDOT(13, s1) SDOT(14, s0) SDOT(15, s1)
+        s0 = s0 + s1;
+        coopMatStore(s0, sp, rg * 16u * SPS + 16u * kg, SPS, gl_CooperativeMatrixLayoutRowMajor);
+        barrier(); // (1) the scores are written; the K tile is free
+        if (more && (MODE & 4u) == 0u) {
+            stage(0u, hd);
+            fetch(p.vc, t0 + BC, rhi, slot, g, hd, kv_cols);
         }
-        coopMatStore(s, ss, sg * 256u, 16, gl_CooperativeMatrixLayoutRowMajor);
-        subgroupMemoryBarrierShared();
-        subgroupBarrier();
-        // Online softmax of the row's 8 keys here and 8 in the partner lane.
+        // 2. Online softmax of row srow over its 8 keys here and 24 in its three partner lanes.
         float sc[8];
         float tmax = NEG_INF;
         [[unroll]] for (uint j = 0; j < 8; j++) {
             uint kp = t0 + 8u * part + j;
             float x = NEG_INF;
-            if (live && kp <= kmax && kp >= lo_i && kp <= pos_i) {
-                x = ss[sg * 256u + srow * 16u + 8u * part + j] * p.scale;
+            if (live && kp >= lo_i && kp <= pos_i) {
+                x = float_of(sp[srow * SPS + 8u * part + j]) * p.scale;
                 if (p.softcap != 0.0) {
                     x = p.softcap * tanh_safe(x / p.softcap);
                 }
@@ -270,97 +268,87 @@ void main() {
             tmax = max(tmax, x);
         }
         tmax = max(tmax, subgroupShuffleXor(tmax, 1u));
+        tmax = max(tmax, subgroupShuffleXor(tmax, 2u));
         float mn = max(m, tmax);
         float alpha = mn == NEG_INF ? 1.0 : exp(m - mn);
         float sum = 0.0;
-        [[unroll]] for (uint j = 0; j < 8; j += 2) {
-            float e0 = sc[j] == NEG_INF ? 0.0 : exp(sc[j] - mn);
-            float e1 = sc[j + 1] == NEG_INF ? 0.0 : exp(sc[j + 1] - mn);
-            sum += e0 + e1;
-            ps[sg * 16u * PS2 + srow * PS2 + (8u * part + j) / 2u] = f16vec2(e0, e1);
+        [[unroll]] for (uint j = 0; j < 8; j++) {
+            sc[j] = sc[j] == NEG_INF ? 0.0 : exp(sc[j] - mn);
+            sum += sc[j];
         }
         sum += subgroupShuffleXor(sum, 1u);
+        sum += subgroupShuffleXor(sum, 2u);
         l = l * alpha + sum;
         m = mn;
-        // Where a row's maximum grew, its outputs so far shrink by alpha: component-wise by a
-        // matrix whose row r is alpha of row r, written over the scores (read by now).
-        bool same = subgroupAll(alpha == 1.0);
-        if (!same) {
-            [[unroll]] for (uint j = 0; j < 8; j++) {
-                ss[sg * 256u + srow * 16u + 8u * part + j] = alpha;
-            }
-        }
-        subgroupMemoryBarrierShared();
+        // Every lane of the row has read its scores before the probabilities replace them.
         subgroupBarrier();
-        if (!same) {
+        [[unroll]] for (uint j = 0; j < 4; j++) {
+            sp[srow * SPS + 4u * part + j] = f16vec2(sc[2 * j], sc[2 * j + 1]);
+            sp[srow * SPS + 16u + 4u * part + j] = bits_of(alpha);
+        }
+        barrier(); // (2) probabilities and alphas are written
+        // 3. O = alpha O + P V for rows 16rg .., dimensions obase ...
+        {
             ACC_T f;
-            coopMatLoad(f, ss, sg * 256u, 16, gl_CooperativeMatrixLayoutRowMajor);
-            o0 = o0 * f; o1 = o1 * f; o2 = o2 * f; o3 = o3 * f;
-            o4 = o4 * f; o5 = o5 * f; o6 = o6 * f; o7 = o7 * f;
+            coopMatLoad(f, sp, rg * 16u * SPS + 16u, SPS, gl_CooperativeMatrixLayoutRowMajor);
+            A_T pa0;
+            A_T pa1;
+            coopMatLoad(pa0, sp, rg * 16u * SPS, SPS, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatLoad(pa1, sp, rg * 16u * SPS + 8u, SPS, gl_CooperativeMatrixLayoutRowMajor);
+#define PV(fi) \
+            if (fi < nf && (MODE & 2u) == 0u) { \
+                B_T vb; \
+                o##fi = o##fi * f; \
+                coopMatLoad(vb, kvs, VOFF + (obase + 16u * fi) / 2u, KS2, gl_CooperativeMatrixLayoutRowMajor); \
+                o##fi = coopMatMulAdd(pa0, vb, o##fi); \
+                coopMatLoad(vb, kvs, VOFF + 16u * KS2 + (obase + 16u * fi) / 2u, KS2, gl_CooperativeMatrixLayoutRowMajor); \
+                o##fi = coopMatMulAdd(pa1, vb, o##fi); \
+            }
+            PV(0) PV(1) PV(2) PV(3) PV(4) PV(5) PV(6) PV(7)
         }
-        coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> pa;
-        coopMatLoad(pa, ps, sg * 16u * PS2, PS2, gl_CooperativeMatrixLayoutRowMajor);
-        coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> vb;
-        // B[key][dim] = V[key][dim]: row-major.
-#define PV(f) \
-        if (f < nf) { \
-            coopMatLoad(vb, vs, (obase + 16u * f) / 2u, qs2, gl_CooperativeMatrixLayoutRowMajor); \
-            o##f = coopMatMulAdd(pa, vb, o##f); \
+        barrier(); // (3) the V tile, probabilities and alphas are free
+        if (more && (MODE & 4u) == 0u) {
+            stage(VOFF, hd);
         }
-        PV(0)
-        PV(1)
-        PV(2)
-        PV(3)
-        PV(4)
-        PV(5)
-        PV(6)
-        PV(7)
-        // Every subgroup is done with the tiles before the next ones replace them.
-        barrier();
     }
 
     // One split: outputs divided by the row's sum; several: unnormalised, with (max, sum).
-    [[unroll]] for (uint j = 0; j < 8; j++) {
-        ss[sg * 256u + srow * 16u + 8u * part + j] = p.splits == 1u ? (l > 0.0 ? 1.0 / l : 0.0) : 1.0;
+    float norm = p.splits == 1u ? (l > 0.0 ? 1.0 / l : 0.0) : 1.0;
+    [[unroll]] for (uint j = 0; j < 4; j++) {
+        sp[srow * SPS + 16u + 4u * part + j] = bits_of(norm);
     }
-    if (p.splits != 1u && dh == 0u && part == 0u && live) {
-        uint64_t at = (uint64_t(r0 + i) * p.heads + h) * p.splits + split;
+    if (p.splits != 1u && part == 0u && live) {
+        uint64_t at = (uint64_t(r0 + qi) * p.heads + h0 + srow / BR) * p.splits + split;
         st_f32(p.part_ml, at * 2u, m);
         st_f32(p.part_ml, at * 2u + 1u, l);
     }
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();
+    barrier();
     ACC_T rs;
-    coopMatLoad(rs, ss, sg * 256u, 16, gl_CooperativeMatrixLayoutRowMajor);
-    subgroupBarrier();
-#define OUT(f) \
-    if (f < nf) { \
-        o##f = o##f * rs; \
-        coopMatStore(o##f, ss, sg * 256u, 16, gl_CooperativeMatrixLayoutRowMajor); \
+    coopMatLoad(rs, sp, rg * 16u * SPS + 16u, SPS, gl_CooperativeMatrixLayoutRowMajor);
+    barrier(); // every subgroup has its factors before the outputs pass through the area
+#define OUT(fi) \
+    if (fi < nf) { \
+        o##fi = o##fi * rs; \
+        coopMatStore(o##fi, sp, sg * 256u, 16, gl_CooperativeMatrixLayoutRowMajor); \
         subgroupMemoryBarrierShared(); \
         subgroupBarrier(); \
         [[unroll]] for (uint t = 0; t < 8; t++) { \
             uint e = lane + 32u * t; \
-            uint row = rr * 16u + e / 16u; \
-            uint dd = obase + 16u * f + e % 16u; \
-            if (row < nrows) { \
-                float v = ss[sg * 256u + e]; \
+            uint row = rg * 16u + e / 16u; \
+            uint i = row % BR; \
+            uint h = h0 + row / BR; \
+            uint dd = obase + 16u * fi + e % 16u; \
+            if (i < nrows && (MODE & 8u) == 0u) { \
+                float v = float_of(sp[sg * 256u + e]); \
                 if (p.splits == 1u) { \
-                    st_f32(p.dst, uint64_t(r0 + row) * q_cols + h * hd + dd, v); \
+                    st_f32(p.dst, uint64_t(r0 + i) * q_cols + h * hd + dd, v); \
                 } else { \
-                    uint64_t at = (uint64_t(r0 + row) * p.heads + h) * p.splits + split; \
+                    uint64_t at = (uint64_t(r0 + i) * p.heads + h) * p.splits + split; \
                     st_f32(p.part_o, at * hd + dd, v); \
                 } \
             } \
         } \
         subgroupBarrier(); \
     }
-    OUT(0)
-    OUT(1)
-    OUT(2)
-    OUT(3)
-    OUT(4)
-    OUT(5)
-    OUT(6)
-    OUT(7)
+    OUT(0) OUT(1) OUT(2) OUT(3) OUT(4) OUT(5) OUT(6) OUT(7)
 }

@@ -27,8 +27,12 @@
 //! their pipelines: each row attends `lo ..= ends[r]` (its block's last position, from
 //! `kit::step::visible_ends`, which `execute` writes beside the positions each step) with `lo`
 //! from its own position; `attention_tiled` ends a block's key tiles at the largest end of its
-//! rows. The experiment `attention_coopmat` has no such variant: image-aware attentions take
-//! `attention_tiled` even where it is asked for.
+//! rows. `attention_coopmat` has no such variant: image-aware attentions take `attention_tiled`.
+//!
+//! Where the device has KHR cooperative matrices (both tensor-core paths), the blocks
+//! `attention_tiled` would take go to `attention_coopmat` instead ([`takes_coopmat_attention`]):
+//! the same blocks, splits and partials, QK^T and P V on cooperative matrices with an f32 online
+//! softmax, two query heads of one KV head per workgroup (grid `[heads / 2, rows / 32, splits]`).
 //!
 //! `TANDEM_VULKAN_ATTENTION=gqa|plain|tiled` forces one kernel (where the head fits), for tuning
 //! runs (`tiled` at every row count, decode included).
@@ -74,10 +78,44 @@ const PLAIN_TARGET_GROUPS: usize = 4096;
 /// (`tandem_gpu_kit::attention::tiled_splits`); `TANDEM_VULKAN_TILED_SPLITS=n` forces n (1 to
 /// 64), for tuning runs.
 fn tiled_splits(rows: usize, heads: usize) -> usize {
-    let forced = std::env::var("TANDEM_VULKAN_TILED_SPLITS")
+    tandem_gpu_kit::attention::tiled_splits(rows, heads, forced_splits())
+}
+
+/// `TANDEM_VULKAN_TILED_SPLITS`, for tuning runs.
+fn forced_splits() -> Option<usize> {
+    std::env::var("TANDEM_VULKAN_TILED_SPLITS")
         .ok()
-        .and_then(|v| v.parse::<usize>().ok());
-    tandem_gpu_kit::attention::tiled_splits(rows, heads, forced)
+        .and_then(|v| v.parse::<usize>().ok())
+}
+
+/// Workgroups `attention_coopmat` aims for through its splits: about one per SM of the H200's
+/// 132 (its workgroups are large: 256 invocations, 43 KB of shared memory). H200, prefill 512
+/// (bench/results/2026-11-28-attention-khr): 1B q4_k (2 head pairs x 16 blocks) 30,147 tok/s
+/// with 4 splits against 27,785 with 1 and 28,706 with 16; 4B (4 pairs) 13,267 with 2, 13,166
+/// with 4, 13,122 with 8.
+const COOPMAT_TARGET_GROUPS: usize = 128;
+
+/// How many workgroups share the key tiles of one (head pair, block of rows) in
+/// `attention_coopmat`: [`COOPMAT_TARGET_GROUPS`] over its grid, rounded, 1 to 16;
+/// `TANDEM_VULKAN_TILED_SPLITS` forces it too.
+fn coopmat_splits(rows: usize, heads: usize) -> usize {
+    if let Some(n) = forced_splits() {
+        return n.clamp(1, 64);
+    }
+    let groups = (heads / 2).max(1) * rows.div_ceil(TILED_ROWS);
+    ((COOPMAT_TARGET_GROUPS + groups / 2) / groups).clamp(1, 16)
+}
+
+/// `TANDEM_VULKAN_ATTN_MODE` (0 to 15): `attention_coopmat`'s probe bits (its specialisation
+/// constant 0), which skip parts of its work to see where its time goes (1 the score products,
+/// 2 the P V products, 4 the global loads after the first tile, 8 the output stores); results
+/// are wrong with any bit set. For tuning runs only (bench/attention-probe.sh).
+fn coopmat_mode() -> u32 {
+    std::env::var("TANDEM_VULKAN_ATTN_MODE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|m| *m <= 15)
+        .unwrap_or(0)
 }
 
 /// Bytes of scratch the attention nodes of `graph` need for their split partials: the largest
@@ -98,7 +136,7 @@ pub(super) fn scratch_bytes(graph: &Graph) -> u64 {
             } => {
                 let plain = plain_splits(rows, *heads, *kv_heads, *head_dim, *window, cache.capacity);
                 let tiled = if use_tiled(rows, *head_dim) {
-                    tiled_splits(rows, *heads)
+                    tiled_splits(rows, *heads).max(coopmat_splits(rows, *heads))
                 } else {
                     1
                 };
@@ -124,12 +162,30 @@ fn use_tiled(rows: usize, head_dim: usize) -> bool {
     takes_tiled(rows, head_dim, forced)
 }
 
-/// `TANDEM_VULKAN_ATTN_COOPMAT=1`: the blocks `attention_tiled` takes go to the experiment
-/// `attention_coopmat` (QK^T and PV on KHR cooperative matrices; on the H200 not clearly faster
-/// than `attention_tiled`, bench/results/2026-11-28-prefill-khr2) where the device has
-/// cooperative matrices and the head's size is a multiple of 32.
-fn coopmat_attention() -> bool {
-    std::env::var("TANDEM_VULKAN_ATTN_COOPMAT").is_ok_and(|v| v == "1")
+/// Whether the blocks `attention_tiled` would take go to `attention_coopmat` (QK^T and P V on
+/// KHR cooperative matrices, two query heads of one KV head per workgroup): where the device
+/// has cooperative matrices, the head's size is a multiple of 32 up to 256, the query heads per
+/// KV head are even, q and the caches are 16-byte aligned and the attention is text only (the
+/// kernel has no image-aware variant). `TANDEM_VULKAN_ATTN_COOPMAT=0` keeps `attention_tiled`,
+/// for A/B runs.
+fn takes_coopmat_attention(
+    coopmat: bool,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    aligned: bool,
+    image: bool,
+) -> bool {
+    let off = std::env::var("TANDEM_VULKAN_ATTN_COOPMAT").is_ok_and(|v| v == "0");
+    coopmat
+        && !off
+        && !image
+        && aligned
+        && head_dim.is_multiple_of(32)
+        && head_dim <= tandem_gpu_kit::attention::TILED_MAX_HEAD_DIM
+        && kv_heads > 0
+        && heads.is_multiple_of(kv_heads)
+        && (heads / kv_heads).is_multiple_of(2)
 }
 
 /// Whether an attention of `rows` rows and heads of `head_dim` takes `attention_gqa` (for the
@@ -243,7 +299,24 @@ impl VulkanBackend {
         let part_o = ctx.scratch.0;
         let part_ml = part_o + (rows * heads * splits * head_dim * 4) as u64;
         let tiled = use_tiled(rows, *head_dim);
-        let tsplits = if tiled { tiled_splits(rows, *heads) } else { 1 };
+        // The kernel that takes the one-slot blocks, where `attention_tiled` would.
+        let aligned = [ctx.addr(*q)?, kc, vc].iter().all(|a| a.is_multiple_of(16));
+        let coopmat = tiled
+            && takes_coopmat_attention(
+                self.gpu.coopmat,
+                *heads,
+                *kv_heads,
+                *head_dim,
+                aligned,
+                image != 0,
+            );
+        let tsplits = if coopmat {
+            coopmat_splits(rows, *heads)
+        } else if tiled {
+            tiled_splits(rows, *heads)
+        } else {
+            1
+        };
         let tpart_o = part_o + partial_bytes(rows, *heads, *head_dim, splits);
         let tpart_ml = tpart_o + (rows * heads * tsplits * head_dim * 4) as u64;
         let push = |part: (u64, u64), splits: usize, skip_block: usize| -> Result<Vec<u8>, BackendError> {
@@ -293,20 +366,18 @@ impl VulkanBackend {
         // combination of its splits) takes the rest, both writing disjoint rows of the output.
         let skip_block = if tiled { TILED_ROWS } else { 0 };
         if tiled {
-            // The experiment on cooperative matrices in its place, where asked and the head and
-            // the addresses suit it (text attentions only: it has no image-aware variant).
-            let aligned = [ctx.addr(*q)?, kc, vc].iter().all(|a| a.is_multiple_of(16));
-            let kernel =
-                if self.gpu.coopmat && coopmat_attention() && head_dim % 32 == 0 && aligned && image == 0 {
-                    "attention_coopmat"
-                } else {
-                    "attention_tiled"
-                };
+            // The cooperative-matrix kernel in its place where the device, the heads and the
+            // addresses suit it (text attentions only: it has no image-aware variant).
+            let (kernel, head_groups, spec) = if coopmat {
+                ("attention_coopmat", heads / 2, [coopmat_mode(), 0])
+            } else {
+                ("attention_tiled", *heads, [0, image])
+            };
             cmds.push(Cmd::Dispatch {
                 kernel: kernel.into(),
-                spec: [0, image],
+                spec,
                 push: push((tpart_o, tpart_ml), tsplits, 0)?,
-                groups: [*heads as u32, div_up(rows, TILED_ROWS), tsplits as u32],
+                groups: [head_groups as u32, div_up(rows, TILED_ROWS), tsplits as u32],
                 access: Access::new(reads, [if tsplits > 1 { ctx.scratch } else { out_span }]),
             });
             if tsplits > 1 {

@@ -219,7 +219,7 @@ impl VulkanBackend {
             Op::GeGlu { gate: a, up: b } | Op::Add { a, b } => {
                 let n = ctx.rows(*a) * ctx.cols(*a);
                 let op = u32::from(matches!(node.op, Op::GeGlu { .. }));
-                let [gx, gy] = spread(div_up(n, WG as usize));
+                let [gx, gy] = spread(div_up(n, 4 * WG as usize));
                 Cmd::Dispatch {
                     kernel: "eltwise".into(),
                     spec: [0, 0],
@@ -238,7 +238,7 @@ impl VulkanBackend {
             Op::Softcap { x, cap } => {
                 let n = ctx.rows(*x) * ctx.cols(*x);
                 let a = ctx.addr(*x)?;
-                let [gx, gy] = spread(div_up(n, WG as usize));
+                let [gx, gy] = spread(div_up(n, 4 * WG as usize));
                 Cmd::Dispatch {
                     kernel: "eltwise".into(),
                     spec: [0, 0],
