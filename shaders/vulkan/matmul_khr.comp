@@ -5,13 +5,16 @@
 // and fragments as separate variables rather than arrays indexed in loops (which drivers may
 // keep in memory rather than registers).
 //
-// Pipeline: k is taken 32 at a time. Each invocation first fetches its share of the next step's
-// f16 input (the host's `to_f16`) and weight (q4_k: raw blocks, two invocations per weight row;
-// the host takes this kernel only where the weight is 16-byte aligned; float formats: 8 values
-// at a time; other block formats: one 32-value unit) into registers, multiplies the current
-// step from shared memory while those loads are in flight, then decodes them into the other of
-// two shared buffers: one barrier per step (H200, 4B q4_k prefill 512: 11,430 tok/s against
-// 8,952 for the same kernel single-buffered, loads waited on before each step). Split k and
+// Pipeline: k is taken 32 at a time. Each invocation first fetches its share of the step after
+// next's f16 input (the host's `to_f16`) and weight (q4_k: raw blocks, two invocations per weight
+// row; the host takes this kernel only where the weight is 16-byte aligned; float formats: 8
+// values at a time; other block formats: one 32-value unit) into one of two sets of registers,
+// multiplies the current step from shared memory while those loads are in flight, then decodes
+// the next step, fetched one step earlier into the other set, into the other of two shared
+// buffers: one barrier per step. H200, 4B q4_k prefill 512: 8,952 tok/s single-buffered (loads
+// waited on before each step), 11,430 with loads one step ahead, and, one step ahead against
+// two in one call (bench/results/2026-11-28-khr-ahead): 12,221 -> 13,381 (4B q4_k), 9,150 ->
+// 9,528 (4B f16), 1,829 -> 2,164 (27B q4_k), 1B q4_k unchanged. Split k and
 // the partials as `matmul_coopmat`'s. Eight subgroups of 32 per workgroup, 2 along the input
 // rows by 4 along the weight rows, each 64 x 32 of the tile (eight 16x16 f32 accumulators; 4
 // subgroups of 64 x 64 were slower: 9,171). The specialisation constants are ignored (the host
@@ -63,24 +66,30 @@ shared f16vec2 ws[2 * TILE];
 
 #define F16_MAX 65504.0
 
-// The next step's loads, per invocation.
-uvec4 xh[XV];
+// One step's loads, per invocation, on their way from global to shared memory.
 #if defined(WFMT_Q4_K)
 // q4_k: THREADS / BW invocations per weight row, each 32 / (THREADS / BW) values of it: the
 // row's 16 bytes of d, dmin and scales and its 16 or 32 bytes of nibbles.
 #define PER_ROW (THREADS / BW)
 #define QV (2 / PER_ROW)
-uvec4 qhead;
-uvec4 qnib[QV];
 #elif UNIT == 1
 const uint WG8 = BW * (BK / 8) / THREADS;
-f16vec4 wv[2 * WG8];
-#else
-float wu[UNIT];
 #endif
+struct Regs {
+    uvec4 xh[XV];
+#if defined(WFMT_Q4_K)
+    uvec4 qhead;
+    uvec4 qnib[QV];
+#elif UNIT == 1
+    f16vec4 wv[2 * WG8];
+#else
+    float wu[UNIT];
+#endif
+};
 
 // Fetches step k0's input and weight into this invocation's registers.
-void fetch(uint k0, uint ke, bool vec_x, bool vec_w) {
+Regs fetch(uint k0, uint ke, bool vec_x, bool vec_w) {
+    Regs g;
     uint tid = gl_LocalInvocationID.x;
     uint m0 = gl_WorkGroupID.x * BX;
     uint n0 = gl_WorkGroupID.y * BW;
@@ -89,17 +98,17 @@ void fetch(uint k0, uint ke, bool vec_x, bool vec_w) {
         uint e = tid + THREADS * i;
         uint c = k0 + (e % 4) * 8;
         uint r = m0 + e / 4;
-        xh[i] = uvec4(0);
+        g.xh[i] = uvec4(0);
         if (e < BX * (BK / 8) && r < p.rows) {
             uint64_t at = uint64_t(r) * p.k + c;
             if (vec_x) {
                 if (c < ke) {
-                    xh[i] = U4s(p.x + at * 2).v[0];
+                    g.xh[i] = U4s(p.x + at * 2).v[0];
                 }
             } else {
                 [[unroll]] for (uint j = 0; j < 8; j++) {
                     if (c + j < ke) {
-                        xh[i][j / 2] |= ld_u16(p.x, at + j) << (16 * (j % 2));
+                        g.xh[i][j / 2] |= ld_u16(p.x, at + j) << (16 * (j % 2));
                     }
                 }
             }
@@ -110,15 +119,15 @@ void fetch(uint k0, uint ke, bool vec_x, bool vec_w) {
         uint r = tid / PER_ROW;
         uint half_ = tid % PER_ROW;
         uint s = (k0 / 32) & 7u;
-        qhead = uvec4(0);
+        g.qhead = uvec4(0);
         [[unroll]] for (uint i = 0; i < QV; i++) {
-            qnib[i] = uvec4(0);
+            g.qnib[i] = uvec4(0);
         }
         if (n0 + r < p.n) {
             uint64_t blk = p.w + uint64_t(n0 + r) * p.row_bytes + uint64_t(k0 / 256) * Q4_K_BYTES;
-            qhead = U4s(blk).v[0];
+            g.qhead = U4s(blk).v[0];
             [[unroll]] for (uint i = 0; i < QV; i++) {
-                qnib[i] = U4s(blk + Q4_K_QS + 32 * (s >> 1) + 16 * (half_ * QV + i)).v[0];
+                g.qnib[i] = U4s(blk + Q4_K_QS + 32 * (s >> 1) + 16 * (half_ * QV + i)).v[0];
             }
         }
     }
@@ -130,15 +139,15 @@ void fetch(uint k0, uint ke, bool vec_x, bool vec_w) {
         uint c = k0 + (e % 4) * 8;
         vec4 lo = vec4(0.0);
         vec4 hi = vec4(0.0);
-        wv[2 * i] = f16vec4(0.0);
-        wv[2 * i + 1] = f16vec4(0.0);
+        g.wv[2 * i] = f16vec4(0.0);
+        g.wv[2 * i + 1] = f16vec4(0.0);
         if (n0 + r < p.n) {
             uint64_t row = p.w + uint64_t(n0 + r) * p.row_bytes;
 #if defined(WFMT_F16)
             if (vec_w && c < ke) {
                 uvec4 h = U4s(row + uint64_t(c) * 2).v[0];
-                wv[2 * i] = f16vec4(unpackFloat2x16(h.x), unpackFloat2x16(h.y));
-                wv[2 * i + 1] = f16vec4(unpackFloat2x16(h.z), unpackFloat2x16(h.w));
+                g.wv[2 * i] = f16vec4(unpackFloat2x16(h.x), unpackFloat2x16(h.y));
+                g.wv[2 * i + 1] = f16vec4(unpackFloat2x16(h.z), unpackFloat2x16(h.w));
                 continue;
             }
 #endif
@@ -150,23 +159,24 @@ void fetch(uint k0, uint ke, bool vec_x, bool vec_w) {
                     hi[j] = wload(row, c + 4 + j);
                 }
             }
-            wv[2 * i] = f16vec4(clamp(lo, -F16_MAX, F16_MAX));
-            wv[2 * i + 1] = f16vec4(clamp(hi, -F16_MAX, F16_MAX));
+            g.wv[2 * i] = f16vec4(clamp(lo, -F16_MAX, F16_MAX));
+            g.wv[2 * i + 1] = f16vec4(clamp(hi, -F16_MAX, F16_MAX));
         }
     }
 #else
     // Other block formats: one 32-value unit of one weight row per invocation.
     [[unroll]] for (uint i = 0; i < UNIT; i++) {
-        wu[i] = 0.0;
+        g.wu[i] = 0.0;
     }
     if (tid < BW && n0 + tid < p.n) {
-        load_unit(p.w + uint64_t(n0 + tid) * p.row_bytes, k0 / UNIT, wu);
+        load_unit(p.w + uint64_t(n0 + tid) * p.row_bytes, k0 / UNIT, g.wu);
     }
 #endif
+    return g;
 }
 
-// Decodes the fetched step k0 into shared buffer `buf`.
-void stage(uint k0, uint buf) {
+// Decodes step k0, fetched into `g`, into shared buffer `buf`.
+void stage(Regs g, uint k0, uint buf) {
     uint tid = gl_LocalInvocationID.x;
     uint xb = buf * TILE;
     [[unroll]] for (uint i = 0; i < XV; i++) {
@@ -175,27 +185,27 @@ void stage(uint k0, uint buf) {
             break;
         }
         uint at = xb + (e / 4) * SK2 + (e % 4) * 4;
-        xs[at] = unpackFloat2x16(xh[i].x);
-        xs[at + 1] = unpackFloat2x16(xh[i].y);
-        xs[at + 2] = unpackFloat2x16(xh[i].z);
-        xs[at + 3] = unpackFloat2x16(xh[i].w);
+        xs[at] = unpackFloat2x16(g.xh[i].x);
+        xs[at + 1] = unpackFloat2x16(g.xh[i].y);
+        xs[at + 2] = unpackFloat2x16(g.xh[i].z);
+        xs[at + 3] = unpackFloat2x16(g.xh[i].w);
     }
 #if defined(WFMT_Q4_K)
     {
         uint r = tid / PER_ROW;
         uint half_ = tid % PER_ROW;
         uint s = (k0 / 32) & 7u;
-        vec2 dm = unpackHalf2x16(qhead[Q4_K_D / 4]);
+        vec2 dm = unpackHalf2x16(g.qhead[Q4_K_D / 4]);
         uint scale;
         uint mn;
-        q4k_scale_min(uvec3(qhead.y, qhead.z, qhead.w), s, scale, mn);
+        q4k_scale_min(uvec3(g.qhead.y, g.qhead.z, g.qhead.w), s, scale, mn);
         float d1 = dm.x * float(scale);
         float m1 = dm.y * float(mn);
         uint shift = (s & 1u) * 4;
         // Values 16 * (half_ * QV + i) + 4 * j .. of the step.
         [[unroll]] for (uint i = 0; i < QV; i++) {
             [[unroll]] for (uint j = 0; j < 4; j++) {
-                uint v = qnib[i][j] >> shift;
+                uint v = g.qnib[i][j] >> shift;
                 vec4 f = vec4(d1 * float(v & 15u) - m1, d1 * float((v >> 8) & 15u) - m1,
                               d1 * float((v >> 16) & 15u) - m1, d1 * float((v >> 24) & 15u) - m1);
                 f16vec4 hv = f16vec4(clamp(f, -F16_MAX, F16_MAX));
@@ -209,15 +219,15 @@ void stage(uint k0, uint buf) {
     [[unroll]] for (uint i = 0; i < WG8; i++) {
         uint e = tid + THREADS * i;
         uint at = xb + (e / 4) * SK2 + (e % 4) * 4;
-        ws[at] = wv[2 * i].xy;
-        ws[at + 1] = wv[2 * i].zw;
-        ws[at + 2] = wv[2 * i + 1].xy;
-        ws[at + 3] = wv[2 * i + 1].zw;
+        ws[at] = g.wv[2 * i].xy;
+        ws[at + 1] = g.wv[2 * i].zw;
+        ws[at + 2] = g.wv[2 * i + 1].xy;
+        ws[at + 3] = g.wv[2 * i + 1].zw;
     }
 #else
     if (tid < BW) {
         [[unroll]] for (uint i = 0; i < 8; i++) {
-            vec4 f = vec4(wu[4 * i], wu[4 * i + 1], wu[4 * i + 2], wu[4 * i + 3]);
+            vec4 f = vec4(g.wu[4 * i], g.wu[4 * i + 1], g.wu[4 * i + 2], g.wu[4 * i + 3]);
             f16vec4 hv = f16vec4(clamp(f, -F16_MAX, F16_MAX));
             ws[xb + tid * SK2 + 2 * i] = hv.xy;
             ws[xb + tid * SK2 + 2 * i + 1] = hv.zw;
@@ -285,17 +295,6 @@ void main() {
     DECL_ROW(2)
     DECL_ROW(3)
 
-    fetch(kb, ke, vec_x, vec_w);
-    stage(kb, 0u);
-    barrier();
-    uint buf = 0u;
-    for (uint k0 = kb; k0 < ke; k0 += BK) {
-        bool more = k0 + BK < ke;
-        // The next step's global loads go out before this step's products.
-        if (more) {
-            fetch(k0 + BK, ke, vec_x, vec_w);
-        }
-        uint xb = buf * TILE;
 #define A_T coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
 #define B_T coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
 #define MMA_COL(j) \
@@ -304,26 +303,79 @@ void main() {
         acc1##j = coopMatMulAdd(a1, b, acc1##j); \
         acc2##j = coopMatMulAdd(a2, b, acc2##j); \
         acc3##j = coopMatMulAdd(a3, b, acc3##j);
-        [[unroll]] for (uint kk = 0; kk < BK / 2; kk += 8) {
-            A_T a0;
-            A_T a1;
-            A_T a2;
-            A_T a3;
-            B_T b;
-            coopMatLoad(a0, xs, xb + (wx + 0) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
-            coopMatLoad(a1, xs, xb + (wx + 16) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
-            coopMatLoad(a2, xs, xb + (wx + 32) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
-            coopMatLoad(a3, xs, xb + (wx + 48) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor);
-            // B[k][n] = W[n][k]: the weight tile is B in column-major order.
-            MMA_COL(0)
-            MMA_COL(1)
+// The products of the step in shared buffer `bufv`.
+#define PRODUCTS(bufv) { \
+        uint xb = (bufv) * TILE; \
+        [[unroll]] for (uint kk = 0; kk < BK / 2; kk += 8) { \
+            A_T a0; \
+            A_T a1; \
+            A_T a2; \
+            A_T a3; \
+            B_T b; \
+            coopMatLoad(a0, xs, xb + (wx + 0) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor); \
+            coopMatLoad(a1, xs, xb + (wx + 16) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor); \
+            coopMatLoad(a2, xs, xb + (wx + 32) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor); \
+            coopMatLoad(a3, xs, xb + (wx + 48) * SK2 + kk, SK2, gl_CooperativeMatrixLayoutRowMajor); \
+            MMA_COL(0) \
+            MMA_COL(1) \
+        } }
+    // (B[k][n] = W[n][k]: the weight tile is B in column-major order.)
+
+#if defined(AHEAD2)
+    // Global loads two steps ahead, into two sets of registers taken in turn: a step's loads
+    // have two steps' products to arrive in.
+    Regs ra = fetch(kb, ke, vec_x, vec_w);
+    stage(ra, kb, 0u);
+    Regs rb = ra;
+    if (kb + BK < ke) {
+        rb = fetch(kb + BK, ke, vec_x, vec_w);
+    }
+    barrier();
+    uint buf = 0u;
+    for (uint k0 = kb; k0 < ke; k0 += 2 * BK) {
+        // Step k0 is in shared buffer `buf`, step k0 + BK in `rb`; `ra` is free.
+        if (k0 + 2 * BK < ke) {
+            ra = fetch(k0 + 2 * BK, ke, vec_x, vec_w);
         }
-        if (more) {
-            stage(k0 + BK, buf ^ 1u);
+        PRODUCTS(buf)
+        if (k0 + BK < ke) {
+            stage(rb, k0 + BK, buf ^ 1u);
+        }
+        barrier();
+        buf ^= 1u;
+        if (k0 + BK >= ke) {
+            break;
+        }
+        // Step k0 + BK is in `buf`, step k0 + 2 BK in `ra`; `rb` is free.
+        if (k0 + 3 * BK < ke) {
+            rb = fetch(k0 + 3 * BK, ke, vec_x, vec_w);
+        }
+        PRODUCTS(buf)
+        if (k0 + 2 * BK < ke) {
+            stage(ra, k0 + 2 * BK, buf ^ 1u);
         }
         barrier();
         buf ^= 1u;
     }
+#else
+    Regs g = fetch(kb, ke, vec_x, vec_w);
+    stage(g, kb, 0u);
+    barrier();
+    uint buf = 0u;
+    for (uint k0 = kb; k0 < ke; k0 += BK) {
+        bool more = k0 + BK < ke;
+        // The next step's global loads go out before this step's products.
+        if (more) {
+            g = fetch(k0 + BK, ke, vec_x, vec_w);
+        }
+        PRODUCTS(buf)
+        if (more) {
+            stage(g, k0 + BK, buf ^ 1u);
+        }
+        barrier();
+        buf ^= 1u;
+    }
+#endif
 
     uint64_t slice = p.part + uint64_t(gl_WorkGroupID.z) * p.rows * p.n * 4u;
 #define STORE_ROW(i) store(acc##i##0, i, 0, slice); store(acc##i##1, i, 1, slice);
