@@ -115,8 +115,7 @@ fn main() {
         "/// Every kernel variant: name and SPIR-V words.\npub static KERNELS: &[(&str, &[u8])] = &[\n",
     );
     // `variant`: "" for the kernel itself, or the name of a build of it with more defines
-    // (`cm2h`: matmul_cm2 with `ACC_F16`, named matmul_cm2h_<fmt>; `khr2`: matmul_khr with
-    // `AHEAD2`, named matmul_khr2_<fmt>).
+    // (`cm2h`: matmul_cm2 with `ACC_F16`, named matmul_cm2h_<fmt>).
     let mut build = |kernel: &str, format: Option<&str>, variant: &str| {
         let body = read(&format!("{kernel}.comp"));
         let mut defines = match format {
@@ -125,9 +124,6 @@ fn main() {
         };
         if variant == "cm2h" {
             defines.push_str("#define ACC_F16 1\n");
-        }
-        if variant == "khr2" {
-            defines.push_str("#define AHEAD2 1\n");
         }
         let kernel = match variant {
             "" => kernel.to_string(),
@@ -171,10 +167,6 @@ fn main() {
     // matmul_cm2 with f16 accumulators (TANDEM_VULKAN_CM2_ACC=f16).
     for f in FORMATS {
         build("matmul_cm2", Some(f), "cm2h");
-    }
-    // matmul_khr with its loads two steps ahead (TANDEM_VULKAN_COOPMAT_KERNEL=khr2).
-    for f in FORMATS {
-        build("matmul_khr", Some(f), "khr2");
     }
     for k in PLAIN {
         build(k, None, "");

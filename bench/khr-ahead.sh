@@ -3,7 +3,9 @@
 # that checks and times `matmul_khr2` (the KHR prefill product with its global loads two steps
 # ahead, `TANDEM_VULKAN_COOPMAT_KERNEL=khr2`) against `matmul_khr` (one step ahead, the default)
 # on the KHR path (coopmat2 off), alternating, and profiles one prefill step per op of each
-# DTYPE under the default kernel.
+# DTYPE under the default kernel. The variant exists only in the commit that added this script;
+# it then replaced the one-step loop in `matmul_khr`, after which both settings run the same
+# kernel (bench/results/2026-11-28-khr-ahead/report.md).
 # Here first: `bash bench/package-device.sh $BIN`. There: `BIN=.bench/new bash bench/khr-ahead.sh`.
 # $OUT gets khr2.txt and each run's JSON.
 set -uo pipefail

@@ -321,7 +321,6 @@ void main() {
         } }
     // (B[k][n] = W[n][k]: the weight tile is B in column-major order.)
 
-#if defined(AHEAD2)
     // Global loads two steps ahead, into two sets of registers taken in turn: a step's loads
     // have two steps' products to arrive in.
     Regs ra = fetch(kb, ke, vec_x, vec_w);
@@ -357,25 +356,6 @@ void main() {
         barrier();
         buf ^= 1u;
     }
-#else
-    Regs g = fetch(kb, ke, vec_x, vec_w);
-    stage(g, kb, 0u);
-    barrier();
-    uint buf = 0u;
-    for (uint k0 = kb; k0 < ke; k0 += BK) {
-        bool more = k0 + BK < ke;
-        // The next step's global loads go out before this step's products.
-        if (more) {
-            g = fetch(k0 + BK, ke, vec_x, vec_w);
-        }
-        PRODUCTS(buf)
-        if (more) {
-            stage(g, k0 + BK, buf ^ 1u);
-        }
-        barrier();
-        buf ^= 1u;
-    }
-#endif
 
     uint64_t slice = p.part + uint64_t(gl_WorkGroupID.z) * p.rows * p.n * 4u;
 #define STORE_ROW(i) store(acc##i##0, i, 0, slice); store(acc##i##1, i, 1, slice);

@@ -140,7 +140,7 @@ fn coopmat_bk64() -> bool {
 }
 
 /// Rows from which a product on the KHR path takes `matmul_khr` (one 128 x 128 tile shape,
-/// loads one k step ahead) rather than `matmul_coopmat` (tile shapes chosen by size, tuning
+/// loads two k steps ahead) rather than `matmul_coopmat` (tile shapes chosen by size, tuning
 /// branches). Measured at 512 rows (H200, prefill 512, bench/results/2026-11-28-prefill-khr2):
 /// 4B q4_k 11,430 tok/s against 7,496, 1B 24,728 against 22,023; below 128 rows a 128-row tile
 /// would be mostly empty, and `matmul_coopmat`'s 32- and 64-row tiles are kept.
@@ -149,13 +149,11 @@ const KHR_ROWS: usize = 128;
 /// The KHR cooperative-matrix prefill kernel for `rows` rows: `matmul_khr` from [`KHR_ROWS`],
 /// `matmul_coopmat` below; `TANDEM_VULKAN_COOPMAT_KERNEL=coopmat` (or `=khr`) forces one, for
 /// A/B runs and for the tuning variables that only `matmul_coopmat` reads (tile shapes,
-/// `_X16`, `_BK`, `_MODE`); `=khr2` takes `matmul_khr2` (the same kernel with its global loads
-/// two steps ahead) from [`KHR_ROWS`].
+/// `_X16`, `_BK`, `_MODE`).
 fn coopmat_kernel(rows: usize) -> &'static str {
     match std::env::var("TANDEM_VULKAN_COOPMAT_KERNEL").as_deref() {
         Ok("coopmat") => "matmul_coopmat",
         Ok("khr") => "matmul_khr",
-        Ok("khr2") if rows >= KHR_ROWS => "matmul_khr2",
         _ if rows >= KHR_ROWS => "matmul_khr",
         _ => "matmul_coopmat",
     }
@@ -197,11 +195,8 @@ impl Staging {
                 (format!("{}_f16", cm2_kernel()), spec),
             )
         } else if is_coopmat(&c.kernel) {
-            let family = if let Some(f) = ["matmul_khr2", "matmul_khr"]
-                .into_iter()
-                .find(|f| c.kernel.starts_with(&format!("{f}_")))
-            {
-                f
+            let family = if c.kernel.starts_with("matmul_khr") {
+                "matmul_khr"
             } else {
                 "matmul_coopmat"
             };
@@ -609,7 +604,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
         // k split where the grid is small.
         // (`matmul_khr` has a compile-time 128 x 128 tile.)
         let kernel = coopmat_kernel(rows);
-        let khr = kernel.starts_with("matmul_khr");
+        let khr = kernel == "matmul_khr";
         let (bx, bw) = if khr { (128, 128) } else { coopmat_tile(rows, n) };
         let (gx, gy) = (div_up(rows, bx), div_up(n, bw));
         let kslice = coopmat_kslice((gx * gy) as usize, k);
