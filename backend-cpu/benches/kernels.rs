@@ -193,8 +193,10 @@ fn head(c: &mut Criterion) {
 }
 
 /// A 512-token prefill's feed-forward products at Gemma 3 4B's shapes (hidden 2560, FFN 10240)
-/// in `q4_k`, on each 512-bit kernel set the CPU runs: weights and activations far past the caches, so the product's
-/// blocking for them shows. Throughput in multiply-adds.
+/// in `q4_k`, on each 512-bit kernel set the CPU runs, and on `avx512_vnni` with 8-bit
+/// activations as well (`precision = "fast"`, `avx512_vnni_int8`): weights and activations far
+/// past the caches, so the product's blocking for them shows. Throughput in multiply-adds. The
+/// pool takes `RAYON_NUM_THREADS` (all the cores where unset).
 fn prefill(c: &mut Criterion) {
     let pool = rayon::ThreadPoolBuilder::new().build().expect("thread pool");
     let rows = 512usize;
@@ -221,6 +223,12 @@ fn prefill(c: &mut Criterion) {
             group.bench_with_input(BenchmarkId::new(set.name(), &id), &id, |b, _| {
                 b.iter(|| matmul::product(&pool, None, &x, rows, w, &mut scratch, Some(set), true, false))
             });
+            if set == KernelSet::Avx512Vnni {
+                let name = format!("{}_int8", set.name());
+                group.bench_with_input(BenchmarkId::new(name, &id), &id, |b, _| {
+                    b.iter(|| matmul::product(&pool, None, &x, rows, w, &mut scratch, Some(set), true, true))
+                });
+            }
         }
     }
     group.finish();

@@ -56,8 +56,12 @@ const GEMM_MIN_BLOCK_ROWS: usize = 48;
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod amx_bf16;
 mod gemm;
 pub mod int8;
+#[cfg(target_arch = "x86_64")]
+mod int8_gemm;
 
 /// The weight formats this module covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,7 +131,9 @@ pub enum KernelSet {
     /// only (see [`KernelSet::detect`]).
     Amx,
     /// [`KernelSet::Avx512`] with the prefill product's 16-bit dots fused with their
-    /// accumulation (AVX-512 VNNI `vpdpwssd`).
+    /// accumulation (AVX-512 VNNI `vpdpwssd`), and under `precision = "fast"` the 8-bit
+    /// products (`vpdpbusd`): decode-shaped ones on `q8_0` and `q4_k` ([`int8`]) and the `q4_k`
+    /// prefill product (`int8_gemm`).
     Avx512Vnni,
     /// 512-bit integer dots (AVX-512 F and BW) for the prefill product and the logits' `q8_0`
     /// matrix-vector product, AVX2 elsewhere.
@@ -202,7 +208,8 @@ impl KernelSet {
         }
     }
 
-    /// Whether the set takes `precision = "fast"`'s 8-bit products ([`int8`]): it uses AVX-512
+    /// Whether the set takes `precision = "fast"`'s 8-bit products ([`int8`]; the `q4_k`
+    /// prefill product's, `int8_gemm`, on [`KernelSet::Avx512Vnni`] only): it uses AVX-512
     /// VNNI and the CPU has it.
     pub fn int8_products(self) -> bool {
         self.vnni().is_some()
@@ -496,6 +503,17 @@ pub fn matmul(
             return Some(layout);
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if int8 && gemm {
+        if let Some(proof) = amx_bf16::for_set(set) {
+            if let Some(layout) = amx_bf16::matmul(pool, proof, x, rows, w, scratch) {
+                return Some(layout);
+            }
+        }
+        if let Some(layout) = int8_gemm::matmul(pool, set, x, rows, w, scratch) {
+            return Some(layout);
+        }
+    }
     let kind = Kind::of(w.dtype)?;
     let k = w.k;
     if rows == 0 || k == 0 || !k.is_multiple_of(kind.block()) {
@@ -524,35 +542,10 @@ pub fn matmul(
         }
         let acts = &*acts;
         if gemm {
-            // Tasks of a panel of weight rows (at most `MAX_TASK_ROWS` unpacked) by a block of
-            // activation rows: the panels alone where they make enough tasks, row blocks as
-            // well where they do not (the panel's unpacking then repeats per block).
-            let tasks = pool.current_num_threads() * GEMM_TASKS_PER_THREAD;
-            let width =
-                w.n.div_ceil(tasks)
-                    .next_multiple_of(gemm::PANEL)
-                    .clamp(gemm::PANEL, gemm::MAX_TASK_ROWS);
-            let blocks = tasks
-                .div_ceil(w.n.div_ceil(width))
-                .min(rows.div_ceil(GEMM_MIN_BLOCK_ROWS))
-                .max(1);
-            // Whole tiles of 16 rows (the AMX product's activation tiles).
-            let block = rows.div_ceil(blocks).next_multiple_of(16);
-            pool.install(|| {
-                scratch[..w.n * rows]
-                    .par_chunks_mut(width * rows)
-                    .enumerate()
-                    .flat_map(|(c, panel)| {
-                        let wc = panel.len() / rows;
-                        <[f32]>::par_chunks_mut(panel, block * wc)
-                            .enumerate()
-                            .map(move |(b, dst)| (c, wc, b, dst))
-                    })
-                    .for_each(|(c, wc, b, dst)| {
-                        prefill_task(kind, set, w.bytes, rb, k, acts, b * block, c * width, wc, dst)
-                    })
-            });
-            return Some(Layout::Panels { width, n: w.n });
+            let task = |r0: usize, j0: usize, width: usize, dst: &mut [f32]| {
+                prefill_task(kind, set, w.bytes, rb, k, acts, r0, j0, width, dst)
+            };
+            return Some(prefill_tasks(pool, w.n, rows, &mut scratch[..w.n * rows], task));
         }
         let chunk_rows = column_chunk(pool, spin, w.n);
         let wrow = |j: usize| &w.bytes[j * rb..(j + 1) * rb];
@@ -593,6 +586,42 @@ pub fn matmul(
         in_columns(pool, spin, &mut scratch[..w.n * rows], chunk_rows * rows, task);
         Some(Layout::Columns)
     })
+}
+
+/// Runs the prefill product's tasks on `pool` over `scratch` (`n` columns by `rows`), each
+/// `task(r0, j0, width, dst)`: activation rows `r0..` by weight rows `j0..j0 + width`, written
+/// row-major into `dst` (`width` values per row). Tasks of a panel of weight rows (at most
+/// [`gemm::MAX_TASK_ROWS`], unpacked once per task) by a block of activation rows: the panels
+/// alone where they make enough tasks, row blocks as well where they do not (the panel's
+/// unpacking then repeats per block). Returns the product's layout.
+fn prefill_tasks<F>(pool: &rayon::ThreadPool, n: usize, rows: usize, scratch: &mut [f32], task: F) -> Layout
+where
+    F: Fn(usize, usize, usize, &mut [f32]) + Sync,
+{
+    let tasks = pool.current_num_threads() * GEMM_TASKS_PER_THREAD;
+    let width = n
+        .div_ceil(tasks)
+        .next_multiple_of(gemm::PANEL)
+        .clamp(gemm::PANEL, gemm::MAX_TASK_ROWS);
+    let blocks = tasks
+        .div_ceil(n.div_ceil(width))
+        .min(rows.div_ceil(GEMM_MIN_BLOCK_ROWS))
+        .max(1);
+    // Whole tiles of 16 rows (the AMX product's activation tiles).
+    let block = rows.div_ceil(blocks).next_multiple_of(16);
+    pool.install(|| {
+        scratch[..n * rows]
+            .par_chunks_mut(width * rows)
+            .enumerate()
+            .flat_map(|(c, panel)| {
+                let wc = panel.len() / rows;
+                <[f32]>::par_chunks_mut(panel, block * wc)
+                    .enumerate()
+                    .map(move |(b, dst)| (c, wc, b, dst))
+            })
+            .for_each(|(c, wc, b, dst)| task(b * block, c * width, wc, dst))
+    });
+    Layout::Panels { width, n }
 }
 
 /// Weight rows (output columns) per parallel task of a decode-shaped product over `n` of them:

@@ -181,8 +181,8 @@ pub struct CpuBackend {
     /// the plain `kernels` (the oracle).
     kernels: Option<KernelSet>,
     /// Backend option `precision`: `"fast"` (the default) takes decode products on `q8_0` and
-    /// `q4_k` weights through 8-bit activations where the CPU has AVX-512 VNNI (`fast::int8`), as
-    /// ggml does, judged on the real model by `engine perplexity --kl-divergence`
+    /// `q4_k` weights, and prefill products on `q4_k` weights, through 8-bit activations where
+    /// the CPU has AVX-512 VNNI (`fast::int8`, `fast::int8_gemm`), as ggml does, judged on the real model by `engine perplexity --kl-divergence`
     /// (docs/precision.md); `"exact"` keeps 16-bit activations in every product (the
     /// conformance suite and the reference tests run it).
     int8: bool,

@@ -3,7 +3,7 @@
 //! backend's `precision = "fast"` against its `"exact"`, by `engine perplexity
 //! --kl-divergence`: mean KL divergence <= 1e-3, the same top token >= 98% of the time, and
 //! perplexity within 0.5%. Steps of 4 rows (`--chunk 4`), so the decode-shaped products the fast
-//! path covers score every token; 8 chunks of 512 tokens.
+//! path covers score every token, and of 64 (the prefill products); 8 chunks of 512 tokens.
 
 mod common;
 
@@ -18,6 +18,18 @@ fn text() -> std::path::PathBuf {
 
 #[test]
 fn fast_precision_on_the_cpu_keeps_the_rule_on_the_default_model() {
+    rule_holds("4");
+}
+
+/// The same with steps of 64 rows: the prefill products' fast paths (8-bit activations on
+/// AVX-512 VNNI, bfloat16 AMX tiles where the CPU has AMX-BF16).
+#[test]
+fn fast_prefill_products_keep_the_rule_on_the_default_model() {
+    rule_holds("64");
+}
+
+/// `engine perplexity` over 8 chunks of the text in steps of `chunk` rows, fast against exact.
+fn rule_holds(chunk: &str) {
     let Some(model) = common::default_model() else {
         return;
     };
@@ -41,7 +53,7 @@ fn fast_precision_on_the_cpu_keeps_the_rule_on_the_default_model() {
         "--file",
         text,
         "--chunk",
-        "4",
+        chunk,
         "--chunks",
         "8",
     ];
@@ -60,7 +72,7 @@ fn fast_precision_on_the_cpu_keeps_the_rule_on_the_default_model() {
     let f = |key: &str| kl[key].as_f64().unwrap_or_else(|| panic!("{key} in {kl}"));
     assert_eq!(kl["tokens"].as_u64(), Some(8 * 256), "{kl}");
     eprintln!(
-        "fast against exact: mean KL {:.6}, same top {:.4}, ppl {:.4} / {:.4}",
+        "fast against exact, steps of {chunk}: mean KL {:.6}, same top {:.4}, ppl {:.4} / {:.4}",
         f("kl_mean"),
         f("same_top"),
         f("ppl"),

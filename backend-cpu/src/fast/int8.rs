@@ -15,6 +15,9 @@
 //! `q4_k`: the 4-bit codes (0..=15) go in as they are; the minimums' term
 //! (`dmin * min * sum x`) comes from the block sums.
 //!
+//! The `q4_k` prefill product (8 rows or more) on the same activations, quantized by the same
+//! [`quantize`], is `super::int8_gemm`.
+//!
 //! The error this adds is judged on the real model by `engine perplexity --kl-divergence`
 //! (docs/precision.md), not by the random-weight fixtures' logit bounds, which stay on `exact`.
 
@@ -115,6 +118,15 @@ pub fn quantize(x: &[f32], span: usize, d: &mut [f32], qs: &mut [i8], sums: &mut
         *sum = total;
     }
     true
+}
+
+/// The `q4_k` minimums' factors: per [`QK`] values, `d0 * sum0 + d1 * sum1` of its two
+/// blocks of [`Q4K_SPAN`] (`d`, `sums`) into `ds`.
+#[inline(always)]
+pub fn minimum_factors(d: &[f32], sums: &[i32], ds: &mut [f32]) {
+    for ((o, d), s) in ds.iter_mut().zip(d.chunks_exact(2)).zip(sums.chunks_exact(2)) {
+        *o = d[0] * s[0] as f32 + d[1] * s[1] as f32;
+    }
 }
 
 /// The oracle: one `q8_0` weight row's dot with one 8-bit activation row, block by block (an
@@ -272,13 +284,7 @@ pub fn matmul(
                 // Once per product: the minimums' factors and the values in the kernel's order.
                 grow(ds, nb);
                 grow(q4, rows * k);
-                for ((o, d), s) in ds[..nb]
-                    .iter_mut()
-                    .zip(d[..ns].chunks_exact(2))
-                    .zip(sums[..ns].chunks_exact(2))
-                {
-                    *o = d[0] * s[0] as f32 + d[1] * s[1] as f32;
-                }
+                minimum_factors(&d[..ns], &sums[..ns], &mut ds[..nb]);
                 for (src, dst) in qs[..rows * k].chunks_exact(256).zip(q4.chunks_exact_mut(256)) {
                     for (p, &from) in Q4K_ORDER.iter().enumerate() {
                         dst[QK * p..QK * p + QK].copy_from_slice(&src[QK * from..QK * from + QK]);
@@ -672,7 +678,7 @@ mod vnni {
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::fast) mod tests {
     use super::*;
 
     /// A linear congruential generator's next 31 bits.
@@ -700,7 +706,7 @@ mod tests {
 
     /// `q4_k` rows of random super-blocks: random codes, scales and minimums (all 6 bits),
     /// `d` and `dmin` of either sign within f16's normal range.
-    fn q4_k_rows(n: usize, k: usize, seed: u64) -> Vec<u8> {
+    pub(in crate::fast) fn q4_k_rows(n: usize, k: usize, seed: u64) -> Vec<u8> {
         let mut s = seed;
         let mut out = Vec::with_capacity(n * k / 256 * 144);
         for _ in 0..n * k / 256 {
@@ -716,7 +722,7 @@ mod tests {
         out
     }
 
-    fn acts(len: usize, seed: u64) -> Vec<f32> {
+    pub(in crate::fast) fn acts(len: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;
         (0..len)
             .map(|_| {
