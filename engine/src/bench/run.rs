@@ -10,7 +10,7 @@ use std::time::Instant;
 use tandem_backend_api::{BackendInfo, DeviceKind};
 
 use super::error::BenchError;
-use super::limits::{host_copy_bandwidth, peak_flops};
+use super::limits::{host_copy_bandwidth, peak_flops, HOST_COPY_SOURCE};
 use super::machine::{cpu_name, now_rfc3339, peak_rss};
 use super::results::{
     BackendDesc, BatchRun, BenchResult, BenchSettings, Limits, Machine, ModelDesc, OpTime, Percentiles,
@@ -445,10 +445,7 @@ pub fn run(
     };
     let (copy_bw, copy_src) = match copy_bw {
         Some((bw, src)) if bw > 0.0 => (bw, src),
-        _ => (
-            host_copy_bandwidth(),
-            "host memcpy 1 GiB (read + write)".to_string(),
-        ),
+        _ => (host_copy_bandwidth(), HOST_COPY_SOURCE.to_string()),
     };
     set_bandwidth_fractions(&mut runs, copy_bw);
     let params = cfg.vocab_size as u64 * cfg.hidden_size as u64
