@@ -36,6 +36,25 @@ pub fn reserve(positions: usize) {
     });
 }
 
+/// Grows the calling thread's lists of a step's rows to `rows`, so that steps of at most that
+/// many allocate nothing: a step runs on whichever pool thread takes it (`CpuBackend::compile`
+/// runs this on every one).
+pub fn reserve_rows(rows: usize) {
+    ROWS.with(|cell| {
+        let mut scratch = cell.borrow_mut();
+        let RowScratch {
+            runs,
+            single,
+            chunks,
+            first,
+        } = &mut *scratch;
+        runs.reserve(rows.saturating_sub(runs.len()));
+        single.reserve(rows.saturating_sub(single.len()));
+        chunks.reserve(rows.saturating_sub(chunks.len()));
+        first.reserve(rows.saturating_sub(first.len()));
+    });
+}
+
 /// Grows the calling thread's split-attention partials to `values`, so that decode steps of
 /// at most that many allocate nothing (`CpuBackend::compile` runs it on every pool thread, with
 /// [`partials_for`]).

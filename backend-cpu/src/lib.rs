@@ -346,6 +346,11 @@ impl CpuBackend {
             .max();
         if let (Some(_), Some(values)) = (self.kernels, acts) {
             self.pool.broadcast(|_| fast::reserve(values));
+            if self.int8 {
+                // The 8-bit products' activations likewise: a step runs on whichever pool
+                // thread takes it, and one that had not yet run a step grew its own there.
+                self.pool.broadcast(|_| fast::int8::reserve(values));
+            }
         }
         // And the weight rows the prefill product unpacks (graphs of several rows).
         let unpacked = graph
@@ -375,8 +380,13 @@ impl CpuBackend {
             })
             .max()
         {
-            // Every pool thread's attention scores at their largest now, not in the token loop.
-            self.pool.broadcast(|_| attention::reserve(capacity));
+            // Every pool thread's attention scores and lists of rows at their largest now, not
+            // in the token loop.
+            let rows = graph.rows;
+            self.pool.broadcast(|_| {
+                attention::reserve(capacity);
+                attention::reserve_rows(rows);
+            });
         }
         if let Some(head_dim) = graph
             .nodes

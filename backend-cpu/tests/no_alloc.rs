@@ -132,10 +132,11 @@ fn decode_steps_allocate_nothing() {
             slots: &[0],
             select: &[],
         };
-        // The first steps grow the per-thread scratch to its size; count the rest. Each pool
-        // thread grows its own the first time it takes a task, which work stealing may put
-        // off: 4 warm-up steps left one thread's first attention task (5 allocations) to
-        // step 66 or 88 in about one run in five; 24 give every thread its turn.
+        // Count after a warm-up. Per-thread scratch is grown on every pool thread at compile:
+        // a step runs on whichever pool thread takes it, and one grown lazily (the attention's
+        // lists of rows, the 8-bit activations) allocated on that thread's first step, which
+        // work stealing put off to step 42 or 66 now and then (more often on a loaded
+        // machine).
         ALLOCATIONS.store(0, Ordering::Relaxed);
         COUNTING.store(pos >= WARM_UP as u32, Ordering::Relaxed);
         let ticket = be.execute(program, &args).unwrap();

@@ -50,6 +50,21 @@ thread_local! {
     static ACTS8: RefCell<Acts8> = RefCell::default();
 }
 
+/// Grows the calling thread's 8-bit activation storage to `values` activations (rows times
+/// `k`) in either format, so that products of at most that many allocate nothing: a step may
+/// run on any pool thread (`CpuBackend::compile` runs this on every one under `fast`).
+pub fn reserve(values: usize) {
+    ACTS8.with(|cell| {
+        let mut acts = cell.borrow_mut();
+        let spans = values.div_ceil(Q4K_SPAN);
+        grow(&mut acts.d, spans);
+        grow(&mut acts.qs, values);
+        grow(&mut acts.sums, spans);
+        grow(&mut acts.ds, values.div_ceil(QK));
+        grow(&mut acts.q4, values);
+    });
+}
+
 /// The weight formats the 8-bit products take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
