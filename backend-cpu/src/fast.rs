@@ -1447,6 +1447,39 @@ mod tests {
     use super::*;
     use crate::convert::decode_row;
 
+    /// A xorshift step: the fast kernels' tests' random numbers.
+    pub(crate) fn rng(seed: &mut u64) -> u64 {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    }
+
+    /// `n` rows of `k` values of `kind`: random bytes with every block's scales (and the
+    /// `_1`/K formats' second scales) set to 0.02, so that values stay finite and moderate.
+    pub(crate) fn random_rows(kind: Kind, n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
+        let rb = k / kind.block() * kind.block_bytes();
+        let mut bytes: Vec<u8> = (0..n * rb).map(|_| (rng(seed) >> 24) as u8).collect();
+        for blk in bytes.chunks_exact_mut(kind.block_bytes()) {
+            let ats: &[usize] = match kind {
+                Kind::Q6K => &[208],
+                Kind::Q8_0 | Kind::Q5_0 | Kind::Q4_0 => &[0],
+                _ => &[0, 2],
+            };
+            for &at in ats {
+                blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.02).to_bits().to_le_bytes());
+            }
+        }
+        bytes
+    }
+
+    /// `len` activations, uniform in [-0.5, 0.5).
+    pub(crate) fn random_acts(len: usize, seed: &mut u64) -> Vec<f32> {
+        (0..len)
+            .map(|_| (rng(seed) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+            .collect()
+    }
+
     /// Every format the fast kernels take.
     pub(super) const ALL_KINDS: [Kind; 8] = [
         Kind::Q8_0,

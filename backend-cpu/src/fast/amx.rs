@@ -46,14 +46,23 @@ impl Amx {
 
 /// CPUID leaf 7: AMX-TILE (EDX bit 24) and AMX-INT8 (bit 25).
 fn cpu_has_amx() -> bool {
+    let edx = cpuid7_edx();
+    edx & (1 << 24) != 0 && edx & (1 << 25) != 0
+}
+
+/// EDX of CPUID leaf 7 (sub-leaf 0), where the AMX features are named; 0 where the CPU has no
+/// leaf 7.
+pub(super) fn cpuid7_edx() -> u32 {
     #[allow(unused_unsafe)]
     // SAFETY: `cpuid` exists on every x86-64 CPU; leaf 0 gives the highest leaf, checked
     // before leaf 7 is read.
-    let (max, edx) = unsafe {
-        let max = __cpuid(0).eax;
-        (max, if max >= 7 { __cpuid_count(7, 0).edx } else { 0 })
-    };
-    max >= 7 && edx & (1 << 24) != 0 && edx & (1 << 25) != 0
+    unsafe {
+        if __cpuid(0).eax >= 7 {
+            __cpuid_count(7, 0).edx
+        } else {
+            0
+        }
+    }
 }
 
 /// Linux hands out the tile data state only on request (`arch_prctl(ARCH_REQ_XCOMP_PERM,
@@ -72,9 +81,10 @@ fn os_grants_tiles() -> bool {
     false
 }
 
-/// The 64-byte tile configuration that `ldtilecfg` reads (palette 1).
+/// The 64-byte tile configuration that `ldtilecfg` reads (palette 1); the bfloat16 tiles
+/// (`super::amx_bf16`) load one too.
 #[repr(C, align(64))]
-struct TileConfig {
+pub(super) struct TileConfig {
     palette: u8,
     start_row: u8,
     reserved: [u8; 14],
@@ -83,18 +93,12 @@ struct TileConfig {
 }
 
 impl TileConfig {
-    /// Tiles 0 and 1: `m` activation rows of one block (32 bytes); 2 and 3: a block of 16
-    /// columns' weights (8 rows of 64 bytes); 4 to 7: `m` rows of 16 `i32` results.
-    fn for_rows(m: usize) -> TileConfig {
-        let m = m.clamp(1, ROWS) as u8;
+    /// Tiles 0 to 7 with these (bytes per row, rows); 8 to 15 unused.
+    pub(super) fn of(tiles: [(u16, u8); 8]) -> TileConfig {
         let mut colsb = [0u16; 16];
         let mut rows = [0u8; 16];
-        for t in 0..8 {
-            (colsb[t], rows[t]) = match t {
-                0 | 1 => (QK as u16, m),
-                2 | 3 => (64, (QK / 4) as u8),
-                _ => (64, m),
-            };
+        for (t, (c, r)) in tiles.into_iter().enumerate() {
+            (colsb[t], rows[t]) = (c, r);
         }
         TileConfig {
             palette: 1,
@@ -103,6 +107,14 @@ impl TileConfig {
             colsb,
             rows,
         }
+    }
+
+    /// Tiles 0 and 1: `m` activation rows of one block (32 bytes); 2 and 3: a block of 16
+    /// columns' weights (8 rows of 64 bytes); 4 to 7: `m` rows of 16 `i32` results.
+    fn for_rows(m: usize) -> TileConfig {
+        let m = m.clamp(1, ROWS) as u8;
+        let (act, weight, result) = ((QK as u16, m), (64, (QK / 4) as u8), (64, m));
+        TileConfig::of([act, act, weight, weight, result, result, result, result])
     }
 }
 
@@ -394,14 +406,8 @@ unsafe fn panel(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fast::tests::{random_acts, random_rows};
     use crate::fast::KernelSet;
-
-    fn rng(seed: &mut u64) -> u64 {
-        *seed ^= *seed << 13;
-        *seed ^= *seed >> 7;
-        *seed ^= *seed << 17;
-        *seed
-    }
 
     /// `256 hi + lo` gives back every 16-bit value, on the planes `split` writes.
     #[test]
@@ -466,19 +472,8 @@ mod tests {
         for kind in crate::fast::tests::ALL_KINDS.into_iter().filter(|k| covers(*k)) {
             let (n, k, rows) = (37usize, 512usize, 21usize);
             let rb = k / kind.block() * kind.block_bytes();
-            let mut bytes: Vec<u8> = (0..n * rb).map(|_| (rng(&mut seed) >> 24) as u8).collect();
-            for blk in bytes.chunks_exact_mut(kind.block_bytes()) {
-                let ats: &[usize] = match kind {
-                    Kind::Q8_0 | Kind::Q5_0 | Kind::Q4_0 => &[0],
-                    _ => &[0, 2],
-                };
-                for &at in ats {
-                    blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.02).to_bits().to_le_bytes());
-                }
-            }
-            let x: Vec<f32> = (0..rows * k)
-                .map(|_| (rng(&mut seed) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
-                .collect();
+            let bytes = random_rows(kind, n, k, &mut seed);
+            let x = random_acts(rows * k, &mut seed);
             let mut acts = Acts::default();
             assert!(acts.quantize(&pool, None, &x, rows, k));
             let mut vnni = vec![0f32; n * rows];

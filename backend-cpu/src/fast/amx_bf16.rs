@@ -23,7 +23,8 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use super::{amx::Amx, grow, KernelSet, Kind};
+use super::amx::{cpuid7_edx, Amx, TileConfig};
+use super::{grow, KernelSet, Kind};
 use crate::layout::Layout;
 use crate::weight::WeightView;
 
@@ -69,17 +70,7 @@ pub(super) fn for_set(set: KernelSet) -> Option<AmxBf16> {
 
 /// CPUID leaf 7: AMX-BF16 (EDX bit 22).
 fn cpu_has_amx_bf16() -> bool {
-    #[allow(unused_unsafe)]
-    // SAFETY: `cpuid` exists on every x86-64 CPU; leaf 0 gives the highest leaf, checked
-    // before leaf 7 is read.
-    let edx = unsafe {
-        if __cpuid(0).eax >= 7 {
-            __cpuid_count(7, 0).edx
-        } else {
-            0
-        }
-    };
-    edx & (1 << 22) != 0
+    cpuid7_edx() & (1 << 22) != 0
 }
 
 // The activations in bfloat16, in the tiles' pair layout (per tile of 16 rows, per step of 32
@@ -258,9 +249,9 @@ fn run_task(
             // multiple of 32.
             unsafe { round_row(proof, &p.row[..k], out) };
         }
-        let cfg = TileConfig::new();
+        let cfg = tile_config();
         // SAFETY: the proof says the CPU has AMX and the OS granted the tile state; `cfg` is a
-        // valid palette-1 configuration (`TileConfig::new`), 64 bytes, 64-aligned.
+        // valid palette-1 configuration (`tile_config`), 64 bytes, 64-aligned.
         unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg as *const TileConfig, options(nostack, readonly)) };
         let mut out = [[0f32; 2 * TR]; 2 * TC];
         let t0 = r0 / TR;
@@ -380,41 +371,18 @@ unsafe fn round_row(_p: AmxBf16, row: &[f32], out: &mut [u16]) {
     }
 }
 
-/// The 64-byte tile configuration that `ldtilecfg` reads (palette 1): every tile 16 rows of
-/// 64 bytes (0 and 1 two groups of 16 weight rows by 32 values, 2 and 3 two tiles of 16
-/// activation rows in pairs, 4 to 7 the results: 16 columns by 16 rows of `f32`).
-#[repr(C, align(64))]
-struct TileConfig {
-    palette: u8,
-    start_row: u8,
-    reserved: [u8; 14],
-    colsb: [u16; 16],
-    rows: [u8; 16],
-}
-
-impl TileConfig {
-    fn new() -> TileConfig {
-        let mut colsb = [0u16; 16];
-        let mut rows = [0u8; 16];
-        for t in 0..8 {
-            colsb[t] = 64;
-            rows[t] = 16;
-        }
-        TileConfig {
-            palette: 1,
-            start_row: 0,
-            reserved: [0; 14],
-            colsb,
-            rows,
-        }
-    }
+/// The tile configuration of [`pass`]: every tile 16 rows of 64 bytes (0 and 1 two groups of
+/// 16 weight rows by 32 values, 2 and 3 two tiles of 16 activation rows in pairs, 4 to 7 the
+/// results: 16 columns by 16 rows of `f32`).
+fn tile_config() -> TileConfig {
+    TileConfig::of([(64, 16); 8])
 }
 
 /// One pass: 32 weight rows at `w` (`ld` values apart) by the 32 activation rows of the two
 /// tiles at `x` (`steps` steps each), over `32 steps` values, into `out` (`[column][row]`).
 ///
 /// # Safety
-/// The CPU has AMX-BF16, the OS granted the tile state and [`TileConfig::new`]'s configuration
+/// The CPU has AMX-BF16, the OS granted the tile state and [`tile_config`]'s configuration
 /// is loaded (`_p`); `w` points at 32 rows of at least `32 steps` values, `ld` apart, and `x`
 /// at two tiles of `steps` steps of [`XTILE`] values.
 #[target_feature(enable = "avx512f")]
@@ -475,14 +443,8 @@ unsafe fn pass(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fast::tests::{random_acts, random_rows};
     use tandem_backend_api::DType;
-
-    fn rng(seed: &mut u64) -> u64 {
-        *seed ^= *seed << 13;
-        *seed ^= *seed >> 7;
-        *seed ^= *seed << 17;
-        *seed
-    }
 
     fn bf16(v: f32) -> f64 {
         f64::from(half::bf16::from_f32(v).to_f32())
@@ -513,26 +475,14 @@ mod tests {
             let kind = Kind::of(dtype).expect("a block format");
             for (n, k, rows) in [(37usize, 512usize, 21usize), (70, 256, 8), (5, 768, 40)] {
                 let rb = k / kind.block() * kind.block_bytes();
-                let mut bytes: Vec<u8> = (0..n * rb).map(|_| (rng(&mut seed) >> 24) as u8).collect();
-                for blk in bytes.chunks_exact_mut(kind.block_bytes()) {
-                    let ats: &[usize] = match kind {
-                        Kind::Q6K => &[208],
-                        Kind::Q8_0 | Kind::Q5_0 | Kind::Q4_0 => &[0],
-                        _ => &[0, 2],
-                    };
-                    for &at in ats {
-                        blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.02).to_bits().to_le_bytes());
-                    }
-                }
+                let bytes = random_rows(kind, n, k, &mut seed);
                 let w = WeightView {
                     bytes: &bytes,
                     dtype,
                     n,
                     k,
                 };
-                let x: Vec<f32> = (0..rows * k)
-                    .map(|_| (rng(&mut seed) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
-                    .collect();
+                let x = random_acts(rows * k, &mut seed);
                 let mut scratch = vec![0f32; n * rows];
                 let layout = matmul(&pool, proof, &x, rows, &w, &mut scratch).expect("covered");
                 let nb = k / crate::fast::QK;

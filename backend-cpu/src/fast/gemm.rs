@@ -748,14 +748,8 @@ mod wide {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fast::tests::{random_acts, random_rows, rng};
     use crate::fast::{scalar, ActRow};
-
-    fn rng(seed: &mut u64) -> u64 {
-        *seed ^= *seed << 13;
-        *seed ^= *seed >> 7;
-        *seed ^= *seed << 17;
-        *seed
-    }
 
     /// The scalar tile (forced, so x86 CI covers it) and every SIMD set the CPU runs compute the same
     /// products on odd shapes: 5 weight rows (a half tile), 11 activation rows (a partial tile).
@@ -765,20 +759,8 @@ mod tests {
         for kind in crate::fast::tests::ALL_KINDS {
             let (n, k, rows) = (5usize, 768usize, 11usize);
             let rb = k / kind.block() * kind.block_bytes();
-            let mut bytes: Vec<u8> = (0..n * rb).map(|_| (rng(&mut seed) >> 24) as u8).collect();
-            for blk in bytes.chunks_exact_mut(kind.block_bytes()) {
-                let ats: &[usize] = match kind {
-                    Kind::Q6K => &[208],
-                    Kind::Q8_0 | Kind::Q5_0 | Kind::Q4_0 => &[0],
-                    _ => &[0, 2],
-                };
-                for &at in ats {
-                    blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.02).to_bits().to_le_bytes());
-                }
-            }
-            let x: Vec<f32> = (0..rows * k)
-                .map(|_| (rng(&mut seed) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
-                .collect();
+            let bytes = random_rows(kind, n, k, &mut seed);
+            let x = random_acts(rows * k, &mut seed);
             let mut acts = Acts::default();
             assert!(acts.quantize(
                 &rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap(),
