@@ -18,12 +18,7 @@ WORK=${WORK:-/tmp/ap}
 OUT=${OUT:-$PWD/bench-out}
 mkdir -p "$OUT" "$WORK"
 log="$OUT/attention-probe.txt"
-if compgen -G ".gl/*.deb" >/dev/null; then
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-fi
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ] && export VK_DRIVER_FILES=$icd
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 export ${PATH_ENV:-TANDEM_VULKAN_COOPMAT2=0}
 chmod +x "$BIN/engine"
 for pair in $SHAPES; do

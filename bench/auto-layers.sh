@@ -25,12 +25,7 @@ rm -rf "$TANDEM_CACHE_DIR"
 COMMAND="SHAPE=$SHAPE LIMIT=$LIMIT PROMPT_TOKENS=$P GEN_TOKENS=$G bash bench/auto-layers.sh"
 {
 echo "$COMMAND"
-if compgen -G ".gl/*.deb" >/dev/null; then
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-fi
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ] && export VK_DRIVER_FILES=$icd
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true
 chmod +x "$E" 2>/dev/null
 "$E" --version

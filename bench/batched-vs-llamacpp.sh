@@ -35,12 +35,7 @@ W=/tmp/tandem-batched
 mkdir -p "$OUT" "$W"
 {
 echo "SHAPES=\"$SHAPES\" BATCHES=$BATCHES PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R bash bench/batched-vs-llamacpp.sh"
-if compgen -G ".gl/*.deb" >/dev/null; then
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-fi
-export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
-export __EGL_VENDOR_LIBRARY_FILENAMES=${__EGL_VENDOR_LIBRARY_FILENAMES:-/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json}
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 LLAMA=/tmp/lcpp/build/bin/llama-batched-bench
 if [ ! -x "$LLAMA" ]; then
     OUTDIR=$W/peer TARGETS="llama-bench llama-batched-bench" MODELS="" bash "$PEER/build-and-bench.sh" >"$W/peer-build.log" 2>&1 ||

@@ -43,12 +43,7 @@ unset TANDEM_PLUGIN_PATH
 main() {
 echo "FILES=\"$FILES\" KHR_FILES=\"$KHR_FILES\" SPLIT=\"$SPLIT\" BATCHES=$BATCHES PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R bash bench/before-after.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-if compgen -G ".gl/*.deb" >/dev/null; then
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-fi
-export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
-export __EGL_VENDOR_LIBRARY_FILENAMES=${__EGL_VENDOR_LIBRARY_FILENAMES:-/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json}
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 for b in before after; do
     chmod +x ".bench/$b/engine" 2>/dev/null
     [ -x ".bench/$b/engine" ] || { echo "error: .bench/$b/engine is missing (see the header)"; return 2; }

@@ -69,20 +69,9 @@ say "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 nproc
 
-if compgen -G ".gl/*.deb" >/dev/null; then
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-fi
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 if ! ldconfig -p | grep -q libvulkan; then
     echo "warning: no Vulkan loader (carry .gl/ with the loader debs); the vulkan backend will be unavailable"
-fi
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ]; then
-    export VK_DRIVER_FILES=$icd
-fi
-egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-if [ -z "${__EGL_VENDOR_LIBRARY_FILENAMES:-}" ] && [ -f "$egl" ]; then
-    export __EGL_VENDOR_LIBRARY_FILENAMES=$egl
 fi
 
 if [ ! -x "$ENGINE" ]; then

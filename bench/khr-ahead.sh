@@ -16,12 +16,7 @@ ORDER=${ORDER:-"default khr2 default khr2"}
 OUT=${OUT:-$PWD/bench-out}
 mkdir -p "$OUT"
 log="$OUT/khr2.txt"
-if compgen -G ".gl/*.deb" >/dev/null; then
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-fi
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ] && export VK_DRIVER_FILES=$icd
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 export TANDEM_VULKAN_COOPMAT2=0 TANDEM_CONFORMANCE_VALIDATION=0
 chmod +x "$BIN/engine" "$BIN"/t/deps/* 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | tee "$log"

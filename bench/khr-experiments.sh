@@ -31,12 +31,7 @@ OUT=${OUT:-$PWD/bench-out}
 mkdir -p "$OUT" "$WORK"
 log="$OUT/experiments.txt"
 
-if compgen -G ".gl/*.deb" >/dev/null; then
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-fi
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ] && export VK_DRIVER_FILES=$icd
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 export TANDEM_VULKAN_COOPMAT2=0 TANDEM_CONFORMANCE_VALIDATION=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | tee "$log"
 chmod +x "$BIN/engine" "$BIN"/t/deps/* 2>/dev/null

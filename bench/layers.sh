@@ -349,12 +349,7 @@ PY
 
 {
 echo "$COMMAND"
-if compgen -G ".gl/*.deb" >/dev/null; then
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-fi
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ] && export VK_DRIVER_FILES=$icd
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
 [ -f "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES=$egl
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true

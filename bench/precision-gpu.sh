@@ -32,12 +32,7 @@ W=${WORK:-/tmp/precision-gpu}
 TEXT=tests/fixtures/text/around-the-world-in-80-days-1-5.txt
 mkdir -p "$OUT" "$W/r"
 exec > >(tee "$OUT/precision-gpu.log") 2>&1
-if compgen -G ".gl/*.deb" >/dev/null; then
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-fi
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ] && export VK_DRIVER_FILES=$icd
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 chmod +x "$E" 2>/dev/null
 echo "SHAPES=\"$SHAPES\" BATCH_SHAPES=\"$BATCH_SHAPES\" VERIFY_SHAPES=\"$VERIFY_SHAPES\" BATCHES=$BATCHES PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R bash bench/precision-gpu.sh" | tee "$W/r/command.txt"
 pack() { tar -czf "$OUT/precision-gpu.tar.gz" -C "$W/r" .; }

@@ -26,12 +26,7 @@ E2E=${E2E:-gemma3-1b}
 WORK=${WORK:-/tmp/spec}
 OUT=${OUT:-$PWD/spec-gpu-out}
 mkdir -p "$OUT" "$WORK"
-if compgen -G ".gl/*.deb" >/dev/null; then
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-fi
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ] && export VK_DRIVER_FILES=$icd
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 chmod +x "$E" 2>/dev/null
 echo "SHAPES=\"$SHAPES\" ROWS=$ROWS PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R E2E=\"$E2E\" bash bench/speculative-gpu.sh" >"$OUT/command.txt"
 

@@ -24,12 +24,7 @@ W=${WORK:-/tmp/tandem-split}
 OUT=${OUT:-$PWD/split-out}
 mkdir -p "$W" "$OUT"
 {
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -f "$icd" ] && export VK_DRIVER_FILES=$icd
-egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-[ -f "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES=$egl
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 "$E" backends
 for s in $SHAPES; do

@@ -4,8 +4,7 @@
 # `--backend vulkan --gpu-layers 13` with `[backend.cpu] threads` = 16, 15, 14, 12, 8, then the
 # CPU backend alone at 16 and 15 threads (prompt 128, 64 generated, 2 repeats). JSON into $OUT.
 set -u
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 E=.devcarry/engine; W=/tmp/t; mkdir -p $W
 $E synth --shape gemma3-1b --dtype q4_k --out $W/1b.gguf --force >/dev/null
 $E bench --model $W/1b.gguf --backend vulkan --prompt-tokens 64 --gen-tokens 16 --batch 1 --repeat 1 >/dev/null 2>&1

@@ -40,12 +40,7 @@ E=.devcarry/engine
 mkdir -p "$OUT" "$W"
 {
 echo "SHAPES=\"$SHAPES\" CLIENTS=$CLIENTS REQUESTS=$REQUESTS GEN_TOKENS=$G PARALLEL=$P CONTEXT=$C TANDEM_ARGS=\"$TANDEM_ARGS\" PROMPT=\"${PROMPT:-}\" DISTINCT=${DISTINCT:-} bash bench/vs-llama-server.sh"
-if compgen -G ".gl/*.deb" >/dev/null; then
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-fi
-export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
-export __EGL_VENDOR_LIBRARY_FILENAMES=${__EGL_VENDOR_LIBRARY_FILENAMES:-/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json}
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 SERVER=/tmp/lcpp/build/bin/llama-server
 if [ -z "${SKIP_PEER:-}" ] && [ ! -x "$SERVER" ]; then
     # (llama-bench too: the kit checks the device with it.)

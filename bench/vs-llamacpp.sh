@@ -26,12 +26,7 @@ WORK=${WORK:-/tmp/vs}
 OUT=${OUT:-$PWD/bench-out}
 mkdir -p "$OUT" "$WORK"
 
-if compgen -G ".gl/*.deb" >/dev/null; then
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-fi
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ] && export VK_DRIVER_FILES=$icd
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true
 chmod +x "$ENGINE" 2>/dev/null
 

@@ -49,12 +49,7 @@ main() {
 echo "SHAPES=\"$SHAPES\" DTYPES=\"$DTYPES\" BATCHES=$BATCHES PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R WGPU_FEATURES=\"$WGPU_FEATURES\" bash bench/wgpu-vs-vulkan.sh"
 git log -1 --format='commit %H %s' 2>/dev/null || true
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-if compgen -G ".gl/*.deb" >/dev/null; then
-    for f in .gl/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-fi
-export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
-export __EGL_VENDOR_LIBRARY_FILENAMES=${__EGL_VENDOR_LIBRARY_FILENAMES:-/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json}
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 chmod +x "$ENGINE" 2>/dev/null
 if [ ! -x "$ENGINE" ]; then
     echo "error: $ENGINE is missing (see the header: a stripped release build in .devcarry/)"
