@@ -6,8 +6,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use tandem_backend_api::DType;
 use tandem_backend_cpu::shape::AttentionShape;
 use tandem_backend_cpu::weight::WeightView;
-use tandem_backend_cpu::KernelSet;
 use tandem_backend_cpu::{attention, kernels, matmul};
+use tandem_backend_cpu::{ActScratch, KernelSet};
 
 /// Deterministic bytes for a weight: for block formats, small f16 scales so values stay finite.
 fn weight_bytes(dtype: DType, n: usize, k: usize) -> Vec<u8> {
@@ -59,6 +59,8 @@ fn products(c: &mut Criterion, rows: usize, label: &str) {
         };
         let x: Vec<f32> = (0..rows * k).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
         let mut scratch = vec![0f32; n * rows];
+        // The backend's activations, kept between products as the backend keeps them.
+        let mut act = ActScratch::default();
         group.throughput(Throughput::Bytes(bytes.len() as u64));
         let fast_too = dtype.is_quantized();
         for (name, fast, int8) in [
@@ -78,6 +80,7 @@ fn products(c: &mut Criterion, rows: usize, label: &str) {
                         rows,
                         w,
                         &mut scratch,
+                        &mut act,
                         fast.then(KernelSet::detect),
                         true,
                         int8,
@@ -147,6 +150,7 @@ fn head(c: &mut Criterion) {
     };
     let x: Vec<f32> = (0..k).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
     let mut scratch = vec![0f32; n];
+    let mut act = ActScratch::default();
     let mut group = c.benchmark_group("logits matvec 262144x640 q8_0");
     group.sample_size(10);
     group.throughput(Throughput::Bytes(bytes.len() as u64));
@@ -166,6 +170,7 @@ fn head(c: &mut Criterion) {
                         1,
                         w,
                         &mut scratch,
+                        &mut act,
                         Some(KernelSet::detect()),
                         false,
                         int8,
@@ -213,6 +218,8 @@ fn prefill(c: &mut Criterion) {
         };
         let x: Vec<f32> = (0..rows * k).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
         let mut scratch = vec![0f32; n * rows];
+        // The backend's activations, kept between products as the backend keeps them.
+        let mut act = ActScratch::default();
         group.throughput(Throughput::Elements((rows * n * k) as u64));
         let id = format!("{n}x{k}");
         // Each 512-bit set the CPU runs: AMX tiles beside the VNNI ones where both are.
@@ -221,12 +228,38 @@ fn prefill(c: &mut Criterion) {
             .filter(|s| s.available())
         {
             group.bench_with_input(BenchmarkId::new(set.name(), &id), &id, |b, _| {
-                b.iter(|| matmul::product(&pool, None, &x, rows, w, &mut scratch, Some(set), true, false))
+                b.iter(|| {
+                    matmul::product(
+                        &pool,
+                        None,
+                        &x,
+                        rows,
+                        w,
+                        &mut scratch,
+                        &mut act,
+                        Some(set),
+                        true,
+                        false,
+                    )
+                })
             });
             if set == KernelSet::Avx512Vnni {
                 let name = format!("{}_int8", set.name());
                 group.bench_with_input(BenchmarkId::new(name, &id), &id, |b, _| {
-                    b.iter(|| matmul::product(&pool, None, &x, rows, w, &mut scratch, Some(set), true, true))
+                    b.iter(|| {
+                        matmul::product(
+                            &pool,
+                            None,
+                            &x,
+                            rows,
+                            w,
+                            &mut scratch,
+                            &mut act,
+                            Some(set),
+                            true,
+                            true,
+                        )
+                    })
                 });
             }
         }

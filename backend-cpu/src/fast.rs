@@ -17,8 +17,6 @@
 //! Several activation rows (a prefill step) go through each weight block together, up to
 //! [`TILE`] at a time, so each weight block is loaded and unpacked once per tile of rows.
 
-use std::cell::RefCell;
-
 use half::f16;
 use rayon::prelude::*;
 use tandem_backend_api::block::{self, BlockLayout};
@@ -452,28 +450,67 @@ fn grow<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
     }
 }
 
-thread_local! {
-    /// Quantized activations of the calling thread's current matmul, kept between calls.
-    static ACTS: RefCell<Acts> = RefCell::default();
+/// The activations of the product being run, quantized (or rounded) once per product by the
+/// step's thread and read by every task: one set per backend (in its arena, `CpuBackend::run`
+/// takes it for the step), since a step runs on one pool thread at a time. They were one set
+/// per pool thread, each grown where a step happened to run: sixteen copies of a 4B prefill
+/// step's 12 MB of 16-bit activations on sixteen threads, none of them in the estimate.
+#[derive(Default)]
+pub struct ActScratch {
+    /// 16-bit activations (`exact`, and formats without an 8-bit product).
+    acts: Acts,
+    /// 8-bit activations (`int8`'s decode products and `int8_gemm`'s prefill product).
+    acts8: int8::Acts8,
+    /// bfloat16 activations in the AMX tiles' pair layout (`amx_bf16`).
+    #[cfg(target_arch = "x86_64")]
+    bf16: Vec<u16>,
+}
+
+impl ActScratch {
+    /// Grows the 16-bit activations, and the 8-bit ones where `int8`, to `values` (rows times
+    /// `k`), so that the decode products of at most that many allocate nothing
+    /// (`CpuBackend::compile` runs it for every program).
+    pub fn reserve(&mut self, values: usize, int8: bool) {
+        let blocks = values.div_ceil(QK);
+        grow(&mut self.acts.d, blocks);
+        grow(&mut self.acts.qs, blocks * QK);
+        grow(&mut self.acts.sums, blocks);
+        if int8 {
+            self.acts8.reserve(values);
+        }
+    }
+
+    /// Bytes [`ActScratch::reserve`] would add for `values` and `int8`.
+    pub fn growth(&self, values: usize, int8: bool) -> u64 {
+        let blocks = values.div_ceil(QK);
+        let sixteen = blocks * (4 + QK * 2 + 4);
+        let eight = if int8 {
+            values.div_ceil(int8::Q4K_SPAN) * 8 + values * 2 + values.div_ceil(QK) * 4
+        } else {
+            0
+        };
+        let have = self.acts.d.len() * (4 + QK * 2 + 4) + if int8 { self.acts8.bytes() } else { 0 };
+        (sixteen + eight).saturating_sub(have) as u64
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        let bf16 = self.bf16.capacity() * 2;
+        #[cfg(not(target_arch = "x86_64"))]
+        let bf16 = 0;
+        (self.acts.d.capacity() * 4
+            + self.acts.qs.capacity() * 2
+            + self.acts.sums.capacity() * 4
+            + self.acts8.bytes()
+            + bf16) as u64
+    }
 }
 
 /// Grows the calling thread's storage for weight rows of `k` values unpacked by the prefill
 /// product, so that it allocates nothing (`CpuBackend::compile` runs it on every pool thread).
 pub fn reserve_unpacked(k: usize) {
     gemm::reserve(k);
-}
-
-/// Grows the calling thread's quantized-activation storage to `values` activations (rows times
-/// `k`), so that matmuls of at most that many allocate nothing (`CpuBackend::compile` runs it on
-/// every pool thread).
-pub fn reserve(values: usize) {
-    ACTS.with(|cell| {
-        let mut acts = cell.borrow_mut();
-        let blocks = values.div_ceil(QK);
-        grow(&mut acts.d, blocks);
-        grow(&mut acts.qs, blocks * QK);
-        grow(&mut acts.sums, blocks);
-    });
 }
 
 /// `Op::MatMul` through quantized activations, writing the product to `scratch`: column-major
@@ -494,23 +531,24 @@ pub fn matmul(
     rows: usize,
     w: &WeightView,
     scratch: &mut [f32],
+    act: &mut ActScratch,
     gemm: bool,
     int8: bool,
 ) -> Option<Layout> {
     let gemm = gemm && rows >= GEMM_MIN_ROWS;
     if int8 && !gemm {
-        if let Some(layout) = int8::matmul(pool, spin, set, x, rows, w, scratch) {
+        if let Some(layout) = int8::matmul(pool, spin, set, x, rows, w, scratch, &mut act.acts8) {
             return Some(layout);
         }
     }
     #[cfg(target_arch = "x86_64")]
     if int8 && gemm {
         if let Some(proof) = amx_bf16::for_set(set) {
-            if let Some(layout) = amx_bf16::matmul(pool, proof, x, rows, w, scratch) {
+            if let Some(layout) = amx_bf16::matmul(pool, proof, x, rows, w, scratch, &mut act.bf16) {
                 return Some(layout);
             }
         }
-        if let Some(layout) = int8_gemm::matmul(pool, set, x, rows, w, scratch) {
+        if let Some(layout) = int8_gemm::matmul(pool, set, x, rows, w, scratch, &mut act.acts8) {
             return Some(layout);
         }
     }
@@ -524,8 +562,8 @@ pub fn matmul(
         return None;
     }
     let simd = set.simd();
-    ACTS.with(|cell| {
-        let mut acts = cell.borrow_mut();
+    {
+        let acts = &mut act.acts;
         // The `q4_k` matrix-vector kernels sum whole weight blocks in integers over one scale
         // per 256 activations.
         let span = if !gemm && matches!(kind, Kind::Q4K | Kind::Q5K) {
@@ -538,7 +576,7 @@ pub fn matmul(
         }
         #[cfg(target_arch = "x86_64")]
         if gemm && set.amx().is_some() && amx::covers(kind) {
-            amx::split(&mut acts, pool, rows, k);
+            amx::split(acts, pool, rows, k);
         }
         let acts = &*acts;
         if gemm {
@@ -585,7 +623,7 @@ pub fn matmul(
         };
         in_columns(pool, spin, &mut scratch[..w.n * rows], chunk_rows * rows, task);
         Some(Layout::Columns)
-    })
+    }
 }
 
 /// Runs the prefill product's tasks on `pool` over `scratch` (`n` columns by `rows`), each
@@ -1678,8 +1716,19 @@ mod tests {
             let x: Vec<f32> = (0..rows * k).map(|_| rng.unit()).collect();
             for set in KernelSet::ALL.into_iter().filter(|s| s.available()) {
                 let mut scratch = vec![0f32; n * rows];
-                let layout =
-                    matmul(&pool, None, set, &x, rows, &w, &mut scratch, true, false).expect("covered");
+                let layout = matmul(
+                    &pool,
+                    None,
+                    set,
+                    &x,
+                    rows,
+                    &w,
+                    &mut scratch,
+                    &mut ActScratch::default(),
+                    true,
+                    false,
+                )
+                .expect("covered");
                 let mut product = vec![0f32; n * rows];
                 crate::layout::scatter(&scratch, layout, rows, 0, &mut product);
                 let mut wf = vec![0f32; k];
@@ -1728,6 +1777,7 @@ mod tests {
                     rows,
                     &view,
                     &mut scratch,
+                    &mut ActScratch::default(),
                     gemm,
                     false,
                 )
@@ -1742,8 +1792,19 @@ mod tests {
                     let alone = {
                         let mut scratch = vec![0f32; n];
                         let xr = &x[r * k..(r + 1) * k];
-                        let layout = matmul(&pool, None, set, xr, 1, &view, &mut scratch, false, false)
-                            .expect("covered");
+                        let layout = matmul(
+                            &pool,
+                            None,
+                            set,
+                            xr,
+                            1,
+                            &view,
+                            &mut scratch,
+                            &mut ActScratch::default(),
+                            false,
+                            false,
+                        )
+                        .expect("covered");
                         let mut out = vec![0f32; n];
                         crate::layout::scatter(&scratch, layout, 1, 0, &mut out);
                         out
@@ -1822,6 +1883,7 @@ mod tests {
             1,
             &w,
             &mut scratch,
+            &mut ActScratch::default(),
             false,
             false
         )

@@ -35,7 +35,7 @@ use tandem_backend_api::{
     MEMORY_LIMIT,
 };
 
-pub use fast::KernelSet;
+pub use fast::{ActScratch, KernelSet};
 use shape::AttentionShape;
 use weight::WeightView;
 
@@ -103,6 +103,9 @@ struct Program {
     slots: ValueSlots,
     /// Column-major product scratch for matmuls (largest `n * rows`) it needs.
     scratch: usize,
+    /// The most activations one of its products quantizes (rows times `k`), where the
+    /// backend has kernels that quantize them.
+    acts: usize,
     /// Decoded norm weights (largest group).
     norm_weight: Vec<f32>,
     /// Each row's last visible position for attention (`kit::step::visible_ends`), sized at
@@ -119,13 +122,15 @@ struct Program {
 struct Arena {
     slots: Vec<Vec<f32>>,
     scratch: Vec<f32>,
+    /// The products' quantized activations (one set: a step runs on one thread at a time).
+    acts: fast::ActScratch,
 }
 
 impl Arena {
     /// Bytes held.
     fn bytes(&self) -> u64 {
         let elements: usize = self.slots.iter().map(Vec::len).sum::<usize>() + self.scratch.len();
-        elements as u64 * 4
+        elements as u64 * 4 + self.acts.bytes()
     }
 
     /// Bytes [`Arena::fit`] would add for `slots` and `scratch` elements of product scratch.
@@ -333,7 +338,7 @@ impl CpuBackend {
                 _ => {}
             }
         }
-        // Every pool thread's quantized activations at their largest now, not in the token loop.
+        // The quantized activations at their largest (reserved by `compile`).
         let acts = graph
             .nodes
             .iter()
@@ -344,14 +349,6 @@ impl CpuBackend {
                 _ => None,
             })
             .max();
-        if let (Some(_), Some(values)) = (self.kernels, acts) {
-            self.pool.broadcast(|_| fast::reserve(values));
-            if self.int8 {
-                // The 8-bit products' activations likewise: a step runs on whichever pool
-                // thread takes it, and one that had not yet run a step grew its own there.
-                self.pool.broadcast(|_| fast::int8::reserve(values));
-            }
-        }
         // And the weight rows the prefill product unpacks (graphs of several rows).
         let unpacked = graph
             .nodes
@@ -437,6 +434,11 @@ impl CpuBackend {
             shapes,
             slots,
             scratch,
+            acts: if self.kernels.is_some() {
+                acts.unwrap_or(0)
+            } else {
+                0
+            },
             norm_weight: vec![0f32; norm],
             ends: Vec::with_capacity(graph.rows),
             times: Vec::new(),
@@ -563,6 +565,7 @@ impl CpuBackend {
                             m,
                             w,
                             &mut arena.scratch[..prog.scratch],
+                            &mut arena.acts,
                             self.kernels,
                             gemm,
                             self.int8,
@@ -874,7 +877,8 @@ impl ComputeBackend for CpuBackend {
     fn compile(&mut self, graph: &Graph) -> Result<ProgramId, BackendError> {
         let (prog, buffers) = self.plan(graph)?;
         // The arena grows to the program's values, counted against the budget as buffers are.
-        let growth = self.arena.growth(&prog.slots, prog.scratch);
+        let growth =
+            self.arena.growth(&prog.slots, prog.scratch) + self.arena.acts.growth(prog.acts, self.int8);
         let available = self.available();
         let out_of_memory = BackendError::OutOfMemory {
             requested: growth,
@@ -891,6 +895,9 @@ impl ComputeBackend for CpuBackend {
         if !self.arena.fit(&prog.slots, prog.scratch) {
             return Err(out_of_memory);
         }
+        // The products' quantized activations: the arena's one set, grown now rather than in
+        // the token loop.
+        self.arena.acts.reserve(prog.acts, self.int8);
         self.in_use += self.arena.bytes() - before;
         Ok(self.programs.insert(prog, buffers, StepShape::of(graph)))
     }

@@ -20,7 +20,18 @@ pub fn matmul_with(
     outs: &mut [&mut [f32]],
     fast: Option<KernelSet>,
 ) {
-    let layout = product(pool, None, x, rows, w, scratch, fast, true, false);
+    let layout = product(
+        pool,
+        None,
+        x,
+        rows,
+        w,
+        scratch,
+        &mut Default::default(),
+        fast,
+        true,
+        false,
+    );
     let mut j0 = 0;
     for out in outs.iter_mut() {
         j0 = scatter(scratch, layout, rows, j0, out);
@@ -39,12 +50,13 @@ pub fn product(
     rows: usize,
     w: WeightView,
     scratch: &mut [f32],
+    act: &mut crate::fast::ActScratch,
     fast: Option<KernelSet>,
     gemm: bool,
     int8: bool,
 ) -> Layout {
     if let Some(set) = fast {
-        if let Some(layout) = crate::fast::matmul(pool, spin, set, x, rows, &w, scratch, gemm, int8) {
+        if let Some(layout) = crate::fast::matmul(pool, spin, set, x, rows, &w, scratch, act, gemm, int8) {
             return layout;
         }
     }

@@ -73,12 +73,6 @@ fn cpu_has_amx_bf16() -> bool {
     cpuid7_edx() & (1 << 22) != 0
 }
 
-// The activations in bfloat16, in the tiles' pair layout (per tile of 16 rows, per step of 32
-// values: 16 pairs by 16 rows), kept by the calling thread between products.
-thread_local! {
-    static XB: RefCell<Vec<u16>> = RefCell::default();
-}
-
 /// Per task: its weight rows in bfloat16, one decoded row, `super::gemm::unpack`'s scratch.
 #[derive(Default)]
 struct Panel {
@@ -105,8 +99,9 @@ fn covers(w: &WeightView) -> Option<Kind> {
 }
 
 /// The product of `rows` activation rows `x` with `w` into `scratch`, in the prefill product's
-/// panels; `None`, having written nothing, where `w` is not covered or an activation is not
-/// finite (the caller then takes another path).
+/// panels, the activations rounded into `xb` (the backend's, kept between products); `None`,
+/// having written nothing, where `w` is not covered or an activation is not finite (the
+/// caller then takes another path).
 pub(super) fn matmul(
     pool: &rayon::ThreadPool,
     proof: AmxBf16,
@@ -114,6 +109,7 @@ pub(super) fn matmul(
     rows: usize,
     w: &WeightView,
     scratch: &mut [f32],
+    xb: &mut Vec<u16>,
 ) -> Option<Layout> {
     use rayon::prelude::*;
     let kind = covers(w)?;
@@ -126,9 +122,8 @@ pub(super) fn matmul(
     // the next task's first or zeros.
     let tiles = rows.div_ceil(TR) + 1;
     let steps = k / KS;
-    XB.with(|cell| {
-        let mut xb = cell.borrow_mut();
-        grow(&mut xb, tiles * steps * XTILE);
+    {
+        grow(xb, tiles * steps * XTILE);
         let xs: &mut [u16] = &mut xb[..tiles * steps * XTILE];
         let finite = pool.install(|| {
             xs.par_chunks_mut(steps * XTILE)
@@ -157,7 +152,7 @@ pub(super) fn matmul(
             &mut scratch[..w.n * rows],
             task,
         ))
-    })
+    }
 }
 
 /// Rounds activation rows `x` (at most 16 of `k` values) to bfloat16 (to nearest, ties to even)
@@ -484,7 +479,8 @@ mod tests {
                 };
                 let x = random_acts(rows * k, &mut seed);
                 let mut scratch = vec![0f32; n * rows];
-                let layout = matmul(&pool, proof, &x, rows, &w, &mut scratch).expect("covered");
+                let layout =
+                    matmul(&pool, proof, &x, rows, &w, &mut scratch, &mut Vec::new()).expect("covered");
                 let nb = k / crate::fast::QK;
                 let (mut dec, mut want_dec) = (vec![0f32; k], vec![0f32; k]);
                 let (mut q, mut sc, mut bias) = (vec![0i16; k], vec![0f32; nb], vec![0f32; nb]);
@@ -522,7 +518,7 @@ mod tests {
                 assert!(scratch.iter().any(|v| *v != 0.0));
                 let mut bad = x.clone();
                 bad[rows * k - 1] = f32::NAN;
-                assert!(matmul(&pool, proof, &bad, rows, &w, &mut scratch).is_none());
+                assert!(matmul(&pool, proof, &bad, rows, &w, &mut scratch, &mut Vec::new()).is_none());
             }
         }
     }

@@ -21,8 +21,6 @@
 //! The error this adds is judged on the real model by `engine perplexity --kl-divergence`
 //! (docs/precision.md), not by the random-weight fixtures' logit bounds, which stay on `exact`.
 
-use std::cell::RefCell;
-
 use half::f16;
 use tandem_backend_api::block;
 use tandem_backend_api::DType;
@@ -32,37 +30,40 @@ use crate::layout::Layout;
 use crate::weight::WeightView;
 
 /// 8-bit activation rows: per block (of [`QK`] values, or [`Q4K_SPAN`] for `q4_k`) an `f32`
-/// scale, the values and their sum (ggml's `bsums`), and what the `q4_k` kernel reads besides.
+/// scale, the values and their sum (ggml's `bsums`), and what the `q4_k` kernel reads besides;
+/// the backend's one set ([`super::ActScratch`]), which `int8_gemm` fills too.
 #[derive(Default)]
-struct Acts8 {
-    d: Vec<f32>,
-    qs: Vec<i8>,
-    sums: Vec<i32>,
+pub struct Acts8 {
+    pub(super) d: Vec<f32>,
+    pub(super) qs: Vec<i8>,
+    pub(super) sums: Vec<i32>,
     /// Per [`QK`] values, the blocks' scales times their sums (`d0 * sum0 + d1 * sum1`): the
     /// factor of `q4_k`'s minimums.
-    ds: Vec<f32>,
+    pub(super) ds: Vec<f32>,
     /// The values in `q4_k`'s order ([`Q4K_ORDER`]), for the `q4_k` kernel.
     q4: Vec<i8>,
 }
 
-thread_local! {
-    /// The calling thread's quantized activations, kept between products.
-    static ACTS8: RefCell<Acts8> = RefCell::default();
-}
-
-/// Grows the calling thread's 8-bit activation storage to `values` activations (rows times
-/// `k`) in either format, so that products of at most that many allocate nothing: a step may
-/// run on any pool thread (`CpuBackend::compile` runs this on every one under `fast`).
-pub fn reserve(values: usize) {
-    ACTS8.with(|cell| {
-        let mut acts = cell.borrow_mut();
+impl Acts8 {
+    /// Grows every part to `values` activations (rows times `k`) in either format, so that
+    /// products of at most that many allocate nothing.
+    pub(super) fn reserve(&mut self, values: usize) {
         let spans = values.div_ceil(Q4K_SPAN);
-        grow(&mut acts.d, spans);
-        grow(&mut acts.qs, values);
-        grow(&mut acts.sums, spans);
-        grow(&mut acts.ds, values.div_ceil(QK));
-        grow(&mut acts.q4, values);
-    });
+        grow(&mut self.d, spans);
+        grow(&mut self.qs, values);
+        grow(&mut self.sums, spans);
+        grow(&mut self.ds, values.div_ceil(QK));
+        grow(&mut self.q4, values);
+    }
+
+    /// Bytes held.
+    pub(super) fn bytes(&self) -> usize {
+        self.d.capacity() * 4
+            + self.qs.capacity()
+            + self.sums.capacity() * 4
+            + self.ds.capacity() * 4
+            + self.q4.capacity()
+    }
 }
 
 /// The weight formats the 8-bit products take.
@@ -252,6 +253,7 @@ impl<'a> Rows<'a> {
 /// The product of `rows` activation rows of `x` with `w` on 8-bit activations, into `scratch`
 /// ([`Layout::Columns`]); `None` where the fast path does not cover it (the caller takes the
 /// 16-bit path).
+#[allow(clippy::too_many_arguments)]
 pub fn matmul(
     pool: &rayon::ThreadPool,
     spin: Option<&crate::spin::SpinPool>,
@@ -260,6 +262,7 @@ pub fn matmul(
     rows: usize,
     w: &WeightView,
     scratch: &mut [f32],
+    acts: &mut Acts8,
 ) -> Option<Layout> {
     let (vnni, format) = covers(set, w)?;
     let k = w.k;
@@ -267,8 +270,7 @@ pub fn matmul(
     if rows == 0 || w.bytes.len() < w.n * rb || x.len() < rows * k || scratch.len() < w.n * rows {
         return None;
     }
-    ACTS8.with(|cell| {
-        let mut acts = cell.borrow_mut();
+    {
         let span = match format {
             Format::Q8_0 => QK,
             Format::Q4K => Q4K_SPAN,
@@ -277,7 +279,7 @@ pub fn matmul(
         grow(&mut acts.d, ns);
         grow(&mut acts.qs, rows * k);
         grow(&mut acts.sums, ns);
-        let Acts8 { d, qs, sums, ds, q4 } = &mut *acts;
+        let Acts8 { d, qs, sums, ds, q4 } = acts;
         if !quantize(
             &x[..rows * k],
             span,
@@ -336,7 +338,7 @@ pub fn matmul(
         };
         in_columns(pool, spin, &mut scratch[..w.n * rows], chunk_rows * rows, task);
         Some(Layout::Columns)
-    })
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -875,7 +877,16 @@ pub(in crate::fast) mod tests {
                 bytes: &w,
             };
             let mut scratch = vec![0.0f32; n * rows];
-            let layout = matmul(&pool, None, KernelSet::Avx512Vnni, &x, rows, &view, &mut scratch);
+            let layout = matmul(
+                &pool,
+                None,
+                KernelSet::Avx512Vnni,
+                &x,
+                rows,
+                &view,
+                &mut scratch,
+                &mut Acts8::default(),
+            );
             assert!(matches!(layout, Some(Layout::Columns)));
             for r in 0..rows {
                 let span = if dtype == DType::Q4K { Q4K_SPAN } else { QK };
@@ -911,7 +922,8 @@ pub(in crate::fast) mod tests {
                 &vec![0.0; k],
                 1,
                 &view,
-                &mut [0.0]
+                &mut [0.0],
+                &mut Acts8::default()
             )
             .is_none());
         }
@@ -949,6 +961,7 @@ pub(in crate::fast) mod tests {
                     rows,
                     &view,
                     &mut out,
+                    &mut Acts8::default(),
                 )
                 .expect("covered");
                 out
@@ -964,6 +977,7 @@ pub(in crate::fast) mod tests {
                         1,
                         &view,
                         &mut out,
+                        &mut Acts8::default(),
                     )
                     .expect("covered");
                     out

@@ -25,7 +25,7 @@ use tandem_backend_api::block::q4_k::{BYTES, D, DMIN, ELEMS, QS, SCALES};
 use tandem_backend_api::DType;
 
 use super::gemm::store_tile;
-use super::int8::{self, Row, Q4K_SPAN};
+use super::int8::{self, Acts8, Row, Q4K_SPAN};
 use super::{f16_at, grow, k_scale_min, KernelSet, Vnni, GEMM_MIN_ROWS, QK};
 use crate::layout::Layout;
 use crate::weight::WeightView;
@@ -34,24 +34,6 @@ use crate::weight::WeightView;
 const PANEL: usize = 32;
 /// Activation rows per register tile: 12 integer and 12 `f32` accumulators.
 const MR: usize = 6;
-
-/// 8-bit activation rows as [`int8::quantize`] makes them, in the rows' own order (not the
-/// decode kernel's [`int8::Q4K_ORDER`]).
-#[derive(Default)]
-struct Acts {
-    /// Per [`Q4K_SPAN`] values, the scale.
-    d: Vec<f32>,
-    qs: Vec<i8>,
-    /// Per [`Q4K_SPAN`] values, their sum.
-    sums: Vec<i32>,
-    /// Per [`QK`] values, `d0 * sum0 + d1 * sum1` (the minimums' factor).
-    ds: Vec<f32>,
-}
-
-thread_local! {
-    /// The calling thread's quantized activations, kept between products.
-    static ACTS: RefCell<Acts> = RefCell::default();
-}
 
 /// A task's unpacked weight rows.
 #[derive(Default)]
@@ -89,6 +71,7 @@ pub(super) fn matmul(
     rows: usize,
     w: &WeightView,
     scratch: &mut [f32],
+    acts: &mut Acts8,
 ) -> Option<Layout> {
     let vnni = proof(set)?;
     let k = w.k;
@@ -99,14 +82,13 @@ pub(super) fn matmul(
     if w.bytes.len() < w.n * rb || x.len() < rows * k || scratch.len() < w.n * rows {
         return None;
     }
-    ACTS.with(|cell| {
-        let mut acts = cell.borrow_mut();
+    {
         let (ns, nb) = (rows * k / Q4K_SPAN, rows * k / QK);
         grow(&mut acts.d, ns);
         grow(&mut acts.qs, rows * k);
         grow(&mut acts.sums, ns);
         grow(&mut acts.ds, nb);
-        let Acts { d, qs, sums, ds } = &mut *acts;
+        let Acts8 { d, qs, sums, ds, .. } = acts;
         let (d, qs, sums, ds) = (&mut d[..ns], &mut qs[..rows * k], &mut sums[..ns], &mut ds[..nb]);
         // Tasks of whole rows, a few per thread.
         let per = rows.div_ceil(pool.current_num_threads() * 2);
@@ -149,7 +131,7 @@ pub(super) fn matmul(
             &mut scratch[..w.n * rows],
             run,
         ))
-    })
+    }
 }
 
 /// [`int8::quantize`] (per [`Q4K_SPAN`]) of whole rows `x` with AVX-512, and the minimums'
@@ -534,7 +516,15 @@ mod tests {
             let x = acts(rows * k, (rows + k) as u64);
             let mut scratch = vec![0f32; n * rows];
             // This product itself, not `fast::matmul`'s choice (which may route elsewhere first).
-            let layout = matmul(&pool, KernelSet::Avx512Vnni, &x, rows, &view, &mut scratch);
+            let layout = matmul(
+                &pool,
+                KernelSet::Avx512Vnni,
+                &x,
+                rows,
+                &view,
+                &mut scratch,
+                &mut Acts8::default(),
+            );
             assert!(matches!(layout, Some(Layout::Panels { .. })), "{layout:?}");
             let mut got = vec![0f32; n * rows];
             crate::layout::scatter(&scratch, layout.expect("covered"), rows, 0, &mut got);
@@ -548,8 +538,17 @@ mod tests {
                     want[r * n + j] = int8::dot_q4_k(&bytes[j * rb..(j + 1) * rb], &d, &q, &s);
                 }
                 let mut one = vec![0f32; n];
-                let layout = int8::matmul(&pool, None, KernelSet::Avx512Vnni, xr, 1, &view, &mut one)
-                    .expect("covered");
+                let layout = int8::matmul(
+                    &pool,
+                    None,
+                    KernelSet::Avx512Vnni,
+                    xr,
+                    1,
+                    &view,
+                    &mut one,
+                    &mut Acts8::default(),
+                )
+                .expect("covered");
                 crate::layout::scatter(&one, layout, 1, 0, &mut decode[r * n..(r + 1) * n]);
             }
             let largest = want.iter().fold(0f32, |m, v| m.max(v.abs()));
