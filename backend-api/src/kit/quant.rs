@@ -67,9 +67,10 @@ pub fn dequantize_row(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Result<(),
         });
     }
     let decode: fn(&[u8], &mut [f32]) = match dtype {
-        DType::F32 => |b, o| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        DType::F16 => |b, o| o[0] = f16_at(b, 0),
-        DType::Bf16 => |b, o| o[0] = f32::from_bits(u32::from(u16_at(b, 0)) << 16),
+        DType::F32 | DType::F16 | DType::Bf16 => {
+            elementwise(dtype, bytes, out);
+            return Ok(());
+        }
         DType::Q4_0 => q4_0,
         DType::Q4_1 => q4_1,
         DType::Q5_0 => q5_0,
@@ -88,6 +89,37 @@ pub fn dequantize_row(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Result<(),
         decode(b, o);
     }
     Ok(())
+}
+
+/// The one-value formats (`f32`, `f16`, `bf16`; `bytes` holds `out.len()` values) in plain loops
+/// the compiler vectorizes, not one call per value: a bf16 weight row decoded at about 2 ns a
+/// value that way, which held the CPU backend's bf16 decode to 0.7 tok/s on 1B. Other dtypes
+/// are left alone.
+fn elementwise(dtype: DType, bytes: &[u8], out: &mut [f32]) {
+    match dtype {
+        DType::F32 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        DType::Bf16 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+            }
+        }
+        DType::F16 => {
+            // `half`'s slice conversion (F16C where the CPU has it), 64 values at a time.
+            use half::slice::HalfFloatSliceExt;
+            let mut halves = [f16::ZERO; 64];
+            for (o, b) in out.chunks_mut(64).zip(bytes.chunks(128)) {
+                for (h, v) in halves.iter_mut().zip(b.chunks_exact(2)) {
+                    *h = f16::from_bits(u16::from_le_bytes([v[0], v[1]]));
+                }
+                halves[..o.len()].convert_to_f32_slice(o);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
