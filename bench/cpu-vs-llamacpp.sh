@@ -11,12 +11,14 @@
 # $OUT gets every JSON (tandem's bench schema, llama.cpp's through bench/peer_llamacpp.py),
 # summary.tsv (shape, threads, engine, prefill, decode) and cpu.log.
 #
-# Parameters: SHAPES ("gemma3-1b gemma3-4b"; `default` = the cached default model), THREADS
+# Parameters: SHAPES ("gemma3-1b gemma3-4b"; `default` = the cached default model), DTYPE (the
+# synth files' weight format: q4_k; bf16 for a Hugging Face checkpoint's), THREADS
 # ("16"), PROMPT_TOKENS (512), GEN_TOKENS (128), REPEAT (2), ENGINE (.devcarry/engine, else
 # target/release/engine), LLAMA_BENCH (built from PEER=.peer into /tmp/lcpp when unset and
 # absent), CPU_OPTIONS (more `[backend.cpu]` lines for tandem, e.g. 'spin = false'), OUT.
 set -uo pipefail
 SHAPES=${SHAPES:-"gemma3-1b gemma3-4b"}
+DTYPE=${DTYPE:-q4_k}
 THREADS=${THREADS:-16}
 P=${PROMPT_TOKENS:-512}
 G=${GEN_TOKENS:-128}
@@ -27,7 +29,7 @@ PEER=${PEER:-.peer}
 OUT=${OUT:-$PWD/cpu-out}
 W=/tmp/tandem-cpu-bench
 mkdir -p "$OUT" "$W"
-COMMAND="SHAPES=\"$SHAPES\" THREADS=\"$THREADS\" PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R${CPU_OPTIONS:+ CPU_OPTIONS=\"$CPU_OPTIONS\"} bash bench/cpu-vs-llamacpp.sh"
+COMMAND="SHAPES=\"$SHAPES\" DTYPE=$DTYPE THREADS=\"$THREADS\" PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R${CPU_OPTIONS:+ CPU_OPTIONS=\"$CPU_OPTIONS\"} bash bench/cpu-vs-llamacpp.sh"
 {
 echo "$COMMAND"
 "$E" --version
@@ -46,8 +48,8 @@ for shape in $SHAPES; do
     if [ "$shape" = default ]; then
         g=${DEFAULT_MODEL:-$HOME/.cache/tandem/gemma-3-270m-q4_k_m.gguf}
     else
-        g=$W/$shape-q4_k.gguf
-        [ -s "$g" ] || "$E" synth --shape "$shape" --dtype q4_k --out "$g" >/dev/null || { echo "synth $shape failed"; continue; }
+        g=$W/$shape-$DTYPE.gguf
+        [ -s "$g" ] || "$E" synth --shape "$shape" --dtype "$DTYPE" --out "$g" >/dev/null || { echo "synth $shape failed"; continue; }
     fi
     # Warm-up of both (page cache, CPU clocks).
     "$LLAMA" -m "$g" -p 64 -n 16 -ngl 0 -r 1 -t "${THREADS%% *}" >/dev/null 2>&1
