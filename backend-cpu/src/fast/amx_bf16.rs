@@ -23,8 +23,6 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use tandem_backend_api::DType;
-
 use super::amx::{cpuid7_edx, Amx, TileConfig};
 use super::{grow, KernelSet, Kind};
 use crate::layout::Layout;
@@ -93,39 +91,11 @@ thread_local! {
     static PANEL: RefCell<Panel> = RefCell::default();
 }
 
-/// What a weight row is stored as: a block format `super::gemm::unpack` reads, or one 16-bit
-/// float per element (`bf16`, a Hugging Face checkpoint's weights, taken exactly; `f16`,
-/// rounded like the block formats' decoded values). `f32` weights are not taken: rounding them
-/// would be a loss that their owner did not choose.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Src {
-    Blocks(Kind),
-    Plain(DType),
-}
-
-impl Src {
-    /// Bytes of a row of `k` values.
-    fn row_bytes(self, k: usize) -> usize {
-        match self {
-            Src::Blocks(kind) => k / kind.block() * kind.block_bytes(),
-            Src::Plain(dtype) => k * dtype.block_bytes(),
-        }
-    }
-}
-
-/// Whether the product takes `w`, and as what: `k` a whole number of [`KS`] (and of the
-/// format's blocks).
-fn covers(w: &WeightView) -> Option<Src> {
-    if w.k == 0 || !w.k.is_multiple_of(KS) {
-        return None;
-    }
-    match w.dtype {
-        DType::F16 | DType::Bf16 => Some(Src::Plain(w.dtype)),
-        dtype => {
-            let kind = Kind::of(dtype)?;
-            w.k.is_multiple_of(kind.block()).then_some(Src::Blocks(kind))
-        }
-    }
+/// Whether the product takes `w`: a format `super::gemm::unpack` reads, `k` a whole number of
+/// [`KS`] and of the format's blocks.
+fn covers(w: &WeightView) -> Option<Kind> {
+    let kind = Kind::of(w.dtype)?;
+    (w.k > 0 && w.k.is_multiple_of(KS) && w.k.is_multiple_of(kind.block())).then_some(kind)
 }
 
 /// The product of `rows` activation rows `x` with `w` into `scratch`, in the prefill product's
@@ -142,9 +112,9 @@ pub(super) fn matmul(
     xb: &mut Vec<u16>,
 ) -> Option<Layout> {
     use rayon::prelude::*;
-    let src = covers(w)?;
+    let kind = covers(w)?;
     let k = w.k;
-    let rb = src.row_bytes(k);
+    let rb = k / kind.block() * kind.block_bytes();
     if rows == 0 || w.bytes.len() < w.n * rb || x.len() < rows * k || scratch.len() < w.n * rows {
         return None;
     }
@@ -173,7 +143,7 @@ pub(super) fn matmul(
         }
         let xb = &xb[..tiles * steps * XTILE];
         let task = |r0: usize, j0: usize, width: usize, dst: &mut [f32]| {
-            run_task(proof, src, w.bytes, rb, k, xb, r0, j0, width, dst)
+            run_task(proof, kind, w.bytes, rb, k, xb, r0, j0, width, dst)
         };
         Some(super::prefill_tasks(
             pool,
@@ -230,7 +200,7 @@ unsafe fn to_bf16(_p: AmxBf16, x: &[f32], k: usize, out: &mut [u16]) -> bool {
 #[allow(clippy::too_many_arguments)]
 fn run_task(
     proof: AmxBf16,
-    src: Src,
+    kind: Kind,
     bytes: &[u8],
     rb: usize,
     k: usize,
@@ -263,7 +233,7 @@ fn run_task(
             let row = &bytes[(j0 + j) * rb..(j0 + j + 1) * rb];
             decode(
                 proof,
-                src,
+                kind,
                 row,
                 &mut p.row[..k],
                 &mut p.q[..k],
@@ -306,23 +276,18 @@ fn run_task(
     });
 }
 
-/// Weight row `row` of `src` decoded to `f32` into `out` (`k` values): `q4_k` 32 values at a
-/// time ([`decode_q4k`]), the other block formats as `scale * value - bias` per block through
-/// `super::gemm::unpack`'s integers (`q`, `scale`, `bias`: its scratch), one-value formats by
-/// the reference decoder (exact).
+/// Weight row `row` of `kind` (whole blocks) decoded to `f32` into `out` (`k` values): `q4_k`
+/// 32 values at a time ([`decode_q4k`]), the other formats as `scale * value - bias` per block
+/// through `super::gemm::unpack`'s integers (`q`, `scale`, `bias`: its scratch).
 fn decode(
     proof: AmxBf16,
-    src: Src,
+    kind: Kind,
     row: &[u8],
     out: &mut [f32],
     q: &mut [i16],
     scale: &mut [f32],
     bias: &mut [f32],
 ) {
-    let kind = match src {
-        Src::Plain(dtype) => return crate::convert::decode_row(dtype, row, out),
-        Src::Blocks(kind) => kind,
-    };
     if kind == Kind::Q4K {
         // SAFETY: the proof says the CPU has AVX-512 F and BW; `row` holds whole blocks and
         // `out` their values.
@@ -474,6 +439,7 @@ unsafe fn pass(
 mod tests {
     use super::*;
     use crate::fast::tests::{random_acts, random_rows};
+    use tandem_backend_api::DType;
 
     fn bf16(v: f32) -> f64 {
         f64::from(half::bf16::from_f32(v).to_f32())
@@ -500,28 +466,11 @@ mod tests {
             DType::Q4K,
             DType::Q5K,
             DType::Q6K,
-            DType::Bf16,
-            DType::F16,
         ] {
+            let kind = Kind::of(dtype).expect("a block format");
             for (n, k, rows) in [(37usize, 512usize, 21usize), (70, 256, 8), (5, 768, 40)] {
-                let w0 = WeightView {
-                    bytes: &[],
-                    dtype,
-                    n,
-                    k,
-                };
-                let src = covers(&w0).expect("covered");
-                let rb = src.row_bytes(k);
-                let bytes = match src {
-                    Src::Blocks(kind) => random_rows(kind, n, k, &mut seed),
-                    Src::Plain(_) => random_acts(n * k, &mut seed)
-                        .into_iter()
-                        .flat_map(|v| match dtype {
-                            DType::Bf16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
-                            _ => half::f16::from_f32(v).to_le_bytes().to_vec(),
-                        })
-                        .collect(),
-                };
+                let rb = k / kind.block() * kind.block_bytes();
+                let bytes = random_rows(kind, n, k, &mut seed);
                 let w = WeightView {
                     bytes: &bytes,
                     dtype,
@@ -539,7 +488,7 @@ mod tests {
                     // The decoded row is the reference decoder's within f32 rounding.
                     decode(
                         proof,
-                        src,
+                        kind,
                         &bytes[j * rb..(j + 1) * rb],
                         &mut dec,
                         &mut q,
@@ -550,7 +499,7 @@ mod tests {
                     for (a, b) in dec.iter().zip(&want_dec) {
                         assert!(
                             (a - b).abs() <= 1e-6 * b.abs().max(1e-3),
-                            "{src:?}: decoded {a}, reference {b}"
+                            "{kind:?}: decoded {a}, reference {b}"
                         );
                     }
                     for r in 0..rows {
@@ -561,7 +510,7 @@ mod tests {
                         layout.copy_row(&scratch, rows, r, j, &mut got);
                         assert!(
                             (f64::from(got[0]) - want).abs() <= 1e-5 * mag + 1e-6,
-                            "{src:?} {n}x{k} rows {rows}: row {r} column {j}: {} against {want}",
+                            "{kind:?} {n}x{k} rows {rows}: row {r} column {j}: {} against {want}",
                             got[0]
                         );
                     }
@@ -570,14 +519,6 @@ mod tests {
                 let mut bad = x.clone();
                 bad[rows * k - 1] = f32::NAN;
                 assert!(matmul(&pool, proof, &bad, rows, &w, &mut scratch, &mut Vec::new()).is_none());
-                // f32 weights are left to the exact path.
-                let w32 = WeightView {
-                    bytes: &[],
-                    dtype: DType::F32,
-                    n,
-                    k,
-                };
-                assert!(covers(&w32).is_none());
             }
         }
     }
