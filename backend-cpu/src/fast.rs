@@ -56,6 +56,7 @@ const GEMM_MIN_BLOCK_ROWS: usize = 48;
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod amx_bf16;
+mod float16;
 mod gemm;
 pub mod int8;
 #[cfg(target_arch = "x86_64")]
@@ -551,6 +552,9 @@ pub fn matmul(
         if let Some(layout) = int8_gemm::matmul(pool, set, x, rows, w, scratch, &mut act.acts8) {
             return Some(layout);
         }
+    }
+    if matches!(w.dtype, DType::Bf16 | DType::F16) {
+        return float16::matmul(pool, set.simd()?, x, rows, w, scratch);
     }
     let kind = Kind::of(w.dtype)?;
     let k = w.k;
