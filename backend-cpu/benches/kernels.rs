@@ -227,24 +227,18 @@ fn prefill(c: &mut Criterion) {
             .into_iter()
             .filter(|s| s.available())
         {
-            group.bench_with_input(BenchmarkId::new(set.name(), &id), &id, |b, _| {
-                b.iter(|| {
-                    matmul::product(
-                        &pool,
-                        None,
-                        &x,
-                        rows,
-                        w,
-                        &mut scratch,
-                        &mut act,
-                        Some(set),
-                        true,
-                        false,
-                    )
-                })
-            });
-            if set == KernelSet::Avx512Vnni {
-                let name = format!("{}_int8", set.name());
+            // The VNNI set once more with 8-bit activations (`precision = "fast"`).
+            let int8s: &[bool] = if set == KernelSet::Avx512Vnni {
+                &[false, true]
+            } else {
+                &[false]
+            };
+            for &int8 in int8s {
+                let name = if int8 {
+                    format!("{}_int8", set.name())
+                } else {
+                    set.name().to_string()
+                };
                 group.bench_with_input(BenchmarkId::new(name, &id), &id, |b, _| {
                     b.iter(|| {
                         matmul::product(
@@ -257,7 +251,7 @@ fn prefill(c: &mut Criterion) {
                             &mut act,
                             Some(set),
                             true,
-                            true,
+                            int8,
                         )
                     })
                 });

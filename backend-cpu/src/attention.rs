@@ -41,17 +41,11 @@ pub fn reserve(positions: usize) {
 /// runs this on every one).
 pub fn reserve_rows(rows: usize) {
     ROWS.with(|cell| {
-        let mut scratch = cell.borrow_mut();
-        let RowScratch {
-            runs,
-            single,
-            chunks,
-            first,
-        } = &mut *scratch;
-        runs.reserve(rows.saturating_sub(runs.len()));
-        single.reserve(rows.saturating_sub(single.len()));
-        chunks.reserve(rows.saturating_sub(chunks.len()));
-        first.reserve(rows.saturating_sub(first.len()));
+        let s = &mut *cell.borrow_mut();
+        s.runs.reserve(rows.saturating_sub(s.runs.len()));
+        for v in [&mut s.single, &mut s.chunks, &mut s.first] {
+            v.reserve(rows.saturating_sub(v.len()));
+        }
     });
 }
 

@@ -451,6 +451,11 @@ fn grow<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
     }
 }
 
+/// Bytes [`grow`] would add to `v` for `len` elements.
+fn shortfall<T>(v: &[T], len: usize) -> usize {
+    len.saturating_sub(v.len()) * std::mem::size_of::<T>()
+}
+
 /// The activations of the product being run, quantized (or rounded) once per product by the
 /// step's thread and read by every task: one set per backend (in its arena, `CpuBackend::run`
 /// takes it for the step), since a step runs on one pool thread at a time. They were one set
@@ -484,14 +489,11 @@ impl ActScratch {
     /// Bytes [`ActScratch::reserve`] would add for `values` and `int8`.
     pub fn growth(&self, values: usize, int8: bool) -> u64 {
         let blocks = values.div_ceil(QK);
-        let sixteen = blocks * (4 + QK * 2 + 4);
-        let eight = if int8 {
-            values.div_ceil(int8::Q4K_SPAN) * 8 + values * 2 + values.div_ceil(QK) * 4
-        } else {
-            0
-        };
-        let have = self.acts.d.len() * (4 + QK * 2 + 4) + if int8 { self.acts8.bytes() } else { 0 };
-        (sixteen + eight).saturating_sub(have) as u64
+        let sixteen = shortfall(&self.acts.d, blocks)
+            + shortfall(&self.acts.qs, blocks * QK)
+            + shortfall(&self.acts.sums, blocks);
+        let eight = if int8 { self.acts8.growth(values) } else { 0 };
+        (sixteen + eight) as u64
     }
 
     /// Bytes held.

@@ -25,7 +25,7 @@ use half::f16;
 use tandem_backend_api::block;
 use tandem_backend_api::DType;
 
-use super::{column_chunk, grow, in_columns, KernelSet, Vnni, QK};
+use super::{column_chunk, grow, in_columns, shortfall, KernelSet, Vnni, QK};
 use crate::layout::Layout;
 use crate::weight::WeightView;
 
@@ -45,15 +45,32 @@ pub struct Acts8 {
 }
 
 impl Acts8 {
-    /// Grows every part to `values` activations (rows times `k`) in either format, so that
-    /// products of at most that many allocate nothing.
-    pub(super) fn reserve(&mut self, values: usize) {
+    /// Each part's length for `values` activations (rows times `k`) in either format: `d`,
+    /// `qs`, `sums`, `ds`, `q4`.
+    fn lens(values: usize) -> [usize; 5] {
         let spans = values.div_ceil(Q4K_SPAN);
-        grow(&mut self.d, spans);
-        grow(&mut self.qs, values);
-        grow(&mut self.sums, spans);
-        grow(&mut self.ds, values.div_ceil(QK));
-        grow(&mut self.q4, values);
+        [spans, values, spans, values.div_ceil(QK), values]
+    }
+
+    /// Grows every part to `values` activations in either format, so that products of at most
+    /// that many allocate nothing.
+    pub(super) fn reserve(&mut self, values: usize) {
+        let [d, qs, sums, ds, q4] = Self::lens(values);
+        grow(&mut self.d, d);
+        grow(&mut self.qs, qs);
+        grow(&mut self.sums, sums);
+        grow(&mut self.ds, ds);
+        grow(&mut self.q4, q4);
+    }
+
+    /// Bytes [`Acts8::reserve`] would add for `values`.
+    pub(super) fn growth(&self, values: usize) -> usize {
+        let [d, qs, sums, ds, q4] = Self::lens(values);
+        shortfall(&self.d, d)
+            + shortfall(&self.qs, qs)
+            + shortfall(&self.sums, sums)
+            + shortfall(&self.ds, ds)
+            + shortfall(&self.q4, q4)
     }
 
     /// Bytes held.
