@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# bench/image-vs-llamacpp.sh: one image in, to the first logits, on the GPU (issue 58's speed
+# cells): tandem's Vulkan backend (the vision tower and the language model both there) beside
+# llama.cpp's `llama-mtmd-cli` with Vulkan, on the same `engine synth` model and mmproj files and
+# the same image.
+#
+# Here, first: `../shared/peers/prepare-llamacpp-vulkan.sh .peer`, a release build stripped into
+# $ENGINE's folder (`bash bench/package-device.sh .bench/new`), the Vulkan loader debs in .gl/.
+# There (the device tool's `run`, carrying .bench/new, .gl and .peer):
+#   SHAPES="gemma3-4b gemma3-27b" ENGINE=.bench/new/engine bash bench/image-vs-llamacpp.sh
+# For each shape: `engine synth --dtype q4_k --mmproj` (a random SigLIP tower in llama.cpp's
+# mmproj layout, f16 matrices), then
+# - tandem: `engine bench --backend vulkan --image IMAGE --prompt-tokens 8 --gen-tokens 2
+#   --repeat REPEAT` (its image round: one warm-up, then REPEAT timed encodings of the image
+#   and prefills of its 256 tokens with "Describe this image."; `image.encode_ms` includes
+#   the resize and normalisation, `image.first_logits_ms` is encoding plus prefill);
+# - llama.cpp: `llama-mtmd-cli -ngl 99 -c 2048 --image IMAGE -p "Describe this image." -n 1`,
+#   once to warm up and REPEAT times timed, each a fresh process; from its log, "mtmd batch
+#   encoding done in E ms" (the tower alone, after its preprocessing) and llama_perf's "prompt
+#   eval time = P ms / N tokens" (the image's and the prompt's tokens): E + P to the first logits.
+# $OUT gets report.md (medians, ratios `ours / peer`) and results.tar.gz (tandem's JSON and
+# llama.cpp's logs).
+#
+# Parameters (environment): SHAPES ("gemma3-4b"), IMAGE (tests/fixtures/images/photo.png),
+# ENGINE (.bench/new/engine), PEER (.peer), PEER_TARGETS (the llama.cpp tools to build:
+# llama-mtmd-cli), REPEAT (3), WORK (/tmp/img), OUT.
+set -uo pipefail
+SHAPES=${SHAPES:-"gemma3-4b"}
+IMAGE=${IMAGE:-tests/fixtures/images/photo.png}
+ENGINE=${ENGINE:-.bench/new/engine}
+PEER=${PEER:-.peer}
+REPEAT=${REPEAT:-3}
+WORK=${WORK:-/tmp/img}
+OUT=${OUT:-$PWD/image-out}
+mkdir -p "$OUT" "$WORK/logs"
+
+. "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
+chmod +x "$ENGINE" 2>/dev/null
+t0=$(date +%s)
+TARGETS=${PEER_TARGETS:-llama-mtmd-cli} OUTDIR=$WORK bash "$PEER/build-and-bench.sh" >"$OUT/build.log" 2>&1 ||
+    { echo "llama.cpp did not build"; tail -20 "$OUT/build.log"; exit 1; }
+echo "peer built in $(($(date +%s) - t0)) s"
+mtmd=/tmp/lcpp/build/bin/llama-mtmd-cli
+peer_env=(env LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu)
+
+for shape in $SHAPES; do
+    m="$WORK/$shape.gguf"
+    mm="$WORK/$shape.mmproj.gguf"
+    s=$(date +%s)
+    "$ENGINE" synth --shape "$shape" --dtype q4_k --out "$m" --mmproj "$mm" --force >/dev/null ||
+        { echo "synth failed: $shape"; continue; }
+    echo "$shape: synth in $(($(date +%s) - s)) s"
+    timeout 300 "$ENGINE" bench --model "$m" --mmproj "$mm" --backend vulkan --image "$IMAGE" \
+        --prompt-tokens 8 --gen-tokens 2 --repeat "$REPEAT" --json --out "$WORK/logs/tandem-$shape.json" \
+        >/dev/null 2>"$WORK/logs/tandem-$shape.err" || { echo "engine bench failed on $shape"; tail -5 "$WORK/logs/tandem-$shape.err"; }
+    for i in $(seq 0 "$REPEAT"); do
+        timeout 300 "${peer_env[@]}" "$mtmd" -m "$m" --mmproj "$mm" --image "$IMAGE" -p "Describe this image." \
+            -n 1 -ngl 99 -c 2048 --temp 0 >"$WORK/logs/mtmd-$shape-$i.out" 2>"$WORK/logs/mtmd-$shape-$i.log" ||
+            { echo "llama-mtmd-cli failed on $shape (run $i)"; tail -5 "$WORK/logs/mtmd-$shape-$i.log"; }
+    done
+    echo "done $shape"
+    rm -f "$m" "$mm"
+done
+
+python3 - "$WORK/logs" "$REPEAT" <<'PY' | tee "$OUT/report.md"
+import glob, json, os, re, statistics, sys
+logs, repeat = sys.argv[1], int(sys.argv[2])
+print("| shape | tower, images/s: ours / peer | to the first logits, images/s: ours / peer | ours: encode, prefill (ms; tokens) | peer: encode, prompt eval (ms; tokens) |")
+print("| --- | --- | --- | --- | --- |")
+for t in sorted(glob.glob(f"{logs}/tandem-*.json")):
+    shape = os.path.basename(t)[len("tandem-"):-len(".json")]
+    try:
+        im = json.load(open(t))["image"]
+    except Exception as e:
+        print(f"| {shape} | no tandem result ({e}) | | | |")
+        continue
+    enc, pev, ntok = [], [], None
+    for i in range(1, repeat + 1):  # run 0 is the warm-up
+        try:
+            text = open(f"{logs}/mtmd-{shape}-{i}.log", errors="replace").read()
+        except OSError:
+            continue
+        e = re.search(r"mtmd batch encoding done in (\d+) ms", text)
+        p = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", text)
+        if e and p:
+            enc.append(float(e.group(1)))
+            pev.append(float(p.group(1)))
+            ntok = int(p.group(2))
+    oe, of = im["encode_ms"], im["first_logits_ms"]
+    ours = f"{oe:,.1f}, {of - oe:,.1f} ({im['prompt_tokens']})"
+    if not enc:
+        print(f"| {shape} | {1e3 / oe:.2f} / - | {1e3 / of:.2f} / - | {ours} | - |")
+        continue
+    pe, pp = statistics.median(enc), statistics.median(pev)
+    pf = pe + pp
+    print(f"| {shape} | {1e3 / oe:.2f} / {1e3 / pe:.2f} = {pe / oe:.2f} | {1e3 / of:.2f} / {1e3 / pf:.2f} = {pf / of:.2f} "
+          f"| {ours} | {pe:,.1f}, {pp:,.1f} ({ntok}) |")
+print("\nimages/s = 1000 / the median time of the timed runs (the tower's encoding; encoding plus the prefill of the image's and the prompt's tokens).")
+PY
+tar -czf "$OUT/results.tar.gz" -C "$WORK" logs
