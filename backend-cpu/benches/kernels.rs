@@ -136,6 +136,33 @@ fn attention(c: &mut Criterion) {
     group.finish();
 }
 
+/// The vision tower's block attention (SigLIP: 16 heads of 72; one image is a block of 4,096
+/// rows, here 1,024 to keep the reference affordable): the per-row reference kernel beside the
+/// tiles (`attention::block_attention`).
+fn block_attention(c: &mut Criterion) {
+    let pool = rayon::ThreadPoolBuilder::new().build().expect("thread pool");
+    let mut group = c.benchmark_group("block attention 16x72");
+    group.sample_size(10);
+    let (heads, head_dim, rows) = (16usize, 72usize, 1024usize);
+    let cols = heads * head_dim;
+    let x: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i % 23) as f32 - 11.0) * 0.02)
+        .collect();
+    let mut out = vec![0f32; rows * cols];
+    group.throughput(Throughput::Elements((4 * rows * rows * cols) as u64));
+    group.bench_with_input(BenchmarkId::new("reference", rows), &rows, |b, _| {
+        b.iter(|| kernels::block_attention(&pool, &x, &x, &x, heads, head_dim, 0.12, rows, &mut out))
+    });
+    group.bench_with_input(BenchmarkId::new("tiles", rows), &rows, |b, _| {
+        b.iter(|| {
+            assert!(attention::block_attention(
+                &pool, &x, &x, &x, heads, head_dim, 0.12, rows, &mut out
+            ));
+        })
+    });
+    group.finish();
+}
+
 /// Decode's largest product, Gemma 3's tied-embedding logits (262 144 x 640 in `q8_0`, 178 MB,
 /// far past the caches), on 1 thread and on all, beside a plain read of the same bytes: how
 /// close the matrix-vector path comes to the memory's speed.
@@ -261,5 +288,5 @@ fn prefill(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, matvec, matmat, attention, head, prefill);
+criterion_group!(benches, matvec, matmat, attention, block_attention, head, prefill);
 criterion_main!(benches);

@@ -88,6 +88,61 @@ impl Simd {
     }
 }
 
+/// `Op::BlockAttention` (the vision tower's: every row attends to every row of its block of
+/// `block` rows, per head) in [`tiled`] blocks of up to `tiled::MAX_QUERIES` rows, each head's
+/// keys and values read once per block of queries instead of once per row; the blocks and
+/// heads in parallel. Returns `false`, having written nothing, where the image blocks are
+/// longer than the tiles' score buffer holds; the caller then uses the reference kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn block_attention(
+    pool: &rayon::ThreadPool,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    heads: usize,
+    head_dim: usize,
+    scale: f32,
+    block: usize,
+    out: &mut [f32],
+) -> bool {
+    let cols = heads * head_dim;
+    let rows = q.len() / cols.max(1);
+    let width = tiled::Width::detect(Simd::detect());
+    if cols == 0 || block == 0 || !tiled::fits(width, block.min(rows)) {
+        return false;
+    }
+    let s = AttentionShape {
+        heads,
+        kv_heads: heads,
+        head_dim,
+        capacity: rows,
+        scale,
+        window: None,
+        softcap: None,
+        cache_dtype: DType::F32,
+    };
+    // Tiles of at most MAX_QUERIES rows that never straddle a block's end.
+    let mut tiles: Vec<(usize, &mut [f32])> = Vec::new();
+    let mut rest = out;
+    let mut r = 0;
+    while r < rows {
+        let end = (r / block * block + block).min(rows);
+        let n = tiled::MAX_QUERIES.min(end - r);
+        let (tile, tail) = std::mem::take(&mut rest).split_at_mut(n * cols);
+        tiles.push((r, tile));
+        rest = tail;
+        r += n;
+    }
+    pool.install(|| {
+        tiles.into_par_iter().all(|(r0, o)| {
+            let n = o.len() / cols;
+            let first = r0 / block * block;
+            let nk = (first + block).min(rows) - first;
+            tiled::bidirectional(width, &s, &q[r0 * cols..(r0 + n) * cols], first, nk, k, v, o)
+        })
+    })
+}
+
 /// Attends every row over its slot's cached positions as `kernels::attend` does. Returns
 /// `false`, having written nothing, where the cache is not `f32` (or not aligned as `f32`); the
 /// caller then uses the reference kernel.
@@ -912,6 +967,42 @@ mod tests {
                 .collect();
             check(&pool, None, &s, &positions, &slots, 1);
         }
+    }
+
+    /// The vision tower's block attention in tiles against the reference kernel: blocks that
+    /// end inside a tile of queries and blocks longer than one, head
+    /// sizes that fill no vector; within 1e-5 of the largest output. A block longer than the
+    /// score buffer holds is refused, with nothing written.
+    #[test]
+    fn block_attention_tiles_match_the_reference_kernel() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        for (heads, head_dim, rows, block) in [
+            (3, 72, 111, 37),
+            (2, 18, 150, 150),
+            (1, 8, 210, 70),
+            (4, 16, 64, 64),
+        ] {
+            let cols = heads * head_dim;
+            let (q, k, v) = (vals(rows * cols, 1), vals(rows * cols, 2), vals(rows * cols, 3));
+            let mut want = vec![0f32; rows * cols];
+            kernels::block_attention(&pool, &q, &k, &v, heads, head_dim, 0.3, block, &mut want);
+            let mut got = vec![f32::NAN; rows * cols];
+            assert!(block_attention(
+                &pool, &q, &k, &v, heads, head_dim, 0.3, block, &mut got
+            ));
+            let top = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * top,
+                    "{heads}x{head_dim}, {rows} rows in blocks of {block}: value {i}: {a} against {b}"
+                );
+            }
+        }
+        let (rows, cols) = (5000, 4);
+        let (q, k, v) = (vals(rows * cols, 1), vals(rows * cols, 2), vals(rows * cols, 3));
+        let mut out = vec![7f32; rows * cols];
+        assert!(!block_attention(&pool, &q, &k, &v, 1, 4, 0.3, rows, &mut out));
+        assert!(out.iter().all(|&x| x == 7.0));
     }
 
     /// Decode-sized steps whose keys are split across threads (then combined), on the pool and

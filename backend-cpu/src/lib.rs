@@ -718,17 +718,18 @@ impl CpuBackend {
                     head_dim,
                     scale,
                     block,
-                } => kernels::block_attention(
-                    &self.pool,
-                    v(q),
-                    v(k),
-                    v(vv),
-                    *heads,
-                    *head_dim,
-                    *scale,
-                    *block,
-                    out,
-                ),
+                } => {
+                    let (q, k, vv) = (v(q), v(k), v(vv));
+                    let fast = self.kernels.is_some()
+                        && attention::block_attention(
+                            &self.pool, q, k, vv, *heads, *head_dim, *scale, *block, out,
+                        );
+                    if !fast {
+                        kernels::block_attention(
+                            &self.pool, q, k, vv, *heads, *head_dim, *scale, *block, out,
+                        );
+                    }
+                }
                 Op::Softcap { x, cap } => kernels::softcap(v(x), *cap, out),
                 Op::TopK { x, k } => {
                     let cols = prog.shapes[x.0 as usize].cols;

@@ -255,6 +255,85 @@ pub(super) fn block(
     true
 }
 
+/// Whether [`bidirectional`] takes blocks of `keys` keys (with a full tile of queries).
+pub(super) fn fits(width: Width, keys: usize) -> bool {
+    keys * MAX_QUERIES.next_multiple_of(width.queries()) <= MAX_SCORES
+}
+
+/// `Op::BlockAttention`'s rows of one block, whose queries are `q` (`n` rows of `heads *
+/// head_dim`, at most [`MAX_QUERIES`]): every head of each row attends to all `nk` rows of its
+/// block, whose keys and values start at row `first` of `k` and `v` (rows of the same width), as
+/// `kernels::block_attention` does (scaled dot, softmax over the block) with the `f32` sums in
+/// another order. Returns `false`, having written nothing, where the block holds more keys
+/// than the score buffer does.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn bidirectional(
+    width: Width,
+    s: &AttentionShape,
+    q: &[f32],
+    first: usize,
+    nk: usize,
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+) -> bool {
+    let (hd, cols) = (s.head_dim, s.heads * s.head_dim);
+    let n_rows = q.len() / cols.max(1);
+    let mp = n_rows.next_multiple_of(width.queries());
+    if nk == 0 || nk * mp > MAX_SCORES || n_rows > MAX_QUERIES || s.kv_heads != s.heads {
+        return false;
+    }
+    let (klo, khi) = (first as u32, (first + nk - 1) as u32);
+    TILES.with(|cell| {
+        let mut t = cell.borrow_mut();
+        let t = &mut *t;
+        grow(&mut t.qt, hd * mp);
+        grow(&mut t.st, nk * mp);
+        grow(&mut t.ot, hd * mp);
+        grow(&mut t.max, mp);
+        grow(&mut t.sum, mp);
+        grow_u32(&mut t.lo, mp);
+        grow_u32(&mut t.hi, mp);
+        if t.offs.len() < nk {
+            t.offs.resize(nk, 0);
+        }
+        // Every row sees the whole block; padding queries see nothing.
+        for i in 0..mp {
+            (t.lo[i], t.hi[i]) = if i < n_rows { (klo, khi) } else { (1, 0) };
+        }
+        for h in 0..s.heads {
+            let (qt, st, ot) = (&mut t.qt[..hd * mp], &mut t.st[..nk * mp], &mut t.ot[..hd * mp]);
+            qt.fill(0.0);
+            for r in 0..n_rows {
+                for (d, &x) in q[r * cols + h * hd..][..hd].iter().enumerate() {
+                    qt[d * mp + r] = x;
+                }
+            }
+            for (j, o) in t.offs[..nk].iter_mut().enumerate() {
+                *o = (first + j) * cols + h * hd;
+            }
+            let offs = &t.offs[..nk];
+            let head_ = Head {
+                s,
+                klo,
+                keys: Rows { cache: k, offs, hd },
+                values: Rows { cache: v, offs, hd },
+                mp,
+                lo: &t.lo[..mp],
+                hi: &t.hi[..mp],
+            };
+            head(width, &head_, qt, st, ot, &mut t.max[..mp], &mut t.sum[..mp]);
+            for r in 0..n_rows {
+                let inv = 1.0 / t.sum[r];
+                for (d, o) in out[r * cols + h * hd..][..hd].iter_mut().enumerate() {
+                    *o = ot[d * mp + r] * inv;
+                }
+            }
+        }
+    });
+    true
+}
+
 /// Which product [`products`] runs.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Pass {
