@@ -288,5 +288,71 @@ fn prefill(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, matvec, matmat, attention, block_attention, head, prefill);
+/// `bf16` and `f16` weights (a Hugging Face checkpoint's, the vision tower's) at 512 rows, the
+/// SigLIP MLP's shapes: the prefill tiles (`gemm`) beside the dot products.
+fn prefill_float16(c: &mut Criterion) {
+    let pool = rayon::ThreadPoolBuilder::new().build().expect("thread pool");
+    let rows = 512usize;
+    let mut group = c.benchmark_group("prefill 512 rows float16");
+    group.sample_size(10);
+    let Some(set) = [KernelSet::Avx512, KernelSet::Avx2]
+        .into_iter()
+        .find(|s| s.available())
+    else {
+        return;
+    };
+    for dtype in [DType::F16, DType::Bf16] {
+        for (n, k) in [(4304usize, 1152usize), (1152, 4304)] {
+            let mut bytes = weight_bytes(dtype, n, k);
+            if dtype == DType::Bf16 {
+                // An exponent of at least 2^-31 (`weight_bytes` leaves bf16 subnormals, which
+                // real weights do not hold and which take the CPU's slow path).
+                for c in bytes.chunks_exact_mut(2) {
+                    c[1] |= 0x30;
+                }
+            }
+            let w = WeightView {
+                bytes: &bytes,
+                dtype,
+                n,
+                k,
+            };
+            let x: Vec<f32> = (0..rows * k).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
+            let mut scratch = vec![0f32; n * rows];
+            let mut act = ActScratch::default();
+            group.throughput(Throughput::Elements((rows * n * k) as u64));
+            for gemm in [true, false] {
+                let name = format!("{}_{}", dtype.name(), if gemm { "tiles" } else { "dots" });
+                group.bench_with_input(BenchmarkId::new(name, format!("{n}x{k}")), &k, |b, _| {
+                    b.iter(|| {
+                        matmul::product(
+                            &pool,
+                            None,
+                            &x,
+                            rows,
+                            w,
+                            &mut scratch,
+                            &mut act,
+                            Some(set),
+                            gemm,
+                            false,
+                        )
+                    })
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    matvec,
+    matmat,
+    attention,
+    block_attention,
+    head,
+    prefill,
+    prefill_float16
+);
 criterion_main!(benches);

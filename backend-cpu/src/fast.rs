@@ -556,7 +556,7 @@ pub fn matmul(
         }
     }
     if matches!(w.dtype, DType::Bf16 | DType::F16) {
-        return float16::matmul(pool, set.simd()?, x, rows, w, scratch);
+        return float16::matmul(pool, set.simd()?, set.wide(), x, rows, w, scratch, gemm);
     }
     let kind = Kind::of(w.dtype)?;
     let k = w.k;
