@@ -705,9 +705,13 @@ impl CpuBackend {
                     });
                 }
                 Op::Gelu { x } => {
-                    let xs = v(x);
+                    let (xs, set) = (v(x), self.kernels);
                     par::rows(&self.pool, out, 1, |at, o| {
-                        kernels::gelu(&xs[at..at + o.len()], o)
+                        let x = &xs[at..at + o.len()];
+                        match set {
+                            Some(set) => vmath::gelu(set, x, o),
+                            None => kernels::gelu(x, o),
+                        }
                     });
                 }
                 Op::BlockAttention {

@@ -27,7 +27,7 @@ pub(crate) fn exp(x: f32) -> f32 {
 /// GELU (tanh form) as `x / (1 + e^(-2u))`, `u = sqrt(2/pi) (x + 0.044715 x^3)`: the same
 /// function as `kernels::gelu_tanh`, since `0.5 (1 + tanh u) = 1 / (1 + e^(-2u))`.
 #[inline(always)]
-fn gelu(x: f32) -> f32 {
+fn gelu1(x: f32) -> f32 {
     const TWO_SQRT_2_OVER_PI: f32 = 2.0 * 0.797_884_6;
     let u2 = TWO_SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
     x / (1.0 + exp(-u2))
@@ -36,7 +36,7 @@ fn gelu(x: f32) -> f32 {
 #[inline(always)]
 fn geglu_plain(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
-        *o = gelu(*g) * u;
+        *o = gelu1(*g) * u;
     }
 }
 
@@ -55,6 +55,31 @@ pub fn geglu(set: KernelSet, gate: &[f32], up: &[f32], out: &mut [f32]) {
 #[target_feature(enable = "avx2,fma")]
 fn geglu_avx2(gate: &[f32], up: &[f32], out: &mut [f32]) {
     geglu_plain(gate, up, out)
+}
+
+/// `Op::Gelu` (the vision tower's MLP) for a fast kernel set: GELU through [`exp`] as in
+/// [`geglu`], vectorised where `set` uses AVX2.
+pub fn gelu(set: KernelSet, x: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if set != KernelSet::Scalar && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        // SAFETY: AVX2 and FMA were detected just above; the function is safe Rust.
+        return unsafe { gelu_avx2(x, out) };
+    }
+    let _ = set;
+    gelu_plain(x, out)
+}
+
+#[inline(always)]
+fn gelu_plain(x: &[f32], out: &mut [f32]) {
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = gelu1(*v);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn gelu_avx2(x: &[f32], out: &mut [f32]) {
+    gelu_plain(x, out)
 }
 
 /// `Op::RmsNorm` for a fast kernel set: each group's sum of squares in 32 lanes (summed at the
@@ -154,6 +179,22 @@ mod tests {
                 assert!(
                     (o - want).abs() <= 1e-6 * want.abs().max(1.0) * u,
                     "{set:?} gelu({g}) * {u}: {o} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gelu_matches_the_reference() {
+        let x: Vec<f32> = (0..4001).map(|i| (i as f32 - 2000.0) * 0.005).collect();
+        for set in KernelSet::ALL.into_iter().filter(|s| s.available()) {
+            let mut out = vec![0f32; x.len()];
+            gelu(set, &x, &mut out);
+            for (o, v) in out.iter().zip(&x) {
+                let want = gelu_tanh(*v);
+                assert!(
+                    (o - want).abs() <= 1e-6 * want.abs().max(1.0),
+                    "{set:?} gelu({v}): {o} vs {want}"
                 );
             }
         }

@@ -27,6 +27,9 @@ const MAX_SCORES: usize = 1 << 18;
 /// Keys (and value dimensions) per register tile.
 const KT: usize = 4;
 
+/// Keys per chunk of the weighted values' product: 128 keys of 64 queries' weights, 32 KiB.
+const KEY_CHUNK: usize = 128;
+
 /// A block's buffers, per thread.
 #[derive(Default)]
 struct Tiles {
@@ -398,7 +401,121 @@ fn head(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 fn head_avx512(h: &Head, qt: &[f32], st: &mut [f32], ot: &mut [f32], max: &mut [f32], sum: &mut [f32]) {
-    head_lanes::<16, 4, true>(h, qt, st, ot, max, sum)
+    // SAFETY: this function is compiled with AVX-512 F and runs only where it was detected
+    // (see `head`).
+    unsafe { avx512::scores(qt, st, h.keys, h.mp) };
+    softmax(h.s, h.klo, st, h.keys.offs.len(), h.mp, h.lo, h.hi, max, sum);
+    // SAFETY: as above.
+    unsafe { avx512::values(st, ot, h.values, h.mp) };
+}
+
+/// [`products_lanes`]`::<16, 4, true>` with its sixteen sums held in AVX-512 registers by hand
+/// (the compiler's vectors of the generic tiles reach about half the rate): the same FMAs in
+/// the same order, so the same results.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{Rows, KEY_CHUNK, KT};
+
+    /// Queries per register tile: four vectors of 16.
+    const Q: usize = 64;
+
+    /// `st[j][i] = dot(K[j], q[i])` for every key `j` and query `i` (`mp` a multiple of 64).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scores(qt: &[f32], st: &mut [f32], rows: Rows, mp: usize) {
+        let (nk, hd) = (rows.offs.len(), rows.hd);
+        assert!(
+            mp.is_multiple_of(Q) && qt.len() >= hd * mp && st.len() >= nk * mp,
+            "score tiles out of bounds"
+        );
+        let (qp, sp) = (qt.as_ptr(), st.as_mut_ptr());
+        let mut j = 0;
+        while j < nk {
+            let kt = (nk - j).min(KT);
+            let ks: [&[f32]; KT] = std::array::from_fn(|t| rows.row(j + t.min(kt - 1)));
+            for i0 in (0..mp).step_by(Q) {
+                // SAFETY: loads of 16 values at `d * mp + i0 + 16 v < hd * mp <= qt.len()`,
+                // stores at `(j + t) * mp + i0 + 16 v`, `j + t < nk`, inside `st` (asserted
+                // above); `ks[t][d]` with `d < hd`, the rows' length.
+                unsafe {
+                    let mut acc = [[_mm512_setzero_ps(); 4]; KT];
+                    for d in 0..hd {
+                        let q: [__m512; 4] =
+                            std::array::from_fn(|v| _mm512_loadu_ps(qp.add(d * mp + i0 + 16 * v)));
+                        for (a, k) in acc.iter_mut().zip(&ks) {
+                            let b = _mm512_set1_ps(*k.get_unchecked(d));
+                            for (a, q) in a.iter_mut().zip(q) {
+                                *a = _mm512_fmadd_ps(b, q, *a);
+                            }
+                        }
+                    }
+                    for (t, a) in acc.iter().enumerate().take(kt) {
+                        for (v, a) in a.iter().enumerate() {
+                            _mm512_storeu_ps(sp.add((j + t) * mp + i0 + 16 * v), *a);
+                        }
+                    }
+                }
+            }
+            j += kt;
+        }
+    }
+
+    /// `ot[d][i] = sum_j V[j][d] * st[j][i]`, keys in chunks of [`KEY_CHUNK`].
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn values(st: &[f32], ot: &mut [f32], rows: Rows, mp: usize) {
+        let (nk, hd) = (rows.offs.len(), rows.hd);
+        assert!(
+            mp.is_multiple_of(Q) && st.len() >= nk * mp && ot.len() >= hd * mp,
+            "value tiles out of bounds"
+        );
+        let (sp, op) = (st.as_ptr(), ot.as_mut_ptr());
+        for j0 in (0..nk).step_by(KEY_CHUNK) {
+            let je = (j0 + KEY_CHUNK).min(nk);
+            let mut d = 0;
+            while d < hd {
+                let dt = (hd - d).min(KT);
+                for i0 in (0..mp).step_by(Q) {
+                    // SAFETY: loads of 16 weights at `j * mp + i0 + 16 v`, `j < nk`, inside
+                    // `st`; loads and stores of 16 sums at `(d + t) * mp + i0 + 16 v`, `d + t <
+                    // hd`, inside `ot` (asserted above); value `d + min(t, dt - 1) < hd` of a row.
+                    unsafe {
+                        let mut acc = [[_mm512_setzero_ps(); 4]; KT];
+                        if j0 > 0 {
+                            for (t, a) in acc.iter_mut().enumerate().take(dt) {
+                                for (v, a) in a.iter_mut().enumerate() {
+                                    *a = _mm512_loadu_ps(op.add((d + t) * mp + i0 + 16 * v));
+                                }
+                            }
+                        }
+                        for j in j0..je {
+                            let vr = rows.row(j);
+                            let p: [__m512; 4] =
+                                std::array::from_fn(|v| _mm512_loadu_ps(sp.add(j * mp + i0 + 16 * v)));
+                            for (t, a) in acc.iter_mut().enumerate() {
+                                let b = _mm512_set1_ps(*vr.get_unchecked(d + t.min(dt - 1)));
+                                for (a, p) in a.iter_mut().zip(p) {
+                                    *a = _mm512_fmadd_ps(b, p, *a);
+                                }
+                            }
+                        }
+                        for (t, a) in acc.iter().enumerate().take(dt) {
+                            for (v, a) in a.iter().enumerate() {
+                                _mm512_storeu_ps(op.add((d + t) * mp + i0 + 16 * v), *a);
+                            }
+                        }
+                    }
+                }
+                d += dt;
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -473,30 +590,43 @@ fn products_lanes<const L: usize, const V: usize, const FMA: bool>(
             }
         }
         Pass::Values => {
-            let mut d = 0;
-            while d < hd {
-                let dt = (hd - d).min(KT);
-                for i0 in (0..mp).step_by(L * V) {
-                    let mut acc = [[[0f32; L]; V]; KT];
-                    for j in 0..nk {
-                        let vr = &rows.row(j)[d..d + dt];
-                        let pv: &[f32] = &st[j * mp + i0..][..L * V];
-                        for t in 0..KT {
-                            let vv = vr[t.min(dt - 1)];
-                            for v in 0..V {
-                                for l in 0..L {
-                                    acc[t][v][l] = madd::<FMA>(vv, pv[v * L + l], acc[t][v][l]);
+            // Keys in chunks whose weights (`KEY_CHUNK * mp` values) stay in L1 while every
+            // value dimension passes over them; each sum continues from the chunk before (the
+            // same additions in the same order as one pass over all keys).
+            for j0 in (0..nk).step_by(KEY_CHUNK) {
+                let je = (j0 + KEY_CHUNK).min(nk);
+                let mut d = 0;
+                while d < hd {
+                    let dt = (hd - d).min(KT);
+                    for i0 in (0..mp).step_by(L * V) {
+                        let mut acc = [[[0f32; L]; V]; KT];
+                        if j0 > 0 {
+                            for (t, a) in acc.iter_mut().enumerate().take(dt) {
+                                for (v, a) in a.iter_mut().enumerate() {
+                                    a.copy_from_slice(&ot[(d + t) * mp + i0 + v * L..][..L]);
                                 }
                             }
                         }
-                    }
-                    for (t, a) in acc.iter().enumerate().take(dt) {
-                        for (v, a) in a.iter().enumerate() {
-                            ot[(d + t) * mp + i0 + v * L..][..L].copy_from_slice(a);
+                        for j in j0..je {
+                            let vr = &rows.row(j)[d..d + dt];
+                            let pv: &[f32] = &st[j * mp + i0..][..L * V];
+                            for t in 0..KT {
+                                let vv = vr[t.min(dt - 1)];
+                                for v in 0..V {
+                                    for l in 0..L {
+                                        acc[t][v][l] = madd::<FMA>(vv, pv[v * L + l], acc[t][v][l]);
+                                    }
+                                }
+                            }
+                        }
+                        for (t, a) in acc.iter().enumerate().take(dt) {
+                            for (v, a) in a.iter().enumerate() {
+                                ot[(d + t) * mp + i0 + v * L..][..L].copy_from_slice(a);
+                            }
                         }
                     }
+                    d += dt;
                 }
-                d += dt;
             }
         }
     }
