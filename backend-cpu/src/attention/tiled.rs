@@ -404,7 +404,13 @@ fn head_avx512(h: &Head, qt: &[f32], st: &mut [f32], ot: &mut [f32], max: &mut [
     // SAFETY: this function is compiled with AVX-512 F and runs only where it was detected
     // (see `head`).
     unsafe { avx512::scores(qt, st, h.keys, h.mp) };
-    softmax(h.s, h.klo, st, h.keys.offs.len(), h.mp, h.lo, h.hi, max, sum);
+    let nk = h.keys.offs.len();
+    if h.s.softcap.is_none() {
+        // SAFETY: as above.
+        unsafe { avx512::softmax(h.s.scale, h.klo, &mut st[..nk * h.mp], h.mp, h.lo, h.hi, max, sum) };
+    } else {
+        softmax(h.s, h.klo, st, nk, h.mp, h.lo, h.hi, max, sum);
+    }
     // SAFETY: as above.
     unsafe { avx512::values(st, ot, h.values, h.mp) };
 }
@@ -461,6 +467,106 @@ mod avx512 {
                 }
             }
             j += kt;
+        }
+    }
+
+    /// [`super::softmax`] without a soft-cap, sixteen queries per vector: the scores of `st`
+    /// (`mp` queries per key, from position `klo`) scaled and masked to each query's `lo..=hi`,
+    /// then `exp(score - max)` (masked scores 0) with each query's sum in `sum`. The same
+    /// arithmetic as the generic one (its `exp` step by step, unfused), so the same results.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn softmax(
+        scale: f32,
+        klo: u32,
+        st: &mut [f32],
+        mp: usize,
+        lo: &[u32],
+        hi: &[u32],
+        max: &mut [f32],
+        sum: &mut [f32],
+    ) {
+        assert!(
+            mp.is_multiple_of(16) && lo.len() >= mp && hi.len() >= mp && max.len() >= mp && sum.len() >= mp,
+            "softmax rows out of bounds"
+        );
+        let sp = st.as_mut_ptr();
+        let rows = st.len() / mp;
+        // SAFETY: every access is of 16 values at `i0 < mp` (a multiple of 16) of `lo`, `hi`,
+        // `max`, `sum` (each at least `mp` long, asserted above) or at `j * mp + i0`, `j <
+        // rows`, of `st`.
+        unsafe {
+            let (neg, sc) = (_mm512_set1_ps(f32::NEG_INFINITY), _mm512_set1_ps(scale));
+            for i0 in (0..mp).step_by(16) {
+                _mm512_storeu_ps(max.as_mut_ptr().add(i0), neg);
+                _mm512_storeu_ps(sum.as_mut_ptr().add(i0), _mm512_setzero_ps());
+            }
+            for j in 0..rows {
+                let pos = _mm512_set1_epi32((klo + j as u32) as i32);
+                for i0 in (0..mp).step_by(16) {
+                    let at = sp.add(j * mp + i0);
+                    let l = _mm512_loadu_si512(lo.as_ptr().add(i0) as *const _);
+                    let h = _mm512_loadu_si512(hi.as_ptr().add(i0) as *const _);
+                    let seen = _mm512_cmple_epu32_mask(l, pos) & _mm512_cmple_epu32_mask(pos, h);
+                    let v = _mm512_mask_blend_ps(seen, neg, _mm512_mul_ps(_mm512_loadu_ps(at), sc));
+                    _mm512_storeu_ps(at, v);
+                    let m = max.as_mut_ptr().add(i0);
+                    _mm512_storeu_ps(m, _mm512_max_ps(_mm512_loadu_ps(m), v));
+                }
+            }
+            for j in 0..rows {
+                for i0 in (0..mp).step_by(16) {
+                    let at = sp.add(j * mp + i0);
+                    let v = _mm512_loadu_ps(at);
+                    let live = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(v, neg);
+                    let e = _mm512_maskz_mov_ps(
+                        live,
+                        exp(_mm512_sub_ps(v, _mm512_loadu_ps(max.as_ptr().add(i0)))),
+                    );
+                    _mm512_storeu_ps(at, e);
+                    let s = sum.as_mut_ptr().add(i0);
+                    _mm512_storeu_ps(s, _mm512_add_ps(_mm512_loadu_ps(s), e));
+                }
+            }
+        }
+        for s in &mut sum[..mp] {
+            if *s == 0.0 {
+                *s = 1.0;
+            }
+        }
+    }
+
+    /// `crate::vmath::exp` on sixteen lanes, operation for operation (no fused steps).
+    #[inline(always)]
+    unsafe fn exp(x: __m512) -> __m512 {
+        const LOG2E: f32 = std::f32::consts::LOG2_E;
+        const LN2_HI: f32 = 0.693_359_4;
+        const LN2_LO: f32 = -2.121_944_4e-4;
+        // SAFETY: register arithmetic only; the callers run with AVX-512 F.
+        unsafe {
+            let c = |v: f32| _mm512_set1_ps(v);
+            let x = _mm512_min_ps(_mm512_max_ps(x, c(-87.0)), c(88.0));
+            let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm512_add_ps(
+                _mm512_mul_ps(x, c(LOG2E)),
+                c(0.5),
+            ));
+            let r = _mm512_sub_ps(
+                _mm512_sub_ps(x, _mm512_mul_ps(n, c(LN2_HI))),
+                _mm512_mul_ps(n, c(LN2_LO)),
+            );
+            let mut p = c(1.987_569_1e-4);
+            for k in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+                p = _mm512_add_ps(_mm512_mul_ps(p, r), c(k));
+            }
+            p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), c(1.0));
+            let two_n = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+                _mm512_cvttps_epi32(n),
+                _mm512_set1_epi32(127),
+            )));
+            _mm512_mul_ps(p, two_n)
         }
     }
 
@@ -686,5 +792,51 @@ fn softmax(
         if *sm == 0.0 {
             *sm = 1.0;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX-512 softmax against the generic one, bit for bit: queries masked in part and
+    /// in whole (padding), scores across `exp`'s range.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_softmax_is_the_generic_one() {
+        if Avx512::detect().is_none() {
+            eprintln!("no AVX-512 here: nothing to compare");
+            return;
+        }
+        let (nk, mp, klo) = (37usize, 32usize, 5u32);
+        let s = AttentionShape {
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 8,
+            capacity: 64,
+            scale: 0.7,
+            window: None,
+            softcap: None,
+            cache_dtype: tandem_backend_api::DType::F32,
+        };
+        let st0: Vec<f32> = (0..nk * mp)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.21)
+            .collect();
+        let lo: Vec<u32> = (0..mp as u32)
+            .map(|i| if i >= 30 { 1 } else { klo + i % 9 })
+            .collect();
+        let hi: Vec<u32> = (0..mp as u32)
+            .map(|i| if i >= 30 { 0 } else { klo + 10 + i })
+            .collect();
+        let (mut a, mut b) = (st0.clone(), st0);
+        let (mut ma, mut sa, mut mb, mut sb) =
+            (vec![0f32; mp], vec![0f32; mp], vec![0f32; mp], vec![0f32; mp]);
+        softmax(&s, klo, &mut a, nk, mp, &lo, &hi, &mut ma, &mut sa);
+        // SAFETY: AVX-512 F was detected above.
+        unsafe { avx512::softmax(s.scale, klo, &mut b, mp, &lo, &hi, &mut mb, &mut sb) };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a), bits(&b), "weights");
+        assert_eq!(bits(&sa), bits(&sb), "sums");
+        assert!(sa.iter().all(|&x| x > 0.0));
     }
 }
