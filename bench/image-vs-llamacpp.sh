@@ -14,7 +14,7 @@
 #   --repeat REPEAT` (its image round: one warm-up, then REPEAT timed encodings of the image
 #   and prefills of its 256 tokens with "Describe this image."; `image.encode_ms` includes
 #   the resize and normalisation, `image.first_logits_ms` is encoding plus prefill);
-# - llama.cpp: `llama-mtmd-cli -ngl 99 -c 2048 --image IMAGE -p "Describe this image." -n 1`,
+# - llama.cpp: `llama-mtmd-cli -ngl 99 -c 2048 --chat-template gemma --image IMAGE -p "Describe this image." -n 1`,
 #   once to warm up and REPEAT times timed, each a fresh process; from its log, "mtmd batch
 #   encoding done in E ms" (the tower alone, after its preprocessing) and llama_perf's "prompt
 #   eval time = P ms / N tokens" (the image's and the prompt's tokens): E + P to the first logits.
@@ -56,7 +56,7 @@ for shape in $SHAPES; do
         >/dev/null 2>"$WORK/logs/tandem-$shape.err" || { echo "engine bench failed on $shape"; tail -5 "$WORK/logs/tandem-$shape.err"; }
     for i in $(seq 0 "$REPEAT"); do
         timeout 300 "${peer_env[@]}" "$mtmd" -m "$m" --mmproj "$mm" --image "$IMAGE" -p "Describe this image." \
-            -n 1 -ngl 99 -c 2048 --temp 0 >"$WORK/logs/mtmd-$shape-$i.out" 2>"$WORK/logs/mtmd-$shape-$i.log" ||
+            -n 1 -ngl 99 -c 2048 --temp 0 --chat-template gemma >"$WORK/logs/mtmd-$shape-$i.out" 2>"$WORK/logs/mtmd-$shape-$i.log" ||
             { echo "llama-mtmd-cli failed on $shape (run $i)"; tail -5 "$WORK/logs/mtmd-$shape-$i.log"; }
     done
     echo "done $shape"
