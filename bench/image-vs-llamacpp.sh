@@ -14,10 +14,12 @@
 #   --repeat REPEAT` (its image round: one warm-up, then REPEAT timed encodings of the image
 #   and prefills of its 256 tokens with "Describe this image."; `image.encode_ms` includes
 #   the resize and normalisation, `image.first_logits_ms` is encoding plus prefill);
-# - llama.cpp: `llama-mtmd-cli -ngl 99 -c 2048 --chat-template gemma --image IMAGE -p "Describe this image." -n 1`,
-#   once to warm up and REPEAT times timed, each a fresh process; from its log, "mtmd batch
-#   encoding done in E ms" (the tower alone, after its preprocessing) and llama_perf's "prompt
-#   eval time = P ms / N tokens" (the image's and the prompt's tokens): E + P to the first logits.
+# - llama.cpp: `llama-mtmd-cli -ngl 99 -c 2048 --image IMAGE -p "Describe this image." -n 1`
+#   `--chat-template gemma -v`, once to warm up and REPEAT times timed, each a fresh process;
+#   from its log, "mtmd batch encoding done in E ms" (the tower alone, after its
+#   preprocessing) and, from the log's timestamps, the time from "encoding mtmd batch" to
+#   llama_perf's print after the first token (the tower, the image's tokens and the prompt's
+#   rest; the few template tokens before the image are decoded earlier and not counted).
 # $OUT gets report.md (medians, ratios `ours / peer`) and results.tar.gz (tandem's JSON and
 # llama.cpp's logs).
 #
@@ -56,7 +58,7 @@ for shape in $SHAPES; do
         >/dev/null 2>"$WORK/logs/tandem-$shape.err" || { echo "engine bench failed on $shape"; tail -5 "$WORK/logs/tandem-$shape.err"; }
     for i in $(seq 0 "$REPEAT"); do
         timeout 300 "${peer_env[@]}" "$mtmd" -m "$m" --mmproj "$mm" --image "$IMAGE" -p "Describe this image." \
-            -n 1 -ngl 99 -c 2048 --temp 0 --chat-template gemma >"$WORK/logs/mtmd-$shape-$i.out" 2>"$WORK/logs/mtmd-$shape-$i.log" ||
+            -n 1 -ngl 99 -c 2048 --temp 0 --chat-template gemma -v >"$WORK/logs/mtmd-$shape-$i.out" 2>"$WORK/logs/mtmd-$shape-$i.log" ||
             { echo "llama-mtmd-cli failed on $shape (run $i)"; tail -5 "$WORK/logs/mtmd-$shape-$i.log"; }
     done
     echo "done $shape"
@@ -66,7 +68,7 @@ done
 python3 - "$WORK/logs" "$REPEAT" <<'PY' | tee "$OUT/report.md"
 import glob, json, os, re, statistics, sys
 logs, repeat = sys.argv[1], int(sys.argv[2])
-print("| shape | tower, images/s: ours / peer | to the first logits, images/s: ours / peer | ours: encode, prefill (ms; tokens) | peer: encode, prompt eval (ms; tokens) |")
+print("| shape | tower, images/s: ours / peer | to the first logits, images/s: ours / peer | ours: encode, prefill (ms; tokens) | peer: encode, the rest to the first logits (ms; tokens) |")
 print("| --- | --- | --- | --- | --- |")
 for t in sorted(glob.glob(f"{logs}/tandem-*.json")):
     shape = os.path.basename(t)[len("tandem-"):-len(".json")]
@@ -76,17 +78,20 @@ for t in sorted(glob.glob(f"{logs}/tandem-*.json")):
         print(f"| {shape} | no tandem result ({e}) | | | |")
         continue
     enc, pev, ntok = [], [], None
+    stamp = lambda line: (lambda m, s_, ms, us: 60 * int(m) + int(s_) + int(ms) / 1e3 + int(us) / 1e6)(*line.split()[0].split("."))
     for i in range(1, repeat + 1):  # run 0 is the warm-up
         try:
-            text = open(f"{logs}/mtmd-{shape}-{i}.log", errors="replace").read()
+            lines = open(f"{logs}/mtmd-{shape}-{i}.log", errors="replace").read().splitlines()
         except OSError:
             continue
-        e = re.search(r"mtmd batch encoding done in (\d+) ms", text)
-        p = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", text)
-        if e and p:
-            enc.append(float(e.group(1)))
-            pev.append(float(p.group(1)))
-            ntok = int(p.group(2))
+        start = next((l for l in lines if "encoding mtmd batch" in l), None)
+        done = next((l for l in lines if "mtmd batch encoding done in" in l), None)
+        end = next((l for l in lines if "llama_perf_context_print:" in l), None)
+        p = next((re.search(r"prompt eval time =\s*[\d.]+ ms /\s*(\d+) tokens", l) for l in lines if "prompt eval time" in l), None)
+        if start and done and end:
+            enc.append(float(re.search(r"done in (\d+) ms", done).group(1)))
+            pev.append((stamp(end) - stamp(start)) * 1e3 - enc[-1])
+            ntok = int(p.group(1)) if p else None
     oe, of = im["encode_ms"], im["first_logits_ms"]
     ours = f"{oe:,.1f}, {of - oe:,.1f} ({im['prompt_tokens']})"
     if not enc:
