@@ -54,6 +54,22 @@ thread_local! {
     static TILES: RefCell<Tiles> = RefCell::default();
 }
 
+impl Tiles {
+    /// Grows the buffers to a block of `mp` (padded) queries of `hd` values over `nk` keys.
+    fn grow(&mut self, hd: usize, mp: usize, nk: usize) {
+        grow(&mut self.qt, hd * mp);
+        grow(&mut self.st, nk * mp);
+        grow(&mut self.ot, hd * mp);
+        grow(&mut self.max, mp);
+        grow(&mut self.sum, mp);
+        grow_u32(&mut self.lo, mp);
+        grow_u32(&mut self.hi, mp);
+        if self.offs.len() < nk {
+            self.offs.resize(nk, 0);
+        }
+    }
+}
+
 fn grow(v: &mut Vec<f32>, len: usize) {
     if v.len() < len {
         v.resize(len, 0.0);
@@ -165,16 +181,7 @@ pub(super) fn block(
     TILES.with(|cell| {
         let mut t = cell.borrow_mut();
         let t = &mut *t;
-        grow(&mut t.qt, hd * mp);
-        grow(&mut t.st, nk * mp);
-        grow(&mut t.ot, hd * mp);
-        grow(&mut t.max, mp);
-        grow(&mut t.sum, mp);
-        grow_u32(&mut t.lo, mp);
-        grow_u32(&mut t.hi, mp);
-        if t.offs.len() < nk {
-            t.offs.resize(nk, 0);
-        }
+        t.grow(hd, mp, nk);
         // Query `r * group + h` attends positions `lo..=hi`; padding queries attend none.
         for i in 0..mp {
             let (lo, hi) = match positions.get(i / group) {
@@ -290,16 +297,7 @@ pub(super) fn bidirectional(
     TILES.with(|cell| {
         let mut t = cell.borrow_mut();
         let t = &mut *t;
-        grow(&mut t.qt, hd * mp);
-        grow(&mut t.st, nk * mp);
-        grow(&mut t.ot, hd * mp);
-        grow(&mut t.max, mp);
-        grow(&mut t.sum, mp);
-        grow_u32(&mut t.lo, mp);
-        grow_u32(&mut t.hi, mp);
-        if t.offs.len() < nk {
-            t.offs.resize(nk, 0);
-        }
+        t.grow(hd, mp, nk);
         // Every row sees the whole block; padding queries see nothing.
         for i in 0..mp {
             (t.lo[i], t.hi[i]) = if i < n_rows { (klo, khi) } else { (1, 0) };

@@ -377,6 +377,17 @@ mod tests {
     use super::*;
     use crate::fast::tests::random_acts;
 
+    /// `len` random values in `dtype` (`bf16` or `f16`), little-endian.
+    fn weights(dtype: DType, len: usize, seed: &mut u64) -> Vec<u8> {
+        random_acts(len, seed)
+            .into_iter()
+            .flat_map(|v| match dtype {
+                DType::Bf16 => half::bf16::from_f32(v).to_le_bytes(),
+                _ => half::f16::from_f32(v).to_le_bytes(),
+            })
+            .collect()
+    }
+
     /// Both formats, on row lengths with and without a tail, several rows: every product is
     /// the widened weights' dot within `f32` summation error, and a row's value is the same
     /// alone as beside others.
@@ -390,13 +401,7 @@ mod tests {
         let mut seed = 9u64;
         for dtype in [DType::Bf16, DType::F16] {
             for (n, k, rows) in [(37usize, 1152usize, 3usize), (20, 70, 9), (5, 7, 1)] {
-                let bytes: Vec<u8> = random_acts(n * k, &mut seed)
-                    .into_iter()
-                    .flat_map(|v| match dtype {
-                        DType::Bf16 => half::bf16::from_f32(v).to_le_bytes(),
-                        _ => half::f16::from_f32(v).to_le_bytes(),
-                    })
-                    .collect();
+                let bytes = weights(dtype, n * k, &mut seed);
                 let w = WeightView {
                     bytes: &bytes,
                     dtype,
@@ -458,13 +463,7 @@ mod tests {
         let mut seed = 21u64;
         for dtype in [DType::Bf16, DType::F16] {
             for (n, k, rows) in [(37usize, 1152usize, 13usize), (70, 300, 9), (33, 7, 20)] {
-                let bytes: Vec<u8> = random_acts(n * k, &mut seed)
-                    .into_iter()
-                    .flat_map(|v| match dtype {
-                        DType::Bf16 => half::bf16::from_f32(v).to_le_bytes(),
-                        _ => half::f16::from_f32(v).to_le_bytes(),
-                    })
-                    .collect();
+                let bytes = weights(dtype, n * k, &mut seed);
                 let w = WeightView {
                     bytes: &bytes,
                     dtype,
