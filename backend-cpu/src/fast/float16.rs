@@ -377,6 +377,14 @@ mod tests {
     use super::*;
     use crate::fast::tests::random_acts;
 
+    /// The dot of widened weights `wf` with `x` in f64, and the sum of its terms' magnitudes.
+    fn widened_dot(wf: &[f32], x: &[f32]) -> (f64, f64) {
+        wf.iter().zip(x).fold((0.0, 0.0), |(s, m), (a, b)| {
+            let t = f64::from(*a) * f64::from(*b);
+            (s + t, m + t.abs())
+        })
+    }
+
     /// `len` random values in `dtype` (`bf16` or `f16`), little-endian.
     fn weights(dtype: DType, len: usize, seed: &mut u64) -> Vec<u8> {
         random_acts(len, seed)
@@ -416,16 +424,7 @@ mod tests {
                     w.decode(j, &mut wf);
                     for r in 0..rows {
                         let xr = &x[r * k..(r + 1) * k];
-                        let want: f64 = wf
-                            .iter()
-                            .zip(xr)
-                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                            .sum();
-                        let mag: f64 = wf
-                            .iter()
-                            .zip(xr)
-                            .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
-                            .sum();
+                        let (want, mag) = widened_dot(&wf, xr);
                         let mut got = [0f32];
                         layout.copy_row(&scratch, rows, r, j, &mut got);
                         assert!(
@@ -486,16 +485,7 @@ mod tests {
                     w.decode(j, &mut wf);
                     for r in 0..rows {
                         let xr = &x[r * k..(r + 1) * k];
-                        let want: f64 = wf
-                            .iter()
-                            .zip(xr)
-                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                            .sum();
-                        let mag: f64 = wf
-                            .iter()
-                            .zip(xr)
-                            .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
-                            .sum();
+                        let (want, mag) = widened_dot(&wf, xr);
                         let got = narrow[r * n + j];
                         assert!(
                             (f64::from(got) - want).abs() <= 1e-5 * mag + 1e-7,
