@@ -267,3 +267,53 @@ fn the_vision_tower_takes_the_first_unit_of_its_list_that_runs_it() {
     let line = error_line(&args, &install.run(&args));
     assert!(line.contains("nosuch"), "{line}");
 }
+
+/// `engine bench --image --profile` on the fixture: the image round's figures, and the tower's
+/// profile by op kind, one `block_attention` node per vision layer.
+#[test]
+fn bench_profiles_the_vision_tower() {
+    let install = Install::new(&["cpu"]);
+    let model = fixture("vision").to_string_lossy().into_owned();
+    let photo = image("photo.png").to_string_lossy().into_owned();
+    let out = install.run(&[
+        "bench",
+        "--model",
+        &model,
+        "--backend",
+        "cpu",
+        "--image",
+        &photo,
+        "--prompt-tokens",
+        "4",
+        "--gen-tokens",
+        "2",
+        "--repeat",
+        "1",
+        "--profile",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let im = &doc["image"];
+    assert!(im["encode_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{im}");
+    let config: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("vision").join("config.json")).expect("config"),
+    )
+    .expect("config JSON");
+    assert_eq!(im["tokens_per_image"], config["mm_tokens_per_image"], "{im}");
+    let ops = im["profile"].as_array().expect("a tower profile");
+    let attention = ops
+        .iter()
+        .find(|o| o["op"] == "block_attention")
+        .unwrap_or_else(|| panic!("no block_attention in {ops:?}"));
+    assert_eq!(
+        attention["nodes"], config["vision_config"]["num_hidden_layers"],
+        "{attention}"
+    );
+    assert!(
+        ops.iter()
+            .all(|o| o["seconds"].as_f64().is_some_and(|s| s >= 0.0)),
+        "{ops:?}"
+    );
+}

@@ -11,7 +11,7 @@ use anyhow::{bail, Context as _};
 use tandem_engine::bench::results::{BenchResult, ImageRun, SpeculationRun};
 use tandem_engine::bench::run::{BenchEvent, BenchOptions};
 
-use super::load::{load, load_with, read_images, ModelArgs};
+use super::load::{load, load_with_settings, read_images, ModelArgs};
 use super::progress::{self, Progress};
 use super::speculate::DraftArgs;
 use crate::Context;
@@ -123,9 +123,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let mut progress = Progress::new(progress::load_label(args.model.model.as_deref()));
     let mut settings = args.model.settings(&ctx.settings);
     if args.profile {
-        for name in ["cpu", "vulkan", "wgpu"] {
-            settings.set_backend_option(name, "profile", "true");
-        }
+        profiled(&mut settings);
     }
     let result = tandem_engine::bench::run::run(&ctx.search, &settings, &options, &mut |event| match event {
         BenchEvent::Notice(n) => progress.notice(n),
@@ -189,6 +187,13 @@ fn speculation(ctx: &Context, args: &Args, file: &std::path::Path) -> anyhow::Re
     )?)
 }
 
+/// `settings` with every backend's per-node timing on (`--profile`).
+fn profiled(settings: &mut tandem_engine::Settings) {
+    for name in ["cpu", "vulkan", "wgpu"] {
+        settings.set_backend_option(name, "profile", "true");
+    }
+}
+
 /// `file` encoded and prefilled with a short text, on the model and backend of the run: the
 /// vision tower's time and the image prompt's prefill rate.
 fn image_run(ctx: &Context, args: &Args, file: &std::path::Path) -> anyhow::Result<ImageRun> {
@@ -208,7 +213,11 @@ fn image_run(ctx: &Context, args: &Args, file: &std::path::Path) -> anyhow::Resu
         model.model = Some(path);
     }
     let inputs = read_images(&[file.to_path_buf()])?;
-    let mut loaded = load_with(ctx, &model, model.options_for(true), 1)?;
+    let mut settings = model.settings(&ctx.settings);
+    if args.profile {
+        profiled(&mut settings);
+    }
+    let mut loaded = load_with_settings(ctx, &model, &settings, model.options_for(true), 1)?;
     let images = loaded
         .images
         .as_mut()
@@ -231,6 +240,14 @@ fn image_run(ctx: &Context, args: &Args, file: &std::path::Path) -> anyhow::Resu
         prefill.push(ids.len() as f64 / prefilled.max(1e-9));
         first.push((encoded + prefilled) * 1e3);
     }
+    let profile = if args.profile {
+        let nodes = images.profile_last_encoding()?;
+        Some(tandem_engine::bench::results::OpTime::by_op(
+            nodes.iter().map(|n| (n.op.as_str(), n.seconds)),
+        ))
+    } else {
+        None
+    };
     // The first round is the warm-up.
     let median = |v: &mut Vec<f64>| {
         v.remove(0);
@@ -247,6 +264,7 @@ fn image_run(ctx: &Context, args: &Args, file: &std::path::Path) -> anyhow::Resu
         encode_ms: median(&mut encode),
         prefill_tokens_per_s: median(&mut prefill),
         first_logits_ms: median(&mut first),
+        profile,
     })
 }
 

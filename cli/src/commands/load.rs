@@ -129,11 +129,22 @@ pub fn load_with(
     options: ModelOptions,
     slots: usize,
 ) -> anyhow::Result<Loaded> {
+    load_with_settings(ctx, args, &args.settings(&ctx.settings), options, slots)
+}
+
+/// [`load_with`] under `settings` (the command's own, e.g. with `profile` set on the backends).
+pub fn load_with_settings(
+    ctx: &Context,
+    args: &ModelArgs,
+    settings: &tandem_engine::Settings,
+    options: ModelOptions,
+    slots: usize,
+) -> anyhow::Result<Loaded> {
     // The engine calls one of the two at a time, never one inside the other.
     let progress = RefCell::new(Progress::new(progress::load_label(args.model.as_deref())));
     let loaded = tandem_engine::load(
         &ctx.search,
-        &args.settings(&ctx.settings),
+        settings,
         &options,
         slots,
         &mut |n| progress.borrow_mut().notice(n),

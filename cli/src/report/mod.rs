@@ -287,6 +287,7 @@ mod tests {
                 encode_ms: 812.5,
                 prefill_tokens_per_s: 2100.0,
                 first_logits_ms: 941.0,
+                profile: None,
             }),
         }
     }

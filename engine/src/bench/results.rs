@@ -65,6 +65,9 @@ pub struct ImageRun {
     pub prefill_tokens_per_s: f64,
     /// Encoding plus the prefill: the image prompt's time to its first logits, milliseconds.
     pub first_logits_ms: f64,
+    /// With `--profile`: the last encoding's tower and projector by op kind, most time first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Vec<OpTime>>,
 }
 
 /// A text continued greedily with and without speculative decoding.

@@ -19,8 +19,8 @@
 //! backends have no kernels for the vision ops yet, so the CPU backend runs it today).
 
 use tandem_backend_api::{
-    BufferId, ComputeBackend, DType, GraphBuilder, Op, ProgramId, StepArgs, TensorDesc, Usage, ValueId,
-    WeightRef,
+    BufferId, ComputeBackend, DType, GraphBuilder, NodeTime, Op, ProgramId, StepArgs, TensorDesc, Usage,
+    ValueId, WeightRef,
 };
 
 use super::error::ModelError;
@@ -264,6 +264,19 @@ impl VisionTower {
             "the multimodal projector",
         )?;
         Ok(ImageEncoding { hidden, tokens })
+    }
+
+    /// Per-node device time of the last encoding, the tower's nodes then the projector's, where
+    /// `unit` measures it (its `profile` option).
+    pub fn profile(&self, unit: &mut dyn ComputeBackend) -> Result<Vec<NodeTime>, ModelError> {
+        let mut out = unit
+            .profile(self.tower)
+            .map_err(backend("reading the vision tower's profile"))?;
+        out.extend(
+            unit.profile(self.projector)
+                .map_err(backend("reading the projector's profile"))?,
+        );
+        Ok(out)
     }
 
     /// Frees its programs and buffers on `unit`.

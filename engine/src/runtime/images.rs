@@ -13,7 +13,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use tandem_backend_api::ComputeBackend;
+use tandem_backend_api::{ComputeBackend, NodeTime};
 use tandem_image_input::{ImageError, PreprocessConfig};
 
 use super::session::{Session, SessionError};
@@ -337,6 +337,12 @@ impl Images {
             }
         }
         Ok(places)
+    }
+
+    /// Per-node device time of the last image's tower and projector, where the unit measures it
+    /// (its `profile` option; `engine bench --profile --image` sets it).
+    pub fn profile_last_encoding(&mut self) -> Result<Vec<NodeTime>, ImagesError> {
+        Ok(self.tower.profile(self.unit.as_mut())?)
     }
 
     /// Each image's soft tokens (`[tokens_per_image, width]`): decoded, preprocessed and run
