@@ -24,6 +24,12 @@ pub(crate) fn exp(x: f32) -> f32 {
     p * f32::from_bits(((n as i32 + 127) << 23) as u32)
 }
 
+/// Whether `set` uses vectors and the CPU has AVX2 and FMA (the `*_avx2` variants below).
+#[cfg(target_arch = "x86_64")]
+fn avx2(set: KernelSet) -> bool {
+    set != KernelSet::Scalar && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
+
 /// GELU (tanh form) as `x / (1 + e^(-2u))`, `u = sqrt(2/pi) (x + 0.044715 x^3)`: the same
 /// function as `kernels::gelu_tanh`, since `0.5 (1 + tanh u) = 1 / (1 + e^(-2u))`.
 #[inline(always)]
@@ -43,8 +49,8 @@ fn geglu_plain(gate: &[f32], up: &[f32], out: &mut [f32]) {
 /// `Op::GeGlu` for a fast kernel set: `gelu(gate) * up`, vectorised where `set` uses AVX2.
 pub fn geglu(set: KernelSet, gate: &[f32], up: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if set != KernelSet::Scalar && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        // SAFETY: AVX2 and FMA were detected just above; the function is safe Rust.
+    if avx2(set) {
+        // SAFETY: `avx2` detected AVX2 and FMA just above; the function is safe Rust.
         return unsafe { geglu_avx2(gate, up, out) };
     }
     let _ = set;
@@ -61,8 +67,8 @@ fn geglu_avx2(gate: &[f32], up: &[f32], out: &mut [f32]) {
 /// [`geglu`], vectorised where `set` uses AVX2.
 pub fn gelu(set: KernelSet, x: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if set != KernelSet::Scalar && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        // SAFETY: AVX2 and FMA were detected just above; the function is safe Rust.
+    if avx2(set) {
+        // SAFETY: `avx2` detected AVX2 and FMA just above; the function is safe Rust.
         return unsafe { gelu_avx2(x, out) };
     }
     let _ = set;
@@ -86,8 +92,8 @@ fn gelu_avx2(x: &[f32], out: &mut [f32]) {
 /// end), vectorised where `set` uses AVX2, instead of the reference's single running sum.
 pub fn rms_norm(set: KernelSet, x: &[f32], weight: &[f32], eps: f32, offset: f32, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if set != KernelSet::Scalar && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        // SAFETY: AVX2 and FMA were detected just above; the function is safe Rust.
+    if avx2(set) {
+        // SAFETY: `avx2` detected AVX2 and FMA just above; the function is safe Rust.
         return unsafe { rms_norm_avx2(x, weight, eps, offset, out) };
     }
     let _ = set;

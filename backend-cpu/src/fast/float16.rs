@@ -54,7 +54,17 @@ pub(super) fn matmul(
     }
     if tiles {
         let task = |r0: usize, j0: usize, width: usize, dst: &mut [f32]| {
-            tile_task(simd, wide, bf16, x, k, w.bytes, w.n, r0, j0, width, dst)
+            let t = Task {
+                bf16,
+                x,
+                k,
+                w: w.bytes,
+                n: w.n,
+                r0,
+                j0,
+                width,
+            };
+            tile_task(simd, wide, &t, dst)
         };
         return Some(super::prefill_tasks(
             pool,
@@ -81,50 +91,27 @@ pub(super) fn matmul(
     Some(Layout::Columns)
 }
 
-/// One prefill task: activation rows `r0..` (as many as `dst` holds) by weight rows `j0..j0 +
-/// width` (those below `n`), row-major into `dst`, in the widest tiles the CPU has.
-#[allow(clippy::too_many_arguments)]
-fn tile_task(
-    simd: Simd,
-    wide: Option<super::Wide>,
-    bf16: bool,
-    x: &[f32],
-    k: usize,
-    w: &[u8],
-    n: usize,
-    r0: usize,
-    j0: usize,
-    width: usize,
-    dst: &mut [f32],
-) {
-    let t = Task {
-        bf16,
-        x,
-        k,
-        w,
-        n,
-        r0,
-        j0,
-        width,
-    };
+/// One prefill task ([`Task`]) into `dst`, in the widest tiles the CPU has.
+fn tile_task(simd: Simd, wide: Option<super::Wide>, t: &Task, dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if let Some(wide) = wide {
             // SAFETY: a `Wide` exists only where AVX-512 F, AVX2, FMA and F16C were detected
             // at run time; the function is safe Rust compiled with those features.
-            return unsafe { tiles_avx512(wide, simd, &t, dst) };
+            return unsafe { tiles_avx512(wide, simd, t, dst) };
         }
         // SAFETY: a `Simd` exists only where AVX2, FMA and F16C were detected at run time.
-        unsafe { tiles_avx2(simd, &t, dst) }
+        unsafe { tiles_avx2(simd, t, dst) }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = wide;
-        tiles::<8, 2, _>(simd, &t, dst, products::<8, 2>)
+        tiles::<8, 2, _>(simd, t, dst, products::<8, 2>)
     }
 }
 
-/// What a prefill task multiplies (see [`tile_task`]).
+/// What a prefill task multiplies: activation rows `r0..` of `x` (as many as its `dst` holds)
+/// by weight rows `j0..j0 + width` of `w` (those below `n`), written row-major.
 struct Task<'a> {
     bf16: bool,
     x: &'a [f32],
@@ -215,20 +202,14 @@ fn widen_run(simd: Simd, bf16: bool, src: &[u8], out: &mut [f32]) {
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::*;
         let _ = simd;
         while done + 8 <= n {
             // SAFETY: a `Simd` proves AVX2 and F16C; 16 bytes at `2 done` lie within `src`
             // (`2 (done + 8) <= 2 n <= src.len()`) and 8 values at `done` within `out`; both
             // are unaligned accesses.
             unsafe {
-                let h = _mm_loadu_si128(src.as_ptr().add(2 * done) as *const __m128i);
-                let v = if bf16 {
-                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-                } else {
-                    _mm256_cvtph_ps(h)
-                };
-                _mm256_storeu_ps(out.as_mut_ptr().add(done), v);
+                let v = avx2::widen8(bf16, src.as_ptr().add(2 * done));
+                std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr().add(done), v);
             }
             done += 8;
         }
@@ -241,7 +222,7 @@ fn widen_run(simd: Simd, bf16: bool, src: &[u8], out: &mut [f32]) {
 }
 
 /// The task in panels of `L * V` weight rows: each [`KC`] values of `k`, the panel widened into
-/// `wp` (`wp[kk * L * V + c]`: value `kk` of the panel's row `c`, zero past `n`), then every
+/// `wp` (`wp[kk][c / L][c % L]`: value `kk` of the panel's row `c`, zero past `n`), then every
 /// [`MR`] activation rows' tile continues its sums from `dst` (zero at the first chunk) and
 /// stores them back: each output one FMA chain over `k` in order.
 #[inline(always)]
@@ -335,23 +316,32 @@ mod avx2 {
 
     use super::super::Simd;
 
+    /// Eight `bf16` or `f16` values at `p` (little-endian) widened to `f32`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C; the 16 bytes at `p` are readable.
+    #[inline(always)]
+    pub(super) unsafe fn widen8(bf16: bool, p: *const u8) -> __m256 {
+        // SAFETY: the caller's promises above; an unaligned 16-byte load.
+        unsafe {
+            let h = _mm_loadu_si128(p as *const __m128i);
+            if bf16 {
+                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+            } else {
+                _mm256_cvtph_ps(h)
+            }
+        }
+    }
+
     /// # Safety
     /// The CPU has AVX2, FMA and F16C (`_s`); `w` holds at least `2 x.len()` bytes.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot(_s: Simd, bf16: bool, w: &[u8], x: &[f32]) -> f32 {
         let k = x.len();
         debug_assert!(w.len() >= 2 * k);
-        let widen = |p: *const u8| -> __m256 {
-            // SAFETY: the callers read 8 values (16 bytes) at `p`, inside `w`.
-            unsafe {
-                let h = _mm_loadu_si128(p as *const __m128i);
-                if bf16 {
-                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-                } else {
-                    _mm256_cvtph_ps(h)
-                }
-            }
-        };
+        // SAFETY: this function runs with AVX2 and F16C; the callers read 8 values (16 bytes)
+        // at `p`, inside `w`.
+        let widen = |p: *const u8| -> __m256 { unsafe { widen8(bf16, p) } };
         let mut acc = [_mm256_setzero_ps(); 4];
         let main = k / 32 * 32;
         let (wp, xp) = (w.as_ptr(), x.as_ptr());

@@ -123,7 +123,9 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
     let mut progress = Progress::new(progress::load_label(args.model.model.as_deref()));
     let mut settings = args.model.settings(&ctx.settings);
     if args.profile {
-        profiled(&mut settings);
+        for name in ["cpu", "vulkan", "wgpu"] {
+            settings.set_backend_option(name, "profile", "true");
+        }
     }
     let result = tandem_engine::bench::run::run(&ctx.search, &settings, &options, &mut |event| match event {
         BenchEvent::Notice(n) => progress.notice(n),
@@ -140,7 +142,7 @@ pub fn run(ctx: &Context, args: &Args) -> anyhow::Result<()> {
         result.speculation = Some(speculation(ctx, args, file)?);
     }
     if let Some(file) = &args.image {
-        result.image = Some(image_run(ctx, args, file)?);
+        result.image = Some(image_run(ctx, args, &settings, file)?);
     }
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&result)?)
@@ -187,16 +189,15 @@ fn speculation(ctx: &Context, args: &Args, file: &std::path::Path) -> anyhow::Re
     )?)
 }
 
-/// `settings` with every backend's per-node timing on (`--profile`).
-fn profiled(settings: &mut tandem_engine::Settings) {
-    for name in ["cpu", "vulkan", "wgpu"] {
-        settings.set_backend_option(name, "profile", "true");
-    }
-}
-
-/// `file` encoded and prefilled with a short text, on the model and backend of the run: the
-/// vision tower's time and the image prompt's prefill rate.
-fn image_run(ctx: &Context, args: &Args, file: &std::path::Path) -> anyhow::Result<ImageRun> {
+/// `file` encoded and prefilled with a short text, on the model and backend of the run and
+/// under its `settings` (with `--profile`, the tower's per-op times too): the vision tower's
+/// time and the image prompt's prefill rate.
+fn image_run(
+    ctx: &Context,
+    args: &Args,
+    settings: &tandem_engine::Settings,
+    file: &std::path::Path,
+) -> anyhow::Result<ImageRun> {
     let mut model = args.model.clone();
     if let Some(shape) = &args.synthetic {
         let dtype = args.dtype.parse().map_err(|e| anyhow::anyhow!("--dtype: {e}"))?;
@@ -213,11 +214,7 @@ fn image_run(ctx: &Context, args: &Args, file: &std::path::Path) -> anyhow::Resu
         model.model = Some(path);
     }
     let inputs = read_images(&[file.to_path_buf()])?;
-    let mut settings = model.settings(&ctx.settings);
-    if args.profile {
-        profiled(&mut settings);
-    }
-    let mut loaded = load_with_settings(ctx, &model, &settings, model.options_for(true), 1)?;
+    let mut loaded = load_with_settings(ctx, &model, settings, model.options_for(true), 1)?;
     let images = loaded
         .images
         .as_mut()
