@@ -540,6 +540,9 @@ mod avx512 {
     }
 
     /// `crate::vmath::exp` on sixteen lanes, operation for operation (no fused steps).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F (it is inlined into [`softmax`], compiled with it).
     #[inline(always)]
     unsafe fn exp(x: __m512) -> __m512 {
         const LOG2E: f32 = std::f32::consts::LOG2_E;
