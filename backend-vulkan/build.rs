@@ -53,7 +53,7 @@ const PER_FORMAT: [&str; 8] = [
 ];
 
 /// Kernels built once.
-const PLAIN: [&str; 22] = [
+const PLAIN: [&str; 23] = [
     "rms_norm",
     "rope",
     "kv_store",
@@ -82,6 +82,7 @@ const PLAIN: [&str; 22] = [
     "bias_gelu",
     "block_attention",
     "block_attention_tiled",
+    "block_attention_coopmat",
 ];
 
 fn main() {

@@ -25,7 +25,7 @@
 #
 # Parameters (environment): SHAPES ("gemma3-4b"), IMAGE (tests/fixtures/images/photo.png),
 # ENGINE (.bench/new/engine), PEER (.peer), PEER_TARGETS (the llama.cpp tools to build:
-# llama-mtmd-cli), REPEAT (3), WORK (/tmp/img), OUT.
+# llama-mtmd-cli and llama-bench, which the build script asks for the device list), REPEAT (3), WORK (/tmp/img), OUT.
 set -uo pipefail
 SHAPES=${SHAPES:-"gemma3-4b"}
 IMAGE=${IMAGE:-tests/fixtures/images/photo.png}
@@ -40,7 +40,7 @@ mkdir -p "$OUT" "$WORK/logs"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
 chmod +x "$ENGINE" 2>/dev/null
 t0=$(date +%s)
-TARGETS=${PEER_TARGETS:-llama-mtmd-cli} OUTDIR=$WORK bash "$PEER/build-and-bench.sh" >"$OUT/build.log" 2>&1 ||
+TARGETS=${PEER_TARGETS:-"llama-mtmd-cli llama-bench"} OUTDIR=$WORK bash "$PEER/build-and-bench.sh" >"$OUT/build.log" 2>&1 ||
     { echo "llama.cpp did not build"; tail -20 "$OUT/build.log"; exit 1; }
 echo "peer built in $(($(date +%s) - t0)) s"
 mtmd=/tmp/lcpp/build/bin/llama-mtmd-cli

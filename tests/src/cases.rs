@@ -1304,6 +1304,9 @@ pub fn all() -> Vec<Case> {
     // weights.
     v.push(block_attention(130, 65, 2, 72));
     v.push(block_attention(200, 100, 3, 72));
+    // The largest head the tiled and cooperative-matrix kernels take, over 64-row workgroups
+    // that straddle two images.
+    v.push(block_attention(140, 70, 1, 256));
     // A head past the GPUs' tiled kernel's 256 (Vulkan: a workgroup per head and row).
     v.push(block_attention(10, 5, 1, 320));
     v.push(layer_norm(DType::F16, 5, 300));

@@ -106,11 +106,12 @@ fn coopmat_splits(rows: usize, heads: usize) -> usize {
     ((COOPMAT_TARGET_GROUPS + groups / 2) / groups).clamp(1, 16)
 }
 
-/// `TANDEM_VULKAN_ATTN_MODE` (0 to 15): `attention_coopmat`'s probe bits (its specialisation
-/// constant 0), which skip parts of its work to see where its time goes (1 the score products,
-/// 2 the P V products, 4 the global loads after the first tile, 8 the output stores); results
-/// are wrong with any bit set. For tuning runs only (bench/attention-probe.sh).
-fn coopmat_mode() -> u32 {
+/// `TANDEM_VULKAN_ATTN_MODE` (0 to 15): `attention_coopmat`'s and `block_attention_coopmat`'s
+/// probe bits (their specialisation constant 0), which skip parts of their work to see where
+/// their time goes (1 the score products, 2 the P V products, 4 the global loads after the first
+/// tile, 8 the output stores or, in `block_attention_coopmat`, the softmax's exponentials);
+/// results are wrong with any bit set. For tuning runs only (bench/attention-probe.sh).
+pub(super) fn coopmat_mode() -> u32 {
     std::env::var("TANDEM_VULKAN_ATTN_MODE")
         .ok()
         .and_then(|v| v.parse().ok())

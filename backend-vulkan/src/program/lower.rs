@@ -2,10 +2,10 @@
 //! and the fused groups of `fuse`.
 
 use tandem_backend_api::{BackendError, DType, Op, ValueId, WeightRef};
-use tandem_gpu_kit::attention::{TILED_BLOCK_ROWS, TILED_MAX_HEAD_DIM};
 use tandem_gpu_kit::launch::{div_up, spread};
 use tandem_gpu_kit::params::norm_format;
 
+use super::block_attention::BlockAttention;
 use super::cmd::{Access, Cmd, Push};
 use super::fuse::Group;
 use super::{format_name, Ctx, WG};
@@ -94,7 +94,14 @@ impl VulkanBackend {
             }
             Op::Bias { x, .. } | Op::Gelu { x } => {
                 let n = ctx.rows(*x) * ctx.cols(*x);
-                let [gx, gy] = spread(div_up(n, WG as usize));
+                // Four elements an invocation where the sizes and addresses allow vec4s.
+                let vec = n.is_multiple_of(4)
+                    && ctx.cols(*x).is_multiple_of(4)
+                    && [ctx.addr(*x)?, ctx.addr(out()?)?]
+                        .iter()
+                        .all(|a| a.is_multiple_of(16));
+                let per = if vec { 4 } else { 1 };
+                let [gx, gy] = spread(div_up(n, WG as usize * per));
                 let (b, op, fmt) = match &node.op {
                     Op::Bias { bias, .. } => (
                         self.buffers.get(bias.buffer)?.mem.address,
@@ -105,7 +112,7 @@ impl VulkanBackend {
                 };
                 Cmd::Dispatch {
                     kernel: "bias_gelu".into(),
-                    spec: [0, 0],
+                    spec: [u32::from(vec), 0],
                     push: Push::default()
                         .u64(ctx.addr(*x)?)
                         .u64(b)
@@ -128,34 +135,16 @@ impl VulkanBackend {
                 scale,
                 block,
             } => {
-                let rows = ctx.rows(*q);
-                // Heads up to 256: tiles of 32 query rows sharing each key tile
-                // (`block_attention_tiled`, attention_tiled's scheme); larger ones a workgroup
-                // per (head, row).
-                let (kernel, groups) = if *head_dim <= TILED_MAX_HEAD_DIM {
-                    let tiles = div_up(rows, TILED_BLOCK_ROWS);
-                    ("block_attention_tiled", [*heads as u32, tiles, 1])
-                } else {
-                    let [gx, gy] = spread((rows * heads) as u32);
-                    ("block_attention", [gx, gy, 1])
+                let a = BlockAttention {
+                    q: *q,
+                    k: *k,
+                    v: *v,
+                    heads: *heads,
+                    head_dim: *head_dim,
+                    scale: *scale,
+                    block: *block,
                 };
-                Cmd::Dispatch {
-                    kernel: kernel.into(),
-                    spec: [0, 0],
-                    push: Push::default()
-                        .u64(ctx.addr(*q)?)
-                        .u64(ctx.addr(*k)?)
-                        .u64(ctx.addr(*v)?)
-                        .u64(ctx.addr(out()?)?)
-                        .u32(*heads as u32)
-                        .u32(*head_dim as u32)
-                        .u32(rows as u32)
-                        .u32(*block as u32)
-                        .f32(*scale)
-                        .0,
-                    groups,
-                    access: Access::new([ctx.span(*q)?, ctx.span(*k)?, ctx.span(*v)?], [ctx.span(out()?)?]),
-                }
+                return super::block_attention::lower(ctx, self.gpu.coopmat, &a, out()?);
             }
             Op::TopK { x, k } => return super::top_k::lower(ctx, *x, *k, out()?),
             Op::Embed { table, scale, extra } => {

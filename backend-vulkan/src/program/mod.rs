@@ -9,6 +9,7 @@
 //!   ran since the last one, and timestamps only when profiling.
 
 mod attention;
+mod block_attention;
 mod cmd;
 mod fuse;
 mod lower;
@@ -230,8 +231,10 @@ impl VulkanBackend {
             None
         };
         // Attention's split partials, matmul_cm2's f16 inputs, matmul_coopmat's split-k partials,
-        // matvec_dot's quantised inputs and top_k's lists (never live at once).
+        // matvec_dot's quantised inputs, top_k's lists and block attention's f16 keys and values
+        // (never live at once).
         let scratch_size = attention::scratch_bytes(graph)
+            .max(block_attention::scratch_bytes(graph, self.gpu.coopmat))
             .max(matmul::cm2_scratch_bytes(graph, &shapes, self.gpu.coopmat2))
             .max(matmul::coopmat_scratch_bytes(graph, &shapes, self.gpu.coopmat))
             .max(matmul::dot_scratch_bytes(graph, &shapes, self.unit()))
