@@ -317,3 +317,63 @@ fn bench_profiles_the_vision_tower() {
         "{ops:?}"
     );
 }
+
+/// `engine placement` with image input on: the tower's unit and each candidate's verdict, in
+/// the text and the JSON, nothing uploaded; the NPU (its emulator here) refuses the tower's
+/// ops with a reason.
+#[test]
+fn placement_reports_where_the_vision_tower_runs() {
+    let install = Install::new(&["cpu", "npu_emu"]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("tandem.toml");
+    std::fs::write(
+        &config,
+        "[placement]\nvision = [\"nosuch\", \"npu-emu\", \"cpu\"]\n",
+    )
+    .expect("config");
+    let model = fixture("vision").to_string_lossy().into_owned();
+    let cfg = config.to_string_lossy().into_owned();
+    let args = [
+        "placement",
+        "--config",
+        &cfg,
+        "--model",
+        &model,
+        "--backend",
+        "cpu",
+        "--max-images",
+        "1",
+    ];
+    let out = install.run(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let tower = text
+        .lines()
+        .find(|l| l.starts_with("vision tower: "))
+        .unwrap_or_else(|| panic!("no tower line: {text}"));
+    assert!(tower.ends_with(", on cpu"), "{tower}");
+    assert!(tower.contains("(the model's own tower)"), "{tower}");
+    assert!(text.contains("\n  nosuch     not available: "), "{text}");
+    assert!(text.contains("\n  npu-emu    refuses: "), "{text}");
+    assert!(text.contains("\n  cpu        runs the tower\n"), "{text}");
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let out = install.run(&json_args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let v = &doc["vision"];
+    assert_eq!(v["unit"], "cpu", "{v}");
+    assert!(v["weight_bytes"].as_u64().is_some_and(|b| b > 0), "{v}");
+    let names: Vec<&str> = v["candidates"]
+        .as_array()
+        .expect("candidates")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, ["nosuch", "npu-emu", "cpu"]);
+    // Without image input the report has no tower.
+    let out = install.run(&["placement", "--model", &model, "--backend", "cpu", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(doc.get("vision").is_none(), "{doc}");
+}

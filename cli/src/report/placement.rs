@@ -139,13 +139,32 @@ pub fn placement_text(report: &PlacementReport) -> String {
             report.kv_handoff_bytes_per_token, report.kv_handoff_layers
         );
     }
+    if let Some(v) = &report.vision {
+        let _ = writeln!(
+            o,
+            "vision tower: {} ({} layers, width {}, {} heads; {} patches an image, {} tokens), weights {}, on {}",
+            v.source,
+            v.layers,
+            v.hidden,
+            v.heads,
+            v.patches,
+            v.tokens_per_image,
+            gib(v.weight_bytes),
+            v.unit.as_deref().unwrap_or("no unit (loading fails)")
+        );
+        for c in &v.candidates {
+            let _ = writeln!(o, "  {:<10} {}", c.name, c.verdict);
+        }
+    }
     o
 }
 
 #[cfg(test)]
 mod tests {
     use tandem_engine::model::Part;
-    use tandem_engine::runtime::placement_report::{NodeReport, SharedWeight, UnitReport, Where};
+    use tandem_engine::runtime::placement_report::{
+        NodeReport, SharedWeight, UnitReport, VisionCandidate, VisionReport, Where,
+    };
 
     use super::*;
 
@@ -228,6 +247,7 @@ mod tests {
             kv_handoff_bytes_per_token: 512,
             process_bytes: None,
             offload: Some("gpu runs 12 products ...".into()),
+            vision: None,
         };
         let want = "\
 placement from --backend gpu+cpu: prefill: attention on gpu, ffn on gpu, default on cpu; decode: attention on cpu, ffn on gpu, default on cpu
@@ -260,13 +280,38 @@ KV-cache hand-off: 512 bytes per prompt token (2 layers; a sliding layer stops a
             kv_handoff_bytes_per_token: 0,
             process_bytes: None,
             offload: None,
+            vision: Some(VisionReport {
+                source: "mm.gguf (mmproj)".into(),
+                layers: 27,
+                hidden: 1152,
+                heads: 16,
+                patches: 4096,
+                tokens_per_image: 256,
+                unit: Some("vulkan".into()),
+                weight_bytes: 3 << 29,
+                candidates: vec![
+                    VisionCandidate {
+                        name: "npu".into(),
+                        verdict: "refuses: layer_norm(f32): no kernel".into(),
+                    },
+                    VisionCandidate {
+                        name: "vulkan".into(),
+                        verdict: "runs the tower".into(),
+                    },
+                ],
+            }),
             ..report
         };
         let text = placement_text(&one);
         assert!(text.contains("\nweights on two units: none\n"), "{text}");
         assert!(text.contains("fits its budget of 1.00 GiB"), "{text}");
         assert!(
-            text.ends_with("KV-cache hand-off: none (attention runs alike in both phases)\n"),
+            text.ends_with(
+                "KV-cache hand-off: none (attention runs alike in both phases)\n\
+                 vision tower: mm.gguf (mmproj) (27 layers, width 1152, 16 heads; 4096 patches an image, 256 tokens), weights 1.50 GiB, on vulkan\n\
+                 \x20 npu        refuses: layer_norm(f32): no kernel\n\
+                 \x20 vulkan     runs the tower\n"
+            ),
             "{text}"
         );
         assert!(!text.contains("layers:"), "{text}");

@@ -19,8 +19,8 @@
 //! backends have no kernels for the vision ops yet, so the CPU backend runs it today).
 
 use tandem_backend_api::{
-    BufferId, ComputeBackend, DType, GraphBuilder, NodeTime, Op, ProgramId, StepArgs, TensorDesc, Usage,
-    ValueId, WeightRef,
+    BufferId, ComputeBackend, DType, Graph, GraphBuilder, NodeTime, Op, ProgramId, StepArgs, Support,
+    TensorDesc, Usage, ValueId, WeightRef,
 };
 
 use super::error::ModelError;
@@ -49,6 +49,26 @@ pub struct VisionTower {
     buffers: Vec<BufferId>,
 }
 
+/// The tower's and projector's graphs with their input and output buffers.
+struct Built {
+    tower: Graph,
+    projector: Graph,
+    patches_in: BufferId,
+    hidden_out: BufferId,
+    pooled_in: BufferId,
+    tokens_out: BufferId,
+}
+
+/// What [`VisionTower::check`] finds for one unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TowerCheck {
+    /// Bytes of the tower's and projector's weights as the unit would hold them.
+    pub weight_bytes: u64,
+    /// Each reason the unit gives, after the op names it refuses for it (`layer_norm(f32),
+    /// gelu: ...`); empty where it runs them all.
+    pub refused: Vec<String>,
+}
+
 /// The backend's error as a [`ModelError`], saying what was being done.
 fn backend(context: impl Into<String>) -> impl FnOnce(tandem_backend_api::BackendError) -> ModelError {
     let context = context.into();
@@ -65,9 +85,74 @@ impl VisionTower {
         weights: &dyn VisionWeights,
     ) -> Result<Self, ModelError> {
         let mut up = Uploader {
-            unit,
+            unit: Some(&mut *unit),
             buffers: Vec::new(),
+            weight_bytes: 0,
         };
+        let built = Self::build(&mut up, cfg, text_hidden, weights)?;
+        let buffers = up.buffers;
+        let tower = unit
+            .compile(&built.tower)
+            .map_err(backend("compiling the vision tower"))?;
+        let projector = unit
+            .compile(&built.projector)
+            .map_err(backend("compiling the multimodal projector"))?;
+        Ok(VisionTower {
+            cfg: cfg.clone(),
+            text_hidden,
+            patches_in: built.patches_in,
+            hidden_out: built.hidden_out,
+            tower,
+            pooled_in: built.pooled_in,
+            tokens_out: built.tokens_out,
+            projector,
+            buffers,
+        })
+    }
+
+    /// Whether `unit` runs every op of the tower and projector that `weights` describe, without
+    /// uploading or compiling anything: their weights' bytes, and each op kind the unit refuses
+    /// with its reason (empty: it runs them all). What `engine placement` reports.
+    pub fn check(
+        unit: &dyn ComputeBackend,
+        cfg: &VisionConfig,
+        text_hidden: usize,
+        weights: &dyn VisionWeights,
+    ) -> Result<TowerCheck, ModelError> {
+        let mut up = Uploader {
+            unit: None,
+            buffers: Vec::new(),
+            weight_bytes: 0,
+        };
+        let built = Self::build(&mut up, cfg, text_hidden, weights)?;
+        // Each reason once, with the op names it refuses.
+        let mut refused: Vec<(String, Vec<String>)> = Vec::new();
+        for node in built.tower.nodes.iter().chain(&built.projector.nodes) {
+            if let Support::No { reason } = unit.supports(&node.op) {
+                let op = node.op.name();
+                match refused.iter_mut().find(|(r, _)| *r == reason) {
+                    Some((_, ops)) if !ops.contains(&op) => ops.push(op),
+                    Some(_) => {}
+                    None => refused.push((reason, vec![op])),
+                }
+            }
+        }
+        Ok(TowerCheck {
+            weight_bytes: up.weight_bytes,
+            refused: refused
+                .into_iter()
+                .map(|(reason, ops)| format!("{}: {reason}", ops.join(", ")))
+                .collect(),
+        })
+    }
+
+    /// The tower's and projector's graphs over the weights `up` takes from `weights`.
+    fn build(
+        up: &mut Uploader<'_>,
+        cfg: &VisionConfig,
+        text_hidden: usize,
+        weights: &dyn VisionWeights,
+    ) -> Result<Built, ModelError> {
         let (h, patches) = (cfg.hidden, cfg.patches());
         // The tower.
         let mut g = GraphBuilder::new("vision tower", patches, 0);
@@ -87,7 +172,7 @@ impl VisionTower {
             weight: conv,
             splits: vec![h],
         });
-        let x = bias(&mut g, &mut up, weights, x, "embeddings.patch_embedding.bias", h)?;
+        let x = bias(&mut g, up, weights, x, "embeddings.patch_embedding.bias", h)?;
         let pos = up.weight(&weights.tensor("embeddings.position_embedding.weight", &[patches, h])?)?;
         let pos = g.push1(Op::Embed {
             table: pos,
@@ -98,18 +183,10 @@ impl VisionTower {
         let head_dim = h / cfg.heads;
         for l in 0..cfg.layers {
             let p = format!("encoder.layers.{l}.");
-            let n = layer_norm(
-                &mut g,
-                &mut up,
-                weights,
-                x,
-                &format!("{p}layer_norm1"),
-                h,
-                cfg.eps,
-            )?;
+            let n = layer_norm(&mut g, up, weights, x, &format!("{p}layer_norm1"), h, cfg.eps)?;
             let mut qkv = [n; 3];
             for (v, name) in qkv.iter_mut().zip(["q_proj", "k_proj", "v_proj"]) {
-                *v = linear(&mut g, &mut up, weights, n, &format!("{p}self_attn.{name}"), h, h)?;
+                *v = linear(&mut g, up, weights, n, &format!("{p}self_attn.{name}"), h, h)?;
             }
             let a = g.push1(Op::BlockAttention {
                 q: qkv[0],
@@ -120,28 +197,12 @@ impl VisionTower {
                 scale: (head_dim as f32).powf(-0.5),
                 block: patches,
             });
-            let a = linear(
-                &mut g,
-                &mut up,
-                weights,
-                a,
-                &format!("{p}self_attn.out_proj"),
-                h,
-                h,
-            )?;
+            let a = linear(&mut g, up, weights, a, &format!("{p}self_attn.out_proj"), h, h)?;
             x = g.push1(Op::Add { a: x, b: a });
-            let n = layer_norm(
-                &mut g,
-                &mut up,
-                weights,
-                x,
-                &format!("{p}layer_norm2"),
-                h,
-                cfg.eps,
-            )?;
+            let n = layer_norm(&mut g, up, weights, x, &format!("{p}layer_norm2"), h, cfg.eps)?;
             let m = linear(
                 &mut g,
-                &mut up,
+                up,
                 weights,
                 n,
                 &format!("{p}mlp.fc1"),
@@ -151,7 +212,7 @@ impl VisionTower {
             let m = g.push1(Op::Gelu { x: m });
             let m = linear(
                 &mut g,
-                &mut up,
+                up,
                 weights,
                 m,
                 &format!("{p}mlp.fc2"),
@@ -160,16 +221,13 @@ impl VisionTower {
             )?;
             x = g.push1(Op::Add { a: x, b: m });
         }
-        let x = layer_norm(&mut g, &mut up, weights, x, "post_layernorm", h, cfg.eps)?;
+        let x = layer_norm(&mut g, up, weights, x, "post_layernorm", h, cfg.eps)?;
         let hidden_out = up.activation([patches, h])?;
         g.push(Op::Output {
             x,
             buffer: hidden_out,
         });
-        let tower = up
-            .unit
-            .compile(&g.finish())
-            .map_err(backend("compiling the vision tower"))?;
+        let tower = g.finish();
         // The projector.
         let tokens = cfg.tokens_per_image;
         let mut g = GraphBuilder::new("multimodal projector", tokens, 0);
@@ -198,20 +256,13 @@ impl VisionTower {
             x: y,
             buffer: tokens_out,
         });
-        let projector = up
-            .unit
-            .compile(&g.finish())
-            .map_err(backend("compiling the multimodal projector"))?;
-        Ok(VisionTower {
-            cfg: cfg.clone(),
-            text_hidden,
+        Ok(Built {
+            tower,
+            projector: g.finish(),
             patches_in,
             hidden_out,
-            tower,
             pooled_in,
             tokens_out,
-            projector,
-            buffers: up.buffers,
         })
     }
 
@@ -372,19 +423,40 @@ pub fn pool(cfg: &VisionConfig, hidden: &[f32]) -> Vec<f32> {
 }
 
 /// Uploads to one unit, keeping what it allocated.
+/// Where the graphs' buffers come from: a unit's allocations and uploads, or (`unit` `None`,
+/// [`VisionTower::check`]) none, every buffer [`BufferId::UNBOUND`].
 struct Uploader<'a> {
-    unit: &'a mut dyn ComputeBackend,
+    unit: Option<&'a mut dyn ComputeBackend>,
     buffers: Vec<BufferId>,
+    /// Bytes of the weights taken, as the unit holds them.
+    weight_bytes: u64,
 }
 
 impl Uploader<'_> {
     fn alloc(&mut self, desc: TensorDesc, usage: Usage, what: &str) -> Result<BufferId, ModelError> {
-        let b = self
-            .unit
+        if usage == Usage::Weight {
+            self.weight_bytes += desc
+                .byte_size()
+                .map_err(backend(format!("sizing {what} ({desc})")))?;
+        }
+        let Some(unit) = self.unit.as_deref_mut() else {
+            return Ok(BufferId::UNBOUND);
+        };
+        let b = unit
             .alloc(&desc, usage)
             .map_err(backend(format!("allocating {what} ({desc})")))?;
         self.buffers.push(b);
         Ok(b)
+    }
+
+    /// Writes `data` into `buffer` where there is a unit.
+    fn write(&mut self, buffer: BufferId, data: &[u8], what: &str) -> Result<(), ModelError> {
+        match self.unit.as_deref_mut() {
+            Some(unit) => unit
+                .write(buffer, 0, data)
+                .map_err(backend(format!("uploading {what}"))),
+            None => Ok(()),
+        }
     }
 
     fn activation(&mut self, shape: [usize; 2]) -> Result<BufferId, ModelError> {
@@ -399,9 +471,7 @@ impl Uploader<'_> {
     fn weight_as(&mut self, t: &StoredTensor<'_>, shape: &[usize]) -> Result<WeightRef, ModelError> {
         let desc = TensorDesc::new(t.desc.dtype, shape.to_vec());
         let buffer = self.alloc(desc.clone(), Usage::Weight, &t.name)?;
-        self.unit
-            .write(buffer, 0, t.data)
-            .map_err(backend(format!("uploading {}", t.name)))?;
+        self.write(buffer, t.data, &t.name)?;
         Ok(WeightRef { buffer, desc })
     }
 
@@ -413,6 +483,11 @@ impl Uploader<'_> {
     /// A 2-D `t` transposed, in f32.
     fn transposed(&mut self, t: &StoredTensor<'_>) -> Result<WeightRef, ModelError> {
         let (rows, cols) = (t.desc.shape[0], t.desc.shape[1]);
+        let desc = TensorDesc::new(DType::F32, [cols, rows]);
+        if self.unit.is_none() {
+            let buffer = self.alloc(desc.clone(), Usage::Weight, &t.name)?;
+            return Ok(WeightRef { buffer, desc });
+        }
         let mut values = vec![0f32; rows * cols];
         tandem_backend_api::kit::quant::dequantize_row(t.desc.dtype, t.data, &mut values).map_err(|e| {
             ModelError::Layout {
@@ -426,11 +501,8 @@ impl Uploader<'_> {
                 out[c * rows + r] = values[r * cols + c];
             }
         }
-        let desc = TensorDesc::new(DType::F32, [cols, rows]);
         let buffer = self.alloc(desc.clone(), Usage::Weight, &t.name)?;
-        self.unit
-            .write(buffer, 0, bytemuck::cast_slice(&out))
-            .map_err(backend(format!("uploading {}", t.name)))?;
+        self.write(buffer, bytemuck::cast_slice(&out), &t.name)?;
         Ok(WeightRef { buffer, desc })
     }
 }

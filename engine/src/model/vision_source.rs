@@ -71,6 +71,14 @@ impl VisionSource {
         })
     }
 
+    /// Where its weights are, for reports: the mmproj file, or the model directory.
+    pub fn origin(&self) -> String {
+        match &self.weights {
+            WeightsAt::Hf(dir) => format!("{} (the model's own tower)", dir.display()),
+            WeightsAt::Mmproj(file) => format!("{} (mmproj)", file.display()),
+        }
+    }
+
     /// Rows of the model's image table for `images` images held at once.
     pub fn rows(&self, images: usize) -> usize {
         images * self.config.tokens_per_image

@@ -85,17 +85,7 @@ fn attach_images(
     let Some(source) = loaded.vision.take() else {
         return Ok(());
     };
-    let order: Vec<String> = match &settings.placement.vision {
-        Some(list) => list.clone(),
-        None => {
-            let main = loaded.session.backend().info().name;
-            let mut order = vec![super::placement::plugin_name(&main).to_string()];
-            if order[0] != "cpu" {
-                order.push("cpu".into());
-            }
-            order
-        }
-    };
+    let order = super::vision_plan::vision_order(settings, &loaded.session.backend().info().name);
     let hidden = loaded.session.model().config.hidden_size;
     let mut why = Vec::new();
     let mut found = None;
@@ -145,7 +135,24 @@ pub fn plan(
     slots: usize,
     notices: &mut dyn FnMut(Notice),
 ) -> Result<Planned, LoadError> {
-    Ok(plan_files(search, settings, options, slots, notices)?.0)
+    let (mut planned, files, discovery) = plan_files(search, settings, options, slots, notices)?;
+    // The vision tower, where images were asked for: each unit of its order checked, nothing
+    // uploaded.
+    if let Some(source) = &files.vision {
+        let main = planned
+            .assignment
+            .decode
+            .last()
+            .and_then(|c| planned.placement.candidates.get(c.unit))
+            .map(|(name, _)| name.clone())
+            .unwrap_or_default();
+        let order = super::vision_plan::vision_order(settings, &main);
+        let hidden = files.config.hidden_size;
+        planned.vision = Some(super::vision_plan::plan_vision(
+            source, &order, &discovery, settings, hidden,
+        )?);
+    }
+    Ok(planned)
 }
 
 /// Loads `options.model` onto the units `options.backend` and `settings` name (one backend, or

@@ -40,3 +40,4 @@ pub mod speculative;
 pub mod split;
 pub mod stepper;
 pub mod stop;
+pub mod vision_plan;

@@ -222,6 +222,9 @@ pub struct PlacementReport {
     /// how many products of layers held elsewhere, from how many rows, reading how many bytes of
     /// weights from host memory per prompt chunk.
     pub offload: Option<String>,
+    /// The vision tower's unit and each candidate's verdict, where images were asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vision: Option<VisionReport>,
 }
 
 impl PlacementReport {
@@ -422,6 +425,7 @@ impl PlacementReport {
             offload: super::offload::describe(assignment, graph, &names, &|u| {
                 gib(host[u].iter().map(|&id| tensor_bytes(id, Usage::Weight)).sum())
             }),
+            vision: None,
         }
     }
 
@@ -469,6 +473,39 @@ pub fn gib(bytes: u64) -> String {
     } else {
         "0 B".to_string()
     }
+}
+
+/// One unit of the order and what placement makes of it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct VisionCandidate {
+    /// The name in the order.
+    pub name: String,
+    /// `runs the tower`, `not available: ...`, `refuses: OP: why; ...`, or `not tried` (an
+    /// earlier unit runs it).
+    pub verdict: String,
+}
+
+/// The vision tower in `engine placement`'s report.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct VisionReport {
+    /// Where its weights are.
+    pub source: String,
+    /// Encoder layers.
+    pub layers: usize,
+    /// Width of the encoder.
+    pub hidden: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Patches an image makes (the rows of its bidirectional attention).
+    pub patches: usize,
+    /// Soft tokens an image gives the language model.
+    pub tokens_per_image: usize,
+    /// The unit that runs it; `None` where none of the order does (loading then fails).
+    pub unit: Option<String>,
+    /// Bytes of its weights on that unit (on the first unit checked where none runs it).
+    pub weight_bytes: u64,
+    /// The order, each with its verdict.
+    pub candidates: Vec<VisionCandidate>,
 }
 
 #[cfg(test)]

@@ -135,6 +135,8 @@ pub struct Planned {
     pub regions: Vec<Region>,
     /// The unit of every node, per phase (indices into `placement.candidates`).
     pub assignment: Assignment,
+    /// Where the vision tower runs, where images were asked for and [`crate::plan`] checked it.
+    pub vision: Option<super::placement_report::VisionReport>,
 }
 
 impl Planned {
@@ -191,6 +193,7 @@ impl Planned {
             parts,
             regions,
             assignment,
+            vision: None,
         })
     }
 
@@ -216,6 +219,7 @@ impl Planned {
             .ok()
             .flatten()
             .map(|u| u.describe());
+        report.vision = self.vision.clone();
         report
     }
 
