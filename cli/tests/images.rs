@@ -1,6 +1,7 @@
 //! Images in prompts through the binary (issue 58), on the tiny multimodal `vision` fixture
-//! (tests/fixtures/models/vision, transformers' reference.json): `engine run --image` and `engine
-//! serve`'s chat completions with `image_url` data URLs give transformers' greedy tokens, also
+//! (tests/fixtures/models/vision, transformers' reference.json): `engine run --image`, `engine
+//! chat`'s `/image` and `engine serve`'s chat completions with `image_url` data URLs give
+//! transformers' greedy tokens, also
 //! for two image requests in the same steps; bad images, remote URLs and a model without a
 //! vision tower are clear errors, and the server keeps serving.
 
@@ -376,4 +377,70 @@ fn placement_reports_where_the_vision_tower_runs() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert!(doc.get("vision").is_none(), "{doc}");
+}
+
+/// The fixture's text of `ids` from its tokenizer.json's pieces (`▁` a space, `<0xNN>` a byte).
+fn decode(ids: &[u32]) -> String {
+    let doc: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("vision").join("tokenizer.json")).expect("tokenizer.json"),
+    )
+    .expect("JSON");
+    let vocab = doc["model"]["vocab"].as_object().expect("vocab");
+    let mut bytes = Vec::new();
+    for &id in ids {
+        let piece = vocab
+            .iter()
+            .find(|(_, v)| v.as_u64() == Some(u64::from(id)))
+            .map(|(p, _)| p.as_str())
+            .expect("the id's piece");
+        match piece.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
+            Some(hex) => bytes.push(u8::from_str_radix(hex, 16).expect("a byte")),
+            None => bytes.extend(piece.replace('\u{2581}', " ").into_bytes()),
+        }
+    }
+    String::from_utf8(bytes).expect("UTF-8")
+}
+
+/// `engine chat`'s `/image FILE` on the fixture: the turn's prompt is transformers' chat
+/// rendering with the image's marker, and the greedy reply is transformers' tokens.
+#[test]
+fn chat_answers_an_image_prompt_with_transformers_tokens() {
+    use std::io::Write;
+    let install = Install::new(&["cpu"]);
+    let r = reference();
+    let model = fixture("vision").to_string_lossy().into_owned();
+    let photo = image("photo.png").to_string_lossy().into_owned();
+    let mut child = std::process::Command::new(install.path().join("engine"))
+        .args(["chat", "--model", &model, "--backend", "cpu", "--max-images", "1"])
+        .args(["--temperature", "0", "--max-tokens", "8", "--show-prompt"])
+        .env_remove("TANDEM_PLUGIN_PATH")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("engine starts");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(format!("/image {photo}\nWhat is it?\n").as_bytes())
+        .expect("write stdin");
+    drop(stdin);
+    let out = child.wait_with_output().expect("engine ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("(1 image(s) for the next turn)"), "{stderr}");
+    let chat = r["images"][0]["prompts"]
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .find(|p| p["kind"] == "chat")
+        .expect("the chat prompt");
+    let shown = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("prompt: "))
+        .map(|j| serde_json::from_str::<String>(j).expect("a JSON string"))
+        .unwrap_or_else(|| panic!("no prompt shown: {stderr}"));
+    assert_eq!(shown, chat["text"].as_str().expect("text"));
+    let reply = decode(&greedy(&r, "photo.png", "chat"));
+    assert!(stdout.contains(&reply), "{stdout:?} lacks {reply:?}");
 }
