@@ -352,3 +352,32 @@ fn image_prompts_match_transformers_with_the_tower_on_the_cpu_and_the_model_on_v
     settings.placement.vision = Some(vec!["cpu".into()]);
     image_prompts_match_transformers_with("vulkan", 1e-2, settings, "cpu");
 }
+
+/// `auto`'s measurement of the tower (`vision_plan::time_units`): two CPU units each encode a
+/// blank image through the fixture's tower cut to one layer; both are timed, fastest first, and
+/// a unit that cannot build the tower (the NPU emulator: its kernels run attention only) is
+/// left out.
+#[test]
+fn auto_times_the_cut_tower_on_each_unit_that_runs_it() {
+    use tandem_engine::model::vision_source::VisionSource;
+    use tandem_engine::runtime::vision_plan::time_units;
+    let source = VisionSource::find(&dir(), None).expect("the fixture's tower");
+    let text = Gemma3Config::from_file(&dir().join("config.json")).expect("text config");
+    let found = tandem_conformance::discover();
+    let mut units = Vec::new();
+    for (label, plugin) in [("cpu", "cpu"), ("cpu#2", "cpu"), ("npu-emu", "npu-emu")] {
+        match found.create(plugin, &tandem_conformance::options_for(plugin)) {
+            Ok(b) => units.push((label.to_string(), b)),
+            Err(e) => assert_ne!(plugin, "cpu", "the cpu backend: {e}"),
+        }
+    }
+    let times = time_units(&source, units, text.hidden_size).expect("timed");
+    let names: Vec<&str> = times.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(times.len(), 2, "{times:?}");
+    assert!(names.contains(&"cpu") && names.contains(&"cpu#2"), "{times:?}");
+    assert!(
+        times.iter().all(|(_, ms)| ms.is_finite() && *ms > 0.0),
+        "{times:?}"
+    );
+    assert!(times[0].1 <= times[1].1, "{times:?}");
+}

@@ -152,6 +152,18 @@ pub fn placement_text(report: &PlacementReport) -> String {
             gib(v.weight_bytes),
             v.unit.as_deref().unwrap_or("no unit (loading fails)")
         );
+        if !v.measured.is_empty() {
+            let each: Vec<String> = v
+                .measured
+                .iter()
+                .map(|(n, ms)| format!("{n} {ms:.1} ms"))
+                .collect();
+            let _ = writeln!(
+                o,
+                "  ordered by auto's measurement (one encoder layer, a blank image): {}",
+                each.join(", ")
+            );
+        }
         for c in &v.candidates {
             let _ = writeln!(o, "  {:<10} {}", c.name, c.verdict);
         }
@@ -289,6 +301,7 @@ KV-cache hand-off: 512 bytes per prompt token (2 layers; a sliding layer stops a
                 tokens_per_image: 256,
                 unit: Some("vulkan".into()),
                 weight_bytes: 3 << 29,
+                measured: Vec::new(),
                 candidates: vec![
                     VisionCandidate {
                         name: "npu".into(),

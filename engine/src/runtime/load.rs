@@ -80,13 +80,15 @@ fn attach_images(
     loaded: &mut Loaded,
     discovery: &Discovery,
     settings: &Settings,
+    auto: bool,
     notices: &mut dyn FnMut(Notice),
 ) -> Result<(), LoadError> {
     let Some(source) = loaded.vision.take() else {
         return Ok(());
     };
-    let order = super::vision_plan::vision_order(settings, &loaded.session.backend().info().name);
     let hidden = loaded.session.model().config.hidden_size;
+    let main = loaded.session.backend().info().name;
+    let order = vision_units(&source, discovery, settings, auto, &main, hidden, notices)?.order;
     let mut why = Vec::new();
     let mut found = None;
     for name in &order {
@@ -119,6 +121,32 @@ fn attach_images(
     Ok(())
 }
 
+/// The units the vision tower of `source` may run on, in order, and auto's measurement where it
+/// made one (said in a note; `times` empty otherwise): under plain `auto` without `[placement] vision`, the hardware
+/// units measured fastest first ([`super::vision_plan::measured_order`]), else
+/// [`super::vision_plan::vision_order`] after `main`, the language model's unit.
+fn vision_units(
+    source: &crate::model::vision_source::VisionSource,
+    discovery: &Discovery,
+    settings: &Settings,
+    auto: bool,
+    main: &str,
+    hidden: usize,
+    notices: &mut dyn FnMut(Notice),
+) -> Result<super::vision_plan::Measured, LoadError> {
+    use super::vision_plan::{measured_note, measured_order, vision_order, Measured};
+    if auto && settings.placement.vision.is_none() {
+        if let Some(m) = measured_order(source, discovery, settings, hidden)? {
+            notices(Notice::Note(measured_note(&m.times)));
+            return Ok(m);
+        }
+    }
+    Ok(Measured {
+        order: vision_order(settings, main),
+        times: Vec::new(),
+    })
+}
+
 /// `--backend auto` with neither `[placement]` lists nor `--gpu-layers`: what may split a model
 /// by layers to fit it.
 fn plain_auto(settings: &Settings, options: &ModelOptions) -> bool {
@@ -146,11 +174,12 @@ pub fn plan(
             .and_then(|c| planned.placement.candidates.get(c.unit))
             .map(|(name, _)| name.clone())
             .unwrap_or_default();
-        let order = super::vision_plan::vision_order(settings, &main);
         let hidden = files.config.hidden_size;
-        planned.vision = Some(super::vision_plan::plan_vision(
-            source, &order, &discovery, settings, hidden,
-        )?);
+        let auto = plain_auto(settings, options);
+        let units = vision_units(source, &discovery, settings, auto, &main, hidden, notices)?;
+        let mut report = super::vision_plan::plan_vision(source, &units.order, &discovery, settings, hidden)?;
+        report.measured = units.times;
+        planned.vision = Some(report);
     }
     Ok(planned)
 }
@@ -168,7 +197,13 @@ pub fn load(
 ) -> Result<Loaded, LoadError> {
     let (planned, files, discovery) = plan_files(search, settings, options, slots, notices)?;
     let mut loaded = load_fitted(planned, files, settings, notices, progress)?;
-    attach_images(&mut loaded, &discovery, settings, notices)?;
+    attach_images(
+        &mut loaded,
+        &discovery,
+        settings,
+        plain_auto(settings, options),
+        notices,
+    )?;
     Ok(loaded)
 }
 
@@ -222,7 +257,13 @@ pub fn load_without(
         placement, options, &discovery, settings, may_split, slots, notices,
     )?;
     let mut loaded = load_fitted(planned, files, settings, notices, progress)?;
-    attach_images(&mut loaded, &discovery, settings, notices)?;
+    attach_images(
+        &mut loaded,
+        &discovery,
+        settings,
+        plain_auto(settings, options),
+        notices,
+    )?;
     Ok(loaded)
 }
 
