@@ -257,13 +257,9 @@ pub fn load_without(
         placement, options, &discovery, settings, may_split, slots, notices,
     )?;
     let mut loaded = load_fitted(planned, files, settings, notices, progress)?;
-    attach_images(
-        &mut loaded,
-        &discovery,
-        settings,
-        plain_auto(settings, options),
-        notices,
-    )?;
+    // The tower follows the language model's unit (or `[placement] vision`): auto does not
+    // measure again, which would create the lost units.
+    attach_images(&mut loaded, &discovery, settings, false, notices)?;
     Ok(loaded)
 }
 
