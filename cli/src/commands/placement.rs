@@ -1,6 +1,8 @@
 //! `engine placement`: where every node of the step graph runs and why, what each unit holds,
 //! and what crosses between units, for the placement `--backend` and the config ask for. Nothing
-//! is uploaded. The engine plans and reports ([`tandem_engine::Planned::report`]); the text is
+//! of the model is uploaded (under `--backend auto` with image input on two or more hardware
+//! units, the vision tower cut to one encoder layer is, to time it: see
+//! `tandem_engine::runtime::vision_plan`). The engine plans and reports ([`tandem_engine::Planned::report`]); the text is
 //! rendered here ([`placement_text`]), the JSON is the report serialised.
 
 use std::io::Write;
