@@ -126,6 +126,9 @@ fn main() {
         if variant == "cm2h" {
             defines.push_str("#define ACC_F16 1\n");
         }
+        if variant == "khrp" {
+            defines.push_str("#define PROBE_NO_WLOAD 1\n");
+        }
         let kernel = match variant {
             "" => kernel.to_string(),
             _ => format!("matmul_{variant}"),
@@ -168,6 +171,11 @@ fn main() {
     // matmul_cm2 with f16 accumulators (TANDEM_VULKAN_CM2_ACC=f16).
     for f in FORMATS {
         build("matmul_cm2", Some(f), "cm2h");
+    }
+    // A tuning probe: matmul_khr on f16 weights without their global loads (constant weights;
+    // wrong results), TANDEM_VULKAN_COOPMAT_KERNEL=khrp; the other formats as matmul_khr.
+    for f in FORMATS {
+        build("matmul_khr", Some(f), "khrp");
     }
     for k in PLAIN {
         build(k, None, "");

@@ -145,7 +145,12 @@ Regs fetch(uint k0, uint ke, bool vec_x, bool vec_w) {
             uint64_t row = p.w + uint64_t(n0 + r) * p.row_bytes;
 #if defined(WFMT_F16)
             if (vec_w && c < ke) {
+#if defined(PROBE_NO_WLOAD)
+                // The probe build (matmul_khrp_f16): no weight loads, constant weights.
+                uvec4 h = uvec4(0x3C003C00u + (c & 1u));
+#else
                 uvec4 h = U4s(row + uint64_t(c) * 2).v[0];
+#endif
                 g.wv[2 * i] = f16vec4(unpackFloat2x16(h.x), unpackFloat2x16(h.y));
                 g.wv[2 * i + 1] = f16vec4(unpackFloat2x16(h.z), unpackFloat2x16(h.w));
                 continue;

@@ -149,11 +149,14 @@ const KHR_ROWS: usize = 128;
 /// The KHR cooperative-matrix prefill kernel for `rows` rows: `matmul_khr` from [`KHR_ROWS`],
 /// `matmul_coopmat` below; `TANDEM_VULKAN_COOPMAT_KERNEL=coopmat` (or `=khr`) forces one, for
 /// A/B runs and for the tuning variables that only `matmul_coopmat` reads (tile shapes,
-/// `_X16`, `_BK`, `_MODE`).
+/// `_X16`, `_BK`, `_MODE`); `=khrp` takes `matmul_khrp_f16`, `matmul_khr` without its f16
+/// weight loads, a probe of where the f16 products' time goes (f16 weights only; wrong results).
 fn coopmat_kernel(rows: usize) -> &'static str {
     match std::env::var("TANDEM_VULKAN_COOPMAT_KERNEL").as_deref() {
         Ok("coopmat") => "matmul_coopmat",
         Ok("khr") => "matmul_khr",
+        // The probe build without weight loads (f16 weights only; wrong results).
+        Ok("khrp") => "matmul_khrp",
         _ if rows >= KHR_ROWS => "matmul_khr",
         _ => "matmul_coopmat",
     }
@@ -604,7 +607,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
         // k split where the grid is small.
         // (`matmul_khr` has a compile-time 128 x 128 tile.)
         let kernel = coopmat_kernel(rows);
-        let khr = kernel == "matmul_khr";
+        let khr = kernel.starts_with("matmul_khr");
         let (bx, bw) = if khr { (128, 128) } else { coopmat_tile(rows, n) };
         let (gx, gy) = (div_up(rows, bx), div_up(n, bw));
         let kslice = coopmat_kslice((gx * gy) as usize, k);
