@@ -17,9 +17,6 @@ const COOPMAT_ROWS: usize = 128;
 /// shared memory are sized for up to that).
 const COOPMAT_MAX_HEAD_DIM: usize = 128;
 
-/// Invocations of `to_f16`'s workgroups, each converting 4 values.
-const TO_F16_WG: usize = 256;
-
 /// Whether a block attention of heads of `head_dim` takes `block_attention_coopmat`: where the
 /// device has cooperative matrices, the head has a multiple of 4 dimensions up to 128 (the
 /// kernel pads it to a multiple of 16 in shared memory) and q is 16-byte aligned (vec4 loads).
@@ -93,21 +90,11 @@ pub(super) fn lower(
                 a.heads * a.head_dim
             )));
         }
-        let [gx, gy] = spread(div_up(count, 4 * TO_F16_WG));
-        let convert = |src: ValueId, dst: (u64, u64)| -> Result<Cmd, BackendError> {
-            Ok(Cmd::Dispatch {
-                kernel: "to_f16".into(),
-                spec: [0, 0],
-                push: Push::default().u64(ctx.addr(src)?).u64(dst.0).u32(count as u32).0,
-                groups: [gx, gy, 1],
-                access: Access::new([ctx.span(src)?], [dst]),
-            })
-        };
         // Its head in fragments of 16 (specialisation constant 1) and the probe bits (0).
         let frags = a.head_dim.div_ceil(16) as u32;
         return Ok(vec![
-            convert(a.k, k16)?,
-            convert(a.v, v16)?,
+            super::matmul::to_f16(ctx.span(a.k)?, k16, count),
+            super::matmul::to_f16(ctx.span(a.v)?, v16, count),
             Cmd::Dispatch {
                 kernel: "block_attention_coopmat".into(),
                 spec: [super::attention::coopmat_mode(), frags],

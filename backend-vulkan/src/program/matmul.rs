@@ -5,7 +5,7 @@ use tandem_backend_api::{BackendError, DType, ValueId, ValueShape, WeightRef};
 use tandem_gpu_kit::launch::{div_up, spread};
 use tandem_gpu_kit::matmul::{dot_columns, dot_rows, q4k_matvec_shape, DECODE_ROWS};
 
-use super::cmd::{Access, Cmd, Push};
+use super::cmd::{Access, Cmd, Push, Span};
 use super::{format_name, Ctx, WG};
 use crate::memory::Place;
 use crate::VulkanBackend;
@@ -137,6 +137,22 @@ fn coopmat_x16() -> bool {
 /// `TANDEM_VULKAN_COOPMAT_BK=64`, for tuning runs.
 fn coopmat_bk64() -> bool {
     std::env::var("TANDEM_VULKAN_COOPMAT_BK").is_ok_and(|v| v == "64")
+}
+
+/// Invocations of `to_f16`'s workgroups (`local_size_x`), each converting 4 values.
+const TO_F16_WG: usize = 256;
+
+/// `to_f16` of the `count` f32 values at `src` into `dst` (2 bytes each), one invocation per 4
+/// values: `matmul_cm2`'s and `matmul_khr`'s f16 inputs, block attention's f16 keys and values.
+pub(super) fn to_f16(src: Span, dst: Span, count: usize) -> Cmd {
+    let [gx, gy] = spread(div_up(count, 4 * TO_F16_WG));
+    Cmd::Dispatch {
+        kernel: "to_f16".into(),
+        spec: [0, 0],
+        push: Push::default().u64(src.0).u64(dst.0).u32(count as u32).0,
+        groups: [gx, gy, 1],
+        access: Access::new([src], [dst]),
+    }
 }
 
 /// Rows from which a product on the KHR path takes `matmul_khr` (one 128 x 128 tile shape,
@@ -834,15 +850,7 @@ impl VulkanBackend {
             }
             if st.x16 > 0 {
                 let x16 = (ctx.scratch.0, ctx.scratch.0 + (rows * k * 2) as u64);
-                let count = rows * k;
-                let [gx, gy] = spread(div_up(count, 4 * WG as usize));
-                cmds.push(Cmd::Dispatch {
-                    kernel: "to_f16".into(),
-                    spec: [0, 0],
-                    push: Push::default().u64(input.0).u64(x16.0).u32(count as u32).0,
-                    groups: [gx, gy, 1],
-                    access: Access::new([input.1], [x16]),
-                });
+                cmds.push(to_f16(input.1, x16, rows * k));
                 input = (x16.0, x16);
             }
             if st.w16 > 0 {
