@@ -40,14 +40,17 @@ const FORMATS: [&str; 10] = [
 const BLOCK_FORMATS: [&str; 7] = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"];
 
 /// Kernels built once per weight format.
-const PER_FORMAT: [&str; 8] = [
+const PER_FORMAT: [&str; 9] = [
     "embed",
     "matmul",
     "matmul_tiled",
     "matvec",
     "matmul_coopmat",
-    // The KHR path's kernel from 128 rows (matmul_coopmat below them).
+    // The KHR path's kernel from 128 rows for q4_k (matmul_coopmat below them).
     "matmul_khr",
+    // The KHR path's kernel from 128 rows for every format but q4_k: matmul_khr with k 64 at a
+    // time.
+    "matmul_khr64",
     "matmul_cm2",
     "dequant_f16",
 ];
@@ -129,6 +132,7 @@ fn main() {
         if variant == "khrp" {
             defines.push_str("#define PROBE_NO_WLOAD 1\n");
         }
+
         let kernel = match variant {
             "" => kernel.to_string(),
             _ => format!("matmul_{variant}"),
@@ -177,6 +181,7 @@ fn main() {
     for f in FORMATS {
         build("matmul_khr", Some(f), "khrp");
     }
+
     for k in PLAIN {
         build(k, None, "");
     }

@@ -162,18 +162,24 @@ pub(super) fn to_f16(src: Span, dst: Span, count: usize) -> Cmd {
 /// would be mostly empty, and `matmul_coopmat`'s 32- and 64-row tiles are kept.
 const KHR_ROWS: usize = 128;
 
-/// The KHR cooperative-matrix prefill kernel for `rows` rows: `matmul_khr` from [`KHR_ROWS`],
-/// `matmul_coopmat` below; `TANDEM_VULKAN_COOPMAT_KERNEL=coopmat` (or `=khr`) forces one, for
-/// A/B runs and for the tuning variables that only `matmul_coopmat` reads (tile shapes,
+/// The KHR cooperative-matrix prefill kernel for `rows` rows of weights in format `dt`: from
+/// [`KHR_ROWS`] rows `matmul_khr` for q4_k and `matmul_khr64` for every other format (k 64 at a
+/// time, whole 128-byte pieces of f16 rows; H200, KHR path, prefill 512, same calls
+/// (bench/results/2026-11-29-khr64): 4B f16's products 30.2 ms a step against 46.6 on
+/// `matmul_khr`, 1B's q5_0 products 7.0 against 8.3, but 4B q4_k's 32.9 against 31.0),
+/// `matmul_coopmat` below. `TANDEM_VULKAN_COOPMAT_KERNEL=coopmat`, `=khr` or `=khr64` forces
+/// one, for A/B runs and for the tuning variables that only `matmul_coopmat` reads (tile shapes,
 /// `_X16`, `_BK`, `_MODE`); `=khrp` takes `matmul_khrp_f16`, `matmul_khr` without its f16
 /// weight loads, a probe of where the f16 products' time goes (f16 weights only; wrong results).
-fn coopmat_kernel(rows: usize) -> &'static str {
+fn coopmat_kernel(rows: usize, dt: DType) -> &'static str {
     match std::env::var("TANDEM_VULKAN_COOPMAT_KERNEL").as_deref() {
         Ok("coopmat") => "matmul_coopmat",
         Ok("khr") => "matmul_khr",
+        Ok("khr64") => "matmul_khr64",
         // The probe build without weight loads (f16 weights only; wrong results).
         Ok("khrp") => "matmul_khrp",
-        _ if rows >= KHR_ROWS => "matmul_khr",
+        _ if rows >= KHR_ROWS && dt == DType::Q4K => "matmul_khr",
+        _ if rows >= KHR_ROWS => "matmul_khr64",
         _ => "matmul_coopmat",
     }
 }
@@ -215,7 +221,7 @@ impl Staging {
             )
         } else if is_coopmat(&c.kernel) {
             let family = if c.kernel.starts_with("matmul_khr") {
-                "matmul_khr"
+                "matmul_khr64"
             } else {
                 "matmul_coopmat"
             };
@@ -381,15 +387,23 @@ fn cm2_rows_override() -> Option<usize> {
     env_usize("TANDEM_VULKAN_CM2_ROWS", 1..=usize::MAX)
 }
 
-/// Whether a q4_k product of `rows` rows takes `matmul_khr` even where the device has
-/// cooperative matrix 2: from [`KHR_ROWS`] rows (prefill), unless `TANDEM_VULKAN_CM2_Q4K=1`.
-/// H200, prefill 512, 4B q4_k's products: 31.4 ms a step on `matmul_khr` against 35.9 on
+/// Whether a product of `rows` rows takes the KHR path's kernel even where the device has
+/// cooperative matrix 2: q4_k (`matmul_khr`) and f16 (`matmul_khr64`) weights from [`KHR_ROWS`]
+/// rows (prefill), unless `TANDEM_VULKAN_CM2_Q4K=1` (q4_k) or `TANDEM_VULKAN_CM2_F16=1` (f16).
+/// H200, prefill 512: 4B q4_k's products 31.4 ms a step on `matmul_khr` against 35.9 on
 /// `matmul_cm2` (dequantised to f16 first), same call; 1B's q4_k products 4.0 ms against 6.0
-/// with `matmul_cm2`'s f16 accumulators (bench/results/2026-11-28-prefill-khr2/). Other formats
-/// keep `matmul_cm2` (1B's q5_0 products: 7.8 ms on `matmul_khr` against 5.0 on `matmul_cm2`
-/// with f16 accumulators, in another call: not measured against f32 accumulators).
-fn q4k_takes_khr(dt: DType, rows: usize) -> bool {
-    dt == DType::Q4K && rows >= KHR_ROWS && !std::env::var("TANDEM_VULKAN_CM2_Q4K").is_ok_and(|v| v == "1")
+/// with `matmul_cm2`'s f16 accumulators (bench/results/2026-11-28-prefill-khr2/); 4B f16's
+/// 30.4 ms on `matmul_khr64` against 32.6 on `matmul_cm2` (bench/results/2026-11-29-khr64/).
+/// Other formats keep `matmul_cm2` (1B's q5_0 products: 7.8 ms on `matmul_khr` against 5.0 on
+/// `matmul_cm2` with f16 accumulators, in another call: not measured against f32 accumulators).
+fn takes_khr(dt: DType, rows: usize) -> bool {
+    let forced = |v: &str| std::env::var(v).is_ok_and(|v| v == "1");
+    rows >= KHR_ROWS
+        && match dt {
+            DType::Q4K => !forced("TANDEM_VULKAN_CM2_Q4K"),
+            DType::F16 => !forced("TANDEM_VULKAN_CM2_F16"),
+            _ => false,
+        }
 }
 
 /// `matmul_cm2_<fmt>`'s input rows per tile: 128, or the rows rounded up to 32 below that.
@@ -607,7 +621,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
     } else {
         8
     };
-    if cm2 && coopmat && rows >= cm2_rows_override().unwrap_or(CM2_ROWS) && !q4k_takes_khr(dt, rows) {
+    if cm2 && coopmat && rows >= cm2_rows_override().unwrap_or(CM2_ROWS) && !takes_khr(dt, rows) {
         let (bm, bn) = (cm2_bm(rows), cm2_bn(rows));
         let (gx, gy) = (div_up(n, bm), div_up(rows, bn));
         let kslice = cm2_kslice(rows, (gx * gy) as usize, k);
@@ -622,7 +636,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
         // Prefill on KHR cooperative matrices: BX input rows x BW weight rows per workgroup,
         // k split where the grid is small.
         // (`matmul_khr` has a compile-time 128 x 128 tile.)
-        let kernel = coopmat_kernel(rows);
+        let kernel = coopmat_kernel(rows, dt);
         let khr = kernel.starts_with("matmul_khr");
         let (bx, bw) = if khr { (128, 128) } else { coopmat_tile(rows, n) };
         let (gx, gy) = (div_up(rows, bx), div_up(n, bw));
@@ -1021,8 +1035,8 @@ mod tests {
             // Float weights keep their kernels.
             assert_eq!(choose(8, 2560, 2560, DType::F16, dot).kernel, "matvec_f16");
         }
-        // Prefill: cooperative matrices where the device has them (matmul_khr from 128 rows),
-        // else tiles.
+        // Prefill: cooperative matrices where the device has them (from 128 rows matmul_khr for
+        // q4_k, matmul_khr64 for the other formats), else tiles.
         if ["TILE", "GROUPS", "KSPLIT", "MODE", "X16", "KERNEL"]
             .iter()
             .all(|v| std::env::var_os(format!("TANDEM_VULKAN_COOPMAT_{v}")).is_none())
@@ -1033,7 +1047,11 @@ mod tests {
             );
             assert_eq!(
                 choose(128, 2560, 2560, DType::Q8_0, u(true, false)).kernel,
-                "matmul_khr_q8_0"
+                "matmul_khr64_q8_0"
+            );
+            assert_eq!(
+                choose(512, 2560, 2560, DType::F16, u(true, false)).kernel,
+                "matmul_khr64_f16"
             );
             // 4B's gate and up at 512 rows: 128 x 128 tiles, a grid of 4 x 160, k whole; at 100
             // rows matmul_coopmat's 128 x 128 (f16 input: MODE bit 3), k in 2 (160 workgroups).
@@ -1076,6 +1094,11 @@ mod tests {
                 let st = Staging::of(&c, DType::Q5_0, 512, 20480, 2560).unwrap();
                 assert_eq!((st.x16, st.w16, st.part), (512 * 2560 * 2, 20480 * 2560 * 2, 0));
                 assert_eq!(st.f16_kernel.0, "matmul_cm2_f16");
+                if std::env::var_os("TANDEM_VULKAN_CM2_F16").is_none() {
+                    // f16 prefill takes matmul_khr64 on a cooperative-matrix-2 device too.
+                    let c = choose(512, 20480, 2560, DType::F16, u(true, true));
+                    assert_eq!(c.kernel, "matmul_khr64_f16");
+                }
                 if std::env::var_os("TANDEM_VULKAN_CM2_Q4K").is_none() {
                     let c = choose(512, 20480, 2560, DType::Q4K, u(true, true));
                     assert_eq!(c.kernel, "matmul_khr_q4_k");
@@ -1105,7 +1128,7 @@ mod tests {
             && std::env::var_os("TANDEM_VULKAN_CM2_BM").is_none()
             && std::env::var_os("TANDEM_VULKAN_CM2_ROWS").is_none()
         {
-            // (q5_0: q4_k's prefill products take matmul_khr, see q4k_takes_khr.)
+            // (q5_0: q4_k's prefill products take matmul_khr, see takes_khr.)
             let c = choose(512, 2560, 2560, DType::Q5_0, u(true, true));
             assert_eq!(c.kernel, "matmul_cm2_q5_0");
             assert_eq!((c.spec, c.groups), ([128, 128 | 2 << 16], [20, 4, 1]));
