@@ -258,8 +258,9 @@ fn every_weight_format_matches_the_cpu_reference() {
 /// tiles of input rows), 133 weight rows split 70 + 63 (partial tiles of weight rows, a split
 /// inside a tile), k not a multiple of the tile's 32 (float formats) or an odd number of
 /// blocks. Where the device has cooperative matrices (not lavapipe: the H200 runs this binary
-/// with them) the KHR kernels take these rows: as chosen (`matmul_coopmat` at 100 rows,
-/// `matmul_khr` from 128), with k split in 3 (partial tiles summed by `matmul_reduce`), with
+/// with them) the KHR kernels take these rows: as chosen (`matmul_coopmat` at 100 rows, from 128
+/// `matmul_khr` for q4_k and `matmul_khr64` for the others, and at 513 rows each of the two
+/// forced on every format), with k split in 3 (partial tiles summed by `matmul_reduce`), with
 /// block formats dequantised first, and `matmul_coopmat` at 513 rows with each of its tile shapes
 /// forced, with its f32 input converted in the loads (not by `to_f16` first), with q4_k decoded
 /// in the loads and with k taken 64 at a time.
@@ -288,6 +289,14 @@ fn prefill_products_at_odd_sizes_match_the_cpu_reference() {
             // q4_k decoded in the loads rather than staged.
             &[COOPMAT, ("TANDEM_VULKAN_COOPMAT_MODE", "16")],
             &[COOPMAT, ("TANDEM_VULKAN_COOPMAT_BK", "64")],
+            // Each KHR kernel from 128 rows on every format (by default q4_k takes
+            // matmul_khr and the others matmul_khr64).
+            &[("TANDEM_VULKAN_COOPMAT_KERNEL", "khr")],
+            &[("TANDEM_VULKAN_COOPMAT_KERNEL", "khr64")],
+            &[
+                ("TANDEM_VULKAN_COOPMAT_KERNEL", "khr64"),
+                ("TANDEM_VULKAN_COOPMAT_KSPLIT", "3"),
+            ],
         ]
     } else {
         &[&[]]
