@@ -121,7 +121,21 @@ fn main() {
     // `variant`: "" for the kernel itself, or the name of a build of it with more defines
     // (`cm2h`: matmul_cm2 with `ACC_F16`, named matmul_cm2h_<fmt>).
     let mut build = |kernel: &str, format: Option<&str>, variant: &str| {
-        let body = read(&format!("{kernel}.comp"));
+        // `#include "name"` lines take the text of shaders/vulkan/name (one level: the included
+        // files include nothing).
+        let body: String = read(&format!("{kernel}.comp"))
+            .lines()
+            .map(|line| {
+                match line
+                    .trim()
+                    .strip_prefix("#include \"")
+                    .and_then(|r| r.strip_suffix('"'))
+                {
+                    Some(name) => read(name),
+                    None => format!("{line}\n"),
+                }
+            })
+            .collect();
         let mut defines = match format {
             Some(f) => format!("#define WFMT_{} 1\n", f.to_uppercase()),
             None => String::new(),

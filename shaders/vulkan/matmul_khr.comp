@@ -31,23 +31,7 @@ layout(local_size_x = THREADS) in;
 #define BW 128
 #define BX 128
 
-layout(push_constant, scalar) uniform Params {
-    uint64_t w;
-    uint64_t x;
-    uint64_t dst0;
-    uint64_t dst1;
-    uint64_t dst2;
-    uint64_t dst3;
-    uint k;
-    uint n;
-    uint rows;
-    uint row_bytes;
-    uint end0;
-    uint end1;
-    uint end2;
-    uint64_t part;
-    uint kslice; // 0: the whole k, stored into the outputs
-} p;
+#include "khr_params.glsl"
 
 #define BK 32
 // Row stride of the shared tiles in f16vec2s: 40 halves, 80 bytes.
@@ -241,47 +225,7 @@ void stage(Regs g, uint k0, uint buf) {
 #endif
 }
 
-// Accumulator (i, j) of this subgroup into the outputs (or the split-k partial `slice`),
-// through the subgroup's 16x16 slot of shared memory: 256 f32 values in the first input
-// buffer (free once the loop's last barrier has passed), one f16vec2 per value's bits.
-void store(coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> acc, uint i, uint j, uint64_t slice) {
-    uint sg = gl_SubgroupID;
-    uint lane = gl_SubgroupInvocationID;
-    uint m0 = gl_WorkGroupID.x * BX;
-    uint n0 = gl_WorkGroupID.y * BW;
-    uint wx = (sg & 1u) * (BX / 2);
-    uint ww = (sg >> 1) * (BW / (WARPS / 2));
-    coopMatStore(acc, xs, sg * 256, 16, gl_CooperativeMatrixLayoutRowMajor);
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();
-    [[unroll]] for (uint t = 0; t < 8; t++) {
-        uint e = lane + 32 * t;
-        uint row = m0 + wx + i * 16 + e / 16;
-        uint col = n0 + ww + j * 16 + e % 16;
-        if (row >= p.rows || col >= p.n) {
-            continue;
-        }
-        float v = uintBitsToFloat(packFloat2x16(xs[sg * 256 + e]));
-        if (p.kslice != 0u) {
-            st_f32(slice, uint64_t(row) * p.n + col, v);
-            continue;
-        }
-        uint64_t dst;
-        uint c;
-        uint width;
-        if (col < p.end0) {
-            dst = p.dst0; c = col; width = p.end0;
-        } else if (col < p.end1) {
-            dst = p.dst1; c = col - p.end0; width = p.end1 - p.end0;
-        } else if (col < p.end2) {
-            dst = p.dst2; c = col - p.end1; width = p.end2 - p.end1;
-        } else {
-            dst = p.dst3; c = col - p.end2; width = p.n - p.end2;
-        }
-        st_f32(dst, uint64_t(row) * width + c, v);
-    }
-    subgroupBarrier();
-}
+#include "khr_store.glsl"
 
 void main() {
     uint sg = gl_SubgroupID;
