@@ -10,9 +10,9 @@
 //
 // Pipeline: each invocation fetches a later step's input and weight into registers while the
 // current step multiplies; a step is written into shared memory between two barriers (write,
-// barrier, products, barrier). Measured and dropped (bench/results/2026-11-29-khr64): loads
-// two steps ahead for the block formats (4B f16 13,073 tok/s against 13,382 before the float
-// loop below), four subgroups of 64 x 64 (8,251).
+// barrier, products, barrier). Measured and dropped (bench/results/2026-11-29-khr64): two
+// register sets taken in turn, loads two steps ahead, on every format (4B f16 13,073 tok/s
+// against 13,382 with one set, before the float loop below), four subgroups of 64 x 64 (8,251).
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
