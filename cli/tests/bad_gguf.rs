@@ -9,7 +9,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::{error_line, Install};
 use tandem_engine::model::files::{CACHE_DIR_VAR, DEFAULT_MODEL_FILE, DEFAULT_MODEL_SIZE};
@@ -95,8 +95,8 @@ fn embedding(type_id: u32) -> Tensor {
 
 /// Runs the installed engine with `args` and extra environment variables.
 fn run_with_env(install: &Install, args: &[&str], env: &[(&str, &Path)]) -> Output {
-    let mut cmd = Command::new(install.path().join("engine"));
-    cmd.args(args).env_remove("TANDEM_PLUGIN_PATH");
+    let mut cmd = install.command();
+    cmd.args(args);
     for (key, value) in env {
         cmd.env(key, value);
     }

@@ -11,7 +11,7 @@ mod common;
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
 use common::Install;
 use serde_json::Value;
@@ -42,10 +42,10 @@ fn chat(install: &Install, flags: &[&str], input: &str) -> Output {
 /// `engine chat` on the fixture with only `flags`, and `input` on stdin (then closed).
 fn chat_with(install: &Install, flags: &[&str], input: &str) -> Output {
     let model = fixture();
-    let mut child = Command::new(install.path().join("engine"))
+    let mut child = install
+        .command()
         .args(["chat", "--model", model.to_str().unwrap(), "--backend", "cpu"])
         .args(flags)
-        .env_remove("TANDEM_PLUGIN_PATH")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -34,11 +34,10 @@ fn random() -> PathBuf {
 /// `engine chat` on `model` in a pseudo-terminal, greedy, with `--show-prompt` and `flags`; its
 /// history under `state`.
 fn chat(install: &Install, model: &Path, flags: &[&str], state: &Path) -> PtySession {
-    let mut cmd = Command::new(install.path().join("engine"));
+    let mut cmd = install.command();
     cmd.args(["chat", "--model", model.to_str().unwrap(), "--backend", "cpu"])
         .args(["--temperature", "0", "--show-prompt"])
         .args(flags)
-        .env_remove("TANDEM_PLUGIN_PATH")
         .env("XDG_STATE_HOME", state)
         .env("TERM", "xterm");
     spawn(cmd)
@@ -187,11 +186,10 @@ fn ctrl_c_during_a_long_reply_stops_it_and_the_next_turn_works() {
     let flags = ["--context", "16384", "--max-tokens", "4000"];
     // The whole reply (about 3 s of tokens here), piped: what an unstopped reply would be.
     let whole = {
-        let mut cmd = Command::new(install.path().join("engine"));
+        let mut cmd = install.command();
         cmd.args(["chat", "--model", random().to_str().unwrap(), "--backend", "cpu"])
             .args(["--temperature", "0"])
             .args(flags)
-            .env_remove("TANDEM_PLUGIN_PATH")
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null());
@@ -249,11 +247,10 @@ fn run_shows_a_long_prompts_progress_on_a_terminal_and_clears_it_before_the_text
     let install = Install::new(&["cpu"]);
     // 3000 prompt tokens fed one per step: well over the bar's 0.3 s.
     let tokens = vec!["100"; 3000].join(",");
-    let mut cmd = Command::new(install.path().join("engine"));
+    let mut cmd = install.command();
     cmd.args(["run", "--model", random().to_str().unwrap(), "--backend", "cpu"])
         .args(["--tokens", &tokens, "--chunk", "1", "--context", "4096"])
         .args(["--max-tokens", "3", "--temperature", "0"])
-        .env_remove("TANDEM_PLUGIN_PATH")
         .env("TERM", "xterm");
     let options = Options::new().timeout_ms(Some(60_000));
     let mut p = spawn_with_options(cmd, options).unwrap();

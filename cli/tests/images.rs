@@ -233,12 +233,9 @@ fn bench_measures_the_tower_and_the_image_prefill() {
 #[test]
 fn the_vision_tower_takes_the_first_unit_of_its_list_that_runs_it() {
     let install = Install::new(&["cpu"]);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = dir.path().join("tandem.toml");
-    std::fs::write(&config, "[placement]\nvision = [\"nosuch\", \"cpu\"]\n").expect("config");
+    let cfg = install.config("[placement]\nvision = [\"nosuch\", \"cpu\"]\n");
     let model = fixture("vision").to_string_lossy().into_owned();
     let photo = image("photo.png").to_string_lossy().into_owned();
-    let cfg = config.to_string_lossy().into_owned();
     let args = [
         "run",
         "--config",
@@ -264,7 +261,8 @@ fn the_vision_tower_takes_the_first_unit_of_its_list_that_runs_it() {
     let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(ids(&doc["tokens"]), greedy(&reference(), "photo.png", "raw"));
     // Nothing in the list runs it: an error naming what was tried.
-    std::fs::write(&config, "[placement]\nvision = [\"nosuch\"]\n").expect("config");
+    // (The same file as `--config` names.)
+    assert_eq!(install.config("[placement]\nvision = [\"nosuch\"]\n"), cfg);
     let line = error_line(&args, &install.run(&args));
     assert!(line.contains("nosuch"), "{line}");
 }
@@ -325,15 +323,8 @@ fn bench_profiles_the_vision_tower() {
 #[test]
 fn placement_reports_where_the_vision_tower_runs() {
     let install = Install::new(&["cpu", "npu_emu"]);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = dir.path().join("tandem.toml");
-    std::fs::write(
-        &config,
-        "[placement]\nvision = [\"nosuch\", \"npu-emu\", \"cpu\"]\n",
-    )
-    .expect("config");
+    let cfg = install.config("[placement]\nvision = [\"nosuch\", \"npu-emu\", \"cpu\"]\n");
     let model = fixture("vision").to_string_lossy().into_owned();
-    let cfg = config.to_string_lossy().into_owned();
     let args = [
         "placement",
         "--config",
@@ -410,10 +401,10 @@ fn chat_answers_an_image_prompt_with_transformers_tokens() {
     let r = reference();
     let model = fixture("vision").to_string_lossy().into_owned();
     let photo = image("photo.png").to_string_lossy().into_owned();
-    let mut child = std::process::Command::new(install.path().join("engine"))
+    let mut child = install
+        .command()
         .args(["chat", "--model", &model, "--backend", "cpu", "--max-images", "1"])
         .args(["--temperature", "0", "--max-tokens", "8", "--show-prompt"])
-        .env_remove("TANDEM_PLUGIN_PATH")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

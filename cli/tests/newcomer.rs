@@ -8,7 +8,7 @@ mod http;
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use common::Install;
 use serde_json::Value;
@@ -68,9 +68,9 @@ fn every_flag_the_readme_names_is_one_help_knows() {
 /// Runs `engine args` in `install` with `stdin`, asserts exit 0 and that stderr holds only
 /// tandem's own lines; returns stdout.
 fn ok(install: &Install, args: &[&str], stdin: &str) -> String {
-    let mut child = Command::new(install.path().join("engine"))
+    let mut child = install
+        .command()
         .args(args)
-        .env_remove("TANDEM_PLUGIN_PATH")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -201,10 +201,10 @@ fn auto_without_a_display_prints_only_tandems_own_lines() {
     let install = Install::new(&["cpu", "vulkan", "wgpu"]);
     let model = fixture();
     let run = |backend: &str| {
-        Command::new(install.path().join("engine"))
+        install
+            .command()
             .args(["run", "--model", model.to_str().unwrap(), "--tokens", "2,17,5"])
             .args(["--max-tokens", "2", "--temperature", "0", "--backend", backend])
-            .env_remove("TANDEM_PLUGIN_PATH")
             .env_remove("XDG_RUNTIME_DIR")
             .env_remove("WAYLAND_DISPLAY")
             .env_remove("NODEVICE_SELECT")
@@ -250,10 +250,10 @@ fn chat_past_the_context_drops_its_oldest_turns_with_one_note() {
     let model = fixture();
     let args = ["chat", "--model", model.to_str().unwrap(), "--backend", "cpu"];
     let turn = "tell me about the quick brown fox and the lazy dog\n";
-    let mut child = Command::new(install.path().join("engine"))
+    let mut child = install
+        .command()
         .args(args)
         .args(["--context", "96", "--max-tokens", "8", "--temperature", "0"])
-        .env_remove("TANDEM_PLUGIN_PATH")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -280,10 +280,10 @@ fn chat_on_a_model_without_a_template_says_so_once() {
         return;
     };
     let install = Install::new(&["cpu"]);
-    let mut child = Command::new(install.path().join("engine"))
+    let mut child = install
+        .command()
         .args(["chat", "--model", model.to_str().unwrap(), "--backend", "cpu"])
         .args(["--max-tokens", "2", "--temperature", "0"])
-        .env_remove("TANDEM_PLUGIN_PATH")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -452,10 +452,10 @@ fn start_up_off_a_terminal_prints_no_progress_and_auto_reads_its_adapter_cache()
     let cache = tempfile::tempdir().unwrap();
     let model = fixture();
     let run = |backend: &str| {
-        let out = Command::new(install.path().join("engine"))
+        let out = install
+            .command()
             .args(["run", "--model", model.to_str().unwrap(), "--tokens", "2,17,5"])
             .args(["--max-tokens", "1", "--temperature", "0", "--backend", backend])
-            .env_remove("TANDEM_PLUGIN_PATH")
             .env("TANDEM_CACHE_DIR", cache.path())
             .output()
             .expect("engine runs");

@@ -382,11 +382,11 @@ fn a_wrong_or_missing_api_key_is_401() {
 /// returns its stderr.
 fn refused(install: &Install, args: &[&str]) -> String {
     use std::io::BufRead;
-    let mut child = Command::new(install.path().join("engine"))
+    let mut child = install
+        .command()
         .arg("serve")
         .args(["--host", "127.0.0.1", "--port", "0"])
         .args(args)
-        .env_remove("TANDEM_PLUGIN_PATH")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -425,9 +425,7 @@ fn flags_that_cannot_serve_are_refused_at_start_up() {
         assert!(err.contains("--model-name") && err.contains("empty"), "{err}");
     }
     // 1024 slots of the fixture's 256-token context are about 384 MiB of KV cache.
-    let config = install.path().join("tandem.toml");
-    std::fs::write(&config, "[backend.cpu]\nmemory_limit = \"64MiB\"\n").expect("config");
-    let config = config.to_string_lossy().into_owned();
+    let config = install.config("[backend.cpu]\nmemory_limit = \"64MiB\"\n");
     let err = refused(
         &install,
         &[&base[..], &["--config", &config, "--parallel", "1024"]].concat(),

@@ -46,6 +46,14 @@ impl Install {
         self.dir.path()
     }
 
+    /// The install's engine as a command, without the test environment's
+    /// `TANDEM_PLUGIN_PATH` (so the search path is the install directory).
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(self.dir.path().join("engine"));
+        cmd.env_remove("TANDEM_PLUGIN_PATH");
+        cmd
+    }
+
     pub fn run(&self, args: &[&str]) -> Output {
         self.run_env(args, &[])
     }
@@ -53,12 +61,18 @@ impl Install {
     /// [`Install::run`] with `vars` set for the engine alone (not for the test process, whose
     /// other tests run beside it).
     pub fn run_env(&self, args: &[&str], vars: &[(&str, &str)]) -> Output {
-        Command::new(self.dir.path().join("engine"))
+        self.command()
             .args(args)
-            .env_remove("TANDEM_PLUGIN_PATH")
             .envs(vars.iter().copied())
             .output()
             .expect("engine runs")
+    }
+
+    /// Writes `text` as `tandem.toml` in the install directory; returns its path for `--config`.
+    pub fn config(&self, text: &str) -> String {
+        let path = self.dir.path().join("tandem.toml");
+        std::fs::write(&path, text).expect("config");
+        path.to_string_lossy().into_owned()
     }
 
     /// stdout with the install directory replaced by `[DIR]`.
