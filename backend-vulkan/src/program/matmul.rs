@@ -493,10 +493,26 @@ fn dot_nc_override() -> Option<usize> {
     env_usize("TANDEM_VULKAN_DOT_NC", 1..=8)
 }
 
-/// `TANDEM_VULKAN_DOT_Q4K1=1`: one-row q4_k products take `matvec_dot_q4_k` too (by default
-/// they take `matvec_q4k`), for tuning runs.
-fn dot_q4k_one_row() -> bool {
-    std::env::var("TANDEM_VULKAN_DOT_Q4K1").is_ok_and(|v| v == "1")
+/// Weight elements (n x k) from which a one-row q4_k product takes `matvec_dot_q4_k` (its input
+/// quantised by a `quantize_q8` dispatch first) rather than `matvec_q4k`. The integer dots
+/// decode a value in fewer instructions than `matvec_q4k`'s float decode, which stays near
+/// 1.3 TB/s on the H200, but they lose on the smaller products. H200, decode at batch 1
+/// (`bench/decode-probe.sh`, bench/results/2026-11-29-decode-norm-dot): 27B, whose products
+/// are 22M to 231M elements, 76.2 tok/s with none on the dots, 86.0 with all, 85.9 from 100M
+/// (its FFN); 4B (5M to 52M) 277.8 with none, 259.3 with all, 270.8 from 40M (its FFN up).
+const DOT_Q4K_ONE_ROW_FROM: usize = 100 << 20;
+
+/// Whether a one-row q4_k product of `n x k` takes `matvec_dot_q4_k` ([`DOT_Q4K_ONE_ROW_FROM`]).
+/// For tuning runs: `TANDEM_VULKAN_DOT_Q4K1=1` sends every one of them there, `=0` none;
+/// `TANDEM_VULKAN_DOT_Q4K1_FROM=<elements>` moves the threshold.
+fn dot_q4k_one_row(n: usize, k: usize) -> bool {
+    match std::env::var("TANDEM_VULKAN_DOT_Q4K1").as_deref() {
+        Ok("1") => return true,
+        Ok("0") => return false,
+        _ => {}
+    }
+    let from = env_usize("TANDEM_VULKAN_DOT_Q4K1_FROM", 0..=usize::MAX).unwrap_or(DOT_Q4K_ONE_ROW_FROM);
+    n.saturating_mul(k) >= from
 }
 
 /// Whether a `matvec_dot` choice takes its input at 16 bits (two byte planes, twice the dot
@@ -674,7 +690,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
             kslice: 0,
         };
     }
-    if int_dot && !float && k.is_multiple_of(32) && (dt != DType::Q4K || rows > 1 || dot_q4k_one_row()) {
+    if int_dot && !float && k.is_multiple_of(32) && (dt != DType::Q4K || rows > 1 || dot_q4k_one_row(n, k)) {
         // Integer dot products on the quantised input: R = 1, 2, 4 or 8 input rows and NC
         // weight rows per workgroup.
         let r = dot_rows(rows);
@@ -1023,6 +1039,11 @@ mod tests {
                 ("matvec_dot_q4_k", [8, 1 | 1 << 16], [2560, 1, 1])
             );
             assert_eq!(choose(1, 2560, 2560, DType::Q4K, dot).kernel, "matvec_q4k");
+            // Large one-row q4_k products (27B's FFN up, 43008 x 5376) take the dots.
+            if std::env::var_os("TANDEM_VULKAN_DOT_Q4K1_FROM").is_none() {
+                assert_eq!(choose(1, 43_008, 5376, DType::Q4K, dot).kernel, "matvec_dot_q4_k");
+                assert_eq!(choose(1, 43_008, 5376, DType::Q4K, u(true, true)).kernel, "matvec_q4k");
+            }
             // One row of 1B's FFN down (q5_0): one weight row per workgroup, 1,152 of them.
             let c = choose(1, 1152, 6912, DType::Q5_0, dot);
             assert_eq!(
