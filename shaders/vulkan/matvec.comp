@@ -2,7 +2,7 @@
 //
 // One workgroup of 128 invocations per NC consecutive weight rows (output columns) and R
 // (specialisation constant 0) input rows. Specialisation constant 1 is NC, plus 256 for the
-// subgroup mode:
+// subgroup mode, plus 512 U where the host sets U (slots per invocation and loop trip):
 // - split mode (block formats, one input row): the 128 invocations split the NC rows' k
 //   between them, invocation i decoding "slots" i, i + 128, ... of each row; the sums meet in
 //   a subgroupAdd, then across subgroups through shared memory.
@@ -22,12 +22,14 @@ layout(constant_id = 0) const uint R = 1;
 layout(constant_id = 1) const uint MODE = 4;
 // Weight rows per workgroup.
 const uint NC = MODE & 255u;
-const bool SG_ROWS = (MODE >> 8) != 0u;
+const bool SG_ROWS = ((MODE >> 8) & 1u) != 0u;
 // Weight rows in hand at a time: NC (split mode), NC / 4 (subgroup mode), at least 1.
 const uint NR = SG_ROWS ? (NC >= 8u ? NC / 4u : 1u) : NC;
-// Slots per invocation and loop trip: two for one input row and at most two weight rows (more
-// loads in flight), else one (the registers go to the other rows).
-const uint U = (R == 1u && NR <= 2u) ? 2u : 1u;
+// Slots per invocation and loop trip: bits 9-11 of MODE where set (1 to 4), else two for one
+// input row and at most two weight rows (more loads in flight), else one (the registers go to
+// the other rows).
+const uint U_SET = (MODE >> 9) & 7u;
+const uint U = U_SET != 0u ? U_SET : ((R == 1u && NR <= 2u) ? 2u : 1u);
 #define WGS 128u
 // Partial sums of each subgroup (at least 4 invocations each).
 shared float partial[NR * R][32];

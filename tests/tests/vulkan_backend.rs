@@ -222,13 +222,28 @@ fn every_weight_format_matches_the_cpu_reference() {
             DType::F32 | DType::F16 | DType::Bf16 => &[512, 208, 200, 230, 97],
             _ => &[512, 32 * 7],
         };
-        // The matrix-vector kernel's weight rows per workgroup: as chosen, then forced to 1 (two
-        // slots per loop trip) and 8 (two rows per subgroup in subgroup mode).
-        let forced = [(&ks[0], Some("1")), (&ks[0], Some("8"))];
+        // The matrix-vector kernel's weight rows per workgroup and slots per loop trip: as
+        // chosen, then forced to 1 row (two slots per trip), 8 (two rows per subgroup in
+        // subgroup mode), 8 with four slots a trip, 16 with three.
+        let forced = [
+            (&ks[0], Some(("1", None))),
+            (&ks[0], Some(("8", None))),
+            (&ks[0], Some(("8", Some("4")))),
+            (&ks[0], Some(("16", Some("3")))),
+        ];
         for (&k, cols) in ks.iter().map(|k| (k, None)).chain(forced) {
             match cols {
-                Some(c) => std::env::set_var("TANDEM_VULKAN_MATVEC_COLS", c),
-                None => std::env::remove_var("TANDEM_VULKAN_MATVEC_COLS"),
+                Some((c, u)) => {
+                    std::env::set_var("TANDEM_VULKAN_MATVEC_COLS", c);
+                    match u {
+                        Some(u) => std::env::set_var("TANDEM_VULKAN_MATVEC_U", u),
+                        None => std::env::remove_var("TANDEM_VULKAN_MATVEC_U"),
+                    }
+                }
+                None => {
+                    std::env::remove_var("TANDEM_VULKAN_MATVEC_COLS");
+                    std::env::remove_var("TANDEM_VULKAN_MATVEC_U");
+                }
             }
             let bytes = weight_bytes(&mut rng, d, 37, k);
             // Matrix-vector rows 1..8 (R = 1, 2, 4, 8), several row slices (9, 17, 32, 33),
@@ -251,6 +266,7 @@ fn every_weight_format_matches_the_cpu_reference() {
             }
         }
         std::env::remove_var("TANDEM_VULKAN_MATVEC_COLS");
+        std::env::remove_var("TANDEM_VULKAN_MATVEC_U");
     }
 }
 

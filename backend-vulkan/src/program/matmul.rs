@@ -30,6 +30,13 @@ const MATVEC_COLS: usize = 4;
 /// its own weight rows, two at a time.
 const MATVEC_SUBGROUP_ROWS: u32 = 256;
 
+/// `matvec_<fmt>`'s slots per invocation and loop trip for one input row of float weights, with
+/// 8 weight rows per workgroup (two per subgroup) whatever the product's size. H200, 4B f16
+/// decode at batch 1 (`bench/f16-decode-tune.sh`, bench/results/2026-11-29-f16-decode): 231.8
+/// tok/s against 216.9 with the kernel's default (two slots, and 4 rows per workgroup below 8192
+/// weight rows); four slots 200.9, 16 rows per workgroup 203.7.
+const FLOAT_ONE_ROW_SLOTS: u32 = 1;
+
 /// Rows from which a matmul takes the cooperative-matrix kernel (`matmul_coopmat_<fmt>`) where
 /// the device has it (prefill).
 const COOPMAT_ROWS: usize = 64;
@@ -47,6 +54,13 @@ fn env_usize(name: &str, range: std::ops::RangeInclusive<usize>) -> Option<usize
 /// runs.
 fn matvec_cols_override() -> Option<usize> {
     env_usize("TANDEM_VULKAN_MATVEC_COLS", 1..=16)
+}
+
+/// `TANDEM_VULKAN_MATVEC_U` (1 to 4): `matvec_<fmt>`'s slots per invocation and loop trip (by
+/// default two for one input row and at most two weight rows in hand, else one), for tuning
+/// runs.
+fn matvec_slots_override() -> Option<u32> {
+    env_usize("TANDEM_VULKAN_MATVEC_U", 1..=4).map(|u| u as u32)
 }
 
 /// `TANDEM_VULKAN_TILED_ROWS`: a fixed row count from which matmuls take the tiled kernel, for
@@ -738,17 +752,20 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
     let r = rows.next_power_of_two().min(8);
     let slices = rows.div_ceil(r);
     let subgroup_mode = float || rows > 1;
-    // Subgroup mode: 8 rows per workgroup (2 per subgroup) where that leaves >= 1024
-    // workgroups, else 4 (one per subgroup).
+    // Subgroup mode: 8 rows per workgroup (2 per subgroup) for one row of float weights and
+    // where that leaves >= 1024 workgroups, else 4 (one per subgroup). One row of float weights
+    // takes one slot a loop trip (FLOAT_ONE_ROW_SLOTS), the others the kernel's default.
+    let one_float_row = float && rows == 1;
     let cols = if !subgroup_mode {
         MATVEC_COLS
-    } else if div_up(n, 8) as usize * slices >= 1024 {
+    } else if one_float_row || div_up(n, 8) as usize * slices >= 1024 {
         8
     } else {
         4
     };
     let cols = matvec_cols_override().unwrap_or(cols);
-    let mode = cols as u32 | if subgroup_mode { MATVEC_SUBGROUP_ROWS } else { 0 };
+    let slots = matvec_slots_override().unwrap_or(if one_float_row { FLOAT_ONE_ROW_SLOTS } else { 0 });
+    let mode = cols as u32 | if subgroup_mode { MATVEC_SUBGROUP_ROWS } else { 0 } | slots << 9;
     let [gx, gy] = spread(div_up(n, cols).saturating_mul(slices as u32));
     Choice {
         kernel: format!("matvec_{fmt}"),
@@ -1012,6 +1029,21 @@ mod tests {
         // 1B's FFN down (1152 x 6912): 4 rows x 7 subgroups.
         let c = choose(1, 1152, 6912, DType::Q4K, u(true, true));
         assert_eq!((c.spec, c.groups), ([1, 224], [288, 1, 1]));
+        // One row of f16 (4B's attention output, 2560 x 2048): 8 rows per workgroup in
+        // subgroup mode, one slot a trip; 8 rows keep the kernel's own slots.
+        if std::env::var_os("TANDEM_VULKAN_MATVEC_COLS").is_none()
+            && std::env::var_os("TANDEM_VULKAN_MATVEC_U").is_none()
+        {
+            let c = choose(1, 2560, 2048, DType::F16, u(true, false));
+            assert_eq!(
+                (c.kernel.as_str(), c.spec, c.groups),
+                ("matvec_f16", [1, 8 | 256 | 1 << 9], [320, 1, 1])
+            );
+            assert_eq!(
+                choose(8, 2560, 2048, DType::F16, u(true, false)).spec,
+                [8, 4 | 256]
+            );
+        }
         // One row of another block format: split-mode matvec.
         let c = choose(1, 2560, 2560, DType::Q8_0, u(true, true));
         assert_eq!(
@@ -1042,7 +1074,10 @@ mod tests {
             // Large one-row q4_k products (27B's FFN up, 43008 x 5376) take the dots.
             if std::env::var_os("TANDEM_VULKAN_DOT_Q4K1_FROM").is_none() {
                 assert_eq!(choose(1, 43_008, 5376, DType::Q4K, dot).kernel, "matvec_dot_q4_k");
-                assert_eq!(choose(1, 43_008, 5376, DType::Q4K, u(true, true)).kernel, "matvec_q4k");
+                assert_eq!(
+                    choose(1, 43_008, 5376, DType::Q4K, u(true, true)).kernel,
+                    "matvec_q4k"
+                );
             }
             // One row of 1B's FFN down (q5_0): one weight row per workgroup, 1,152 of them.
             let c = choose(1, 1152, 6912, DType::Q5_0, dot);
