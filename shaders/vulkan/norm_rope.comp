@@ -2,6 +2,10 @@
 // head (y = x * inv * (off + w), written), rotates it (rotate-half, the same angle reduction as
 // rope.comp) into dst, and with flags & 1 also stores the rotated head as K and the row's V head
 // into the KV cache at the row's (slot, position), as kv_store.comp does (f16 when flags & 2).
+// Heads up to 256 wide (Gemma 3's 128 and 256) take one pass: invocation d < head_dim / 2 loads
+// its rotation pair (x, the norm weights, the frequency, V) before the reduction and stores
+// after it, so a row costs one memory round trip, not one per pass (the buffers may alias as far
+// as the compiler knows: a load after a store waits for it). Wider heads loop.
 layout(local_size_x = 128) in;
 
 layout(push_constant, scalar) uniform Params {
@@ -54,10 +58,40 @@ void main() {
     F32s xs = F32s(p.x + at * 4);
     F32s ys = F32s(p.y + at * 4);
     F32s ds = F32s(p.dst + at * 4);
-    float sq = 0.0;
-    for (uint d = tid; d < hd; d += 128) {
-        float v = xs.v[d];
-        sq += v * v;
+    F32s vs = F32s(p.v + at * 4);
+    bool st = (p.flags & 1u) != 0u;
+    uint pos_u = U32s(p.positions).v[r];
+    uint slot = st ? U32s(p.slots).v[r] : 0u;
+    float pos = float(pos_u);
+    uint64_t cache_at = st ? (uint64_t(slot) * p.capacity + pos_u % p.capacity) * p.cols + head * hd : 0;
+    bool one_pass = half_dim <= 128u;
+    // One pass: this invocation's pair d, d + half_dim, loaded at once.
+    uint d = tid;
+    bool mine = one_pass && d < half_dim;
+    float x1 = 0.0;
+    float x2 = 0.0;
+    float w1 = 0.0;
+    float w2 = 0.0;
+    float freq = 0.0;
+    float v1 = 0.0;
+    float v2 = 0.0;
+    if (mine) {
+        x1 = xs.v[d];
+        x2 = xs.v[d + half_dim];
+        w1 = weight_at(d);
+        w2 = weight_at(d + half_dim);
+        freq = F32s(p.inv_freq).v[d];
+        if (st) {
+            v1 = vs.v[d];
+            v2 = vs.v[d + half_dim];
+        }
+    }
+    float sq = x1 * x1 + x2 * x2;
+    if (!one_pass) {
+        for (uint e = tid; e < hd; e += 128) {
+            float v = xs.v[e];
+            sq += v * v;
+        }
     }
     sq = subgroupAdd(sq);
     if (subgroupElect()) {
@@ -69,37 +103,36 @@ void main() {
         total += partial[i];
     }
     float inv = 1.0 / sqrt(total / float(hd) + p.eps);
-    uint pos_u = U32s(p.positions).v[r];
-    float pos = float(pos_u);
-    bool st = (p.flags & 1u) != 0u;
-    uint64_t cache_at = 0;
-    if (st) {
-        uint slot = U32s(p.slots).v[r];
-        cache_at = (uint64_t(slot) * p.capacity + pos_u % p.capacity) * p.cols + head * hd;
-    }
-    for (uint d = tid; d < half_dim; d += 128) {
-        float x1 = xs.v[d] * inv * (p.off + weight_at(d));
-        float x2 = xs.v[d + half_dim] * inv * (p.off + weight_at(d + half_dim));
-        ys.v[d] = x1;
-        ys.v[d + half_dim] = x2;
-        float a = (pos / p.factor) * F32s(p.inv_freq).v[d];
+    for (uint e = tid; e < half_dim; e += 128) {
+        if (!one_pass) {
+            x1 = xs.v[e];
+            x2 = xs.v[e + half_dim];
+            w1 = weight_at(e);
+            w2 = weight_at(e + half_dim);
+            freq = F32s(p.inv_freq).v[e];
+            if (st) {
+                v1 = vs.v[e];
+                v2 = vs.v[e + half_dim];
+            }
+        }
+        float y1 = x1 * inv * (p.off + w1);
+        float y2 = x2 * inv * (p.off + w2);
+        ys.v[e] = y1;
+        ys.v[e + half_dim] = y2;
+        float a = (pos / p.factor) * freq;
         float k = round(a * 0.15915494);
         float red = (a - k * 6.28125) - k * 0.0019353072;
         float s = sin(red);
         float c = cos(red);
-        float o1 = x1 * c - x2 * s;
-        float o2 = x2 * c + x1 * s;
-        ds.v[d] = o1;
-        ds.v[d + half_dim] = o2;
+        float o1 = y1 * c - y2 * s;
+        float o2 = y2 * c + y1 * s;
+        ds.v[e] = o1;
+        ds.v[e + half_dim] = o2;
         if (st) {
-            store(p.kc, cache_at + d, o1);
-            store(p.kc, cache_at + d + half_dim, o2);
-        }
-    }
-    if (st) {
-        F32s vs = F32s(p.v + at * 4);
-        for (uint d = tid; d < hd; d += 128) {
-            store(p.vc, cache_at + d, vs.v[d]);
+            store(p.kc, cache_at + e, o1);
+            store(p.kc, cache_at + e + half_dim, o2);
+            store(p.vc, cache_at + e, v1);
+            store(p.vc, cache_at + e + half_dim, v2);
         }
     }
 }
