@@ -56,35 +56,52 @@ fn kernel(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
     let hd = p.head_dim;
     let half_dim = hd / 2u;
     let at = r * cols + head * hd;
+    // Each invocation's rotation pairs d, d + half_dim (d = tid + j WG, at most 4 of them: heads
+    // up to 512 wide) loaded before the first store: all activations share one buffer, so a
+    // load after a store waits for it.
+    var xa: array<f32, 4>;
+    var xb: array<f32, 4>;
+    var wa: array<f32, 4>;
+    var wb: array<f32, 4>;
+    var fr: array<f32, 4>;
     var sq = 0.0;
-    for (var d = tid; d < hd; d += WG) {
-        let v = act[x + at + d];
-        sq += v * v;
+    for (var j = 0u; j < 4u; j++) {
+        let d = tid + j * WG;
+        if (d < half_dim) {
+            xa[j] = act[x + at + d];
+            xb[j] = act[x + at + d + half_dim];
+            if (in_b) {
+                wa[j] = norm_weight2(wfmt, d);
+                wb[j] = norm_weight2(wfmt, d + half_dim);
+            } else {
+                wa[j] = norm_weight(wfmt, d);
+                wb[j] = norm_weight(wfmt, d + half_dim);
+            }
+            fr[j] = bitcast<f32>(args[inv_freq + d]);
+            sq += xa[j] * xa[j] + xb[j] * xb[j];
+        }
     }
     let inv = 1.0 / sqrt(wg_sum(tid, sq) / f32(hd) + eps);
     let pos = args[p.positions + r];
-    for (var d = tid; d < half_dim; d += WG) {
-        var w1 = norm_weight(wfmt, d);
-        var w2 = norm_weight(wfmt, d + half_dim);
-        if (in_b) {
-            w1 = norm_weight2(wfmt, d);
-            w2 = norm_weight2(wfmt, d + half_dim);
+    for (var j = 0u; j < 4u; j++) {
+        let d = tid + j * WG;
+        if (d < half_dim) {
+            let x1 = xa[j] * inv * (offset + wa[j]);
+            let x2 = xb[j] * inv * (offset + wb[j]);
+            act[y + at + d] = x1;
+            act[y + at + d + half_dim] = x2;
+            let a = (f32(pos) / factor) * fr[j];
+            let k = round(a * 0.15915494);
+            let red_a = (a - k * 6.28125) - k * 0.0019353072;
+            let s = sin(red_a);
+            let c = cos(red_a);
+            let o1 = x1 * c - x2 * s;
+            let o2 = x2 * c + x1 * s;
+            act[dst + at + d] = o1;
+            act[dst + at + d + half_dim] = o2;
+            rot[d] = o1;
+            rot[d + half_dim] = o2;
         }
-        let x1 = act[x + at + d] * inv * (offset + w1);
-        let x2 = act[x + at + d + half_dim] * inv * (offset + w2);
-        act[y + at + d] = x1;
-        act[y + at + d + half_dim] = x2;
-        let a = (f32(pos) / factor) * bitcast<f32>(args[inv_freq + d]);
-        let k = round(a * 0.15915494);
-        let red_a = (a - k * 6.28125) - k * 0.0019353072;
-        let s = sin(red_a);
-        let c = cos(red_a);
-        let o1 = x1 * c - x2 * s;
-        let o2 = x2 * c + x1 * s;
-        act[dst + at + d] = o1;
-        act[dst + at + d + half_dim] = o2;
-        rot[d] = o1;
-        rot[d + half_dim] = o2;
     }
     store_kv(tid, r, head, at, pos, in_b == (p.store_b != 0u), cols);
 }
