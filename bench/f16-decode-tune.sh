@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# bench/f16-decode-tune.sh: one device call for issue 54's 4B f16 decode cell. llama.cpp builds
-# in the background (nice 19) while bench/decode-probe.sh runs `matvec_f16`'s shapes on tandem
-# alone (VARIANTS: `TANDEM_VULKAN_MATVEC_COLS` rows per workgroup, `TANDEM_VULKAN_MATVEC_U` slots
+# bench/f16-decode-tune.sh: one device call for issue 54's 4B f16 decode cell. bench/decode-probe.sh
+# runs `matvec_f16`'s shapes on tandem alone (VARIANTS: `TANDEM_VULKAN_MATVEC_COLS` rows per workgroup, `TANDEM_VULKAN_MATVEC_U` slots
 # per loop trip); the variant with the best decode median (the default unless one beats it by
 # 1%) then runs side by side with llama.cpp through bench/prefill-vs-llamacpp.sh (its
 # environment passed through), on both cooperative-matrix paths.
@@ -9,12 +8,11 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/bench-out}; BUILD=${BUILD:-.bench/nrm}; CELL=${CELL:-gemma3-4b:f16}
 VARIANTS=${VARIANTS:-"base c4u1:TANDEM_VULKAN_MATVEC_COLS=4,TANDEM_VULKAN_MATVEC_U=1 c4u4:TANDEM_VULKAN_MATVEC_COLS=4,TANDEM_VULKAN_MATVEC_U=4 c8u1:TANDEM_VULKAN_MATVEC_COLS=8,TANDEM_VULKAN_MATVEC_U=1 c8u4:TANDEM_VULKAN_MATVEC_COLS=8,TANDEM_VULKAN_MATVEC_U=4 c16u1:TANDEM_VULKAN_MATVEC_COLS=16 c16u2:TANDEM_VULKAN_MATVEC_COLS=16,TANDEM_VULKAN_MATVEC_U=2 base2"}
-mkdir -p "$OUT/probe" "$OUT/peer"
+mkdir -p "$OUT/probe"
 here=$(dirname "${BASH_SOURCE[0]}")
-( TARGETS=llama-bench OUTDIR=$OUT/peer nice -n 19 bash .peer/build-and-bench.sh >"$OUT/peer/build-bg.log" 2>&1 ) &
-builder=$!
+# (A background build of llama.cpp here died at once on the H200, 2026-11-29: the peer kit's
+# `glslc --version | head -1` under pipefail. prefill-vs-llamacpp.sh builds it, ~110 s.)
 CELLS=$CELL BUILDS=$BUILD VARIANTS=$VARIANTS GEN=${GEN:-96} OUT=$OUT/probe bash "$here/decode-probe.sh" | tee "$OUT/probe/summary.txt"
-wait $builder
 best=$(python3 - "$OUT/probe" "$VARIANTS" <<'PY'
 import glob, json, os, sys
 out, variants = sys.argv[1], sys.argv[2].split()
