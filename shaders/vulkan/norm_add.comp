@@ -69,6 +69,7 @@ void main() {
         float w1v[PER];
         float w2v[PER];
         bool next = p.has_next != 0u;
+        float sq = 0.0;
         for (uint j = 0; j < PER; j++) {
             uint i = tid + j * WG;
             bool in_row = i < p.cols;
@@ -76,9 +77,6 @@ void main() {
             hv[j] = in_row ? hs.v[i] : 0.0;
             w1v[j] = in_row ? weight_at(p.w1, p.fmt1, i) : 0.0;
             w2v[j] = in_row && next ? weight_at(p.w2, p.fmt2, i) : 0.0;
-        }
-        float sq = 0.0;
-        for (uint j = 0; j < PER; j++) {
             sq += v[j] * v[j];
         }
         float inv1 = 1.0 / sqrt(wg_sum(sq) / float(p.cols) + p.eps1);

@@ -46,10 +46,6 @@ fn kernel(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
                 if (next) {
                     w2v[j] = norm_weight2(p.fmt2, i);
                 }
-            }
-        }
-        for (var j = 0u; j < PER; j++) {
-            if (tid + j * WG < p.cols) {
                 sq += v[j] * v[j];
             }
         }

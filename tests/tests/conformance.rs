@@ -539,26 +539,23 @@ fn vulkan_integer_dot_products_match_the_oracle() {
     // One-row q4_k products take the dots only from 100M weight elements (27B's FFN);
     // `TANDEM_VULKAN_DOT_Q4K1=1` sends this small one there (no other test here forces
     // `int_dot`, which the variable needs).
-    std::env::set_var("TANDEM_VULKAN_DOT_Q4K1", "1");
-    let one_row_q4k = cases::int_dot_matmuls()
+    let one_row_q4k: Vec<_> = cases::int_dot_matmuls()
         .into_iter()
-        .filter(|c| c.name.starts_with("matmul q4_k rows=1 "));
-    let mut ran = 0;
-    for case in one_row_q4k {
-        let got = case.run(backend.as_mut());
-        std::env::remove_var("TANDEM_VULKAN_DOT_Q4K1");
-        let got = got.unwrap_or_else(|e| panic!("{} on vulkan(int_dot, dots for q4_k): {e}", case.name));
-        assert_close(
-            &case.name,
-            "vulkan(int_dot, one-row q4_k)",
-            &got,
-            &case.expected,
-            case.tol,
-        );
-        ran += 1;
-    }
+        .filter(|c| c.name.starts_with("matmul q4_k rows=1 "))
+        .collect();
+    assert_eq!(one_row_q4k.len(), 1, "the one-row q4_k case");
+    let case = &one_row_q4k[0];
+    std::env::set_var("TANDEM_VULKAN_DOT_Q4K1", "1");
+    let got = case.run(backend.as_mut());
     std::env::remove_var("TANDEM_VULKAN_DOT_Q4K1");
-    assert_eq!(ran, 1, "the one-row q4_k case");
+    let got = got.unwrap_or_else(|e| panic!("{} on vulkan(int_dot, dots for q4_k): {e}", case.name));
+    assert_close(
+        &case.name,
+        "vulkan(int_dot, one-row q4_k)",
+        &got,
+        &case.expected,
+        case.tol,
+    );
     assert!(features.iter().any(|f| f == "precision=exact"), "{features:?}");
     // `precision = "fast"`: the input at 8 bits, against the oracle that quantises it the same
     // way.

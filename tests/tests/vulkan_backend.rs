@@ -231,20 +231,13 @@ fn every_weight_format_matches_the_cpu_reference() {
             (&ks[0], Some(("8", Some("4")))),
             (&ks[0], Some(("16", Some("3")))),
         ];
+        let set = |var: &str, value: Option<&str>| match value {
+            Some(v) => std::env::set_var(var, v),
+            None => std::env::remove_var(var),
+        };
         for (&k, cols) in ks.iter().map(|k| (k, None)).chain(forced) {
-            match cols {
-                Some((c, u)) => {
-                    std::env::set_var("TANDEM_VULKAN_MATVEC_COLS", c);
-                    match u {
-                        Some(u) => std::env::set_var("TANDEM_VULKAN_MATVEC_U", u),
-                        None => std::env::remove_var("TANDEM_VULKAN_MATVEC_U"),
-                    }
-                }
-                None => {
-                    std::env::remove_var("TANDEM_VULKAN_MATVEC_COLS");
-                    std::env::remove_var("TANDEM_VULKAN_MATVEC_U");
-                }
-            }
+            set("TANDEM_VULKAN_MATVEC_COLS", cols.map(|(c, _)| c));
+            set("TANDEM_VULKAN_MATVEC_U", cols.and_then(|(_, u)| u));
             let bytes = weight_bytes(&mut rng, d, 37, k);
             // Matrix-vector rows 1..8 (R = 1, 2, 4, 8), several row slices (9, 17, 32, 33),
             // 70 rows (the tiled kernel, with partial tiles).
