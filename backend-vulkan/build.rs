@@ -186,7 +186,7 @@ fn main() {
             build(k, Some(f), "");
         }
     }
-    // matmul_cm2 with f16 accumulators (TANDEM_VULKAN_CM2_ACC=f16).
+    // matmul_cm2 with f16 accumulators (option `precision = "fast"`).
     for f in FORMATS {
         build("matmul_cm2", Some(f), "cm2h");
     }

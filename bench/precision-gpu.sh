@@ -2,7 +2,9 @@
 # bench/precision-gpu.sh: the Vulkan backend's `precision = "fast"` against `"exact"` on the GPU
 # machine, in one device call (issue 56):
 #   1. the precision rule on the real default model (docs/precision.md): `engine perplexity
-#      --backend vulkan --chunk 4` over the shipped text, exact as the reference, fast against it
+#      --backend vulkan --chunk CHUNK` over the shipped text (CHUNK 4 by default: decode-shaped
+#      products, the integer dots; 512: prefill-shaped ones, the tensor-core kernels; CM2=0 runs
+#      both with NV cooperative matrix 2 off, the KHR path), exact as the reference, fast against it
 #      (mean and 99th percentile KL, same top token, both perplexities). The default model
 #      (253 MB) is over one call's carry: it comes in parts (MODEL_PARTS, default .mparts: the
 #      files .mparts/p*/part*, in name order, carried one folder per earlier call of the same
@@ -27,6 +29,8 @@ P=${PROMPT_TOKENS:-512}
 G=${GEN_TOKENS:-128}
 R=${REPEAT:-2}
 PARTS=${MODEL_PARTS:-.mparts}
+CHUNK=${CHUNK:-4}
+[ -n "${CM2:-}" ] && export TANDEM_VULKAN_COOPMAT2=$CM2
 OUT=${OUT:-$PWD/precision-gpu-out}
 W=${WORK:-/tmp/precision-gpu}
 TEXT=tests/fixtures/text/around-the-world-in-80-days-1-5.txt
@@ -34,7 +38,7 @@ mkdir -p "$OUT" "$W/r"
 exec > >(tee "$OUT/precision-gpu.log") 2>&1
 . "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh"
 chmod +x "$E" 2>/dev/null
-echo "SHAPES=\"$SHAPES\" BATCH_SHAPES=\"$BATCH_SHAPES\" VERIFY_SHAPES=\"$VERIFY_SHAPES\" BATCHES=$BATCHES PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R bash bench/precision-gpu.sh" | tee "$W/r/command.txt"
+echo "CHUNK=$CHUNK CM2=${CM2:-} SHAPES=\"$SHAPES\" BATCH_SHAPES=\"$BATCH_SHAPES\" VERIFY_SHAPES=\"$VERIFY_SHAPES\" BATCHES=$BATCHES PROMPT_TOKENS=$P GEN_TOKENS=$G REPEAT=$R bash bench/precision-gpu.sh" | tee "$W/r/command.txt"
 pack() { tar -czf "$OUT/precision-gpu.tar.gz" -C "$W/r" .; }
 
 # 1. The rule on the default model.
@@ -47,9 +51,9 @@ if compgen -G "$PARTS/p*/part*" >/dev/null; then
     else
         for p in exact fast; do printf '[backend.vulkan]\nprecision = "%s"\n' "$p" >"$W/$p.toml"; done
         "$E" --config "$W/exact.toml" perplexity --model "$W/default.gguf" --backend vulkan --file "$TEXT" \
-            --chunk 4 --kl-divergence-base "$W/exact.kl" >"$W/r/perplexity-vulkan-exact.txt" 2>&1
+            --chunk "$CHUNK" --kl-divergence-base "$W/exact.kl" >"$W/r/perplexity-vulkan-exact.txt" 2>&1
         "$E" --config "$W/fast.toml" perplexity --model "$W/default.gguf" --backend vulkan --file "$TEXT" \
-            --chunk 4 --kl-divergence "$W/exact.kl" --json >"$W/r/kl-vulkan-fast-vs-exact.json" 2>"$W/r/kl-vulkan-fast.stderr"
+            --chunk "$CHUNK" --kl-divergence "$W/exact.kl" --json >"$W/r/kl-vulkan-fast-vs-exact.json" 2>"$W/r/kl-vulkan-fast.stderr"
         tail -3 "$W/r/perplexity-vulkan-exact.txt"
         python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('vulkan fast vs exact:', d['kl_divergence'])" \
             "$W/r/kl-vulkan-fast-vs-exact.json"

@@ -16,7 +16,9 @@
 # older engine, is profiled too). $OUT gets every JSON, report.md with the ratios, build.log.
 #
 # Parameters (environment): SHAPES, PATHS ("cm2 khr"), ENGINE (.bench/new/engine), BEFORE (unset),
-# PROFILE (shape:dtype pairs to profile), PEER (.peer), REPEAT (3), WORK (/tmp/pf), OUT.
+# PROFILE (shape:dtype pairs to profile), PEER (.peer), REPEAT (3), WORK (/tmp/pf), OUT,
+# PRECISIONS ("exact"; "exact fast" benches tandem once per `--precision`, the report's rows for
+# `fast` reading "<path> fast").
 set -uo pipefail
 SHAPES=${SHAPES:-"gemma3-1b:q4_k"}
 PATHS=${PATHS:-"cm2 khr"}
@@ -25,6 +27,7 @@ BEFORE=${BEFORE:-}
 PROFILE=${PROFILE:-}
 PEER=${PEER:-.peer}
 REPEAT=${REPEAT:-3}
+PRECISIONS=${PRECISIONS:-exact}
 WORK=${WORK:-/tmp/pf}
 OUT=${OUT:-$PWD/bench-out}
 mkdir -p "$OUT" "$WORK"
@@ -53,9 +56,12 @@ for pair in $SHAPES; do
         "${peer_env[@]}" "${lenv[@]}" "$llama" -m "$gguf" -p 512 -n 32 -fa 1 -ngl 99 -r 1 >/dev/null 2>&1
         "${peer_env[@]}" "${lenv[@]}" "$llama" -m "$gguf" -p 512 -n 128 -fa 1 -ngl 99 -r "$REPEAT" -o json \
             >"$OUT/llamacpp-$name.json" 2>>"$OUT/build.log" || echo "llama-bench failed on $name"
-        env "${tenv[@]}" timeout 400 "$ENGINE" bench --model "$gguf" --backend vulkan --prompt-tokens 512 \
-            --gen-tokens 128 --chunk 512 --repeat "$REPEAT" --json >"$OUT/tandem-$name.json" \
-            || echo "engine bench failed on $name"
+        for prec in $PRECISIONS; do
+            tname=$name; [ "$prec" != exact ] && tname="$name@$prec"
+            env "${tenv[@]}" timeout 400 "$ENGINE" bench --model "$gguf" --backend vulkan --prompt-tokens 512 \
+                --gen-tokens 128 --chunk 512 --repeat "$REPEAT" --precision "$prec" --json >"$OUT/tandem-$tname.json" \
+                || echo "engine bench failed on $tname"
+        done
         if [[ " $PROFILE " == *" $pair "* ]]; then
             for which in after before; do
                 bin=$ENGINE; [ "$which" = before ] && bin=$BEFORE
@@ -78,8 +84,10 @@ print(f"GPU: {gpu}\n")
 print("| shape | path | prefill 512: tandem / llama.cpp | decode b1: tandem / llama.cpp |")
 print("| --- | --- | --- | --- |")
 for t in sorted(glob.glob(f"{out}/tandem-*.json")):
-    name = os.path.basename(t)[len("tandem-"):-len(".json")]
+    tname = os.path.basename(t)[len("tandem-"):-len(".json")]
+    name, _, prec = tname.partition("@")
     shape, path = name.rsplit("-", 1)
+    path = f"{path} {prec}" if prec else path
     try:
         r = json.load(open(t))["runs"][0]
         tp, td = r["prefill_tokens_per_s"]["median"], r["decode_tokens_per_s"]["median"]

@@ -52,14 +52,24 @@ layout(push_constant, scalar) uniform Params {
     uint kslice; // 0: the whole k, stored into the outputs
 } p;
 
-// The accumulator: f32, or f16 in the build that defines ACC_F16 (`matmul_cm2h`, an experiment:
-// llama.cpp's default precision for these products), converted to f32 to be stored.
+// The accumulator: f32, or f16 in the build that defines ACC_F16 (`matmul_cm2h`: option
+// `precision = "fast"`, llama.cpp's default for these products), converted to f32 to be stored.
 #if defined(ACC_F16)
 #define ACC coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>
-#define F32ACC(a) coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(a)
+#define F32ACC(a) f32_acc(a)
 #else
 #define ACC coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>
 #define F32ACC(a) (a)
+#endif
+#if defined(ACC_F16)
+// The f16 accumulator as f32, its infinities (a sum past f16's range) clamped to f16's largest
+// finite value first, as llama.cpp's f16-accumulating kernels do.
+coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> f32_acc(ACC a) {
+    [[unroll]] for (int i = 0; i < a.length(); i++) {
+        a[i] = clamp(a[i], float16_t(-65504.0), float16_t(65504.0));
+    }
+    return coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(a);
+}
 #endif
 
 // f16's largest finite value: inputs and weights beyond it are clamped, not made infinite.
@@ -136,7 +146,8 @@ float welem(const in WBlock b, uint i) {
     return sext8(byte_at(b, Q8_0_QS + i)) * half_at(b, Q8_0_D);
 #elif defined(WFMT_Q4_K)
     // Words: d and dmin, 3 of 6-bit scales and mins, 32 of nibbles (8 words per 64 elements,
-    // low nibbles first): sub-block s = i / 32; d scale q - dmin min.
+    // low nibbles first): sub-block s = i / 32; d scale q - dmin min. (The tile loop below
+    // takes the scales from shared memory instead; see `sh_scales`.)
     uint s = i >> 5;
     const uint sw = Q4_K_SCALES / 4;
     vec2 dm = unpackHalf2x16(b.v[Q4_K_D / 4]);
@@ -170,7 +181,64 @@ float welem(const in WBlock b, uint i) {
 }
 #endif
 
-#if !defined(WFMT_F16)
+#if defined(WFMT_Q4_K)
+// q4_k's scales for the tile's BM weight rows and one 256-wide block of k, decoded once per
+// block rather than once per element: (d scale, dmin min) of sub-block s (32 elements) of local
+// row r at [s * BM + r]. Each thread fetches its share of the next block's headers into
+// `sc_next` while the current block multiplies (`fetch_scales`), and stores them between two
+// barriers when the block begins (`store_scales`). The tile loop therefore walks k one block at
+// a time, which the host guarantees (k, and every split-k slice, a multiple of 256).
+shared vec2 sh_scales[8 * BM];
+uvec4 sc_next;
+
+// The 16-byte head of a q4_k block: d and dmin, then 12 bytes of packed 6-bit scales and mins.
+layout(buffer_reference, scalar, buffer_reference_align = 16) buffer Q4KHead { uvec4 v; };
+
+// Threads per weight row of the tile, and sub-blocks per thread.
+const uint SC_THREADS = 256u / BM;
+const uint SC_PER = 8u / SC_THREADS;
+
+void fetch_scales(uint n0, uint kb) {
+    uint row = n0 + gl_LocalInvocationIndex / SC_THREADS;
+    sc_next = uvec4(0u);
+    if (row < p.n) {
+        sc_next = Q4KHead(p.w + uint64_t(row) * p.row_bytes + uint64_t(kb) * Q4_K_BYTES).v;
+    }
+}
+
+void store_scales() {
+    barrier();
+    uint r = gl_LocalInvocationIndex / SC_THREADS;
+    uint s0 = SC_PER * (gl_LocalInvocationIndex % SC_THREADS);
+    vec2 dm = unpackHalf2x16(sc_next.x);
+    [[unroll]] for (uint j = 0; j < SC_PER; j++) {
+        uint s = s0 + j;
+        uint sc;
+        uint mn;
+        if (s < 4u) {
+            sc = (sc_next.y >> (8u * s)) & 63u;
+            mn = (sc_next.z >> (8u * s)) & 63u;
+        } else {
+            uint t = 8u * (s - 4u);
+            uint lo = sc_next.w >> t;
+            sc = (lo & 15u) | (((sc_next.y >> (t + 6u)) & 3u) << 4);
+            mn = ((lo >> 4) & 15u) | (((sc_next.z >> (t + 6u)) & 3u) << 4);
+        }
+        sh_scales[s * BM + r] = vec2(dm.x * float(sc), dm.y * float(mn));
+    }
+    barrier();
+}
+
+float16_t decode_w(const in WBlock b, const in uint block[2], const in uint at[2]) {
+    uint i = at[1];
+    uint s = i >> 5;
+    vec2 dm = sh_scales[s * BM + block[0] % BM];
+    uint l = i & 31u;
+    uint q = (b.v[Q4_K_QS / 4 + 8 * (s >> 1) + (l >> 2)] >> (8u * (l & 3u) + 4u * (s & 1u))) & 15u;
+    return float16_t(clamp(dm.x * float(q) - dm.y, -F16_MAX, F16_MAX));
+}
+#define DECODE_W , decode_w
+#elif !defined(WFMT_F16)
 float16_t decode_w(const in WBlock b, const in uint block[2], const in uint at[2]) {
     return float16_t(clamp(welem(b, at[1]), -F16_MAX, F16_MAX));
 }
@@ -190,6 +258,14 @@ float16_t decode_w(const in WBlock b, const in uint block[2], const in uint at[2
     LOAD_W(LW, K); \
     coopMatLoadTensorNV(b, H16s(p.x).v, 0, sliceTensorLayoutNV(LX, m0, BN, K, BK), tr); \
     acc = coopMatMulAdd(a, b, acc)
+
+#if defined(WFMT_Q4_K)
+// One q4_k block of k (256 elements) in 256 / BK steps, its scales already in `sh_scales`.
+#define BLOCK_STEPS(LW, LX, K) \
+    [[unroll]] for (uint j = 0; j < 256u / BK; j++) { \
+        STEP(LW, LX, (K) + j * BK); \
+    }
+#endif
 
 void main() {
     uint n0 = gl_WorkGroupID.x * BM;
@@ -234,28 +310,45 @@ void main() {
     ACC acc = ACC(0.0);
     coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;
     coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;
-    // UNROLL slices per trip, so that the driver can overlap one slice's loads with the
-    // previous one's multiply; then the rest one at a time.
     uint k0 = k_lo;
-    if (interior) {
-        for (; k0 + UNROLL * BK <= k_hi; k0 += UNROLL * BK) {
-            [[unroll]] for (uint j = 0; j < UNROLL; j++) {
-                STEP(uw, ux, k0 + j * BK);
-            }
+#if defined(WFMT_Q4_K)
+    // A block of k at a time: its scales stored into shared memory, the next block's fetched,
+    // then its 256 / BK slices (k_lo and k_hi are multiples of 256).
+    fetch_scales(n0, k_lo / 256u);
+    for (; k0 < k_hi; k0 += 256u) {
+        store_scales();
+        if (k0 + 256u < k_hi) {
+            fetch_scales(n0, k0 / 256u + 1u);
         }
-        for (; k0 < k_hi; k0 += BK) {
-            STEP(uw, ux, k0);
-        }
-    } else {
-        for (; k0 + UNROLL * BK <= k_hi; k0 += UNROLL * BK) {
-            [[unroll]] for (uint j = 0; j < UNROLL; j++) {
-                STEP(tw, tx, k0 + j * BK);
-            }
-        }
-        for (; k0 < k_hi; k0 += BK) {
-            STEP(tw, tx, k0);
+        if (interior) {
+            BLOCK_STEPS(uw, ux, k0);
+        } else {
+            BLOCK_STEPS(tw, tx, k0);
         }
     }
+#else
+    // UNROLL slices per trip, so that the driver can overlap one slice's loads with the
+    // previous one's multiply; then the rest one at a time.
+    if (interior) {
+        for (; k0 + UNROLL * BK <= k_hi; k0 += UNROLL * BK) {
+                [[unroll]] for (uint j = 0; j < UNROLL; j++) {
+                STEP(uw, ux, k0 + j * BK);
+            }
+            }
+        for (; k0 < k_hi; k0 += BK) {
+                STEP(uw, ux, k0);
+            }
+    } else {
+        for (; k0 + UNROLL * BK <= k_hi; k0 += UNROLL * BK) {
+                [[unroll]] for (uint j = 0; j < UNROLL; j++) {
+                STEP(tw, tx, k0 + j * BK);
+            }
+            }
+        for (; k0 < k_hi; k0 += BK) {
+                STEP(tw, tx, k0);
+            }
+    }
+#endif
     if (p.kslice != 0u) {
         tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> tp =
             createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);

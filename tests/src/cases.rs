@@ -1335,6 +1335,11 @@ pub fn all() -> Vec<Case> {
             v.push(matmul_quantized(d, rows, k, vec![64, 37]));
         }
     }
+    // A prefill-sized q4_k product whose split boundary is a whole 128-row tile (so NV
+    // cooperative matrix 2 takes it where the device has it), over four blocks of k (its tile
+    // loop stages each block's scales while the one before multiplies), with a partial last
+    // tile of weight rows and of input rows.
+    v.push(matmul_quantized(DType::Q4K, 130, 1024, vec![128, 77]));
     // A long matrix, as the logits' is (a GPU may give a workgroup several of its columns),
     // with a column count that is no multiple of 4, split in two.
     for rows in [1, 3] {

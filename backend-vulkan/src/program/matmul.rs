@@ -227,12 +227,13 @@ impl Staging {
     /// The staging of product `c` (`None` for the other kernels).
     fn of(c: &Choice, dt: DType, rows: usize, n: usize, k: usize) -> Option<Staging> {
         let (x16, dequant, f16_kernel) = if c.kernel.starts_with("matmul_cm2") {
+            // The same family (`matmul_cm2` or `matmul_cm2h`: the name without its format).
+            let family = c
+                .kernel
+                .strip_suffix(&format!("_{}", format_name(dt)))
+                .unwrap_or(&c.kernel);
             let spec = [c.spec[0], (c.spec[1] & 0xFFFF) | cm2_mode(DType::F16) << 16];
-            (
-                true,
-                cm2_dequant(dt, rows),
-                (format!("{}_f16", cm2_kernel()), spec),
-            )
+            (true, cm2_dequant(dt, rows), (format!("{family}_f16"), spec))
         } else if is_coopmat(&c.kernel) {
             let family = if c.kernel.starts_with("matmul_khr") {
                 "matmul_khr64"
@@ -285,14 +286,11 @@ fn max_over_matmuls(
 
 /// Bytes of scratch the KHR cooperative-matrix products of `graph` stage (0 without cooperative
 /// matrices): the largest [`Staging`].
-pub fn coopmat_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueShape], coopmat: bool) -> u64 {
-    if !coopmat {
+pub fn coopmat_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueShape], unit: Unit) -> u64 {
+    if !unit.coopmat {
         return 0;
     }
-    let unit = Unit {
-        coopmat,
-        ..Unit::default()
-    };
+    let unit = Unit { cm2: false, ..unit };
     max_over_matmuls(graph, shapes, |rows, n, k, dt| {
         Staging::of(&choose(rows, n, k, dt, unit), dt, rows, n, k).map(|s| s.bytes())
     })
@@ -352,11 +350,12 @@ const CM2_KSLICE_MIN: usize = 256;
 const CM2_MAX_KSLICES: usize = 16;
 
 /// The k elements per slice of a split-k `matmul_cm2` of `rows` rows whose grid has `groups`
-/// tiles, a multiple of 64 (so of every BK), or 0: k unsplit. Split only below
+/// tiles, a multiple of 64 (so of every BK; of 256 for q4_k, whose tile loop walks k a block at
+/// a time), or 0: k unsplit. Split only below
 /// [`CM2_SMALL_ROWS`] rows, into enough slices for [`CM2_TARGET_GROUPS`] workgroups, each at
 /// least [`CM2_KSLICE_MIN`] long. `TANDEM_VULKAN_CM2_KSPLIT=0` turns it off, `=n` asks for n
 /// slices at every row count (tuning runs).
-fn cm2_kslice(rows: usize, groups: usize, k: usize) -> usize {
+fn cm2_kslice(rows: usize, groups: usize, k: usize, dt: DType) -> usize {
     let forced = std::env::var("TANDEM_VULKAN_CM2_KSPLIT")
         .ok()
         .and_then(|v| v.parse::<usize>().ok());
@@ -371,7 +370,9 @@ fn cm2_kslice(rows: usize, groups: usize, k: usize) -> usize {
     if slices <= 1 {
         return 0;
     }
-    let kslice = k.div_ceil(64).div_ceil(slices) * 64;
+    // q4_k's tile loop walks k a block (256) at a time, its scales staged once per block.
+    let unit = if dt == DType::Q4K { 256 } else { 64 };
+    let kslice = k.div_ceil(unit).div_ceil(slices) * unit;
     if kslice >= k {
         0
     } else {
@@ -410,12 +411,15 @@ fn cm2_rows_override() -> Option<usize> {
 /// 30.4 ms on `matmul_khr64` against 32.6 on `matmul_cm2` (bench/results/2026-11-29-khr64/).
 /// Other formats keep `matmul_cm2` (1B's q5_0 products: 7.8 ms on `matmul_khr` against 5.0 on
 /// `matmul_cm2` with f16 accumulators, in another call: not measured against f32 accumulators).
-fn takes_khr(dt: DType, rows: usize) -> bool {
+/// With f16 accumulators (`f16_acc`), f16 weights take `matmul_cm2h` (H200, 4B f16, prefill 512:
+/// 24.96 ms of products a step against 30.18 on `matmul_khr64`;
+/// bench/results/2026-11-29-f16-acc/).
+fn takes_khr(dt: DType, rows: usize, f16_acc: bool) -> bool {
     let forced = |v: &str| std::env::var(v).is_ok_and(|v| v == "1");
     rows >= KHR_ROWS
         && match dt {
             DType::Q4K => !forced("TANDEM_VULKAN_CM2_Q4K"),
-            DType::F16 => !forced("TANDEM_VULKAN_CM2_F16"),
+            DType::F16 => !f16_acc && !forced("TANDEM_VULKAN_CM2_F16"),
             _ => false,
         }
 }
@@ -453,15 +457,16 @@ fn cm2_dequant(dt: DType, rows: usize) -> bool {
     block && std::env::var("TANDEM_VULKAN_CM2_DEQUANT").map_or(rows >= CM2_DEQUANT_ROWS, |v| v != "0")
 }
 
-/// The NV cooperative-matrix-2 kernel: `matmul_cm2`, or with `TANDEM_VULKAN_CM2_ACC=f16` the
-/// experiment `matmul_cm2h` (f16 accumulators, llama.cpp's default precision for these
-/// products; H200, prefill 512: 4B q4_k 12,121 tok/s against 10,431), for speed and
-/// KL-divergence runs.
-fn cm2_kernel() -> &'static str {
-    if std::env::var("TANDEM_VULKAN_CM2_ACC").is_ok_and(|v| v == "f16") {
-        "matmul_cm2h"
-    } else {
-        "matmul_cm2"
+/// The NV cooperative-matrix-2 kernel: `matmul_cm2`, or with f16 accumulators (`f16_acc`,
+/// option `precision = "fast"`: llama.cpp's default precision for these products)
+/// `matmul_cm2h`. `TANDEM_VULKAN_CM2_ACC=f16|f32` forces either, for speed and KL-divergence
+/// runs.
+fn cm2_kernel(f16_acc: bool) -> &'static str {
+    match std::env::var("TANDEM_VULKAN_CM2_ACC").as_deref() {
+        Ok("f16") => "matmul_cm2h",
+        Ok("f32") => "matmul_cm2",
+        _ if f16_acc => "matmul_cm2h",
+        _ => "matmul_cm2",
     }
 }
 
@@ -484,14 +489,17 @@ fn q4k_matvec_override() -> Option<Option<(u32, u32)>> {
 }
 
 /// What the device offers a matmul: cooperative matrices (`coopmat`), NV cooperative matrix 2
-/// where the node suits it (`cm2`), packed 8-bit integer dot products (`int_dot`), and whether
-/// those take their input at 8 bits (`narrow`: option `precision = "fast"`) rather than 16.
+/// where the node suits it (`cm2`), packed 8-bit integer dot products (`int_dot`), whether
+/// those take their input at 8 bits (`narrow`) rather than 16, and whether the
+/// cooperative-matrix-2 kernels accumulate in f16 (`f16_acc`) rather than f32; the last two are
+/// option `precision = "fast"` (docs/precision.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Unit {
     pub coopmat: bool,
     pub cm2: bool,
     pub int_dot: bool,
     pub narrow: bool,
+    pub f16_acc: bool,
 }
 
 /// `matvec_dot_<fmt>`'s weight rows per workgroup (4, 2 or 1) are the most that leave
@@ -639,6 +647,7 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
         cm2,
         int_dot,
         narrow,
+        f16_acc,
     } = unit;
     let fmt = format_name(dt);
     let float = matches!(dt, DType::F32 | DType::F16 | DType::Bf16);
@@ -651,12 +660,12 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
     } else {
         8
     };
-    if cm2 && coopmat && rows >= cm2_rows_override().unwrap_or(CM2_ROWS) && !takes_khr(dt, rows) {
+    if cm2 && coopmat && rows >= cm2_rows_override().unwrap_or(CM2_ROWS) && !takes_khr(dt, rows, f16_acc) {
         let (bm, bn) = (cm2_bm(rows), cm2_bn(rows));
         let (gx, gy) = (div_up(n, bm), div_up(rows, bn));
-        let kslice = cm2_kslice(rows, (gx * gy) as usize, k);
+        let kslice = cm2_kslice(rows, (gx * gy) as usize, k, dt);
         return Choice {
-            kernel: format!("{}_{fmt}", cm2_kernel()),
+            kernel: format!("{}_{fmt}", cm2_kernel(f16_acc)),
             spec: [bm as u32, bn as u32 | cm2_mode(dt) << 16],
             groups: [gx, gy, if kslice == 0 { 1 } else { k.div_ceil(kslice) as u32 }],
             kslice,
@@ -785,14 +794,13 @@ fn cm2_input_bytes(rows: usize, k: usize) -> u64 {
 /// f16 input of the matmuls with enough rows to take it, plus the f16 weight where one is
 /// dequantised first. Matmuls of fewer rows (the logits of a prefill, over its selected rows)
 /// count for nothing: the tied embedding alone would be 1.3 GB of f16 on a 4B model.
-pub fn cm2_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueShape], coopmat2: bool) -> u64 {
-    if !coopmat2 {
+pub fn cm2_scratch_bytes(graph: &tandem_backend_api::Graph, shapes: &[ValueShape], unit: Unit) -> u64 {
+    if !unit.cm2 {
         return 0;
     }
     let unit = Unit {
         coopmat: true,
-        cm2: true,
-        ..Unit::default()
+        ..unit
     };
     max_over_matmuls(graph, shapes, |rows, n, k, dt| {
         if rows < cm2_rows_override().unwrap_or(CM2_ROWS) {
@@ -1162,6 +1170,28 @@ mod tests {
                     let c = choose(32, 20480, 2560, DType::Q4K, u(true, true));
                     assert_eq!(c.kernel, "matmul_cm2_q4_k");
                 }
+                // Option `precision = "fast"` on a cooperative-matrix-2 device: matmul_cm2h (f16
+                // accumulators), f16 weights on it too; what a dequantised weight is multiplied
+                // by keeps the family's accumulators.
+                let fast = |cm2| Unit {
+                    f16_acc: true,
+                    ..u(true, cm2)
+                };
+                if std::env::var_os("TANDEM_VULKAN_CM2_F16").is_none()
+                    && std::env::var_os("TANDEM_VULKAN_CM2_Q4K").is_none()
+                {
+                    let kernel = |rows, dt, cm2| choose(rows, 20480, 2560, dt, fast(cm2)).kernel;
+                    assert_eq!(kernel(512, DType::F16, true), "matmul_cm2h_f16");
+                    assert_eq!(kernel(32, DType::Q4K, true), "matmul_cm2h_q4_k");
+                    // q4_k's prefill keeps matmul_khr (f32: no faster on f16 accumulators, nor
+                    // on matmul_cm2h), and the KHR path its kernels.
+                    assert_eq!(kernel(512, DType::Q4K, true), "matmul_khr_q4_k");
+                    assert_eq!(kernel(512, DType::F16, false), "matmul_khr64_f16");
+                    assert_eq!(kernel(512, DType::Q8_0, false), "matmul_khr64_q8_0");
+                    let c = choose(512, 20480, 2560, DType::Q5_0, fast(true));
+                    let st = Staging::of(&c, DType::Q5_0, 512, 20480, 2560).unwrap();
+                    assert_eq!(st.f16_kernel.0, "matmul_cm2h_f16");
+                }
             }
             let c = choose(1, 2560, 2560, DType::Q4K, u(true, false));
             assert!(Staging::of(&c, DType::Q4K, 1, 2560, 2560).is_none());
@@ -1193,13 +1223,16 @@ mod tests {
                 choose(70, 2560, 2560, DType::Q4K, u(true, true)).spec,
                 [64, 96 | 2 << 16]
             );
-            // ... and k split where the grid is that small: 18 tiles x 16 slices of 448.
+            // ... and k split where the grid is that small: 18 tiles x 14 slices of 512 (q4_k's
+            // slices are whole blocks of 256; q5_0's 16 of 448).
             let c = choose(32, 1152, 6912, DType::Q4K, u(true, true));
             if std::env::var_os("TANDEM_VULKAN_CM2_KSPLIT").is_none() {
                 assert_eq!(
                     (c.spec, c.groups, c.kslice),
-                    ([64, 32 | 2 << 16], [18, 1, 16], 448)
+                    ([64, 32 | 2 << 16], [18, 1, 14], 512)
                 );
+                let c = choose(32, 1152, 6912, DType::Q5_0, u(true, true));
+                assert_eq!((c.groups, c.kslice), ([18, 1, 16], 448));
                 // Prefill keeps k whole.
                 assert_eq!(choose(512, 1152, 6912, DType::Q5_0, u(true, true)).kslice, 0);
             }

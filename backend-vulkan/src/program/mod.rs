@@ -235,8 +235,8 @@ impl VulkanBackend {
         // (never live at once).
         let scratch_size = attention::scratch_bytes(graph)
             .max(block_attention::scratch_bytes(graph, self.gpu.coopmat))
-            .max(matmul::cm2_scratch_bytes(graph, &shapes, self.gpu.coopmat2))
-            .max(matmul::coopmat_scratch_bytes(graph, &shapes, self.gpu.coopmat))
+            .max(matmul::cm2_scratch_bytes(graph, &shapes, self.unit()))
+            .max(matmul::coopmat_scratch_bytes(graph, &shapes, self.unit()))
             .max(matmul::dot_scratch_bytes(graph, &shapes, self.unit()))
             .max(top_k::scratch_bytes(graph, &shapes));
         let scratch = if scratch_size > 0 {
