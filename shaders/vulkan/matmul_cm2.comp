@@ -120,6 +120,8 @@ layout(buffer_reference, scalar, buffer_reference_align = 2) buffer WBlock { uin
 uint byte_at(const in WBlock b, uint j) { return (uint(b.v[j >> 1]) >> (8u * (j & 1u))) & 0xFFu; }
 float half_at(const in WBlock b, uint j) { return unpackHalf2x16(uint(b.v[j >> 1])).x; }
 #endif
+// (q4_k's decode is its own, below: its scales come from shared memory.)
+#if !defined(WFMT_Q4_K)
 float welem(const in WBlock b, uint i) {
 #if defined(WFMT_BF16)
     return uintBitsToFloat(uint(b.v[0]) << 16);
@@ -144,27 +146,6 @@ float welem(const in WBlock b, uint i) {
 #elif defined(WFMT_Q8_0)
     // d, 32 int8; q d.
     return sext8(byte_at(b, Q8_0_QS + i)) * half_at(b, Q8_0_D);
-#elif defined(WFMT_Q4_K)
-    // Words: d and dmin, 3 of 6-bit scales and mins, 32 of nibbles (8 words per 64 elements,
-    // low nibbles first): sub-block s = i / 32; d scale q - dmin min. (The tile loop below
-    // takes the scales from shared memory instead; see `sh_scales`.)
-    uint s = i >> 5;
-    const uint sw = Q4_K_SCALES / 4;
-    vec2 dm = unpackHalf2x16(b.v[Q4_K_D / 4]);
-    uint sc;
-    uint mn;
-    if (s < 4u) {
-        sc = (b.v[sw] >> (8u * s)) & 63u;
-        mn = (b.v[sw + 1] >> (8u * s)) & 63u;
-    } else {
-        uint t = 8u * (s - 4u);
-        uint lo = b.v[sw + 2] >> t;
-        sc = (lo & 15u) | (((b.v[sw] >> (t + 6u)) & 3u) << 4);
-        mn = ((lo >> 4) & 15u) | (((b.v[sw + 1] >> (t + 6u)) & 3u) << 4);
-    }
-    uint l = i & 31u;
-    uint q = (b.v[Q4_K_QS / 4 + 8 * (s >> 1) + (l >> 2)] >> (8u * (l & 3u) + 4u * (s & 1u))) & 15u;
-    return dm.x * float(sc) * float(q) - dm.y * float(mn);
 #elif defined(WFMT_Q6_K)
     // 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, d: unit u = i / 32 is
     // quarter s = u % 4 of half h = u / 4; element l of it as in common.glsl's load_unit.
@@ -179,6 +160,7 @@ float welem(const in WBlock b, uint i) {
     return half_at(b, Q6_K_D) * scale * float(int(lo | (hi << 4)) - 32);
 #endif
 }
+#endif
 #endif
 
 #if defined(WFMT_Q4_K)
