@@ -6,9 +6,12 @@
 #      products, the integer dots; 512: prefill-shaped ones, the tensor-core kernels; CM2=0 runs
 #      both with NV cooperative matrix 2 off, the KHR path), exact as the reference, fast against it
 #      (mean and 99th percentile KL, same top token, both perplexities). The default model
-#      (253 MB) is over one call's carry: it comes in parts (MODEL_PARTS, default .mparts: the
-#      files .mparts/p*/part*, in name order, carried one folder per earlier call of the same
-#      warm machine) and is checked against MODEL_SHA256 when given;
+#      (253 MB) is over one call's carry (64 MiB with the tracked tree, ~17 MB): it comes in
+#      parts (MODEL_PARTS, default .mparts: the files MODEL_PARTS/p*/part*, in name order) and
+#      is checked against MODEL_SHA256 when given. A carried folder does not stay on the machine
+#      into the next call, /tmp does: split the model into six parts of 42.2 MB here
+#      (`split -b 42200000 -d -a 1 MODEL tmp`, each into .mparts/pN/), send one per call of the
+#      warm machine with `cp -r .mparts/p* /tmp/mp/`, then run this with MODEL_PARTS=/tmp/mp;
 #   2. batched decode at BATCHES (1,8,32) sequences, exact and fast alternating, on SHAPES
 #      (`engine synth` q4_k files);
 #   3. speculative decoding's verification curve (`--verify-rows 16`) exact and fast on
