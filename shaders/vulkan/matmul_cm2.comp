@@ -197,15 +197,7 @@ void store_scales() {
         uint s = s0 + j;
         uint sc;
         uint mn;
-        if (s < 4u) {
-            sc = (sc_next.y >> (8u * s)) & 63u;
-            mn = (sc_next.z >> (8u * s)) & 63u;
-        } else {
-            uint t = 8u * (s - 4u);
-            uint lo = sc_next.w >> t;
-            sc = (lo & 15u) | (((sc_next.y >> (t + 6u)) & 3u) << 4);
-            mn = ((lo >> 4) & 15u) | (((sc_next.z >> (t + 6u)) & 3u) << 4);
-        }
+        q4k_scale_min(sc_next.yzw, s, sc, mn);
         sh_scales[s * BM + r] = vec2(dm.x * float(sc), dm.y * float(mn));
     }
     barrier();
@@ -313,22 +305,22 @@ void main() {
     // previous one's multiply; then the rest one at a time.
     if (interior) {
         for (; k0 + UNROLL * BK <= k_hi; k0 += UNROLL * BK) {
-                [[unroll]] for (uint j = 0; j < UNROLL; j++) {
+            [[unroll]] for (uint j = 0; j < UNROLL; j++) {
                 STEP(uw, ux, k0 + j * BK);
             }
-            }
+        }
         for (; k0 < k_hi; k0 += BK) {
-                STEP(uw, ux, k0);
-            }
+            STEP(uw, ux, k0);
+        }
     } else {
         for (; k0 + UNROLL * BK <= k_hi; k0 += UNROLL * BK) {
-                [[unroll]] for (uint j = 0; j < UNROLL; j++) {
+            [[unroll]] for (uint j = 0; j < UNROLL; j++) {
                 STEP(tw, tx, k0 + j * BK);
             }
-            }
+        }
         for (; k0 < k_hi; k0 += BK) {
-                STEP(tw, tx, k0);
-            }
+            STEP(tw, tx, k0);
+        }
     }
 #endif
     if (p.kslice != 0u) {

@@ -413,7 +413,7 @@ fn cm2_rows_override() -> Option<usize> {
 /// `matmul_cm2` with f16 accumulators, in another call: not measured against f32 accumulators).
 /// With f16 accumulators (`f16_acc`), f16 weights take `matmul_cm2h` (H200, 4B f16, prefill 512:
 /// 24.96 ms of products a step against 30.18 on `matmul_khr64`;
-/// bench/results/2026-11-29-f16-acc/).
+/// bench/results/2026-11-29-cm2-f16-acc/).
 fn takes_khr(dt: DType, rows: usize, f16_acc: bool) -> bool {
     let forced = |v: &str| std::env::var(v).is_ok_and(|v| v == "1");
     rows >= KHR_ROWS
