@@ -924,6 +924,59 @@ fn micro_batches_match(tokens: &[u32], batch: usize, layers: &str) {
     assert_eq!(whole.session.moved_bytes().0, piped.session.moved_bytes().0);
 }
 
+/// A prompt on a layer split fed in micro-batches (`[placement] prefill_micro_batches`, pieces
+/// of unequal rows) gives the logits of the same steps run whole: the last row's, every row's
+/// (scoring), and the decode steps after it (the pieces' keys and values in both units' caches).
+#[test]
+fn prefill_micro_batches_give_the_logits_of_whole_steps() {
+    let chunk = 7;
+    // Two steps: 7 rows, then 5.
+    let tokens = ids(&reference(FIXTURE)["sequences"][0]["tokens"])[..chunk + 5].to_vec();
+    let layers = halves(FIXTURE, "cpu", "cpu#2");
+    let load_with = |placement: &str| {
+        load(
+            &search(),
+            &settings(&format!("{placement}{layers}")),
+            &options(FIXTURE, "auto", chunk),
+            1,
+            &mut |_| {},
+            &mut |_: u64, _: u64| {},
+        )
+        .unwrap_or_else(|e| panic!("loading with {placement:?}: {e}"))
+    };
+    let worst = |a: &[f32], b: &[f32]| {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
+    };
+    // The last row's logits, then three greedy decode steps' logits.
+    let run = |s: &mut Session| {
+        let mut out = vec![s.prefill(0, &tokens, false).unwrap()];
+        let pieces = s.last_step_micro_batches();
+        for _ in 0..3 {
+            let next = [argmax(out.last().unwrap())];
+            out.push(s.step(Step::decode(&next, &[0], &[0])).unwrap().to_vec());
+        }
+        (out, pieces)
+    };
+    let (want, pieces) = run(&mut load_with("").session);
+    assert_eq!(pieces, 1);
+    let want_all = load_with("").session.prefill(0, &tokens, true).unwrap();
+    for m in [2usize, 3] {
+        let placement = format!("[placement]\nprefill_micro_batches = {m}\n");
+        let (got, pieces) = run(&mut load_with(&placement).session);
+        assert_eq!(pieces, m, "the prompt's last step ran in {m} pieces");
+        for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+            let d = worst(g, w);
+            assert!(d <= 1e-5, "{m} pieces, step {step}: logits differ by {d}");
+        }
+        let mut scoring = load_with(&placement);
+        let all = scoring.session.prefill(0, &tokens, true).unwrap();
+        assert_eq!(scoring.session.last_step_micro_batches(), m);
+        let d = worst(&all, &want_all);
+        assert!(d <= 1e-5, "{m} pieces, every row's logits differ by {d}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // f. `--backend auto` by measurement.
 

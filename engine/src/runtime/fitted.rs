@@ -32,7 +32,8 @@ pub fn plan_fitted(
 }
 
 /// Uploads `planned` from `files` and sets its scheduler from `settings`: the micro-batches and
-/// how values cross between units (`[placement] micro_batches`, `boundaries`).
+/// how values cross between units (`[placement] micro_batches`, `prefill_micro_batches`,
+/// `boundaries`).
 pub fn load_fitted(
     planned: Planned,
     files: ModelFiles,
@@ -45,5 +46,8 @@ pub fn load_fitted(
     loaded
         .session
         .set_boundaries(settings.placement.boundaries.unwrap_or_default());
+    loaded
+        .session
+        .set_prefill_micro_batches(settings.placement.prefill_micro_batches.unwrap_or(1));
     Ok(loaded)
 }

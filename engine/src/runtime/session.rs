@@ -246,6 +246,12 @@ impl<M: StepModel> Session<M> {
         self.scheduler.set_micro_batches(n);
     }
 
+    /// Sets how many micro-batches a prompt step on a split is cut into
+    /// ([`SplitScheduler::set_prefill_micro_batches`]).
+    pub fn set_prefill_micro_batches(&mut self, n: usize) {
+        self.scheduler.set_prefill_micro_batches(n);
+    }
+
     /// Sets how values cross between the units of a split
     /// ([`SplitScheduler::set_boundaries`]).
     pub fn set_boundaries(&mut self, mode: BoundaryMode) {

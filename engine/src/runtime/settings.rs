@@ -80,6 +80,10 @@ pub struct PlacementSettings {
     /// Micro-batches a split decode step of several sequences is pipelined in (1 to 4; 1: none).
     #[serde(default, deserialize_with = "micro_batches")]
     pub micro_batches: Option<usize>,
+    /// Micro-batches a prompt step is pipelined in where its placement changes unit (layers
+    /// across two GPUs; 1 to 4; 1: none).
+    #[serde(default, deserialize_with = "micro_batches")]
+    pub prefill_micro_batches: Option<usize>,
     /// How values cross between units of a split: `"shared"` (the default: shared memory where
     /// both units allow it, host waits), `"device"` (also device waits where both allow them)
     /// or `"host"` (always wait and copy on the host).
@@ -176,7 +180,7 @@ fn micro_batches<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>
     let n = usize::deserialize(d)?;
     if !(1..=4).contains(&n) {
         return Err(serde::de::Error::custom(format!(
-            "micro_batches = {n}: expected 1 to 4"
+            "{n} micro-batches: expected 1 to 4"
         )));
     }
     Ok(Some(n))
@@ -653,7 +657,22 @@ mod tests {
         assert_eq!(Settings::load(&p).unwrap().placement.micro_batches, Some(2));
         let (_d, p) = write("[placement]\nmicro_batches = 9\n");
         let e = Settings::load(&p).unwrap_err().to_string();
-        assert!(e.contains("line 2") && e.contains("micro_batches = 9"), "{e}");
+        assert!(
+            e.contains("line 2") && e.contains("`micro_batches`: 9 micro-batches"),
+            "{e}"
+        );
+        let (_d, p) = write("[placement]\nprefill_micro_batches = 4\n");
+        let s = Settings::load(&p).unwrap();
+        assert_eq!(
+            (s.placement.prefill_micro_batches, s.placement.micro_batches),
+            (Some(4), None)
+        );
+        let (_d, p) = write("[placement]\nprefill_micro_batches = 0\n");
+        let e = Settings::load(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("line 2") && e.contains("`prefill_micro_batches`: 0 micro-batches"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -31,7 +31,10 @@
 //! **Micro-batches**: a decode step of several sequences on a split that changes unit within a
 //! decode step may be cut into up to [`MAX_MICRO_BATCHES`] pieces, pipelined so that one unit
 //! works on one piece while another unit works on the next
-//! ([`SplitScheduler::set_micro_batches`]).
+//! ([`SplitScheduler::set_micro_batches`]). So may a prompt step whose placement changes unit
+//! (layers across two GPUs): its rows, consecutive positions of one sequence, in pieces that
+//! each unit runs in order, so a piece's attention finds the earlier pieces' keys and values
+//! in the unit's cache ([`SplitScheduler::set_prefill_micro_batches`]).
 
 #[cfg(test)]
 pub(crate) mod fake;
@@ -270,6 +273,8 @@ pub struct SplitScheduler {
     /// Step shapes built so far (released ones counted), and the time their building took.
     builds: (u64, std::time::Duration),
     micro_batches: usize,
+    /// Micro-batches of a prompt step ([`SplitScheduler::set_prefill_micro_batches`]).
+    prefill_micro_batches: usize,
     /// `0, 1, 2, ...`: the select rows of a micro-batch (grown, never shrunk).
     iota: Vec<u32>,
     last: Option<StepKey>,
@@ -339,6 +344,7 @@ impl SplitScheduler {
             steps: 0,
             builds: (0, std::time::Duration::ZERO),
             micro_batches: 1,
+            prefill_micro_batches: 1,
             iota: Vec::new(),
             last: None,
             min_prefill_rows: 0,
@@ -440,6 +446,18 @@ impl SplitScheduler {
         self.micro_batches = n.clamp(1, MAX_MICRO_BATCHES);
     }
 
+    /// Sets how many micro-batches a prompt step is cut into, at most [`MAX_MICRO_BATCHES`],
+    /// where its placement changes unit (a layer split whose prompt steps are not offloaded to
+    /// one unit, as layers across two GPUs): while the second unit runs its layers of piece j,
+    /// the first runs its layers of piece j + 1. Each piece is a step of its own rows (its
+    /// attention reads the earlier pieces' keys and values, which the same unit wrote before
+    /// it); only the last piece's selected row gives logits. Taken only where the step selects
+    /// its last row alone or every row, and holds no image rows (an image's rows attend to each
+    /// other and stay in one step). 1 (the default) runs each step whole.
+    pub fn set_prefill_micro_batches(&mut self, n: usize) {
+        self.prefill_micro_batches = n.clamp(1, MAX_MICRO_BATCHES);
+    }
+
     /// Prefill steps of fewer than `rows` rows run with the decode placement: where the prefill
     /// placement differs only to offload products to another unit ([`crate::runtime::offload`]),
     /// which pays from some rows on. The KV caches go where the placement that runs puts them.
@@ -525,16 +543,29 @@ impl SplitScheduler {
     }
 
     /// The micro-batches a step of `rows` rows selecting `select` runs as: their row bounds.
+    /// `phase` is the placement the step runs with, `prompt` whether it is a prompt step (of one
+    /// sequence's consecutive positions) and `images` whether it holds image rows.
     fn micro_bounds(
         &self,
         phase: Phase,
+        prompt: bool,
+        images: bool,
         rows: usize,
         select: &[u32],
     ) -> ([usize; MAX_MICRO_BATCHES + 1], usize) {
         let mut bounds = [0; MAX_MICRO_BATCHES + 1];
-        let split_decode = self.placement[1].windows(2).any(|w| w[0] != w[1]);
+        let split = self.placement[phase.index()].windows(2).any(|w| w[0] != w[1]);
         let all_rows = select.len() == rows && select.iter().enumerate().all(|(i, &r)| r as usize == i);
-        let m = if phase == Phase::Decode && split_decode && all_rows {
+        let last_only = select.len() == 1 && select[0] as usize + 1 == rows;
+        let m = if !split {
+            1
+        } else if prompt {
+            if (all_rows || last_only) && !images {
+                self.prefill_micro_batches.min(rows)
+            } else {
+                1
+            }
+        } else if phase == Phase::Decode && all_rows {
             self.micro_batches.min(rows)
         } else {
             1
@@ -627,11 +658,12 @@ impl SplitScheduler {
         let mut graphs: Vec<((usize, usize), Graph)> = Vec::new();
         let mut schedules = Vec::new();
         for w in bounds.windows(2) {
-            // A micro-batch selects all its rows; a whole step selects `selected`.
-            let shape = if bounds.len() > 2 {
-                (w[1] - w[0], w[1] - w[0])
-            } else {
-                (key.rows, key.selected)
+            // A micro-batch selects all its rows, or (a prompt step selecting its last row) its
+            // last row; a whole step selects `selected`.
+            let shape = match (bounds.len() > 2, key.selected == key.rows) {
+                (true, true) => (w[1] - w[0], w[1] - w[0]),
+                (true, false) => (w[1] - w[0], 1),
+                (false, _) => (key.rows, key.selected),
             };
             let built = self
                 .graph_index(model, &mut graphs, shape, key.top_k)
@@ -730,8 +762,11 @@ impl SplitScheduler {
         } else {
             phase
         };
+        let prompt = phase == Phase::Prefill;
         let phase = self.phase_key(phase);
-        let (bounds, m) = self.micro_bounds(phase, rows, args.select);
+        // Image rows carry ids past the vocabulary (`Op::Attention::bidirectional_from`).
+        let images = prompt && args.tokens.iter().any(|&t| t as usize >= model.vocab_size());
+        let (bounds, m) = self.micro_bounds(phase, prompt, images, rows, args.select);
         let key = StepKey {
             phase,
             rows,
@@ -754,6 +789,8 @@ impl SplitScheduler {
         };
         let units = &mut self.units;
         let iota = &self.iota;
+        // Whether each micro-batch selects its last row alone (else all its rows).
+        let last_row = selected != rows;
         // The step arguments of micro-batch `j` (of the whole step when there is one).
         let part = |j: usize| {
             if m == 1 {
@@ -764,7 +801,11 @@ impl SplitScheduler {
                 tokens: &args.tokens[a..b],
                 positions: &args.positions[a..b],
                 slots: &args.slots[a..b],
-                select: &iota[..b - a],
+                select: if last_row {
+                    &iota[b - a - 1..b - a]
+                } else {
+                    &iota[..b - a]
+                },
             }
         };
         if m == 1 {
@@ -792,10 +833,12 @@ impl SplitScheduler {
         }
         self.last = Some(key);
         for (j, s) in schedules.iter().enumerate() {
-            let (a, b) = if m == 1 {
-                (0, selected)
-            } else {
-                (bounds[j], bounds[j + 1])
+            let (a, b) = match (m, last_row) {
+                (1, _) => (0, selected),
+                // Only the last piece's row is the step's; the others' logits are not read.
+                (_, true) if j + 1 < m => continue,
+                (_, true) => (0, 1),
+                _ => (bounds[j], bounds[j + 1]),
             };
             s.read_logits(units, &mut logits[a * vocab * 4..b * vocab * 4])?;
         }
