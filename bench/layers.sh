@@ -318,9 +318,12 @@ print(n or "")
 PY
 )
 
-    echo "== $shape run (--backend auto, --context 128)"
+    # The same context as the placement and the bench, so that auto's cached measurement of
+    # the same candidates answers (a 27B candidate loads 15 GiB; session 17's call spent its
+    # time measuring again at --context 128, which fits two more layers).
+    echo "== $shape run (--backend auto, --context $ctx)"
     t=$(tmo) && timeout -k 10 "$t" "$E" --config "$lim" run --model "$g" --backend auto --tokens "$PROMPT_IDS" \
-        --max-tokens 16 --temperature 0 --context 128 --json >"$W/run27.json" 2>"$OUT/$shape-run.stderr" ||
+        --max-tokens 16 --temperature 0 --context "$ctx" --json >"$W/run27.json" 2>"$OUT/$shape-run.stderr" ||
         echo "   engine run failed (rc $?)"
     sed 's/^/   | /' "$OUT/$shape-run.stderr"
     python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("   tokens", d["tokens"], "decode %.1f tok/s" % d["decode_tokens_per_second"])' \

@@ -975,6 +975,24 @@ fn prefill_micro_batches_give_the_logits_of_whole_steps() {
         let d = worst(&all, &want_all);
         assert!(d <= 1e-5, "{m} pieces, every row's logits differ by {d}");
     }
+    // On one unit the setting does nothing, and a note says so.
+    let mut notes = Vec::new();
+    let one = load(
+        &search(),
+        &settings("[placement]\nprefill_micro_batches = 2\n"),
+        &options(FIXTURE, "cpu", chunk),
+        1,
+        &mut |n| notes.push(n.to_string()),
+        &mut |_: u64, _: u64| {},
+    )
+    .unwrap();
+    assert!(!one.session.prompt_changes_unit(chunk));
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("prefill_micro_batches = 2 does nothing here")),
+        "{notes:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

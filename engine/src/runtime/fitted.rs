@@ -46,8 +46,13 @@ pub fn load_fitted(
     loaded
         .session
         .set_boundaries(settings.placement.boundaries.unwrap_or_default());
-    loaded
-        .session
-        .set_prefill_micro_batches(settings.placement.prefill_micro_batches.unwrap_or(1));
+    let pieces = settings.placement.prefill_micro_batches.unwrap_or(1);
+    loaded.session.set_prefill_micro_batches(pieces);
+    let rows = loaded.session.chunk();
+    if pieces > 1 && !loaded.session.prompt_changes_unit(rows) {
+        notices(Notice::Note(format!(
+            "[placement] prefill_micro_batches = {pieces} does nothing here: a prompt step of {rows} rows runs on one unit"
+        )));
+    }
     Ok(loaded)
 }

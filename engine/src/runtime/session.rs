@@ -252,6 +252,12 @@ impl<M: StepModel> Session<M> {
         self.scheduler.set_prefill_micro_batches(n);
     }
 
+    /// Whether a prompt step of `rows` rows runs on more than one unit
+    /// ([`SplitScheduler::prompt_changes_unit`]).
+    pub fn prompt_changes_unit(&self, rows: usize) -> bool {
+        self.scheduler.prompt_changes_unit(rows)
+    }
+
     /// Sets how values cross between the units of a split
     /// ([`SplitScheduler::set_boundaries`]).
     pub fn set_boundaries(&mut self, mode: BoundaryMode) {

@@ -458,6 +458,17 @@ impl SplitScheduler {
         self.prefill_micro_batches = n.clamp(1, MAX_MICRO_BATCHES);
     }
 
+    /// Whether a prompt step of `rows` rows runs on more than one unit (so that
+    /// [`SplitScheduler::set_prefill_micro_batches`] applies to it).
+    pub fn prompt_changes_unit(&self, rows: usize) -> bool {
+        let phase = if rows < self.min_prefill_rows {
+            Phase::Decode
+        } else {
+            self.phase_key(Phase::Prefill)
+        };
+        self.placement[phase.index()].windows(2).any(|w| w[0] != w[1])
+    }
+
     /// Prefill steps of fewer than `rows` rows run with the decode placement: where the prefill
     /// placement differs only to offload products to another unit ([`crate::runtime::offload`]),
     /// which pays from some rows on. The KV caches go where the placement that runs puts them.
