@@ -261,35 +261,34 @@ fn devices_spread_the_layers_over_instances() {
         text.contains("layers: vulkan: layers 0-2, embedding; vulkan#2: layers 3-5, head"),
         "{text}"
     );
+    // Greedy tokens over the two instances, then with the prompt's step (18 rows) in three
+    // pieces pipelined over them, each piece's attention reading the earlier pieces' caches.
     let greedy = greedy_reference();
-    let mut args = vec!["--config", config];
-    args.extend(greedy.run_args(model));
-    args.extend_from_slice(&["--backend", "vulkan"]);
-    let out = install.run(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
-    assert_eq!(
-        got["tokens"], greedy.generated,
-        "greedy continuation over two instances"
-    );
-    // The prompt's step (18 rows) in three pieces pipelined over the two instances, each
-    // piece's attention reading the earlier pieces' caches: the same tokens.
     let piped = tmp.path().join("piped.toml");
     std::fs::write(
         &piped,
         "[backend.vulkan]\ndevices = [0, 0]\n[placement]\nprefill_micro_batches = 3\n",
     )
     .expect("config");
-    let mut args = vec!["--config", piped.to_str().unwrap()];
-    args.extend(greedy.run_args(model));
-    args.extend_from_slice(&["--backend", "vulkan"]);
-    let out = install.run(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
-    assert_eq!(
-        got["tokens"], greedy.generated,
-        "greedy continuation with the prompt in pieces over two instances"
-    );
+    for (cfg, how) in [
+        (config, "whole steps"),
+        (piped.to_str().unwrap(), "the prompt in pieces"),
+    ] {
+        let mut args = vec!["--config", cfg];
+        args.extend(greedy.run_args(model));
+        args.extend_from_slice(&["--backend", "vulkan"]);
+        let out = install.run(&args);
+        assert!(
+            out.status.success(),
+            "{how}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: Value = serde_json::from_slice(&out.stdout).expect("run JSON");
+        assert_eq!(
+            got["tokens"], greedy.generated,
+            "greedy continuation over two instances, {how}"
+        );
+    }
     // --gpu-layers takes one device: with devices named, a clean error.
     let out = install.run(&[
         "--config",
