@@ -9,7 +9,10 @@
 # --chunk 512 --gen-tokens 4`. JSON under $OUT (b-*.json, p-*.json). With CONFORM="name:VAR=VAL,...
 # ..." the conformance binary of the first build (DIR/t/deps/conformance,
 # bench/package-device.sh) runs first once per entry, Vulkan alone, its summary in
-# $OUT/c-<name>.txt. bench/prefill-probe.sh is this script with PHASE=prefill.
+# $OUT/c-<name>.txt. bench/prefill-probe.sh is this script with PHASE=prefill. The synth file
+# is WORK/<shape>-<dtype>.gguf (WORK /tmp); an existing one is used as it is, and KEEP=1 keeps
+# it for the next call on a warm machine (a 27B synth takes one to three minutes there;
+# bench/two-gpus.sh and bench/layers.sh name theirs the same way in their WORK).
 # Here: `bash bench/package-device.sh .bench/new` (or strip a release build's engine and plugins
 # into .bench/DIR). There (carrying those and .gl):
 #   CELLS="gemma3-27b:q4_k" BUILDS=".bench/old .bench/nrm" VARIANTS="base dot:TANDEM_VULKAN_DOT_Q4K1=1" bash bench/decode-probe.sh
@@ -31,8 +34,11 @@ for v in ${CONFORM:-}; do
     grep -E "panicked|FAILED|failed" "$OUT/c-$name.txt" | head -5
 done
 for cell in ${CELLS-gemma3-4b:q4_k}; do
-    shape=${cell%%:*}; dt=${cell##*:}; g=/tmp/$shape-$dt.gguf
-    "${builds[0]}/engine" synth --shape "$shape" --dtype "$dt" --out "$g" --force >/dev/null || { echo "$cell: synth failed"; continue; }
+    shape=${cell%%:*}; dt=${cell##*:}; g=${WORK:-/tmp}/$shape-$dt.gguf
+    mkdir -p "$(dirname "$g")"
+    if [ ! -s "$g" ]; then
+        "${builds[0]}/engine" synth --shape "$shape" --dtype "$dt" --out "$g" --force >/dev/null || { echo "$cell: synth failed"; continue; }
+    fi
     for r in $(seq "$ROUNDS"); do
         for b in "${builds[@]}"; do
             for v in ${VARIANTS:-base}; do
@@ -60,5 +66,5 @@ PY
             done
         done
     done
-    rm -f "$g"
+    [ "${KEEP:-0}" = 1 ] || rm -f "$g"
 done
