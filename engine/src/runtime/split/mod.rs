@@ -461,11 +461,21 @@ impl SplitScheduler {
     /// Whether a prompt step of `rows` rows runs on more than one unit (so that
     /// [`SplitScheduler::set_prefill_micro_batches`] applies to it).
     pub fn prompt_changes_unit(&self, rows: usize) -> bool {
-        let phase = if rows < self.min_prefill_rows {
+        self.changes_unit(self.phase_key(self.runs_as(Phase::Prefill, rows)))
+    }
+
+    /// The phase whose placement a step of `phase` with `rows` rows takes: prefill steps of
+    /// fewer than [`SplitScheduler::set_min_prefill_rows`]'s rows take the decode placement.
+    fn runs_as(&self, phase: Phase, rows: usize) -> Phase {
+        if phase == Phase::Prefill && rows < self.min_prefill_rows {
             Phase::Decode
         } else {
-            self.phase_key(Phase::Prefill)
-        };
+            phase
+        }
+    }
+
+    /// Whether the placement of `phase` puts the step's nodes on more than one unit.
+    fn changes_unit(&self, phase: Phase) -> bool {
         self.placement[phase.index()].windows(2).any(|w| w[0] != w[1])
     }
 
@@ -553,26 +563,28 @@ impl SplitScheduler {
         }
     }
 
-    /// The micro-batches a step of `rows` rows selecting `select` runs as: their row bounds.
+    /// The micro-batches a step of `tokens` selecting `select` runs as: their row bounds.
     /// `phase` is the placement the step runs with, `prompt` whether it is a prompt step (of one
-    /// sequence's consecutive positions) and `images` whether it holds image rows.
+    /// sequence's consecutive positions); image rows carry ids from `vocab` on
+    /// (`Op::Attention::bidirectional_from`).
     fn micro_bounds(
         &self,
         phase: Phase,
         prompt: bool,
-        images: bool,
-        rows: usize,
+        tokens: &[u32],
+        vocab: usize,
         select: &[u32],
     ) -> ([usize; MAX_MICRO_BATCHES + 1], usize) {
+        let rows = tokens.len();
         let mut bounds = [0; MAX_MICRO_BATCHES + 1];
-        let split = self.placement[phase.index()].windows(2).any(|w| w[0] != w[1]);
         let all_rows = select.len() == rows && select.iter().enumerate().all(|(i, &r)| r as usize == i);
         let last_only = select.len() == 1 && select[0] as usize + 1 == rows;
-        let m = if !split {
+        let m = if !self.changes_unit(phase) {
             1
         } else if prompt {
-            if (all_rows || last_only) && !images {
-                self.prefill_micro_batches.min(rows)
+            let pieces = self.prefill_micro_batches.min(rows);
+            if pieces > 1 && (all_rows || last_only) && !tokens.iter().any(|&t| t as usize >= vocab) {
+                pieces
             } else {
                 1
             }
@@ -768,16 +780,10 @@ impl SplitScheduler {
     ) -> Result<(), ScheduleError> {
         let (rows, selected) = (args.tokens.len(), args.select.len());
         let vocab = if top_k > 0 { 2 * top_k } else { model.vocab_size() };
-        let phase = if phase == Phase::Prefill && rows < self.min_prefill_rows {
-            Phase::Decode
-        } else {
-            phase
-        };
+        let phase = self.runs_as(phase, rows);
         let prompt = phase == Phase::Prefill;
         let phase = self.phase_key(phase);
-        // Image rows carry ids past the vocabulary (`Op::Attention::bidirectional_from`).
-        let images = prompt && args.tokens.iter().any(|&t| t as usize >= model.vocab_size());
-        let (bounds, m) = self.micro_bounds(phase, prompt, images, rows, args.select);
+        let (bounds, m) = self.micro_bounds(phase, prompt, args.tokens, model.vocab_size(), args.select);
         let key = StepKey {
             phase,
             rows,
