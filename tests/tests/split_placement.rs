@@ -975,6 +975,21 @@ fn prefill_micro_batches_give_the_logits_of_whole_steps() {
         let d = worst(&all, &want_all);
         assert!(d <= 1e-5, "{m} pieces, every row's logits differ by {d}");
     }
+    // Each piece at least `min_rows` rows: the last step's 5 rows in 2 pieces at 2, whole at 3
+    // (the default where layers are spread over devices: 4 pieces of at least 64 rows).
+    for (min_rows, want_pieces) in [(2usize, 2usize), (3, 1)] {
+        let mut l = load_with("");
+        l.session.set_prefill_micro_batches(4, min_rows);
+        let (got, pieces) = run(&mut l.session);
+        assert_eq!(pieces, want_pieces, "4 pieces of at least {min_rows} rows");
+        for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+            let d = worst(g, w);
+            assert!(
+                d <= 1e-5,
+                "pieces of {min_rows} rows, step {step}: logits differ by {d}"
+            );
+        }
+    }
     // On one unit the setting does nothing, and a note says so.
     let mut notes = Vec::new();
     let one = load(

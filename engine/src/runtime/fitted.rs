@@ -5,6 +5,7 @@
 //! `auto` measures is what it then runs.
 
 use super::budget;
+use super::layers::LayerRule;
 use super::load_error::LoadError;
 use super::notice::Notice;
 use super::placement::Placement;
@@ -31,6 +32,15 @@ pub fn plan_fitted(
     Ok((planned, files))
 }
 
+/// Pieces of a prompt step where the layers are spread over devices and `[placement]
+/// prefill_micro_batches` is not set. 27B q4_k over two H200s, prefill 512 (`bench/two-gpus.sh`,
+/// bench/results/2026-11-29-two-gpus-pieces): 2,286 tok/s whole, 2,804 in 2 pieces, 2,925 in 4.
+const SPREAD_PIECES: usize = 4;
+
+/// The fewest rows of a piece under [`SPREAD_PIECES`]: a short prompt is cut into fewer pieces
+/// (or none), whose products would otherwise read every weight once per piece of a few rows.
+const SPREAD_PIECE_ROWS: usize = 64;
+
 /// Uploads `planned` from `files` and sets its scheduler from `settings`: the micro-batches and
 /// how values cross between units (`[placement] micro_batches`, `prefill_micro_batches`,
 /// `boundaries`).
@@ -42,14 +52,23 @@ pub fn load_fitted(
     progress: &mut dyn LoadProgress,
 ) -> Result<Loaded, LoadError> {
     let micro_batches = settings.placement.micro_batches.unwrap_or(1);
+    let spread = matches!(planned.placement.spec.layers, Some(LayerRule::Spread { .. }));
     let mut loaded = load_planned(planned, files, micro_batches, notices, progress)?;
     loaded
         .session
         .set_boundaries(settings.placement.boundaries.unwrap_or_default());
-    let pieces = settings.placement.prefill_micro_batches.unwrap_or(1);
-    loaded.session.set_prefill_micro_batches(pieces);
+    let asked = settings.placement.prefill_micro_batches;
+    match asked {
+        Some(n) => loaded.session.set_prefill_micro_batches(n, 1),
+        // Layers spread over devices (`[backend.NAME] devices`): prompt steps in up to
+        // SPREAD_PIECES pieces of at least SPREAD_PIECE_ROWS rows.
+        None if spread => loaded
+            .session
+            .set_prefill_micro_batches(SPREAD_PIECES, SPREAD_PIECE_ROWS),
+        None => {}
+    }
     let rows = loaded.session.chunk();
-    if pieces > 1 && !loaded.session.prompt_changes_unit(rows) {
+    if let Some(pieces) = asked.filter(|&n| n > 1 && !loaded.session.prompt_changes_unit(rows)) {
         notices(Notice::Note(format!(
             "[placement] prefill_micro_batches = {pieces} does nothing here: a prompt step of {rows} rows runs on one unit"
         )));

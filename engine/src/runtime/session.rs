@@ -248,8 +248,8 @@ impl<M: StepModel> Session<M> {
 
     /// Sets how many micro-batches a prompt step on a split is cut into
     /// ([`SplitScheduler::set_prefill_micro_batches`]).
-    pub fn set_prefill_micro_batches(&mut self, n: usize) {
-        self.scheduler.set_prefill_micro_batches(n);
+    pub fn set_prefill_micro_batches(&mut self, n: usize, min_rows: usize) {
+        self.scheduler.set_prefill_micro_batches(n, min_rows);
     }
 
     /// Whether a prompt step of `rows` rows runs on more than one unit

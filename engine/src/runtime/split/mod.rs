@@ -275,6 +275,8 @@ pub struct SplitScheduler {
     micro_batches: usize,
     /// Micro-batches of a prompt step ([`SplitScheduler::set_prefill_micro_batches`]).
     prefill_micro_batches: usize,
+    /// The fewest rows a prompt step's piece has.
+    prefill_piece_rows: usize,
     /// `0, 1, 2, ...`: the select rows of a micro-batch (grown, never shrunk).
     iota: Vec<u32>,
     last: Option<StepKey>,
@@ -345,6 +347,7 @@ impl SplitScheduler {
             builds: (0, std::time::Duration::ZERO),
             micro_batches: 1,
             prefill_micro_batches: 1,
+            prefill_piece_rows: 1,
             iota: Vec::new(),
             last: None,
             min_prefill_rows: 0,
@@ -453,9 +456,11 @@ impl SplitScheduler {
     /// attention reads the earlier pieces' keys and values, which the same unit wrote before
     /// it); only the last piece's selected row gives logits. Taken only where the step selects
     /// its last row alone or every row, and holds no image rows (an image's rows attend to each
-    /// other and stay in one step). 1 (the default) runs each step whole.
-    pub fn set_prefill_micro_batches(&mut self, n: usize) {
+    /// other and stay in one step). Each piece has at least `min_rows` rows (fewer pieces where
+    /// the step is short). 1 (the default) runs each step whole.
+    pub fn set_prefill_micro_batches(&mut self, n: usize, min_rows: usize) {
         self.prefill_micro_batches = n.clamp(1, MAX_MICRO_BATCHES);
+        self.prefill_piece_rows = min_rows.max(1);
     }
 
     /// Whether a prompt step of `rows` rows runs on more than one unit (so that
@@ -582,7 +587,7 @@ impl SplitScheduler {
         let m = if !self.changes_unit(phase) {
             1
         } else if prompt {
-            let pieces = self.prefill_micro_batches.min(rows);
+            let pieces = self.prefill_micro_batches.min(rows / self.prefill_piece_rows);
             if pieces > 1 && (all_rows || last_only) && !tokens.iter().any(|&t| t as usize >= vocab) {
                 pieces
             } else {
