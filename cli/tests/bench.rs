@@ -92,6 +92,24 @@ fn bench_json_follows_the_schema_and_renders() {
     let host = split["runs"][0]["split_host_ms"].as_array().expect("split times");
     let units: Vec<&str> = host.iter().filter_map(|u| u["unit"].as_str()).collect();
     assert_eq!(units, ["cpu#2", "cpu"], "{host:?}");
+    // A split's profile names each op's unit.
+    let ops = split["runs"][0]["profile"]["decode"]
+        .as_array()
+        .expect("a split profile");
+    let unit_of = |o: &Value| {
+        o["op"]
+            .as_str()
+            .and_then(|s| s.split_once(": "))
+            .map(|(u, _)| u.to_string())
+    };
+    let named: Vec<Option<String>> = ops.iter().map(unit_of).collect();
+    assert!(
+        named
+            .iter()
+            .all(|u| matches!(u.as_deref(), Some("cpu" | "cpu#2")))
+            && named.iter().any(|u| u.as_deref() == Some("cpu#2")),
+        "{ops:?}"
+    );
     // Each CPU unit computes its part inside execute: time spent there, none negative.
     assert!(host.iter().all(|u| u["execute"].as_f64() > Some(0.0)), "{host:?}");
     assert!(host

@@ -523,14 +523,23 @@ impl Scheduled {
     }
 
     /// Per-node device time of the last step, segment after segment, where the units measure it.
+    /// Where the step runs on more than one unit, each op's name starts with its unit's
+    /// (`cpu: matmul(q4_k)`), so that a profile's sums by op keep the units apart.
     pub fn profile(&self, units: &mut [Unit]) -> Result<Vec<NodeTime>, ScheduleError> {
         let mut out = Vec::new();
+        let several = self.segments.iter().any(|s| s.unit != self.segments[0].unit);
         for seg in &self.segments {
             let unit = &mut units[seg.unit];
-            out.extend(unit.backend.profile(seg.program).map_err(unit_err(
+            let times = unit.backend.profile(seg.program).map_err(unit_err(
                 format!("reading the step's profile on {}", unit.name),
                 &unit.name,
-            ))?);
+            ))?;
+            out.extend(times.into_iter().map(|mut t| {
+                if several {
+                    t.op = format!("{}: {}", unit.name, t.op);
+                }
+                t
+            }));
         }
         Ok(out)
     }
