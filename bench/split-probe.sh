@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/split-probe.sh: where a layer split's decode step goes (issue 55's split decode cells),
 # tandem only, on the GPU machine. For SHAPE (gemma3-4b) q4_k split by `--gpu-layers NGL` (17):
-#   1. `engine bench --backend vulkan --gpu-layers NGL --prompt-tokens 128 --gen-tokens GEN
+#   1. `engine bench --backend vulkan --gpu-layers NGL --prompt-tokens PROMPT (128) --gen-tokens GEN
 #      --repeat 2`, with the GPU's clocks sampled every 50 ms by nvidia-smi and the process's
 #      threads by `top -H` during decode (queries: nothing is set): the decode median, each
 #      unit's host time a decode step (`split_host_ms`: in execute, waiting, copying), the SM
@@ -12,11 +12,11 @@
 #   3. with `--profile`: the whole model on `--backend cpu`; the same pinned by `taskset` to
 #      TASKSET_CPUS (default 1-15: one core fewer than the pool's threads); and every layer on
 #      the CPU with the head alone on vulkan (`[placement.layers]`, `--backend auto`): the CPU's
-#      ops with and without a GPU unit beside them.
+#      ops with and without a GPU unit beside them. EXTRA=0 stops after step 2's rounds.
 # JSON and samples under $OUT. Here: `bash bench/package-device.sh .bench/new`. There (carrying
 # .bench/new and .gl): `bash bench/split-probe.sh`.
 set -uo pipefail
-SHAPE=${SHAPE:-gemma3-4b}; NGL=${NGL:-17}; GEN=${GEN:-64}; LAYERS=${LAYERS:-34}
+SHAPE=${SHAPE:-gemma3-4b}; NGL=${NGL:-17}; GEN=${GEN:-64}; LAYERS=${LAYERS:-34}; PROMPT=${PROMPT:-128}
 OUT=${OUT:-$PWD/bench-out}; E=${ENGINE:-.bench/new/engine}
 mkdir -p "$OUT"; chmod +x "$E"; . "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh" >/dev/null 2>&1
 g=${WORK:-/tmp}/$SHAPE-q4_k.gguf
@@ -39,7 +39,7 @@ PY
 }
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,pstate --format=csv,noheader -lms 50 >"$OUT/clocks.txt" 2>/dev/null &
 smi=$!
-timeout 150 "$E" bench --model "$g" "${split[@]}" --prompt-tokens 128 --gen-tokens "$GEN" \
+timeout 150 "$E" bench --model "$g" "${split[@]}" --prompt-tokens "$PROMPT" --gen-tokens "$GEN" \
     --repeat 2 --json >"$OUT/split.json" 2>"$OUT/split.err" &
 pid=$!
 sleep "${TOP_AT:-12}"
@@ -52,18 +52,19 @@ echo "    SM clocks (MHz) seen: $(cut -d, -f1 "$OUT/clocks.txt" | sort | uniq -c
 echo "    threads (top -H, at ${TOP_AT:-12} s):"; grep -A12 "PID USER" "$OUT/top.txt" | sed 's/^/      /'
 profiled() { # label, then the command's arguments
     local label=$1; shift
-    timeout 150 "$@" --prompt-tokens 128 --gen-tokens 16 --profile --json >"$OUT/$label.json" 2>"$OUT/$label.err"
+    timeout 150 "$@" --prompt-tokens "$PROMPT" --gen-tokens 16 --profile --json >"$OUT/$label.json" 2>"$OUT/$label.err"
     summary "$OUT/$label.json" "$label"
 }
 # Each variant unprofiled (decode and host times), ROUNDS times alternating, then profiled.
 for r in $(seq "${ROUNDS:-1}"); do
     for v in ${VARIANTS:-base}; do
         name=${v%%:*}; envs=(); [ "$v" != "$name" ] && IFS=, read -ra envs <<<"${v#*:}"
-        timeout 150 env "${envs[@]}" "$E" bench --model "$g" "${split[@]}" --prompt-tokens 128 --gen-tokens "$GEN" \
+        timeout 150 env "${envs[@]}" "$E" bench --model "$g" "${split[@]}" --prompt-tokens "$PROMPT" --gen-tokens "$GEN" \
             --repeat 2 --json >"$OUT/split-$name-$r.json" 2>"$OUT/split-$name-$r.err"
         summary "$OUT/split-$name-$r.json" "split $name, round $r"
     done
 done
+[ "${EXTRA:-1}" = 1 ] || exit 0
 for v in ${VARIANTS:-base}; do
     name=${v%%:*}; envs=(); [ "$v" != "$name" ] && IFS=, read -ra envs <<<"${v#*:}"
     profiled "split-$name" env "${envs[@]}" "$E" bench --model "$g" "${split[@]}"
