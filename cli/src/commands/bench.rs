@@ -248,8 +248,7 @@ fn image_run(
     // The first round is the warm-up.
     let median = |v: &mut Vec<f64>| {
         v.remove(0);
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+        tandem_engine::bench::results::median(v)
     };
     Ok(ImageRun {
         image: file

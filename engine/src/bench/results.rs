@@ -194,6 +194,18 @@ pub struct Limits {
     pub peak_flops_source: String,
 }
 
+/// The median of `v` (of an even count, the mean of the middle two, as llama-bench's mean of two
+/// runs is; not the larger); 0 for none.
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 0 => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        n => v[n / 2],
+    }
+}
+
 /// The median, minimum and maximum over the timed repeats.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Spread {

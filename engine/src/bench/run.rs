@@ -78,11 +78,11 @@ pub enum BenchEvent<'a> {
     Tokens(u64),
 }
 
+/// The median ([`super::results::median`]), minimum and maximum.
 fn stats(mut v: Vec<f64>) -> Spread {
     v.sort_by(|a, b| a.total_cmp(b));
-    let median = if v.is_empty() { 0.0 } else { v[v.len() / 2] };
     Spread {
-        median,
+        median: super::results::median(&v),
         min: v.first().copied().unwrap_or(0.0),
         max: v.last().copied().unwrap_or(0.0),
     }
@@ -498,6 +498,15 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        let two = stats(vec![50.0, 45.0]);
+        assert_eq!((two.median, two.min, two.max), (47.5, 45.0, 50.0));
+        assert_eq!(stats(vec![3.0, 1.0, 2.0]).median, 2.0);
+        assert_eq!(stats(vec![4.0, 1.0, 3.0, 2.0]).median, 2.5);
+        assert_eq!(stats(Vec::new()).median, 0.0);
+    }
+
     /// One batch size's measurements, as the loop in [`run`] gathers them.
     struct Measured {
         batch: usize,
@@ -529,7 +538,11 @@ mod tests {
     fn untyped(h: &Header, measured: &[Measured]) -> Value {
         fn stats(mut v: Vec<f64>) -> Value {
             v.sort_by(|a, b| a.total_cmp(b));
-            let median = if v.is_empty() { 0.0 } else { v[v.len() / 2] };
+            let median = match v.len() {
+                0 => 0.0,
+                n if n % 2 == 0 => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+                n => v[n / 2],
+            };
             json!({ "median": median, "min": v.first().copied().unwrap_or(0.0), "max": v.last().copied().unwrap_or(0.0) })
         }
         let info = &h.info;

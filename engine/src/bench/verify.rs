@@ -57,8 +57,7 @@ pub fn curve(
                 times.push(s);
             }
         }
-        times.sort_by(f64::total_cmp);
-        let ms = times[times.len() / 2] * 1e3;
+        let ms = super::results::median(&times) * 1e3;
         let one = out.first().map_or(ms, |p| p.ms);
         out.push(VerifyPoint {
             rows,
@@ -155,11 +154,7 @@ pub fn speculation(
         }
         last = spec.stats.clone();
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (plain, fast) = (median(plain), median(fast));
+    let (plain, fast) = (super::results::median(&plain), super::results::median(&fast));
     Ok(SpeculationRun {
         drafter,
         prompt_tokens: prompt.len(),
