@@ -77,6 +77,25 @@ struct Opened {
     physical_device: String,
     identity: Identity,
     creation_feedback: bool,
+    pipeline_stats: Option<PipelineStats>,
+}
+
+/// Pipeline statistics (`VK_KHR_pipeline_executable_properties`, enabled only where
+/// `TANDEM_VULKAN_PIPELINE_STATS` asks and the device has it): what the driver reports of each
+/// pipeline whose kernel name contains `filter` (NVIDIA: its register count), printed on stderr
+/// as the pipeline is made. For tuning runs.
+pub struct PipelineStats {
+    /// The kernel names to report: those containing it (`all`: every one).
+    pub filter: String,
+    /// The extension's entry points.
+    pub fns: ash::khr::pipeline_executable_properties::Device,
+}
+
+impl PipelineStats {
+    /// Whether kernel `name`'s pipelines are reported.
+    pub fn wants(&self, name: &str) -> bool {
+        self.filter == "all" || name.contains(&self.filter)
+    }
 }
 
 /// An open device with one compute queue.
@@ -153,6 +172,8 @@ pub struct Gpu {
     /// Vulkan 1.3 on both the instance and the device, or `VK_EXT_pipeline_creation_feedback`
     /// (then enabled).
     pub creation_feedback: bool,
+    /// Pipeline statistics for tuning runs, where asked and the device has them.
+    pub pipeline_stats: Option<PipelineStats>,
 }
 
 /// The most timelines one submission waits on: the contract's.
@@ -416,6 +437,7 @@ impl Gpu {
                 imported: Vec::new(),
                 identity: o.identity,
                 creation_feedback: o.creation_feedback,
+                pipeline_stats: o.pipeline_stats,
             }),
             Err(e) => {
                 // SAFETY: the messenger and instance are ours and unused from here on.
@@ -743,6 +765,16 @@ impl Gpu {
         if feedback_ext && !feedback_core {
             device_exts.push(ash::ext::pipeline_creation_feedback::NAME.as_ptr());
         }
+        // Pipeline statistics only where a tuning run asks for them (the extension's one
+        // feature is required of every device that lists it).
+        let stats_filter = std::env::var("TANDEM_VULKAN_PIPELINE_STATS")
+            .ok()
+            .filter(|f| !f.is_empty() && has_ext(ash::khr::pipeline_executable_properties::NAME));
+        let mut en_stats = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
+            .pipeline_executable_info(true);
+        if stats_filter.is_some() {
+            device_exts.push(ash::khr::pipeline_executable_properties::NAME.as_ptr());
+        }
         let core = vk::PhysicalDeviceFeatures::default()
             .shader_int16(true)
             .shader_int64(true);
@@ -772,14 +804,19 @@ impl Gpu {
         } else {
             create
         };
+        let create = if stats_filter.is_some() {
+            create.push_next(&mut en_stats)
+        } else {
+            create
+        };
         // SAFETY: the create info and its chain live on this frame; every feature enabled was
         // checked present by `missing_features` (the cooperative-matrix extension, its feature,
         // shaderFloat16 and vulkanMemoryModel only when `coopmat` found them; the NV
         // cooperative-matrix-2 extension and features only when `coopmat2::supported` did;
         // shaderIntegerDotProduct only when `int_dot_support` found it; subgroupSizeControl
         // (and, below 1.3, its extension) only when `subgroup_32` found it;
-        // the external memory host, semaphore fd and pipeline creation feedback extensions only
-        // where the device lists them).
+        // the external memory host, semaphore fd, pipeline creation feedback and pipeline
+        // executable properties extensions only where the device lists them).
         let device = match unsafe { instance.create_device(physical, &create, None) } {
             Ok(d) => d,
             Err(e) => {
@@ -852,7 +889,12 @@ impl Gpu {
         });
         let semaphore_fd =
             timeline_fd.then(|| ash::khr::external_semaphore_fd::Device::new(instance, &device));
+        let pipeline_stats = stats_filter.map(|filter| PipelineStats {
+            filter,
+            fns: ash::khr::pipeline_executable_properties::Device::new(instance, &device),
+        });
         Ok(Opened {
+            pipeline_stats,
             identity,
             creation_feedback,
             shared,

@@ -114,6 +114,7 @@ impl Pipelines {
         let (layout, cache, feedback) = (self.layout, self.cache.handle, gpu.creation_feedback);
         let subgroup_32 = gpu.subgroup_32;
         let device = &gpu.device;
+        let stats = gpu.pipeline_stats.as_ref();
         let next = std::sync::atomic::AtomicUsize::new(0);
         let results: Vec<Vec<(usize, Result<Built, vk::Result>)>> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..threads)
@@ -122,12 +123,13 @@ impl Pipelines {
                         let mut done = Vec::new();
                         loop {
                             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some(&(_, spec, module)) = todo.get(i) else {
+                            let Some(&(name, spec, module)) = todo.get(i) else {
                                 break;
                             };
+                            let report = stats.filter(|s| s.wants(name)).map(|s| (&s.fns, name));
                             done.push((
                                 i,
-                                create(device, layout, cache, module, spec, feedback, subgroup_32),
+                                create(device, layout, cache, module, spec, feedback, subgroup_32, report),
                             ));
                         }
                         done
@@ -189,9 +191,24 @@ impl Pipelines {
             let (device, layout, cache) = (gpu.device.clone(), self.layout, self.cache.handle);
             let (feedback, tx, key) = (gpu.creation_feedback, self.done.0.clone(), key.clone());
             let subgroup_32 = gpu.subgroup_32;
+            let stats = gpu
+                .pipeline_stats
+                .as_ref()
+                .filter(|s| s.wants(&key.0))
+                .map(|s| s.fns.clone());
             self.pending.push(key.clone());
             self.workers.push(std::thread::spawn(move || {
-                let built = create(&device, layout, cache, module, key.1, feedback, subgroup_32);
+                let report = stats.as_ref().map(|f| (f, key.0.as_str()));
+                let built = create(
+                    &device,
+                    layout,
+                    cache,
+                    module,
+                    key.1,
+                    feedback,
+                    subgroup_32,
+                    report,
+                );
                 let _ = tx.send((key, built));
             }));
         }
@@ -280,8 +297,13 @@ type Built = (
     Option<vk::PipelineCreationFeedback>,
 );
 
+/// The pipeline-statistics entry points and the kernel's name, where its statistics are printed.
+type Report<'a> = (&'a ash::khr::pipeline_executable_properties::Device, &'a str);
+
 /// Creates the compute pipeline of `module` with specialisation constants `spec`, in `layout`,
-/// through `cache`, asking for creation feedback where `feedback`.
+/// through `cache`, asking for creation feedback where `feedback`; where `report` is given, with
+/// its statistics captured and printed on stderr (`vulkan: pipeline stats <name> [spec]: ...`).
+#[allow(clippy::too_many_arguments)]
 fn create(
     device: &ash::Device,
     layout: vk::PipelineLayout,
@@ -290,6 +312,7 @@ fn create(
     spec: [u32; 2],
     feedback: bool,
     subgroup_32: bool,
+    report: Option<Report>,
 ) -> Result<Built, vk::Result> {
     let entries = [
         vk::SpecializationMapEntry::default()
@@ -328,6 +351,9 @@ fn create(
     if feedback {
         info = info.push_next(&mut fb_info);
     }
+    if report.is_some() {
+        info = info.flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR);
+    }
     let start = Instant::now();
     // SAFETY: the module, layout and pipeline cache are the backend's and alive for the call
     // (`Pipelines::prepare` holds `&mut` of them); the pipeline cache is internally
@@ -342,5 +368,56 @@ fn create(
         .into_iter()
         .next()
         .ok_or(vk::Result::ERROR_UNKNOWN)?;
+    if let Some((fns, name)) = report {
+        print_stats(fns, name, spec, pipeline);
+    }
     Ok((pipeline, took, feedback.then_some(fb)))
+}
+
+/// Prints what the driver reports of each executable of `pipeline` (created with
+/// `CAPTURE_STATISTICS_KHR`): one line per executable, `name = value` per statistic.
+fn print_stats(
+    fns: &ash::khr::pipeline_executable_properties::Device,
+    name: &str,
+    spec: [u32; 2],
+    pipeline: vk::Pipeline,
+) {
+    let info = vk::PipelineInfoKHR::default().pipeline(pipeline);
+    // SAFETY: the pipeline was just created on this device with CAPTURE_STATISTICS_KHR, and the
+    // device enabled the extension and its feature (`Gpu::pipeline_stats` exists only then).
+    let count = unsafe { fns.get_pipeline_executable_properties(&info) }.map_or(0, |v| v.len());
+    for executable in 0..count as u32 {
+        let exe = vk::PipelineExecutableInfoKHR::default()
+            .pipeline(pipeline)
+            .executable_index(executable);
+        // SAFETY: as above; `executable` is below the count the driver reported.
+        let stats = unsafe { fns.get_pipeline_executable_statistics(&exe) };
+        let Ok(stats) = stats else {
+            eprintln!("vulkan: pipeline stats {name} {spec:?}: none reported");
+            continue;
+        };
+        let text: Vec<String> = stats
+            .iter()
+            .map(|st| {
+                let label = st
+                    .name_as_c_str()
+                    .map_or("?".into(), |c| c.to_string_lossy().into_owned());
+                // SAFETY: the union member read is the one `format` names.
+                let value = unsafe {
+                    match st.format {
+                        vk::PipelineExecutableStatisticFormatKHR::BOOL32 => (st.value.b32 != 0).to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::INT64 => st.value.i64.to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::UINT64 => st.value.u64.to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::FLOAT64 => st.value.f64.to_string(),
+                        _ => "?".into(),
+                    }
+                };
+                format!("{label} = {value}")
+            })
+            .collect();
+        eprintln!(
+            "vulkan: pipeline stats {name} {spec:?} #{executable}: {}",
+            text.join(", ")
+        );
+    }
 }
