@@ -26,10 +26,20 @@ layout(local_size_x = 256) in;
 // tiles not wholly inside the matrices, or all where k is not a multiple of BK), bit 1 takes k
 // 64 at a time (else 32, one sub-block of the 32-wide and 256-wide block formats), bit 2
 // unrolls 8 slices (else 4).
+#if defined(FIXED_BN)
+// `matmul_cm2c<BN>m<MODE>[h]` (TANDEM_VULKAN_CM2_FIXED, tuning runs): the tile and MODE as
+// compile-time constants rather than specialisation-constant expressions (the KHR kernel ran at
+// half its rate with spec-constant branches in it: bench/results/2026-11-28-prefill-khr);
+// constants 0 and 1 are ignored. BM 128.
+const uint BM = 128u;
+const uint BN = FIXED_BN;
+const uint MODE = FIXED_MODE;
+#else
 layout(constant_id = 0) const uint BM = 128;
 layout(constant_id = 1) const uint SPEC1 = 128;
 const uint BN = SPEC1 & 0xFFFFu;
 const uint MODE = SPEC1 >> 16;
+#endif
 const uint BK = (MODE & 2u) != 0u ? 64u : 32u;
 // Slices per unrolled trip: bit 2 of MODE 8 (a 256-wide block at BK 32), else 4.
 const uint UNROLL = (MODE & 4u) != 0u ? 8u : 4u;

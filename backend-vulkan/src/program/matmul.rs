@@ -448,6 +448,23 @@ fn cm2_mode(dt: DType) -> u32 {
         .unwrap_or(if dt == DType::F16 { 3 } else { 2 })
 }
 
+/// `TANDEM_VULKAN_CM2_FIXED=<bn>m<mode>` (tuning runs; `128m2`, `128m3`, `256m2`, `256m3`):
+/// from [`CM2_SMALL_ROWS`] rows, the `matmul_cm2` build whose tile (128 x bn) and MODE are
+/// compile-time constants rather than specialisation constants (`matmul_cm2c<bn>m<mode>`, with
+/// `h` for f16 accumulators), where it is built for `dt` (f16 and q4_k): its family name and bn.
+fn cm2_fixed(rows: usize, dt: DType, f16_acc: bool) -> Option<(String, usize)> {
+    let v = std::env::var("TANDEM_VULKAN_CM2_FIXED").ok()?;
+    let bn: usize = v.split_once('m')?.0.parse().ok()?;
+    let acc = if cm2_kernel(f16_acc) == "matmul_cm2h" {
+        "h"
+    } else {
+        ""
+    };
+    let family = format!("matmul_cm2c{v}{acc}");
+    (rows >= CM2_SMALL_ROWS && crate::pipelines::Pipelines::has(&format!("{family}_{}", format_name(dt))))
+        .then_some((family, bn))
+}
+
 /// Whether a `matmul_cm2` of `rows` rows over block-format weights dequantises them to f16
 /// first (one pass over the matrix, into the program scratch) and runs `matmul_cm2_f16`, rather
 /// than decoding each element inside the tile loads: from [`CM2_DEQUANT_ROWS`] rows.
@@ -661,11 +678,18 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
         8
     };
     if cm2 && coopmat && rows >= cm2_rows_override().unwrap_or(CM2_ROWS) && !takes_khr(dt, rows, f16_acc) {
-        let (bm, bn) = (cm2_bm(rows), cm2_bn(rows));
+        let fixed = cm2_fixed(rows, dt, f16_acc);
+        let (bm, bn) = match &fixed {
+            Some((_, bn)) => (128, *bn),
+            None => (cm2_bm(rows), cm2_bn(rows)),
+        };
         let (gx, gy) = (div_up(n, bm), div_up(rows, bn));
         let kslice = cm2_kslice(rows, (gx * gy) as usize, k, dt);
         return Choice {
-            kernel: format!("{}_{fmt}", cm2_kernel(f16_acc)),
+            kernel: match fixed {
+                Some((family, _)) => format!("{family}_{fmt}"),
+                None => format!("{}_{fmt}", cm2_kernel(f16_acc)),
+            },
             spec: [bm as u32, bn as u32 | cm2_mode(dt) << 16],
             groups: [gx, gy, if kslice == 0 { 1 } else { k.div_ceil(kslice) as u32 }],
             kslice,
