@@ -158,8 +158,12 @@ fn main() {
             defines.push_str("#define PROBE_NO_WLOAD 1\n");
         }
 
+        if variant == "attn0" {
+            defines.push_str("#define FIXED_MODE 1\n");
+        }
         let kernel = match variant {
             "" => kernel.to_string(),
+            "attn0" => format!("{kernel}0"),
             _ => format!("matmul_{variant}"),
         };
         let kernel = kernel.as_str();
@@ -219,6 +223,8 @@ fn main() {
     for k in PLAIN {
         build(k, None, "");
     }
+    // attention_coopmat without its probe branches (TANDEM_VULKAN_ATTN_FIXED=1, tuning runs).
+    build("attention_coopmat", None, "attn0");
     // q4_k's kernel for several rows (batched decode).
     build("matvec_rows", Some("q4_k"), "");
     // Integer dot products against the quantised input (decode), block formats only.
