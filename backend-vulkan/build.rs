@@ -143,13 +143,15 @@ fn main() {
         if variant == "cm2h" {
             defines.push_str("#define ACC_F16 1\n");
         }
-        // `cm2c<BN>m<MODE>[h]`: matmul_cm2 with a compile-time tile and MODE (and f16
+        // `cm2c<BM>x<BN>m<MODE>[h]`: matmul_cm2 with a compile-time tile and MODE (and f16
         // accumulators with the `h`).
         if let Some(rest) = variant.strip_prefix("cm2c") {
             let (tile, acc) = rest.strip_suffix('h').map_or((rest, false), |t| (t, true));
-            if let Some((bn, mode)) = tile.split_once('m') {
-                defines.push_str(&format!("#define FIXED_BN {bn}u\n#define FIXED_MODE {mode}u\n"));
-            }
+            let (dims, mode) = tile.split_once('m').expect("cm2c<BM>x<BN>m<MODE>");
+            let (bm, bn) = dims.split_once('x').expect("cm2c<BM>x<BN>m<MODE>");
+            defines.push_str(&format!(
+                "#define FIXED_BM {bm}u\n#define FIXED_BN {bn}u\n#define FIXED_MODE {mode}u\n"
+            ));
             if acc {
                 defines.push_str("#define ACC_F16 1\n");
             }
@@ -207,13 +209,14 @@ fn main() {
     }
     // matmul_cm2 with compile-time tiles (TANDEM_VULKAN_CM2_FIXED, tuning runs), for the
     // formats of the prefill cells: 128 x 128 and 128 x 256, MODE 2 and 3, f32 and f16
-    // accumulators.
+    // accumulators; and q4_k's batched-decode tile at 32 rows (64 x 32, MODE 2).
     for f in ["f16", "q4_k"] {
-        for v in ["cm2c128m2", "cm2c128m3", "cm2c256m2", "cm2c256m3"] {
+        for v in ["cm2c128x128m2", "cm2c128x128m3", "cm2c128x256m2", "cm2c128x256m3"] {
             build("matmul_cm2", Some(f), v);
             build("matmul_cm2", Some(f), &format!("{v}h"));
         }
     }
+    build("matmul_cm2", Some("q4_k"), "cm2c64x32m2");
     // A tuning probe: matmul_khr on f16 weights without their global loads (constant weights;
     // wrong results), TANDEM_VULKAN_COOPMAT_KERNEL=khrp; the other formats as matmul_khr.
     for f in FORMATS {

@@ -27,11 +27,11 @@ layout(local_size_x = 256) in;
 // 64 at a time (else 32, one sub-block of the 32-wide and 256-wide block formats), bit 2
 // unrolls 8 slices (else 4).
 #if defined(FIXED_BN)
-// `matmul_cm2c<BN>m<MODE>[h]` (TANDEM_VULKAN_CM2_FIXED, tuning runs): the tile and MODE as
+// `matmul_cm2c<BM>x<BN>m<MODE>[h]` (TANDEM_VULKAN_CM2_FIXED, tuning runs): the tile and MODE as
 // compile-time constants rather than specialisation-constant expressions (the KHR kernel ran at
 // half its rate with spec-constant branches in it: bench/results/2026-11-28-prefill-khr);
-// constants 0 and 1 are ignored. BM 128.
-const uint BM = 128u;
+// constants 0 and 1 are ignored.
+const uint BM = FIXED_BM;
 const uint BN = FIXED_BN;
 const uint MODE = FIXED_MODE;
 #else

@@ -233,7 +233,12 @@ impl Staging {
                 .strip_suffix(&format!("_{}", format_name(dt)))
                 .unwrap_or(&c.kernel);
             let spec = [c.spec[0], (c.spec[1] & 0xFFFF) | cm2_mode(DType::F16) << 16];
-            (true, cm2_dequant(dt, rows), (format!("{family}_f16"), spec))
+            // (A compile-time-tile family without an f16 build: the plain kernel, whose
+            // specialisation constants carry the same tile.)
+            let f16 = Some(format!("{family}_f16"))
+                .filter(|k| crate::pipelines::Pipelines::has(k))
+                .unwrap_or_else(|| format!("{}_f16", cm2_kernel(family.ends_with('h'))));
+            (true, cm2_dequant(dt, rows), (f16, spec))
         } else if is_coopmat(&c.kernel) {
             let family = if c.kernel.starts_with("matmul_khr") {
                 "matmul_khr64"
@@ -448,21 +453,22 @@ fn cm2_mode(dt: DType) -> u32 {
         .unwrap_or(if dt == DType::F16 { 3 } else { 2 })
 }
 
-/// `TANDEM_VULKAN_CM2_FIXED=<bn>m<mode>` (tuning runs; `128m2`, `128m3`, `256m2`, `256m3`):
-/// from [`CM2_SMALL_ROWS`] rows, the `matmul_cm2` build whose tile (128 x bn) and MODE are
-/// compile-time constants rather than specialisation constants (`matmul_cm2c<bn>m<mode>`, with
-/// `h` for f16 accumulators), where it is built for `dt` (f16 and q4_k): its family name and bn.
-fn cm2_fixed(rows: usize, dt: DType, f16_acc: bool) -> Option<(String, usize)> {
+/// `TANDEM_VULKAN_CM2_FIXED=<bm>x<bn>m<mode>` (tuning runs; built: `128x128m2`, `128x128m3`,
+/// `128x256m2`, `128x256m3` for f16 and q4_k, `64x32m2` for q4_k): every `matmul_cm2` product
+/// whose format has that build takes it, a build whose tile and MODE are compile-time constants
+/// rather than specialisation constants (`matmul_cm2c<bm>x<bn>m<mode>`, with `h` for f16
+/// accumulators): its family name and tile.
+fn cm2_fixed(dt: DType, f16_acc: bool) -> Option<(String, (usize, usize))> {
     let v = std::env::var("TANDEM_VULKAN_CM2_FIXED").ok()?;
-    let bn: usize = v.split_once('m')?.0.parse().ok()?;
+    let (bm, bn) = v.split_once('m')?.0.split_once('x')?;
+    let tile = (bm.parse().ok()?, bn.parse().ok()?);
     let acc = if cm2_kernel(f16_acc) == "matmul_cm2h" {
         "h"
     } else {
         ""
     };
     let family = format!("matmul_cm2c{v}{acc}");
-    (rows >= CM2_SMALL_ROWS && crate::pipelines::Pipelines::has(&format!("{family}_{}", format_name(dt))))
-        .then_some((family, bn))
+    crate::pipelines::Pipelines::has(&format!("{family}_{}", format_name(dt))).then_some((family, tile))
 }
 
 /// Whether a `matmul_cm2` of `rows` rows over block-format weights dequantises them to f16
@@ -678,9 +684,9 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
         8
     };
     if cm2 && coopmat && rows >= cm2_rows_override().unwrap_or(CM2_ROWS) && !takes_khr(dt, rows, f16_acc) {
-        let fixed = cm2_fixed(rows, dt, f16_acc);
+        let fixed = cm2_fixed(dt, f16_acc);
         let (bm, bn) = match &fixed {
-            Some((_, bn)) => (128, *bn),
+            Some((_, tile)) => *tile,
             None => (cm2_bm(rows), cm2_bn(rows)),
         };
         let (gx, gy) = (div_up(n, bm), div_up(rows, bn));
