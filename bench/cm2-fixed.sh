@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# bench/cm2-fixed.sh: do issue 54's cooperative-matrix kernels run faster as modules without
+# specialisation-constant branches? (NVIDIA's compiler kept specialised-off branches in the KHR
+# matmul at half its rate: bench/results/2026-11-28-prefill-khr.) Tandem only, one device call:
+#   1. the conformance binary (DIR/t/deps/conformance, Vulkan alone) with each CONFORM entry:
+#      q4_k and f16 products on the compile-time-tile `matmul_cm2c*` builds
+#      (TANDEM_VULKAN_CM2_FIXED) and attention on `attention_coopmat0` (TANDEM_VULKAN_ATTN_FIXED);
+#   2. bench/prefill-probe.sh on 4B q4_k and 4B f16 with VARIANTS: the default kernels, q4_k
+#      decoded in `matmul_cm2`'s loads (and f16 on `matmul_cm2`) with spec-constant tiles, the
+#      same on each compile-time tile, and the fixed attention;
+#   3. batched decode at 32 sequences on 4B q4_k, `matmul_cm2` against its compile-time 64 x 32
+#      build: `engine bench --batch 32 --prompt-tokens 128 --gen-tokens 64 --repeat 3`.
+# Here: `bash bench/package-device.sh .bench/new`. There (carrying .bench/new and .gl):
+#   bash bench/cm2-fixed.sh
+set -uo pipefail
+OUT=${OUT:-$PWD/bench-out}; B=${BUILD:-.bench/new}; WORK=${WORK:-/tmp}
+mkdir -p "$OUT"
+Q="TANDEM_VULKAN_CM2_Q4K=1,TANDEM_VULKAN_CM2_DEQUANT=0,TANDEM_VULKAN_CM2_F16=1"
+F="TANDEM_VULKAN_CM2_FIXED"
+T="TANDEM_CONFORMANCE_MIN_TOL=3e-3"
+CONFORM=${CONFORM-"c128:$T,$Q,$F=128x128m2 c256h:$T,$Q,$F=128x256m2,TANDEM_VULKAN_CM2_ACC=f16 c32:$T,TANDEM_VULKAN_CM2_ROWS=16,$F=64x32m2 a0:$T,TANDEM_VULKAN_ATTN_FIXED=1"} \
+VARIANTS=${VARIANTS-"base a0:TANDEM_VULKAN_ATTN_FIXED=1 spec:$Q c128m2:$Q,$F=128x128m2 c128m3:$Q,$F=128x128m3 c256m2:$Q,$F=128x256m2 c128m2h:$Q,$F=128x128m2,TANDEM_VULKAN_CM2_ACC=f16 c256m2h:$Q,$F=128x256m2,TANDEM_VULKAN_CM2_ACC=f16"} \
+CELLS=${CELLS-"gemma3-4b:q4_k gemma3-4b:f16"} BUILDS="$B" OUT="$OUT/probe" WORK="$WORK" \
+    bash "$(dirname "${BASH_SOURCE[0]}")/prefill-probe.sh"
+g=$WORK/gemma3-4b-q4_k.gguf
+for v in base "c32:$F=64x32m2" base "c32:$F=64x32m2"; do
+    name=${v%%:*}; envs=(); [ "$v" != "$name" ] && IFS=, read -ra envs <<<"${v#*:}"
+    r=$(env "${envs[@]}" timeout 120 "$B/engine" bench --model "$g" --backend vulkan --batch 32 --prompt-tokens 128 \
+        --gen-tokens 64 --repeat 3 --json 2>/dev/null |
+        python3 -c 'import json,sys; r=json.load(sys.stdin)["runs"][0]; print(round(r["decode_tokens_per_s"]["median"],1))' 2>/dev/null)
+    echo "4B q4_k batch 32 $name: decode ${r:-failed} tok/s"
+done
