@@ -163,9 +163,15 @@ fn main() {
         if variant == "attn0" {
             defines.push_str("#define FIXED_MODE 1\n");
         }
+        // matvec's one-row float configuration: 8 rows (subgroup mode, bit 8), one slot a trip
+        // (1 << 9): 776.
+        if variant == "mvf" {
+            defines.push_str("#define FIXED_MODE 776u\n");
+        }
         let kernel = match variant {
             "" => kernel.to_string(),
             "attn0" => format!("{kernel}0"),
+            "mvf" => "matvecf".to_string(),
             _ => format!("matmul_{variant}"),
         };
         let kernel = kernel.as_str();
@@ -228,6 +234,8 @@ fn main() {
     }
     // attention_coopmat without its probe branches (TANDEM_VULKAN_ATTN_FIXED=1, tuning runs).
     build("attention_coopmat", None, "attn0");
+    // matvec_f16's one-row configuration as constants (TANDEM_VULKAN_MATVEC_FIXED=1).
+    build("matvec", Some("f16"), "mvf");
     // q4_k's kernel for several rows (batched decode).
     build("matvec_rows", Some("q4_k"), "");
     // Integer dot products against the quantised input (decode), block formats only.

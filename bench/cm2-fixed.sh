@@ -9,7 +9,9 @@
 #      decoded in `matmul_cm2`'s loads (and f16 on `matmul_cm2`) with spec-constant tiles, the
 #      same on each compile-time tile, and the fixed attention;
 #   3. batched decode at 32 sequences on 4B q4_k, `matmul_cm2` against its compile-time 64 x 32
-#      build: `engine bench --batch 32 --prompt-tokens 128 --gen-tokens 64 --repeat 3`.
+#      build: `engine bench --batch 32 --prompt-tokens 128 --gen-tokens 64 --repeat 3`;
+#   4. bench/decode-probe.sh on 4B f16: `matvec_f16` against `matvecf_f16`, its one-row
+#      configuration as constants (TANDEM_VULKAN_MATVEC_FIXED=1), two rounds.
 # Here: `bash bench/package-device.sh .bench/new`. There (carrying .bench/new and .gl):
 #   bash bench/cm2-fixed.sh
 set -uo pipefail
@@ -30,3 +32,5 @@ for v in base "c32:$F=64x32m2" base "c32:$F=64x32m2"; do
         python3 -c 'import json,sys; r=json.load(sys.stdin)["runs"][0]; print(round(r["decode_tokens_per_s"]["median"],1))' 2>/dev/null)
     echo "4B q4_k batch 32 $name: decode ${r:-failed} tok/s"
 done
+BUILDS="$B" CELLS="gemma3-4b:f16" VARIANTS="base mvf:TANDEM_VULKAN_MATVEC_FIXED=1" ROUNDS=2 OUT="$OUT/decode" WORK="$WORK" \
+    bash "$(dirname "${BASH_SOURCE[0]}")/decode-probe.sh"

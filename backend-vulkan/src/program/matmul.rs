@@ -37,6 +37,10 @@ const MATVEC_SUBGROUP_ROWS: u32 = 256;
 /// weight rows); four slots 200.9, 16 rows per workgroup 203.7.
 const FLOAT_ONE_ROW_SLOTS: u32 = 1;
 
+/// The `matvec` MODE that `matvecf_<fmt>` has built in (8 rows in subgroup mode, one slot a
+/// trip: one row of float weights).
+const FIXED_MATVEC_MODE: u32 = 8 | MATVEC_SUBGROUP_ROWS | FLOAT_ONE_ROW_SLOTS << 9;
+
 /// Rows from which a matmul takes the cooperative-matrix kernel (`matmul_coopmat_<fmt>`) where
 /// the device has it (prefill).
 const COOPMAT_ROWS: usize = 64;
@@ -806,8 +810,16 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
     let slots = matvec_slots_override().unwrap_or(if one_float_row { FLOAT_ONE_ROW_SLOTS } else { 0 });
     let mode = cols as u32 | if subgroup_mode { MATVEC_SUBGROUP_ROWS } else { 0 } | slots << 9;
     let [gx, gy] = spread(div_up(n, cols).saturating_mul(slices as u32));
+    // `TANDEM_VULKAN_MATVEC_FIXED=1` (tuning runs): the build with this configuration as
+    // compile-time constants, where there is one (`matvecf_f16`, one row).
+    let fixed = format!("matvecf_{fmt}");
+    let fixed = (r == 1
+        && mode == FIXED_MATVEC_MODE
+        && std::env::var("TANDEM_VULKAN_MATVEC_FIXED").is_ok_and(|v| v == "1")
+        && crate::pipelines::Pipelines::has(&fixed))
+    .then_some(fixed);
     Choice {
-        kernel: format!("matvec_{fmt}"),
+        kernel: fixed.unwrap_or_else(|| format!("matvec_{fmt}")),
         spec: [r as u32, mode],
         groups: [gx, gy, 1],
         kslice: 0,
