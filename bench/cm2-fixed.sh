@@ -12,8 +12,9 @@
 #      build: `engine bench --batch 32 --prompt-tokens 128 --gen-tokens 64 --repeat 3`;
 #   4. bench/decode-probe.sh on 4B f16: `matvec_f16` against `matvecf_f16`, its one-row
 #      configuration as constants (TANDEM_VULKAN_MATVEC_FIXED=1), two rounds.
+# The JSON ends in $OUT/results.tar.gz; the summaries print on stdout.
 # Here: `bash bench/package-device.sh .bench/new`. There (carrying .bench/new and .gl):
-#   bash bench/cm2-fixed.sh
+#   bash bench/cm2-fixed.sh 2>&1 | tee $OUT/cm2-fixed.log
 set -uo pipefail
 OUT=${OUT:-$PWD/bench-out}; B=${BUILD:-.bench/new}; WORK=${WORK:-/tmp}
 mkdir -p "$OUT"
@@ -22,7 +23,7 @@ F="TANDEM_VULKAN_CM2_FIXED"
 T="TANDEM_CONFORMANCE_MIN_TOL=3e-3"
 CONFORM=${CONFORM-"c128:$T,$Q,$F=128x128m2 c256h:$T,$Q,$F=128x256m2,TANDEM_VULKAN_CM2_ACC=f16 c32:$T,TANDEM_VULKAN_CM2_ROWS=16,$F=64x32m2 a0:$T,TANDEM_VULKAN_ATTN_FIXED=1"} \
 VARIANTS=${VARIANTS-"base a0:TANDEM_VULKAN_ATTN_FIXED=1 spec:$Q c128m2:$Q,$F=128x128m2 c128m3:$Q,$F=128x128m3 c256m2:$Q,$F=128x256m2 c128m2h:$Q,$F=128x128m2,TANDEM_VULKAN_CM2_ACC=f16 c256m2h:$Q,$F=128x256m2,TANDEM_VULKAN_CM2_ACC=f16"} \
-CELLS=${CELLS-"gemma3-4b:q4_k gemma3-4b:f16"} BUILDS="$B" OUT="$OUT/probe" WORK="$WORK" \
+CELLS=${CELLS-"gemma3-4b:q4_k gemma3-4b:f16"} BUILDS="$B" OUT="$OUT/probe" WORK="$WORK" KEEP=1 \
     bash "$(dirname "${BASH_SOURCE[0]}")/prefill-probe.sh"
 g=$WORK/gemma3-4b-q4_k.gguf
 for v in base "c32:$F=64x32m2" base "c32:$F=64x32m2"; do
@@ -34,3 +35,5 @@ for v in base "c32:$F=64x32m2" base "c32:$F=64x32m2"; do
 done
 BUILDS="$B" CELLS="gemma3-4b:f16" VARIANTS="base mvf:TANDEM_VULKAN_MATVEC_FIXED=1" ROUNDS=2 OUT="$OUT/decode" WORK="$WORK" \
     bash "$(dirname "${BASH_SOURCE[0]}")/decode-probe.sh"
+# The device tool brings back at most 8 files: the JSON packed into one.
+tar -czf "$OUT/results.tar.gz" -C "$OUT" probe decode && rm -rf "$OUT/probe" "$OUT/decode"
