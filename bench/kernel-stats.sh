@@ -32,4 +32,6 @@ else
 fi
 if [ "${PROBE:-0}" = 1 ]; then
     BUILDS="$(dirname "$E")" CELLS="$SHAPE:q4_k" VARIANTS="$VARIANTS" OUT="$OUT/probe" bash "$(dirname "${BASH_SOURCE[0]}")/prefill-probe.sh"
+    # The device tool brings back at most 8 files.
+    tar -czf "$OUT/probe.tar.gz" -C "$OUT" probe && rm -rf "$OUT/probe"
 fi
