@@ -199,10 +199,15 @@ pub struct Limits {
 pub fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    match v.len() {
+    median_of_sorted(&v)
+}
+
+/// [`median`] of values already sorted in ascending order.
+pub fn median_of_sorted(sorted: &[f64]) -> f64 {
+    match sorted.len() {
         0 => 0.0,
-        n if n % 2 == 0 => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-        n => v[n / 2],
+        n if n % 2 == 0 => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+        n => sorted[n / 2],
     }
 }
 

@@ -82,7 +82,7 @@ pub enum BenchEvent<'a> {
 fn stats(mut v: Vec<f64>) -> Spread {
     v.sort_by(|a, b| a.total_cmp(b));
     Spread {
-        median: super::results::median(&v),
+        median: super::results::median_of_sorted(&v),
         min: v.first().copied().unwrap_or(0.0),
         max: v.last().copied().unwrap_or(0.0),
     }
@@ -538,11 +538,7 @@ mod tests {
     fn untyped(h: &Header, measured: &[Measured]) -> Value {
         fn stats(mut v: Vec<f64>) -> Value {
             v.sort_by(|a, b| a.total_cmp(b));
-            let median = match v.len() {
-                0 => 0.0,
-                n if n % 2 == 0 => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-                n => v[n / 2],
-            };
+            let median = crate::bench::results::median_of_sorted(&v);
             json!({ "median": median, "min": v.first().copied().unwrap_or(0.0), "max": v.last().copied().unwrap_or(0.0) })
         }
         let info = &h.info;
