@@ -12,9 +12,16 @@
 #      build: `engine bench --batch 32 --prompt-tokens 128 --gen-tokens 64 --repeat 3`;
 #   4. bench/decode-probe.sh on 4B f16: `matvec_f16` against `matvecf_f16`, its one-row
 #      configuration as constants (TANDEM_VULKAN_MATVEC_FIXED=1), two rounds.
+# CONFORM, VARIANTS, CELLS, B32 (step 3's variants, `name:VAR=VAL,...`) and DECODE (step 4's;
+# empty: skipped) replace the lists, so the script probes other cm2 variants the same way (the
+# alignment hints of MODE bit 3: bench/results/2026-11-29-cm2-hints).
 # The JSON ends in $OUT/results.tar.gz; the summaries print on stdout.
 # Here: `bash bench/package-device.sh .bench/new`. There (carrying .bench/new and .gl):
 #   bash bench/cm2-fixed.sh 2>&1 | tee $OUT/cm2-fixed.log
+# (Written when q4_k and f16 prefill took the KHR kernels on a cooperative-matrix-2 device unless
+# TANDEM_VULKAN_CM2_Q4K=1 / TANDEM_VULKAN_CM2_F16=1, as set below. Since the hints became the
+# default, `matmul_cm2` is the default there and those two variables are ignored:
+# TANDEM_VULKAN_CM2_KHR=1 takes the KHR kernels.)
 set -uo pipefail
 OUT=${OUT:-$PWD/bench-out}; B=${BUILD:-.bench/new}; WORK=${WORK:-/tmp}
 mkdir -p "$OUT"
@@ -26,14 +33,14 @@ VARIANTS=${VARIANTS-"base a0:TANDEM_VULKAN_ATTN_FIXED=1 spec:$Q c128m2:$Q,$F=128
 CELLS=${CELLS-"gemma3-4b:q4_k gemma3-4b:f16"} BUILDS="$B" OUT="$OUT/probe" WORK="$WORK" KEEP=1 \
     bash "$(dirname "${BASH_SOURCE[0]}")/prefill-probe.sh"
 g=$WORK/gemma3-4b-q4_k.gguf
-for v in base "c32:$F=64x32m2" base "c32:$F=64x32m2"; do
+for v in ${B32-base "c32:$F=64x32m2" base "c32:$F=64x32m2"}; do
     name=${v%%:*}; envs=(); [ "$v" != "$name" ] && IFS=, read -ra envs <<<"${v#*:}"
     r=$(env "${envs[@]}" timeout 120 "$B/engine" bench --model "$g" --backend vulkan --batch 32 --prompt-tokens 128 \
         --gen-tokens 64 --repeat 3 --json 2>/dev/null |
         python3 -c 'import json,sys; r=json.load(sys.stdin)["runs"][0]; print(round(r["decode_tokens_per_s"]["median"],1))' 2>/dev/null)
     echo "4B q4_k batch 32 $name: decode ${r:-failed} tok/s"
 done
-BUILDS="$B" CELLS="gemma3-4b:f16" VARIANTS="base mvf:TANDEM_VULKAN_MATVEC_FIXED=1" ROUNDS=2 OUT="$OUT/decode" WORK="$WORK" \
-    bash "$(dirname "${BASH_SOURCE[0]}")/decode-probe.sh"
+[ -n "${DECODE-x}" ] && BUILDS="$B" CELLS="gemma3-4b:f16" VARIANTS="${DECODE:-base mvf:TANDEM_VULKAN_MATVEC_FIXED=1}" ROUNDS=2 \
+    OUT="$OUT/decode" WORK="$WORK" bash "$(dirname "${BASH_SOURCE[0]}")/decode-probe.sh"
 # The device tool brings back at most 8 files: the JSON packed into one.
-tar -czf "$OUT/results.tar.gz" -C "$OUT" probe decode && rm -rf "$OUT/probe" "$OUT/decode"
+tar -czf "$OUT/results.tar.gz" -C "$OUT" $(cd "$OUT" && ls -d probe decode 2>/dev/null) && rm -rf "$OUT/probe" "$OUT/decode"

@@ -13,7 +13,7 @@
 set -uo pipefail
 SHAPE=${SHAPE:-gemma3-4b}; E=${ENGINE:-.bench/new/engine}; PEER=${PEER:-.peer}
 OUT=${OUT:-$PWD/bench-out}; WORK=${WORK:-/tmp}; FILTER=${FILTER:-matmul}; LLAMA_FILTER=${LLAMA_FILTER:-matmul}
-VARIANTS=${VARIANTS:-khr cm2load:TANDEM_VULKAN_CM2_Q4K=1,TANDEM_VULKAN_CM2_DEQUANT=0 cm2deq:TANDEM_VULKAN_CM2_Q4K=1}
+VARIANTS=${VARIANTS:-khr:TANDEM_VULKAN_CM2_KHR=1 cm2load:TANDEM_VULKAN_CM2_DEQUANT=0 cm2deq}
 mkdir -p "$OUT"; chmod +x "$E"; . "$(dirname "${BASH_SOURCE[0]}")/vulkan-env.sh" >/dev/null 2>&1
 g=$WORK/$SHAPE-q4_k.gguf
 [ -s "$g" ] || "$E" synth --shape "$SHAPE" --dtype q4_k --out "$g" --force >/dev/null || exit 1

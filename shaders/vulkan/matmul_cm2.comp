@@ -25,7 +25,10 @@ layout(local_size_x = 256) in;
 // low 16 bits of SPEC1, and in its high bits MODE: bit 0 clamps every load (else only the
 // tiles not wholly inside the matrices, or all where k is not a multiple of BK), bit 1 takes k
 // 64 at a time (else 32, one sub-block of the 32-wide and 256-wide block formats), bit 2
-// unrolls 8 slices (else 4).
+// unrolls 8 slices (else 4), bit 3 gives the interior tiles' loads alignment hints (their
+// row strides set to k masked to a multiple of BK, which k is there, and their k offsets masked
+// to the multiple of 256 or 64 they are: rows 16-byte aligned, as llama.cpp's mul_mm_cm2 tells
+// NVIDIA's compiler) and walks them in a loop of their own.
 #if defined(FIXED_BN)
 // `matmul_cm2c<BM>x<BN>m<MODE>[h]` (TANDEM_VULKAN_CM2_FIXED, tuning runs): the tile and MODE as
 // compile-time constants rather than specialisation-constant expressions (the KHR kernel ran at
@@ -295,10 +298,41 @@ void main() {
     coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;
     coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;
     uint k0 = k_lo;
+    if ((MODE & 8u) != 0u && interior) {
+        // Here k is a multiple of BK (so of 8: rows 16-byte aligned, as the host's addresses
+        // are) and k_lo of 256 (q4_k) or 64 (split-k slices): say so to the compiler.
+        uint stride = p.k & ~(BK - 1u);
+        uw = setTensorLayoutStrideNV(uw, stride / BS, 1);
+        ux = setTensorLayoutStrideNV(ux, stride, 1);
+#if defined(WFMT_Q4_K)
+        k0 = k_lo & ~255u;
+        fetch_scales(n0, k0 / 256u);
+        for (; k0 < k_hi; k0 += 256u) {
+            store_scales();
+            if (k0 + 256u < k_hi) {
+                fetch_scales(n0, k0 / 256u + 1u);
+            }
+            BLOCK_STEPS(uw, ux, k0);
+        }
+#else
+        k0 = k_lo & ~63u;
+        for (; k0 + UNROLL * BK <= k_hi; k0 += UNROLL * BK) {
+            [[unroll]] for (uint j = 0; j < UNROLL; j++) {
+                STEP(uw, ux, k0 + j * BK);
+            }
+        }
+        for (; k0 < k_hi; k0 += BK) {
+            STEP(uw, ux, k0);
+        }
+#endif
+        k0 = k_hi;
+    }
 #if defined(WFMT_Q4_K)
     // A block of k at a time: its scales stored into shared memory, the next block's fetched,
     // then its 256 / BK slices (k_lo and k_hi are multiples of 256).
-    fetch_scales(n0, k_lo / 256u);
+    if (k0 < k_hi) {
+        fetch_scales(n0, k_lo / 256u);
+    }
     for (; k0 < k_hi; k0 += 256u) {
         store_scales();
         if (k0 + 256u < k_hi) {
@@ -313,7 +347,9 @@ void main() {
 #else
     // UNROLL slices per trip, so that the driver can overlap one slice's loads with the
     // previous one's multiply; then the rest one at a time.
-    if (interior) {
+    if (k0 >= k_hi) {
+        // (done above)
+    } else if (interior) {
         for (; k0 + UNROLL * BK <= k_hi; k0 += UNROLL * BK) {
             [[unroll]] for (uint j = 0; j < UNROLL; j++) {
                 STEP(uw, ux, k0 + j * BK);

@@ -412,23 +412,19 @@ fn cm2_rows_override() -> Option<usize> {
 }
 
 /// Whether a product of `rows` rows takes the KHR path's kernel even where the device has
-/// cooperative matrix 2: q4_k (`matmul_khr`) and f16 (`matmul_khr64`) weights from [`KHR_ROWS`]
-/// rows (prefill), unless `TANDEM_VULKAN_CM2_Q4K=1` (q4_k) or `TANDEM_VULKAN_CM2_F16=1` (f16).
-/// H200, prefill 512: 4B q4_k's products 31.4 ms a step on `matmul_khr` against 35.9 on
-/// `matmul_cm2` (dequantised to f16 first), same call; 1B's q4_k products 4.0 ms against 6.0
-/// with `matmul_cm2`'s f16 accumulators (bench/results/2026-11-28-prefill-khr2/); 4B f16's
-/// 30.4 ms on `matmul_khr64` against 32.6 on `matmul_cm2` (bench/results/2026-11-29-khr64/).
-/// Other formats keep `matmul_cm2` (1B's q5_0 products: 7.8 ms on `matmul_khr` against 5.0 on
-/// `matmul_cm2` with f16 accumulators, in another call: not measured against f32 accumulators).
-/// With f16 accumulators (`f16_acc`), f16 weights take `matmul_cm2h` (H200, 4B f16, prefill 512:
-/// 24.96 ms of products a step against 30.18 on `matmul_khr64`;
-/// bench/results/2026-11-29-cm2-f16-acc/).
+/// cooperative matrix 2: only in comparison runs, `TANDEM_VULKAN_CM2_KHR=1` (q4_k on
+/// `matmul_khr`, f16 on `matmul_khr64`, from [`KHR_ROWS`] rows; f16 keeps `matmul_cm2h` under
+/// f16 accumulators). Until `matmul_cm2` told NVIDIA's compiler that its interior tiles are
+/// aligned (MODE bit 3) these were the faster kernels there; since, on the H200 (4B, prefill
+/// 512, products a step): f16 18.24 ms on `matmul_cm2` against 30.13 on `matmul_khr64`, q4_k
+/// 28.17 decoded in `matmul_cm2`'s loads against 29.45 on `matmul_khr`
+/// (bench/results/2026-11-29-cm2-hints/); q4_k's prefill dequantises first ([`cm2_dequant`]).
 fn takes_khr(dt: DType, rows: usize, f16_acc: bool) -> bool {
-    let forced = |v: &str| std::env::var(v).is_ok_and(|v| v == "1");
     rows >= KHR_ROWS
+        && std::env::var("TANDEM_VULKAN_CM2_KHR").is_ok_and(|v| v == "1")
         && match dt {
-            DType::Q4K => !forced("TANDEM_VULKAN_CM2_Q4K"),
-            DType::F16 => !f16_acc && !forced("TANDEM_VULKAN_CM2_F16"),
+            DType::Q4K => true,
+            DType::F16 => !f16_acc,
             _ => false,
         }
 }
@@ -443,18 +439,20 @@ fn cm2_bn(rows: usize) -> usize {
         .unwrap_or_else(|| rows.next_multiple_of(32).min(128))
 }
 
-/// `matmul_cm2`'s MODE bits (see the kernel) for weights of format `dt`. On the H100 (4B, 512
-/// rows): f16 weights, loaded without a decode function, ran fastest with every load clamped
-/// and k 64 at a time (7,571 tok/s prefill; 3,735 unclamped); decoded formats unclamped where
-/// the tile is inside the matrices, k 64 at a time (q4_k 5,027 against 3,737 clamped, 4,569 at
-/// k 32).
-/// `TANDEM_VULKAN_CM2_MODE` (0 to 7) fixes it, for tuning runs.
+/// `matmul_cm2`'s MODE bits (see the kernel) for weights of format `dt`: the interior tiles
+/// unclamped and with their alignment hints, k 64 at a time, and for f16 weights (which
+/// dequantised formats are multiplied as) 8 slices unrolled. H200, 4B, 512 rows, products a
+/// step (bench/results/2026-11-29-cm2-hints/): f16 18.24 ms (MODE 14) against 19.51 (10), 32.15
+/// with every load clamped and no hints (3, the default before) and 107.95 unclamped without
+/// hints (2); q4_k decoded in the loads 28.17 (10) against 61.47 (2); batched decode of 32
+/// sequences 2,786 tok/s (10) against 2,007 (2).
+/// `TANDEM_VULKAN_CM2_MODE` (0 to 15) fixes it, for tuning runs.
 fn cm2_mode(dt: DType) -> u32 {
     std::env::var("TANDEM_VULKAN_CM2_MODE")
         .ok()
         .and_then(|v| v.parse().ok())
-        .filter(|m| *m <= 7)
-        .unwrap_or(if dt == DType::F16 { 3 } else { 2 })
+        .filter(|m| *m <= 15)
+        .unwrap_or(if dt == DType::F16 { 14 } else { 10 })
 }
 
 /// `TANDEM_VULKAN_CM2_FIXED=<bm>x<bn>m<mode>` (tuning runs; built: `128x128m2`, `128x128m3`,
@@ -1177,8 +1175,7 @@ mod tests {
             assert_eq!(coopmat_tile(20, 2560), (32, 128));
             // What they stage in the scratch: 4B's down (512 x 10240 in, 2560 out, 4 slices)
             // its f16 input and its partial tiles; with cooperative matrix 2 at 512 rows, q5_0's
-            // gate and up their f16 input and their dequantised weight, k whole (q4_k's take
-            // matmul_khr there too).
+            // gate and up their f16 input and their dequantised weight, k whole (q4_k's too).
             let c = choose(512, 2560, 10240, DType::Q4K, u(true, false));
             let st = Staging::of(&c, DType::Q4K, 512, 2560, 10240).unwrap();
             assert_eq!(
@@ -1200,17 +1197,20 @@ mod tests {
                 let st = Staging::of(&c, DType::Q5_0, 512, 20480, 2560).unwrap();
                 assert_eq!((st.x16, st.w16, st.part), (512 * 2560 * 2, 20480 * 2560 * 2, 0));
                 assert_eq!(st.f16_kernel.0, "matmul_cm2_f16");
-                if std::env::var_os("TANDEM_VULKAN_CM2_F16").is_none() {
-                    // f16 prefill takes matmul_khr64 on a cooperative-matrix-2 device too.
+                if std::env::var_os("TANDEM_VULKAN_CM2_KHR").is_none() {
+                    // f16 and q4_k prefill take matmul_cm2 on a cooperative-matrix-2 device, q4_k
+                    // dequantised first (f16's MODE: 8 slices unrolled); batched decode of 32
+                    // sequences decodes q4_k in the loads.
                     let c = choose(512, 20480, 2560, DType::F16, u(true, true));
-                    assert_eq!(c.kernel, "matmul_khr64_f16");
-                }
-                if std::env::var_os("TANDEM_VULKAN_CM2_Q4K").is_none() {
+                    assert_eq!((c.kernel.as_str(), c.spec[1] >> 16), ("matmul_cm2_f16", 14));
                     let c = choose(512, 20480, 2560, DType::Q4K, u(true, true));
-                    assert_eq!(c.kernel, "matmul_khr_q4_k");
-                    // Batched decode of 32 sequences keeps matmul_cm2.
+                    let st = Staging::of(&c, DType::Q4K, 512, 20480, 2560).unwrap();
+                    assert_eq!(
+                        (c.kernel.as_str(), st.w16, st.f16_kernel.0.as_str()),
+                        ("matmul_cm2_q4_k", 20480 * 2560 * 2, "matmul_cm2_f16")
+                    );
                     let c = choose(32, 20480, 2560, DType::Q4K, u(true, true));
-                    assert_eq!(c.kernel, "matmul_cm2_q4_k");
+                    assert_eq!((c.kernel.as_str(), c.spec[1] >> 16), ("matmul_cm2_q4_k", 10));
                 }
                 // Option `precision = "fast"` on a cooperative-matrix-2 device: matmul_cm2h (f16
                 // accumulators), f16 weights on it too; what a dequantised weight is multiplied
@@ -1219,15 +1219,12 @@ mod tests {
                     f16_acc: true,
                     ..u(true, cm2)
                 };
-                if std::env::var_os("TANDEM_VULKAN_CM2_F16").is_none()
-                    && std::env::var_os("TANDEM_VULKAN_CM2_Q4K").is_none()
-                {
+                if std::env::var_os("TANDEM_VULKAN_CM2_KHR").is_none() {
                     let kernel = |rows, dt, cm2| choose(rows, 20480, 2560, dt, fast(cm2)).kernel;
                     assert_eq!(kernel(512, DType::F16, true), "matmul_cm2h_f16");
                     assert_eq!(kernel(32, DType::Q4K, true), "matmul_cm2h_q4_k");
-                    // q4_k's prefill keeps matmul_khr (f32: no faster on f16 accumulators, nor
-                    // on matmul_cm2h), and the KHR path its kernels.
-                    assert_eq!(kernel(512, DType::Q4K, true), "matmul_khr_q4_k");
+                    // q4_k's prefill too (dequantised first), and the KHR path its kernels.
+                    assert_eq!(kernel(512, DType::Q4K, true), "matmul_cm2h_q4_k");
                     assert_eq!(kernel(512, DType::F16, false), "matmul_khr64_f16");
                     assert_eq!(kernel(512, DType::Q8_0, false), "matmul_khr64_q8_0");
                     let c = choose(512, 20480, 2560, DType::Q5_0, fast(true));
@@ -1256,14 +1253,13 @@ mod tests {
             && std::env::var_os("TANDEM_VULKAN_CM2_BM").is_none()
             && std::env::var_os("TANDEM_VULKAN_CM2_ROWS").is_none()
         {
-            // (q5_0: q4_k's prefill products take matmul_khr, see takes_khr.)
             let c = choose(512, 2560, 2560, DType::Q5_0, u(true, true));
             assert_eq!(c.kernel, "matmul_cm2_q5_0");
-            assert_eq!((c.spec, c.groups), ([128, 128 | 2 << 16], [20, 4, 1]));
+            assert_eq!((c.spec, c.groups), ([128, 128 | 10 << 16], [20, 4, 1]));
             // Batched decode (below 128 rows): tiles of 64 weight rows, twice the workgroups.
             assert_eq!(
                 choose(70, 2560, 2560, DType::Q4K, u(true, true)).spec,
-                [64, 96 | 2 << 16]
+                [64, 96 | 10 << 16]
             );
             // ... and k split where the grid is that small: 18 tiles x 14 slices of 512 (q4_k's
             // slices are whole blocks of 256; q5_0's 16 of 448).
@@ -1271,7 +1267,7 @@ mod tests {
             if std::env::var_os("TANDEM_VULKAN_CM2_KSPLIT").is_none() {
                 assert_eq!(
                     (c.spec, c.groups, c.kslice),
-                    ([64, 32 | 2 << 16], [18, 1, 14], 512)
+                    ([64, 32 | 10 << 16], [18, 1, 14], 512)
                 );
                 let c = choose(32, 1152, 6912, DType::Q5_0, u(true, true));
                 assert_eq!((c.groups, c.kslice), ([18, 1, 16], 448));
