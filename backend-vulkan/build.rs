@@ -143,35 +143,11 @@ fn main() {
         if variant == "cm2h" {
             defines.push_str("#define ACC_F16 1\n");
         }
-        // `cm2c<BM>x<BN>m<MODE>[h]`: matmul_cm2 with a compile-time tile and MODE (and f16
-        // accumulators with the `h`).
-        if let Some(rest) = variant.strip_prefix("cm2c") {
-            let (tile, acc) = rest.strip_suffix('h').map_or((rest, false), |t| (t, true));
-            let (dims, mode) = tile.split_once('m').expect("cm2c<BM>x<BN>m<MODE>");
-            let (bm, bn) = dims.split_once('x').expect("cm2c<BM>x<BN>m<MODE>");
-            defines.push_str(&format!(
-                "#define FIXED_BM {bm}u\n#define FIXED_BN {bn}u\n#define FIXED_MODE {mode}u\n"
-            ));
-            if acc {
-                defines.push_str("#define ACC_F16 1\n");
-            }
-        }
         if variant == "khrp" {
             defines.push_str("#define PROBE_NO_WLOAD 1\n");
         }
-
-        if variant == "attn0" {
-            defines.push_str("#define FIXED_MODE 1\n");
-        }
-        // matvec's one-row float configuration: 8 rows (subgroup mode, bit 8), one slot a trip
-        // (1 << 9): 776.
-        if variant == "mvf" {
-            defines.push_str("#define FIXED_MODE 776u\n");
-        }
         let kernel = match variant {
             "" => kernel.to_string(),
-            "attn0" => format!("{kernel}0"),
-            "mvf" => "matvecf".to_string(),
             _ => format!("matmul_{variant}"),
         };
         let kernel = kernel.as_str();
@@ -213,16 +189,6 @@ fn main() {
     for f in FORMATS {
         build("matmul_cm2", Some(f), "cm2h");
     }
-    // matmul_cm2 with compile-time tiles (TANDEM_VULKAN_CM2_FIXED, tuning runs), for the
-    // formats of the prefill cells: 128 x 128 and 128 x 256, MODE 2 and 3, f32 and f16
-    // accumulators; and q4_k's batched-decode tile at 32 rows (64 x 32, MODE 2).
-    for f in ["f16", "q4_k"] {
-        for v in ["cm2c128x128m2", "cm2c128x128m3", "cm2c128x256m2", "cm2c128x256m3"] {
-            build("matmul_cm2", Some(f), v);
-            build("matmul_cm2", Some(f), &format!("{v}h"));
-        }
-    }
-    build("matmul_cm2", Some("q4_k"), "cm2c64x32m2");
     // A tuning probe: matmul_khr on f16 weights without their global loads (constant weights;
     // wrong results), TANDEM_VULKAN_COOPMAT_KERNEL=khrp; the other formats as matmul_khr.
     for f in FORMATS {
@@ -232,10 +198,6 @@ fn main() {
     for k in PLAIN {
         build(k, None, "");
     }
-    // attention_coopmat without its probe branches (TANDEM_VULKAN_ATTN_FIXED=1, tuning runs).
-    build("attention_coopmat", None, "attn0");
-    // matvec_f16's one-row configuration as constants (TANDEM_VULKAN_MATVEC_FIXED=1).
-    build("matvec", Some("f16"), "mvf");
     // q4_k's kernel for several rows (batched decode).
     build("matvec_rows", Some("q4_k"), "");
     // Integer dot products against the quantised input (decode), block formats only.

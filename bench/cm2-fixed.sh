@@ -16,6 +16,8 @@
 # empty: skipped) replace the lists, so the script probes other cm2 variants the same way (the
 # alignment hints of MODE bit 3: bench/results/2026-11-29-cm2-hints).
 # The JSON ends in $OUT/results.tar.gz; the summaries print on stdout.
+# The compile-time builds measured no faster and were removed after that call; their default
+# lists are kept as the record, and bench/cm2-hints.sh runs the same steps with its own lists.
 # Here: `bash bench/package-device.sh .bench/new`. There (carrying .bench/new and .gl):
 #   bash bench/cm2-fixed.sh 2>&1 | tee $OUT/cm2-fixed.log
 # (Written when q4_k and f16 prefill took the KHR kernels on a cooperative-matrix-2 device unless

@@ -45,14 +45,9 @@ layout(local_size_x = 256) in;
 // after the first, 8 the output stores. (A variant that issued each tile's V loads with its K
 // loads, a tile ahead in a second set of registers, measured the same: H200, 4B q4_k, 4.26 ms
 // of attention a step against 4.30, bench/results/2026-11-28-attention-khr/call4.)
-#if defined(FIXED_MODE)
-// `attention_coopmat0` (TANDEM_VULKAN_ATTN_FIXED=1, tuning runs): MODE a compile-time 0, so the
-// probe branches are absent from the module rather than specialised off (NVIDIA's compiler kept
-// specialised-off branches in the KHR matmul at half its rate: bench/results/2026-11-28-prefill-khr).
-const uint MODE = 0u;
-#else
+// (A build with MODE a compile-time 0, the probe branches absent from the module rather than
+// specialised off, ran no faster: bench/results/2026-11-29-cm2-fixed.)
 layout(constant_id = 0) const uint MODE = 0;
-#endif
 #define BR 32
 #define QR 64
 #define BC 32

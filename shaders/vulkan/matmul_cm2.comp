@@ -29,20 +29,12 @@ layout(local_size_x = 256) in;
 // row strides set to k masked to a multiple of BK, which k is there, and their k offsets masked
 // to the multiple of 256 or 64 they are: rows 16-byte aligned, as llama.cpp's mul_mm_cm2 tells
 // NVIDIA's compiler) and walks them in a loop of their own.
-#if defined(FIXED_BN)
-// `matmul_cm2c<BM>x<BN>m<MODE>[h]` (TANDEM_VULKAN_CM2_FIXED, tuning runs): the tile and MODE as
-// compile-time constants rather than specialisation-constant expressions (the KHR kernel ran at
-// half its rate with spec-constant branches in it: bench/results/2026-11-28-prefill-khr);
-// constants 0 and 1 are ignored.
-const uint BM = FIXED_BM;
-const uint BN = FIXED_BN;
-const uint MODE = FIXED_MODE;
-#else
+// (Builds with the tile and MODE as compile-time constants rather than specialisation
+// constants ran no faster: bench/results/2026-11-29-cm2-fixed.)
 layout(constant_id = 0) const uint BM = 128;
 layout(constant_id = 1) const uint SPEC1 = 128;
 const uint BN = SPEC1 & 0xFFFFu;
 const uint MODE = SPEC1 >> 16;
-#endif
 const uint BK = (MODE & 2u) != 0u ? 64u : 32u;
 // Slices per unrolled trip: bit 2 of MODE 8 (a 256-wide block at BK 32), else 4.
 const uint UNROLL = (MODE & 4u) != 0u ? 8u : 4u;

@@ -18,16 +18,8 @@
 // Workgroups enumerate (weight-row block, input-row slice) with the slice fastest, so the
 // slices of one weight-row block run side by side and share its weights through the L2.
 layout(local_size_x = 128) in;
-#if defined(FIXED_MODE)
-// `matvecf_<fmt>` (TANDEM_VULKAN_MATVEC_FIXED=1, tuning runs): one input row, 8 weight rows a
-// workgroup in subgroup mode, one slot a trip (one row of float weights' configuration) as
-// compile-time constants rather than specialisation constants.
-const uint R = 1u;
-const uint MODE = FIXED_MODE;
-#else
 layout(constant_id = 0) const uint R = 1;
 layout(constant_id = 1) const uint MODE = 4;
-#endif
 // Weight rows per workgroup.
 const uint NC = MODE & 255u;
 const bool SG_ROWS = ((MODE >> 8) & 1u) != 0u;

@@ -119,17 +119,6 @@ pub(super) fn coopmat_mode() -> u32 {
         .unwrap_or(0)
 }
 
-/// `attention_coopmat`, or with `TANDEM_VULKAN_ATTN_FIXED=1` (tuning runs; probe bits unset)
-/// `attention_coopmat0`: the same kernel with its probe branches compiled out rather than
-/// specialised off.
-fn coopmat_kernel() -> &'static str {
-    if coopmat_mode() == 0 && std::env::var("TANDEM_VULKAN_ATTN_FIXED").is_ok_and(|v| v == "1") {
-        "attention_coopmat0"
-    } else {
-        "attention_coopmat"
-    }
-}
-
 /// Bytes of scratch the attention nodes of `graph` need for their split partials: the largest
 /// node's, the plain kernels' and `attention_tiled`'s side by side.
 pub(super) fn scratch_bytes(graph: &Graph) -> u64 {
@@ -381,7 +370,7 @@ impl VulkanBackend {
             // The cooperative-matrix kernel in its place where the device, the heads and the
             // addresses suit it (text attentions only: it has no image-aware variant).
             let (kernel, head_groups, spec) = if coopmat {
-                (coopmat_kernel(), heads / 2, [coopmat_mode(), 0])
+                ("attention_coopmat", heads / 2, [coopmat_mode(), 0])
             } else {
                 ("attention_tiled", *heads, [0, image])
             };

@@ -37,10 +37,6 @@ const MATVEC_SUBGROUP_ROWS: u32 = 256;
 /// weight rows); four slots 200.9, 16 rows per workgroup 203.7.
 const FLOAT_ONE_ROW_SLOTS: u32 = 1;
 
-/// The `matvec` MODE that `matvecf_<fmt>` has built in (8 rows in subgroup mode, one slot a
-/// trip: one row of float weights).
-const FIXED_MATVEC_MODE: u32 = 8 | MATVEC_SUBGROUP_ROWS | FLOAT_ONE_ROW_SLOTS << 9;
-
 /// Rows from which a matmul takes the cooperative-matrix kernel (`matmul_coopmat_<fmt>`) where
 /// the device has it (prefill).
 const COOPMAT_ROWS: usize = 64;
@@ -237,12 +233,7 @@ impl Staging {
                 .strip_suffix(&format!("_{}", format_name(dt)))
                 .unwrap_or(&c.kernel);
             let spec = [c.spec[0], (c.spec[1] & 0xFFFF) | cm2_mode(DType::F16) << 16];
-            // (A compile-time-tile family without an f16 build: the plain kernel, whose
-            // specialisation constants carry the same tile.)
-            let f16 = Some(format!("{family}_f16"))
-                .filter(|k| crate::pipelines::Pipelines::has(k))
-                .unwrap_or_else(|| format!("{}_f16", cm2_kernel(family.ends_with('h'))));
-            (true, cm2_dequant(dt, rows), (f16, spec))
+            (true, cm2_dequant(dt, rows), (format!("{family}_f16"), spec))
         } else if is_coopmat(&c.kernel) {
             let family = if c.kernel.starts_with("matmul_khr") {
                 "matmul_khr64"
@@ -453,24 +444,6 @@ fn cm2_mode(dt: DType) -> u32 {
         .and_then(|v| v.parse().ok())
         .filter(|m| *m <= 15)
         .unwrap_or(if dt == DType::F16 { 14 } else { 10 })
-}
-
-/// `TANDEM_VULKAN_CM2_FIXED=<bm>x<bn>m<mode>` (tuning runs; built: `128x128m2`, `128x128m3`,
-/// `128x256m2`, `128x256m3` for f16 and q4_k, `64x32m2` for q4_k): every `matmul_cm2` product
-/// whose format has that build takes it, a build whose tile and MODE are compile-time constants
-/// rather than specialisation constants (`matmul_cm2c<bm>x<bn>m<mode>`, with `h` for f16
-/// accumulators): its family name and tile.
-fn cm2_fixed(dt: DType, f16_acc: bool) -> Option<(String, (usize, usize))> {
-    let v = std::env::var("TANDEM_VULKAN_CM2_FIXED").ok()?;
-    let (bm, bn) = v.split_once('m')?.0.split_once('x')?;
-    let tile = (bm.parse().ok()?, bn.parse().ok()?);
-    let acc = if cm2_kernel(f16_acc) == "matmul_cm2h" {
-        "h"
-    } else {
-        ""
-    };
-    let family = format!("matmul_cm2c{v}{acc}");
-    crate::pipelines::Pipelines::has(&format!("{family}_{}", format_name(dt))).then_some((family, tile))
 }
 
 /// Whether a `matmul_cm2` of `rows` rows over block-format weights dequantises them to f16
@@ -686,18 +659,11 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
         8
     };
     if cm2 && coopmat && rows >= cm2_rows_override().unwrap_or(CM2_ROWS) && !takes_khr(dt, rows, f16_acc) {
-        let fixed = cm2_fixed(dt, f16_acc);
-        let (bm, bn) = match &fixed {
-            Some((_, tile)) => *tile,
-            None => (cm2_bm(rows), cm2_bn(rows)),
-        };
+        let (bm, bn) = (cm2_bm(rows), cm2_bn(rows));
         let (gx, gy) = (div_up(n, bm), div_up(rows, bn));
         let kslice = cm2_kslice(rows, (gx * gy) as usize, k, dt);
         return Choice {
-            kernel: match fixed {
-                Some((family, _)) => format!("{family}_{fmt}"),
-                None => format!("{}_{fmt}", cm2_kernel(f16_acc)),
-            },
+            kernel: format!("{}_{fmt}", cm2_kernel(f16_acc)),
             spec: [bm as u32, bn as u32 | cm2_mode(dt) << 16],
             groups: [gx, gy, if kslice == 0 { 1 } else { k.div_ceil(kslice) as u32 }],
             kslice,
@@ -808,16 +774,8 @@ pub fn choose(rows: usize, n: usize, k: usize, dt: DType, unit: Unit) -> Choice 
     let slots = matvec_slots_override().unwrap_or(if one_float_row { FLOAT_ONE_ROW_SLOTS } else { 0 });
     let mode = cols as u32 | if subgroup_mode { MATVEC_SUBGROUP_ROWS } else { 0 } | slots << 9;
     let [gx, gy] = spread(div_up(n, cols).saturating_mul(slices as u32));
-    // `TANDEM_VULKAN_MATVEC_FIXED=1` (tuning runs): the build with this configuration as
-    // compile-time constants, where there is one (`matvecf_f16`, one row).
-    let fixed = format!("matvecf_{fmt}");
-    let fixed = (r == 1
-        && mode == FIXED_MATVEC_MODE
-        && std::env::var("TANDEM_VULKAN_MATVEC_FIXED").is_ok_and(|v| v == "1")
-        && crate::pipelines::Pipelines::has(&fixed))
-    .then_some(fixed);
     Choice {
-        kernel: fixed.unwrap_or_else(|| format!("matvec_{fmt}")),
+        kernel: format!("matvec_{fmt}"),
         spec: [r as u32, mode],
         groups: [gx, gy, 1],
         kslice: 0,
