@@ -28,7 +28,10 @@ layout(local_size_x = 256) in;
 // unrolls 8 slices (else 4), bit 3 gives the interior tiles' loads alignment hints (their
 // row strides set to k masked to a multiple of BK, which k is there, and their k offsets masked
 // to the multiple of 256 or 64 they are: rows 16-byte aligned, as llama.cpp's mul_mm_cm2 tells
-// NVIDIA's compiler) and walks them in a loop of their own.
+// NVIDIA's compiler) and walks them in a loop of their own. Tuning bits, not yet measured
+// (TANDEM_VULKAN_CM2_MODE): 16 leaves the decoded weights unclamped (a weight past f16's range
+// becomes infinite rather than 65504), 32 pads q4_k's rows of scales in shared memory to BM + 2
+// (llama.cpp's stride) rather than BM.
 // (Builds with the tile and MODE as compile-time constants rather than specialisation
 // constants ran no faster: bench/results/2026-11-29-cm2-fixed.)
 layout(constant_id = 0) const uint BM = 128;
@@ -175,7 +178,9 @@ float welem(const in WBlock b, uint i) {
 // `sc_next` while the current block multiplies (`fetch_scales`), and stores them between two
 // barriers when the block begins (`store_scales`). The tile loop therefore walks k one block at
 // a time, which the host guarantees (k, and every split-k slice, a multiple of 256).
-shared vec2 sh_scales[8 * BM];
+// Row stride of `sh_scales`: BM, or BM + 2 with MODE bit 5.
+const uint SC_STRIDE = (MODE & 32u) != 0u ? BM + 2u : BM;
+shared vec2 sh_scales[8 * (BM + 2u)];
 uvec4 sc_next;
 
 // The 16-byte head of a q4_k block: d and dmin, then 12 bytes of packed 6-bit scales and mins.
@@ -203,7 +208,7 @@ void store_scales() {
         uint sc;
         uint mn;
         q4k_scale_min(sc_next.yzw, s, sc, mn);
-        sh_scales[s * BM + r] = vec2(dm.x * float(sc), dm.y * float(mn));
+        sh_scales[s * SC_STRIDE + r] = vec2(dm.x * float(sc), dm.y * float(mn));
     }
     barrier();
 }
@@ -211,15 +216,17 @@ void store_scales() {
 float16_t decode_w(const in WBlock b, const in uint block[2], const in uint at[2]) {
     uint i = at[1];
     uint s = i >> 5;
-    vec2 dm = sh_scales[s * BM + block[0] % BM];
+    vec2 dm = sh_scales[s * SC_STRIDE + block[0] % BM];
     uint l = i & 31u;
     uint q = (b.v[Q4_K_QS / 4 + 8 * (s >> 1) + (l >> 2)] >> (8u * (l & 3u) + 4u * (s & 1u))) & 15u;
-    return float16_t(clamp(dm.x * float(q) - dm.y, -F16_MAX, F16_MAX));
+    float v = dm.x * float(q) - dm.y;
+    return float16_t((MODE & 16u) != 0u ? v : clamp(v, -F16_MAX, F16_MAX));
 }
 #define DECODE_W , decode_w
 #elif !defined(WFMT_F16)
 float16_t decode_w(const in WBlock b, const in uint block[2], const in uint at[2]) {
-    return float16_t(clamp(welem(b, at[1]), -F16_MAX, F16_MAX));
+    float v = welem(b, at[1]);
+    return float16_t((MODE & 16u) != 0u ? v : clamp(v, -F16_MAX, F16_MAX));
 }
 #define DECODE_W , decode_w
 #else

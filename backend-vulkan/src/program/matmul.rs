@@ -437,12 +437,12 @@ fn cm2_bn(rows: usize) -> usize {
 /// with every load clamped and no hints (3, the default before) and 107.95 unclamped without
 /// hints (2); q4_k decoded in the loads 28.17 (10) against 61.47 (2); batched decode of 32
 /// sequences 2,786 tok/s (10) against 2,007 (2).
-/// `TANDEM_VULKAN_CM2_MODE` (0 to 15) fixes it, for tuning runs.
+/// `TANDEM_VULKAN_CM2_MODE` (0 to 63) fixes it, for tuning runs.
 fn cm2_mode(dt: DType) -> u32 {
     std::env::var("TANDEM_VULKAN_CM2_MODE")
         .ok()
         .and_then(|v| v.parse().ok())
-        .filter(|m| *m <= 15)
+        .filter(|m| *m <= 63)
         .unwrap_or(if dt == DType::F16 { 14 } else { 10 })
 }
 
